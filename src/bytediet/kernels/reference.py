@@ -1,0 +1,62 @@
+"""Plain-PyTorch reference kernels: the truth every fast kernel is tested against."""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+
+
+def sequence_slots(block_table: torch.Tensor, context_len: int, block_size: int) -> torch.Tensor:
+    """Cache slots of a sequence's first ``context_len`` tokens. block_table: (max_blocks,) → (context_len,)."""
+    n_blocks = -(-context_len // block_size)
+    blocks = block_table[:n_blocks].to(torch.int64)
+    offsets = torch.arange(block_size, device=block_table.device, dtype=torch.int64)
+    return (blocks[:, None] * block_size + offsets[None, :]).reshape(-1)[:context_len]
+
+
+def causal_window_mask(query_positions: torch.Tensor, num_keys: int, window: Optional[int]) -> torch.Tensor:
+    """Boolean mask (n_q, num_keys): True where a query may attend to a key (keys at positions 0..num_keys-1)."""
+    key_pos = torch.arange(num_keys, device=query_positions.device)
+    allowed = key_pos[None, :] <= query_positions[:, None]
+    if window is not None:
+        allowed &= key_pos[None, :] > query_positions[:, None] - window
+    return allowed
+
+
+def attention_over_context(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                           window: Optional[int] = None) -> torch.Tensor:
+    """Causal grouped-query attention of the last n tokens of a context over the whole context.
+
+    q: (n, Hq, D) for positions ctx-n .. ctx-1;  k, v: (ctx, Hkv, D)  →  (n, Hq, D).
+    """
+    n, hq, d = q.shape
+    ctx, hkv, _ = k.shape
+    group = hq // hkv
+    qpos = torch.arange(ctx - n, ctx, device=q.device)
+    mask = causal_window_mask(qpos, ctx, window)  # (n, ctx)
+    # (Hkv, group*n, D) queries against (Hkv, ctx, D) keys: no copy of K/V per query head
+    qg = q.reshape(n, hkv, group, d).permute(1, 2, 0, 3).reshape(hkv, group * n, d)
+    out = F.scaled_dot_product_attention(
+        qg, k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask.repeat(group, 1), scale=scale
+    )
+    return out.reshape(hkv, group, n, d).permute(2, 0, 1, 3).reshape(n, hq, d)
+
+
+def paged_attention(q: torch.Tensor, meta, scale: float, window: Optional[int],
+                    gather: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """Reference paged attention over a ragged batch.
+
+    q: (T, Hq, D); ``gather(slots)`` returns that sequence's full-precision (k, v), each (ctx, Hkv, D).
+    Returns (T, Hq, D).
+    """
+    out = torch.empty_like(q)
+    starts = meta.query_start_loc.tolist()
+    for s, (n, ctx) in enumerate(zip(meta.query_lens_list, meta.context_lens_list)):
+        if n == 0:
+            continue
+        slots = sequence_slots(meta.block_tables[s], ctx, meta.block_size)
+        k, v = gather(slots)
+        lo = starts[s]
+        out[lo:lo + n] = attention_over_context(q[lo:lo + n], k.to(q.dtype), v.to(q.dtype), scale, window)
+    return out

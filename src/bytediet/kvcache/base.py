@@ -1,0 +1,162 @@
+"""The KV-cache extension point: a codec owns its page layout, its size and its attention read.
+
+Data flow for one attention layer in one engine step (vLLM-style paged attention):
+
+1. the engine's runner builds one :class:`AttentionMetadata` for the ragged batch;
+2. the layer computes ``q, k, v`` for the new tokens and calls ``cache.write(k, v, meta.slot_mapping)``;
+3. it then calls ``cache.attend(q, meta, scale, window)``, which reads *every* context token,
+   the new ones included, back from the (possibly compressed) pages.
+
+Because step 3 reads the pages, a lossy codec affects prefill as well as decode, which is what
+makes perplexity a faithful measure of a codec.
+"""
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from ..registry import Registry
+
+
+@dataclass
+class AttentionMetadata:
+    """Explicit description of a ragged batch for paged attention.
+
+    T = total new tokens in the step, S = number of sequences in the step.
+
+    positions:        (T,) int64, absolute position of each new token in its sequence
+    slot_mapping:     (T,) int64, cache slot of each new token (``block * block_size + offset``)
+    query_start_loc:  (S+1,) int64, cumulative new-token counts; sequence s owns rows
+                      ``query_start_loc[s]:query_start_loc[s+1]`` of q
+    context_lens:     (S,) int64, tokens in the cache for each sequence *after* this step's write
+    block_tables:     (S, max_blocks) int64, physical block ids in logical order, padded with -1
+    block_size:       tokens per block
+    query_lens_list / context_lens_list: the same numbers as Python ints (no device sync in loops)
+    seq_ids:          (S,) int engine ids of the sequences, for codecs that keep per-sequence state
+    """
+
+    positions: torch.Tensor
+    slot_mapping: torch.Tensor
+    query_start_loc: torch.Tensor
+    context_lens: torch.Tensor
+    block_tables: torch.Tensor
+    block_size: int
+    query_lens_list: list[int]
+    context_lens_list: list[int]
+    seq_ids: Optional[list[int]] = None
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.context_lens_list)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.positions.shape[0])
+
+    def to(self, device: torch.device | str) -> "AttentionMetadata":
+        move = lambda t: t.to(device)  # noqa: E731
+        return AttentionMetadata(
+            move(self.positions), move(self.slot_mapping), move(self.query_start_loc), move(self.context_lens),
+            move(self.block_tables), self.block_size, self.query_lens_list, self.context_lens_list, self.seq_ids,
+        )
+
+    @staticmethod
+    def for_single_sequence(num_tokens: int, block_size: int, device: torch.device | str = "cpu",
+                            first_block: int = 0) -> "AttentionMetadata":
+        """Metadata for one fresh sequence of ``num_tokens`` in consecutive blocks (eval, tests)."""
+        n_blocks = math.ceil(num_tokens / block_size)
+        blocks = torch.arange(first_block, first_block + n_blocks, dtype=torch.int64, device=device)
+        positions = torch.arange(num_tokens, dtype=torch.int64, device=device)
+        return AttentionMetadata(
+            positions=positions,
+            slot_mapping=positions + first_block * block_size,
+            query_start_loc=torch.tensor([0, num_tokens], dtype=torch.int64, device=device),
+            context_lens=torch.tensor([num_tokens], dtype=torch.int64, device=device),
+            block_tables=blocks[None, :],
+            block_size=block_size,
+            query_lens_list=[num_tokens],
+            context_lens_list=[num_tokens],
+            seq_ids=[0],
+        )
+
+
+class LayerKVCache(ABC):
+    """The KV pages of one attention layer, in the layout its codec chose."""
+
+    num_blocks: int
+    block_size: int
+    num_kv_heads: int
+    head_dim: int
+
+    @abstractmethod
+    def write(self, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+        """Store new keys and values. k, v: (T, num_kv_heads, head_dim); slot_mapping: (T,)."""
+
+    @abstractmethod
+    def attend(self, q: torch.Tensor, meta: AttentionMetadata, scale: float,
+               window: Optional[int] = None) -> torch.Tensor:
+        """Causal attention of the new queries over each sequence's cached context.
+
+        q: (T, num_heads, head_dim) → output (T, num_heads, head_dim) in q's dtype.
+        ``window``: if set, a query at position p sees keys at positions > p - window only.
+        """
+
+    def free_sequence(self, seq_id: int) -> None:  # noqa: B027 - optional hook
+        """Forget per-sequence state (codecs that keep some); called when a request's blocks are freed."""
+
+    def nbytes(self) -> int:
+        """Bytes actually allocated for this layer's pages."""
+        return sum(t.numel() * t.element_size() for t in self.tensors())
+
+    def tensors(self) -> list[torch.Tensor]:
+        return []
+
+
+class KVCodec(ABC):
+    """How the KV cache is stored. ``bytes_per_token`` sizes the block pool *and* feeds the roofline."""
+
+    name: str = "abstract"
+
+    @abstractmethod
+    def bytes_per_token(self, num_kv_heads: int, head_dim: int) -> float:
+        """All-in bytes for one token's K and V in one layer (codes, scales, norms, metadata)."""
+
+    @abstractmethod
+    def create_cache(self, layer: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
+                     dtype: torch.dtype, device: torch.device | str) -> LayerKVCache:
+        """Allocate the pages of one layer. ``dtype`` is the model's compute dtype."""
+
+    def bits_per_coordinate(self, num_kv_heads: int, head_dim: int) -> float:
+        """Average stored bits per K or V coordinate, everything included."""
+        return self.bytes_per_token(num_kv_heads, head_dim) * 8 / (2 * num_kv_heads * head_dim)
+
+    def describe(self) -> str:
+        return self.name
+
+
+KV_CODECS: Registry = Registry("KV-cache codec")
+
+
+def get_kv_codec(spec: str, model_dtype: torch.dtype = torch.float32) -> KVCodec:
+    """Build a codec from a spec such as ``"bf16"``, ``"int8"``, ``"turboquant3.5"`` or ``"auto"``.
+
+    A registered factory is called with the spec's trailing parameters; see each codec's module.
+    """
+    from . import load_all  # noqa: F401  (registers the built-in codecs)
+
+    spec = spec.strip().lower()
+    if spec in ("auto", ""):
+        spec = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[model_dtype]
+    if spec in KV_CODECS:
+        return KV_CODECS.get(spec)()
+    # parametrised specs: the longest registered name that prefixes the spec, e.g. "turboquant" + "3.5"
+    for name in sorted(KV_CODECS.names(), key=len, reverse=True):
+        if spec.startswith(name):
+            factory = KV_CODECS.get(name)
+            return factory.from_spec(spec[len(name):]) if hasattr(factory, "from_spec") else factory()
+    KV_CODECS.get(spec)  # raises the standard "unknown ... choose one of" error
+    raise AssertionError("unreachable")

@@ -1,0 +1,2 @@
+"""Import every built-in codec module so that each registers itself. Add one line per new codec file."""
+from . import full  # noqa: F401

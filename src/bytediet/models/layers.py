@@ -1,0 +1,147 @@
+"""Transformer building blocks shared by every architecture.
+
+Attention never owns a cache: it receives the layer's :class:`LayerKVCache` and explicit
+:class:`AttentionMetadata` (positions, slot mapping, block tables, context lengths).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..kvcache.base import AttentionMetadata, LayerKVCache
+from ..quant.base import Packed, WeightFormat
+
+
+class Linear(nn.Module):
+    """A linear layer whose weight is stored in a :class:`WeightFormat` (vLLM's ``quant_method.apply``)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.bias = nn.Parameter(torch.zeros(out_features), requires_grad=False) if bias else None
+        self.format: Optional[WeightFormat] = None
+        self._packed_keys: list[str] = []
+
+    @property
+    def packed(self) -> Packed:
+        return {k: getattr(self, "packed_" + k) for k in self._packed_keys}
+
+    def set_packed(self, fmt: WeightFormat, packed: Packed) -> None:
+        """Install already-packed tensors (from a quantizer or a saved checkpoint)."""
+        for k in self._packed_keys:
+            delattr(self, "packed_" + k)
+        self.format, self._packed_keys = fmt, list(packed)
+        for k, t in packed.items():
+            self.register_buffer("packed_" + k, t, persistent=True)
+
+    def set_weight(self, weight: torch.Tensor, fmt: WeightFormat, stats=None) -> None:
+        """Quantize a float weight (out_features, in_features) with ``fmt`` and install it."""
+        if tuple(weight.shape) != (self.out_features, self.in_features):
+            raise ValueError(f"weight shape {tuple(weight.shape)} != ({self.out_features}, {self.in_features})")
+        self.set_packed(fmt, fmt.quantize(weight, stats))
+
+    def dequantized_weight(self) -> torch.Tensor:
+        return self.format.dequantize(self.packed)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.format.apply(x, self.packed, self.bias)
+
+    def extra_repr(self) -> str:
+        return f"{self.in_features}→{self.out_features}, format={self.format.spec() if self.format else None}"
+
+
+class RMSNorm(nn.Module):
+    """y = x / rms(x) · w. Gemma's "(1 + w)" is folded into w at load time (GGUF already stores it so)."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (y * self.weight.float()).to(x.dtype)
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotate-half RoPE (Su et al. 2021, arXiv 2104.09864) with optional llama3 / linear frequency scaling."""
+
+    def __init__(self, head_dim: int, theta: float, scaling: Optional[dict] = None) -> None:
+        super().__init__()
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+        inv_freq = _scale_frequencies(inv_freq, scaling)
+        self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """x: (T, H, D), positions: (T,) → rotated x."""
+        freqs = positions.float()[:, None] * self.inv_freq[None, :]  # (T, D/2)
+        cos, sin = freqs.cos()[:, None, :], freqs.sin()[:, None, :]
+        xf = x.float()
+        x1, x2 = xf.chunk(2, dim=-1)
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+
+
+def _scale_frequencies(inv_freq: torch.Tensor, scaling: Optional[dict]) -> torch.Tensor:
+    if not scaling:
+        return inv_freq
+    kind = scaling.get("type") or scaling.get("rope_type")
+    factor = float(scaling.get("factor", 1.0))
+    if kind == "linear":
+        return inv_freq / factor
+    if kind == "llama3":  # Llama 3.1 frequency-dependent scaling
+        low, high = float(scaling.get("low_freq_factor", 1.0)), float(scaling.get("high_freq_factor", 4.0))
+        old_ctx = float(scaling.get("original_max_position_embeddings", 8192))
+        wavelen = 2 * torch.pi / inv_freq
+        smooth = ((old_ctx / wavelen) - low) / (high - low)
+        scaled = torch.where(wavelen > old_ctx / low, inv_freq / factor, inv_freq)
+        mid = (wavelen <= old_ctx / low) & (wavelen >= old_ctx / high)
+        return torch.where(mid, (1 - smooth) * inv_freq / factor + smooth * inv_freq, scaled)
+    if kind in (None, "default", "none"):
+        return inv_freq
+    raise ValueError(f"unsupported rope scaling type {kind!r} (linear and llama3 are supported)")
+
+
+class Attention(nn.Module):
+    """Grouped-query attention over a paged KV cache; optional q/k RMSNorm (gemma3) and q/k/v bias (qwen2)."""
+
+    def __init__(self, hidden: int, num_heads: int, num_kv_heads: int, head_dim: int, *, bias: bool,
+                 qk_norm_eps: Optional[float], rope: RotaryEmbedding, scale: float, window: Optional[int]) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.q_proj = Linear(hidden, num_heads * head_dim, bias)
+        self.k_proj = Linear(hidden, num_kv_heads * head_dim, bias)
+        self.v_proj = Linear(hidden, num_kv_heads * head_dim, bias)
+        self.o_proj = Linear(num_heads * head_dim, hidden, False)
+        self.q_norm = RMSNorm(head_dim, qk_norm_eps) if qk_norm_eps is not None else None
+        self.k_norm = RMSNorm(head_dim, qk_norm_eps) if qk_norm_eps is not None else None
+        self.rope, self.scale, self.window = rope, scale, window
+
+    def forward(self, x: torch.Tensor, meta: AttentionMetadata, cache: LayerKVCache) -> torch.Tensor:
+        t = x.shape[0]  # x: (T, hidden)
+        q = self.q_proj(x).view(t, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rope(q, meta.positions), self.rope(k, meta.positions)
+        cache.write(k, v, meta.slot_mapping)
+        out = cache.attend(q, meta, self.scale, self.window)  # (T, H, D)
+        return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    """Gated feed-forward: down(act(gate(x)) · up(x)), act = SiLU (llama, qwen2) or GELU-tanh (gemma3)."""
+
+    def __init__(self, hidden: int, intermediate: int, act: str) -> None:
+        super().__init__()
+        self.gate_proj = Linear(hidden, intermediate)
+        self.up_proj = Linear(hidden, intermediate)
+        self.down_proj = Linear(intermediate, hidden)
+        self.act = F.silu if act == "silu" else (lambda t: F.gelu(t, approximate="tanh"))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))

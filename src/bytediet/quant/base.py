@@ -1,0 +1,67 @@
+"""The weight-format extension point (modelled on vLLM's quantization methods and torchao's configs).
+
+A :class:`WeightFormat` turns a float weight (out_features, in_features) into a dict of packed
+tensors and runs a linear layer on them. "Unquantized" is one more format. Formats are chosen by
+name from :data:`WEIGHT_FORMATS`; a name may carry parameters (``int4-g128-sym``), parsed by the
+format's ``from_spec``.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, Optional
+
+import torch
+import torch.nn.functional as F
+
+from ..registry import Registry
+
+Packed = dict[str, torch.Tensor]
+
+
+class WeightFormat(ABC):
+    """How one linear layer's weight is stored and multiplied."""
+
+    name: str = "abstract"
+
+    @abstractmethod
+    def bits_per_weight(self, out_features: int, in_features: int) -> float:
+        """All-in bits per weight (scales, zero points, metadata included)."""
+
+    @abstractmethod
+    def quantize(self, weight: torch.Tensor, stats: Optional[Any] = None) -> Packed:
+        """weight: (out_features, in_features) float → packed tensors. ``stats``: calibration data if the format uses it."""
+
+    @abstractmethod
+    def dequantize(self, packed: Packed) -> torch.Tensor:
+        """Packed tensors → float32 weight (out_features, in_features): the reference for ``apply``."""
+
+    def apply(self, x: torch.Tensor, packed: Packed, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """y = x @ Wᵀ + b for x: (..., in_features) → (..., out_features). Fast formats override this."""
+        return F.linear(x, self.dequantize(packed).to(x.dtype), bias)
+
+    def spec(self) -> str:
+        """The name that rebuilds this format through :func:`get_weight_format`."""
+        return self.name
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.spec()})"
+
+
+WEIGHT_FORMATS: Registry = Registry("weight format")
+
+
+def get_weight_format(spec: str) -> WeightFormat:
+    """Build a format from its spec, e.g. ``"fp32"``, ``"int8"``, ``"int4-g128"``.
+
+    The longest registered name that starts the spec wins; the rest goes to the class's ``from_spec``.
+    """
+    from . import load_all  # noqa: F401  (registers the built-in formats)
+
+    spec = spec.strip().lower()
+    if spec in WEIGHT_FORMATS:
+        return WEIGHT_FORMATS.get(spec)()
+    for name in sorted(WEIGHT_FORMATS.names(), key=len, reverse=True):
+        if spec.startswith(name) and hasattr(WEIGHT_FORMATS.get(name), "from_spec"):
+            return WEIGHT_FORMATS.get(name).from_spec(spec[len(name):])
+    WEIGHT_FORMATS.get(spec)  # raises the standard "unknown ... choose one of" error
+    raise AssertionError("unreachable")
