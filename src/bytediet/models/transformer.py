@@ -1,0 +1,144 @@
+"""The decoder-only transformer shared by the llama, qwen2 and gemma3 families.
+
+Module names follow Hugging Face (``model.layers.3.self_attn.q_proj``) so HF checkpoints map 1:1
+and per-module overrides read naturally. The forward pass works on a flat ragged batch of tokens
+with explicit paged-attention metadata; it never owns a KV cache.
+"""
+from __future__ import annotations
+
+import math
+from typing import Iterator, Optional
+
+import torch
+import torch.nn as nn
+
+from ..config import ModelConfig
+from ..kvcache.base import AttentionMetadata, LayerKVCache, get_kv_codec
+from .layers import MLP, Attention, Linear, RMSNorm, RotaryEmbedding
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm block; gemma3 adds "sandwich" norms after attention and after the MLP."""
+
+    def __init__(self, config: ModelConfig, layer: int) -> None:
+        super().__init__()
+        rope = RotaryEmbedding(config.head_dim, config.rope_theta_for(layer),
+                               None if config.layer_types[layer] == "sliding" else config.rope_scaling)
+        self.self_attn = Attention(
+            config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim,
+            bias=config.attention_bias, qk_norm_eps=config.rms_norm_eps if config.qk_norm else None,
+            rope=rope, scale=config.attention_scale, window=config.window_for(layer),
+        )
+        self.mlp = MLP(config.hidden_size, config.intermediate_size, config.hidden_act)
+        eps = config.rms_norm_eps
+        self.input_layernorm = RMSNorm(config.hidden_size, eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps)
+        self.sandwich = config.sandwich_norm
+        if self.sandwich:
+            self.pre_feedforward_layernorm = RMSNorm(config.hidden_size, eps)
+            self.post_feedforward_layernorm = RMSNorm(config.hidden_size, eps)
+
+    def forward(self, x: torch.Tensor, meta: AttentionMetadata, cache: LayerKVCache) -> torch.Tensor:
+        if self.sandwich:  # gemma3: x + post_norm(attn(norm(x))), then the same around the MLP
+            x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), meta, cache))
+            return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+        x = x + self.self_attn(self.input_layernorm(x), meta, cache)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DecoderBody(nn.Module):
+    """Embeddings, layers and final norm (HF's ``model.``)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        # created on "meta": the loader assigns the real tensor (no transient vocab × hidden allocation)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, device="meta")
+        self.embed_tokens.weight.requires_grad_(False)
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class CausalLM(nn.Module):
+    """A causal language model over a paged KV cache.
+
+    ``forward(input_ids (T,), meta, caches) → logits (N, vocab)`` for the N rows in ``logits_indices``
+    (all T rows when None).
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model = DecoderBody(config)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.embed_tokens.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.embed_tokens.weight.device
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, meta: AttentionMetadata, caches: list[LayerKVCache],
+                logits_indices: Optional[torch.Tensor] = None) -> torch.Tensor:
+        x = self.model.embed_tokens(input_ids)  # (T, hidden)
+        if self.config.embedding_scale != 1.0:
+            x = x * torch.tensor(self.config.embedding_scale, dtype=x.dtype)
+        for layer, cache in zip(self.model.layers, caches):
+            x = layer(x, meta, cache)
+        if logits_indices is not None:
+            x = x[logits_indices]
+        return self.lm_head(self.model.norm(x)).float()
+
+    def linear_layers(self) -> Iterator[tuple[str, Linear]]:
+        """Every weight-format-carrying linear layer, with its qualified name."""
+        for name, module in self.named_modules():
+            if isinstance(module, Linear):
+                yield name, module
+
+    def weight_bytes(self) -> int:
+        """Bytes of every parameter and packed buffer the forward pass reads (tied tensors once)."""
+        seen, total = set(), 0
+        for t in list(self.parameters()) + list(self.buffers()):
+            if t.data_ptr() in seen or t.numel() == 0:
+                continue
+            seen.add(t.data_ptr())
+            total += t.numel() * t.element_size()
+        return total
+
+    def new_caches(self, num_blocks: int, block_size: int = 16, kv_codec: str = "auto") -> list[LayerKVCache]:
+        """Allocate one paged cache per layer with the named codec."""
+        codec = get_kv_codec(kv_codec, self.dtype)
+        c = self.config
+        return [codec.create_cache(i, num_blocks, block_size, c.num_kv_heads, c.head_dim, self.dtype, self.device)
+                for i in range(c.num_layers)]
+
+    def score(self, input_ids: torch.Tensor, kv_codec: str = "auto", block_size: int = 16,
+              chunk_size: Optional[int] = None) -> torch.Tensor:
+        """Logits (L, vocab) for one sequence run through the paged path (eval, tests).
+
+        ``chunk_size`` splits the prompt into chunks (chunked prefill) — the result is the same.
+        """
+        ids = input_ids.reshape(-1).to(self.device)
+        length = ids.shape[0]
+        caches = self.new_caches(math.ceil(length / block_size), block_size, kv_codec)
+        chunk = chunk_size or length
+        outs = []
+        for start in range(0, length, chunk):
+            end = min(start + chunk, length)
+            meta = _chunk_metadata(start, end, length, block_size, self.device)
+            outs.append(self.forward(ids[start:end], meta, caches))
+        return torch.cat(outs)
+
+
+def _chunk_metadata(start: int, end: int, total: int, block_size: int, device) -> AttentionMetadata:
+    """Metadata for tokens [start, end) of one sequence stored in blocks 0..ceil(total/bs)-1."""
+    full = AttentionMetadata.for_single_sequence(total, block_size, device)
+    n = end - start
+    return AttentionMetadata(
+        positions=full.positions[start:end], slot_mapping=full.slot_mapping[start:end],
+        query_start_loc=torch.tensor([0, n], device=device), context_lens=torch.tensor([end], device=device),
+        block_tables=full.block_tables, block_size=block_size, query_lens_list=[n], context_lens_list=[end],
+        seq_ids=[0],
+    )
