@@ -1,0 +1,43 @@
+"""Helpers shared by the quantized weight formats: input checks and spec-suffix parsing."""
+from __future__ import annotations
+
+import torch
+
+from ..errors import ConfigError
+
+
+def check_weight(weight: torch.Tensor, fmt_name: str, multiple_of: int = 1,
+                 group_sizes: tuple[int, ...] = ()) -> torch.Tensor:
+    """Validate a (out, in) float weight for ``fmt_name`` and return it as contiguous float32.
+
+    ``multiple_of``: the block / group size that must divide in_features; ``group_sizes``: the sizes the
+    format offers, suggested when it does not divide.
+    """
+    if weight.dim() != 2:
+        raise ConfigError(f"{fmt_name}: expected a 2-D weight (out_features, in_features), got shape {tuple(weight.shape)}")
+    k = weight.shape[1]
+    if k % multiple_of:
+        valid = [g for g in group_sizes if k % g == 0]
+        hint = (f"valid group sizes for it: {', '.join(map(str, valid))}" if valid else
+                "override this layer with a format without blocks (e.g. int8 or fp8)")
+        raise ConfigError(f"{fmt_name}: block size {multiple_of} does not divide in_features ({k}); {hint}")
+    w = weight.detach().float().contiguous()
+    if not torch.isfinite(w).all():
+        raise ConfigError(f"{fmt_name}: the weight contains NaN or Inf; cannot quantize it")
+    return w
+
+
+def split_spec(suffix: str, fmt_name: str, allowed: str) -> list[str]:
+    """``"-g64-sym"`` → ``["g64", "sym"]``; anything not starting with ``-`` is an error naming ``allowed``."""
+    if not suffix:
+        return []
+    if not suffix.startswith("-") or "--" in suffix or suffix.endswith("-"):
+        raise ConfigError(f"cannot read weight format {fmt_name + suffix!r}; write {allowed}")
+    return suffix[1:].split("-")
+
+
+def no_parameters(cls, suffix: str):
+    """``from_spec`` for formats that take no parameters: only the bare name is accepted."""
+    if suffix:
+        raise ConfigError(f"weight format {cls.name!r} takes no parameters, got {cls.name + suffix!r}")
+    return cls()
