@@ -1,0 +1,240 @@
+"""The sampler: one batched pass from logits to next tokens, with per-request parameters.
+
+Order of the steps (vLLM's): penalties → temperature → top-k → top-p → min-p → sample.
+Every step is one tensor operation over the whole batch ``(B, V)``; only the random draws
+loop over the rows, so that each row draws from its own generator: a request with a seed
+gets the same tokens whether it runs alone or beside any other requests.
+
+Sampling uses the exponential race: ``argmax_i p_i / E_i`` with ``E_i ~ Exp(1)`` i.i.d. is a
+draw from ``p`` (the Gumbel-max trick in another form; Maddison et al. 2014,
+https://arxiv.org/abs/1411.0030), so a row needs ``V`` uniforms from its own generator.
+
+Logprobs are reported, like vLLM's default (``logprobs_mode="raw_logprobs"``), under the
+*raw model distribution*: ``log_softmax`` of the logits as the model produced them, before
+penalties, temperature and truncation. Greedy rows consume no randomness.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+
+from .params import SamplingParams
+
+TokenIds = Sequence[int] | torch.Tensor
+
+
+@dataclass(frozen=True)
+class TokenLogprobs:
+    """Log-probabilities that come with one sampled token.
+
+    ``rank`` is 1 + the number of tokens strictly more likely than the sampled one;
+    ``top`` holds the requested number of ``(token_id, logprob)`` pairs, most likely first.
+    """
+
+    token_id: int
+    logprob: float
+    rank: int
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass
+class SamplerOutput:
+    """``token_ids`` (B,) int64; ``logprobs[i]`` is None where row ``i`` asked for none."""
+
+    token_ids: torch.Tensor
+    logprobs: list[Optional[TokenLogprobs]]
+
+
+def make_generator(seed: Optional[int], device: torch.device | str = "cpu") -> Optional[torch.Generator]:
+    """A generator seeded once for a seeded request (the engine keeps it on the request), else None."""
+    if seed is None:
+        return None
+    g = torch.Generator(device=device)
+    g.manual_seed(seed & ((1 << 64) - 1))
+    return g
+
+
+def token_counts(token_lists: Sequence[TokenIds], vocab_size: int, device: torch.device) -> torch.Tensor:
+    """``counts[b, t]`` = occurrences of token ``t`` in ``token_lists[b]``: (B, V) int32, no Python loop over tokens."""
+    rows = [torch.as_tensor(t, dtype=torch.long, device=device).reshape(-1) for t in token_lists]
+    width = max((r.numel() for r in rows), default=0)
+    padded = torch.full((len(rows), max(width, 1)), vocab_size, dtype=torch.long, device=device)
+    for b, r in enumerate(rows):
+        padded[b, : r.numel()] = r
+    counts = torch.zeros(len(rows), vocab_size + 1, dtype=torch.int32, device=device)
+    counts.scatter_add_(1, padded, torch.ones_like(padded, dtype=torch.int32))
+    return counts[:, :vocab_size]  # the last column collected the padding
+
+
+def apply_penalties(
+    logits: torch.Tensor,
+    prompt_counts: torch.Tensor,
+    output_counts: torch.Tensor,
+    repetition: torch.Tensor,
+    presence: torch.Tensor,
+    frequency: torch.Tensor,
+) -> torch.Tensor:
+    """Repetition (CTRL, https://arxiv.org/abs/1909.05858, on prompt and output tokens) and
+    presence / frequency (OpenAI, on output tokens only, as vLLM).
+
+    logits (B, V) float; counts (B, V); penalties (B,). Returns a new tensor.
+    A seen token's logit ``l`` becomes ``l / r`` if ``l > 0`` else ``l * r``; then every
+    token loses ``frequency * count + presence * (count > 0)`` (count over the output).
+    """
+    r = repetition.unsqueeze(1)
+    seen = (prompt_counts + output_counts) > 0
+    penalised = torch.where(logits > 0, logits / r, logits * r)
+    logits = torch.where(seen, penalised, logits)
+    out = output_counts.to(logits.dtype)
+    return logits - frequency.unsqueeze(1) * out - presence.unsqueeze(1) * (out > 0).to(logits.dtype)
+
+
+def apply_top_k_top_p(logits: torch.Tensor, top_k: Optional[torch.Tensor], top_p: Optional[torch.Tensor]) -> torch.Tensor:
+    """Mask (to -inf) tokens outside the top-k, then outside the nucleus of mass top_p.
+
+    logits (B, V); top_k (B,) int64 in [1, V] (V = off); top_p (B,) in (0, 1] (1 = off).
+    Ties at the boundary are all kept: top-k keeps every token whose logit is >= the k-th
+    largest; top-p keeps token t iff the mass of tokens strictly more likely than t is < p,
+    computed on the distribution renormalised after top-k.
+    """
+    sorted_logits = logits.sort(dim=-1, descending=True).values  # (B, V)
+    if top_k is not None:
+        kth = sorted_logits.gather(1, (top_k - 1).unsqueeze(1))  # (B, 1)
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+        sorted_logits = sorted_logits.masked_fill(sorted_logits < kth, float("-inf"))
+    if top_p is not None:
+        probs = sorted_logits.softmax(dim=-1)
+        cum = probs.cumsum(dim=-1)
+        mass_before = torch.cat([torch.zeros_like(cum[:, :1]), cum[:, :-1]], dim=1)  # monotone prefix sums
+        p = torch.where(top_p >= 1.0, torch.full_like(top_p, float("inf")), top_p)
+        last = (mass_before < p.unsqueeze(1)).sum(dim=1, keepdim=True) - 1  # index of the last kept token
+        threshold = sorted_logits.gather(1, last)
+        logits = logits.masked_fill(logits < threshold, float("-inf"))
+    return logits
+
+
+def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """Mask tokens with probability < min_p * (top probability); logits (B, V), min_p (B,)."""
+    probs = logits.softmax(dim=-1)
+    floor = min_p.unsqueeze(1) * probs.amax(dim=-1, keepdim=True)
+    return logits.masked_fill(probs < floor, float("-inf"))
+
+
+def exponential_race(probs: torch.Tensor, generators: Sequence[torch.Generator]) -> torch.Tensor:
+    """One draw per row from ``probs`` (B, V), row ``b`` using only ``generators[b]``; returns (B,) int64."""
+    B, V = probs.shape
+    u = torch.empty(B, V, dtype=torch.float32, device=probs.device)
+    for b, g in enumerate(generators):  # one row of V uniforms per generator; no loop over V
+        torch.rand(V, generator=g, device=probs.device, out=u[b])
+    # E = -log(1 - u) ~ Exp(1); the clamp keeps a zero draw from dividing by 0 (a NaN for masked tokens)
+    e = (-torch.log1p(-u)).clamp_min(torch.finfo(torch.float32).tiny)
+    return (probs.float() / e).argmax(dim=-1)
+
+
+class Sampler:
+    """Turns the logits of the rows that sample into next tokens (and logprobs on request).
+
+    ``generator`` is the engine's shared generator, used in row order by unseeded requests;
+    without one, a generator on ``device`` seeded with ``seed`` is made. Per-request generators
+    (see :func:`make_generator`) must live on the same device as the logits.
+    """
+
+    def __init__(self, generator: Optional[torch.Generator] = None, seed: int = 0, device: torch.device | str = "cpu") -> None:
+        self.generator = generator if generator is not None else make_generator(seed, device)
+
+    def __call__(
+        self,
+        logits: torch.Tensor,
+        params: Sequence[SamplingParams],
+        prompt_ids: Optional[Sequence[TokenIds]] = None,
+        output_ids: Optional[Sequence[TokenIds]] = None,
+        generators: Optional[Sequence[Optional[torch.Generator]]] = None,
+    ) -> SamplerOutput:
+        """Sample one token per row.
+
+        Args:
+            logits: (B, V) raw model logits (any float dtype; computed in float32).
+            params: B sampling params, one per row.
+            prompt_ids / output_ids: B token id lists (needed only when a row has penalties).
+            generators: B per-request generators (None for unseeded rows → the shared one).
+        """
+        B, V = logits.shape
+        if len(params) != B:
+            raise ValueError(f"got {len(params)} sampling params for {B} rows of logits")
+        raw = logits.float()
+        x = self._penalise(raw, params, prompt_ids, output_ids)
+        greedy = torch.tensor([p.greedy for p in params], device=x.device)
+        tokens = x.argmax(dim=-1)
+        sample_rows = (~greedy).nonzero().flatten().tolist()
+        if sample_rows:
+            rows = torch.tensor(sample_rows, device=x.device)
+            probs = self.processed_probs(x[rows], [params[i] for i in sample_rows])
+            gens = [self._generator_for(i, generators) for i in sample_rows]
+            tokens[rows] = exponential_race(probs, gens)
+        return SamplerOutput(tokens, self._logprobs(raw, tokens, params))
+
+    @staticmethod
+    def processed_probs(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+        """The distribution sampled from, after temperature, top-k, top-p and min-p: (B, V) float32.
+
+        ``logits`` (B, V) are already penalised; every row must be non-greedy.
+        """
+        B, V = logits.shape
+        dev = logits.device
+        temperature = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=dev)
+        x = logits / temperature.unsqueeze(1)
+        ks = [p.top_k if 0 < p.top_k < V else V for p in params]
+        top_k = torch.tensor(ks, dtype=torch.long, device=dev) if any(k < V for k in ks) else None
+        top_p = None
+        if any(p.top_p < 1.0 for p in params):
+            top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=dev)
+        if top_k is not None or top_p is not None:
+            x = apply_top_k_top_p(x, top_k, top_p)
+        if any(p.min_p > 0.0 for p in params):
+            x = apply_min_p(x, torch.tensor([p.min_p for p in params], dtype=torch.float32, device=dev))
+        return x.softmax(dim=-1)
+
+    def _penalise(self, logits, params, prompt_ids, output_ids) -> torch.Tensor:
+        if not any(p.has_penalties for p in params):
+            return logits
+        if prompt_ids is None or output_ids is None:
+            raise ValueError("penalties need prompt_ids and output_ids for every row")
+        B, V = logits.shape
+        dev = logits.device
+
+        def col(name: str) -> torch.Tensor:
+            return torch.tensor([getattr(p, name) for p in params], dtype=torch.float32, device=dev)
+
+        return apply_penalties(
+            logits,
+            token_counts(prompt_ids, V, dev),
+            token_counts(output_ids, V, dev),
+            col("repetition_penalty"),
+            col("presence_penalty"),
+            col("frequency_penalty"),
+        )
+
+    def _generator_for(self, row: int, generators) -> torch.Generator:
+        g = generators[row] if generators is not None else None
+        return g if g is not None else self.generator
+
+    @staticmethod
+    def _logprobs(raw: torch.Tensor, tokens: torch.Tensor, params) -> list[Optional[TokenLogprobs]]:
+        want = [i for i, p in enumerate(params) if p.logprobs is not None]
+        out: list[Optional[TokenLogprobs]] = [None] * len(params)
+        if not want:
+            return out
+        rows = torch.tensor(want, device=raw.device)
+        lp = raw[rows].log_softmax(dim=-1)  # (W, V) under the raw model distribution
+        chosen = tokens[rows]
+        chosen_lp = lp.gather(1, chosen.unsqueeze(1))  # (W, 1)
+        ranks = (lp > chosen_lp).sum(dim=1) + 1
+        n_top = max(params[i].logprobs for i in want)
+        top_lp, top_ids = lp.topk(n_top, dim=-1) if n_top else (None, None)
+        for j, i in enumerate(want):
+            n = params[i].logprobs
+            top = tuple(zip(top_ids[j, :n].tolist(), top_lp[j, :n].tolist())) if n else ()
+            out[i] = TokenLogprobs(int(chosen[j]), float(chosen_lp[j, 0]), int(ranks[j]), top)
+        return out

@@ -1,0 +1,233 @@
+"""Sampler: each step against a plain float64 reference, seeded determinism, sample frequencies."""
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+from scipy import stats
+
+from bytediet.engine.params import SamplingParams
+from bytediet.engine.sampling import (
+    Sampler,
+    apply_penalties,
+    exponential_race,
+    make_generator,
+    token_counts,
+)
+
+NEG_INF = float("-inf")
+
+
+# ---- the reference: one row at a time, float64, written from the definitions ----------------
+def ref_support_and_probs(logits32: torch.Tensor, p: SamplingParams):
+    """Returns (kept mask, probabilities, margin): the margin is how far the row is from a
+    top-p / min-p boundary, so rows where float32 rounding could decide are skipped."""
+    x = (logits32 / torch.tensor(p.temperature, dtype=torch.float32)).double().numpy()  # same rounding
+    V = x.size
+    keep = np.isfinite(x) | (x > NEG_INF)
+    margin = math.inf
+    if 0 < p.top_k < V:
+        kth = np.sort(x)[::-1][p.top_k - 1]
+        keep &= x >= kth
+    if p.top_p < 1.0:
+        probs = softmax64(np.where(keep, x, NEG_INF))
+        for t in np.flatnonzero(keep):
+            mass_above = probs[probs > probs[t]].sum()
+            margin = min(margin, abs(mass_above - p.top_p))
+            keep[t] = mass_above < p.top_p
+    if p.min_p > 0.0:
+        probs = softmax64(np.where(keep, x, NEG_INF))
+        ratio = probs / probs.max()
+        margin = min(margin, np.abs(ratio[keep] - p.min_p).min())
+        keep &= ratio >= p.min_p
+    return keep, softmax64(np.where(keep, x, NEG_INF)), margin
+
+
+def softmax64(x):
+    e = np.exp(x - x.max())
+    return e / e.sum()
+
+
+logit_values = st.one_of(st.floats(-12, 12, width=32), st.just(NEG_INF), st.sampled_from([0.0, 1.0, 2.5]))
+
+
+@st.composite
+def rows(draw):
+    V = draw(st.integers(2, 40))
+    logits = draw(st.lists(logit_values, min_size=V, max_size=V))
+    assume(any(math.isfinite(v) for v in logits))
+    params = SamplingParams(
+        temperature=draw(st.sampled_from([0.3, 0.7, 1.0, 1.6])),
+        top_k=draw(st.sampled_from([-1, 0, 1, 2, 5, V - 1, V, V + 3])),
+        top_p=draw(st.sampled_from([1.0, 0.95, 0.8, 0.5, 0.1, 1e-4])),
+        min_p=draw(st.sampled_from([0.0, 0.0, 0.05, 0.3, 0.9])),
+    )
+    return torch.tensor(logits, dtype=torch.float32), params
+
+
+@settings(max_examples=120, deadline=None)
+@given(batch=st.lists(rows(), min_size=1, max_size=5))
+def test_processed_distribution_matches_reference(batch):
+    V = max(len(l) for l, _ in batch)
+    # pad the shorter rows with -inf (a padded vocabulary), as the model's tail columns would be
+    logits = torch.full((len(batch), V), NEG_INF)
+    for i, (l, _) in enumerate(batch):
+        logits[i, : len(l)] = l
+    params = [p for _, p in batch]
+    probs = Sampler.processed_probs(logits, params)
+    for i, p in enumerate(params):
+        keep, ref, margin = ref_support_and_probs(logits[i], p)
+        assume(margin > 1e-4)
+        np.testing.assert_array_equal(probs[i].numpy() > 0, keep & (ref > 0), err_msg=str(p))
+        np.testing.assert_allclose(probs[i].double().numpy(), ref, atol=1e-5, err_msg=str(p))
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32), B=st.integers(1, 6), V=st.integers(1, 300))
+def test_greedy_is_argmax_and_consumes_no_randomness(seed, B, V):
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(B, V, generator=g) * 5
+    sampler = Sampler(seed=seed)
+    before = sampler.generator.get_state().clone()
+    own = make_generator(seed + 1)
+    own_before = own.get_state().clone()
+    out = sampler(logits, [SamplingParams(temperature=0)] * B, generators=[own] + [None] * (B - 1))
+    assert torch.equal(out.token_ids, logits.argmax(dim=-1))
+    assert torch.equal(sampler.generator.get_state(), before) and torch.equal(own.get_state(), own_before)
+
+
+def test_temperature_to_zero_approaches_greedy():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(64, 500, generator=g) * 3
+    best = logits.argmax(dim=-1)
+    gaps = []
+    for t in (1.0, 0.3, 0.1, 0.03, 0.01):
+        probs = Sampler.processed_probs(logits, [SamplingParams(temperature=t)] * 64)
+        gaps.append((1 - probs.gather(1, best[:, None])).max().item())
+    assert all(a > b for a, b in zip(gaps, gaps[1:])), gaps  # the top token's mass grows to 1
+    out = Sampler(seed=1)(logits, [SamplingParams(temperature=1e-4)] * 64)  # sampled, not greedy
+    top2 = logits.topk(2).values
+    decided = (top2[:, 0] - top2[:, 1]) > 1e-2  # a gap of 100 temperatures: the rest is < e^-100
+    assert torch.equal(out.token_ids[decided], best[decided]) and decided.sum() > 50
+
+
+def test_penalties_against_hand_computed_numbers():
+    logits = torch.tensor([[2.0, -1.0, 0.5, 3.0, -2.0]])
+    prompt, output = [[0]], [[1, 3, 3]]
+    rep, pres, freq = torch.tensor([2.0]), torch.tensor([0.5]), torch.tensor([0.25])
+    got = apply_penalties(logits, token_counts(prompt, 5, logits.device), token_counts(output, 5, logits.device),
+                          rep, pres, freq)
+    # token 0 (prompt): 2/2 = 1; token 1 (output once): -1*2 - 0.25 - 0.5 = -2.75;
+    # token 3 (output twice): 3/2 - 2*0.25 - 0.5 = 0.5; tokens 2 and 4 unseen: unchanged
+    torch.testing.assert_close(got, torch.tensor([[1.0, -2.75, 0.5, 0.5, -2.0]]))
+    # through the sampler: the penalties move greedy's choice from token 3 to token 0
+    p = SamplingParams(temperature=0, repetition_penalty=2.0, presence_penalty=0.5, frequency_penalty=0.25)
+    assert Sampler()(logits, [p], prompt, output).token_ids.tolist() == [0]
+    assert Sampler()(logits, [SamplingParams(temperature=0)], prompt, output).token_ids.tolist() == [3]
+
+
+def test_repetition_penalty_matches_transformers():
+    hf = pytest.importorskip("transformers.generation.logits_process")
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(4, 50, generator=g) * 4
+    ids = torch.randint(0, 50, (4, 12), generator=g)
+    want = hf.RepetitionPenaltyLogitsProcessor(1.7)(ids, logits.clone())
+    zero = torch.zeros(4)
+    got = apply_penalties(logits, token_counts(ids[:, :7], 50, logits.device),
+                          token_counts(ids[:, 7:], 50, logits.device), torch.full((4,), 1.7), zero, zero)
+    torch.testing.assert_close(got, want)
+
+
+def test_token_counts_with_ragged_rows():
+    counts = token_counts([[1, 1, 4], [], torch.tensor([0, 4, 4, 4])], 5, torch.device("cpu"))
+    assert counts.tolist() == [[0, 2, 0, 0, 1], [0, 0, 0, 0, 0], [1, 0, 0, 0, 3]]
+
+
+def test_seeded_request_is_the_same_alone_and_in_a_batch():
+    V = 97
+    g = torch.Generator().manual_seed(11)
+    seeded = SamplingParams(temperature=0.9, top_k=40, top_p=0.9, seed=1234)
+    others = [SamplingParams(temperature=0), SamplingParams(temperature=1.3), SamplingParams(min_p=0.1, seed=7),
+              SamplingParams(temperature=0.5, top_p=0.5, presence_penalty=1.0)]
+    steps = [torch.randn(1 + len(others), V, generator=g) * 2 for _ in range(50)]
+    hist = [[] for _ in range(1 + len(others))]
+
+    def run(batch_rows, shared_seed):
+        sampler = Sampler(seed=shared_seed)
+        gens = [make_generator(p.seed) for p in batch_rows]
+        for row in hist:
+            row.clear()
+        picks = []
+        for logits in steps:
+            order = [0] + list(range(1, len(batch_rows)))
+            out = sampler(logits[order], batch_rows, [[1, 2]] * len(batch_rows), hist[: len(batch_rows)], gens)
+            for i, t in enumerate(out.token_ids.tolist()):
+                hist[i].append(t)
+            picks.append(out.token_ids[0].item())
+        return picks
+
+    alone = run([seeded], 0)
+    assert run([seeded] + others, 5) == alone
+    assert run([seeded] + others[:2], 99) == alone
+    assert len(set(alone)) > 5  # it really sampled
+    # and the seeded row sits anywhere in the batch: put it last
+    sampler = Sampler(seed=3)
+    gens = [None, make_generator(seeded.seed)]
+    last = [sampler(torch.stack([s[1], s[0]]), [others[1], seeded], generators=gens).token_ids[1].item() for s in steps]
+    assert last == alone
+
+
+def test_sample_frequencies_match_processed_distribution():
+    V, N = 12, 40_000
+    logits = torch.linspace(-2.0, 2.0, V).flip(0)
+    params = SamplingParams(temperature=0.8, top_k=9, top_p=0.97, min_p=0.02)
+    want = Sampler.processed_probs(logits[None], [params])[0].double()
+    out = Sampler(seed=2024)(logits.expand(N, V), [params] * N)  # N unseeded rows share one generator
+    counts = torch.bincount(out.token_ids, minlength=V).double()
+    support = want > 0
+    assert counts[~support].sum() == 0 and support.sum() >= 5
+    expected = want[support] / want[support].sum() * N
+    chi2 = stats.chisquare(counts[support].numpy(), expected.numpy())
+    assert chi2.pvalue > 1e-3, (counts, want * N)
+
+
+def test_exponential_race_is_exact_on_a_skewed_distribution():
+    probs = torch.tensor([0.6, 0.0, 0.25, 0.1, 0.0, 0.05])
+    g = make_generator(5)
+    draws = exponential_race(probs.expand(30_000, 6), [g] * 30_000)
+    counts = torch.bincount(draws, minlength=6).double()
+    assert counts[1] == 0 and counts[4] == 0
+    expected = probs[probs > 0].double() / probs.double().sum() * 30_000
+    chi2 = stats.chisquare(counts[probs > 0].numpy(), expected.numpy())
+    assert chi2.pvalue > 1e-3
+
+
+def test_logprobs_are_raw_log_softmax_with_ranks_and_top_n():
+    g = torch.Generator().manual_seed(8)
+    logits = torch.randn(4, 64, generator=g) * 3
+    params = [SamplingParams(temperature=0.7, top_k=5, logprobs=3, repetition_penalty=1.5),
+              SamplingParams(temperature=0, logprobs=0),
+              SamplingParams(logprobs=None),
+              SamplingParams(temperature=1.2, top_p=0.5, logprobs=64)]
+    out = Sampler(seed=0)(logits, params, [[0, 1]] * 4, [[2]] * 4)
+    ref = torch.log_softmax(logits.double(), dim=-1)
+    assert out.logprobs[2] is None
+    for i in (0, 1, 3):
+        lp = out.logprobs[i]
+        t = out.token_ids[i].item()
+        assert lp.token_id == t
+        assert lp.logprob == pytest.approx(ref[i, t].item(), abs=1e-5)
+        assert lp.rank == 1 + int((ref[i] > ref[i, t]).sum())
+        n = params[i].logprobs
+        assert len(lp.top) == n
+        want_ids = ref[i].argsort(descending=True)[:n].tolist()
+        assert [tok for tok, _ in lp.top] == want_ids
+        np.testing.assert_allclose([v for _, v in lp.top], ref[i, want_ids].numpy(), atol=1e-5)
+    assert out.logprobs[1].rank == 1 and out.logprobs[1].top == ()
+
+
+def test_penalties_need_the_token_history():
+    with pytest.raises(ValueError, match="prompt_ids and output_ids"):
+        Sampler()(torch.zeros(1, 4), [SamplingParams(presence_penalty=1.0)])
