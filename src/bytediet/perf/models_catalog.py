@@ -1,0 +1,65 @@
+"""Named model configurations for the roofline analyzer (published hyper-parameters, no weights).
+
+Sources (each model's ``config.json`` on the Hugging Face Hub):
+- Llama 2 (Touvron et al. 2023, arXiv:2307.09288): meta-llama/Llama-2-{7b,13b,70b}-hf
+- Llama 3 (Grattafiori et al. 2024, arXiv:2407.21783): meta-llama/Meta-Llama-3-{8B,70B}
+- SmolLM2 (Allal et al. 2025, arXiv:2502.02737): HuggingFaceTB/SmolLM2-135M-Instruct
+- Gemma 3 (Gemma Team 2025, arXiv:2503.19786): google/gemma-3-270m
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..config import ModelConfig
+from ..errors import ConfigError
+from ..registry import Registry
+
+MODELS: Registry = Registry("model configuration")
+
+
+def _llama(name: str, vocab: int, hidden: int, inter: int, layers: int, heads: int, kv: int, *,
+           rope: float, max_pos: int, tie: bool = False, eps: float = 1e-5) -> ModelConfig:
+    return ModelConfig(architecture="llama", vocab_size=vocab, hidden_size=hidden, intermediate_size=inter,
+                       num_layers=layers, num_heads=heads, num_kv_heads=kv, head_dim=hidden // heads,
+                       rms_norm_eps=eps, rope_theta=rope, max_position_embeddings=max_pos,
+                       tie_word_embeddings=tie, name=name)
+
+
+for _name, _args, _kw in (
+    ("llama-2-7b", (32000, 4096, 11008, 32, 32, 32), dict(rope=1e4, max_pos=4096)),
+    ("llama-2-13b", (32000, 5120, 13824, 40, 40, 40), dict(rope=1e4, max_pos=4096)),
+    ("llama-2-70b", (32000, 8192, 28672, 80, 64, 8), dict(rope=1e4, max_pos=4096)),
+    ("llama-3-8b", (128256, 4096, 14336, 32, 32, 8), dict(rope=5e5, max_pos=8192)),
+    ("llama-3-70b", (128256, 8192, 28672, 80, 64, 8), dict(rope=5e5, max_pos=8192)),
+    ("smollm2-135m", (49152, 576, 1536, 30, 9, 3), dict(rope=1e5, max_pos=8192, tie=True)),
+):
+    MODELS.register(_name)(lambda n=_name, a=_args, k=_kw: _llama(n, *a, **k))
+
+
+@MODELS.register("gemma-3-270m")
+def gemma_3_270m() -> ModelConfig:
+    layers = 18
+    # five sliding-window layers then one global layer, repeated (layers 6, 12, 18 are global)
+    types = tuple("full" if (i + 1) % 6 == 0 else "sliding" for i in range(layers))
+    return ModelConfig(
+        architecture="gemma3", vocab_size=262144, hidden_size=640, intermediate_size=2048, num_layers=layers,
+        num_heads=4, num_kv_heads=1, head_dim=256, rms_norm_eps=1e-6, rope_theta=1e6, rope_local_theta=1e4,
+        max_position_embeddings=32768, tie_word_embeddings=True, hidden_act="gelu_tanh", sliding_window=512,
+        layer_types=types, query_pre_attn_scalar=256, qk_norm=True, sandwich_norm=True,
+        embedding_scale=640**0.5, name="gemma-3-270m",
+    )
+
+
+def get_model_config(name_or_path: str) -> ModelConfig:
+    """A catalogue name (``llama-2-70b``) or a checkpoint path read by the engine's loader."""
+    key = name_or_path.strip()
+    if key.lower() in MODELS:
+        return MODELS.get(key)()
+    if not Path(key).expanduser().exists() and key != "default":
+        raise ConfigError(f"unknown model {key!r}: not a file and not one of {', '.join(MODELS.names())}")
+    try:
+        from ..models.loader import load_config  # type: ignore[attr-defined]
+    except ImportError as exc:
+        raise ConfigError(f"cannot read {key!r}: the checkpoint loader (bytediet.models.loader.load_config) "
+                          f"is not available yet ({exc}); use a catalogue name: {', '.join(MODELS.names())}") from exc
+    return load_config(key)

@@ -1,0 +1,368 @@
+"""Roofline what-if analysis of one transformer on one device: FLOPs, bytes, time and binding limit.
+
+Per operator, attainable time = max(FLOPs / peak, bytes / bandwidth) (Williams, Waterman &
+Patterson, "Roofline", CACM 2009); a phase's time is the sum over its operators (each kernel is
+bound on its own; no overlap between kernels), plus tensor-parallel all-reduces.
+
+Shapes (per layer): h = hidden, nh/nkv = query/KV heads, d = head_dim, I = intermediate, V = vocab.
+A step processes T new tokens: prefill of L tokens at batch B has T = B·L, decode has T = B.
+
+=========  ===========================  =======================================================
+operator   FLOPs                        bytes moved
+=========  ===========================  =======================================================
+qkv        2·T·h·(nh+2nkv)·d            W·bpw/8 + T·h·a + T·(nh+2nkv)·d·a
+attention  4·B·nh·d·P                   KV read + KV write at the codec's bytes/token + 2·T·nh·d·a
+o_proj     2·T·nh·d·h                   W·bpw/8 + T·nh·d·a + T·h·a
+mlp_gate   2·T·h·I (same for mlp_up)    W·bpw/8 + T·h·a + T·I·a
+mlp_down   2·T·I·h                      W·bpw/8 + T·I·a + T·h·a
+lm_head    2·B·h·V (last token only)    W·bpw/8 + B·h·a + B·V·a
+embedding  0                            T·h·bpw/8 (rows gathered) + T·h·a
+norms      4·T·h per norm               2·T·h·a per norm (+ its weight)
+=========  ===========================  =======================================================
+
+P is the number of (query, key) pairs per sequence: C at decode (the context, new token included),
+L(L+1)/2 for a causal prefill, both clipped by a sliding window. Residual adds and the gated
+activation are assumed fused into the neighbouring GEMMs. ``a`` = activation bytes (4 for fp32
+compute, else 2). KV-cache size is the source document's formula
+2 × layers × kv_heads × head_dim × seq_len × batch × bytes (``kv_cache_bytes``).
+
+Tensor parallel over N chips (Megatron-LM, Shoeybi et al. 2019): GEMM weights, FLOPs and heads
+split N ways, norms/embedding replicated, two all-reduces of T·h·a bytes per layer, each costing
+2·(N−1)/N · bytes / link bandwidth (ring all-reduce, Patarasuk & Yuan 2009).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional, Protocol, Union
+
+from ..config import ModelConfig
+from ..errors import ConfigError
+from .hardware import HardwareSpec
+
+
+class HasBitsPerWeight(Protocol):
+    def bits_per_weight(self, out_features: int, in_features: int) -> float: ...
+
+
+class HasBytesPerToken(Protocol):
+    def bytes_per_token(self, num_kv_heads: int, head_dim: int) -> float: ...
+
+
+WeightsLike = Union[float, int, HasBitsPerWeight]
+KVLike = Union[float, int, HasBytesPerToken]
+
+
+def weight_bits(weights: WeightsLike, out_features: int, in_features: int) -> float:
+    """All-in bits per weight: a number, or a weight format's ``bits_per_weight(out, in)``."""
+    if isinstance(weights, (int, float)):
+        return float(weights)
+    return float(weights.bits_per_weight(out_features, in_features))
+
+
+def kv_bytes_per_token(kv: KVLike, num_kv_heads: int, head_dim: int) -> float:
+    """Bytes of K and V for one token in one layer: a codec's ``bytes_per_token``, or bits per coordinate."""
+    if isinstance(kv, (int, float)):
+        return 2 * num_kv_heads * head_dim * float(kv) / 8
+    return float(kv.bytes_per_token(num_kv_heads, head_dim))
+
+
+def kv_cache_bytes(config: ModelConfig, seq_len: int, batch: int, bytes_per_element: float) -> float:
+    """2 (K and V) × layers × kv_heads × head_dim × seq_len × batch × bytes (no sliding-window clipping)."""
+    return 2 * config.num_layers * config.num_kv_heads * config.head_dim * seq_len * batch * bytes_per_element
+
+
+def causal_pairs(length: int, window: Optional[int]) -> int:
+    """(query, key) pairs of a causal prefill of ``length`` tokens: Σᵢ min(i, window) for i = 1..length."""
+    w = length if window is None else min(window, length)
+    return w * (w + 1) // 2 + (length - w) * w
+
+
+def weights_bytes(config: ModelConfig, weights: WeightsLike, norm_bytes: float = 2.0) -> float:
+    """Bytes of every stored weight: linear layers and embeddings at the format's bits, norms at ``norm_bytes``."""
+    h, d, i, v = config.hidden_size, config.head_dim, config.intermediate_size, config.vocab_size
+    shapes = [(config.num_heads * d, h), (config.num_kv_heads * d, h), (config.num_kv_heads * d, h),
+              (h, config.num_heads * d), (i, h), (i, h), (h, i)]
+    per_layer = sum(o * n * weight_bits(weights, o, n) / 8 for o, n in shapes)
+    emb = v * h * weight_bits(weights, v, h) / 8 * (1 if config.tie_word_embeddings else 2)
+    norm_params = config.num_parameters - config.num_layers * sum(o * n for o, n in shapes) \
+        - v * h * (1 if config.tie_word_embeddings else 2)
+    return config.num_layers * per_layer + emb + norm_params * norm_bytes
+
+
+@dataclass(frozen=True)
+class OpCost:
+    """One operator summed over all layers of one step, on one chip."""
+
+    name: str
+    flops: float
+    bytes: float
+    t_compute: float
+    t_memory: float
+
+    @property
+    def intensity(self) -> float:
+        return self.flops / self.bytes if self.bytes else math.inf
+
+    @property
+    def time(self) -> float:
+        return max(self.t_compute, self.t_memory)
+
+    @property
+    def bound(self) -> str:
+        return "compute" if self.t_compute > self.t_memory else "memory"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "intensity": self.intensity, "time": self.time, "bound": self.bound}
+
+
+@dataclass(frozen=True)
+class PhaseCost:
+    """One engine step: prefill of ``B×L`` tokens, or one decode step of ``B`` tokens."""
+
+    phase: str
+    tokens: int
+    ops: tuple[OpCost, ...]
+    allreduce_s: float = 0.0
+
+    @property
+    def flops(self) -> float:
+        return sum(o.flops for o in self.ops)
+
+    @property
+    def bytes(self) -> float:
+        return sum(o.bytes for o in self.ops)
+
+    @property
+    def time(self) -> float:
+        return sum(o.time for o in self.ops) + self.allreduce_s
+
+    @property
+    def bound(self) -> str:
+        """The limit that costs the most time in this phase: compute, memory or interconnect."""
+        by = {"compute": 0.0, "memory": 0.0, "interconnect": self.allreduce_s}
+        for o in self.ops:
+            by[o.bound] += o.time
+        return max(by, key=by.get)
+
+    def op(self, name: str) -> OpCost:
+        return next(o for o in self.ops if o.name == name)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"phase": self.phase, "tokens": self.tokens, "flops": self.flops, "bytes": self.bytes,
+                "intensity": self.flops / self.bytes, "allreduce_s": self.allreduce_s, "time": self.time,
+                "bound": self.bound, "ops": [o.to_dict() for o in self.ops]}
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Everything the analyzer predicts for one (model, hardware, formats, batch, context, tp)."""
+
+    model: str
+    hardware: str
+    compute_dtype: str
+    batch: int
+    context: int
+    prompt_len: int
+    tp: int
+    weights_bytes: float
+    kv_bytes_per_token: float  # all layers, one token, one sequence (before sliding-window clipping)
+    kv_bytes: float  # B sequences of ``context`` tokens
+    capacity_bytes: float
+    max_batch: int
+    chips_to_hold: int
+    prefill: PhaseCost
+    decode: PhaseCost
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def fits(self) -> bool:
+        return self.weights_bytes + self.kv_bytes <= self.capacity_bytes
+
+    @property
+    def ttft_s(self) -> float:
+        return self.prefill.time
+
+    @property
+    def time_per_output_token_s(self) -> float:
+        return self.decode.time
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        """Aggregate decode throughput: B tokens per step."""
+        return self.batch / self.decode.time
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model, "hardware": self.hardware, "compute_dtype": self.compute_dtype,
+            "batch": self.batch, "context": self.context, "prompt_len": self.prompt_len, "tp": self.tp,
+            "weights_bytes": self.weights_bytes, "kv_bytes_per_token": self.kv_bytes_per_token,
+            "kv_bytes": self.kv_bytes, "memory_needed_bytes": self.weights_bytes + self.kv_bytes,
+            "capacity_bytes": self.capacity_bytes, "fits": self.fits, "max_batch": self.max_batch,
+            "chips_to_hold": self.chips_to_hold, "ttft_s": self.ttft_s,
+            "time_per_output_token_s": self.time_per_output_token_s,
+            "decode_tokens_per_s": self.decode_tokens_per_s,
+            "per_sequence_tokens_per_s": 1.0 / self.decode.time,
+            "prefill": self.prefill.to_dict(), "decode": self.decode.to_dict(), **self.extra,
+        }
+
+
+@dataclass(frozen=True)
+class _Ctx:
+    cfg: ModelConfig
+    hw: HardwareSpec
+    weights: WeightsLike
+    kv: KVLike
+    peak: float
+    act: float  # activation bytes per element
+    tp: int
+
+    def cost(self, name: str, flops: float, nbytes: float) -> OpCost:
+        return OpCost(name, flops, nbytes, flops / self.peak, nbytes / self.hw.memory_bandwidth)
+
+    def linear(self, name: str, t: int, n_in: int, n_out: int, count: int, column: bool) -> OpCost:
+        """``count`` GEMMs (T×n_in)·(n_in×n_out); column-parallel splits n_out, row-parallel n_in."""
+        n = self.tp
+        w = n_in * n_out * weight_bits(self.weights, n_out, n_in) / 8 / n
+        acts = t * n_in * self.act / (1 if column else n) + t * n_out * self.act / (n if column else 1)
+        return self.cost(name, count * 2 * t * n_in * n_out / n, count * (w + acts))
+
+    def attention(self, batch: int, q_per_seq: int, pairs_per_layer: list[int], kv_read_tokens: list[int],
+                  kv_written: int) -> OpCost:
+        c = self.cfg
+        heads = math.ceil(c.num_heads / self.tp)
+        kv_share = math.ceil(c.num_kv_heads / self.tp) / c.num_kv_heads  # KV heads replicate when tp > nkv
+        bpt = kv_bytes_per_token(self.kv, c.num_kv_heads, c.head_dim) * kv_share
+        flops = sum(4 * batch * heads * c.head_dim * p for p in pairs_per_layer)
+        kv = sum(batch * (r + kv_written) * bpt for r in kv_read_tokens)
+        qo = c.num_layers * 2 * batch * q_per_seq * heads * c.head_dim * self.act
+        return self.cost("attention", flops, kv + qo)
+
+
+def _phase(ctx: _Ctx, phase: str, batch: int, q_per_seq: int, pairs: list[int], kv_read: list[int]) -> PhaseCost:
+    c, t, nl = ctx.cfg, batch * q_per_seq, ctx.cfg.num_layers
+    h, d, i, v = c.hidden_size, c.head_dim, c.intermediate_size, c.vocab_size
+    norms_per_layer = 4 if c.sandwich_norm else 2
+    norm_bytes = (nl * norms_per_layer + 1) * 2 * t * h * ctx.act
+    if c.qk_norm:
+        norm_bytes += nl * 2 * t * (c.num_heads + c.num_kv_heads) * d * ctx.act
+    ops = (
+        ctx.cost("embedding", 0.0, t * h * (weight_bits(ctx.weights, v, h) / 8 + ctx.act)),
+        ctx.linear("qkv", t, h, (c.num_heads + 2 * c.num_kv_heads) * d, nl, column=True),
+        ctx.attention(batch, q_per_seq, pairs, kv_read, kv_written=q_per_seq),
+        ctx.linear("o_proj", t, c.num_heads * d, h, nl, column=False),
+        ctx.linear("mlp_gate", t, h, i, nl, column=True),
+        ctx.linear("mlp_up", t, h, i, nl, column=True),
+        ctx.linear("mlp_down", t, i, h, nl, column=False),
+        ctx.cost("norms", (nl * norms_per_layer + 1) * 4 * t * h, norm_bytes),
+        ctx.linear("lm_head", batch, h, v, 1, column=True),
+    )
+    allreduce = 0.0
+    if ctx.tp > 1:
+        link = ctx.hw.link_bandwidth
+        if not link:
+            raise ConfigError(f"{ctx.hw.id} has no interconnect bandwidth in the catalogue; use --tp 1")
+        allreduce = nl * 2 * (2 * (ctx.tp - 1) / ctx.tp) * t * h * ctx.act / link
+    return PhaseCost(phase, t, ops, allreduce)
+
+
+def analyze(config: ModelConfig, hardware: HardwareSpec, *, weights: WeightsLike = 16.0, kv: KVLike = 16.0,
+            batch: int = 1, context: int = 4096, prompt_len: Optional[int] = None, tp: int = 1,
+            compute_dtype: str = "auto") -> Prediction:
+    """Predict prefill and decode for ``batch`` sequences; decode attends to ``context`` tokens.
+
+    ``weights``: bits per weight, or a weight format. ``kv``: bits per K/V coordinate, or a KV codec.
+    ``prompt_len`` (default ``context``) is the prefill length L. ``compute_dtype`` "auto" is fp32 on
+    a measured CPU (what the engine runs there) and bf16 elsewhere.
+    """
+    if batch < 1 or context < 1 or tp < 1:
+        raise ConfigError("batch, context and tp must be at least 1")
+    length = context if prompt_len is None else prompt_len
+    if length < 1:
+        raise ConfigError("prompt length must be at least 1")
+    dtype = ("fp32" if hardware.measured else "bf16") if compute_dtype == "auto" else compute_dtype.lower()
+    ctx = _Ctx(config, hardware, weights, kv, hardware.peak(dtype), 4.0 if dtype == "fp32" else 2.0, tp)
+    windows = [config.window_for(layer) for layer in range(config.num_layers)]
+    clip = lambda n, w: n if w is None else min(n, w)  # noqa: E731
+    prefill = _phase(ctx, "prefill", batch, length, [causal_pairs(length, w) for w in windows], [0] * len(windows))
+    decode = _phase(ctx, "decode", batch, 1, [clip(context, w) for w in windows],
+                    [clip(context, w) - 1 for w in windows])
+    kv_token_layer = kv_bytes_per_token(kv, config.num_kv_heads, config.head_dim)
+    kv_per_seq = sum(clip(context, w) for w in windows) * kv_token_layer
+    w_bytes = weights_bytes(config, weights)
+    capacity = hardware.memory_bytes * tp
+    return Prediction(
+        model=config.name or config.architecture, hardware=hardware.id, compute_dtype=hardware.compute_dtype(dtype),
+        batch=batch, context=context, prompt_len=length, tp=tp, weights_bytes=w_bytes,
+        kv_bytes_per_token=kv_token_layer * config.num_layers, kv_bytes=batch * kv_per_seq,
+        capacity_bytes=capacity, max_batch=max(0, int((capacity - w_bytes) // kv_per_seq)),
+        chips_to_hold=hardware.chips_to_hold(w_bytes + batch * kv_per_seq), prefill=prefill, decode=decode,
+    )
+
+
+def compare_with_measurement(prediction: Prediction, measured_tokens_per_s: float,
+                             measured_ttft_s: Optional[float] = None) -> dict[str, Any]:
+    """Put a measured decode throughput (aggregate tokens/s at ``prediction.batch``) beside the prediction.
+
+    Returns predicted and measured tokens/s, their ratio, whether they agree within 20%, and the
+    achieved bandwidth (bytes per decode step × steps/s) against the device's ceiling — the gpt-fast
+    style check that says *why* a run is slower than predicted (overhead vs. bandwidth).
+    """
+    if measured_tokens_per_s <= 0:
+        raise ConfigError("measured tokens/s must be positive")
+    predicted = prediction.decode_tokens_per_s
+    steps_per_s = measured_tokens_per_s / prediction.batch
+    achieved_bw = prediction.decode.bytes * steps_per_s
+    ceiling = prediction.decode.bytes / prediction.decode.time  # the predicted run's effective B/s
+    out = {
+        "model": prediction.model, "hardware": prediction.hardware, "batch": prediction.batch,
+        "context": prediction.context, "predicted_tokens_per_s": predicted,
+        "measured_tokens_per_s": measured_tokens_per_s, "measured_over_predicted": measured_tokens_per_s / predicted,
+        "error_pct": 100.0 * (measured_tokens_per_s - predicted) / predicted,
+        "within_20pct": abs(measured_tokens_per_s - predicted) <= 0.2 * predicted,
+        "decode_bytes_per_step": prediction.decode.bytes, "achieved_bandwidth": achieved_bw,
+        "predicted_bandwidth": ceiling,
+        "unexplained_s_per_step": 1.0 / steps_per_s - prediction.decode.time,
+    }
+    if measured_ttft_s is not None:
+        out.update(predicted_ttft_s=prediction.ttft_s, measured_ttft_s=measured_ttft_s,
+                   ttft_measured_over_predicted=measured_ttft_s / prediction.ttft_s)
+    return out
+
+
+def rank_hardware(config: ModelConfig, hardware: list[HardwareSpec], *, weights: WeightsLike, kv: KVLike,
+                  batches: list[int], context: int, prompt_len: Optional[int] = None, tp: int = 1,
+                  compute_dtype: str = "auto", max_batch_cap: int = 1024) -> dict[str, Any]:
+    """The source documents' "hardware portfolio": which device for latency, which for throughput.
+
+    Each device gets the fewest chips that hold weights + one sequence's KV (at least ``tp``; a Groq
+    LPU needs hundreds). Latency = time per output token at batch 1. Throughput = the best aggregate
+    decode tokens/s over ``batches`` and the largest batch that fits (capped at ``max_batch_cap``),
+    also per chip, since a device that needs 8× the chips is not 8× the value.
+    """
+    rows = []
+    for hw in hardware:
+        one = analyze(config, hw, weights=weights, kv=kv, batch=1, context=context, prompt_len=prompt_len,
+                      tp=tp, compute_dtype=compute_dtype)
+        chips = max(tp, one.chips_to_hold)
+        if chips > 1 and not hw.link_bandwidth:
+            rows.append({"hardware": hw.id, "chips": chips, "fits": False,
+                         "reason": "needs more than one chip and has no interconnect"})
+            continue
+        if chips != tp:
+            one = analyze(config, hw, weights=weights, kv=kv, batch=1, context=context, prompt_len=prompt_len,
+                          tp=chips, compute_dtype=compute_dtype)
+        candidates = sorted({b for b in batches if b <= one.max_batch} | {min(one.max_batch, max_batch_cap)} - {0})
+        best = max((analyze(config, hw, weights=weights, kv=kv, batch=b, context=context, prompt_len=prompt_len,
+                            tp=chips, compute_dtype=compute_dtype) for b in candidates or [1]),
+                   key=lambda p: p.decode_tokens_per_s)
+        rows.append({"hardware": hw.id, "chips": chips, "fits": True, "time_per_output_token_s": one.time_per_output_token_s,
+                     "ttft_s": one.ttft_s, "decode_bound": one.decode.bound, "max_batch": one.max_batch,
+                     "best_batch": best.batch, "throughput_tokens_per_s": best.decode_tokens_per_s,
+                     "throughput_per_chip": best.decode_tokens_per_s / chips, "throughput_bound": best.decode.bound})
+    ok = [r for r in rows if r["fits"]]
+    return {
+        "rows": rows,
+        "latency_ranking": [r["hardware"] for r in sorted(ok, key=lambda r: r["time_per_output_token_s"])],
+        "throughput_ranking": [r["hardware"] for r in sorted(ok, key=lambda r: -r["throughput_per_chip"])],
+    }
