@@ -1,0 +1,32 @@
+"""Named model configurations carry the published parameter counts."""
+from __future__ import annotations
+
+import pytest
+
+from bytediet.errors import ConfigError
+from bytediet.perf.models_catalog import MODELS, get_model_config
+
+PUBLISHED = {  # parameters, from each model card / paper
+    "llama-2-7b": 6.74e9, "llama-2-13b": 13.0e9, "llama-2-70b": 69.0e9, "llama-3-8b": 8.03e9,
+    "llama-3-70b": 70.6e9, "smollm2-135m": 134.5e6, "gemma-3-270m": 268e6,
+}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_parameter_counts(name):
+    cfg = get_model_config(name)
+    assert cfg.name == name
+    assert cfg.num_parameters == pytest.approx(PUBLISHED[name], rel=0.01)
+
+
+def test_gqa_and_gemma_layout():
+    assert get_model_config("llama-2-70b").num_kv_heads == 8
+    assert get_model_config("llama-2-13b").num_kv_heads == 40
+    g = get_model_config("gemma-3-270m")
+    assert g.layer_types.count("full") == 3 and g.sliding_window == 512
+    assert set(MODELS.names()) == set(PUBLISHED)
+
+
+def test_unknown_model_is_a_config_error():
+    with pytest.raises(ConfigError, match="llama-2-70b"):
+        get_model_config("no-such-model")
