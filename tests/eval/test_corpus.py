@@ -105,6 +105,7 @@ def test_pairlist_tags_and_long_vector_length():
     two = pairlist([(symbol("u"), nil()), (symbol("v"), nil()), (i32(255 | (2 << 8)), nil()),
                     (i32(255) + i32(1), nil())])  # reference 2 packed in the flags; reference 1 after them
     assert unserialize(header() + two).tags == ["u", "v", "v", "u"]
+    assert unserialize(header() + symbol("x")) == RSymbol("x")
     long_form = header() + i32(16, -1, 0, 2) + charsxp("a") + charsxp("b")
     assert unserialize(long_form).value == ["a", "b"]
 

@@ -74,20 +74,33 @@ def kl_per_position(ref_logits: torch.Tensor, test_logits: torch.Tensor) -> torc
 
     ``inf`` where the test model gives probability 0 (logit -inf) to a token the reference does not.
     """
+    return _compare(ref_logits, test_logits)[0]
+
+
+def _compare(ref_logits: torch.Tensor, test_logits: torch.Tensor,
+             targets: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """KL per position (L,) and, given targets, NLL (2, L) of [ref, test]: one log-softmax per row."""
     _check_logits(ref_logits, "ref_logits")
     _check_logits(test_logits, "test_logits")
     if ref_logits.shape != test_logits.shape:
         raise ConfigError(f"logit shapes differ: ref {tuple(ref_logits.shape)} vs test {tuple(test_logits.shape)}")
     rows, vocab = ref_logits.shape
-    out = torch.empty(rows, dtype=torch.float64)
+    if targets is not None and targets.shape != (rows,):
+        raise ConfigError(f"targets must have shape ({rows},), got {tuple(targets.shape)}")
+    kl = torch.empty(rows, dtype=torch.float64)
+    nll = torch.empty(2, rows, dtype=torch.float64) if targets is not None else None
     step = _rows_per_chunk(vocab)
     for lo in range(0, rows, step):
         lp_ref = torch.log_softmax(ref_logits[lo:lo + step].double(), dim=-1)
         lp_test = torch.log_softmax(test_logits[lo:lo + step].double(), dim=-1)
         p_ref = lp_ref.exp()
         terms = torch.where(p_ref > 0, p_ref * (lp_ref - lp_test), torch.zeros((), dtype=torch.float64))
-        out[lo:lo + step] = terms.sum(dim=-1).clamp_min(0.0)
-    return out
+        kl[lo:lo + step] = terms.sum(dim=-1).clamp_min(0.0)
+        if nll is not None:
+            idx = targets[lo:lo + step].long().unsqueeze(1)
+            nll[0, lo:lo + step] = -lp_ref.gather(1, idx).squeeze(1)
+            nll[1, lo:lo + step] = -lp_test.gather(1, idx).squeeze(1)
+    return kl, nll
 
 
 def top1_match(ref_logits: torch.Tensor, test_logits: torch.Tensor) -> torch.Tensor:
@@ -166,14 +179,15 @@ class FidelityAccumulator:
             raise ConfigError("a window needs at least one scored token (logits for L >= 1 positions)")
         if self._windows and (ref_logits is None) != (self._ref_tokens == 0):
             raise ConfigError("give ref_logits for every window or for none, so that the totals compare alike")
-        nll_test = token_nll(test_logits, targets)
+        if ref_logits is None:
+            nll_test = token_nll(test_logits, targets)
+        else:
+            kl, (nll_ref, nll_test) = _compare(ref_logits, test_logits, targets)
         self._nll_test += float(nll_test.sum())
         self._tokens += len(nll_test)
         self._windows += 1
         if ref_logits is None:
             return None
-        kl = kl_per_position(ref_logits, test_logits)
-        nll_ref = token_nll(ref_logits, targets)
         matches = int(top1_match(ref_logits, test_logits).sum())
         self._kl.append(kl)
         self._nll_ref += float(nll_ref.sum())
