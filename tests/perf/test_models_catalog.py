@@ -30,3 +30,26 @@ def test_gqa_and_gemma_layout():
 def test_unknown_model_is_a_config_error():
     with pytest.raises(ConfigError, match="llama-2-70b"):
         get_model_config("no-such-model")
+
+
+@pytest.mark.slow  # the loader reads the GGUF metadata (the Gemma vocabulary alone takes a minute)
+@pytest.mark.parametrize("spec,name", [("default", "smollm2-135m"), ("gemma3-270m", "gemma-3-270m")])
+def test_catalogue_matches_the_checkpoints_the_engine_loads(spec, name):
+    loader = pytest.importorskip("bytediet.models.loader")
+    from bytediet.errors import CheckpointError
+
+    try:
+        real = loader.load_config(spec)
+    except CheckpointError as exc:
+        pytest.skip(f"checkpoint not installed: {exc}")
+    ours = get_model_config(name)
+    for key in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
+                "head_dim", "tie_word_embeddings", "layer_types", "sliding_window", "qk_norm", "sandwich_norm"):
+        assert getattr(ours, key) == getattr(real, key), key
+    assert ours.num_parameters == real.num_parameters
+
+
+def test_a_non_catalogue_spec_goes_to_the_loader(monkeypatch):
+    loader = pytest.importorskip("bytediet.models.loader")
+    monkeypatch.setattr(loader, "load_config", lambda spec: get_model_config("llama-2-7b") if spec == "x.gguf" else None)
+    assert get_model_config("x.gguf").num_parameters == get_model_config("llama-2-7b").num_parameters

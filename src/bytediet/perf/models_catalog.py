@@ -8,10 +8,8 @@ Sources (each model's ``config.json`` on the Hugging Face Hub):
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 from ..config import ModelConfig
-from ..errors import ConfigError
+from ..errors import CheckpointError, ConfigError
 from ..registry import Registry
 
 MODELS: Registry = Registry("model configuration")
@@ -51,15 +49,16 @@ def gemma_3_270m() -> ModelConfig:
 
 
 def get_model_config(name_or_path: str) -> ModelConfig:
-    """A catalogue name (``llama-2-70b``) or a checkpoint path read by the engine's loader."""
+    """A catalogue name (``llama-2-70b``), or anything the engine's loader reads (``default``, a path)."""
     key = name_or_path.strip()
     if key.lower() in MODELS:
         return MODELS.get(key)()
-    if not Path(key).expanduser().exists() and key != "default":
-        raise ConfigError(f"unknown model {key!r}: not a file and not one of {', '.join(MODELS.names())}")
     try:
-        from ..models.loader import load_config  # type: ignore[attr-defined]
+        from ..models.loader import load_config
     except ImportError as exc:
-        raise ConfigError(f"cannot read {key!r}: the checkpoint loader (bytediet.models.loader.load_config) "
-                          f"is not available yet ({exc}); use a catalogue name: {', '.join(MODELS.names())}") from exc
-    return load_config(key)
+        raise ConfigError(f"cannot read {key!r}: the checkpoint loader is not available ({exc}); "
+                          f"use a catalogue name: {', '.join(MODELS.names())}") from exc
+    try:
+        return load_config(key)
+    except CheckpointError as exc:
+        raise ConfigError(f"unknown model {key!r} ({exc}); catalogue names: {', '.join(MODELS.names())}") from exc
