@@ -96,7 +96,7 @@ def export_gguf(model, source: str | os.PathLike, out_path: str | os.PathLike,
     gtype = GGMLQuantizationType[ggml_type.upper()] if isinstance(ggml_type, str) else ggml_type
     reader = gguf.GGUFReader(str(source))
     arch_name = _field(reader, "general.architecture")
-    arch = ARCHITECTURES.get(arch_name)
+    arch = ARCHITECTURES.get(arch_name)()
     layers = dict(model.linear_layers())
     out_path = Path(out_path)
     tmp = out_path.with_name(f".{out_path.name}.tmp-{os.getpid()}")
