@@ -1,5 +1,6 @@
 """Sampler: each step against a plain float64 reference, seeded determinism, sample frequencies."""
 import math
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -8,11 +9,13 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
+from bytediet.engine import sampling
 from bytediet.engine.params import SamplingParams
 from bytediet.engine.sampling import (
     Sampler,
     apply_penalties,
-    exponential_race,
+    draw_uniforms,
+    inverse_cdf,
     make_generator,
     token_counts,
 )
@@ -68,15 +71,16 @@ def rows(draw):
 
 
 @settings(max_examples=120, deadline=None)
-@given(batch=st.lists(rows(), min_size=1, max_size=5))
-def test_processed_distribution_matches_reference(batch):
+@given(batch=st.lists(rows(), min_size=1, max_size=5), candidates=st.sampled_from([1, 3, 8, 1024]))
+def test_processed_distribution_matches_reference(batch, candidates):
     V = max(len(l) for l, _ in batch)
     # pad the shorter rows with -inf (a padded vocabulary), as the model's tail columns would be
     logits = torch.full((len(batch), V), NEG_INF)
     for i, (l, _) in enumerate(batch):
         logits[i, : len(l)] = l
     params = [p for _, p in batch]
-    probs = Sampler.processed_probs(logits, params)
+    with mock.patch.object(sampling, "NUCLEUS_CANDIDATES", candidates):  # partial and full sorts
+        probs = Sampler.processed_probs(logits, params)
     for i, p in enumerate(params):
         keep, ref, margin = ref_support_and_probs(logits[i], p)
         assume(margin > 1e-4)
@@ -193,15 +197,28 @@ def test_sample_frequencies_match_processed_distribution():
     assert chi2.pvalue > 1e-3, (counts, want * N)
 
 
-def test_exponential_race_is_exact_on_a_skewed_distribution():
+def test_inverse_cdf_is_exact_on_a_skewed_distribution():
     probs = torch.tensor([0.6, 0.0, 0.25, 0.1, 0.0, 0.05])
     g = make_generator(5)
-    draws = exponential_race(probs.expand(30_000, 6), [g] * 30_000)
+    draws = inverse_cdf(probs.expand(30_000, 6), draw_uniforms([g] * 30_000, "cpu"))
     counts = torch.bincount(draws, minlength=6).double()
     assert counts[1] == 0 and counts[4] == 0
     expected = probs[probs > 0].double() / probs.double().sum() * 30_000
     chi2 = stats.chisquare(counts[probs > 0].numpy(), expected.numpy())
     assert chi2.pvalue > 1e-3
+
+
+def test_inverse_cdf_never_picks_a_zero_probability_token_at_the_ends():
+    probs = torch.tensor([[0.0, 0.0, 0.25, 0.0, 0.75, 0.0, 0.0]] * 4)
+    u = torch.tensor([0.0, 0.25, 0.25 - 1e-12, 1.0], dtype=torch.float64)
+    assert inverse_cdf(probs, u).tolist() == [2, 4, 2, 4]
+
+
+def test_each_row_consumes_one_number_of_its_generator():
+    g, ref = make_generator(9), make_generator(9)
+    Sampler()(torch.randn(3, 10), [SamplingParams(seed=9)] * 3, generators=[g, None, None])
+    torch.rand(1, generator=ref, dtype=torch.float64)
+    assert torch.equal(g.get_state(), ref.get_state())
 
 
 def test_logprobs_are_raw_log_softmax_with_ranks_and_top_n():
