@@ -1,0 +1,151 @@
+"""The offline API: ``LLM(model=...).generate(prompts, SamplingParams)``, chat, and streaming."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Iterator, Optional, Sequence, Union
+
+from ..config import CacheConfig, EngineConfig, SchedulerConfig
+from ..errors import ConfigError
+from .engine import LLMEngine, StepOutput, set_threads
+from .params import SamplingParams
+from .sampling import TokenLogprobs
+
+Message = dict
+Prompt = Union[str, Sequence[int]]
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: Optional[str]
+    stop_reason: Optional[Union[str, int]] = None
+    logprobs: Optional[list[Optional[TokenLogprobs]]] = None
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt: Optional[str]
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput] = field(default_factory=list)
+    num_cached_tokens: int = 0
+    arrival_time: float = 0.0
+    first_token_time: Optional[float] = None
+    finish_time: Optional[float] = None
+
+    @property
+    def ttft(self) -> Optional[float]:
+        return None if self.first_token_time is None else self.first_token_time - self.arrival_time
+
+
+class LLM:
+    """Load a model once and generate for many prompts with continuous batching.
+
+    Keyword arguments mirror the CLI flags: ``dtype``, ``weights`` (format applied at load time),
+    ``kv_cache_dtype``, ``kv_cache_memory``, ``block_size``, ``num_blocks``, ``max_num_batched_tokens``,
+    ``max_num_seqs``, ``enable_prefix_caching``, ``enable_chunked_prefill``, ``seed``, ``num_threads``.
+    """
+
+    def __init__(self, model: str = "default", *, dtype: str = "float32", weights: Optional[str] = None,
+                 kv_cache_dtype: str = "auto", kv_cache_memory: Union[str, int] = "1GiB", block_size: int = 16,
+                 num_blocks: Optional[int] = None, max_num_batched_tokens: int = 512, max_num_seqs: int = 64,
+                 enable_prefix_caching: bool = True, enable_chunked_prefill: bool = True, seed: int = 0,
+                 num_threads: Optional[int] = None, keep_packed: bool = False, loaded=None) -> None:
+        from ..models.loader import load_model
+
+        set_threads(num_threads)
+        self.config = EngineConfig(
+            model=str(model), dtype=dtype, weights=weights, seed=seed, num_threads=num_threads,
+            cache=CacheConfig(block_size=block_size, kv_cache_memory=kv_cache_memory, kv_cache_dtype=kv_cache_dtype,
+                              enable_prefix_caching=enable_prefix_caching, num_blocks=num_blocks),
+            scheduler=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
+                                      enable_chunked_prefill=enable_chunked_prefill),
+        )
+        t0 = time.perf_counter()
+        self.model, self.tokenizer = loaded or load_model(model, dtype=dtype, weights=weights, keep_packed=keep_packed)
+        self.load_time = time.perf_counter() - t0
+        self.engine = LLMEngine(self.model, self.tokenizer, self.config)
+
+    # -- prompts --------------------------------------------------------------------------------
+    def encode(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ConfigError("prompt: this model has no tokenizer; pass token ids")
+            return self.tokenizer.encode(prompt)
+        return [int(t) for t in prompt]
+
+    def chat_prompt(self, messages: Sequence[Message]) -> str:
+        return self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True)
+
+    def chat_token_ids(self, messages: Sequence[Message]) -> list[int]:
+        """Render and tokenize a conversation; the template already holds BOS and special tokens."""
+        return self.tokenizer.encode(self.chat_prompt(messages), add_special_tokens=False)
+
+    # -- generation -----------------------------------------------------------------------------
+    def generate(self, prompts: Union[Prompt, Sequence[Prompt]], sampling_params: Optional[
+                 Union[SamplingParams, Sequence[SamplingParams]]] = None) -> list[RequestOutput]:
+        """Generate for every prompt together (continuous batching); results in prompt order."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        token_lists = [self.encode(p) for p in prompts]
+        texts = [p if isinstance(p, str) else None for p in prompts]
+        return self._run(token_lists, texts, sampling_params)
+
+    def chat(self, conversations: Union[Sequence[Message], Sequence[Sequence[Message]]],
+             sampling_params: Optional[SamplingParams] = None) -> list[RequestOutput]:
+        """One conversation (a list of {"role", "content"} dicts) or a list of them."""
+        if conversations and isinstance(conversations[0], dict):
+            conversations = [conversations]
+        rendered = [self.chat_prompt(c) for c in conversations]
+        ids = [self.tokenizer.encode(r, add_special_tokens=False) for r in rendered]
+        return self._run(ids, rendered, sampling_params)
+
+    def _run(self, token_lists, texts, sampling_params) -> list[RequestOutput]:
+        params = sampling_params or SamplingParams()
+        params_list = list(params) if isinstance(params, (list, tuple)) else [params] * len(token_lists)
+        if len(params_list) != len(token_lists):
+            raise ConfigError("sampling_params: give one per prompt, or a single one for all")
+        for ids, p in zip(token_lists, params_list):  # validate everything before queueing anything
+            for i in range(p.n):
+                self.engine.validate(ids, p.for_completion(i))
+        outputs, children = [], {}
+        for ids, text, p in zip(token_lists, texts, params_list):
+            ro = RequestOutput(request_id=f"gen-{len(outputs)}-{id(ids)}", prompt=text, prompt_token_ids=ids)
+            outputs.append(ro)
+            for i in range(p.n):
+                req = self.engine.add_request(ids, p.for_completion(i))
+                children[req.request_id] = (ro, i, req)
+        while self.engine.has_unfinished_requests():
+            self.engine.step()
+        for rid, (ro, i, req) in children.items():
+            ro.outputs.append(CompletionOutput(
+                i, self.engine.output_text(rid), list(req.output_token_ids),
+                req.finish_reason.value if req.finish_reason else None, req.stop_reason,
+                req.output_logprobs if req.params.logprobs is not None else None,
+            ))
+            ro.arrival_time = req.arrival_time
+            ro.num_cached_tokens = max(ro.num_cached_tokens, req.num_cached_tokens)
+            ro.first_token_time = min(filter(None, [ro.first_token_time, req.first_token_time]), default=None)
+            ro.finish_time = max(filter(None, [ro.finish_time, req.finish_time]), default=None)
+            self.engine.forget(rid)
+        return outputs
+
+    def stream(self, prompt: Prompt, sampling_params: Optional[SamplingParams] = None) -> Iterator[StepOutput]:
+        """Yield text deltas for one prompt as they are produced (other queued requests keep running)."""
+        req = self.engine.add_request(self.encode(prompt), sampling_params or SamplingParams())
+        try:
+            while True:
+                for out in self.engine.step():
+                    if out.request_id == req.request_id:
+                        yield out
+                        if out.finished:
+                            return
+                if req.is_finished:
+                    return
+        finally:
+            if not req.is_finished:
+                self.engine.abort_request(req.request_id)
+            self.engine.forget(req.request_id)

@@ -1,0 +1,79 @@
+"""The model runner turns a scheduled batch into tensors, runs one forward pass and returns logits.
+
+It owns the model and the per-layer KV pages; it makes no scheduling decision.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..config import CacheConfig
+from ..kvcache.base import AttentionMetadata, KVCodec, get_kv_codec
+from ..models.transformer import CausalLM
+from .scheduler import SchedulerOutput
+
+
+def num_blocks_for_budget(codec: KVCodec, model: CausalLM, cache: CacheConfig) -> int:
+    """How many blocks fit in ``cache.kv_cache_memory`` with this codec (all layers together)."""
+    c = model.config
+    per_block = codec.bytes_per_token(c.num_kv_heads, c.head_dim) * c.num_layers * cache.block_size
+    return max(1, int(cache.kv_cache_memory // per_block))
+
+
+class ModelRunner:
+    def __init__(self, model: CausalLM, cache: CacheConfig) -> None:
+        self.model = model
+        self.block_size = cache.block_size
+        self.codec = get_kv_codec(cache.kv_cache_dtype, model.dtype)
+        self.num_blocks = cache.num_blocks or num_blocks_for_budget(self.codec, model, cache)
+        self.caches = model.new_caches(self.num_blocks, self.block_size, cache.kv_cache_dtype)
+        c = model.config
+        self.bytes_per_token = self.codec.bytes_per_token(c.num_kv_heads, c.head_dim) * c.num_layers
+
+    def kv_cache_bytes(self) -> int:
+        return sum(cache.nbytes() for cache in self.caches)
+
+    def free_sequence(self, seq_id: int) -> None:
+        for cache in self.caches:
+            cache.free_sequence(seq_id)
+
+    def prepare(self, out: SchedulerOutput) -> tuple[torch.Tensor, AttentionMetadata, torch.Tensor]:
+        """Flatten the batch: input ids (T,), metadata, and the rows whose logits are needed (N,)."""
+        bs = self.block_size
+        ids, positions, slots, qlens, clens, logit_rows, tables, seq_ids = [], [], [], [], [], [], [], []
+        row = 0
+        for s in out.scheduled:
+            req, start, n = s.request, s.request.num_computed_tokens, s.num_tokens
+            ids.extend(req.all_token_ids[start:start + n])
+            pos = range(start, start + n)
+            positions.extend(pos)
+            slots.extend(req.block_ids[p // bs] * bs + p % bs for p in pos)
+            qlens.append(n)
+            clens.append(start + n)
+            tables.append(req.block_ids)
+            seq_ids.append(req.seq_id)
+            row += n
+            if s.samples:
+                logit_rows.append(row - 1)
+        width = max(len(t) for t in tables)
+        block_tables = torch.full((len(tables), width), -1, dtype=torch.int64)
+        for i, t in enumerate(tables):
+            block_tables[i, :len(t)] = torch.tensor(t, dtype=torch.int64)
+        qsl = torch.zeros(len(qlens) + 1, dtype=torch.int64)
+        qsl[1:] = torch.cumsum(torch.tensor(qlens, dtype=torch.int64), 0)
+        meta = AttentionMetadata(
+            positions=torch.tensor(positions, dtype=torch.int64), slot_mapping=torch.tensor(slots, dtype=torch.int64),
+            query_start_loc=qsl, context_lens=torch.tensor(clens, dtype=torch.int64), block_tables=block_tables,
+            block_size=bs, query_lens_list=qlens, context_lens_list=clens, seq_ids=seq_ids,
+        )
+        device = self.model.device
+        return (torch.tensor(ids, dtype=torch.int64, device=device), meta.to(device),
+                torch.tensor(logit_rows, dtype=torch.int64, device=device))
+
+    @torch.inference_mode()
+    def run(self, out: SchedulerOutput) -> torch.Tensor:
+        """Logits (N, vocab) float32 for the scheduled requests that sample, in schedule order."""
+        input_ids, meta, logit_rows = self.prepare(out)
+        if logit_rows.numel() == 0:
+            self.model(input_ids, meta, self.caches, logit_rows)
+            return torch.empty(0, self.model.config.vocab_size)
+        return self.model(input_ids, meta, self.caches, logit_rows)
