@@ -36,7 +36,8 @@ class GGUFTensor:
         import gguf
 
         arr = gguf.quants.dequantize(self.raw, self.ggml_type)
-        return np.asarray(arr, dtype=np.float32).reshape(self.shape)
+        # writable and contiguous: float tensors come back as read-only views of the memory map
+        return np.require(arr, np.float32, ["C", "W"]).reshape(self.shape)
 
 
 class GGUFCheckpoint:

@@ -1,0 +1,60 @@
+"""Flags shared by every command that runs the engine (generate, chat, serve, bench, eval)."""
+from __future__ import annotations
+
+import argparse
+
+from ..engine.params import SamplingParams
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("model and memory")
+    g.add_argument("--model", default="default",
+                   help="GGUF file, Hugging Face directory, saved bytediet directory, or 'default' / 'gemma3-270m'")
+    g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="compute dtype (float32 is fastest on CPUs without bf16 matmul units)")
+    g.add_argument("--weights", default=None, metavar="FORMAT", help="re-quantize weights at load time (e.g. int8, int4-g128)")
+    g.add_argument("--keep-packed", action="store_true",
+                   help="keep GGUF-quantized weights in their native blocks instead of dequantizing them")
+    g.add_argument("--kv-cache-dtype", default="auto", metavar="CODEC", help="KV-cache codec (auto, fp32, bf16, int8, ...)")
+    g.add_argument("--kv-cache-memory", default="1GiB", help="memory budget of the KV cache (e.g. 512MiB, 2GiB)")
+    g.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+    g.add_argument("--max-num-batched-tokens", type=int, default=512, help="token budget per engine step")
+    g.add_argument("--max-num-seqs", type=int, default=64, help="most requests running at once")
+    g.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
+    g.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+
+
+def add_sampling_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("sampling")
+    g.add_argument("--max-tokens", type=int, default=128)
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    g.add_argument("--top-k", type=int, default=-1)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--min-p", type=float, default=0.0)
+    g.add_argument("--repetition-penalty", type=float, default=1.0)
+    g.add_argument("--presence-penalty", type=float, default=0.0)
+    g.add_argument("--frequency-penalty", type=float, default=0.0)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    g.add_argument("--ignore-eos", action="store_true")
+    g.add_argument("--logprobs", type=int, default=None, help="return top-N logprobs per token")
+
+
+def sampling_params(args: argparse.Namespace) -> SamplingParams:
+    return SamplingParams(
+        max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+        min_p=args.min_p, repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
+        frequency_penalty=args.frequency_penalty, seed=args.seed, stop=tuple(args.stop),
+        ignore_eos=args.ignore_eos, logprobs=args.logprobs,
+    )
+
+
+def build_llm(args: argparse.Namespace):
+    from ..engine.llm import LLM
+
+    return LLM(
+        args.model, dtype=args.dtype, weights=args.weights, keep_packed=args.keep_packed,
+        kv_cache_dtype=args.kv_cache_dtype, kv_cache_memory=args.kv_cache_memory, block_size=args.block_size,
+        max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
+        enable_prefix_caching=not args.no_prefix_caching, num_threads=args.threads,
+    )

@@ -1,0 +1,80 @@
+"""``bytediet generate``: stream one completion, then a summary with the roofline figure."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from ._engine_args import add_model_args, add_sampling_args, build_llm, sampling_params
+
+
+def register(sub) -> None:
+    p = sub.add_parser("generate", help="generate text for one prompt (streams tokens)",
+                       description="Generate a completion, streaming tokens, and report TTFT, tok/s and weight bandwidth.")
+    p.add_argument("--prompt", default=None, help="the prompt (default: read standard input)")
+    p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template as a user turn")
+    p.add_argument("--system", default=None, help="system message for --chat")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
+    add_model_args(p)
+    add_sampling_args(p)
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    prompt = args.prompt if args.prompt is not None else sys.stdin.read()
+    params = sampling_params(args)
+    llm = build_llm(args)
+    if args.chat:
+        messages = ([{"role": "system", "content": args.system}] if args.system else [])
+        messages.append({"role": "user", "content": prompt})
+        prompt_ids = llm.chat_token_ids(messages)
+    else:
+        prompt_ids = llm.encode(prompt)
+    t0 = time.perf_counter()
+    ttft, text, token_ids, finish = None, [], [], None
+    for out in llm.stream(prompt_ids, params):
+        if ttft is None and out.new_token_ids:
+            ttft = time.perf_counter() - t0
+        token_ids += out.new_token_ids
+        text.append(out.delta_text)
+        if not args.json:
+            print(out.delta_text, end="", flush=True)
+        finish = out.finish_reason
+    total = time.perf_counter() - t0
+    summary = generation_summary(llm, len(prompt_ids), len(token_ids), ttft or total, total)
+    if args.json:
+        print(json.dumps({
+            "model": llm.model.source_path, "prompt": prompt, "prompt_token_ids": prompt_ids,
+            "completion": "".join(text), "completion_token_ids": token_ids, "finish_reason": finish, **summary,
+        }))
+    else:
+        print()
+        print(format_summary(summary), file=sys.stderr)
+    return 0
+
+
+def generation_summary(llm, n_prompt: int, n_out: int, ttft: float, total: float) -> dict:
+    """Timings and the roofline check: weight bytes × decode tokens/s against measured read bandwidth."""
+    from ..perf.measure import this_machine
+
+    decode_time = max(total - ttft, 1e-9)
+    decode_tps = (n_out - 1) / decode_time if n_out > 1 else 0.0
+    weight_bytes = llm.model.weight_bytes()
+    achieved = weight_bytes * decode_tps  # batch 1: every decode step reads every weight once
+    peak = this_machine(measure_if_missing=True, threads=llm.config.num_threads or 2).memory_bandwidth
+    return {
+        "prompt_tokens": n_prompt, "generated_tokens": n_out, "ttft_s": ttft, "total_s": total,
+        "prefill_tokens_per_s": n_prompt / ttft if ttft else None, "decode_tokens_per_s": decode_tps,
+        "weight_bytes": weight_bytes, "achieved_weight_gb_per_s": achieved / 1e9,
+        "measured_read_gb_per_s": peak / 1e9, "fraction_of_read_bandwidth": achieved / peak,
+        "load_s": llm.load_time,
+    }
+
+
+def format_summary(s: dict) -> str:
+    return (f"[{s['prompt_tokens']} prompt tokens, {s['generated_tokens']} generated] "
+            f"TTFT {s['ttft_s'] * 1e3:.0f} ms, decode {s['decode_tokens_per_s']:.1f} tok/s, "
+            f"weights {s['weight_bytes'] / 1e6:.0f} MB → {s['achieved_weight_gb_per_s']:.2f} GB/s achieved "
+            f"= {100 * s['fraction_of_read_bandwidth']:.0f}% of this machine's measured "
+            f"{s['measured_read_gb_per_s']:.1f} GB/s read bandwidth")
