@@ -126,15 +126,20 @@ def _mask_top_k_top_p(logits, candidates, k_on, k, p_on, p, full: bool) -> torch
     logits = logits.masked_fill(logits < kth, float("-inf"))
     if not bool(p_on.any()):
         return logits
+    values = values.masked_fill(values < kth, float("-inf"))
     probs = logits.softmax(dim=-1).gather(1, indices)  # (B, W): mass under the whole renormalised row
     cum = probs.cumsum(dim=-1)
-    if not full and not bool((cum[:, -1][p_on] >= p[p_on]).all()):
-        # some nucleus reaches past the candidates: sort everything (rare)
-        return _mask_top_k_top_p(logits, torch.sort(logits, dim=-1, descending=True), k_on, k, p_on, p, full=True)
     mass_before = torch.cat([torch.zeros_like(cum[:, :1]), cum[:, :-1]], dim=1)  # monotone prefix sums
     last = (mass_before < p.unsqueeze(1)).sum(dim=1, keepdim=True) - 1  # index of the last kept token
     threshold = torch.where(p_on.unsqueeze(1), values.gather(1, last), neg_inf)
-    return logits.masked_fill(logits < threshold, float("-inf"))
+    out = logits.masked_fill(logits < threshold, float("-inf"))
+    spill = p_on & (cum[:, -1] < p) if not full else torch.zeros_like(p_on)
+    if bool(spill.any()):  # these nuclei reach past the candidates: sort those rows in full (rare)
+        rows = spill.nonzero().flatten()
+        sub = logits[rows]
+        out[rows] = _mask_top_k_top_p(sub, torch.sort(sub, dim=-1, descending=True), k_on[rows], k[rows],
+                                      p_on[rows], p[rows], full=True)
+    return out
 
 
 def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
@@ -156,13 +161,19 @@ def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 
     The cumulative sum is taken in float64 so tokens keep their share down to ~1e-16. A token
     with zero probability is never picked: its cumulative mass equals its predecessor's, so the
-    first index that exceeds ``u`` is never it (the clamp guards the ``u = 1`` end).
+    first index that exceeds ``u`` is never it; only ``u * total`` rounding up to the total
+    can run past the end, and those rows take their last token of positive probability.
     """
+    B, V = probs.shape
     cdf = probs.double().cumsum(dim=-1)  # (B, V)
     target = (u.to(cdf.dtype) * cdf[:, -1]).unsqueeze(1)
-    idx = torch.searchsorted(cdf, target, right=True).squeeze(1)
-    last_positive = (probs > 0).long().cumsum(dim=-1).argmax(dim=-1)  # first index reaching the final count
-    return torch.minimum(idx, last_positive)
+    idx = torch.searchsorted(cdf, target, right=True).squeeze(1).clamp(max=V - 1)
+    past_end = probs.gather(1, idx.unsqueeze(1)).squeeze(1) <= 0
+    if bool(past_end.any()):
+        positions = torch.arange(V, device=probs.device).expand(B, V)
+        last_positive = torch.where(probs > 0, positions, -1).amax(dim=-1)
+        idx = torch.where(past_end, last_positive, idx)
+    return idx
 
 
 class Sampler:
