@@ -14,7 +14,6 @@ from typing import Optional
 
 import gguf
 import numpy as np
-import torch
 from gguf import GGMLQuantizationType, GGUFValueType
 
 from ..errors import CheckpointError, ConfigError
