@@ -129,7 +129,8 @@ def measure(threads: int = 2, read_mib: int = 1024) -> dict:
 
 def spec_from_measurement(m: dict) -> HardwareSpec:
     """A :class:`HardwareSpec` whose bandwidth is the measured *read* bandwidth (what decode does)."""
-    where = f"measured by bytediet.perf.measure on {m['host']} ({m['cpu']}, {m['threads']} threads) at {m['measured_at']}"
+    where = (f"measured by bytediet.perf.measure on {m['host']} ({m['cpu']}, {m['threads']} threads) "
+             f"at {m['measured_at']}")
     return HardwareSpec(
         id="this-machine", name=f"this machine: {m['cpu']} x{m['threads']} threads",
         peak_flops=m["peak_flops"], memory_bytes=m["memory_bytes"], memory_bandwidth=m["read_bandwidth"],

@@ -27,7 +27,8 @@ def plot_roofline(predictions: Sequence[Prediction], hardware: dict[str, Hardwar
         preds = [p for p in predictions if p.hardware == hw_id]
         peak = hw.peak(preds[0].compute_dtype)
         ax.plot(x, np.minimum(peak, x * hw.memory_bandwidth), color=color,
-                label=f"{hw.id}: {peak / 1e12:.4g} TFLOP/s ({preds[0].compute_dtype}), {hw.memory_bandwidth / 1e12:.3g} TB/s")
+                label=f"{hw.id}: {peak / 1e12:.4g} TFLOP/s ({preds[0].compute_dtype}), "
+                      f"{hw.memory_bandwidth / 1e12:.3g} TB/s")
         for p in preds:
             for phase in (p.prefill, p.decode):
                 for op in phase.ops:

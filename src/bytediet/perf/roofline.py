@@ -356,7 +356,8 @@ def rank_hardware(config: ModelConfig, hardware: list[HardwareSpec], *, weights:
         best = max((analyze(config, hw, weights=weights, kv=kv, batch=b, context=context, prompt_len=prompt_len,
                             tp=chips, compute_dtype=compute_dtype) for b in candidates or [1]),
                    key=lambda p: p.decode_tokens_per_s)
-        rows.append({"hardware": hw.id, "chips": chips, "fits": True, "time_per_output_token_s": one.time_per_output_token_s,
+        rows.append({"hardware": hw.id, "chips": chips, "fits": True,
+                     "time_per_output_token_s": one.time_per_output_token_s,
                      "ttft_s": one.ttft_s, "decode_bound": one.decode.bound, "max_batch": one.max_batch,
                      "best_batch": best.batch, "throughput_tokens_per_s": best.decode_tokens_per_s,
                      "throughput_per_chip": best.decode_tokens_per_s / chips, "throughput_bound": best.decode.bound})
