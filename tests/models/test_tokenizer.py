@@ -4,10 +4,11 @@ Both real checkpoints (SmolLM2-135M byte-level BPE, Gemma-3-270M SentencePiece B
 like ``AutoTokenizer.from_pretrained(dir, gguf_file=...)``, decode exactly, stream exactly, and
 render the chat template like transformers.
 """
-import os
+import json
 import warnings
 from pathlib import Path
 
+import gguf
 import numpy as np
 import pytest
 import regex
@@ -52,13 +53,15 @@ def _gguf_paths():
 
 @pytest.fixture(scope="module", params=["smollm2", "gemma3"])
 def pair(request):
-    """(ours, reference) for one real checkpoint; the reference takes ~5-15 s to build."""
+    """(name, ours, reference) for one real checkpoint; the reference takes ~5-15 s to build."""
     transformers = pytest.importorskip("transformers")
     path = _gguf_paths()[request.param]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         ref = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    return request.param, load_tokenizer(path), ref
+    # SmolLM2 goes through an open GGUFReader (as the model loader passes it), Gemma through its path
+    source = gguf.GGUFReader(path) if request.param == "smollm2" else path
+    return request.param, load_tokenizer(source), ref
 
 
 # transformers builds SmolLM2's GGUF tokenizer with GPT-2's word split only, so " ¾" stays one word
@@ -156,6 +159,11 @@ def test_hf_directory_round_trip(pair, tmp_path):
     assert hf.bos_token_id == ref.bos_token_id and hf.eos_token_ids >= {ref.eos_token_id}
     assert all(hf.encode(t) == ref.encode(t) for t in TEXTS)
     assert hf.apply_chat_template(SMOL_MESSAGES[1]) == ours.apply_chat_template(SMOL_MESSAGES[1])
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({**config, "add_bos_token": True}))
+    with_bos = load_tokenizer(tmp_path)
+    assert with_bos.encode("hi") == [ref.bos_token_id] + ref.encode("hi")
+    assert with_bos.encode("hi", add_special_tokens=False) == ref.encode("hi")
 
 
 # ---------------------------------------------------------------- pre-tokenizers vs llama.cpp's regexes

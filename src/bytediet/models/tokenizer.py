@@ -9,12 +9,14 @@ characters, for streaming.
 from __future__ import annotations
 
 import json
+import os
 from datetime import datetime
 from functools import cached_property
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
 import tokenizers
+from tokenizers import processors
 
 from ..errors import BytedietError, CheckpointError
 from .tokenizer_gguf import build_gguf_tokenizer, read_gguf_tokenizer_meta
@@ -60,12 +62,17 @@ class Tokenizer:
         generation = _read_json(path / "generation_config.json")
 
         def token_id(key: str) -> Optional[int]:
-            token = config.get(key)
-            token = token.get("content") if isinstance(token, dict) else token
+            token = config_token(config, key)
             return backend.token_to_id(token) if token else None
 
+        bos_text = config_token(config, "bos_token")
+        bos = token_id("bos_token")
+        if config.get("add_bos_token") and bos is not None and bos not in backend.encode("").ids:
+            # transformers honours the flag even when tokenizer.json's post-processor does not add BOS
+            backend.post_processor = processors.TemplateProcessing(
+                single=f"{bos_text} $A", pair=f"{bos_text} $A {bos_text} $B:1", special_tokens=[(bos_text, bos)])
         extra = generation.get("eos_token_id", [])
-        return cls(backend, bos_token_id=token_id("bos_token"), eos_token_id=token_id("eos_token"),
+        return cls(backend, bos_token_id=bos, eos_token_id=token_id("eos_token"),
                    chat_template=_hf_chat_template(path, config),
                    extra_eos_ids=extra if isinstance(extra, list) else [extra], source=str(path))
 
@@ -166,13 +173,22 @@ class IncrementalDecoder:
 
 
 def load_tokenizer(path) -> Tokenizer:
-    """The tokenizer of a checkpoint: a ``.gguf`` file, or a Hugging Face directory with ``tokenizer.json``."""
+    """The tokenizer of a checkpoint: a ``.gguf`` file (or its open ``gguf.GGUFReader``: parsing a
+    262k-token vocabulary takes seconds, so pass the loader's), or a Hugging Face directory."""
+    if not isinstance(path, (str, os.PathLike)):  # an open gguf.GGUFReader: the loader's, parsed once
+        return Tokenizer.from_gguf(path)
     p = Path(path)
     if p.is_dir():
         return Tokenizer.from_hf_dir(p)
     if p.is_file() and p.suffix.lower() == ".gguf":
         return Tokenizer.from_gguf(p)
     raise CheckpointError(f"no tokenizer at {path}: expected a .gguf file or a directory with tokenizer.json")
+
+
+def config_token(config: dict, key: str) -> Optional[str]:
+    """A special token of ``tokenizer_config.json``: a string or an ``AddedToken`` dict."""
+    token = config.get(key)
+    return token.get("content") if isinstance(token, dict) else token
 
 
 def _read_json(path: Path) -> dict:
