@@ -248,3 +248,14 @@ def test_logprobs_are_raw_log_softmax_with_ranks_and_top_n():
 def test_penalties_need_the_token_history():
     with pytest.raises(ValueError, match="prompt_ids and output_ids"):
         Sampler()(torch.zeros(1, 4), [SamplingParams(presence_penalty=1.0)])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_logits_with_cpu_generators_give_the_cpu_tokens():
+    g = torch.Generator().manual_seed(4)
+    logits = torch.randn(6, 3000, generator=g) * 4
+    params = [SamplingParams(temperature=0.8, top_k=100, top_p=0.9, seed=i) for i in range(6)]
+    cpu = Sampler(seed=0)(logits, params, generators=[make_generator(i) for i in range(6)]).token_ids
+    gpu = Sampler(seed=0)(logits.cuda(), params, generators=[make_generator(i) for i in range(6)]).token_ids
+    assert gpu.is_cuda and torch.equal(gpu.cpu(), cpu)

@@ -151,8 +151,13 @@ def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
 
 
 def draw_uniforms(generators: Sequence[torch.Generator], device: torch.device | str) -> torch.Tensor:
-    """One U[0, 1) float64 per row, row ``b`` drawn from ``generators[b]`` only: (B,)."""
-    return torch.cat([torch.rand(1, generator=g, dtype=torch.float64, device=device) for g in generators])
+    """One U[0, 1) float64 per row, row ``b`` drawn from ``generators[b]`` only: (B,) on ``device``.
+
+    Each number is drawn on its generator's own device and then moved, so CPU generators serve
+    GPU logits, and a seed gives the same uniforms whichever device runs the model.
+    """
+    draws = [torch.rand(1, generator=g, dtype=torch.float64, device=g.device).to(device) for g in generators]
+    return torch.cat(draws) if draws else torch.empty(0, dtype=torch.float64, device=device)
 
 
 def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -181,7 +186,8 @@ class Sampler:
 
     ``generator`` is the engine's shared generator, used in row order by unseeded requests;
     without one, a generator on ``device`` seeded with ``seed`` is made. Per-request generators
-    (see :func:`make_generator`) must live on the same device as the logits.
+    (see :func:`make_generator`) may live on any device: a sampled row draws one number from
+    its generator, on the generator's device.
     """
 
     def __init__(self, generator: Optional[torch.Generator] = None, seed: int = 0, device: torch.device | str = "cpu") -> None:
