@@ -17,7 +17,7 @@ from bytediet.engine.sampling import (
     draw_uniforms,
     inverse_cdf,
     make_generator,
-    token_counts,
+    pad_token_ids,
 )
 
 NEG_INF = float("-inf")
@@ -37,7 +37,7 @@ def ref_support_and_probs(logits32: torch.Tensor, p: SamplingParams):
     if p.top_p < 1.0:
         probs = softmax64(np.where(keep, x, NEG_INF))
         for t in np.flatnonzero(keep):
-            mass_above = probs[probs > probs[t]].sum()
+            mass_above = probs[x > x[t]].sum()  # "more likely" = a larger logit (ties by logit)
             margin = min(margin, abs(mass_above - p.top_p))
             keep[t] = mass_above < p.top_p
     if p.min_p > 0.0:
@@ -117,12 +117,15 @@ def test_temperature_to_zero_approaches_greedy():
     assert torch.equal(out.token_ids[decided], best[decided]) and decided.sum() > 50
 
 
+def penalise(logits, prompt, output, rep, pres, freq):
+    return apply_penalties(logits, pad_token_ids([a + b for a, b in zip(prompt, output)], logits.shape[1], "cpu"),
+                           pad_token_ids(output, logits.shape[1], "cpu"), rep, pres, freq)
+
+
 def test_penalties_against_hand_computed_numbers():
     logits = torch.tensor([[2.0, -1.0, 0.5, 3.0, -2.0]])
     prompt, output = [[0]], [[1, 3, 3]]
-    rep, pres, freq = torch.tensor([2.0]), torch.tensor([0.5]), torch.tensor([0.25])
-    got = apply_penalties(logits, token_counts(prompt, 5, logits.device), token_counts(output, 5, logits.device),
-                          rep, pres, freq)
+    got = penalise(logits, prompt, output, torch.tensor([2.0]), torch.tensor([0.5]), torch.tensor([0.25]))
     # token 0 (prompt): 2/2 = 1; token 1 (output once): -1*2 - 0.25 - 0.5 = -2.75;
     # token 3 (output twice): 3/2 - 2*0.25 - 0.5 = 0.5; tokens 2 and 4 unseen: unchanged
     torch.testing.assert_close(got, torch.tensor([[1.0, -2.75, 0.5, 0.5, -2.0]]))
@@ -132,6 +135,27 @@ def test_penalties_against_hand_computed_numbers():
     assert Sampler()(logits, [SamplingParams(temperature=0)], prompt, output).token_ids.tolist() == [3]
 
 
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32), B=st.integers(1, 5), V=st.integers(1, 30), data=st.data())
+def test_penalties_match_dense_count_formula(seed, B, V, data):
+    ids = st.lists(st.integers(0, V - 1), max_size=12)
+    prompt = [data.draw(ids) for _ in range(B)]
+    output = [data.draw(ids) for _ in range(B)]
+    rep = torch.tensor(data.draw(st.lists(st.floats(0.2, 3.0), min_size=B, max_size=B)))
+    pres = torch.tensor(data.draw(st.lists(st.floats(-2, 2), min_size=B, max_size=B)))
+    freq = torch.tensor(data.draw(st.lists(st.floats(-2, 2), min_size=B, max_size=B)))
+    logits = torch.randn(B, V, generator=torch.Generator().manual_seed(seed)) * 3
+    want = logits.double().clone()
+    for b in range(B):
+        for t in range(V):
+            count = output[b].count(t)
+            if count or t in prompt[b]:
+                want[b, t] = want[b, t] / rep[b] if want[b, t] > 0 else want[b, t] * rep[b]
+            want[b, t] -= freq[b] * count + pres[b] * (count > 0)
+    torch.testing.assert_close(penalise(logits, prompt, output, rep, pres, freq).double(), want,
+                               atol=1e-5, rtol=1e-5)
+
+
 def test_repetition_penalty_matches_transformers():
     hf = pytest.importorskip("transformers.generation.logits_process")
     g = torch.Generator().manual_seed(3)
@@ -139,14 +163,14 @@ def test_repetition_penalty_matches_transformers():
     ids = torch.randint(0, 50, (4, 12), generator=g)
     want = hf.RepetitionPenaltyLogitsProcessor(1.7)(ids, logits.clone())
     zero = torch.zeros(4)
-    got = apply_penalties(logits, token_counts(ids[:, :7], 50, logits.device),
-                          token_counts(ids[:, 7:], 50, logits.device), torch.full((4,), 1.7), zero, zero)
+    got = penalise(logits, ids[:, :7].tolist(), ids[:, 7:].tolist(), torch.full((4,), 1.7), zero, zero)
     torch.testing.assert_close(got, want)
 
 
-def test_token_counts_with_ragged_rows():
-    counts = token_counts([[1, 1, 4], [], torch.tensor([0, 4, 4, 4])], 5, torch.device("cpu"))
-    assert counts.tolist() == [[0, 2, 0, 0, 1], [0, 0, 0, 0, 0], [1, 0, 0, 0, 3]]
+def test_pad_token_ids_with_ragged_rows():
+    padded = pad_token_ids([[1, 1, 4], [], torch.tensor([0, 4, 4, 4])], 5, "cpu")
+    assert padded.tolist() == [[1, 1, 4, 5], [5, 5, 5, 5], [0, 4, 4, 4]]
+    assert pad_token_ids([[], []], 7, "cpu").tolist() == [[7], [7]]
 
 
 def test_seeded_request_is_the_same_alone_and_in_a_batch():

@@ -55,22 +55,17 @@ def make_generator(seed: Optional[int], device: torch.device | str = "cpu") -> O
     return g
 
 
-def token_counts(token_lists: Sequence[TokenIds], vocab_size: int, device: torch.device) -> torch.Tensor:
-    """``counts[b, t]`` = occurrences of token ``t`` in ``token_lists[b]``: (B, V) int32, no Python loop over tokens."""
-    rows = [torch.as_tensor(t, dtype=torch.long, device=device).reshape(-1) for t in token_lists]
-    width = max((r.numel() for r in rows), default=0)
-    padded = torch.full((len(rows), max(width, 1)), vocab_size, dtype=torch.long, device=device)
-    for b, r in enumerate(rows):
-        padded[b, : r.numel()] = r
-    counts = torch.zeros(len(rows), vocab_size + 1, dtype=torch.int32, device=device)
-    counts.scatter_add_(1, padded, torch.ones_like(padded, dtype=torch.int32))
-    return counts[:, :vocab_size]  # the last column collected the padding
+def pad_token_ids(token_lists: Sequence[TokenIds], pad: int, device: torch.device | str) -> torch.Tensor:
+    """Ragged token id lists → one (B, L) int64 matrix, short rows filled with ``pad`` (L >= 1)."""
+    rows = [t.tolist() if isinstance(t, torch.Tensor) else list(t) for t in token_lists]
+    width = max([len(r) for r in rows] + [1])
+    return torch.tensor([r + [pad] * (width - len(r)) for r in rows], dtype=torch.long, device=device)
 
 
 def apply_penalties(
     logits: torch.Tensor,
-    prompt_counts: torch.Tensor,
-    output_counts: torch.Tensor,
+    seen_ids: torch.Tensor,
+    output_ids: torch.Tensor,
     repetition: torch.Tensor,
     presence: torch.Tensor,
     frequency: torch.Tensor,
@@ -78,16 +73,21 @@ def apply_penalties(
     """Repetition (CTRL, https://arxiv.org/abs/1909.05858, on prompt and output tokens) and
     presence / frequency (OpenAI, on output tokens only, as vLLM).
 
-    logits (B, V) float; counts (B, V); penalties (B,). Returns a new tensor.
+    logits (B, V) float; ``seen_ids`` (B, S) the prompt and output ids, ``output_ids`` (B, O)
+    the output ids, both padded with V; penalties (B,). Returns a new tensor.
     A seen token's logit ``l`` becomes ``l / r`` if ``l > 0`` else ``l * r``; then every
     token loses ``frequency * count + presence * (count > 0)`` (count over the output).
+    Only the listed tokens are touched (gather / scatter), never the whole vocabulary: a token
+    listed twice is written twice with the same value.
     """
+    B, V = logits.shape
+    x = torch.cat([logits, logits.new_zeros(B, 1)], dim=1)  # column V absorbs the padding
     r = repetition.unsqueeze(1)
-    seen = (prompt_counts + output_counts) > 0
-    penalised = torch.where(logits > 0, logits / r, logits * r)
-    logits = torch.where(seen, penalised, logits)
-    out = output_counts.to(logits.dtype)
-    return logits - frequency.unsqueeze(1) * out - presence.unsqueeze(1) * (out > 0).to(logits.dtype)
+    seen = x.gather(1, seen_ids)
+    x.scatter_(1, seen_ids, torch.where(seen > 0, seen / r, seen * r))
+    x.scatter_add_(1, output_ids, (-frequency).unsqueeze(1).expand(output_ids.shape).contiguous())
+    x.scatter_(1, output_ids, x.gather(1, output_ids) - presence.unsqueeze(1))
+    return x[:, :V]
 
 
 # Top-p looks at the most likely tokens first; when they hold the nucleus (the usual case) a
@@ -145,9 +145,9 @@ def _mask_top_k_top_p(logits, candidates, k_on, k, p_on, p, full: bool) -> torch
 def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
     """Mask tokens with probability < min_p * (top probability); logits (B, V), min_p (B,)
     (Nguyen et al. 2024, https://arxiv.org/abs/2407.01082)."""
-    probs = logits.softmax(dim=-1)
-    floor = min_p.unsqueeze(1) * probs.amax(dim=-1, keepdim=True)
-    return logits.masked_fill(probs < floor, float("-inf"))
+    # p_t / p_max = exp(l_t - l_max), so the test needs no softmax; log(0) = -inf masks nothing
+    floor = logits.amax(dim=-1, keepdim=True) + torch.log(min_p).unsqueeze(1)
+    return logits.masked_fill(logits < floor, float("-inf"))
 
 
 def draw_uniforms(generators: Sequence[torch.Generator], device: torch.device | str) -> torch.Tensor:
@@ -214,14 +214,15 @@ class Sampler:
             raise ValueError(f"got {len(params)} sampling params for {B} rows of logits")
         raw = logits.float()
         x = self._penalise(raw, params, prompt_ids, output_ids)
-        greedy = torch.tensor([p.greedy for p in params], device=x.device)
-        tokens = x.argmax(dim=-1)
-        sample_rows = (~greedy).nonzero().flatten().tolist()
+        tokens = torch.empty(B, dtype=torch.long, device=x.device)
+        greedy_rows = [i for i, p in enumerate(params) if p.greedy]
+        sample_rows = [i for i, p in enumerate(params) if not p.greedy]
+        if greedy_rows:
+            tokens[greedy_rows] = _rows(x, greedy_rows).argmax(dim=-1)
         if sample_rows:
-            rows = torch.tensor(sample_rows, device=x.device)
-            probs = self.processed_probs(x[rows], [params[i] for i in sample_rows])
+            probs = self.processed_probs(_rows(x, sample_rows), [params[i] for i in sample_rows])
             gens = [self._generator_for(i, generators) for i in sample_rows]
-            tokens[rows] = inverse_cdf(probs, draw_uniforms(gens, probs.device))
+            tokens[sample_rows] = inverse_cdf(probs, draw_uniforms(gens, probs.device))
         return SamplerOutput(tokens, self._logprobs(raw, tokens, params))
 
     @staticmethod
@@ -256,10 +257,11 @@ class Sampler:
         def col(name: str) -> torch.Tensor:
             return torch.tensor([getattr(p, name) for p in params], dtype=torch.float32, device=dev)
 
+        seen = [list(a) + list(b) for a, b in zip(prompt_ids, output_ids)]
         return apply_penalties(
             logits,
-            token_counts(prompt_ids, V, dev),
-            token_counts(output_ids, V, dev),
+            pad_token_ids(seen, V, dev),
+            pad_token_ids(output_ids, V, dev),
             col("repetition_penalty"),
             col("presence_penalty"),
             col("frequency_penalty"),
@@ -275,9 +277,8 @@ class Sampler:
         out: list[Optional[TokenLogprobs]] = [None] * len(params)
         if not want:
             return out
-        rows = torch.tensor(want, device=raw.device)
-        lp = raw[rows].log_softmax(dim=-1)  # (W, V) under the raw model distribution
-        chosen = tokens[rows]
+        lp = _rows(raw, want).log_softmax(dim=-1)  # (W, V) under the raw model distribution
+        chosen = tokens[want]
         chosen_lp = lp.gather(1, chosen.unsqueeze(1))  # (W, 1)
         ranks = (lp > chosen_lp).sum(dim=1) + 1
         n_top = max(params[i].logprobs for i in want)
@@ -287,3 +288,8 @@ class Sampler:
             top = tuple(zip(top_ids[j, :n].tolist(), top_lp[j, :n].tolist())) if n else ()
             out[i] = TokenLogprobs(int(chosen[j]), float(chosen_lp[j, 0]), int(ranks[j]), top)
         return out
+
+
+def _rows(x: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """``x[rows]`` without a copy when ``rows`` is every row in order (the common case)."""
+    return x if rows == list(range(x.shape[0])) else x[rows]
