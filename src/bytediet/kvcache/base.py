@@ -149,6 +149,10 @@ def get_kv_codec(spec: str, model_dtype: torch.dtype = torch.float32) -> KVCodec
     from . import load_all  # noqa: F401  (registers the built-in codecs)
 
     spec = spec.strip().lower()
+    if "=" in spec:  # k=<codec>,v=<codec>
+        from .split import split_codec
+
+        return split_codec(spec, lambda sub: get_kv_codec(sub, model_dtype))
     if spec in ("auto", ""):
         spec = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[model_dtype]
     if spec in KV_CODECS:

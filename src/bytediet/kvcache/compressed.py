@@ -1,0 +1,112 @@
+"""A KV cache made of a key half and a value half, read with a blockwise online softmax.
+
+``attend`` never materialises a sequence's whole context in full precision: it walks the sequence's
+block table a chunk of blocks at a time (``CHUNK_TOKENS``), asks the key half for scores of that chunk
+(directly on codes where the half supports it), and folds the chunk into a running softmax
+(Milakov & Gimelshein 2018, "Online normalizer calculation for softmax"; FlashAttention, arXiv 2205.14135):
+
+    m' = max(m, max_j s_j);  l' = l·e^(m−m') + Σ_j e^(s_j−m');  acc' = acc·e^(m−m') + Σ_j e^(s_j−m') v_j
+
+Blocks wholly before a sliding window are skipped. Compute is float32; the output is cast to q's dtype.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ..kernels.reference import sequence_slots
+from .base import AttentionMetadata, KVCodec, LayerKVCache
+from .halves import HalfCodec, HalfPages
+
+CHUNK_TOKENS = 512
+
+
+class CompressedCache(LayerKVCache):
+    def __init__(self, keys: HalfPages, values: HalfPages, num_blocks: int, block_size: int) -> None:
+        self.keys, self.values = keys, values
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.num_kv_heads, self.head_dim = keys.num_heads, keys.head_dim
+
+    def write(self, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+        self.keys.write(k.float(), slot_mapping)
+        self.values.write(v.float(), slot_mapping)
+
+    def free_sequence(self, seq_id: int) -> None:
+        for half in (self.keys, self.values):
+            if hasattr(half, "free_sequence"):
+                half.free_sequence(seq_id)
+
+    def tensors(self) -> list[torch.Tensor]:
+        return self.keys.tensors() + self.values.tensors()
+
+    def decode(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(L,) slots → float32 (k, v), each (L, H, D): the reference read used by the tests."""
+        return self.keys.decode(slots), self.values.decode(slots)
+
+    def attend(self, q: torch.Tensor, meta: AttentionMetadata, scale: float,
+               window: Optional[int] = None) -> torch.Tensor:
+        out = torch.empty_like(q)
+        starts = meta.query_start_loc.tolist()
+        for s, (n, ctx) in enumerate(zip(meta.query_lens_list, meta.context_lens_list)):
+            if n:
+                lo = starts[s]
+                out[lo:lo + n] = self._attend_sequence(q[lo:lo + n].float(), meta.block_tables[s], ctx,
+                                                       scale, window).to(q.dtype)
+        return out
+
+    def _attend_sequence(self, q: torch.Tensor, block_table: torch.Tensor, ctx: int, scale: float,
+                         window: Optional[int]) -> torch.Tensor:
+        """q: (n, Hq, D) for positions ctx−n … ctx−1 → (n, Hq, D) float32."""
+        n, hq, d = q.shape
+        hkv = self.num_kv_heads
+        group = hq // hkv
+        qg = q.reshape(n, hkv, group, d).permute(1, 2, 0, 3).reshape(hkv, group * n, d)   # rows: (group, n)
+        qpos = torch.arange(ctx - n, ctx, device=q.device).repeat(group)                   # (G,)
+        prepared = self.keys.prepare_query(qg)
+        m = torch.full((hkv, group * n, 1), float("-inf"), device=q.device)
+        l = torch.zeros(hkv, group * n, 1, device=q.device)
+        acc = None
+        first = 0 if window is None else max(0, ctx - n - window + 1)
+        slots_all = sequence_slots(block_table, ctx, self.block_size)
+        step = max(self.block_size, CHUNK_TOKENS // self.block_size * self.block_size)
+        for lo in range(first // self.block_size * self.block_size, ctx, step):
+            hi = min(ctx, lo + step)
+            slots = slots_all[lo:hi]
+            kpos = torch.arange(lo, hi, device=q.device)
+            allowed = kpos[None, :] <= qpos[:, None]
+            if window is not None:
+                allowed &= kpos[None, :] > qpos[:, None] - window
+            s = self.keys.scores(prepared, slots) * scale                                   # (H, G, L)
+            s = s.masked_fill(~allowed, float("-inf"))
+            m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+            m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+            p = torch.exp(s - m_safe)
+            corr = torch.exp(m - m_safe)
+            l = l * corr + p.sum(-1, keepdim=True)
+            part = self.values.weighted_sum(p, slots)
+            acc = part if acc is None else acc * corr + part
+            m = m_new
+        o = self.values.finish(acc / l)                                                     # (H, G, D)
+        return o.reshape(hkv, group, n, d).permute(2, 0, 1, 3).reshape(n, hq, d)
+
+
+class CompressedCodec(KVCodec):
+    """A KV codec assembled from a key half and a value half (each codec file builds one of these)."""
+
+    def __init__(self, name: str, key_half: HalfCodec, value_half: HalfCodec) -> None:
+        self.name, self.key_half, self.value_half = name, key_half, value_half
+
+    def bytes_per_token(self, num_kv_heads: int, head_dim: int) -> float:
+        return (self.key_half.bytes_per_token(num_kv_heads, head_dim)
+                + self.value_half.bytes_per_token(num_kv_heads, head_dim))
+
+    def create_cache(self, layer, num_blocks, block_size, num_kv_heads, head_dim, dtype, device) -> LayerKVCache:
+        for half in (self.key_half, self.value_half):
+            half.check(num_kv_heads, head_dim, block_size)
+        keys = self.key_half.create(layer, "k", num_blocks, block_size, num_kv_heads, head_dim, device)
+        values = self.value_half.create(layer, "v", num_blocks, block_size, num_kv_heads, head_dim, device)
+        return CompressedCache(keys, values, num_blocks, block_size)
+
+    def describe(self) -> str:
+        return f"{self.name} (k: {self.key_half.name}, v: {self.value_half.name})"

@@ -1,0 +1,99 @@
+"""Half codecs: how *one* of K or V is stored. A compressed KV codec is a key half plus a value half.
+
+Splitting a codec in halves is what makes ``k=turboquant3,v=turboquant4`` possible and keeps each codec
+file small: a half owns its page tensors, its bytes per token and its read path. The read path has hooks
+so that a half can score or accumulate directly on its codes instead of decoding:
+
+* keys:   ``prepare_query(qg)`` once per sequence and head group, then ``scores(prepared, slots)`` per chunk;
+* values: ``weighted_sum(p, slots)`` per chunk in the half's own coordinates, ``finish(acc)`` once at the end.
+
+The defaults decode one chunk to float32 (never the whole context) and use plain matmuls.
+
+Shapes: H = KV heads, D = head dim, G = query rows per KV head (query heads per group × new tokens),
+L = tokens in one chunk. ``qg``: (H, G, D); scores: (H, G, L); ``p``: (H, G, L).
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+import torch
+
+
+class HalfPages(ABC):
+    """The pages of K (or V) of one layer: ``num_blocks * block_size`` slots × H heads × D."""
+
+    def __init__(self, num_slots: int, num_heads: int, head_dim: int, device) -> None:
+        self.num_slots, self.num_heads, self.head_dim, self.device = num_slots, num_heads, head_dim, device
+
+    @abstractmethod
+    def write(self, x: torch.Tensor, slots: torch.Tensor) -> None:
+        """x: (T, H, D) new tokens; slots: (T,) int64."""
+
+    @abstractmethod
+    def decode(self, slots: torch.Tensor) -> torch.Tensor:
+        """(L,) slots → (L, H, D) float32 reconstruction (used for references and default reads)."""
+
+    @abstractmethod
+    def tensors(self) -> list[torch.Tensor]:
+        """Every per-slot tensor (what ``nbytes`` counts); per-layer constants such as rotations are not pages."""
+
+    def prepare_query(self, qg: torch.Tensor) -> Any:
+        return qg
+
+    def scores(self, prepared: Any, slots: torch.Tensor) -> torch.Tensor:
+        k = self.decode(slots).transpose(0, 1)                  # (H, L, D)
+        return torch.bmm(prepared, k.transpose(1, 2))          # (H, G, L)
+
+    def weighted_sum(self, p: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        return torch.bmm(p, self.decode(slots).transpose(0, 1))  # (H, G, D)
+
+    def finish(self, acc: torch.Tensor) -> torch.Tensor:
+        return acc
+
+
+class HalfCodec(ABC):
+    """Factory of :class:`HalfPages` plus the all-in size of one token's K (or V) in one layer."""
+
+    name: str = "abstract"
+
+    @abstractmethod
+    def bytes_per_token(self, num_heads: int, head_dim: int) -> float:
+        """All-in bytes of one token's K (or V) in one layer: codes, scales, norms, amortised bookkeeping."""
+
+    @abstractmethod
+    def create(self, layer: int, role: str, num_blocks: int, block_size: int, num_heads: int, head_dim: int,
+               device) -> HalfPages:
+        """Allocate pages; ``role`` is ``"k"`` or ``"v"`` (seeds random transforms differently)."""
+
+    def check(self, num_heads: int, head_dim: int, block_size: int) -> None:  # noqa: B027 - optional hook
+        """Raise ConfigError if this half cannot store vectors of this shape."""
+
+
+class FullPages(HalfPages):
+    """Uncompressed storage in a float dtype (used for the full-precision half of split specs)."""
+
+    def __init__(self, num_slots, num_heads, head_dim, device, dtype) -> None:
+        super().__init__(num_slots, num_heads, head_dim, device)
+        self.data = torch.zeros(num_slots, num_heads, head_dim, dtype=dtype, device=device)
+
+    def write(self, x, slots):
+        self.data.index_copy_(0, slots, x.to(self.data.dtype))
+
+    def decode(self, slots):
+        return self.data[slots].float()
+
+    def tensors(self):
+        return [self.data]
+
+
+class FullHalf(HalfCodec):
+    def __init__(self, dtype: torch.dtype) -> None:
+        self.dtype = dtype
+        self.name = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
+
+    def bytes_per_token(self, num_heads, head_dim):
+        return num_heads * head_dim * torch.finfo(self.dtype).bits / 8
+
+    def create(self, layer, role, num_blocks, block_size, num_heads, head_dim, device):
+        return FullPages(num_blocks * block_size, num_heads, head_dim, device, self.dtype)

@@ -1,0 +1,204 @@
+"""TurboQuant KV cache (arXiv 2504.19874): specs ``turboquant<bits>[:qr]`` and ``turboquant_prod<bits>[:qr]``.
+
+``<bits>`` is the **all-in** budget in bits per stored coordinate, fp16 norms included (at head dim 64 one
+norm costs 0.25 bits). The layout is solved per head dim (:func:`resolve_layout`): the largest base width
+b ∈ 1…4 whose single instance fits, then — the paper's *outlier split* (§4.3) — the largest number of
+outlier channels (a multiple of 8) that can get b+1 bits in a second instance with its own norm, rotation
+and codebook. E.g. at D = 128: ``turboquant2.5`` = 32 channels at 3 bits + 96 at 2 bits + 2 fp16 norms,
+``turboquant3.5`` = 32 at 4 + 96 at 3; at D = 64, ``turboquant3.5`` = plain 3-bit (3.25 bits all-in).
+
+Values always use the MSE variant. Keys use MSE (``turboquant``) or inner-product (``turboquant_prod``:
+MSE at b−1 bits + 1-bit QJL residual, unbiased scores). ``:qr`` selects a Haar (QR) rotation instead of
+the randomized Hadamard; a part whose size is not a power of two always uses QR (documented fallback).
+
+Outlier channels: chosen per layer and KV head by :meth:`TurboQuantCodec.calibrate` (largest mean square
+over calibration K/V). **Fallback without calibration:** they are chosen from the tokens of the layer's first
+write (the first prefill), then frozen. Per-layer constants (rotations, sketches, channel order) are not pages.
+"""
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+import torch
+
+from ..errors import ConfigError
+from . import bitpack
+from .base import KV_CODECS
+from .compressed import CompressedCodec
+from .halves import HalfCodec, HalfPages
+from .turboquant_core import TQCodes, TurboQuantizer
+
+MIN_BITS, MAX_BITS = 1.0, 5.0
+
+
+def resolve_layout(target: float, head_dim: int, variant: str) -> list[tuple[int, int]]:
+    """[(channels, bits), …] (outliers first) with all-in bits ≤ target · head_dim."""
+    overhead = 16 if variant == "mse" else 32
+    budget = target * head_dim + 1e-9
+    base = next((b for b in (4, 3, 2, 1) if head_dim * b + overhead <= budget), None)
+    if base is None:
+        need = (head_dim + overhead) / head_dim
+        raise ConfigError(f"turboquant{'_prod' if variant == 'prod' else ''}{target:g}: at head_dim {head_dim} the "
+                          f"smallest layout (1 bit + fp16 norms) needs {need:.3f} bits per coordinate")
+    if base < 4:
+        for n in range(head_dim - 8, 0, -8):
+            if n * (base + 1) + (head_dim - n) * base + 2 * overhead <= budget:
+                return [(n, base + 1), (head_dim - n, base)]
+    return [(head_dim, base)]
+
+
+class TurboQuantPages(HalfPages):
+    def __init__(self, num_slots, num_heads, head_dim, device, parts: list[TurboQuantizer],
+                 channels: Optional[torch.Tensor]) -> None:
+        super().__init__(num_slots, num_heads, head_dim, device)
+        self.parts = [p.to(device) for p in parts]
+        self.channels = channels  # (H, D) channel order, outliers first; None = identity / not yet chosen
+        self.store = []
+        for p in self.parts:
+            s = {"norm": torch.zeros(num_slots, num_heads, dtype=torch.float16, device=device)}
+            if p.mse_bits:
+                s["idx"] = torch.zeros(num_slots, num_heads, bitpack.packed_size(p.dim, p.mse_bits),
+                                       dtype=torch.uint8, device=device)
+            if p.variant == "prod":
+                s["signs"] = torch.zeros(num_slots, num_heads, p.dim // 8, dtype=torch.uint8, device=device)
+                s["res_norm"] = torch.zeros(num_slots, num_heads, dtype=torch.float16, device=device)
+            self.store.append(s)
+
+    def _split(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """(..., H, D) → per part (..., H, d_part) in the stored channel order."""
+        if self.channels is not None:
+            x = torch.gather(x, -1, self.channels.expand(*x.shape[:-2], -1, -1))
+        return list(torch.split(x, [p.dim for p in self.parts], dim=-1))
+
+    def _merge(self, parts: list[torch.Tensor]) -> torch.Tensor:
+        x = torch.cat(parts, dim=-1)
+        if self.channels is None:
+            return x
+        return torch.empty_like(x).scatter_(-1, self.channels.expand(*x.shape[:-2], -1, -1), x)
+
+    def write(self, x, slots):
+        if self.channels is None and len(self.parts) > 1:   # documented fallback: calibrate on first write
+            self.channels = outlier_order(x, self.parts[0].dim)
+        for p, s, xp in zip(self.parts, self.store, self._split(x)):
+            c = p.quantize(xp)
+            s["norm"].index_copy_(0, slots, c.norm)
+            if c.idx is not None:
+                s["idx"].index_copy_(0, slots, bitpack.pack(c.idx, p.mse_bits))
+            if c.signs is not None:
+                s["signs"].index_copy_(0, slots, bitpack.pack(c.signs.long(), 1))
+                s["res_norm"].index_copy_(0, slots, c.res_norm)
+
+    def _codes(self, i: int, slots: torch.Tensor, head_major: bool) -> TQCodes:
+        p, s = self.parts[i], self.store[i]
+        tr = (lambda t: t.transpose(0, 1)) if head_major else (lambda t: t)  # noqa: E731
+        idx = bitpack.unpack(tr(s["idx"][slots]), p.mse_bits, p.dim) if p.mse_bits else None
+        c = TQCodes(tr(s["norm"][slots]), idx)
+        if p.variant == "prod":
+            c.signs = bitpack.unpack(tr(s["signs"][slots]), 1, p.dim).bool()
+            c.res_norm = tr(s["res_norm"][slots])
+        return c
+
+    def decode(self, slots):
+        return self._merge([p.dequantize(self._codes(i, slots, False)) for i, p in enumerate(self.parts)])
+
+    def prepare_query(self, qg):
+        return [p.prepare_query(qp) for p, qp in zip(self.parts, self._split_heads(qg))]
+
+    def _split_heads(self, qg: torch.Tensor) -> list[torch.Tensor]:
+        """(H, G, D) queries → per part (H, G, d_part) in the stored channel order."""
+        if self.channels is not None:
+            qg = torch.gather(qg, -1, self.channels[:, None, :].expand(-1, qg.shape[1], -1))
+        return list(torch.split(qg, [p.dim for p in self.parts], dim=-1))
+
+    def scores(self, prepared, slots):
+        return sum(p.scores(prep, self._codes(i, slots, True)) for i, (p, prep) in enumerate(zip(self.parts, prepared)))
+
+    def weighted_sum(self, p, slots):
+        """Accumulate in rotated coordinates; :meth:`finish` rotates back once per query."""
+        return torch.cat([torch.bmm(p, q.rotated(self._codes(i, slots, True))) for i, q in enumerate(self.parts)], -1)
+
+    def finish(self, acc):
+        parts = torch.split(acc, [p.dim for p in self.parts], dim=-1)
+        out = torch.cat([a @ p.R for a, p in zip(parts, self.parts)], dim=-1)        # (H, G, D)
+        if self.channels is None:
+            return out
+        return torch.empty_like(out).scatter_(-1, self.channels[:, None, :].expand(-1, out.shape[1], -1), out)
+
+    def tensors(self):
+        return [t for s in self.store for t in s.values()]
+
+
+def outlier_order(samples: torch.Tensor, n_outliers: int) -> torch.Tensor:
+    """samples (..., H, D) → (H, D) channel order: the n_outliers largest mean-square channels first."""
+    ms = samples.float().pow(2).reshape(-1, *samples.shape[-2:]).mean(0)              # (H, D)
+    order = torch.argsort(ms, dim=-1, descending=True)
+    out, rest = order[:, :n_outliers].sort(-1).values, order[:, n_outliers:].sort(-1).values
+    return torch.cat([out, rest], -1)
+
+
+class TurboQuantHalf(HalfCodec):
+    def __init__(self, bits: float, variant: str, rotation: str) -> None:
+        self.bits, self.variant, self.rotation = bits, variant, rotation
+        self.name = f"turboquant{'_prod' if variant == 'prod' else ''}{bits:g}" + (":qr" if rotation == "qr" else "")
+        self.channels: dict[int, torch.Tensor] = {}   # layer → calibrated (H, D) channel order
+
+    def check(self, num_heads, head_dim, block_size):
+        resolve_layout(self.bits, head_dim, self.variant)
+
+    def bytes_per_token(self, num_heads, head_dim):
+        layout = resolve_layout(self.bits, head_dim, self.variant)
+        overhead = 16 if self.variant == "mse" else 32
+        return num_heads * sum(n * b + overhead for n, b in layout) / 8
+
+    def create(self, layer, role, num_blocks, block_size, num_heads, head_dim, device):
+        layout = resolve_layout(self.bits, head_dim, self.variant)
+        seed = 7919 * layer + (0 if role == "k" else 104729)
+        parts = [TurboQuantizer(n, b, self.variant, self.rotation, seed + 17 * i) for i, (n, b) in enumerate(layout)]
+        channels = self.channels.get(layer)
+        if channels is None and len(parts) == 1:
+            channels = None
+        elif channels is not None:
+            channels = channels.to(device)
+        return TurboQuantPages(num_blocks * block_size, num_heads, head_dim, device, parts, channels)
+
+    def calibrate(self, samples: torch.Tensor, layer: int) -> None:
+        """samples (N, H, D) of this half's vectors for ``layer`` → fixes the outlier channels."""
+        layout = resolve_layout(self.bits, samples.shape[-1], self.variant)
+        self.channels[layer] = outlier_order(samples, layout[0][0])
+
+
+_SPEC = re.compile(r"^(\d+(?:\.\d+)?)(?::(hadamard|qr))?$")
+
+
+class TurboQuantCodec(CompressedCodec):
+    variant = "mse"
+
+    def __init__(self, bits: float = 3.5, rotation: str = "hadamard") -> None:
+        if not MIN_BITS <= bits <= MAX_BITS:
+            raise ConfigError(f"turboquant bits must be in [{MIN_BITS:g}, {MAX_BITS:g}] (all-in), got {bits:g}")
+        prefix = "turboquant_prod" if self.variant == "prod" else "turboquant"
+        super().__init__(f"{prefix}{bits:g}" + (":qr" if rotation == "qr" else ""),
+                         TurboQuantHalf(bits, self.variant, rotation), TurboQuantHalf(bits, "mse", rotation))
+
+    @classmethod
+    def from_spec(cls, rest: str) -> "TurboQuantCodec":
+        if not rest:
+            return cls()
+        m = _SPEC.match(rest)
+        if not m:
+            raise ConfigError(f"bad TurboQuant spec parameters {rest!r}: expected <bits>[:qr], e.g. 3.5 or 2.5:qr")
+        return cls(float(m.group(1)), m.group(2) or "hadamard")
+
+    def calibrate(self, k_samples: torch.Tensor, v_samples: torch.Tensor, layer: int) -> None:
+        """Choose outlier channels for ``layer`` from calibration keys/values, each (N, H, D)."""
+        self.key_half.calibrate(k_samples, layer)
+        self.value_half.calibrate(v_samples, layer)
+
+
+KV_CODECS.register("turboquant")(TurboQuantCodec)
+
+
+@KV_CODECS.register("turboquant_prod")
+class TurboQuantProdCodec(TurboQuantCodec):
+    variant = "prod"

@@ -1,0 +1,163 @@
+"""Every registered KV codec against the plain-PyTorch reference, on ragged paged batches of random data.
+
+For each codec: (1) attend == reference attention over the codec's own decoded K/V (tight: the read path
+is exact to what is stored); (2) attend ≈ fp32 attention over the true K/V (loose, tolerance by all-in
+bits); (3) nbytes() == num_blocks · block_size · bytes_per_token.
+"""
+from __future__ import annotations
+
+import math
+import zlib
+import random
+
+import pytest
+import torch
+
+from bytediet.kernels.reference import attention_over_context, sequence_slots
+from bytediet.kvcache import KV_CODECS, AttentionMetadata, get_kv_codec
+from bytediet.kvcache.compressed import CompressedCache
+
+# every registered name with its default parameters, plus the parametrised specs worth covering
+get_kv_codec("fp32")
+EXTRA = ["turboquant1.5", "turboquant2", "turboquant2.5", "turboquant3", "turboquant4", "turboquant3.5:qr",
+         "turboquant_prod2.5", "turboquant_prod3", "kivi4", "qjl1", "qjl4",
+         "k=turboquant_prod3,v=turboquant3", "k=bf16,v=kivi2", "k=int8,v=polarquant"]
+
+
+def _available(spec: str) -> bool:
+    try:
+        get_kv_codec(spec)
+    except KeyError:
+        return False
+    return True
+
+
+SPECS = KV_CODECS.names() + [s for s in EXTRA if _available(s)]
+
+
+def random_batch_plan(rng: random.Random, num_blocks: int, block_size: int, num_seqs: int, max_len: int):
+    """Assign each sequence a random length and random, non-contiguous physical blocks."""
+    free = list(range(num_blocks))
+    rng.shuffle(free)
+    plan = []
+    for _ in range(num_seqs):
+        length = rng.randint(1, max_len)
+        nb = math.ceil(length / block_size)
+        plan.append(([free.pop() for _ in range(nb)], length))
+    return plan
+
+
+def step_metadata(plan, done: list[int], new: list[int], block_size: int) -> AttentionMetadata:
+    """Metadata for a step where sequence s already has done[s] tokens cached and writes new[s] more."""
+    max_blocks = max(len(b) for b, _ in plan)
+    tables = torch.full((len(plan), max_blocks), -1, dtype=torch.int64)
+    positions, slots = [], []
+    for s, (blocks, _) in enumerate(plan):
+        tables[s, :len(blocks)] = torch.tensor(blocks)
+        pos = torch.arange(done[s], done[s] + new[s])
+        positions.append(pos)
+        slots.append(sequence_slots(tables[s], done[s] + new[s], block_size)[done[s]:])
+    qsl = torch.tensor([0] + new).cumsum(0)
+    ctx = [d + n for d, n in zip(done, new)]
+    return AttentionMetadata(torch.cat(positions), torch.cat(slots), qsl, torch.tensor(ctx), tables, block_size,
+                             list(new), ctx, list(range(len(plan))))
+
+
+def decoded(cache, slots):
+    """What the cache holds for these slots, as float32 (k, v), each (L, H, D)."""
+    if isinstance(cache, CompressedCache):
+        return cache.decode(slots)
+    return cache.k[slots].float(), cache.v[slots].float()  # full-precision cache of full.py
+
+
+def run_steps(spec: str, *, seed: int, hq=6, hkv=2, d=64, block_size=16, window=None, num_seqs=3):
+    """Prefill a random prefix of every sequence, then decode the rest a few tokens per step.
+
+    Returns a list of (output, reference-on-decoded, reference-on-truth) per step.
+    """
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    num_blocks = 64
+    plan = random_batch_plan(rng, num_blocks, block_size, num_seqs, 150)
+    codec = get_kv_codec(spec)
+    cache = codec.create_cache(0, num_blocks, block_size, hkv, d, torch.float32, "cpu")
+    k_true = [torch.randn(n, hkv, d) + 0.5 * torch.randn(1, hkv, d) for _, n in plan]
+    v_true = [torch.randn(n, hkv, d) for _, n in plan]
+    q_true = [torch.randn(n, hq, d) for _, n in plan]
+    done = [0] * len(plan)
+    results = []
+    scale = d ** -0.5
+    step = 0
+    while any(dn < n for dn, (_, n) in zip(done, plan)):
+        # a prefill chunk, three small decode steps, then the rest as one more prefill chunk
+        if step == 0:
+            new = [rng.randint(min(5, n), n) for _, n in plan]
+        elif step < 4:
+            new = [min(n - dn, rng.randint(0, 3)) for dn, (_, n) in zip(done, plan)]
+        else:
+            new = [n - dn for dn, (_, n) in zip(done, plan)]
+        step += 1
+        if sum(new) == 0:
+            continue
+        meta = step_metadata(plan, done, new, block_size)
+        cat = lambda xs: torch.cat([x[dn:dn + m] for x, dn, m in zip(xs, done, new)])  # noqa: E731
+        cache.write(cat(k_true), cat(v_true), meta.slot_mapping)
+        out = cache.attend(cat(q_true), meta, scale, window)
+        ref_dec, ref_true = [], []
+        for s, (blocks, _) in enumerate(plan):
+            if new[s] == 0:
+                continue
+            ctx = done[s] + new[s]
+            q = q_true[s][done[s]:ctx]
+            kd, vd = decoded(cache, sequence_slots(meta.block_tables[s], ctx, block_size))
+            ref_dec.append(attention_over_context(q, kd, vd, scale, window))
+            ref_true.append(attention_over_context(q, k_true[s][:ctx], v_true[s][:ctx], scale, window))
+        results.append((out, torch.cat(ref_dec), torch.cat(ref_true)))
+        done = [dn + m for dn, m in zip(done, new)]
+    return codec, cache, results
+
+
+def loose_tolerance(spec: str, bits: float) -> float:
+    """Relative output error allowed against exact attention, by all-in bits per coordinate.
+
+    Random data with incoherent values is a hard case (the output is a small average of large vectors),
+    so these bounds are loose; estimator-based keys (QJL sketches) add variance after the softmax.
+    """
+    if bits >= 7:
+        return 0.03
+    return min(1.25, 5.0 * 2 ** -bits) + (0.5 if ("prod" in spec or "qjl" in spec) else 0.0)
+
+
+@pytest.mark.parametrize("window", [None, 20])
+@pytest.mark.parametrize("spec", SPECS)
+def test_attend_matches_reference(spec, window):
+    codec, cache, results = run_steps(spec, seed=zlib.crc32(f"{spec}{window}".encode()) % 1000, window=window)
+    bits = codec.bits_per_coordinate(2, 64)
+    for out, ref_dec, ref_true in results:
+        torch.testing.assert_close(out, ref_dec, atol=2e-5, rtol=1e-4)
+        rel = (out - ref_true).norm() / ref_true.norm()
+        assert rel < loose_tolerance(spec, bits), f"{spec}: relative error {rel:.3f} at {bits:.2f} bits"
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_gqa_shapes_and_single_kv_head(spec):
+    # gemma-like: one KV head, 4 query heads, head_dim 256
+    _, _, results = run_steps(spec, seed=7, hq=4, hkv=1, d=256, num_seqs=2)
+    for out, ref_dec, _ in results:
+        torch.testing.assert_close(out, ref_dec, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_nbytes_matches_bytes_per_token(spec):
+    codec = get_kv_codec(spec)
+    for hkv, d, nb, bs in [(3, 64, 64, 16), (1, 256, 32, 32)]:
+        cache = codec.create_cache(0, nb, bs, hkv, d, torch.float32, "cpu")
+        expected = nb * bs * codec.bytes_per_token(hkv, d)
+        assert cache.nbytes() == pytest.approx(expected, rel=1e-9), spec
+
+
+def test_compressed_codecs_are_smaller_than_bf16():
+    bf16 = get_kv_codec("bf16").bytes_per_token(3, 64)
+    for spec in SPECS:
+        if spec not in ("fp32", "bf16", "fp16", "int8", "fp8"):
+            assert get_kv_codec(spec).bytes_per_token(3, 64) < bf16, spec
