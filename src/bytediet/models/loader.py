@@ -108,7 +108,8 @@ def load_model(spec: str | os.PathLike = "default", dtype: str | torch.dtype = t
     if load_tokenizer:
         from .tokenizer import load_tokenizer as _load_tokenizer
 
-        tokenizer = _load_tokenizer(path)
+        # a GGUF's open reader is reused: parsing Gemma's 262k-token vocabulary twice costs seconds
+        tokenizer = _load_tokenizer(path if path.is_dir() else ckpt.reader)
     return model, tokenizer
 
 
