@@ -1,0 +1,183 @@
+"""Loading GGUF files and Hugging Face directories written here from tiny random models, and bad input."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from bytediet.errors import CheckpointError
+from bytediet.models.arch import unpermute_rope
+from bytediet.models.loader import load_model
+from tests.conftest import model_from_state, random_state, tiny_config
+
+HF_TO_GGUF = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+              "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+              "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+
+
+def permute_like_llama_cpp(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """convert_hf_to_gguf.py's LlamaModel.permute (written independently of the loader's inverse)."""
+    return w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def write_tiny_llama_gguf(path, config, state, *, qtype=None) -> None:
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_block_count(config.num_layers)
+    w.add_context_length(config.max_position_embeddings)
+    w.add_embedding_length(config.hidden_size)
+    w.add_feed_forward_length(config.intermediate_size)
+    w.add_head_count(config.num_heads)
+    w.add_head_count_kv(config.num_kv_heads)
+    w.add_rope_freq_base(config.rope_theta)
+    w.add_layer_norm_rms_eps(config.rms_norm_eps)
+    w.add_vocab_size(config.vocab_size)
+    for name, t in state.items():
+        a = t.numpy().astype(np.float32)
+        if name == "model.embed_tokens.weight":
+            gname = "token_embd.weight"
+        elif name == "model.norm.weight":
+            gname = "output_norm.weight"
+        else:
+            _, _, idx, rest = name.split(".", 3)
+            mod, kind = rest.rsplit(".", 1)
+            gname = f"blk.{idx}.{HF_TO_GGUF[mod]}.{kind}"
+            if mod == "self_attn.q_proj":
+                a = permute_like_llama_cpp(a, config.num_heads)
+            if mod == "self_attn.k_proj":
+                a = permute_like_llama_cpp(a, config.num_kv_heads)
+        if qtype is not None and a.ndim == 2:
+            w.add_tensor(gname, gguf.quants.quantize(a, qtype), raw_dtype=qtype)
+        else:
+            w.add_tensor(gname, a)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+@pytest.fixture
+def tiny_llama():
+    config = tiny_config("llama", head_dim=8, num_heads=4, num_kv_heads=2)
+    state = random_state(config, seed=11)
+    return config, state, model_from_state(config, state)
+
+
+def test_unpermute_inverts_llama_cpp_permutation():
+    w = np.random.default_rng(0).normal(size=(4 * 8, 5)).astype(np.float32)
+    np.testing.assert_array_equal(unpermute_rope(permute_like_llama_cpp(w, 4), 4), w)
+
+
+def test_gguf_round_trip_undoes_the_qk_permutation(tmp_path, tiny_llama):
+    config, state, model = tiny_llama
+    path = tmp_path / "tiny.gguf"
+    write_tiny_llama_gguf(path, config, state)
+    loaded, tok = load_model(path, load_tokenizer=False)
+    assert loaded.config.num_layers == 2 and loaded.config.tie_word_embeddings
+    ids = torch.arange(20) % config.vocab_size
+    torch.testing.assert_close(loaded.score(ids), model.score(ids), atol=1e-5, rtol=1e-5)
+
+
+def test_gguf_quantized_tensors_dequantize_and_keep_their_type(tmp_path, tiny_llama):
+    config, state, model = tiny_llama
+    path = tmp_path / "tiny_q8.gguf"
+    write_tiny_llama_gguf(path, config, state, qtype=gguf.GGMLQuantizationType.Q8_0)
+    loaded, _ = load_model(path, load_tokenizer=False)
+    assert loaded.source_types["model.layers.0.self_attn.q_proj.weight"] == "Q8_0"
+    q8 = gguf.GGMLQuantizationType.Q8_0
+    # Q8_0 blocks run along rows, so quantizing before or after the row permutation is the same
+    rounded = {k: torch.from_numpy(gguf.quants.dequantize(gguf.quants.quantize(v.numpy(), q8), q8)).reshape(v.shape)
+               if v.ndim == 2 else v for k, v in state.items()}
+    expected = model_from_state(config, rounded)
+    ids = torch.arange(16) % config.vocab_size
+    torch.testing.assert_close(loaded.score(ids), expected.score(ids), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
+def test_hf_directory_loads_single_and_sharded(tmp_path, arch):
+    config = tiny_config(arch)
+    state = random_state(config, seed=12)
+    model = model_from_state(config, state)
+    hf_state = {k: (v - 1.0 if arch == "gemma3" and k.endswith("norm.weight") else v) for k, v in state.items()}
+    cfg = {"model_type": arch, "vocab_size": config.vocab_size, "hidden_size": config.hidden_size,
+           "intermediate_size": config.intermediate_size, "num_hidden_layers": config.num_layers,
+           "num_attention_heads": config.num_heads, "num_key_value_heads": config.num_kv_heads,
+           "head_dim": config.head_dim, "rms_norm_eps": config.rms_norm_eps, "rope_theta": config.rope_theta,
+           "max_position_embeddings": config.max_position_embeddings,
+           "tie_word_embeddings": config.tie_word_embeddings}
+    if arch == "gemma3":
+        cfg.update(sliding_window=config.sliding_window, rope_local_base_freq=config.rope_local_theta,
+                   query_pre_attn_scalar=config.query_pre_attn_scalar, sliding_window_pattern=6)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    names = sorted(hf_state)
+    half = len(names) // 2
+    shards = {"model-00001-of-00002.safetensors": names[:half], "model-00002-of-00002.safetensors": names[half:]}
+    for fname, keys in shards.items():
+        save_file({k: hf_state[k].contiguous() for k in keys}, str(tmp_path / fname))
+    index = {"weight_map": {k: f for f, ks in shards.items() for k in ks}}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    loaded, _ = load_model(tmp_path, load_tokenizer=False)
+    ids = torch.arange(20) % config.vocab_size
+    torch.testing.assert_close(loaded.score(ids), model.score(ids), atol=1e-5, rtol=1e-5)
+
+
+def test_missing_file_is_a_clear_error(tmp_path):
+    with pytest.raises(CheckpointError, match="no such file"):
+        load_model(tmp_path / "nope.gguf")
+
+
+def test_bad_magic_is_a_clear_error(tmp_path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"NOPE" + bytes(100))
+    with pytest.raises(CheckpointError, match="bad magic"):
+        load_model(bad)
+
+
+def test_truncated_gguf_names_the_tensor(tmp_path, tiny_llama):
+    config, state, _ = tiny_llama
+    path = tmp_path / "tiny.gguf"
+    write_tiny_llama_gguf(path, config, state)
+    data = path.read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(data[: len(data) - 300])
+    with pytest.raises(CheckpointError, match="truncated|corrupt"):
+        load_model(cut, load_tokenizer=False)
+
+
+def test_unsupported_architecture(tmp_path):
+    w = gguf.GGUFWriter(str(tmp_path / "mamba.gguf"), "mamba")
+    w.add_tensor("token_embd.weight", np.zeros((4, 4), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(CheckpointError, match="unsupported architecture 'mamba'"):
+        load_model(tmp_path / "mamba.gguf")
+
+
+def test_mismatched_config_and_safetensors(tmp_path):
+    config = tiny_config("llama")
+    state = random_state(config)
+    state["model.layers.0.mlp.up_proj.weight"] = torch.zeros(7, config.hidden_size)
+    (tmp_path / "config.json").write_text(json.dumps({
+        "model_type": "llama", "vocab_size": config.vocab_size, "hidden_size": config.hidden_size,
+        "intermediate_size": config.intermediate_size, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 8, "tie_word_embeddings": True}))
+    save_file(state, str(tmp_path / "model.safetensors"))
+    with pytest.raises(CheckpointError, match="up_proj.*shape"):
+        load_model(tmp_path, load_tokenizer=False)
+
+
+def test_cli_reports_bad_checkpoint_in_one_line_with_exit_code_2(tmp_path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF" + bytes(3))
+    r = subprocess.run([sys.executable, "-m", "bytediet.cli", "generate", "--model", str(bad), "--prompt", "hi"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "bad.gguf" in lines[0] and "Traceback" not in r.stderr
