@@ -200,6 +200,10 @@ class FidelityAccumulator:
             heapq.heappop(self._worst)
         return result
 
+    def kl_values(self) -> torch.Tensor:
+        """Per-position KL of every window added with reference logits, in order -> (N,) float64."""
+        return torch.cat(self._kl) if self._kl else torch.empty(0, dtype=torch.float64)
+
     def worst(self) -> list[WindowResult]:
         """The kept windows with the largest mean KL, worst first."""
         return [r for _, _, r in sorted(self._worst, key=lambda t: (-t[0], -t[1]))]

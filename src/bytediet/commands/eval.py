@@ -1,0 +1,113 @@
+"""``bytediet eval``: one configuration against the unmodified model — fidelity, passkey, speed/memory."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from ..errors import ConfigError
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise ConfigError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise ConfigError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise ConfigError(f"expected comma-separated fractions, got {text!r}") from None
+    if not values:
+        raise ConfigError(f"expected at least one fraction, got {text!r}")
+    return values
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("eval", help="measure a weight format / KV codec against the unmodified model",
+                              description=__doc__)
+    p.add_argument("--model", default="default", help="model name or path (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--weights", default=None, help="weight format applied to every linear layer (e.g. int8, int4-g64)")
+    p.add_argument("--kv-cache-dtype", default=None, help="KV-cache codec (e.g. bf16, int8, turboquant3.5)")
+    p.add_argument("--windows", type=int, default=8, help="evaluation windows (default 8)")
+    p.add_argument("--window-len", type=int, default=512, help="tokens per window (default 512)")
+    p.add_argument("--corpus", default="prideprejudice", help="an Austen novel, 'austen' (all six) or a text file")
+    p.add_argument("--seed", type=int, default=0, help="picks the windows and the passkeys")
+    p.add_argument("--tasks", default="ppl,passkey,speed", help="comma-separated: ppl, passkey, speed")
+    p.add_argument("--passkey-lengths", default="1024,2048,4096", help="prompt lengths in tokens (clipped to the context)")
+    p.add_argument("--passkey-depths", default="0,0.25,0.5,0.75,1", help="needle depths, fractions of the filler")
+    p.add_argument("--passkey-trials", type=int, default=1, help="trials per (length, depth)")
+    p.add_argument("--speed-tokens", type=int, default=32, help="tokens generated for the speed measurement")
+    p.add_argument("--plot", metavar="DIR", default=None, help="write PNG figures into DIR")
+    p.add_argument("--json", action="store_true", help="print one JSON object with every number")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
+    p.set_defaults(handler=run)
+
+
+def settings_from_args(args: argparse.Namespace):
+    from ..eval.harness import EvalSettings
+
+    tasks = tuple(t.strip().lower() for t in args.tasks.split(",") if t.strip())
+    return EvalSettings(corpus=args.corpus, windows=args.windows, window_len=args.window_len, seed=args.seed,
+                        tasks=tasks, passkey_lengths=_ints(args.passkey_lengths),
+                        passkey_depths=_floats(args.passkey_depths), passkey_trials=args.passkey_trials,
+                        speed_new_tokens=args.speed_tokens)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..eval.harness import evaluate
+
+    result = evaluate(args.model, weights=args.weights, kv_cache_dtype=args.kv_cache_dtype,
+                      settings=settings_from_args(args), progress=not args.no_progress)
+    if args.plot:
+        from ..eval.plots import write_plots
+
+        result["plots"] = [str(p) for p in write_plots(result, args.plot)]
+    if args.json:
+        print(json.dumps(result, default=float))
+        return 0
+    from rich.console import Console
+
+    Console(file=sys.stdout, width=120).print(render_table(result))
+    for path in result.get("plots", []):
+        print(f"wrote {path}")
+    return 0
+
+
+def format_value(value: Any) -> str:
+    """How a number appears in the table: integers exactly, floats to 6 significant digits, None blank."""
+    if value is None:
+        return ""
+    if isinstance(value, bool) or isinstance(value, int):
+        return str(int(value))
+    return f"{value:.6g}"
+
+
+def table_rows(result: dict) -> list[tuple[str, str, Any, Any]]:
+    """(task title, metric, reference value, test value) for every task in ``result``, in run order."""
+    from ..eval.tasks import get_eval_task
+
+    rows = []
+    for name, task_result in result["tasks"].items():
+        task = get_eval_task(name)
+        rows += [(task.title, metric, ref, test) for metric, ref, test in task.rows(task_result)]
+    return rows
+
+
+def render_table(result: dict):
+    from rich.table import Table
+
+    cfg, ref = result["config"], result["reference_config"]
+    table = Table(title=f"{result['model_name']}: weights={cfg['weights'] or 'as loaded'}, kv={cfg['kv_codec']} "
+                        f"vs unmodified ({ref['dtype']}, kv={ref['kv_codec']})")
+    for column, justify in (("task", "left"), ("metric", "left"), ("reference", "right"), ("test", "right")):
+        table.add_column(column, justify=justify, no_wrap=True)
+    for task, metric, ref, test in table_rows(result):
+        table.add_row(task, metric, format_value(ref), format_value(test))
+    return table

@@ -1,0 +1,273 @@
+"""``evaluate``: measure one configuration (weight format, KV codec) against the unmodified model, same run.
+
+The *reference* is the checkpoint as loaded (no ``weights``) with the KV cache in the model's own
+dtype (``"auto"``: fp32 for an fp32 model).  The *test* configuration is the same checkpoint with
+a weight format applied (:func:`bytediet.quant.apply.quantize`) and/or another KV codec.
+
+Flow: load the checkpoint once → run every task on the reference (filling a :class:`ReferenceCache`)
+→ quantize the same model in place → run every task on the test configuration → each task compares
+the two.  ``bytediet optimize`` keeps the :class:`ReferenceCache` and passes it back
+(``reference=``), so a sweep over many configurations measures the reference only once.
+
+Memory stays bounded for large vocabularies (Gemma-3: 262,144 logits per position): windows are
+scored one at a time; the reference logits of a window are kept in RAM up to
+``ReferenceCache.max_memory_bytes`` and spilled to a temporary directory beyond that.
+"""
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional, Sequence
+
+import torch
+
+from ..errors import ConfigError
+from .corpus import Window, load_corpus, make_windows
+
+DEFAULT_TASKS = ("ppl", "passkey", "speed")
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    """What to measure and on how much data (every task reads its own fields)."""
+
+    corpus: str = "prideprejudice"
+    windows: int = 8
+    window_len: int = 512
+    seed: int = 0
+    tasks: tuple[str, ...] = DEFAULT_TASKS
+    keep_worst: int = 5
+    passkey_lengths: tuple[int, ...] = (1024, 2048, 4096)
+    passkey_depths: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
+    passkey_trials: int = 1
+    speed_prompt_len: int = 64
+    speed_new_tokens: int = 32
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tasks", tuple(self.tasks))
+        object.__setattr__(self, "passkey_lengths", tuple(int(n) for n in self.passkey_lengths))
+        object.__setattr__(self, "passkey_depths", tuple(float(d) for d in self.passkey_depths))
+        if self.windows < 1 or self.window_len < 2:
+            raise ConfigError(f"need windows >= 1 and window_len >= 2, got {self.windows} x {self.window_len}")
+        if any(not 0.0 <= d <= 1.0 for d in self.passkey_depths):
+            raise ConfigError(f"passkey depths are fractions in [0, 1], got {self.passkey_depths}")
+        if self.passkey_trials < 1 or self.speed_new_tokens < 2 or self.speed_prompt_len < 1:
+            raise ConfigError("passkey_trials >= 1, speed_new_tokens >= 2 and speed_prompt_len >= 1 are required")
+
+    def window_key(self) -> tuple:
+        return (self.corpus, self.windows, self.window_len, self.seed)
+
+
+@dataclass
+class Subject:
+    """One configuration under measurement: a loaded model, its tokenizer, and the KV codec spec."""
+
+    label: str
+    model: Any  # bytediet.models.transformer.CausalLM
+    tokenizer: Any  # bytediet.models.tokenizer.Tokenizer (None for token-id-only tests)
+    kv_cache_dtype: str = "auto"
+    weights: Optional[str] = None
+
+
+class ReferenceCache:
+    """The reference model's measurements, reusable across configurations of one checkpoint.
+
+    ``logits[i]`` (L, vocab) float32 of window ``i`` are stored in RAM while the total stays under
+    ``max_memory_bytes`` and as ``.pt`` files in a private temporary directory beyond that;
+    ``results[task]`` holds each task's reference numbers (perplexity, passkey accuracy, speed).
+    ``key`` identifies what was measured (model, settings) so a mismatched reuse is refused.
+    """
+
+    def __init__(self, key: tuple, max_memory_bytes: int = 1 << 30) -> None:
+        self.key = key
+        self.max_memory_bytes = max_memory_bytes
+        self.results: dict[str, dict] = {}
+        self._ram: dict[int, torch.Tensor] = {}
+        self._disk: dict[int, Path] = {}
+        self._ram_bytes = 0
+        self._dir: Optional[Path] = None
+
+    def put_logits(self, index: int, logits: torch.Tensor) -> None:
+        logits = logits.detach().float().contiguous()
+        size = logits.numel() * logits.element_size()
+        if self._ram_bytes + size <= self.max_memory_bytes:
+            self._ram[index] = logits
+            self._ram_bytes += size
+            return
+        if self._dir is None:
+            self._dir = Path(tempfile.mkdtemp(prefix="bytediet-ref-"))
+        path = self._dir / f"window{index}.pt"
+        torch.save(logits, path)
+        self._disk[index] = path
+
+    def logits(self, index: int) -> torch.Tensor:
+        if index in self._ram:
+            return self._ram[index]
+        if index in self._disk:
+            return torch.load(self._disk[index], weights_only=True)
+        raise KeyError(f"the reference cache has no logits for window {index}; run the reference first")
+
+    def has_logits(self, count: int) -> bool:
+        return all(i in self._ram or i in self._disk for i in range(count))
+
+    @property
+    def spilled(self) -> int:
+        """How many windows live on disk."""
+        return len(self._disk)
+
+    def close(self) -> None:
+        """Delete the spill directory (also done when the object is garbage-collected)."""
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir, self._disk = None, {}
+
+    def __del__(self) -> None:
+        self.close()
+
+
+@dataclass
+class EvalContext:
+    """Shared inputs of every task: settings, evaluation windows, the reference cache, progress."""
+
+    settings: EvalSettings
+    windows: list[Window]
+    corpus_ids: torch.Tensor  # (N,) int64, the whole tokenized corpus (passkey filler, speed prompts)
+    reference: ReferenceCache
+    bos: list[int] = field(default_factory=list)  # prepended to every scored sequence
+    progress: Callable[[Sequence, str], Iterator] = lambda items, desc: iter(items)
+
+
+def rich_progress(items: Sequence, desc: str) -> Iterator:
+    """Iterate with a rich progress bar on stderr."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+        yield from bar.track(items, description=desc, total=len(items))
+
+
+def tokenize_corpus(tokenizer, corpus: str) -> torch.Tensor:
+    """The corpus (a novel name, ``austen`` or a text file) as (N,) int64 ids, without special tokens."""
+    return torch.tensor(tokenizer.encode(load_corpus(corpus), add_special_tokens=False), dtype=torch.long)
+
+
+def build_context(tokenizer, settings: EvalSettings, reference: ReferenceCache,
+                  corpus_ids: Optional[torch.Tensor] = None, progress: bool = True) -> EvalContext:
+    """Tokenize the corpus (unless ids are given) and cut the seeded evaluation windows."""
+    ids = corpus_ids if corpus_ids is not None else tokenize_corpus(tokenizer, settings.corpus)
+    windows = make_windows(ids, settings.window_len, settings.windows, split="eval", seed=settings.seed)
+    bos = tokenizer.encode("", add_special_tokens=True) if tokenizer is not None else []
+    return EvalContext(settings, windows, ids, reference, bos, rich_progress if progress else EvalContext.progress)
+
+
+def run_tasks(reference: Subject, make_test: Callable[[], Subject], ctx: EvalContext) -> dict[str, dict]:
+    """Every task on the reference (unless already cached), then on ``make_test()``, then compared."""
+    from .tasks import get_eval_task
+
+    tasks = [get_eval_task(name) for name in ctx.settings.tasks]
+    for task in tasks:
+        if task.name not in ctx.reference.results:
+            ctx.reference.results[task.name] = task.measure_reference(reference, ctx)
+    test = make_test()
+    return {task.name: task.measure_test(test, ctx, ctx.reference.results[task.name]) for task in tasks}
+
+
+def apply_weights(model, weights: Optional[str]) -> None:
+    """Quantize every linear layer of ``model`` in place to the weight format ``weights`` (None: leave)."""
+    if weights:
+        from ..quant.apply import QuantizeConfig, quantize
+
+        quantize(model, QuantizeConfig(format=weights))
+
+
+def evaluate(model_spec: str, *, weights: Optional[str] = None, kv_cache_dtype: Optional[str] = None,
+             windows: int = 8, window_len: int = 512, corpus: str = "prideprejudice", seed: int = 0,
+             tasks: Sequence[str] = DEFAULT_TASKS, reference: Optional[ReferenceCache] = None,
+             settings: Optional[EvalSettings] = None, progress: bool = True) -> dict:
+    """Measure ``weights`` × ``kv_cache_dtype`` on ``model_spec`` against the unmodified model.
+
+    Returns a JSON-ready dict: ``model``, ``config``, ``reference_config``, ``settings`` and
+    ``tasks[name]`` with each task's numbers (see :mod:`bytediet.eval.tasks`).  Pass a
+    :class:`ReferenceCache` from an earlier call on the same model and settings to skip the reference.
+    """
+    from ..models.loader import load_model
+
+    settings = settings or EvalSettings(corpus=corpus, windows=windows, window_len=window_len, seed=seed,
+                                        tasks=tuple(tasks))
+    _check_tasks(settings.tasks)
+    reference = reference_cache(str(model_spec), settings, reference)
+    t0 = time.perf_counter()
+    model, tokenizer = load_model(model_spec, dtype=torch.float32)
+    result = evaluate_loaded(model, tokenizer, weights=weights, kv_cache_dtype=kv_cache_dtype, settings=settings,
+                             reference=reference, progress=progress, model_label=str(model_spec))
+    result["elapsed_s"] = time.perf_counter() - t0
+    return result
+
+
+def evaluate_loaded(model, tokenizer, *, settings: EvalSettings, weights: Optional[str] = None,
+                    kv_cache_dtype: Optional[str] = None, reference: Optional[ReferenceCache] = None,
+                    corpus_ids: Optional[torch.Tensor] = None, progress: bool = True,
+                    model_label: str = "") -> dict:
+    """:func:`evaluate` on a model already loaded *unmodified* (it is quantized in place afterwards).
+
+    ``corpus_ids`` (N,) replaces the tokenized ``settings.corpus`` (tests, pre-tokenized text).
+    """
+    from ..kvcache import get_kv_codec
+
+    _check_tasks(settings.tasks)
+    label = model_label or getattr(model, "source_path", "") or model.config.name
+    reference = reference_cache(label, settings, reference)
+    if settings.window_len + (1 if tokenizer is not None else 0) > model.config.max_position_embeddings:
+        raise ConfigError(f"window_len {settings.window_len} exceeds the model's context "
+                          f"({model.config.max_position_embeddings} tokens); use a shorter --window-len")
+    t0 = time.perf_counter()
+    ctx = build_context(tokenizer, settings, reference, corpus_ids=corpus_ids, progress=progress)
+    kv = kv_cache_dtype or "auto"
+    kv_name = get_kv_codec(kv, model.dtype).describe()  # fails early on an unknown codec
+    if weights:
+        from ..quant.apply import QuantizeConfig
+
+        QuantizeConfig(format=weights)  # fails early on an unknown weight format
+    ref_subject = Subject("reference", model, tokenizer, "auto", None)
+
+    def make_test() -> Subject:
+        apply_weights(model, weights)  # the reference is done with the model: quantize it in place
+        return Subject("test", model, tokenizer, kv, weights)
+
+    results = run_tasks(ref_subject, make_test, ctx)
+    return {
+        "model": label,
+        "model_name": model.config.name or label,
+        "config": {"weights": weights, "kv_cache_dtype": kv, "kv_codec": kv_name},
+        "reference_config": {"weights": None, "kv_cache_dtype": "auto",
+                             "kv_codec": get_kv_codec("auto", model.dtype).describe(),
+                             "dtype": str(model.dtype).removeprefix("torch.")},
+        "settings": asdict(settings),
+        "window_starts": [w.start for w in ctx.windows],
+        "tasks": results,
+        "elapsed_s": time.perf_counter() - t0,
+    }
+
+
+def reference_cache(label: str, settings: EvalSettings, reference: Optional[ReferenceCache] = None) -> ReferenceCache:
+    """A new cache for ``label`` (the model spec, or ``model.source_path`` for :func:`evaluate_loaded`) and
+    ``settings``; or ``reference`` itself after checking that it was made for the same."""
+    key = (label, replace(settings, tasks=()))  # a reused cache may lack a task: it is measured then
+    if reference is None:
+        return ReferenceCache(key)
+    if reference.key != key:
+        raise ConfigError("the reference cache was measured for another model or other settings; "
+                          "pass the same model and settings, or no reference")
+    return reference
+
+
+def _check_tasks(names: Sequence[str]) -> None:
+    from .tasks import EVAL_TASKS
+
+    unknown = [n for n in names if n not in EVAL_TASKS]
+    if unknown or not names:
+        raise ConfigError(f"unknown eval task(s) {unknown or names}; choose from: {', '.join(EVAL_TASKS.names())}")
