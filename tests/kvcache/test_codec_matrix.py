@@ -15,12 +15,12 @@ import torch
 
 from bytediet.kernels.reference import attention_over_context, sequence_slots
 from bytediet.kvcache import KV_CODECS, AttentionMetadata, get_kv_codec
-from bytediet.kvcache.compressed import CompressedCache
+from bytediet.kvcache.compressed import CompressedCache, CompressedCodec
 
 # every registered name with its default parameters, plus the parametrised specs worth covering
 get_kv_codec("fp32")
-EXTRA = ["turboquant1.5", "turboquant2", "turboquant2.5", "turboquant3", "turboquant4", "turboquant3.5:qr",
-         "turboquant_prod2.5", "turboquant_prod3", "kivi4", "qjl1", "qjl4",
+EXTRA = ["turboquant1.5", "turboquant2.5", "turboquant3", "turboquant4", "turboquant3.5:qr",
+         "turboquant_prod3", "kivi4", "kivi2g16", "qjl4",
          "k=turboquant_prod3,v=turboquant3", "k=bf16,v=kivi2", "k=int8,v=polarquant"]
 
 
@@ -70,7 +70,7 @@ def decoded(cache, slots):
     return cache.k[slots].float(), cache.v[slots].float()  # full-precision cache of full.py
 
 
-def run_steps(spec: str, *, seed: int, hq=6, hkv=2, d=64, block_size=16, window=None, num_seqs=3):
+def run_steps(spec: str, *, seed: int, hq=6, hkv=2, d=64, block_size=32, window=None, num_seqs=3):
     """Prefill a random prefix of every sequence, then decode the rest a few tokens per step.
 
     Returns a list of (output, reference-on-decoded, reference-on-truth) per step.
@@ -117,6 +117,13 @@ def run_steps(spec: str, *, seed: int, hq=6, hkv=2, d=64, block_size=16, window=
     return codec, cache, results
 
 
+def weakest_half_bits(codec, hkv: int, d: int) -> float:
+    """All-in bits per coordinate of the less precise of K and V (split specs mix widths)."""
+    if isinstance(codec, CompressedCodec):
+        return 8 * min(codec.key_half.bytes_per_token(hkv, d), codec.value_half.bytes_per_token(hkv, d)) / (hkv * d)
+    return codec.bits_per_coordinate(hkv, d)
+
+
 def loose_tolerance(spec: str, bits: float) -> float:
     """Relative output error allowed against exact attention, by all-in bits per coordinate.
 
@@ -124,15 +131,15 @@ def loose_tolerance(spec: str, bits: float) -> float:
     so these bounds are loose; estimator-based keys (QJL sketches) add variance after the softmax.
     """
     if bits >= 7:
-        return 0.03
-    return min(1.25, 5.0 * 2 ** -bits) + (0.5 if ("prod" in spec or "qjl" in spec) else 0.0)
+        return 0.06  # fp8 E4M3 keeps 3 mantissa bits
+    return min(1.0, 7.0 * 2 ** -bits) + (0.7 if ("prod" in spec or "qjl" in spec) else 0.0)
 
 
 @pytest.mark.parametrize("window", [None, 20])
 @pytest.mark.parametrize("spec", SPECS)
 def test_attend_matches_reference(spec, window):
     codec, cache, results = run_steps(spec, seed=zlib.crc32(f"{spec}{window}".encode()) % 1000, window=window)
-    bits = codec.bits_per_coordinate(2, 64)
+    bits = weakest_half_bits(codec, 2, 64)
     for out, ref_dec, ref_true in results:
         torch.testing.assert_close(out, ref_dec, atol=2e-5, rtol=1e-4)
         rel = (out - ref_true).norm() / ref_true.norm()
@@ -150,7 +157,7 @@ def test_gqa_shapes_and_single_kv_head(spec):
 @pytest.mark.parametrize("spec", SPECS)
 def test_nbytes_matches_bytes_per_token(spec):
     codec = get_kv_codec(spec)
-    for hkv, d, nb, bs in [(3, 64, 64, 16), (1, 256, 32, 32)]:
+    for hkv, d, nb, bs in [(3, 64, 64, 32), (1, 256, 16, 64)]:
         cache = codec.create_cache(0, nb, bs, hkv, d, torch.float32, "cpu")
         expected = nb * bs * codec.bytes_per_token(hkv, d)
         assert cache.nbytes() == pytest.approx(expected, rel=1e-9), spec

@@ -1,0 +1,83 @@
+"""QJL KV cache (Zandieh, Daliri, Han; arXiv 2406.03482): spec ``qjl[<r>]``, sketch dimension m = r · head_dim.
+
+Keys: a Gaussian JL sketch S ∈ R^{m×D} (i.i.d. N(0, 1), one per layer), stored as the m sign bits of S k
+plus ‖k‖ in fp16. The query is sketched, not quantized, and the score uses the unbiased estimator
+
+    ⟨q, k⟩ ≈ √(π/2) / m · ‖k‖ · ⟨S q, sign(S k)⟩          (paper, Lemma 3.2)
+
+computed directly on the sign bits. Values: per-token asymmetric 4-bit, groups of 32 channels (fp16 scale
+and zero point), as the paper pairs QJL keys with standard per-token value quantization.
+r ∈ {1, 2, 3, 4} (default 2): keys cost r + 16/D bits per coordinate.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..errors import ConfigError
+from . import bitpack
+from .base import KV_CODECS
+from .compressed import CompressedCodec
+from .halves import HalfCodec, HalfPages
+from .rotation import gaussian_sketch
+from .tokenwise import TokenwiseHalf
+
+
+class QJLKeyPages(HalfPages):
+    def __init__(self, num_slots, num_heads, head_dim, device, sketch: torch.Tensor) -> None:
+        super().__init__(num_slots, num_heads, head_dim, device)
+        self.S = sketch.to(device)                                   # (m, D)
+        self.m = sketch.shape[0]
+        self.coef = math.sqrt(math.pi / 2) / self.m
+        self.signs = torch.zeros(num_slots, num_heads, self.m // 8, dtype=torch.uint8, device=device)
+        self.norm = torch.zeros(num_slots, num_heads, dtype=torch.float16, device=device)
+
+    def write(self, x, slots):
+        self.signs.index_copy_(0, slots, bitpack.pack(((x @ self.S.T) >= 0).long(), 1))
+        self.norm.index_copy_(0, slots, x.norm(dim=-1).to(torch.float16))
+
+    def _pm1(self, slots: torch.Tensor) -> torch.Tensor:
+        return bitpack.unpack(self.signs[slots], 1, self.m).float() * 2 - 1                  # (L, H, m)
+
+    def decode(self, slots):
+        """The estimator's implied key √(π/2)/m · ‖k‖ · Sᵀ sign(S k) (so scores = ⟨q, decode⟩)."""
+        return (self._pm1(slots) @ self.S) * (self.coef * self.norm[slots].float())[..., None]
+
+    def prepare_query(self, qg):
+        return qg @ self.S.T                                                                   # (H, G, m)
+
+    def scores(self, sq, slots):
+        signs = self._pm1(slots).transpose(0, 1)                                               # (H, L, m)
+        norm = self.norm[slots].float().transpose(0, 1)                                        # (H, L)
+        return torch.bmm(sq, signs.transpose(1, 2)) * (self.coef * norm)[:, None, :]
+
+    def tensors(self):
+        return [self.signs, self.norm]
+
+
+class QJLKeyHalf(HalfCodec):
+    def __init__(self, ratio: int) -> None:
+        self.ratio = ratio
+        self.name = f"qjl-keys-m{ratio}d"
+
+    def bytes_per_token(self, num_heads, head_dim):
+        return num_heads * (self.ratio * head_dim / 8 + 2)
+
+    def create(self, layer, role, num_blocks, block_size, num_heads, head_dim, device):
+        sketch = gaussian_sketch(self.ratio * head_dim, head_dim, seed=31337 + layer)
+        return QJLKeyPages(num_blocks * block_size, num_heads, head_dim, device, sketch)
+
+
+@KV_CODECS.register("qjl")
+class QJLCodec(CompressedCodec):
+    def __init__(self, ratio: int = 2) -> None:
+        if ratio not in (1, 2, 3, 4):
+            raise ConfigError(f"qjl sketch ratio m/head_dim must be 1, 2, 3 or 4, got {ratio}")
+        super().__init__(f"qjl{ratio}", QJLKeyHalf(ratio), TokenwiseHalf(4, group=32, symmetric=False))
+
+    @classmethod
+    def from_spec(cls, rest: str) -> "QJLCodec":
+        if rest and not rest.isdigit():
+            raise ConfigError(f"bad QJL spec 'qjl{rest}': expected qjl or qjl<r> with r = m/head_dim in 1…4")
+        return cls(int(rest) if rest else 2)
