@@ -48,8 +48,9 @@ def write_tiny_checkpoint(path: Path, seed: int = 0, max_len: int = 512) -> Path
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator([text], trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
-                                                         initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator([text], trainer)
     tok.save(str(path / "tokenizer.json"))
     (path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>"}))
     config = tiny_config("llama", vocab_size=tok.get_vocab_size(), max_position_embeddings=max_len)

@@ -1,0 +1,92 @@
+"""``bytediet eval`` on a tiny random checkpoint: JSON, table, plots, bad input."""
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from bytediet.cli import main
+from bytediet.commands import eval as eval_cmd
+from tests.eval.test_harness import write_tiny_checkpoint
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny-cli"), seed=5)
+
+
+def argv(ckpt, *extra: str) -> list[str]:
+    return ["eval", "--model", str(ckpt), "--corpus", str(ckpt / "corpus.txt"), "--windows", "2",
+            "--window-len", "40", "--passkey-lengths", "260", "--passkey-depths", "0,1", "--speed-tokens", "4",
+            "--no-progress", *extra]
+
+
+def test_json_prints_exactly_one_object_with_every_task(ckpt, capsys):
+    assert main(argv(ckpt, "--weights", "int8", "--kv-cache-dtype", "int8", "--json")) == 0
+    out = capsys.readouterr().out
+    obj = json.loads(out)  # the whole of stdout is one JSON document ...
+    assert out.strip().count("\n") == 0  # ... on one line
+    assert set(obj["tasks"]) == {"ppl", "passkey", "speed"}
+    assert obj["config"] == {"weights": "int8", "kv_cache_dtype": "int8", "kv_codec": obj["config"]["kv_codec"]}
+    assert obj["tasks"]["ppl"]["kl"]["mean"] > 0
+    assert len(obj["tasks"]["passkey"]["test"]["cells"]) == 2
+
+
+def _table_cells(text: str) -> dict[str, tuple[str, str]]:
+    """metric -> (reference, test) strings, read back from the rendered rich table."""
+    rows = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in re.split(r"[│┃]", line)[1:-1]]
+        if len(cells) == 4 and cells[1] and cells[0] != "task":
+            rows[f"{cells[0]}/{cells[1]}"] = (cells[2], cells[3])
+    return rows
+
+
+def test_table_numbers_equal_the_result_and_plots_are_written(ckpt, tmp_path, capsys, monkeypatch):
+    from bytediet.eval import harness
+
+    seen, original = {}, harness.evaluate
+
+    def spy(*args, **kwargs):
+        seen["result"] = original(*args, **kwargs)
+        return seen["result"]
+
+    # the command imports evaluate at call time, so patching the harness module catches its result
+    monkeypatch.setattr(harness, "evaluate", spy)
+    assert main(argv(ckpt, "--weights", "int4-g32", "--plot", str(tmp_path / "plots"))) == 0
+    out = capsys.readouterr().out
+    table = _table_cells(out)
+    rows = eval_cmd.table_rows(seen["result"])
+    assert len(table) == len(rows) > 20
+    for task, metric, ref, test in rows:
+        got_ref, got_test = table[f"{task}/{metric}"]
+        for got, want in ((got_ref, ref), (got_test, test)):
+            if want is None:
+                assert got == ""
+            else:
+                assert float(got) == pytest.approx(want, rel=1e-5, abs=0)
+    # a JSON round trip of the same result keeps every number
+    assert json.loads(json.dumps(seen["result"]))["tasks"] == seen["result"]["tasks"]
+    for name in ("kl_histogram.png", "window_ppl.png"):
+        png = tmp_path / "plots" / name
+        data = png.read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+        import matplotlib.image
+
+        image = matplotlib.image.imread(png)
+        assert image.shape[0] > 200 and image.shape[1] > 300 and image[..., :3].std() > 0.01
+        assert str(png) in out
+
+
+@pytest.mark.parametrize("extra,match", [
+    (["--tasks", "ppl,nope"], "unknown eval task"),
+    (["--corpus", "/no/such/file.txt"], "neither a file nor one of"),
+    (["--weights", "int3-nope"], "int3-nope"),
+    (["--passkey-depths", "0,1.5"], "fractions in \\[0, 1\\]"),
+    (["--window-len", "5000"], "exceeds the model's context"),
+])
+def test_bad_input_exits_2_with_a_message(ckpt, capsys, extra, match):
+    assert main(argv(ckpt, "--json", *extra)) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and re.search(match, captured.err)
