@@ -16,14 +16,15 @@ def ckpt(tmp_path_factory):
     return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny-cli"), seed=5)
 
 
-def argv(ckpt, *extra: str) -> list[str]:
+def argv(ckpt, *extra: str, progress: bool = False) -> list[str]:
     return ["eval", "--model", str(ckpt), "--corpus", str(ckpt / "corpus.txt"), "--windows", "2",
             "--window-len", "40", "--passkey-lengths", "260", "--passkey-depths", "0,1", "--speed-tokens", "4",
-            "--no-progress", *extra]
+            *extra] + ([] if progress else ["--no-progress"])
 
 
 def test_json_prints_exactly_one_object_with_every_task(ckpt, capsys):
-    assert main(argv(ckpt, "--weights", "int8", "--kv-cache-dtype", "int8", "--json")) == 0
+    """Progress bars are on (they go to stderr), yet stdout holds the JSON object and nothing else."""
+    assert main(argv(ckpt, "--weights", "int8", "--kv-cache-dtype", "int8", "--json", progress=True)) == 0
     out = capsys.readouterr().out
     obj = json.loads(out)  # the whole of stdout is one JSON document ...
     assert out.strip().count("\n") == 0  # ... on one line

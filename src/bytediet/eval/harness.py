@@ -81,7 +81,7 @@ class ReferenceCache:
     ``key`` identifies what was measured (model, settings) so a mismatched reuse is refused.
     """
 
-    def __init__(self, key: tuple, max_memory_bytes: int = 1 << 30) -> None:
+    def __init__(self, key: tuple, max_memory_bytes: int = 512 << 20) -> None:
         self.key = key
         self.max_memory_bytes = max_memory_bytes
         self.results: dict[str, dict] = {}
@@ -128,6 +128,11 @@ class ReferenceCache:
         self.close()
 
 
+def no_progress(items: Sequence, desc: str) -> Iterator:
+    """Iterate silently (``progress=False``)."""
+    return iter(items)
+
+
 @dataclass
 class EvalContext:
     """Shared inputs of every task: settings, evaluation windows, the reference cache, progress."""
@@ -137,7 +142,7 @@ class EvalContext:
     corpus_ids: torch.Tensor  # (N,) int64, the whole tokenized corpus (passkey filler, speed prompts)
     reference: ReferenceCache
     bos: list[int] = field(default_factory=list)  # prepended to every scored sequence
-    progress: Callable[[Sequence, str], Iterator] = lambda items, desc: iter(items)
+    progress: Callable[[Sequence, str], Iterator] = no_progress
 
 
 def rich_progress(items: Sequence, desc: str) -> Iterator:
@@ -161,7 +166,7 @@ def build_context(tokenizer, settings: EvalSettings, reference: ReferenceCache,
     ids = corpus_ids if corpus_ids is not None else tokenize_corpus(tokenizer, settings.corpus)
     windows = make_windows(ids, settings.window_len, settings.windows, split="eval", seed=settings.seed)
     bos = tokenizer.encode("", add_special_tokens=True) if tokenizer is not None else []
-    return EvalContext(settings, windows, ids, reference, bos, rich_progress if progress else EvalContext.progress)
+    return EvalContext(settings, windows, ids, reference, bos, rich_progress if progress else no_progress)
 
 
 def run_tasks(reference: Subject, make_test: Callable[[], Subject], ctx: EvalContext) -> dict[str, dict]:
