@@ -1,0 +1,117 @@
+"""``AsyncEngine``: the engine loop on a background thread, streams as async iterators (for the server).
+
+The model's forward pass blocks, so one engine thread runs ``step()`` while requests arrive from an
+asyncio event loop. Commands (add, abort) cross over through a thread-safe queue; outputs come back
+to each request's ``asyncio.Queue`` with ``call_soon_threadsafe``. A consumer that stops iterating
+(a client that disconnected) aborts its request, which frees its blocks at once.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import queue
+import threading
+from typing import AsyncIterator, Optional, Sequence
+
+from .engine import LLMEngine, StepOutput
+from .params import SamplingParams
+
+
+class AsyncEngine:
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self._commands: "queue.Queue[tuple]" = queue.Queue()
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._ids = itertools.count()
+        self._wake = threading.Event()
+        self._stop = False
+        self._error: Optional[BaseException] = None
+        self._thread = threading.Thread(target=self._loop, name="bytediet-engine", daemon=True)
+        self._thread.start()
+
+    # -- public API (event-loop side) ---------------------------------------------------------
+    async def generate(self, prompt_token_ids: Sequence[int], params: SamplingParams,
+                       request_id: Optional[str] = None) -> AsyncIterator[StepOutput]:
+        """Validate, queue and stream one request; raises ``ConfigError`` before queueing on bad input."""
+        ids = self.engine.validate(prompt_token_ids, params)  # read-only checks: safe off-thread
+        rid = request_id or f"async-{next(self._ids)}"
+        loop = asyncio.get_running_loop()
+        outputs: asyncio.Queue = asyncio.Queue()
+        self._streams[rid] = (loop, outputs)
+        self._send(("add", rid, ids, params))
+        finished = False
+        try:
+            while True:
+                item = await outputs.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if item.finished:
+                    finished = True
+                    return
+        finally:
+            self._streams.pop(rid, None)
+            if not finished:
+                self.abort(rid)
+
+    def abort(self, request_id: str) -> None:
+        self._send(("abort", request_id))
+
+    def shutdown(self) -> None:
+        self._stop = True
+        self._wake.set()
+        self._thread.join(timeout=30)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.engine.scheduler.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.engine.scheduler.waiting)
+
+    # -- engine thread --------------------------------------------------------------------------
+    def _send(self, command: tuple) -> None:
+        self._commands.put(command)
+        self._wake.set()
+
+    def _drain_commands(self) -> None:
+        while True:
+            try:
+                cmd = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if cmd[0] == "add":
+                _, rid, ids, params = cmd
+                try:
+                    self.engine.add_request(ids, params, request_id=rid)
+                except Exception as exc:  # e.g. a duplicate id: report to that stream only
+                    self._deliver(rid, exc)
+            elif cmd[0] == "abort":
+                self.engine.abort_request(cmd[1])
+                self.engine.forget(cmd[1])
+
+    def _deliver(self, rid: str, item) -> None:
+        target = self._streams.get(rid)
+        if target is not None:
+            loop, q = target
+            loop.call_soon_threadsafe(q.put_nowait, item)
+
+    def _loop(self) -> None:
+        while not self._stop:
+            self._drain_commands()
+            if not self.engine.has_unfinished_requests():
+                self._wake.wait(timeout=0.5)
+                self._wake.clear()
+                continue
+            try:
+                outputs = self.engine.step()
+            except Exception as exc:  # a bug, not bad input: fail the streams in flight, keep serving
+                for rid in list(self._streams):
+                    self._deliver(rid, exc)
+                    self.engine.abort_request(rid)
+                continue
+            for out in outputs:
+                self._deliver(out.request_id, out)
+                if out.finished:
+                    self.engine.forget(out.request_id)

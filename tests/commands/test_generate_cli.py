@@ -1,0 +1,31 @@
+"""``bytediet generate`` and ``chat`` on the real default model, end to end in a subprocess."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+CLI = [sys.executable, "-m", "bytediet.cli"]
+
+
+def test_generate_json_prints_exactly_one_object():
+    r = subprocess.run(CLI + ["generate", "--prompt", "The capital of France is", "--max-tokens", "4", "--json"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert data["generated_tokens"] == len(data["completion_token_ids"]) == 4 or data["finish_reason"] == "stop"
+    assert data["prompt_token_ids"] and data["finish_reason"] in ("stop", "length")
+    assert data["achieved_weight_gb_per_s"] > 0 and 0 < data["fraction_of_read_bandwidth"]
+
+
+def test_generate_rejects_bad_sampling_values_with_exit_code_2():
+    r = subprocess.run(CLI + ["generate", "--prompt", "hi", "--top-p", "1.5"], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 2 and "top_p" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_chat_answers_each_turn_until_exit():
+    r = subprocess.run(CLI + ["chat", "--max-tokens", "6"], input="Hello!\nWhat is 2+2?\n/exit\n",
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("assistant> ") == 2
