@@ -181,3 +181,30 @@ def test_cli_reports_bad_checkpoint_in_one_line_with_exit_code_2(tmp_path):
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "bad.gguf" in lines[0] and "Traceback" not in r.stderr
+
+
+def test_tensor_type_that_cannot_be_dequantized_names_tensor_and_type(tmp_path, tiny_llama):
+    config, state, _ = tiny_llama
+    q81 = gguf.GGMLQuantizationType.Q8_1
+    block, size = gguf.GGML_QUANT_SIZES[q81]
+    state = dict(state)
+    up = state.pop("model.layers.0.mlp.up_proj.weight")
+    path = tmp_path / "q81.gguf"
+    write_tiny_llama_gguf(path, config, state)
+    # rewrite with the up projection stored as Q8_1 raw blocks (the gguf package has no Q8_1 dequantizer)
+    w = gguf.GGUFWriter(str(tmp_path / "q81b.gguf"), "llama")
+    reader = gguf.GGUFReader(str(path))
+    for key in ("block_count", "context_length", "embedding_length", "feed_forward_length", "attention.head_count",
+                "attention.head_count_kv", "rope.freq_base", "attention.layer_norm_rms_epsilon", "vocab_size"):
+        f = reader.fields[f"llama.{key}"]
+        w.add_key_value(f"llama.{key}", f.contents(), f.types[0])
+    for t in reader.tensors:
+        w.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type)
+    raw = np.zeros((up.shape[0], up.shape[1] // block * size), np.uint8)
+    w.add_tensor("blk.0.ffn_up.weight", raw, raw_dtype=q81)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(CheckpointError, match="blk.0.ffn_up.weight.*Q8_1"):
+        load_model(tmp_path / "q81b.gguf", load_tokenizer=False)

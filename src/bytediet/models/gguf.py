@@ -35,7 +35,13 @@ class GGUFTensor:
         """Float32 array of ``shape``."""
         import gguf
 
-        arr = gguf.quants.dequantize(self.raw, self.ggml_type)
+        try:
+            arr = gguf.quants.dequantize(self.raw, self.ggml_type)
+        except NotImplementedError as exc:
+            raise CheckpointError(
+                f"tensor {self.gguf_name!r} has type {self.type_name}, which the gguf package cannot dequantize "
+                f"({exc}); re-export the checkpoint with a common type (F16, Q8_0, Q4_K, ...)"
+            ) from exc
         # writable and contiguous: float tensors come back as read-only views of the memory map
         return np.require(arr, np.float32, ["C", "W"]).reshape(self.shape)
 
