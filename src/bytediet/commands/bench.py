@@ -1,0 +1,190 @@
+"""``bytediet bench``: bytediet side by side with llama.cpp and transformers, and the roofline check."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+
+
+def _ints(text: str, what: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise ConfigError(f"{what}: expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise ConfigError(f"{what}: expected positive integers, got {text!r}")
+    return values
+
+
+def register(sub) -> None:
+    p = sub.add_parser("bench", help="benchmark bytediet against llama.cpp and transformers",
+                       description="Single-stream prefill/decode, a concurrency sweep (throughput, TTFT, TPOT "
+                                   "p50/p99) for bytediet and its peers on the same GGUF, and the roofline's "
+                                   "predicted vs measured decode speed.")
+    p.add_argument("--model", default="default", help="GGUF file, Hugging Face directory, or 'default' / 'gemma3-270m'")
+    p.add_argument("--threads", type=int, default=2, help="torch threads (bytediet, transformers) and llama.cpp n_threads")
+    p.add_argument("--peers", default="llama.cpp,transformers", help="comma-separated peers, or 'none'")
+    p.add_argument("--concurrency", default=None, help="concurrent requests per level (default 1,4,16,32,64)")
+    p.add_argument("--roofline-batches", default=None, help="batch sizes of the predicted-vs-measured check (default 1,16)")
+    p.add_argument("--parts", default="single,concurrency,roofline", help="which parts to run (comma-separated)")
+    p.add_argument("--weights", default=None, metavar="FMT", help="bytediet weight format (e.g. int8, int4-g64)")
+    p.add_argument("--kv-cache-dtype", default="auto", metavar="CODEC", help="bytediet KV-cache codec")
+    p.add_argument("--max-num-batched-tokens", type=int, default=512, help="bytediet token budget per step")
+    p.add_argument("--measure", action="store_true", help="re-measure this machine's bandwidth before the run")
+    p.add_argument("--quick", action="store_true", help="tiny workloads (seconds; for tests and CI)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    p.add_argument("--out", default=None, metavar="FILE.json", help="also write the JSON here")
+    p.set_defaults(handler=run)
+
+
+def bench_config(args: argparse.Namespace):
+    from ..perf.bench import BenchConfig
+
+    if args.threads < 1:
+        raise ConfigError("--threads must be at least 1")
+    overrides: dict[str, Any] = {"threads": args.threads}
+    if args.concurrency:
+        overrides["concurrency"] = _ints(args.concurrency, "--concurrency")
+    if args.roofline_batches:
+        overrides["roofline_batches"] = _ints(args.roofline_batches, "--roofline-batches")
+    return BenchConfig.quick(**overrides) if args.quick else BenchConfig(**overrides)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from ..models.loader import load_model, resolve_model_path
+    from ..perf.bench import PARTS, run_bench
+    from ..perf.measure import this_machine
+    from ..perf.peers import BytedietSystem, make_peers
+
+    config = bench_config(args)
+    parts = [p.strip() for p in args.parts.split(",") if p.strip()]
+    if not parts or set(parts) - set(PARTS):
+        raise ConfigError(f"--parts: choose from {', '.join(PARTS)}, got {args.parts!r}")
+    names = [] if args.peers.strip().lower() in ("", "none") else [n.strip() for n in args.peers.split(",") if n.strip()]
+    progress = (lambda msg: print(f"[bench] {msg}", file=sys.stderr, flush=True))
+    torch.set_num_threads(config.threads)
+    hardware = this_machine(measure_if_missing=True, threads=config.threads, remeasure=args.measure)
+    progress(f"loading {args.model}" + (f" with weights {args.weights}" if args.weights else ""))
+    model, tokenizer = load_model(args.model, dtype=torch.float32, weights=args.weights)
+    ours = BytedietSystem((model, tokenizer), threads=config.threads, kv_cache_dtype=args.kv_cache_dtype,
+                          max_num_batched_tokens=args.max_num_batched_tokens)
+    path = resolve_model_path(args.model)
+    eos = sorted(getattr(tokenizer, "eos_token_ids", ()) or [0])
+    if names:
+        progress(f"loading peers: {', '.join(names)}")
+    n_ctx = 256 * -(-(config.max_sequence_len + 16) // 256)
+    peers = make_peers(names, path, threads=config.threads, n_ctx=n_ctx,
+                       pad_token_id=eos[0])
+    result = run_bench(ours, peers, config, parts=parts, hardware=hardware, progress=progress)
+    result["command"] = command_line(args)
+    result["model"] = str(path)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print_tables(result)
+    return 0
+
+
+def command_line(args: argparse.Namespace) -> str:
+    """The flags of this run, spelled out (defaults included), to reproduce it."""
+    flags = [f"--model {args.model}", f"--threads {args.threads}", f"--peers {args.peers}", f"--parts {args.parts}",
+             f"--kv-cache-dtype {args.kv_cache_dtype}", f"--max-num-batched-tokens {args.max_num_batched_tokens}"]
+    for flag, value in (("--weights", args.weights), ("--concurrency", args.concurrency),
+                        ("--roofline-batches", args.roofline_batches)):
+        if value:
+            flags.append(f"{flag} {value}")
+    return " ".join(["bytediet bench", *flags, *(["--quick"] if args.quick else [])])
+
+
+def _f(value, spec: str = ".1f", scale: float = 1.0) -> str:
+    return "—" if value is None else format(value * scale, spec)
+
+
+def print_tables(r: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=None if sys.stdout.isatty() else 160)  # files and pipes: no wrapping at 80 columns
+    m = r["machine"]
+    console.print(f"[bold]{r.get('model')}[/] on {m['cpu']} ({m['cores']} cores), {r['config']['threads']} threads, "
+                  f"load average {m['load_average'][0]:.2f} → {m['load_average_end'][0]:.2f}; measured read bandwidth "
+                  f"{_f(r['read_bandwidth_gb_per_s'])} GB/s; prompts from {r['corpus']}")
+    systems = {k: v for k, v in r["systems"].items() if v["available"]}
+    for name, s in r["systems"].items():
+        if not s["available"]:
+            console.print(f"[yellow]{name}: {s['reason']}[/]")
+    c = r["config"]
+    if any("single" in s for s in systems.values()):
+        t = Table(title=f"single stream: prefill of {c['prefill_len']} tokens; {c['decode_new_tokens']} decode "
+                        f"tokens after {c['decode_prompt_len']}")
+        for col in ("system", "weights", "prefill tok/s", "decode tok/s", "weight MB", "achieved GB/s", "% read BW"):
+            t.add_column(col, justify="left" if col in ("system", "weights") else "right")
+        for name, s in systems.items():
+            one = s["single"]
+            t.add_row(name, s["info"]["weights"], _f(one["prefill_tokens_per_s"]), _f(one["decode_tokens_per_s"]),
+                      _f(s["info"].get("weight_bytes"), ".0f", 1e-6), _f(one.get("achieved_weight_gb_per_s"), ".2f"),
+                      _f(one.get("fraction_of_read_bandwidth"), ".0f", 100))
+        console.print(t)
+    if any("concurrency" in s for s in systems.values()):
+        t = Table(title="concurrency sweep (all requests arrive at t=0; times in ms)")
+        for col in ("concurrency", "system", "requests", "out tok/s", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99"):
+            t.add_column(col, justify="left" if col == "system" else "right")
+        for level in map(str, c["concurrency"]):
+            for name, s in systems.items():
+                q = s.get("concurrency", {}).get(level)
+                if q:
+                    t.add_row(level, name, str(q["requests"]), _f(q["output_tokens_per_s"]),
+                              *(_f(q[k], ".0f", 1e3) for k in ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s")))
+        console.print(t)
+    _print_ratios(console, r)
+    if "roofline" in r:
+        _print_roofline(console, r["roofline"])
+
+
+def _print_ratios(console, r: dict) -> None:
+    from rich.table import Table
+
+    if not r["ratios"]:
+        return
+    t = Table(title="bytediet / peer (tok/s: > 1 is bytediet faster; TTFT, TPOT: < 1 is bytediet faster)")
+    t.add_column("metric")
+    for peer in r["ratios"]:
+        t.add_column(peer, justify="right")
+    keys = ["prefill_tokens_per_s", "decode_tokens_per_s"]
+    keys += [f"concurrency_{c}" for c in r["config"]["concurrency"]]
+    for key in keys:
+        cells = [r["ratios"][p].get(key) for p in r["ratios"]]
+        if all(v is None for v in cells):
+            continue
+        if key.startswith("concurrency_"):
+            for sub in ("output_tokens_per_s", "ttft_p50_s", "tpot_p50_s"):
+                t.add_row(f"{key} {sub}", *(_f(v.get(sub) if v else None, ".2f") for v in cells))
+        else:
+            t.add_row(key, *(_f(v, ".2f") for v in cells))
+    console.print(t)
+
+
+def _print_roofline(console, rf: dict) -> None:
+    from rich.table import Table
+
+    t = Table(title=f"roofline ({rf['hardware_name']}): predicted vs measured bytediet decode, weights "
+                    f"{rf['weights']}, KV {rf['kv']}")
+    for col in ("measurement", "batch", "context", "predicted tok/s", "measured tok/s", "measured/predicted",
+                "bound", "step ms pred", "step ms meas", "forward ms", "overhead ms", "achieved GB/s"):
+        t.add_column(col, justify="left" if col == "measurement" else "right")
+    for row in rf["rows"]:
+        t.add_row(row["measurement"], str(row["batch"]), str(row["context"]), _f(row["predicted_tokens_per_s"]),
+                  _f(row["measured_tokens_per_s"]), _f(row["measured_over_predicted"], ".2f"), row["predicted_bound"],
+                  _f(row["predicted_step_s"], ".1f", 1e3), _f(row["measured_step_s"], ".1f", 1e3),
+                  _f(row.get("forward_s_per_step"), ".1f", 1e3), _f(row.get("overhead_s_per_step"), ".1f", 1e3),
+                  _f(row["achieved_bandwidth"], ".2f", 1e-9))
+    console.print(t)

@@ -1,0 +1,268 @@
+"""The systems a benchmark runs: bytediet's engine and its peers, llama.cpp and Hugging Face transformers.
+
+Each one implements :class:`bytediet.perf.bench.System`: ``serve(prompts, max_tokens, concurrency)``
+answers every request greedily with exactly ``max_tokens`` tokens (end-of-sequence ignored) and
+returns a :class:`~bytediet.perf.bench.RequestTiming` per request, times measured from the moment
+the call starts (every request arrives then).
+
+How each one serves ``concurrency`` requests at once:
+
+- bytediet: continuous batching with ``max_num_seqs = concurrency`` (vLLM v1 scheduling).
+- llama.cpp (``llama-cpp-python``'s ``Llama``: one sequence per context): one request after the
+  other; queued requests wait, which their TTFT shows.
+- transformers: ``generate`` on waves of ``concurrency`` requests, left-padded, each wave run to its
+  longest output; a request counts as finished at the step that produced its last token.
+
+Peers are optional: they are imported lazily, and a missing package or a model they cannot read
+becomes :class:`~bytediet.perf.bench.Unavailable` with the reason.
+"""
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+import torch
+
+from ..errors import ConfigError
+from .bench import RequestTiming, Unavailable
+
+PEERS = ("llama.cpp", "transformers")
+
+
+class BytedietSystem:
+    """bytediet's :class:`~bytediet.engine.llm.LLM` over an already-loaded ``(model, tokenizer)``."""
+
+    name = "bytediet"
+
+    def __init__(self, source, *, threads: int = 2, kv_cache_dtype: str = "auto", max_num_batched_tokens: int = 512,
+                 block_size: int = 16) -> None:
+        from ..engine.llm import LLM
+
+        if isinstance(source, LLM):
+            self.model, self.tokenizer = source.model, source.tokenizer
+            kv_cache_dtype = source.config.cache.kv_cache_dtype
+            max_num_batched_tokens = source.config.scheduler.max_num_batched_tokens
+            block_size = source.config.cache.block_size
+        else:
+            self.model, self.tokenizer = source
+        self.threads, self.kv_cache_dtype, self.block_size = threads, kv_cache_dtype, block_size
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self._llm, self._key = None, None
+
+    def kv_codec(self):
+        from ..kvcache import get_kv_codec
+
+        return get_kv_codec(self.kv_cache_dtype, self.model.dtype)
+
+    def info(self) -> dict:
+        formats = sorted({lin.format.spec() for _, lin in self.model.linear_layers()})
+        return {"system": "bytediet", "source": getattr(self.model, "source_path", None), "weights": ",".join(formats),
+                "weight_bytes": self.model.weight_bytes(), "kv_cache_dtype": self.kv_codec().describe(),
+                "threads": self.threads, "max_num_batched_tokens": self.max_num_batched_tokens,
+                "concurrency_mode": "continuous batching (max_num_seqs = concurrency)"}
+
+    def engine(self, concurrency: int, lengths: Sequence[int]):
+        """An LLM with ``max_num_seqs = concurrency`` and a KV pool that holds the longest requests at once
+        (so nothing is preempted); reused while it is big enough."""
+        from ..engine.llm import LLM
+
+        c = self.model.config
+        per_token = self.kv_codec().bytes_per_token(c.num_kv_heads, c.head_dim) * c.num_layers
+        longest = sorted(lengths, reverse=True)[:concurrency]
+        tokens = sum(math.ceil(n / self.block_size) + 1 for n in longest) * self.block_size
+        if self._key is None or self._key[0] != concurrency or self._key[1] < tokens:
+            self._llm = None  # free the old pool first
+            self._llm = LLM(str(getattr(self.model, "source_path", "model")), loaded=(self.model, self.tokenizer),
+                            kv_cache_dtype=self.kv_cache_dtype, kv_cache_memory=int(per_token * tokens) + 1,
+                            block_size=self.block_size, max_num_batched_tokens=self.max_num_batched_tokens,
+                            max_num_seqs=concurrency, enable_prefix_caching=False, num_threads=self.threads)
+            self._key = (concurrency, tokens)
+        return self._llm
+
+    def serve(self, prompts, max_tokens, concurrency) -> list[RequestTiming]:
+        from ..engine.params import SamplingParams
+
+        llm = self.engine(concurrency, [len(p) + n for p, n in zip(prompts, max_tokens)])
+        params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in max_tokens]
+        t0 = time.perf_counter()
+        outs = llm.generate([list(p) for p in prompts], params)
+        return [RequestTiming(len(o.prompt_token_ids), len(o.outputs[0].token_ids), o.first_token_time - t0,
+                              o.finish_time - t0) for o in outs]
+
+    def decode_steps(self, prompts: Sequence[Sequence[int]], steps: int) -> dict:
+        """Time ``steps`` pure decode steps with all ``len(prompts)`` sequences running (prefill not timed).
+
+        Returns tokens/s, seconds per step, and how much of a step the runner's forward pass took
+        (the rest is scheduling, sampling and detokenization in Python).
+        """
+        from ..engine.params import SamplingParams
+
+        batch = len(prompts)
+        llm = self.engine(batch, [len(p) + steps + 2 for p in prompts])
+        engine = llm.engine
+        params = SamplingParams(temperature=0.0, max_tokens=steps + 2, ignore_eos=True)
+        reqs = [engine.add_request(list(p), params) for p in prompts]
+        while any(r.num_output_tokens == 0 for r in reqs):  # prefill (possibly chunked), not timed
+            engine.step()
+        forward0, tokens, t0 = engine.stats.forward_time, 0, time.perf_counter()
+        for _ in range(steps):
+            tokens += sum(len(o.new_token_ids) for o in engine.step())
+        elapsed = time.perf_counter() - t0
+        forward = engine.stats.forward_time - forward0
+        while engine.has_unfinished_requests():
+            engine.step()
+        for r in reqs:
+            engine.forget(r.request_id)
+        if tokens != batch * steps:
+            raise ConfigError(f"decode steps: expected {batch * steps} tokens, got {tokens} (a request stalled)")
+        return {"batch": batch, "steps": steps, "tokens_per_s": tokens / elapsed, "step_s": elapsed / steps,
+                "forward_s_per_step": forward / steps, "overhead_s_per_step": (elapsed - forward) / steps}
+
+    def close(self) -> None:
+        self._llm = None
+
+
+class LlamaCppSystem:
+    """llama.cpp through ``llama-cpp-python`` on the GGUF file itself (its native quantized kernels)."""
+
+    name = "llama.cpp"
+
+    def __init__(self, gguf_path: Path, threads: int, n_ctx: int) -> None:
+        import llama_cpp  # optional: pip install llama-cpp-python
+
+        self.path, self.threads, self.version = Path(gguf_path), threads, getattr(llama_cpp, "__version__", "?")
+        self.llm = llama_cpp.Llama(model_path=str(self.path), n_ctx=n_ctx, n_batch=512, n_threads=threads,
+                                   n_threads_batch=threads, seed=0, verbose=False)
+
+    def info(self) -> dict:
+        return {"system": "llama.cpp", "package": f"llama-cpp-python {self.version}", "source": str(self.path),
+                "weights": "GGUF blocks as stored", "weight_bytes": gguf_tensor_bytes(self.path),
+                "threads": self.threads, "concurrency_mode": "sequential (one sequence per llama_cpp.Llama context)"}
+
+    def serve(self, prompts, max_tokens, concurrency) -> list[RequestTiming]:
+        t0, out = time.perf_counter(), []
+        for prompt, n in zip(prompts, max_tokens):
+            self.llm.reset()  # no prefix reuse between requests
+            first, count = None, 0
+            for _ in self.llm.generate(list(prompt), top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0,
+                                       reset=True):  # greedy; yields until stopped, so EOS is ignored
+                count += 1
+                first = first or time.perf_counter()
+                if count >= n:
+                    break
+            out.append(RequestTiming(len(prompt), count, first - t0, time.perf_counter() - t0))
+        return out
+
+    def close(self) -> None:
+        close = getattr(self.llm, "close", None)
+        if close:
+            close()
+
+
+class _StepClock:
+    """A ``generate`` streamer that records when each new token (batch row) arrives; the first put is the prompt."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self._prompt_seen = False
+
+    def put(self, value) -> None:
+        if self._prompt_seen:
+            self.times.append(time.perf_counter())
+        self._prompt_seen = True
+
+    def end(self) -> None:
+        pass
+
+
+class TransformersSystem:
+    """Hugging Face ``generate`` (float32, greedy, batched and left-padded) on a loaded causal LM."""
+
+    name = "transformers"
+
+    def __init__(self, hf_model, threads: int, pad_token_id: int, source: str = "") -> None:
+        self.model, self.threads, self.pad, self.source = hf_model.eval(), threads, pad_token_id, source
+
+    @classmethod
+    def load(cls, path: Path, threads: int, pad_token_id: int) -> "TransformersSystem":
+        """The same checkpoint in float32: a GGUF is dequantized by ``from_pretrained(dir, gguf_file=name)``."""
+        import transformers  # a test/bench-only dependency
+
+        path = Path(path)
+        kwargs = {"gguf_file": path.name} if path.is_file() else {}
+        model = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent if path.is_file() else path),
+                                                                  dtype=torch.float32, **kwargs)
+        return cls(model, threads, pad_token_id, str(path))
+
+    def info(self) -> dict:
+        import transformers
+
+        seen, total = set(), 0
+        for p in self.model.parameters():
+            if p.data_ptr() not in seen:
+                seen.add(p.data_ptr())
+                total += p.numel() * p.element_size()
+        return {"system": "transformers", "package": f"transformers {transformers.__version__}", "source": self.source,
+                "weights": "float32", "weight_bytes": total, "threads": self.threads,
+                "concurrency_mode": "generate() on waves of `concurrency` requests, left-padded"}
+
+    @torch.inference_mode()
+    def serve(self, prompts, max_tokens, concurrency) -> list[RequestTiming]:
+        torch.set_num_threads(self.threads)
+        t0, out = time.perf_counter(), []
+        for start in range(0, len(prompts), concurrency):
+            wave, outs = prompts[start:start + concurrency], max_tokens[start:start + concurrency]
+            width, steps = max(len(p) for p in wave), max(outs)
+            ids = torch.full((len(wave), width), self.pad, dtype=torch.long)
+            mask = torch.zeros((len(wave), width), dtype=torch.long)
+            for i, p in enumerate(wave):  # left padding: the last prompt token of every row is aligned
+                ids[i, width - len(p):] = torch.tensor(list(p), dtype=torch.long)
+                mask[i, width - len(p):] = 1
+            clock = _StepClock()
+            self.model.generate(ids, attention_mask=mask, max_new_tokens=steps, min_new_tokens=steps,
+                                do_sample=False, pad_token_id=self.pad, streamer=clock)
+            for p, n in zip(wave, outs):
+                out.append(RequestTiming(len(p), n, clock.times[0] - t0, clock.times[n - 1] - t0))
+        return out
+
+    def close(self) -> None:
+        self.model = None
+
+
+def gguf_tensor_bytes(path: Path) -> int:
+    """Bytes of every tensor stored in a GGUF file (what llama.cpp reads)."""
+    from gguf import GGUFReader
+
+    return int(sum(int(t.n_bytes) for t in GGUFReader(str(path)).tensors))
+
+
+def make_peers(names: Sequence[str], model_path: Optional[Path], *, threads: int, n_ctx: int,
+               pad_token_id: int) -> list:
+    """Build each named peer on the same checkpoint, or an :class:`Unavailable` that says why it cannot run."""
+    peers: list = []
+    for name in names:
+        if name not in PEERS:
+            raise ConfigError(f"unknown peer {name!r}; choose from {', '.join(PEERS)} or 'none'")
+        try:
+            peers.append(_load_peer(name, Path(model_path or ""), threads, n_ctx, pad_token_id))
+        except ImportError as exc:
+            package = {"llama.cpp": "llama-cpp-python", "transformers": "transformers"}[name]
+            peers.append(Unavailable(name, f"{exc} (pip install {package})"))
+        except ConfigError as exc:
+            peers.append(Unavailable(name, str(exc)))
+        except Exception as exc:  # a peer that cannot load this checkpoint is a result, not a crash
+            peers.append(Unavailable(name, f"cannot load {model_path}: {type(exc).__name__}: {exc}"))
+    return peers
+
+
+def _load_peer(name: str, path: Path, threads: int, n_ctx: int, pad_token_id: int):
+    is_gguf = path.is_file() and path.suffix.lower() == ".gguf"
+    if name == "llama.cpp":
+        if not is_gguf:
+            raise ConfigError("llama.cpp reads GGUF files only; give --model a .gguf file")
+        return LlamaCppSystem(path, threads, n_ctx)
+    if not (is_gguf or (path / "config.json").is_file()):
+        raise ConfigError("transformers needs a GGUF file or a Hugging Face directory with config.json")
+    return TransformersSystem.load(path, threads, pad_token_id)

@@ -1,0 +1,266 @@
+"""``bytediet bench`` on tiny models: statistics against numpy, workloads, result shape, peers, CLI output.
+
+No timing is asserted: only counts, shapes, identities between reported numbers, and the roofline
+predictions recomputed independently.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bytediet.cli import main
+from bytediet.errors import ConfigError
+from bytediet.perf import measure as measure_mod
+from bytediet.perf.bench import (BenchConfig, ModelWeightBits, RequestTiming, Unavailable, make_workload, percentile,
+                                 run_bench, summarize)
+from bytediet.perf.peers import BytedietSystem, TransformersSystem, make_peers
+from bytediet.perf.roofline import analyze
+from tests.conftest import model_from_state, random_state, tiny_config
+from tests.eval.test_harness import write_tiny_checkpoint
+
+FAKE_MACHINE = {"version": measure_mod.CACHE_VERSION, "host": "test", "cpu": "test CPU", "threads": 2,
+                "torch": "x", "measured_at": "2026-01-01T00:00:00", "read_bandwidth": 10e9,
+                "copy_bandwidth": 12e9, "peak_flops": {"fp32": 50e9}, "memory_bytes": 16e9, "llc_bytes": 32e6}
+
+
+# ----------------------------------------------------------------------------------- statistics
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(-1e6, 1e6, allow_nan=False), min_size=1, max_size=50), st.floats(0, 100))
+def test_percentile_matches_numpy(values, q):
+    assert percentile(values, q) == pytest.approx(np.percentile(values, q), rel=1e-9, abs=1e-6)
+
+
+def test_percentile_rejects_bad_input():
+    with pytest.raises(ConfigError, match="empty"):
+        percentile([], 50)
+    with pytest.raises(ConfigError, match=r"\[0, 100\]"):
+        percentile([1.0], 101)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 500), st.integers(1, 200), st.floats(1e-3, 10), st.floats(0, 10)),
+                min_size=1, max_size=40))
+def test_summary_against_numpy(rows):
+    timings = [RequestTiming(p, n, ttft, ttft + extra) for p, n, ttft, extra in rows]
+    s = summarize(timings)
+    ttft = np.array([t.ttft_s for t in timings])
+    tpot = np.array([(t.finish_s - t.ttft_s) / (t.output_tokens - 1) for t in timings if t.output_tokens > 1])
+    finish = max(t.finish_s for t in timings)
+    assert s["requests"] == len(rows) and s["output_tokens"] == sum(r[1] for r in rows)
+    assert s["output_tokens_per_s"] == pytest.approx(sum(r[1] for r in rows) / finish)
+    assert s["ttft_p50_s"] == pytest.approx(np.percentile(ttft, 50))
+    assert s["ttft_p99_s"] == pytest.approx(np.percentile(ttft, 99))
+    if len(tpot):
+        assert s["tpot_p50_s"] == pytest.approx(np.percentile(tpot, 50))
+        assert s["tpot_p99_s"] == pytest.approx(np.percentile(tpot, 99))
+        assert s["tpot_mean_s"] == pytest.approx(tpot.mean())
+    else:  # every request produced one token: no time per output token exists
+        assert s["tpot_p50_s"] is None and s["tpot_mean_s"] is None
+
+
+def test_workload_is_seeded_and_cut_from_the_corpus():
+    corpus = list(range(1000, 3000))
+    a = make_workload(corpus, 20, (5, 40), (2, 9), seed=3)
+    assert a == make_workload(corpus, 20, (5, 40), (2, 9), seed=3)
+    assert a != make_workload(corpus, 20, (5, 40), (2, 9), seed=4)
+    for prompt, n in zip(a.prompts, a.max_tokens):
+        assert 5 <= len(prompt) <= 40 and 2 <= n <= 9
+        start = prompt[0] - 1000
+        assert list(prompt) == corpus[start:start + len(prompt)]  # a contiguous slice
+    with pytest.raises(ConfigError, match="corpus has 30 tokens"):
+        make_workload(list(range(30)), 2, (5, 40), (1, 2), seed=0)
+
+
+def test_config_validation():
+    with pytest.raises(ConfigError, match="decode_new_tokens"):
+        BenchConfig(decode_new_tokens=1)
+    with pytest.raises(ConfigError, match="concurrency"):
+        BenchConfig(concurrency=(1, 0))
+    with pytest.raises(ConfigError, match="prompt_len_range"):
+        BenchConfig(prompt_len_range=(10, 5))
+
+
+# ----------------------------------------------------------------------------------- the run
+class BrokenPeer:
+    """A peer that loads but fails while serving: the run reports it and goes on."""
+
+    name = "broken"
+    closed = False
+
+    def info(self) -> dict:
+        return {"system": "broken"}
+
+    def serve(self, prompts, max_tokens, concurrency):
+        raise RuntimeError("out of cheese")
+
+    def close(self) -> None:
+        BrokenPeer.closed = True
+
+
+@pytest.fixture(scope="module")
+def tiny_result():
+    config = tiny_config("llama")
+    model = model_from_state(config, random_state(config, seed=1))
+    ours = BytedietSystem((model, None), threads=1)
+    hw = measure_mod.spec_from_measurement(FAKE_MACHINE)
+    cfg = BenchConfig.quick(threads=1)
+    peers = [Unavailable("llama.cpp", "No module named 'llama_cpp'"), BrokenPeer()]
+    return run_bench(ours, peers, cfg, hardware=hw), ours, hw, cfg
+
+
+def test_result_shape_and_counts(tiny_result):
+    r, ours, _, cfg = tiny_result
+    json.loads(json.dumps(r))  # JSON-able
+    assert set(r) >= {"machine", "config", "corpus", "systems", "ratios", "roofline", "read_bandwidth_gb_per_s"}
+    assert r["corpus"] == "random token ids" and r["read_bandwidth_gb_per_s"] == pytest.approx(10.0)
+    mine = r["systems"]["bytediet"]
+    assert mine["available"] and mine["info"]["weight_bytes"] == ours.model.weight_bytes()
+    single = mine["single"]
+    assert single["decode_tokens"] == cfg.decode_new_tokens  # ignore_eos: every requested token is produced
+    assert single["prefill_tokens_per_s"] == pytest.approx(cfg.prefill_len / single["prefill_ttft_s"])
+    assert single["achieved_weight_gb_per_s"] == pytest.approx(
+        ours.model.weight_bytes() * single["decode_tokens_per_s"] / 1e9)
+    assert set(mine["concurrency"]) == {str(c) for c in cfg.concurrency}
+    for level, s in mine["concurrency"].items():
+        assert s["requests"] == max(int(level), cfg.min_requests)
+        assert cfg.output_len_range[0] * s["requests"] <= s["output_tokens"] <= cfg.output_len_range[1] * s["requests"]
+        assert s["ttft_p50_s"] <= s["ttft_p99_s"] <= s["duration_s"]
+
+
+def test_same_workload_for_every_level_and_system(tiny_result):
+    """The reported token totals are exactly those of the seeded workload of each level."""
+    r, ours, _, cfg = tiny_result
+    from bytediet.perf.bench import corpus_token_ids
+
+    ids, _ = corpus_token_ids(None, ours.model.config.vocab_size, cfg.max_sequence_len, cfg.seed)
+    for level in cfg.concurrency:
+        work = make_workload(ids, max(level, cfg.min_requests), cfg.prompt_len_range, cfg.output_len_range,
+                             seed=cfg.seed + level)
+        s = r["systems"]["bytediet"]["concurrency"][str(level)]
+        assert s["prompt_tokens"] == sum(len(p) for p in work.prompts)
+        assert s["output_tokens"] == sum(work.max_tokens)
+
+
+def test_unavailable_and_failing_peers_are_reported(tiny_result):
+    r = tiny_result[0]
+    assert r["systems"]["llama.cpp"] == {"available": False, "reason": "unavailable: No module named 'llama_cpp'"}
+    assert r["systems"]["broken"]["available"] is False
+    assert r["systems"]["broken"]["reason"] == "failed: RuntimeError: out of cheese"
+    assert BrokenPeer.closed and r["ratios"] == {}
+
+
+def test_roofline_rows_are_the_analyzer_on_the_same_config(tiny_result):
+    r, ours, hw, cfg = tiny_result
+    rows = r["roofline"]["rows"]
+    assert [row["batch"] for row in rows] == [1, *cfg.roofline_batches]
+    mc = ours.model.config
+    for row in rows:  # an fp32 model: 32 bits per weight everywhere; fp32 KV: 32 bits per coordinate
+        if row["measurement"] == "single stream":
+            pred = analyze(mc, hw, weights=32.0, kv=32.0, batch=1, prompt_len=cfg.decode_prompt_len,
+                           context=cfg.decode_prompt_len + cfg.decode_new_tokens // 2)
+            assert row["measured_tokens_per_s"] == r["systems"]["bytediet"]["single"]["decode_tokens_per_s"]
+        else:
+            pred = analyze(mc, hw, weights=32.0, kv=32.0, batch=row["batch"], prompt_len=cfg.roofline_prompt_len,
+                           context=cfg.roofline_prompt_len + 1 + cfg.roofline_steps // 2)
+            assert row["forward_s_per_step"] + row["overhead_s_per_step"] == pytest.approx(row["measured_step_s"])
+        assert row["predicted_tokens_per_s"] == pytest.approx(pred.decode_tokens_per_s)
+        assert row["measured_over_predicted"] == pytest.approx(row["measured_tokens_per_s"] / pred.decode_tokens_per_s)
+
+
+def test_model_weight_bits_follow_each_layers_format():
+    from bytediet.quant.apply import QuantizeConfig, quantize
+
+    config = tiny_config("llama")
+    model = model_from_state(config, random_state(config))
+    quantize(model, QuantizeConfig(format="int8", overrides={"lm_head": "fp32"}))
+    bits = ModelWeightBits(model)
+    h, v = config.hidden_size, config.vocab_size
+    assert bits.bits_per_weight(config.intermediate_size, h) == pytest.approx(8 + 32 / h)  # int8: + fp32 scale/row
+    assert bits.bits_per_weight(v, h) == 32.0  # the lm_head override
+    fused_qkv = (config.num_heads + 2 * config.num_kv_heads) * config.head_dim
+    assert bits.bits_per_weight(fused_qkv, h) == pytest.approx(8 + 32 / h)  # a shape the model lacks
+
+
+# ----------------------------------------------------------------------------------- peers
+def test_peers_that_cannot_run_are_unavailable(tmp_path):
+    peers = make_peers(["llama.cpp", "transformers"], tmp_path / "nothing", threads=1, n_ctx=256, pad_token_id=0)
+    assert [type(p) for p in peers] == [Unavailable, Unavailable]
+    assert "GGUF" in peers[0].reason and "config.json" in peers[1].reason
+    with pytest.raises(ConfigError, match="unknown peer 'vllm'"):
+        make_peers(["vllm"], None, threads=1, n_ctx=256, pad_token_id=0)
+
+
+def test_transformers_peer_serves_waves_with_exact_token_counts():
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    peer = TransformersSystem(transformers.LlamaForCausalLM(cfg), threads=1, pad_token_id=0)
+    prompts, outs = [[5, 6, 7], [8] * 9, [9, 10], [11] * 4, [12]], [3, 5, 1, 4, 2]
+    timings = peer.serve(prompts, outs, concurrency=2)  # waves of 2, 2 and 1 requests
+    assert [t.output_tokens for t in timings] == outs and [t.prompt_tokens for t in timings] == [3, 9, 2, 4, 1]
+    for t in timings:
+        assert 0 < t.ttft_s <= t.finish_s
+    assert timings[0].finish_s <= timings[1].finish_s < timings[2].ttft_s  # wave 2 starts after wave 1 ends
+    assert timings[2].ttft_s == timings[3].ttft_s  # one wave: one first step
+    assert peer.info()["weight_bytes"] == sum(p.numel() * 4 for p in peer.model.parameters())
+
+
+# ----------------------------------------------------------------------------------- CLI
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny-bench"), seed=2)
+
+
+@pytest.fixture
+def fake_machine(tmp_path, monkeypatch):
+    """This machine's measured ceilings come from a fixed cache file (no 5-second probe in tests)."""
+    monkeypatch.setenv("BYTEDIET_CACHE", str(tmp_path / "cache"))
+    path = measure_mod.cache_path(1)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(FAKE_MACHINE))
+
+
+def test_cli_json_prints_one_object_with_the_transformers_peer(ckpt, fake_machine, capsys, tmp_path):
+    pytest.importorskip("transformers")
+    out_file = tmp_path / "r.json"
+    assert main(["bench", "--model", str(ckpt), "--quick", "--threads", "1", "--peers", "llama.cpp,transformers",
+                 "--json", "--out", str(out_file)]) == 0
+    out = capsys.readouterr().out
+    obj = json.loads(out)
+    assert out.strip().count("\n") == 0
+    assert obj == json.loads(out_file.read_text())
+    assert obj["systems"]["llama.cpp"]["available"] is False
+    assert "GGUF" in obj["systems"]["llama.cpp"]["reason"]
+    hf = obj["systems"]["transformers"]
+    assert hf["available"], hf.get("reason")
+    ours = obj["systems"]["bytediet"]
+    for level in ("1", "4"):  # the same workload through both systems
+        assert hf["concurrency"][level]["output_tokens"] == ours["concurrency"][level]["output_tokens"]
+        assert hf["concurrency"][level]["prompt_tokens"] == ours["concurrency"][level]["prompt_tokens"]
+    ratio = obj["ratios"]["transformers"]
+    assert ratio["decode_tokens_per_s"] == pytest.approx(
+        ours["single"]["decode_tokens_per_s"] / hf["single"]["decode_tokens_per_s"])
+    assert obj["corpus"] == "Austen, Pride and Prejudice" and obj["command"].startswith("bytediet bench --model")
+
+
+def test_cli_table_and_bad_flags(ckpt, fake_machine, capsys):
+    assert main(["bench", "--model", str(ckpt), "--quick", "--threads", "1", "--peers", "none",
+                 "--weights", "int8", "--parts", "single,roofline", "--roofline-batches", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "single stream" in out and "predicted vs measured" in out and "int8" in out
+    assert "concurrency sweep" not in out
+    assert main(["bench", "--model", str(ckpt), "--quick", "--concurrency", "1,x"]) == 2
+    assert "--concurrency" in capsys.readouterr().err
+    assert main(["bench", "--model", str(ckpt), "--quick", "--threads", "1", "--parts", "everything"]) == 2
+
+
+@pytest.mark.slow
+def test_cli_default_model_quick(capsys):
+    assert main(["bench", "--quick", "--peers", "none", "--json"]) == 0
+    obj = json.loads(capsys.readouterr().out)
+    assert obj["systems"]["bytediet"]["info"]["weights"] == "fp32"
+    assert obj["roofline"]["rows"][0]["predicted_tokens_per_s"] > 0
