@@ -1,0 +1,104 @@
+"""POST /v1/chat/completions: messages rendered with the model's chat template, whole or streamed as SSE."""
+from __future__ import annotations
+
+import time
+from contextlib import aclosing
+from typing import AsyncIterator, Optional
+
+import jinja2
+from fastapi import Request
+from fastapi.responses import Response
+
+from ..engine.sampling import TokenLogprobs
+from ..errors import BytedietError, ConfigError
+from .errors import APIError
+from .protocol import (AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
+                       ChatCompletionResponse, ChatLogprob, ChatLogprobs, DeltaMessage, TopLogprob)
+from .serving import (DONE, Choice, EventStream, Job, ServerState, collect, error_event, make_jobs, new_id,
+                      run_jobs, sse, token_text, unless_disconnected, usage)
+
+FIELDS = tuple(ChatCompletionRequest.model_fields)
+
+
+def chat_token_ids(state: ServerState, body: ChatCompletionRequest) -> list[int]:
+    """Render the conversation with the tokenizer's template; the template writes BOS and special tokens."""
+    if state.tokenizer is None:
+        raise ConfigError("messages: this model has no tokenizer, so it cannot render chat messages")
+    messages = [m.template_dict(i) for i, m in enumerate(body.messages)]
+    try:
+        text = state.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    except jinja2.TemplateError as exc:
+        raise ConfigError(f"messages: the model's chat template rejected them: {exc}") from exc
+    except BytedietError as exc:
+        raise ConfigError(f"messages: {exc}") from exc
+    return state.tokenizer.encode(text, add_special_tokens=False)
+
+
+def chat_logprobs(tokenizer, lps: list[TokenLogprobs]) -> ChatLogprobs:
+    def entry(token_id: int, logprob: float) -> dict:
+        text = token_text(tokenizer, token_id)
+        return dict(token=text, logprob=logprob, bytes=list(text.encode("utf-8")))
+
+    return ChatLogprobs(content=[
+        ChatLogprob(**entry(lp.token_id, lp.logprob), top_logprobs=[TopLogprob(**entry(t, v)) for t, v in lp.top])
+        for lp in lps
+    ])
+
+
+async def create_chat_completion(body: ChatCompletionRequest, request: Request, state: ServerState) -> Response:
+    model = state.model_name(body.model)
+    if (field := body.unsupported()) is not None:
+        raise APIError(400, f"{field}: not supported by this server; leave it out", field)
+    try:
+        params = body.to_sampling_params()
+        prompt = chat_token_ids(state, body)
+        jobs = make_jobs(state, [prompt], params)
+    except BytedietError as exc:
+        aliases = {"prompt": "messages", "logprobs": "top_logprobs", "max_tokens": body.max_tokens_field}
+        raise APIError.bad_request(exc, aliases, FIELDS) from exc
+    rid, created = new_id("chatcmpl"), int(time.time())
+    if body.stream:
+        return EventStream(_events(state, jobs, rid, created, model, body, len(prompt)))
+    choices = await unless_disconnected(request, collect(state, jobs, rid))
+    out = ChatCompletionResponse(
+        id=rid, created=created, model=model,
+        choices=[ChatChoice(index=c.index, message=AssistantMessage(content="".join(c.text)),
+                            finish_reason=c.finish_reason,
+                            logprobs=chat_logprobs(state.tokenizer, c.logprobs) if body.logprobs else None)
+                 for c in choices],
+        usage=usage(len(prompt), choices),
+    )
+    return Response(out.model_dump_json(), media_type="application/json")
+
+
+async def _events(state: ServerState, jobs: list[Job], rid: str, created: int, model: str,
+                  body: ChatCompletionRequest, num_prompt: int) -> AsyncIterator[str]:
+    """OpenAI's chunk sequence per choice: the role, content deltas, an empty delta with ``finish_reason``."""
+    exclude = None if body.include_usage else {"usage"}
+    choices = {job.index: Choice(job.index) for job in jobs}
+
+    def chunk(index: int, delta: DeltaMessage, logprobs: Optional[ChatLogprobs] = None,
+              finish: Optional[str] = None) -> str:
+        c = ChatChunkChoice(index=index, delta=delta, logprobs=logprobs, finish_reason=finish)
+        return sse(ChatCompletionChunk(id=rid, created=created, model=model, choices=[c]), exclude)
+
+    try:
+        for index in choices:
+            yield chunk(index, DeltaMessage(role="assistant", content=""))
+        async with aclosing(run_jobs(state, jobs, rid)) as stream:
+            async for index, out in stream:
+                choices[index].add(out)
+                lps = [lp for lp in out.new_logprobs if lp is not None] if body.logprobs else []
+                if out.delta_text or lps:
+                    logprobs = chat_logprobs(state.tokenizer, lps) if lps else None
+                    yield chunk(index, DeltaMessage(content=out.delta_text), logprobs)
+                if out.finished:
+                    yield chunk(index, DeltaMessage(), finish=out.finish_reason)
+    except Exception as exc:
+        yield error_event(exc)
+    else:
+        if body.include_usage:
+            final = ChatCompletionChunk(id=rid, created=created, model=model, choices=[],
+                                        usage=usage(num_prompt, list(choices.values())))
+            yield sse(final)
+    yield DONE

@@ -1,0 +1,118 @@
+"""Prometheus metrics of one served model, with vLLM's metric names under the ``bytediet:`` prefix.
+
+Two kinds of collectors live in one private ``CollectorRegistry`` per server (no global state, so
+several apps can coexist in one process):
+
+* per-request observations made by the server as tokens stream out (:meth:`ServerMetrics.track`):
+  requests finished by reason, prompt and generated tokens, time to first token, time per output
+  token (the gap between consecutive engine outputs, divided by the tokens they carry) and
+  end-to-end latency. One engine sequence counts as one request (``n = 3`` counts three).
+* engine state read at scrape time (:class:`_EngineCollector`): running / waiting requests, KV-cache
+  usage (1 - free blocks / blocks), prefix-cache queries and hits (in tokens, as vLLM counts them),
+  preemptions.
+"""
+from __future__ import annotations
+
+import time
+from contextlib import aclosing
+from typing import AsyncIterator, Optional
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from ..engine.engine import StepOutput
+
+PREFIX = "bytediet:"
+# Bucket edges from vLLM's metrics (vllm/v1/metrics/loggers.py), in seconds.
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                20.0, 40.0, 80.0)
+E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+               240.0, 480.0, 960.0, 1920.0, 7680.0)
+
+
+class _EngineCollector(Collector):
+    """Reads the engine's queues and block manager at scrape time (plain reads, safe under the GIL)."""
+
+    def __init__(self, async_engine, model_name: str) -> None:
+        self.async_engine, self.labels = async_engine, [model_name]
+
+    def _gauge(self, name: str, doc: str, value: float) -> GaugeMetricFamily:
+        g = GaugeMetricFamily(PREFIX + name, doc, labels=["model_name"])
+        g.add_metric(self.labels, value)
+        return g
+
+    def _counter(self, name: str, doc: str, value: float) -> CounterMetricFamily:
+        c = CounterMetricFamily(PREFIX + name, doc, labels=["model_name"])
+        c.add_metric(self.labels, value)
+        return c
+
+    def collect(self):
+        engine = self.async_engine.engine
+        bm = engine.block_manager
+        yield self._gauge("num_requests_running", "Requests being computed.", self.async_engine.num_running)
+        yield self._gauge("num_requests_waiting", "Requests queued for their first schedule.",
+                          self.async_engine.num_waiting)
+        yield self._gauge("kv_cache_usage_perc", "Fraction of KV-cache blocks in use (1 = full).",
+                          1.0 - bm.num_free_blocks / max(bm.num_blocks, 1))
+        yield self._counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+                            bm.prefix_queries * bm.block_size)
+        yield self._counter("prefix_cache_hits", "Prompt tokens found in the prefix cache.",
+                            bm.prefix_hits * bm.block_size)
+        yield self._counter("num_preemptions", "Requests preempted to free KV blocks.",
+                            engine.scheduler.num_preemptions)
+
+
+class ServerMetrics:
+    """The metrics of one server; ``render()`` gives the Prometheus text exposition."""
+
+    def __init__(self, async_engine, model_name: str) -> None:
+        self.registry = CollectorRegistry()
+        self.model_name = model_name
+        r, lab = self.registry, ["model_name"]
+        self.request_success = Counter(PREFIX + "request_success", "Finished requests by finish reason.",
+                                       lab + ["finished_reason"], registry=r)
+        self.prompt_tokens = Counter(PREFIX + "prompt_tokens", "Prompt tokens of accepted requests.", lab,
+                                     registry=r).labels(model_name)
+        self.generation_tokens = Counter(PREFIX + "generation_tokens", "Generated tokens.", lab,
+                                         registry=r).labels(model_name)
+        self.ttft = Histogram(PREFIX + "time_to_first_token_seconds", "Time from arrival to the first token.",
+                              lab, buckets=TTFT_BUCKETS, registry=r).labels(model_name)
+        self.tpot = Histogram(PREFIX + "time_per_output_token_seconds", "Time per output token after the first.",
+                              lab, buckets=TPOT_BUCKETS, registry=r).labels(model_name)
+        self.e2e = Histogram(PREFIX + "e2e_request_latency_seconds", "Time from arrival to the end (finished requests).",
+                             lab, buckets=E2E_BUCKETS, registry=r).labels(model_name)
+        self.registry.register(_EngineCollector(async_engine, model_name))
+
+    async def track(self, stream: AsyncIterator[StepOutput], num_prompt_tokens: int,
+                    arrival: Optional[float] = None) -> AsyncIterator[StepOutput]:
+        """Pass ``stream`` through, observing one request; a stream closed early counts as ``abort``."""
+        arrival = time.perf_counter() if arrival is None else arrival
+        last, reason = None, "abort"
+        self.prompt_tokens.inc(num_prompt_tokens)
+        try:
+            async with aclosing(stream):
+                async for out in stream:
+                    now = time.perf_counter()
+                    if out.new_token_ids:
+                        if last is None:
+                            self.ttft.observe(now - arrival)
+                        else:
+                            gap = (now - last) / len(out.new_token_ids)
+                            for _ in out.new_token_ids:
+                                self.tpot.observe(gap)
+                        last = now
+                        self.generation_tokens.inc(len(out.new_token_ids))
+                    if out.finished:
+                        reason = out.finish_reason or "abort"
+                    yield out
+        finally:
+            self.request_success.labels(self.model_name, reason).inc()
+            if reason != "abort":  # an abandoned request has no meaningful end-to-end time
+                self.e2e.observe(time.perf_counter() - arrival)
+
+    def render(self) -> tuple[bytes, str]:
+        """(body, content type) of the Prometheus text format."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -1,0 +1,264 @@
+"""OpenAI request and response schemas (pydantic), and the request → ``SamplingParams`` mapping.
+
+Field names and defaults follow the OpenAI API reference (https://platform.openai.com/docs/api-reference)
+plus vLLM's extensions (``top_k``, ``min_p``, ``repetition_penalty``, ``ignore_eos``, ``stop_token_ids``,
+``include_stop_str_in_output``, ``skip_special_tokens``). Value ranges are not checked here:
+:class:`bytediet.engine.params.SamplingParams` is the one place that knows them, and its
+``ConfigError`` names the field (the server turns it into an HTTP 400 with that ``param``).
+"""
+from __future__ import annotations
+
+from typing import Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..engine.params import SamplingParams
+from ..errors import ConfigError
+
+MAX_LOGPROBS = 20  # most top log-probabilities a request may ask for (vLLM's default max_logprobs)
+
+
+class _Schema(BaseModel):
+    # OpenAI clients send fields the server does not use (user, metadata, store): accept and ignore them.
+    model_config = ConfigDict(extra="ignore")
+
+
+def _omit_none(value) -> bool:
+    return value is None
+
+
+class StreamOptions(_Schema):
+    include_usage: bool = False
+
+
+class _SamplingRequest(_Schema):
+    """Fields shared by /v1/completions and /v1/chat/completions. ``None`` means the default."""
+
+    model: Optional[str] = None
+    n: int = 1
+    temperature: Optional[float] = None  # OpenAI's default is 1.0
+    top_p: Optional[float] = None
+    top_k: Optional[int] = None
+    min_p: Optional[float] = None
+    presence_penalty: Optional[float] = None
+    frequency_penalty: Optional[float] = None
+    repetition_penalty: Optional[float] = None
+    seed: Optional[int] = None
+    stop: Optional[Union[str, list[str]]] = None
+    stop_token_ids: Optional[list[int]] = None
+    ignore_eos: bool = False
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    stream: bool = False
+    stream_options: Optional[StreamOptions] = None
+    logit_bias: Optional[dict[str, float]] = None
+
+    def sampling_params(self, max_tokens: Optional[int], logprobs: Optional[int]) -> SamplingParams:
+        """The engine's parameters; raises ``ConfigError`` naming the field for a bad value."""
+        if self.logit_bias:
+            raise ConfigError("logit_bias: not supported by this server; leave it out")
+        given = {key: getattr(self, key) for key in (
+            "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
+            "repetition_penalty", "seed") if getattr(self, key) is not None}
+        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        return SamplingParams(
+            n=self.n, max_tokens=max_tokens, logprobs=logprobs, stop=tuple(stop),
+            stop_token_ids=tuple(self.stop_token_ids or ()), ignore_eos=self.ignore_eos,
+            include_stop_str_in_output=self.include_stop_str_in_output,
+            skip_special_tokens=self.skip_special_tokens, **given,
+        )
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+
+# ---------------------------------------------------------------------------------------- requests
+class CompletionRequest(_SamplingRequest):
+    """POST /v1/completions. ``prompt``: text, token ids, or a batch of either."""
+
+    prompt: Union[str, list[int], list[str], list[list[int]]]
+    max_tokens: Optional[int] = 16
+    logprobs: Optional[int] = Field(None, ge=0, le=MAX_LOGPROBS)
+    echo: bool = False
+    best_of: Optional[int] = None
+    suffix: Optional[str] = None
+
+    def unsupported(self) -> Optional[str]:
+        """The first field set to a value this server cannot honour, or None."""
+        if self.echo:
+            return "echo"
+        if self.best_of is not None and self.best_of != self.n:
+            return "best_of"
+        if self.suffix:
+            return "suffix"
+        return None
+
+    def to_sampling_params(self) -> SamplingParams:
+        return self.sampling_params(self.max_tokens, self.logprobs)
+
+
+class ContentPart(_Schema):
+    type: str
+    text: Optional[str] = None
+
+
+class ChatMessage(_Schema):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Optional[Union[str, list[ContentPart]]] = None
+
+    def template_dict(self, index: int) -> dict:
+        """The ``{"role", "content"}`` dict a chat template expects (text parts joined by newlines)."""
+        content = self.content
+        if isinstance(content, list):
+            other = [p.type for p in content if p.type != "text"]
+            if other:
+                raise ConfigError(f"messages: message {index} has a {other[0]!r} part; only text parts are supported")
+            content = "\n".join(p.text or "" for p in content)
+        role = "system" if self.role == "developer" else self.role  # OpenAI's new name for the system role
+        return {"role": role, "content": content or ""}
+
+
+class ChatCompletionRequest(_SamplingRequest):
+    """POST /v1/chat/completions. ``max_tokens`` (or ``max_completion_tokens``) ``None``: until the context ends."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: Optional[int] = None
+    max_completion_tokens: Optional[int] = None
+    logprobs: bool = False
+    top_logprobs: Optional[int] = Field(None, ge=0, le=MAX_LOGPROBS)
+    tools: Optional[list[dict]] = None
+    tool_choice: Optional[Union[str, dict]] = None
+    response_format: Optional[dict] = None
+
+    def unsupported(self) -> Optional[str]:
+        if self.tools:
+            return "tools"
+        if self.tool_choice not in (None, "none", "auto"):
+            return "tool_choice"
+        if self.response_format and self.response_format.get("type") not in (None, "text"):
+            return "response_format"
+        return None
+
+    def to_sampling_params(self) -> SamplingParams:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ConfigError("top_logprobs: needs logprobs set to true")
+        max_tokens = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+        return self.sampling_params(max_tokens, (self.top_logprobs or 0) if self.logprobs else None)
+
+    @property
+    def max_tokens_field(self) -> str:
+        return "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
+
+
+# --------------------------------------------------------------------------------------- responses
+class Usage(_Schema):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class CompletionLogprobs(_Schema):
+    tokens: list[str] = Field(default_factory=list)
+    token_logprobs: list[Optional[float]] = Field(default_factory=list)
+    top_logprobs: list[Optional[dict[str, float]]] = Field(default_factory=list)
+    text_offset: list[int] = Field(default_factory=list)
+
+
+class CompletionChoice(_Schema):
+    index: int
+    text: str
+    logprobs: Optional[CompletionLogprobs] = None
+    finish_reason: Optional[str] = None
+
+
+class CompletionResponse(_Schema):
+    """The response of /v1/completions, and (``usage`` null or left out) each chunk of its stream."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Optional[Usage] = None
+
+
+class TopLogprob(_Schema):
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class ChatLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
+
+
+class ChatLogprobs(_Schema):
+    content: list[ChatLogprob] = Field(default_factory=list)
+
+
+class AssistantMessage(_Schema):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(_Schema):
+    index: int
+    message: AssistantMessage
+    logprobs: Optional[ChatLogprobs] = None
+    finish_reason: Optional[str] = None
+
+
+class ChatCompletionResponse(_Schema):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class DeltaMessage(_Schema):
+    role: Optional[Literal["assistant"]] = Field(None, exclude_if=_omit_none)
+    content: Optional[str] = Field(None, exclude_if=_omit_none)
+
+
+class ChatChunkChoice(_Schema):
+    index: int
+    delta: DeltaMessage
+    logprobs: Optional[ChatLogprobs] = None
+    finish_reason: Optional[str] = None
+
+
+class ChatCompletionChunk(_Schema):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Optional[Usage] = None
+
+
+class ModelCard(_Schema):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "bytediet"
+    root: Optional[str] = None
+    max_model_len: Optional[int] = None
+
+
+class ModelList(_Schema):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class ErrorInfo(_Schema):
+    message: str
+    type: str
+    param: Optional[str] = None
+    code: Optional[str] = None
+
+
+class ErrorResponse(_Schema):
+    error: ErrorInfo
