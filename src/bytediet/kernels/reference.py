@@ -43,17 +43,55 @@ def attention_over_context(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sc
     return out.reshape(hkv, group, n, d).permute(2, 0, 1, 3).reshape(n, hq, d)
 
 
+def batch_slots(block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Cache slots of every context token of S sequences, padded: (S, max_ctx); padding points at slot 0."""
+    max_ctx = int(context_lens.max())
+    pos = torch.arange(max_ctx, device=block_tables.device)
+    blocks = block_tables[:, pos // block_size].clamp(min=0)
+    slots = blocks * block_size + pos % block_size
+    return torch.where(pos[None, :] < context_lens[:, None], slots, torch.zeros_like(slots))
+
+
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context_lens: torch.Tensor, scale: float,
+                     window: Optional[int] = None) -> torch.Tensor:
+    """One query per sequence over padded contexts, batched.
+
+    q: (S, Hq, D); k, v: (S, L, Hkv, D) (positions ≥ context_lens are padding) → (S, Hq, D).
+    The query of sequence s sits at position context_lens[s] − 1.
+    """
+    s, hq, d = q.shape
+    hkv = k.shape[2]
+    pos = torch.arange(k.shape[1], device=q.device)
+    allowed = pos[None, :] < context_lens[:, None]  # (S, L)
+    if window is not None:
+        allowed &= pos[None, :] > (context_lens[:, None] - 1 - window)
+    qg = q.view(s, hkv, hq // hkv, d)  # (S, Hkv, G, D)
+    scores = torch.einsum("shgd,slhd->shgl", qg, k) * scale
+    scores = scores.masked_fill(~allowed[:, None, None, :], float("-inf"))
+    out = torch.einsum("shgl,slhd->shgd", scores.softmax(-1), v)
+    return out.reshape(s, hq, d)
+
+
 def paged_attention(q: torch.Tensor, meta, scale: float, window: Optional[int],
                     gather: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
     """Reference paged attention over a ragged batch.
 
-    q: (T, Hq, D); ``gather(slots)`` returns that sequence's full-precision (k, v), each (ctx, Hkv, D).
-    Returns (T, Hq, D).
+    q: (T, Hq, D); ``gather(slots)`` returns full-precision (k, v) for a tensor of slots, each
+    ``slots.shape + (Hkv, D)``. Sequences with a single new token (decodes) are batched in one call;
+    the others (prefill chunks) run one by one. Returns (T, Hq, D).
     """
     out = torch.empty_like(q)
     starts = meta.query_start_loc.tolist()
+    decodes = [i for i, n in enumerate(meta.query_lens_list) if n == 1]
+    if len(decodes) > 1:
+        idx = torch.tensor(decodes, device=q.device)
+        rows = meta.query_start_loc[idx]
+        ctx = meta.context_lens[idx]
+        k, v = gather(batch_slots(meta.block_tables[idx], ctx, meta.block_size))
+        out[rows] = decode_attention(q[rows], k.to(q.dtype), v.to(q.dtype), ctx, scale, window)
+    batched = set(decodes) if len(decodes) > 1 else set()
     for s, (n, ctx) in enumerate(zip(meta.query_lens_list, meta.context_lens_list)):
-        if n == 0:
+        if n == 0 or s in batched:
             continue
         slots = sequence_slots(meta.block_tables[s], ctx, meta.block_size)
         k, v = gather(slots)
