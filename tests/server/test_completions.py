@@ -135,3 +135,17 @@ def test_health_turns_503_when_the_engine_stops(server):
     server.engine.shutdown()
     r = run(go())
     assert r.status_code == 503 and r.json()["error"]["type"] == "server_error"
+
+
+def test_an_owning_app_stops_the_engine_at_shutdown():
+    from bytediet.engine.async_engine import AsyncEngine
+    from bytediet.server.app import build_app, engine_alive
+
+    engine = AsyncEngine(tiny_llm().engine)
+    app = build_app(engine, MODEL, own_engine=True)
+
+    async def lifespan():
+        async with app.router.lifespan_context(app):
+            assert engine_alive(engine)
+    run(lifespan())
+    assert not engine_alive(engine)

@@ -35,11 +35,11 @@ def run(args: argparse.Namespace) -> int:
     engine = AsyncEngine(llm.engine)
     names = args.served_model_name or [args.model]
     try:
-        app = build_app(engine, names)
+        app = build_app(engine, names, own_engine=True)
         print(f"bytediet: serving {llm.model.source_path} as {', '.join(names)} on http://{args.host}:{args.port} "
               f"(context {llm.engine.max_model_len} tokens, {llm.engine.block_manager.num_blocks} KV blocks "
               f"of {llm.engine.block_manager.block_size} tokens)", file=sys.stderr, flush=True)
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
-    finally:
+    finally:  # the app's lifespan already did this unless uvicorn failed to start
         engine.shutdown()
     return 0

@@ -2,11 +2,12 @@
 
 Endpoints: ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions`` (both stream
 Server-Sent Events with ``"stream": true``), ``GET /health`` (503 once the engine thread has
-stopped) and ``GET /metrics`` (Prometheus text). The app does not own the engine: whoever built
-the ``AsyncEngine`` shuts it down (``bytediet serve`` does, after uvicorn returns).
+stopped) and ``GET /metrics`` (Prometheus text). With ``own_engine=True`` the app shuts the engine
+down when the ASGI server stops it (uvicorn does so on SIGINT/SIGTERM, then re-raises the signal).
 """
 from __future__ import annotations
 
+from contextlib import asynccontextmanager
 from typing import Optional, Sequence, Union
 
 from fastapi import FastAPI, Request
@@ -25,13 +26,19 @@ ERRORS = {400: {"model": ErrorResponse}, 404: {"model": ErrorResponse}}
 
 
 def build_app(engine: AsyncEngine, served_model_names: Union[str, Sequence[str]],
-              metrics: Optional[ServerMetrics] = None) -> FastAPI:
+              metrics: Optional[ServerMetrics] = None, own_engine: bool = False) -> FastAPI:
     """An app serving ``engine`` under ``served_model_names`` (the first is the name responses carry)."""
     names = [served_model_names] if isinstance(served_model_names, str) else list(served_model_names)
     if not names or not all(isinstance(n, str) and n for n in names):
         raise ValueError("served_model_names: give at least one non-empty model name")
     state = ServerState(engine, names, metrics or ServerMetrics(engine, names[0]))
-    app = FastAPI(title="bytediet", version=__version__,
+    @asynccontextmanager
+    async def lifespan(_: FastAPI):
+        yield
+        if own_engine:
+            engine.shutdown()
+
+    app = FastAPI(title="bytediet", version=__version__, lifespan=lifespan,
                   description="OpenAI-compatible completions and chat completions, served by bytediet.")
     app.state.server = state
     install_error_handlers(app)

@@ -166,6 +166,7 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
         watcher.cancel()
         if not task.done():
             task.cancel()
+            await asyncio.gather(task, return_exceptions=True)  # its engine requests are aborted by now
     if task.cancelled():
         raise APIError(499, "the client closed the connection before the response was ready")
     return task.result()
