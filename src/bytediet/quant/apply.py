@@ -2,7 +2,13 @@
 
 The config names one weight format, per-layer overrides by ``fnmatch`` pattern on the layer's
 qualified name (``{"lm_head": "int8", "*.layers.0.*": "int8"}``; the first matching pattern wins) and
-skip patterns (layers left as they are). Every layer is quantized from its dequantized float weight
+skip patterns (layers left as they are).
+
+Output-layer policy (``output_policy="protect"``, the default): unless an override or skip pattern
+names it, ``lm_head`` — which is the token embedding itself in tied models and the layer most
+sensitive to rounding — is kept at int8 when the format has fewer than 8 bits per weight, and left
+as it is when the format already has 8 or more (llama.cpp likewise keeps ``output.weight`` at
+Q6_K / Q8_0). ``output_policy="same"`` quantizes it like every other layer. Every layer is quantized from its dequantized float weight
 *before* any layer is replaced, so a bad spec or shape raises and leaves the model untouched.
 """
 from __future__ import annotations
@@ -25,8 +31,11 @@ class QuantizeConfig:
     overrides: Mapping[str, str] = field(default_factory=dict)
     skip: tuple[str, ...] = ()
     calibration: Optional[Mapping[str, Any]] = None
+    output_policy: str = "protect"
 
     def __post_init__(self) -> None:
+        if self.output_policy not in OUTPUT_POLICIES:
+            raise ConfigError(f"output_policy {self.output_policy!r}: choose one of {', '.join(OUTPUT_POLICIES)}")
         object.__setattr__(self, "overrides", dict(self.overrides))
         object.__setattr__(self, "skip", tuple([self.skip] if isinstance(self.skip, str) else self.skip))
         for spec in [self.format, *self.overrides.values()]:
@@ -39,6 +48,8 @@ class QuantizeConfig:
         for pattern, spec in self.overrides.items():
             if fnmatchcase(layer_name, pattern):
                 return spec
+        if layer_name in OUTPUT_LAYERS and self.output_policy == "protect":
+            return protected_output_spec(self.format)
         return self.format
 
     def to_dict(self) -> dict[str, Any]:
@@ -48,8 +59,20 @@ class QuantizeConfig:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "QuantizeConfig":
+        # configs saved before the output policy existed quantized lm_head like every layer
         return cls(format=d["format"], overrides=d.get("overrides", {}), skip=tuple(d.get("skip", ())),
-                   calibration=d.get("calibration"))
+                   calibration=d.get("calibration"), output_policy=d.get("output_policy", "same"))
+
+
+OUTPUT_LAYERS = ("lm_head",)
+OUTPUT_POLICIES = ("protect", "same")
+PROTECTED_OUTPUT_FORMAT = "int8"
+
+
+def protected_output_spec(spec: str) -> Optional[str]:
+    """The output layer's spec under the "protect" policy: int8 below 8 bits per weight, else None (kept)."""
+    bits = build_format(spec).bits_per_weight(1, 4096)  # per-layer overheads vanish at this width
+    return PROTECTED_OUTPUT_FORMAT if bits < 8 else None
 
 
 @dataclass
@@ -106,12 +129,23 @@ def packed_nbytes(packed: Packed) -> int:
     return sum(t.numel() * t.element_size() for t in packed.values())
 
 
-def quantize(model: nn.Module, config: QuantizeConfig | str,
-             stats: Optional[Mapping[str, Any]] = None) -> QuantizeSummary:
-    """Re-quantize the linear layers of ``model`` in place; ``stats[layer_name]`` goes to formats that calibrate."""
+def _check_prepacked(name: str, layer: nn.Module, fmt: WeightFormat, packed: Packed) -> None:
+    shape = tuple(fmt.dequantize(packed).shape)
+    if shape != (layer.out_features, layer.in_features):
+        raise ConfigError(f"layer {name}: pre-packed {fmt.spec()} tensors decode to {shape}, the layer is "
+                          f"{(layer.out_features, layer.in_features)}")
+
+
+def quantize(model: nn.Module, config: QuantizeConfig | str, stats: Optional[Mapping[str, Any]] = None,
+             prepacked: Optional[Mapping[str, Packed]] = None) -> QuantizeSummary:
+    """Re-quantize the linear layers of ``model`` in place; ``stats[layer_name]`` goes to formats that calibrate.
+
+    ``prepacked[layer_name]``: tensors already packed in the layer's configured format by a calibration
+    method (GPTQ), installed instead of rounding the weight to nearest.
+    """
     if isinstance(config, str):
         config = QuantizeConfig(format=config)
-    stats = stats or {}
+    stats, prepacked = stats or {}, prepacked or {}
     planned: list[tuple[str, nn.Module, WeightFormat, Packed]] = []
     skipped: list[str] = []
     for name, layer in linear_layers(model):
@@ -120,6 +154,11 @@ def quantize(model: nn.Module, config: QuantizeConfig | str,
             skipped.append(name)
             continue
         fmt = build_format(spec)
+        if name in prepacked:
+            packed = prepacked[name]
+            _check_prepacked(name, layer, fmt, packed)
+            planned.append((name, layer, fmt, packed))
+            continue
         try:
             packed = fmt.quantize(layer.dequantized_weight(), stats.get(name))
         except ConfigError as exc:

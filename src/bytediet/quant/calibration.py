@@ -1,0 +1,202 @@
+"""Calibration data for post-training quantization: a seeded token set and per-layer activation statistics.
+
+* :func:`calibration_windows` draws ``samples`` windows of ``seq_len`` tokens from the corpus's
+  *calibration* split (:func:`bytediet.eval.corpus.make_windows`), disjoint from every evaluation
+  window of the same corpus; each window is prefixed with the tokenizer's BOS, as evaluation does.
+* :class:`BlockRunner` runs those windows through the decoder one block at a time, keeping only the
+  hidden states between blocks (N × L × hidden floats), so the whole-model lm_head (262k columns on
+  Gemma) never runs and methods can quantize block i before computing the inputs of block i + 1
+  (GPTQ's sequential scheme, Frantar et al. 2022, arXiv 2210.17323, §4).
+* :func:`capture` hangs forward pre-hooks on ``Linear`` modules and accumulates :class:`LinearStats`
+  of their inputs: mean |x| and max |x| per input channel (AWQ, SmoothQuant), the Gram matrix Σ xᵀx
+  (GPTQ's Hessian) and a seeded sample of input rows (AWQ's search objective).
+"""
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Iterator, Mapping, Optional, Sequence
+
+import torch
+import torch.nn as nn
+
+from ..errors import ConfigError
+
+Progress = Callable[[Sequence, str], Iterator]
+
+
+def no_progress(items: Sequence, desc: str) -> Iterator:
+    return iter(items)
+
+
+def rich_progress(items: Sequence, desc: str) -> Iterator:
+    """A rich progress bar on stderr (stdout stays clean for ``--json``)."""
+    from ..eval.harness import rich_progress as bar
+
+    return bar(items, desc)
+
+
+@dataclass(frozen=True)
+class CalibrationConfig:
+    """How much calibration text: ``samples`` windows × ``seq_len`` tokens of ``corpus`` (seeded)."""
+
+    samples: int = 128
+    seq_len: int = 512
+    corpus: str = "austen"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.samples < 1 or self.seq_len < 2:
+            raise ConfigError(f"calibration needs samples >= 1 and seq_len >= 2, got {self.samples} × {self.seq_len}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def calibration_windows(tokenizer, config: CalibrationConfig) -> torch.Tensor:
+    """(samples, 1 + seq_len) int64 token ids (BOS first when the tokenizer has one), from the calibration split."""
+    from ..eval.corpus import make_windows
+    from ..eval.harness import tokenize_corpus
+
+    ids = tokenize_corpus(tokenizer, config.corpus)
+    try:
+        windows = make_windows(ids, config.seq_len, config.samples, split="calibration", seed=config.seed)
+    except ConfigError as exc:
+        raise ConfigError(
+            f"calibration data too short: {config.samples} × {config.seq_len} tokens were asked from the calibration "
+            f"split of {config.corpus!r} ({exc}); pass a smaller --calib-samples or --calib-len, or a longer "
+            f"--calib-corpus") from None
+    bos = tokenizer.encode("", add_special_tokens=True)
+    prefix = torch.tensor(bos, dtype=torch.long)
+    return torch.stack([torch.cat([prefix, w.ids]) for w in windows])
+
+
+@dataclass
+class LinearStats:
+    """Running statistics of one linear layer's inputs x (T, in_features) over the calibration set."""
+
+    in_features: int
+    tokens: int = 0
+    abs_sum: Optional[torch.Tensor] = None  # (in,) float64, Σ |x|
+    abs_max: Optional[torch.Tensor] = None  # (in,) float32, max |x|
+    gram: Optional[torch.Tensor] = None  # (in, in) float64, Σ xᵀx (only when asked)
+    samples: list[torch.Tensor] = field(default_factory=list)  # rows of x, float32
+
+    @property
+    def mean_abs(self) -> torch.Tensor:
+        """(in,) mean |x_j| per input channel (AWQ's activation magnitude)."""
+        return (self.abs_sum / max(self.tokens, 1)).float()
+
+    @property
+    def hessian(self) -> torch.Tensor:
+        """(in, in) float64 H = 2 XᵀX / T, the Hessian of ‖XWᵀ − XŴᵀ‖² / T per output row (GPTQ eq. 1)."""
+        if self.gram is None:
+            raise ValueError("this capture did not accumulate the Gram matrix (capture(..., hessian=True))")
+        return 2.0 * self.gram / max(self.tokens, 1)
+
+    def sample(self) -> torch.Tensor:
+        """(S, in) the sampled input rows."""
+        return torch.cat(self.samples) if self.samples else torch.zeros(0, self.in_features)
+
+    def update(self, x: torch.Tensor, want_gram: bool, rows: Optional[torch.Tensor]) -> None:
+        x = x.detach().reshape(-1, self.in_features).float()
+        a = x.abs()
+        self.abs_sum = a.sum(0, dtype=torch.float64) + (0 if self.abs_sum is None else self.abs_sum)
+        amax = a.amax(0)
+        self.abs_max = amax if self.abs_max is None else torch.maximum(self.abs_max, amax)
+        if want_gram:
+            g = (x.t() @ x).double()  # float32 product per window, float64 sum across windows
+            self.gram = g if self.gram is None else self.gram + g
+        if rows is not None:
+            self.samples.append(x[rows[rows < x.shape[0]]].clone())
+        self.tokens += x.shape[0]
+
+
+@contextmanager
+def capture(modules: Mapping[str, nn.Module], hessian: bool = False, rows_per_call: int = 0,
+            seed: int = 0) -> Iterator[dict[str, LinearStats]]:
+    """Accumulate input statistics of ``modules`` (name → Linear) while the ``with`` body runs them.
+
+    ``rows_per_call``: how many input rows to keep from each call (chosen by a generator seeded with
+    ``seed``; the same positions for every module of one call, so samples line up across layers).
+    """
+    stats = {name: LinearStats(m.in_features) for name, m in modules.items()}
+    gen = torch.Generator().manual_seed(seed)
+    row_sets: list[torch.Tensor] = []  # the k-th call of every module keeps the rows row_sets[k]
+    calls = {name: 0 for name in modules}
+
+    def rows_for(name: str, n: int) -> Optional[torch.Tensor]:
+        if rows_per_call <= 0:
+            return None
+        k = calls[name]
+        calls[name] += 1
+        if k == len(row_sets):
+            row_sets.append(torch.randperm(n, generator=gen)[:rows_per_call].sort().values)
+        return row_sets[k]
+
+    def hook_for(name: str):
+        def hook(module, args):
+            x = args[0]
+            stats[name].update(x, hessian, rows_for(name, x.reshape(-1, module.in_features).shape[0]))
+        return hook
+
+    handles = [m.register_forward_pre_hook(hook_for(n)) for n, m in modules.items()]
+    try:
+        yield stats
+    finally:
+        for h in handles:
+            h.remove()
+
+
+class BlockRunner:
+    """Calibration windows through the decoder, one block at a time.
+
+    ``hidden`` is (N, L, hidden) in the model's dtype. ``run_block(i, hidden)`` returns block i's
+    outputs for every window (one Linear call per window, so :func:`capture` samples each window).
+    """
+
+    def __init__(self, model: nn.Module, windows: torch.Tensor, block_size: int = 16) -> None:
+        from ..kvcache.base import AttentionMetadata, get_kv_codec
+
+        if windows.dim() != 2 or windows.shape[0] < 1:
+            raise ConfigError(f"calibration windows must be (N, L) token ids, got shape {tuple(windows.shape)}")
+        self.model, self.windows, self.block_size = model, windows.to(model.device), block_size
+        self.length = windows.shape[1]
+        self.meta = AttentionMetadata.for_single_sequence(self.length, block_size, model.device)
+        self.codec = get_kv_codec("auto", model.dtype)
+
+    @property
+    def layers(self) -> nn.ModuleList:
+        return self.model.model.layers
+
+    @torch.inference_mode()
+    def embed(self) -> torch.Tensor:
+        """(N, L, hidden) inputs of block 0."""
+        x = self.model.model.embed_tokens(self.windows)
+        scale = self.model.config.embedding_scale
+        return x * torch.tensor(scale, dtype=x.dtype) if scale != 1.0 else x
+
+    @torch.inference_mode()
+    def run_block(self, index: int, hidden: torch.Tensor) -> torch.Tensor:
+        """(N, L, hidden) → block ``index``'s outputs, each window in a fresh KV cache."""
+        c = self.model.config
+        block = self.layers[index]
+        outs = []
+        for h in hidden:
+            cache = self.codec.create_cache(index, math.ceil(self.length / self.block_size), self.block_size,
+                                            c.num_kv_heads, c.head_dim, self.model.dtype, self.model.device)
+            outs.append(block(h, self.meta, cache))
+        return torch.stack(outs)
+
+    @torch.inference_mode()
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(N, L, vocab) float32 logits from the last block's outputs (final norm + lm_head)."""
+        return torch.stack([self.model.lm_head(self.model.model.norm(h)).float() for h in hidden])
+
+
+def block_linears(block: nn.Module, prefix: str) -> dict[str, nn.Module]:
+    """Qualified name → Linear for the linear layers inside one decoder block."""
+    from ..models.layers import Linear
+
+    return {f"{prefix}.{n}": m for n, m in block.named_modules() if isinstance(m, Linear)}
