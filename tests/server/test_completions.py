@@ -149,3 +149,13 @@ def test_an_owning_app_stops_the_engine_at_shutdown():
             assert engine_alive(engine)
     run(lifespan())
     assert not engine_alive(engine)
+
+
+def test_every_sampling_field_reaches_the_engine(server):
+    fields = dict(temperature=0.8, top_p=0.9, top_k=5, min_p=0.05, repetition_penalty=1.3, presence_penalty=0.5,
+                  frequency_penalty=0.3, seed=2, max_tokens=10, stop_token_ids=[40], ignore_eos=True)
+    want = tiny_llm().generate("map me", SamplingParams(**{**fields, "stop_token_ids": (40,)}))[0].outputs[0]
+    got = completion(server.app, prompt="map me", **fields).json()["choices"][0]
+    assert got["text"] == want.text and got["finish_reason"] == want.finish_reason
+    plain = completion(server.app, prompt="map me", temperature=0.8, seed=2, max_tokens=10, ignore_eos=True).json()
+    assert plain["choices"][0]["text"] != want.text, "the filters and penalties should change this sample"

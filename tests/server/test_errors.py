@@ -77,3 +77,25 @@ def test_unknown_route_is_a_404_error_object(server):
             return await c.get("/v1/nothing")
     r = run(go())
     assert r.status_code == 404 and "message" in r.json()["error"]
+
+
+def test_an_engine_failure_is_reported_and_the_server_recovers(server, monkeypatch):
+    import httpx
+
+    from tests.server.conftest import parse_sse
+
+    real_run = server.core.runner.run
+    monkeypatch.setattr(server.core.runner, "run", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
+
+    async def go(body):
+        transport = httpx.ASGITransport(server.app, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test", timeout=30) as c:
+            return await c.post("/v1/completions", json=body)
+    whole = run(go({"prompt": "x", "max_tokens": 4}))
+    assert whole.status_code == 500 and whole.json()["error"]["type"] == "server_error"
+    assert "boom" in whole.json()["error"]["message"]
+    events = parse_sse(run(go({"prompt": "x", "max_tokens": 4, "stream": True})).text)
+    assert events[-1] == "[DONE]" and "boom" in events[-2]["error"]["message"]
+    monkeypatch.setattr(server.core.runner, "run", real_run)
+    assert run(go({"prompt": "x", "max_tokens": 4})).status_code == 200
+    assert server.core.num_free_blocks == server.core.block_manager.num_blocks

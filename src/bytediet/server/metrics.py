@@ -82,8 +82,8 @@ class ServerMetrics:
                               lab, buckets=TTFT_BUCKETS, registry=r).labels(model_name)
         self.tpot = Histogram(PREFIX + "time_per_output_token_seconds", "Time per output token after the first.",
                               lab, buckets=TPOT_BUCKETS, registry=r).labels(model_name)
-        self.e2e = Histogram(PREFIX + "e2e_request_latency_seconds", "Time from arrival to the end (finished requests).",
-                             lab, buckets=E2E_BUCKETS, registry=r).labels(model_name)
+        self.e2e = Histogram(PREFIX + "e2e_request_latency_seconds",
+                             "Time from arrival to the end (finished requests).", lab, buckets=E2E_BUCKETS, registry=r).labels(model_name)
         self.registry.register(_EngineCollector(async_engine, model_name))
 
     async def track(self, stream: AsyncIterator[StepOutput], num_prompt_tokens: int,
