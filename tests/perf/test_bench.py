@@ -167,6 +167,7 @@ def test_roofline_rows_are_the_analyzer_on_the_same_config(tiny_result):
             pred = analyze(mc, hw, weights=32.0, kv=32.0, batch=row["batch"], prompt_len=cfg.roofline_prompt_len,
                            context=cfg.roofline_prompt_len + 1 + cfg.roofline_steps // 2)
             assert row["forward_s_per_step"] + row["overhead_s_per_step"] == pytest.approx(row["measured_step_s"])
+            assert row["linear_pass_s"] > 0
         assert row["predicted_tokens_per_s"] == pytest.approx(pred.decode_tokens_per_s)
         assert row["measured_over_predicted"] == pytest.approx(row["measured_tokens_per_s"] / pred.decode_tokens_per_s)
 

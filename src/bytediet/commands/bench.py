@@ -179,12 +179,13 @@ def _print_roofline(console, rf: dict) -> None:
     t = Table(title=f"roofline ({rf['hardware_name']}): predicted vs measured bytediet decode, weights "
                     f"{rf['weights']}, KV {rf['kv']}")
     for col in ("measurement", "batch", "context", "predicted tok/s", "measured tok/s", "measured/predicted",
-                "bound", "step ms pred", "step ms meas", "forward ms", "overhead ms", "achieved GB/s"):
+                "bound", "step ms pred", "step ms meas", "linears ms", "forward ms", "engine ms", "achieved GB/s"):
         t.add_column(col, justify="left" if col == "measurement" else "right")
     for row in rf["rows"]:
         t.add_row(row["measurement"], str(row["batch"]), str(row["context"]), _f(row["predicted_tokens_per_s"]),
                   _f(row["measured_tokens_per_s"]), _f(row["measured_over_predicted"], ".2f"), row["predicted_bound"],
                   _f(row["predicted_step_s"], ".1f", 1e3), _f(row["measured_step_s"], ".1f", 1e3),
-                  _f(row.get("forward_s_per_step"), ".1f", 1e3), _f(row.get("overhead_s_per_step"), ".1f", 1e3),
+                  _f(row.get("linear_pass_s"), ".1f", 1e3), _f(row.get("forward_s_per_step"), ".1f", 1e3),
+                  _f(row.get("overhead_s_per_step"), ".1f", 1e3),
                   _f(row["achieved_bandwidth"], ".2f", 1e-9))
     console.print(t)

@@ -351,7 +351,9 @@ def roofline_section(ours, hardware, ctx: BenchContext, single: Optional[dict]) 
 
     The single-stream run is compared at batch 1 (context = prompt + half the output); each batch in
     ``roofline_batches`` is measured as ``roofline_steps`` clean decode steps with the whole batch
-    running, at context = prompt + 1 + half the steps.
+    running, at context = prompt + 1 + half the steps. Each such row splits the measured step: the
+    linear layers alone (``linear_pass_s``), the rest of the forward pass, and the engine's Python
+    around it (``overhead_s_per_step``: scheduling, sampling, detokenization).
     """
     from .roofline import analyze
 
@@ -369,7 +371,8 @@ def roofline_section(ours, hardware, ctx: BenchContext, single: Optional[dict]) 
         pred = analyze(cfg, hardware, weights=weights, kv=kv, batch=batch, prompt_len=c.roofline_prompt_len,
                        context=c.roofline_prompt_len + 1 + c.roofline_steps // 2)
         row = roofline_row("decode steps", pred, measured["tokens_per_s"])
-        row.update(forward_s_per_step=measured["forward_s_per_step"], overhead_s_per_step=measured["overhead_s_per_step"])
+        row.update(forward_s_per_step=measured["forward_s_per_step"], overhead_s_per_step=measured["overhead_s_per_step"],
+                   linear_pass_s=ours.linear_pass_s(batch))
         rows.append(row)
     return {"hardware": hardware.id, "hardware_name": hardware.name, "weights": ours.info()["weights"],
             "kv": kv.describe(), "rows": rows}

@@ -120,6 +120,21 @@ class BytedietSystem:
         return {"batch": batch, "steps": steps, "tokens_per_s": tokens / elapsed, "step_s": elapsed / steps,
                 "forward_s_per_step": forward / steps, "overhead_s_per_step": (elapsed - forward) / steps}
 
+    @torch.inference_mode()
+    def linear_pass_s(self, batch: int, repeats: int = 3) -> float:
+        """Best time of every linear layer run once on a (batch, in_features) input: the GEMM share of one
+        decode step, with no attention, norms, RoPE or Python engine around it."""
+        layers = [lin for _, lin in self.model.linear_layers()]
+        inputs = {n: torch.randn(batch, n, dtype=self.model.dtype, device=self.model.device)
+                  for n in {lin.in_features for lin in layers}}
+        best = math.inf
+        for _ in range(repeats + 1):  # the first pass warms up
+            t0 = time.perf_counter()
+            for lin in layers:
+                lin(inputs[lin.in_features])
+            best = min(best, time.perf_counter() - t0)
+        return best
+
     def close(self) -> None:
         self._llm = None
 
