@@ -63,6 +63,11 @@ class AsyncEngine:
         self._thread.join(timeout=30)
 
     @property
+    def is_alive(self) -> bool:
+        """True while the engine thread runs (the server's health check)."""
+        return self._thread.is_alive()
+
+    @property
     def num_running(self) -> int:
         return len(self.engine.scheduler.running)
 

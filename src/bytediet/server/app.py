@@ -73,5 +73,4 @@ def build_app(engine: AsyncEngine, served_model_names: Union[str, Sequence[str]]
 
 def engine_alive(engine: AsyncEngine) -> bool:
     """Whether the engine's background thread still runs (it stops only on shutdown)."""
-    thread = getattr(engine, "_thread", None)
-    return thread is not None and thread.is_alive()
+    return engine.is_alive
