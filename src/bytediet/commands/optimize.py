@@ -1,0 +1,98 @@
+"""``bytediet optimize``: measure, try every technique one at a time under an accuracy budget, recommend a config.
+
+Writes into ``--out`` (default ``./bytediet-optimize/<model>``): a table per step, ``report.json``,
+``summary.md``, ``recommended.json`` (for ``generate/serve --config``), ``pareto.png`` and
+``roofline.png``. Completed measurements are cached there, so a killed run resumes where it stopped.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+from ..errors import ConfigError
+
+
+def _specs(text):
+    if text is None:
+        return None
+    specs = tuple(s.strip() for s in text.split(",") if s.strip())
+    if not specs:
+        raise ConfigError(f"expected a comma-separated list of specs, got {text!r}")
+    return specs
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("optimize", help="find the fastest (or smallest) configuration within an accuracy budget",
+                              description=__doc__)
+    p.add_argument("--model", default="default", help="model name or path (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--out", default=None, metavar="DIR", help="output directory (default ./bytediet-optimize/<model>)")
+    p.add_argument("--quick", action="store_true",
+                   help="demo preset: 2 short windows, one candidate per main family, short speed runs")
+    p.add_argument("--objective", default="throughput", choices=["throughput", "memory"],
+                   help="what to maximise within the budget: decode tok/s, or fewest bytes (weights + KV)")
+    p.add_argument("--max-ppl-increase", type=float, default=2.0, metavar="PCT",
+                   help="accuracy budget: largest perplexity increase in percent (default 2)")
+    p.add_argument("--max-kl", type=float, default=None, metavar="NATS",
+                   help="accuracy budget: largest mean next-token KL divergence (default: no limit)")
+    p.add_argument("--weights", default=None, help="only these weight formats (comma-separated specs)")
+    p.add_argument("--kv", default=None, help="only these KV codecs (comma-separated specs)")
+    p.add_argument("--corpus", default="prideprejudice", help="an Austen novel, 'austen', or a UTF-8 text FILE")
+    p.add_argument("--windows", type=int, default=None, help="evaluation windows (quick 2, full 8)")
+    p.add_argument("--window-len", type=int, default=None, help="tokens per window (quick 128, full 512)")
+    p.add_argument("--context", type=int, default=2048, help="sequence length for the memory figure (default 2048)")
+    p.add_argument("--seed", type=int, default=0, help="picks the evaluation windows")
+    p.add_argument("--threads", type=int, default=2, help="torch CPU threads (also keys this machine's roofline)")
+    p.add_argument("--json", action="store_true", help="print one JSON object (the report) instead of tables")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
+    p.set_defaults(handler=run)
+
+
+def default_out(model: str) -> Path:
+    stem = Path(model).stem if model not in ("default", "gemma3-270m") else model
+    return Path("bytediet-optimize") / re.sub(r"[^A-Za-z0-9_.-]+", "_", stem)
+
+
+def options_from_args(args: argparse.Namespace):
+    from ..optimize.budget import Budget
+    from ..optimize.recipe import OptimizeOptions
+
+    return OptimizeOptions(model=args.model, quick=args.quick, objective=args.objective,
+                           budget=Budget(args.max_ppl_increase, args.max_kl), corpus=args.corpus, seed=args.seed,
+                           context=args.context, windows=args.windows, window_len=args.window_len,
+                           weights=_specs(args.weights), kv=_specs(args.kv), threads=args.threads)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+    from rich.console import Console
+
+    from ..optimize.recipe import Recipe
+    from ..optimize.report import profile_table, recommend, step_table, write_outputs
+
+    torch.set_num_threads(args.threads)
+    out = Path(args.out) if args.out else default_out(args.model)
+    console = Console(file=sys.stdout, width=170)
+
+    def show(step: str, report: dict) -> None:
+        if args.json:
+            return
+        if step != "profile":
+            recommend(report)  # marks "in budget" on the rows shown so far
+        console.print(profile_table(report) if step == "profile" else step_table(report, step))
+
+    report = Recipe(options_from_args(args), out, on_step=show, progress=not args.no_progress).run()
+    recommend(report)
+    paths = write_outputs(report, out)
+    if args.json:
+        print(json.dumps(report, default=float))
+        return 0
+    rec = report["recommendation"]
+    console.print(f"\n[bold]{'Recommended' if rec['within_budget'] else 'Budget impossible — closest'}:[/bold] "
+                  f"{rec['label']}\n{rec['reason']}")
+    for name in ("summary", "recommended", "report", "pareto", "roofline"):
+        console.print(f"wrote {paths[name]}")
+    console.print(f"finished in {report['elapsed_s']:.0f} s")
+    return 0

@@ -1,0 +1,137 @@
+"""Run configuration files: one JSON object naming the model and how to run it.
+
+``bytediet optimize`` writes one (``recommended.json``); ``bytediet generate --config`` and
+``bytediet serve --config`` read it. Example::
+
+    {"bytediet_run_config": 1,
+     "model": "default",
+     "dtype": "float32",
+     "weights": "int4-g64",
+     "weight_overrides": {"lm_head": "int8", "model.layers.0.*": "int8"},
+     "kv_cache_dtype": "turboquant3.5",
+     "engine": {"kv_cache_memory": "1GiB", "block_size": 16},
+     "notes": {"source": "bytediet optimize", "expected": {"ppl": 13.1}}}
+
+``weights`` applies to every linear layer; ``weight_overrides`` maps ``fnmatch`` patterns on layer
+names to other formats (first match wins; :class:`bytediet.quant.apply.QuantizeConfig`). ``engine``
+holds :class:`bytediet.engine.llm.LLM` keyword arguments (:data:`ENGINE_KEYS`). ``notes`` is free-form
+and ignored when loading. Unknown keys are errors, so a typo never silently changes a run.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+from .errors import ConfigError
+
+VERSION = 1
+ENGINE_KEYS = ("kv_cache_memory", "block_size", "num_blocks", "max_num_batched_tokens", "max_num_seqs",
+               "enable_prefix_caching", "enable_chunked_prefill", "seed", "num_threads", "keep_packed")
+DTYPES = ("float32", "bfloat16", "float16")
+_KEYS = ("bytediet_run_config", "model", "dtype", "weights", "weight_overrides", "kv_cache_dtype", "engine", "notes")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """A validated run configuration (see the module docstring for the file format)."""
+
+    model: str
+    dtype: str = "float32"
+    weights: Optional[str] = None
+    weight_overrides: Mapping[str, str] = field(default_factory=dict)
+    kv_cache_dtype: str = "auto"
+    engine: Mapping[str, Any] = field(default_factory=dict)
+    notes: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "weight_overrides", dict(self.weight_overrides))
+        object.__setattr__(self, "engine", dict(self.engine))
+        object.__setattr__(self, "notes", dict(self.notes))
+        if not isinstance(self.model, str) or not self.model:
+            raise ConfigError("run config: 'model' must name a checkpoint (a path, 'default' or 'gemma3-270m')")
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"run config: dtype {self.dtype!r} is not one of {', '.join(DTYPES)}")
+        if self.weight_overrides and not self.weights:
+            raise ConfigError("run config: 'weight_overrides' needs 'weights' (the format of the other layers)")
+        self.quantize_config()  # validates every weight spec
+        unknown = sorted(set(self.engine) - set(ENGINE_KEYS))
+        if unknown:
+            raise ConfigError(f"run config: unknown engine setting(s) {unknown}; known: {', '.join(ENGINE_KEYS)}")
+        from .kvcache import get_kv_codec
+
+        try:
+            get_kv_codec(self.kv_cache_dtype)
+        except KeyError as exc:
+            raise ConfigError(f"run config: kv_cache_dtype: {exc.args[0]}") from None
+
+    def quantize_config(self):
+        """The :class:`QuantizeConfig` of ``weights`` + ``weight_overrides`` (None when weights are as loaded)."""
+        if not self.weights:
+            return None
+        from .quant.apply import QuantizeConfig
+
+        return QuantizeConfig(format=self.weights, overrides=self.weight_overrides)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"bytediet_run_config": VERSION, "model": self.model, "dtype": self.dtype, "weights": self.weights,
+                "weight_overrides": dict(self.weight_overrides), "kv_cache_dtype": self.kv_cache_dtype,
+                "engine": dict(self.engine), "notes": dict(self.notes)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "RunConfig":
+        if not isinstance(d, Mapping):
+            raise ConfigError("run config: the file must hold one JSON object")
+        unknown = sorted(set(d) - set(_KEYS))
+        if unknown:
+            raise ConfigError(f"run config: unknown key(s) {unknown}; known: {', '.join(_KEYS)}")
+        if d.get("bytediet_run_config", VERSION) != VERSION:
+            raise ConfigError(f"run config: version {d['bytediet_run_config']} is not supported (this is {VERSION})")
+        if "model" not in d:
+            raise ConfigError("run config: 'model' is required")
+        return cls(model=d["model"], dtype=d.get("dtype", "float32"), weights=d.get("weights"),
+                   weight_overrides=d.get("weight_overrides") or {}, kv_cache_dtype=d.get("kv_cache_dtype", "auto"),
+                   engine=d.get("engine") or {}, notes=d.get("notes") or {})
+
+    def write(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        return path
+
+
+def read_run_config(path: str | Path) -> RunConfig:
+    """Parse and validate a run config file; a relative model path is taken relative to the file."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read the run config {path}: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise ConfigError(f"run config {path} is not valid JSON: {exc}") from None
+    config = RunConfig.from_dict(data)
+    model = Path(config.model).expanduser()
+    if not model.is_absolute() and not model.exists() and (path.parent / model).exists():
+        config = RunConfig.from_dict({**config.to_dict(), "model": str(path.parent / model)})
+    return config
+
+
+def load_run_config(path: str | Path) -> dict[str, Any]:
+    """Keyword arguments for :class:`bytediet.engine.llm.LLM` from a run config file.
+
+    Uniform weights travel as ``weights=``; with per-module overrides the model is loaded and
+    quantized here and handed over as ``loaded=(model, tokenizer)``, since ``LLM(weights=...)``
+    takes a single format.
+    """
+    config = read_run_config(path)
+    kwargs: dict[str, Any] = {"model": config.model, "dtype": config.dtype, "weights": config.weights,
+                              "kv_cache_dtype": config.kv_cache_dtype, **config.engine}
+    if config.weight_overrides:
+        from .models.loader import load_model
+        from .quant.apply import quantize
+
+        model, tokenizer = load_model(config.model, dtype=config.dtype)
+        quantize(model, config.quantize_config())
+        kwargs.update(weights=None, loaded=(model, tokenizer))
+    return kwargs

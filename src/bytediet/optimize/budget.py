@@ -1,0 +1,128 @@
+"""The accuracy budget and the choice of a configuration: pure functions of measured records.
+
+A *record* is one measured configuration as a flat dict (see :func:`bytediet.optimize.recipe.record`)
+with at least ``ppl_increase_pct`` (100·(PPL_test / PPL_ref − 1)), ``kl_mean`` (mean next-token
+KL(P_ref || P_test) in nats), ``decode_tok_s`` and ``memory_bytes`` (weights + KV cache of one
+sequence at the planning context).
+
+* Within budget: ``ppl_increase_pct <= max_ppl_increase`` and (when set) ``kl_mean <= max_kl``.
+* Objective ``throughput``: the highest decode tok/s; ``memory``: the fewest bytes. Ties go to the
+  smaller KL.
+* Nothing within budget: the *closest* configuration is the one whose worst budget overshoot,
+  as a multiple of its limit, is smallest (a 3% PPL increase under a 2% limit is 1.5×).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Optional, Sequence
+
+from ..errors import ConfigError
+
+OBJECTIVES = ("throughput", "memory")
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How much accuracy the user will trade: PPL increase in percent, and optionally mean KL in nats."""
+
+    max_ppl_increase: float = 2.0
+    max_kl: Optional[float] = None
+
+    def __post_init__(self) -> None:
+        if not self.max_ppl_increase >= 0:
+            raise ConfigError(f"--max-ppl-increase is a percentage >= 0, got {self.max_ppl_increase}")
+        if self.max_kl is not None and not self.max_kl >= 0:
+            raise ConfigError(f"--max-kl is a KL divergence in nats >= 0, got {self.max_kl}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def describe(self) -> str:
+        text = f"perplexity increase <= {self.max_ppl_increase:g}%"
+        return text + (f" and mean KL <= {self.max_kl:g} nats" if self.max_kl is not None else "")
+
+
+def within(record: dict, budget: Budget) -> bool:
+    """Whether ``record`` meets every limit of ``budget``."""
+    if record["ppl_increase_pct"] > budget.max_ppl_increase:
+        return False
+    return budget.max_kl is None or record["kl_mean"] <= budget.max_kl
+
+
+def overshoot(record: dict, budget: Budget) -> float:
+    """The worst limit ratio (value / limit) over the budget's limits: <= 1 inside the budget.
+
+    A zero limit turns any positive value into ``inf`` (and 0 / 0 into 0)."""
+    def ratio(value: float, limit: float) -> float:
+        if limit > 0:
+            return max(value, 0.0) / limit
+        return 0.0 if value <= 0 else math.inf
+
+    ratios = [ratio(record["ppl_increase_pct"], budget.max_ppl_increase)]
+    if budget.max_kl is not None:
+        ratios.append(ratio(record["kl_mean"], budget.max_kl))
+    return max(ratios)
+
+
+def objective_key(record: dict, objective: str) -> tuple:
+    """Sort key, best first: (objective, KL) — higher throughput or fewer bytes, then lower KL."""
+    if objective == "throughput":
+        return (-record["decode_tok_s"], record["kl_mean"])
+    if objective == "memory":
+        return (record["memory_bytes"], record["kl_mean"])
+    raise ConfigError(f"unknown objective {objective!r}; choose one of: {', '.join(OBJECTIVES)}")
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The recommendation: ``record`` is None only when there were no records at all."""
+
+    record: Optional[dict]
+    within_budget: bool
+    reason: str
+
+
+def choose(records: Sequence[dict], budget: Budget, objective: str = "throughput") -> Choice:
+    """The best record by ``objective`` within ``budget``; if none fits, the closest one (see module doc)."""
+    objective_key({"decode_tok_s": 0.0, "memory_bytes": 0, "kl_mean": 0.0}, objective)  # validates the name
+    if not records:
+        return Choice(None, False, "nothing was measured")
+    inside = [r for r in records if within(r, budget)]
+    if inside:
+        best = min(inside, key=lambda r: objective_key(r, objective))
+        return Choice(best, True, f"best {objective} of {len(inside)} configuration(s) within the budget "
+                                  f"({budget.describe()})")
+    closest = min(records, key=lambda r: (overshoot(r, budget), objective_key(r, objective)))
+    return Choice(closest, False,
+                  f"no configuration meets the budget ({budget.describe()}); the closest is "
+                  f"{closest['label']} at {overshoot(closest, budget):.2f}x the limit — relax the budget "
+                  f"(e.g. --max-ppl-increase {_suggest(closest):g}) or accept more loss")
+
+
+def _suggest(record: dict) -> float:
+    return math.ceil(max(record["ppl_increase_pct"], 0.0) * 10 + 1e-9) / 10
+
+
+def best_of_step(records: Sequence[dict], budget: Budget, objective: str) -> Optional[dict]:
+    """The winner of one technique (within budget), or None when none of its candidates fits."""
+    inside = [r for r in records if within(r, budget)]
+    return min(inside, key=lambda r: objective_key(r, objective)) if inside else None
+
+
+def compounding(weights: dict, kv: dict, combined: dict, tolerance: float = 0.05) -> dict:
+    """Whether the errors of two techniques compound when applied together.
+
+    Compares the combined mean KL and PPL increase with the sums of the parts (each part measured
+    alone against the same reference). ``compounds`` is True when either combined value exceeds the
+    sum of its parts by more than ``tolerance`` (relative) — the errors interact, not just add.
+    """
+    def verdict(a: float, b: float, both: float) -> dict:
+        total = max(a, 0.0) + max(b, 0.0)
+        excess = both - total
+        return {"parts": [a, b], "sum_of_parts": total, "combined": both, "excess": excess,
+                "super_additive": excess > tolerance * max(total, 1e-12)}
+
+    kl = verdict(weights["kl_mean"], kv["kl_mean"], combined["kl_mean"])
+    ppl = verdict(weights["ppl_increase_pct"], kv["ppl_increase_pct"], combined["ppl_increase_pct"])
+    return {"kl_mean": kl, "ppl_increase_pct": ppl, "compounds": kl["super_additive"] or ppl["super_additive"]}

@@ -1,0 +1,144 @@
+"""Candidate configurations, enumerated from the registries so that new formats and codecs join automatically.
+
+Every name registered in :data:`bytediet.quant.WEIGHT_FORMATS` and :data:`bytediet.kvcache.KV_CODECS`
+becomes one or more candidate *specs*: a class may list its own with a ``candidate_specs()``
+classmethod; otherwise the parameter sweeps in :data:`WEIGHT_VARIANTS` / :data:`KV_VARIANTS` apply;
+otherwise the bare name is the only spec. A spec is kept only when it works on *this* model: it
+must quantize a weight of each distinct input width of the model's linear layers (block and group
+sizes must divide them — SmolLM2's hidden 576 rules out ``int4-g128``) and, for a KV codec, build
+a cache page for the model's heads at the engine's block size.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional
+
+import torch
+
+from ..errors import ConfigError
+
+# parameter sweeps of the built-in parametrised names (most preferred first: --quick keeps the first that fits)
+WEIGHT_VARIANTS: dict[str, tuple[str, ...]] = {
+    "int4": ("int4-g128", "int4-g64", "int4-g32", "int4-g128-sym", "int4-g64-sym", "int4-g32-sym"),
+}
+KV_VARIANTS: dict[str, tuple[str, ...]] = {
+    "turboquant": ("turboquant3.5", "turboquant2.5"),
+    "turboquant_prod": ("turboquant_prod3.5",),
+    "kivi": ("kivi4", "kivi2", "kivi4g16", "kivi2g16"),
+}
+# the references and their plain-float twins are not compression candidates on an fp32 model
+REFERENCE_WEIGHTS = ("fp32",)
+REFERENCE_KV = ("fp32",)
+# --quick: one spec of each of these families (the first of its variants that fits the model)
+QUICK_WEIGHT_FAMILIES = ("int8", "int4", "nvfp4")
+QUICK_KV_FAMILIES = ("int8", "turboquant")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One configuration to measure: a weight format (with per-module overrides) and a KV codec spec."""
+
+    step: str  # "baseline" | "weights" | "kv" | "combined" | "sensitive"
+    weights: Optional[str] = None  # None: the checkpoint as loaded
+    kv: str = "auto"
+    overrides: tuple[tuple[str, str], ...] = ()  # (fnmatch pattern, weight spec), first match wins
+
+    @property
+    def label(self) -> str:
+        parts = [f"w={self.weights or 'as loaded'}"]
+        parts += [f"{pattern}={spec}" for pattern, spec in self.overrides]
+        parts.append(f"kv={self.kv}")
+        return " ".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"step": self.step, "label": self.label, "weights": self.weights, "kv": self.kv,
+                "overrides": dict(self.overrides)}
+
+
+@dataclass
+class Enumeration:
+    """Specs that fit the model, and why each other registered spec was left out."""
+
+    specs: list[str] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)
+
+
+def _variants(registry, name: str, table: Mapping[str, tuple[str, ...]]) -> tuple[str, ...]:
+    item = registry.get(name)
+    if hasattr(item, "candidate_specs"):
+        return tuple(item.candidate_specs())
+    return table.get(name, (name,))
+
+
+def _linear_widths(model) -> dict[int, int]:
+    """{in_features: a matching out_features} over the model's linear layers."""
+    from ..quant.apply import linear_layers
+
+    return {layer.in_features: layer.out_features for _, layer in linear_layers(model)}
+
+
+def weight_fits(spec: str, model) -> Optional[str]:
+    """None when ``spec`` can quantize every linear-layer width of ``model``, else the reason it cannot."""
+    from ..quant.apply import build_format
+
+    try:
+        fmt = build_format(spec)
+        g = torch.Generator().manual_seed(0)
+        for n_in, n_out in _linear_widths(model).items():
+            fmt.quantize(torch.randn(min(n_out, 16), n_in, generator=g) * 0.05)
+    except (ConfigError, ValueError, NotImplementedError) as exc:
+        return str(exc)
+    return None
+
+
+def kv_fits(spec: str, model, block_size: int = 16) -> Optional[str]:
+    """None when the codec ``spec`` can page ``model``'s KV heads at ``block_size``, else the reason."""
+    from ..kvcache import get_kv_codec
+
+    c = model.config
+    try:
+        codec = get_kv_codec(spec, model.dtype)
+        codec.create_cache(0, 1, block_size, c.num_kv_heads, c.head_dim, model.dtype, "cpu")
+    except (ConfigError, KeyError, ValueError) as exc:
+        return str(exc.args[0] if isinstance(exc, KeyError) and exc.args else exc)
+    return None
+
+
+def _enumerate(registry, table, reference, fits, quick_families, quick: bool, only) -> Enumeration:
+    out = Enumeration()
+    names = [n for n in registry.names() if n not in reference]
+    if only is not None:
+        wanted = list(dict.fromkeys(s.strip().lower() for s in only if s.strip()))
+        specs_by_family = [(s, (s,)) for s in wanted]
+    else:
+        if quick:
+            names = [n for n in quick_families if n in registry]
+        specs_by_family = [(n, _variants(registry, n, table)) for n in names]
+    for family, specs in specs_by_family:
+        for spec in specs:
+            reason = fits(spec)
+            if reason is None:
+                out.specs.append(spec)
+                if quick and only is None:
+                    break  # one spec per family
+            else:
+                out.skipped[spec] = reason
+    return out
+
+
+def weight_specs(model, quick: bool = False, only: Optional[list[str]] = None) -> Enumeration:
+    """Weight-format specs to try on ``model`` (every registered format and variant; ``only`` restricts)."""
+    from ..quant import WEIGHT_FORMATS
+    from ..quant import load_all  # noqa: F401
+
+    return _enumerate(WEIGHT_FORMATS, WEIGHT_VARIANTS, REFERENCE_WEIGHTS, lambda s: weight_fits(s, model),
+                      QUICK_WEIGHT_FAMILIES, quick, only)
+
+
+def kv_specs(model, quick: bool = False, only: Optional[list[str]] = None, block_size: int = 16) -> Enumeration:
+    """KV-codec specs to try on ``model`` (every registered codec and variant; ``only`` restricts)."""
+    from ..kvcache import KV_CODECS
+    from ..kvcache import load_all  # noqa: F401
+
+    return _enumerate(KV_CODECS, KV_VARIANTS, REFERENCE_KV, lambda s: kv_fits(s, model, block_size),
+                      QUICK_KV_FAMILIES, quick, only)

@@ -1,0 +1,323 @@
+"""``bytediet optimize``: the source documents' practical recipe ("실무 적용"), automated on one model and machine.
+
+1. **Measure first** (:mod:`.profile`): prefill vs decode through the engine, on this machine's roofline.
+2. **One technique at a time**: every weight format, then every KV codec the registries hold
+   (:mod:`.candidates`), each measured alone against the unmodified model — perplexity, KL mean/p99,
+   top-1 agreement (one shared :class:`~bytediet.eval.harness.ReferenceCache`), weight bytes, KV bytes
+   per token, decode tok/s.
+3. **Combine the winners** (best weight format × best KV codec within budget) and re-measure: errors
+   may compound (:func:`.budget.compounding`).
+4. **Sensitive layers**: when a cheaper weight format misses the budget, retry it with the first/last
+   decoder layers and/or ``lm_head`` kept at the most accurate format (per-module overrides).
+5. **Recommend** (:func:`.budget.choose`) and write the run config (:mod:`bytediet.config_file`).
+
+Each measured configuration is cached on disk (:mod:`.state`) as soon as it is done, so a killed
+run resumes where it stopped.
+"""
+from __future__ import annotations
+
+import copy
+import re
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+
+from ..errors import BytedietError
+from .budget import Budget, best_of_step, choose, compounding, objective_key, within
+from .candidates import Candidate, kv_specs, weight_specs
+from .state import StepCache, model_identity, run_key
+
+STEPS = ("profile", "baseline", "weights", "kv", "combined", "sensitive")
+PRESETS = {  # windows, window_len, speed prompt/new tokens, profile prompt/new tokens
+    "quick": dict(windows=2, window_len=128, speed_prompt_len=32, speed_new_tokens=8,
+                  profile_prompt_len=128, profile_new_tokens=16),
+    "full": dict(windows=8, window_len=512, speed_prompt_len=64, speed_new_tokens=32,
+                 profile_prompt_len=512, profile_new_tokens=64),
+}
+
+
+@dataclass(frozen=True)
+class OptimizeOptions:
+    """Everything a run depends on; ``None`` fields take the ``quick`` or ``full`` preset."""
+
+    model: str = "default"
+    quick: bool = False
+    objective: str = "throughput"
+    budget: Budget = field(default_factory=Budget)
+    corpus: str = "prideprejudice"
+    seed: int = 0
+    context: int = 2048  # planning context for memory: weights + KV of one sequence this long
+    windows: Optional[int] = None
+    window_len: Optional[int] = None
+    speed_prompt_len: Optional[int] = None
+    speed_new_tokens: Optional[int] = None
+    profile_prompt_len: Optional[int] = None
+    profile_new_tokens: Optional[int] = None
+    weights: Optional[tuple[str, ...]] = None  # restrict the weight candidates to these specs
+    kv: Optional[tuple[str, ...]] = None  # restrict the KV candidates to these specs
+    threads: int = 2
+
+    def resolved(self) -> "OptimizeOptions":
+        preset = PRESETS["quick" if self.quick else "full"]
+        return replace(self, **{k: v for k, v in preset.items() if getattr(self, k) is None})
+
+
+def record(cand: Candidate, result: dict, context: int) -> dict:
+    """One measured configuration as a flat JSON dict (the table's row and the budget's input)."""
+    fid, speed = result["tasks"]["ppl"], result["tasks"]["speed"]
+    test = speed["test"]
+    return {
+        **cand.to_dict(), "kv_codec": result["config"]["kv_codec"],
+        "ppl_ref": fid["reference"]["ppl"], "ppl": fid["test"]["ppl"],
+        "ppl_increase_pct": 100.0 * (fid["ppl_ratio"] - 1.0),
+        "kl_mean": fid["kl"]["mean"], "kl_p99": fid["kl"]["p99"], "kl_max": fid["kl"]["max"],
+        "top1": fid["top1_agreement"], "weight_bytes": test["weight_bytes"],
+        "kv_bytes_per_token": test["kv_bytes_per_token"],
+        "memory_bytes": test["weight_bytes"] + test["kv_bytes_per_token"] * context,
+        "decode_tok_s": test["decode_tok_s"], "prefill_tok_s": test["prefill_tok_s"],
+        "decode_speedup": speed["decode_speedup"], "eval_s": result["elapsed_s"],
+    }
+
+
+class Recipe:
+    """One ``optimize`` run. ``on_step(name, report)`` is called after each completed step."""
+
+    def __init__(self, options: OptimizeOptions, out_dir: str | Path,
+                 on_step: Optional[Callable[[str, dict], None]] = None, progress: bool = True) -> None:
+        self.opt = options.resolved()
+        self.out = Path(out_dir)
+        self.on_step = on_step or (lambda name, report: None)
+        self.progress = progress
+
+    # ------------------------------------------------------------------ set-up
+    def _load(self) -> None:
+        from ..eval.harness import EvalSettings, reference_cache
+        from ..models.loader import load_model
+
+        o = self.opt
+        self.model, self.tokenizer = load_model(o.model, dtype=torch.float32)
+        self.label = getattr(self.model, "source_path", "") or str(o.model)
+        self.corpus_ids = _tokenize_corpus(self.tokenizer, o.corpus)
+        self.settings = EvalSettings(corpus=o.corpus, windows=o.windows, window_len=o.window_len, seed=o.seed,
+                                     tasks=("ppl", "speed"), speed_prompt_len=o.speed_prompt_len,
+                                     speed_new_tokens=o.speed_new_tokens)
+        depends = {"eval": asdict(self.settings), "context": o.context, "threads": o.threads,
+                   "profile": [o.profile_prompt_len, o.profile_new_tokens]}
+        self.key = run_key(model_identity(self.label), depends)
+        self.cache = StepCache(self.out, self.key)
+        self.reference = reference_cache(self.label, self.settings)
+        self.cache.load_reference(self.reference)
+
+    def reference_ready(self) -> bool:
+        return self.reference.has_logits(self.settings.windows) and set(self.settings.tasks) <= set(
+            self.reference.results)
+
+    def measure(self, cand: Candidate, use_cache: bool = True) -> Optional[dict]:
+        """The record of ``cand`` (from the cache, else measured now); None if the model cannot take it."""
+        from ..eval.harness import evaluate_loaded
+        from ..quant.apply import QuantizeConfig, quantize
+
+        hit = self.cache.get("configs", cand.label) if use_cache else None
+        if hit is not None:
+            return {**hit, "step": cand.step} if hit.get("error") is None else None
+        if cand.step != "baseline" and not self.reference_ready():
+            raise AssertionError("the reference must be measured (baseline step) before any candidate")
+        model = copy.deepcopy(self.model)
+        try:
+            if cand.weights:
+                quantize(model, QuantizeConfig(format=cand.weights, overrides=dict(cand.overrides)))
+        except BytedietError as exc:
+            self.cache.put("configs", cand.label, {"error": str(exc)})
+            return None
+        result = evaluate_loaded(model, self.tokenizer, settings=self.settings, kv_cache_dtype=cand.kv,
+                                 reference=self.reference, corpus_ids=self.corpus_ids, progress=False,
+                                 model_label=self.label)
+        rec = record(cand, result, self.opt.context)
+        self.cache.put("configs", cand.label, rec)
+        return rec
+
+    # ------------------------------------------------------------------ steps
+    def _profile(self, bars) -> dict:
+        from .profile import profile
+
+        hit = self.cache.get("steps", "profile")
+        if hit is None:
+            with bars.spin("step 1/5: profiling prefill and decode on this machine"):
+                hit = profile(self.model, self.tokenizer, self.corpus_ids, prompt_len=self.opt.profile_prompt_len,
+                              new_tokens=self.opt.profile_new_tokens, threads=self.opt.threads)
+            self.cache.put("steps", "profile", hit)
+        return hit
+
+    def _baseline(self, bars) -> dict:
+        with bars.spin("step 2/5: measuring the unmodified model (reference)"):
+            rec = self.measure(Candidate("baseline"), use_cache=self.reference_ready())
+        if not self.cache.reference_path.exists():
+            self.cache.save_reference(self.reference, self.settings.windows)
+        return rec
+
+    def _sweep(self, bars, title: str, cands: list[Candidate]) -> list[dict]:
+        records = []
+        for cand in bars.track(cands, title):
+            rec = self.measure(cand)
+            if rec is not None:
+                records.append(rec)
+        return records
+
+    def _sensitive(self, bars, report: dict, pool: list[dict]) -> list[dict]:
+        """Retry the best failing weight configuration with its sensitive layers at higher precision."""
+        b, objective = self.opt.budget, self.opt.objective
+        incumbent = best_of_step(pool, b, objective)
+        failing = [r for r in pool if r["weights"] and not r["overrides"] and not within(r, b)
+                   and (incumbent is None or objective_key(r, objective) < objective_key(incumbent, objective))]
+        if not failing:
+            return []
+        target = min(failing, key=lambda r: objective_key(r, objective))
+        fits = [r for r in report["steps"]["weights"]["records"] if within(r, b)]
+        high = min(fits, key=lambda r: r["kl_mean"])["weights"] if fits else "fp32"
+        plans = override_plans(self.model, target["weights"], high)
+        if self.opt.quick:
+            plans = plans[-1:]
+        found = []
+        for overrides in bars.track(plans, f"step 4/5: keeping sensitive layers of {target['weights']} at {high}"):
+            rec = self.measure(Candidate("sensitive", target["weights"], target["kv"], overrides))
+            if rec is not None:
+                found.append(rec)
+                if within(rec, b):
+                    break
+        return found
+
+    def run(self) -> dict:
+        o = self.opt
+        t0 = time.perf_counter()
+        with _Bars(self.progress) as bars:
+            with bars.spin(f"loading {o.model} and the corpus"):
+                self._load()
+            report = {"model": self.label, "model_name": self.model.config.name or self.label,
+                      "options": _options_dict(o), "settings": asdict(self.settings), "cache_key": self.key,
+                      "budget": o.budget.to_dict(), "objective": o.objective, "steps": {}}
+            report["steps"]["profile"] = self._profile(bars)
+            self.on_step("profile", report)
+            report["steps"]["baseline"] = {"records": [self._baseline(bars)]}
+            self.on_step("baseline", report)
+            w = weight_specs(self.model, quick=o.quick, only=o.weights)
+            recs = self._sweep(bars, "step 2/5: weight formats", [Candidate("weights", s) for s in w.specs])
+            report["steps"]["weights"] = {"records": recs, "skipped": w.skipped}
+            self.on_step("weights", report)
+            k = kv_specs(self.model, quick=o.quick, only=o.kv)
+            recs = self._sweep(bars, "step 2/5: KV-cache codecs", [Candidate("kv", kv=s) for s in k.specs])
+            report["steps"]["kv"] = {"records": recs, "skipped": k.skipped}
+            self.on_step("kv", report)
+            report["steps"]["combined"] = self._combine(bars, report)
+            self.on_step("combined", report)
+            pool = compressed_records(report)
+            report["steps"]["sensitive"] = {"records": self._sensitive(bars, report, pool)}
+            self.on_step("sensitive", report)
+        report["elapsed_s"] = time.perf_counter() - t0
+        return report
+
+    def _combine(self, bars, report: dict) -> dict:
+        b, objective = self.opt.budget, self.opt.objective
+        best_w = best_of_step(report["steps"]["weights"]["records"], b, objective)
+        best_kv = best_of_step(report["steps"]["kv"]["records"], b, objective)
+        if best_w is None or best_kv is None:
+            missing = "weight format" if best_w is None else "KV codec"
+            return {"records": [], "note": f"no {missing} is within the budget alone, so there is nothing to combine"}
+        cand = Candidate("combined", best_w["weights"], best_kv["kv"])
+        recs = self._sweep(bars, "step 3/5: combining the winners", [cand])
+        return {"records": recs, "parts": [best_w["label"], best_kv["label"]],
+                "compounding": compounding(best_w, best_kv, recs[0]) if recs else None}
+
+
+def compressed_records(report: dict) -> list[dict]:
+    """Every measured configuration except the unmodified baseline, in step order."""
+    return [r for step in ("weights", "kv", "combined", "sensitive")
+            for r in report["steps"].get(step, {}).get("records", [])]
+
+
+def override_plans(model, weights: str, high: str) -> list[tuple[tuple[str, str], ...]]:
+    """Per-module overrides of ``weights`` to try, cheapest first: lm_head; first+last decoder layers; all three.
+
+    The lm_head plan is left out when quantize's output policy already gives lm_head ``high``.
+    """
+    from ..quant.apply import QuantizeConfig, linear_layers
+
+    names = [n for n, _ in linear_layers(model)]
+    layers = sorted({int(m.group(2)): m.group(1) for n in names if (m := re.search(r"^(.*\.layers\.)(\d+)\.", n))}
+                    .items())
+    head_now = QuantizeConfig(format=weights).spec_for("lm_head") or "fp32"  # None: kept as loaded (float)
+    head = (("lm_head", high),) if "lm_head" in names and head_now != high else ()
+    ends = ()
+    if layers:
+        (first, prefix), (last, _) = layers[0], layers[-1]
+        ends = tuple(dict.fromkeys([(f"{prefix}{first}.*", high), (f"{prefix}{last}.*", high)]))
+    plans = [p for p in (head, ends, head + ends) if p]
+    return list(dict.fromkeys(plans))
+
+
+def _tokenize_corpus(tokenizer, corpus: str):
+    from ..eval.harness import tokenize_corpus
+
+    try:
+        return tokenize_corpus(tokenizer, corpus)
+    except BytedietError as exc:
+        raise BytedietError(f"cannot obtain the corpus {corpus!r}: {exc}. Give `bytediet optimize` any long "
+                            "UTF-8 text file instead: --corpus FILE") from exc
+
+
+def _options_dict(o: OptimizeOptions) -> dict:
+    d = asdict(o)
+    d["budget"] = o.budget.to_dict()
+    return d
+
+
+class _Bars:
+    """Rich progress bars on stderr (one line per step), or nothing when ``enabled`` is False."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+
+    def __enter__(self) -> "_Bars":
+        if self.enabled:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, \
+                TimeElapsedColumn
+
+            self.bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                                MofNCompleteColumn(), TimeElapsedColumn(), console=Console(stderr=True))
+            self.bar.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.enabled:
+            self.bar.__exit__(*exc)
+
+    def track(self, items: list, title: str):
+        if not self.enabled:
+            yield from items
+            return
+        task = self.bar.add_task(title, total=len(items))
+        for item in items:
+            label = getattr(item, "label", str(item))
+            self.bar.update(task, description=f"{title}: {label}")
+            yield item
+            self.bar.advance(task)
+        self.bar.update(task, description=title)
+
+    def spin(self, title: str):
+        return _Spin(self, title)
+
+
+class _Spin:
+    def __init__(self, bars: _Bars, title: str) -> None:
+        self.bars, self.title = bars, title
+
+    def __enter__(self):
+        if self.bars.enabled:
+            self.task = self.bars.bar.add_task(self.title, total=1)
+
+    def __exit__(self, *exc) -> None:
+        if self.bars.enabled and exc[0] is None:
+            self.bars.bar.update(self.task, completed=1)

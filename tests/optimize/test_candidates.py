@@ -1,0 +1,88 @@
+"""Candidates come from the registries: every registered name is tried or skipped with a reason."""
+from __future__ import annotations
+
+import pytest
+
+from bytediet.kvcache import KV_CODECS
+from bytediet.optimize.candidates import (REFERENCE_KV, REFERENCE_WEIGHTS, Candidate, kv_specs, weight_fits,
+                                          weight_specs)
+from bytediet.quant import WEIGHT_FORMATS
+from bytediet.quant.int8 import Int8
+from tests.conftest import model_from_state, random_state, tiny_config
+
+
+@pytest.fixture(scope="module")
+def model():
+    config = tiny_config("llama")  # hidden 32, intermediate 64, head_dim 8
+    return model_from_state(config, random_state(config))
+
+
+def _family(spec: str, names: list[str]) -> str:
+    return max((n for n in names if spec.startswith(n)), key=len)
+
+
+def test_every_registered_weight_format_is_tried_or_skipped_with_a_reason(model):
+    out = weight_specs(model)
+    names = WEIGHT_FORMATS.names()
+    covered = {_family(s, names) for s in [*out.specs, *out.skipped]}
+    assert covered == set(names) - set(REFERENCE_WEIGHTS)
+    assert {"int8", "fp8", "nvfp4", "int4-g32"} <= set(out.specs)
+    # hidden 32 is not a multiple of 64 or 128: those int4 groups are skipped, with the reason
+    assert "int4-g64" in out.skipped and "does not divide" in out.skipped["int4-g64"]
+    assert all(out.skipped.values())
+
+
+def test_every_registered_kv_codec_is_tried_or_skipped(model):
+    out = kv_specs(model)
+    names = KV_CODECS.names()
+    covered = {_family(s, names) for s in [*out.specs, *out.skipped]}
+    assert covered == set(names) - set(REFERENCE_KV)
+    assert {"int8", "fp8", "turboquant3.5"} <= set(out.specs)
+    assert "smallest layout" in out.skipped["turboquant2.5"]  # head_dim 8 leaves no room for 2.5 bits
+    assert "kivi4" in out.skipped and "kivi4g16" in out.specs  # KIVI's 32-token groups need 32-token blocks
+
+
+def test_a_newly_registered_format_joins_automatically(model, monkeypatch):
+    class Int8Again(Int8):
+        name = "int8again"
+
+    monkeypatch.setitem(WEIGHT_FORMATS._items, "int8again", Int8Again)
+    assert "int8again" in weight_specs(model).specs
+
+
+def test_a_format_may_list_its_own_variants(model, monkeypatch):
+    class Variants(Int8):
+        name = "variants"
+
+        @classmethod
+        def candidate_specs(cls):
+            return ("int8", "int4-g64")
+
+    monkeypatch.setitem(WEIGHT_FORMATS._items, "variants", Variants)
+    out = weight_specs(model, only=None)
+    assert "int4-g64" in out.skipped
+
+
+def test_quick_keeps_one_fitting_spec_per_family(model):
+    w, kv = weight_specs(model, quick=True), kv_specs(model, quick=True)
+    assert w.specs == ["int8", "int4-g32", "nvfp4"]  # int4-g128 and -g64 do not fit hidden 32
+    assert kv.specs == ["int8", "turboquant3.5"]
+
+
+def test_only_restricts_and_reports_unfit_specs(model):
+    out = weight_specs(model, only=["int8", "int4-g128", "nope"])
+    assert out.specs == ["int8"]
+    assert set(out.skipped) == {"int4-g128", "nope"} and "unknown weight format" in out.skipped["nope"]
+
+
+def test_weight_fits_checks_every_width(model):
+    assert weight_fits("int4-g32", model) is None
+    wide = model_from_state(tiny_config("llama", hidden_size=48, head_dim=12), random_state(
+        tiny_config("llama", hidden_size=48, head_dim=12)))
+    assert "does not divide" in weight_fits("int4-g32", wide)
+
+
+def test_candidate_labels_name_every_choice():
+    c = Candidate("sensitive", "int4-g64", "int8", (("lm_head", "int8"),))
+    assert c.label == "w=int4-g64 lm_head=int8 kv=int8"
+    assert c.to_dict()["overrides"] == {"lm_head": "int8"}

@@ -1,0 +1,73 @@
+"""Run configuration files: round trip, validation, engine kwargs, per-module overrides."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bytediet.config_file import RunConfig, load_run_config, read_run_config
+from bytediet.errors import ConfigError
+from tests.eval.test_harness import write_tiny_checkpoint
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny-ckpt"))
+
+
+def test_round_trip_and_engine_kwargs(tmp_path, ckpt):
+    cfg = RunConfig(model=str(ckpt), weights="int8", kv_cache_dtype="int8", engine={"block_size": 32},
+                    notes={"expected": {"ppl": 1.5}})
+    path = cfg.write(tmp_path / "run.json")
+    assert read_run_config(path) == cfg
+    kwargs = load_run_config(path)
+    assert kwargs == {"model": str(ckpt), "dtype": "float32", "weights": "int8", "kv_cache_dtype": "int8",
+                      "block_size": 32}
+    from bytediet.engine.llm import LLM
+
+    llm = LLM(**kwargs)
+    specs = {name: layer.format.spec() for name, layer in llm.model.linear_layers()}
+    assert set(specs.values()) - {specs.pop("lm_head")} == {"int8"}  # lm_head follows quant's output policy
+
+
+def test_overrides_load_a_quantized_model_per_module(tmp_path, ckpt):
+    path = RunConfig(model=str(ckpt), weights="int4-g32", weight_overrides={"lm_head": "int8",
+                     "model.layers.0.*": "fp32"}).write(tmp_path / "run.json")
+    kwargs = load_run_config(path)
+    model, _ = kwargs["loaded"]
+    assert kwargs["weights"] is None
+    specs = {name: layer.format.spec() for name, layer in model.linear_layers()}
+    assert specs["lm_head"] == "int8" and specs["model.layers.0.mlp.up_proj"] == "fp32"
+    assert specs["model.layers.1.mlp.up_proj"] == "int4-g32"
+
+
+def test_relative_model_paths_are_relative_to_the_file(tmp_path, ckpt):
+    (tmp_path / "run.json").write_text(json.dumps({"model": "ckpt"}))
+    (tmp_path / "ckpt").symlink_to(ckpt)
+    assert read_run_config(tmp_path / "run.json").model == str(tmp_path / "ckpt")
+
+
+@pytest.mark.parametrize("data, match", [
+    ({"model": "default", "wieghts": "int8"}, "unknown key"),
+    ({"weights": "int8"}, "'model' is required"),
+    ({"model": "default", "weights": "int9"}, "unknown weight format"),
+    ({"model": "default", "kv_cache_dtype": "int9"}, "kv_cache_dtype"),
+    ({"model": "default", "weight_overrides": {"lm_head": "int8"}}, "needs 'weights'"),
+    ({"model": "default", "engine": {"block_sise": 16}}, "unknown engine setting"),
+    ({"model": "default", "dtype": "float64"}, "dtype"),
+    ({"model": "default", "bytediet_run_config": 7}, "version 7"),
+    ([1, 2], "one JSON object"),
+])
+def test_bad_files_say_what_is_wrong(tmp_path, data, match):
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ConfigError, match=match):
+        read_run_config(path)
+
+
+def test_unreadable_files(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read"):
+        read_run_config(tmp_path / "missing.json")
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        read_run_config(tmp_path / "bad.json")
