@@ -265,3 +265,15 @@ def test_cli_default_model_quick(capsys):
     obj = json.loads(capsys.readouterr().out)
     assert obj["systems"]["bytediet"]["info"]["weights"] == "fp32"
     assert obj["roofline"]["rows"][0]["predicted_tokens_per_s"] > 0
+
+
+def test_decode_steps_count_every_token_after_a_chunked_prefill():
+    """Requests prefilled early keep decoding while the rest prefill; the timed steps still hold the whole
+    batch, and every block is free afterwards."""
+    config = tiny_config("llama")
+    ours = BytedietSystem((model_from_state(config, random_state(config)), None), threads=1, max_num_batched_tokens=32)
+    prompts = make_workload(list(range(90)) * 4, 8, (16, 16), (1, 1), seed=0).prompts  # 128 prompt tokens: 4+ steps
+    m = ours.decode_steps(prompts, steps=5)
+    assert m["batch"] == 8 and m["steps"] == 5 and m["tokens_per_s"] > 0
+    engine = ours.engine(8, [1]).engine
+    assert engine.num_free_blocks == engine.block_manager.num_blocks and not engine.has_unfinished_requests()

@@ -100,9 +100,11 @@ class BytedietSystem:
         from ..engine.params import SamplingParams
 
         batch = len(prompts)
-        llm = self.engine(batch, [len(p) + steps + 2 for p in prompts])
+        # requests prefilled early decode while the others prefill: leave room for those extra tokens
+        budget = steps + math.ceil(sum(len(p) for p in prompts) / self.max_num_batched_tokens) + 2
+        llm = self.engine(batch, [len(p) + budget for p in prompts])
         engine = llm.engine
-        params = SamplingParams(temperature=0.0, max_tokens=steps + 2, ignore_eos=True)
+        params = SamplingParams(temperature=0.0, max_tokens=budget, ignore_eos=True)
         reqs = [engine.add_request(list(p), params) for p in prompts]
         while any(r.num_output_tokens == 0 for r in reqs):  # prefill (possibly chunked), not timed
             engine.step()
@@ -111,9 +113,8 @@ class BytedietSystem:
             tokens += sum(len(o.new_token_ids) for o in engine.step())
         elapsed = time.perf_counter() - t0
         forward = engine.stats.forward_time - forward0
-        while engine.has_unfinished_requests():
-            engine.step()
         for r in reqs:
+            engine.abort_request(r.request_id)
             engine.forget(r.request_id)
         if tokens != batch * steps:
             raise ConfigError(f"decode steps: expected {batch * steps} tokens, got {tokens} (a request stalled)")
