@@ -120,3 +120,57 @@ def test_uncalibrated_split_chooses_outliers_on_first_write():
     k[..., 5] *= 20
     cache.write(k, torch.randn(20, 1, 128), torch.arange(20))
     assert 5 in cache.keys.channels[0, :32].tolist()
+
+
+def _attention_error(codec, k, v, q) -> float:
+    """Relative error of one decode-free prefill attention over (k, v) stored by ``codec``."""
+    from bytediet.kernels.reference import attention_over_context
+    from bytediet.kvcache import AttentionMetadata
+
+    n = k.shape[0]
+    cache = codec.create_cache(0, n // 16, 16, k.shape[1], k.shape[2], torch.float32, "cpu")
+    meta = AttentionMetadata.for_single_sequence(n, 16)
+    cache.write(k, v, meta.slot_mapping)
+    out = cache.attend(q, meta, k.shape[2] ** -0.5)
+    kd, vd = cache.decode(meta.slot_mapping)
+    torch.testing.assert_close(out, attention_over_context(q, kd, vd, k.shape[2] ** -0.5, None), atol=2e-5, rtol=1e-4)
+    ref = attention_over_context(q, k, v, k.shape[2] ** -0.5, None)
+    return float((out - ref).norm() / ref.norm())
+
+
+def test_calibrated_mean_is_exact_and_cuts_error_on_offset_keys():
+    """Keys with a large common offset (as post-RoPE LLM keys have): centring is exact and helps a lot."""
+    g = torch.Generator().manual_seed(4)
+    offset = 6 * torch.randn(1, 2, 64, generator=g)
+    k, v = torch.randn(128, 2, 64, generator=g) + offset, torch.randn(128, 2, 64, generator=g) + 2
+    q = torch.randn(128, 4, 64, generator=g)
+    plain = _attention_error(get_kv_codec("turboquant3.5"), k, v, q)
+    codec = get_kv_codec("turboquant3.5")
+    kc, vc = torch.randn(512, 2, 64, generator=g) + offset, torch.randn(512, 2, 64, generator=g) + 2
+    codec.calibrate(kc, vc, layer=0)
+    centred = _attention_error(codec, k, v, q)
+    assert centred < 0.6 * plain, (centred, plain)
+
+
+def test_calibrated_layout_gives_high_energy_channels_more_bits():
+    codec = get_kv_codec("turboquant3.5")
+    k = torch.randn(400, 1, 64)
+    k[..., :8] *= 30                       # 8 channels hold most of the energy
+    codec.calibrate(k, torch.randn(400, 1, 64), layer=0)
+    layout = codec.key_half.layout(64)
+    assert len(layout) == 2 and layout[0][1] > layout[1][1] and layout[0][0] <= 32
+    assert codec.key_half.bytes_per_token(1, 64) * 8 <= 3.5 * 64
+    cache = codec.create_cache(0, 4, 16, 1, 64, torch.float32, "cpu")
+    assert set(range(8)) <= set(cache.keys.channels[0, :layout[0][0]].tolist())
+    assert codec.value_half.bytes_per_token(1, 64) * 8 <= 3.5 * 64
+
+
+def test_query_weighting_ranks_the_channels_queries_read():
+    """Two equally energetic key channels: the one queries actually read is the outlier."""
+    half = get_kv_codec("turboquant2.5").key_half
+    k = torch.randn(300, 1, 64)
+    k[..., [10, 20]] *= 10
+    q = torch.randn(300, 2, 64) * 0.1
+    q[..., 20] *= 100
+    half.calibrate(k, layer=0, queries=q)
+    assert int(half.ranking[0][0, 0]) == 20

@@ -141,11 +141,14 @@ class KVCodec(ABC):
 KV_CODECS: Registry = Registry("KV-cache codec")
 
 
-def get_kv_codec(spec: str, model_dtype: torch.dtype = torch.float32) -> KVCodec:
+def get_kv_codec(spec: "str | KVCodec", model_dtype: torch.dtype = torch.float32) -> KVCodec:
     """Build a codec from a spec such as ``"bf16"``, ``"int8"``, ``"turboquant3.5"`` or ``"auto"``.
 
     A registered factory is called with the spec's trailing parameters; see each codec's module.
+    A :class:`KVCodec` instance (e.g. one calibrated by :mod:`.calibration`) is returned as is.
     """
+    if isinstance(spec, KVCodec):
+        return spec
     from . import load_all  # noqa: F401  (registers the built-in codecs)
 
     spec = spec.strip().lower()

@@ -46,6 +46,9 @@ class CompressedCache(LayerKVCache):
 
     def attend(self, q: torch.Tensor, meta: AttentionMetadata, scale: float,
                window: Optional[int] = None) -> torch.Tensor:
+        for half in (self.keys, self.values):
+            if hasattr(half, "track_sequences"):      # halves with per-sequence state (KIVI's open groups)
+                half.track_sequences(meta)
         out = torch.empty_like(q)
         starts = meta.query_start_loc.tolist()
         for s, (n, ctx) in enumerate(zip(meta.query_lens_list, meta.context_lens_list)):

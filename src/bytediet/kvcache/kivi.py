@@ -13,7 +13,9 @@ group (one running sequence) per 512 tokens of cache, and a write beyond that ra
 is counted in ``bytes_per_token`` (amortised), so the engine's block count accounts for it.
 
 A write that touches a group's first slot starts that group afresh (a block reused by a new sequence or a
-recomputation), so no release call from the block manager is needed.
+recomputation). The engine's ``free_sequence(seq_id)`` (a request finished or was preempted) releases the
+sequence's open group at once — its staging page would otherwise stay taken until the block is reused;
+the open group of each sequence is noted from the attention metadata of every step.
 """
 from __future__ import annotations
 
@@ -53,6 +55,25 @@ class KiviKeyPages(HalfPages):
         n_stage = max(1, num_slots // STAGE_PERIOD)
         self.stage = torch.zeros(n_stage, group, num_heads, head_dim, dtype=torch.float16, device=device)
         self.free_pages = list(range(n_stage))
+        self.open_group: dict[int, int] = {}      # engine seq id → its open (staged) group
+
+    def track_sequences(self, meta) -> None:
+        """Note each sequence's last group (the one a later write extends); called once per attend."""
+        if meta.seq_ids is None:
+            return
+        for s, (sid, ctx) in enumerate(zip(meta.seq_ids, meta.context_lens_list)):
+            slot = int(meta.block_tables[s, (ctx - 1) // meta.block_size]) * meta.block_size + (ctx - 1) % meta.block_size
+            g = slot // self.group
+            if int(self.stage_of[g]) >= 0:
+                self.open_group[sid] = g
+            else:
+                self.open_group.pop(sid, None)
+
+    def free_sequence(self, seq_id: int) -> None:
+        g = self.open_group.pop(seq_id, None)
+        if g is not None:
+            self._release(g)
+            self.fill[g] = 0
 
     def _release(self, g: int) -> None:
         page = int(self.stage_of[g])

@@ -2,7 +2,7 @@
 
 ``<bits>`` is the **all-in** budget in bits per stored coordinate, fp16 norms included (at head dim 64 one
 norm costs 0.25 bits). The layout is solved per head dim (:func:`resolve_layout`): the largest base width
-b ∈ 1…4 whose single instance fits, then — the paper's *outlier split* (§4.3) — the largest number of
+b ∈ 1…4 whose single instance fits (uncalibrated default), then — the paper's *outlier split* (§4.3) — the largest number of
 outlier channels (a multiple of 8) that can get b+1 bits in a second instance with its own norm, rotation
 and codebook. E.g. at D = 128: ``turboquant2.5`` = 32 channels at 3 bits + 96 at 2 bits + 2 fp16 norms,
 ``turboquant3.5`` = 32 at 4 + 96 at 3; at D = 64, ``turboquant3.5`` = plain 3-bit (3.25 bits all-in).
@@ -11,9 +11,13 @@ Values always use the MSE variant. Keys use MSE (``turboquant``) or inner-produc
 MSE at b−1 bits + 1-bit QJL residual, unbiased scores). ``:qr`` selects a Haar (QR) rotation instead of
 the randomized Hadamard; a part whose size is not a power of two always uses QR (documented fallback).
 
-Outlier channels: chosen per layer and KV head by :meth:`TurboQuantCodec.calibrate` (largest mean square
-over calibration K/V). **Fallback without calibration:** they are chosen from the tokens of the layer's first
-write (the first prefill), then frozen. Per-layer constants (rotations, sketches, channel order) are not pages.
+**Calibration** (:mod:`.calibration`, from calibration text; see :class:`TurboQuantHalf`): per layer the
+channel mean is subtracted before quantizing (exact for attention), the outlier channels are ranked by
+expected score error, and one layout for all layers is chosen by predicted error among every two-part
+split that fits the budget (:func:`choose_layout`; outlier parts up to 8 bits). **Fallback without
+calibration:** no mean, the default layout, and outlier channels chosen from the tokens of the layer's
+first write (the first prefill), then frozen. Per-layer constants (rotations, sketches, channel order,
+means) are not pages.
 """
 from __future__ import annotations
 
@@ -28,32 +32,18 @@ from .base import KV_CODECS
 from .compressed import CompressedCodec
 from .halves import HalfCodec, HalfPages
 from .turboquant_core import TQCodes, TurboQuantizer
+from .turboquant_layout import choose_layout, layout_bits, resolve_layout  # noqa: F401 (re-exported)
 
 MIN_BITS, MAX_BITS = 1.0, 5.0
 
 
-def resolve_layout(target: float, head_dim: int, variant: str) -> list[tuple[int, int]]:
-    """[(channels, bits), …] (outliers first) with all-in bits ≤ target · head_dim."""
-    overhead = 16 if variant == "mse" else 32
-    budget = target * head_dim + 1e-9
-    base = next((b for b in (4, 3, 2, 1) if head_dim * b + overhead <= budget), None)
-    if base is None:
-        need = (head_dim + overhead) / head_dim
-        raise ConfigError(f"turboquant{'_prod' if variant == 'prod' else ''}{target:g}: at head_dim {head_dim} the "
-                          f"smallest layout (1 bit + fp16 norms) needs {need:.3f} bits per coordinate")
-    if base < 4:
-        for n in range(head_dim - 8, 0, -8):
-            if n * (base + 1) + (head_dim - n) * base + 2 * overhead <= budget:
-                return [(n, base + 1), (head_dim - n, base)]
-    return [(head_dim, base)]
-
-
 class TurboQuantPages(HalfPages):
     def __init__(self, num_slots, num_heads, head_dim, device, parts: list[TurboQuantizer],
-                 channels: Optional[torch.Tensor]) -> None:
+                 channels: Optional[torch.Tensor], mean: Optional[torch.Tensor] = None) -> None:
         super().__init__(num_slots, num_heads, head_dim, device)
         self.parts = [p.to(device) for p in parts]
         self.channels = channels  # (H, D) channel order, outliers first; None = identity / not yet chosen
+        self.mean = None if mean is None else mean.to(device)   # (H, D) calibrated channel mean, a constant
         self.store = []
         for p in self.parts:
             s = {"norm": torch.zeros(num_slots, num_heads, dtype=torch.float16, device=device)}
@@ -78,6 +68,8 @@ class TurboQuantPages(HalfPages):
         return torch.empty_like(x).scatter_(-1, self.channels.expand(*x.shape[:-2], -1, -1), x)
 
     def write(self, x, slots):
+        if self.mean is not None:
+            x = x - self.mean
         if self.channels is None and len(self.parts) > 1:   # documented fallback: calibrate on first write
             self.channels = outlier_order(x, self.parts[0].dim)
         for p, s, xp in zip(self.parts, self.store, self._split(x)):
@@ -100,10 +92,13 @@ class TurboQuantPages(HalfPages):
         return c
 
     def decode(self, slots):
-        return self._merge([p.dequantize(self._codes(i, slots, False)) for i, p in enumerate(self.parts)])
+        x = self._merge([p.dequantize(self._codes(i, slots, False)) for i, p in enumerate(self.parts)])
+        return x if self.mean is None else x + self.mean
 
     def prepare_query(self, qg):
-        return [p.prepare_query(qp) for p, qp in zip(self.parts, self._split_heads(qg))]
+        """Per part (Rq, SRq), and q·μ (H, G): the mean's share of every score, added back exactly."""
+        qmu = None if self.mean is None else torch.einsum("hgd,hd->hg", qg, self.mean)
+        return [p.prepare_query(qp) for p, qp in zip(self.parts, self._split_heads(qg))], qmu
 
     def _split_heads(self, qg: torch.Tensor) -> list[torch.Tensor]:
         """(H, G, D) queries → per part (H, G, d_part) in the stored channel order."""
@@ -112,7 +107,9 @@ class TurboQuantPages(HalfPages):
         return list(torch.split(qg, [p.dim for p in self.parts], dim=-1))
 
     def scores(self, prepared, slots):
-        return sum(p.scores(prep, self._codes(i, slots, True)) for i, (p, prep) in enumerate(zip(self.parts, prepared)))
+        parts, qmu = prepared
+        s = sum(p.scores(prep, self._codes(i, slots, True)) for i, (p, prep) in enumerate(zip(self.parts, parts)))
+        return s if qmu is None else s + qmu[..., None]
 
     def weighted_sum(self, p, slots):
         """Accumulate in rotated coordinates; :meth:`finish` rotates back once per query."""
@@ -121,9 +118,9 @@ class TurboQuantPages(HalfPages):
     def finish(self, acc):
         parts = torch.split(acc, [p.dim for p in self.parts], dim=-1)
         out = torch.cat([a @ p.R for a, p in zip(parts, self.parts)], dim=-1)        # (H, G, D)
-        if self.channels is None:
-            return out
-        return torch.empty_like(out).scatter_(-1, self.channels[:, None, :].expand(-1, out.shape[1], -1), out)
+        if self.channels is not None:
+            out = torch.empty_like(out).scatter_(-1, self.channels[:, None, :].expand(-1, out.shape[1], -1), out)
+        return out if self.mean is None else out + self.mean[:, None, :]   # the weights sum to one
 
     def tensors(self):
         return [t for s in self.store for t in s.values()]
@@ -137,35 +134,62 @@ def outlier_order(samples: torch.Tensor, n_outliers: int) -> torch.Tensor:
     return torch.cat([out, rest], -1)
 
 
+def split_order(ranking: torch.Tensor, n_outliers: int) -> torch.Tensor:
+    """(H, D) channels by decreasing importance → channel order: the top n_outliers, then the rest (each sorted)."""
+    return torch.cat([ranking[:, :n_outliers].sort(-1).values, ranking[:, n_outliers:].sort(-1).values], -1)
+
+
 class TurboQuantHalf(HalfCodec):
+    """One of K or V stored with TurboQuant; optional calibration (per layer) of
+
+    * the channel mean μ (H, D): k − μ is quantized. Exact for attention: a key's score gains q·μ, the same
+      for every key of a query, which is added back on codes (and a softmax would not see it anyway); a value
+      mean comes out of the weighted sum unchanged because the weights sum to one;
+    * the channel ranking (H, D) that picks the outlier channels (keys: centred variance × mean square of the
+      queries reading the channel, i.e. the expected score error; values: centred variance);
+    * the layout (:func:`choose_layout`), one for all layers, from the mean importance profile.
+    """
+
     def __init__(self, bits: float, variant: str, rotation: str) -> None:
         self.bits, self.variant, self.rotation = bits, variant, rotation
         self.name = f"turboquant{'_prod' if variant == 'prod' else ''}{bits:g}" + (":qr" if rotation == "qr" else "")
-        self.channels: dict[int, torch.Tensor] = {}   # layer → calibrated (H, D) channel order
+        self.ranking: dict[int, torch.Tensor] = {}    # layer → (H, D) channels by decreasing importance
+        self.means: dict[int, torch.Tensor] = {}      # layer → (H, D) channel mean
+        self.profiles: dict[int, torch.Tensor] = {}   # layer → (D,) sorted importance fractions (mean over heads)
+
+    def layout(self, head_dim: int):
+        profiles = [p for p in self.profiles.values() if p.shape[0] == head_dim]
+        profile = torch.stack(profiles).mean(0) if profiles else None
+        return choose_layout(self.bits, head_dim, self.variant, profile)
 
     def check(self, num_heads, head_dim, block_size):
-        resolve_layout(self.bits, head_dim, self.variant)
+        self.layout(head_dim)
 
     def bytes_per_token(self, num_heads, head_dim):
-        layout = resolve_layout(self.bits, head_dim, self.variant)
-        overhead = 16 if self.variant == "mse" else 32
-        return num_heads * sum(n * b + overhead for n, b in layout) / 8
+        return num_heads * layout_bits(self.layout(head_dim), self.variant) / 8
 
     def create(self, layer, role, num_blocks, block_size, num_heads, head_dim, device):
-        layout = resolve_layout(self.bits, head_dim, self.variant)
+        layout = self.layout(head_dim)
         seed = 7919 * layer + (0 if role == "k" else 104729)
         parts = [TurboQuantizer(n, b, self.variant, self.rotation, seed + 17 * i) for i, (n, b) in enumerate(layout)]
-        channels = self.channels.get(layer)
-        if channels is None and len(parts) == 1:
-            channels = None
-        elif channels is not None:
-            channels = channels.to(device)
-        return TurboQuantPages(num_blocks * block_size, num_heads, head_dim, device, parts, channels)
+        ranking = self.ranking.get(layer)
+        channels = None if ranking is None or len(parts) == 1 else split_order(ranking, layout[0][0]).to(device)
+        return TurboQuantPages(num_blocks * block_size, num_heads, head_dim, device, parts, channels,
+                               self.means.get(layer))
 
-    def calibrate(self, samples: torch.Tensor, layer: int) -> None:
-        """samples (N, H, D) of this half's vectors for ``layer`` → fixes the outlier channels."""
-        layout = resolve_layout(self.bits, samples.shape[-1], self.variant)
-        self.channels[layer] = outlier_order(samples, layout[0][0])
+    def calibrate(self, samples: torch.Tensor, layer: int, queries: Optional[torch.Tensor] = None) -> None:
+        """samples (N, H, D) of this half's vectors for ``layer``; queries (N, Hq, D) weight key channels."""
+        x = samples.float().reshape(-1, *samples.shape[-2:])
+        mean = x.mean(0)                                                         # (H, D)
+        importance = (x - mean).pow(2).mean(0)                                  # (H, D)
+        if queries is not None:
+            h = x.shape[1]
+            q = queries.float().reshape(-1, h, queries.shape[-2] // h, queries.shape[-1])
+            importance = importance * q.pow(2).mean((0, 2))
+        self.means[layer] = mean
+        self.ranking[layer] = torch.argsort(importance, dim=-1, descending=True)
+        frac = importance.sort(-1, descending=True).values
+        self.profiles[layer] = (frac / frac.sum(-1, keepdim=True).clamp(min=1e-30)).mean(0)
 
 
 _SPEC = re.compile(r"^(\d+(?:\.\d+)?)(?::(hadamard|qr))?$")
@@ -190,9 +214,10 @@ class TurboQuantCodec(CompressedCodec):
             raise ConfigError(f"bad TurboQuant spec parameters {rest!r}: expected <bits>[:qr], e.g. 3.5 or 2.5:qr")
         return cls(float(m.group(1)), m.group(2) or "hadamard")
 
-    def calibrate(self, k_samples: torch.Tensor, v_samples: torch.Tensor, layer: int) -> None:
-        """Choose outlier channels for ``layer`` from calibration keys/values, each (N, H, D)."""
-        self.key_half.calibrate(k_samples, layer)
+    def calibrate(self, k_samples: torch.Tensor, v_samples: torch.Tensor, layer: int,
+                  queries: Optional[torch.Tensor] = None) -> None:
+        """Calibrate ``layer`` from keys/values (N, H, D) and optionally the queries (N, Hq, D) that read them."""
+        self.key_half.calibrate(k_samples, layer, queries=queries)
         self.value_half.calibrate(v_samples, layer)
 
 

@@ -45,8 +45,8 @@ class TurboQuantizer:
     def __init__(self, dim: int, bits: int, variant: str = "mse", rotation: str = "hadamard", seed: int = 0) -> None:
         if variant not in VARIANTS:
             raise ConfigError(f"unknown TurboQuant variant {variant!r}; choose one of: {', '.join(VARIANTS)}")
-        if not 1 <= bits <= 4:
-            raise ConfigError(f"TurboQuant supports 1 to 4 bits per coordinate, got {bits}")
+        if not 1 <= bits <= 8:
+            raise ConfigError(f"TurboQuant supports 1 to 8 bits per coordinate, got {bits}")
         self.dim, self.bits, self.variant = dim, bits, variant
         self.mse_bits = bits if variant == "mse" else bits - 1
         self.rotation = rotation_kind(dim, rotation)

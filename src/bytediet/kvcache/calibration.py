@@ -1,0 +1,111 @@
+"""Calibration of KV codecs from real text: capture every layer's K, V (and Q) by running the model.
+
+Some codecs need per-layer constants taken from calibration data, never from the text they are
+evaluated on: FP8's static per-head scales, TurboQuant's outlier channels, key/value channel means and
+channel weights. :func:`capture_kv` runs the model over calibration token windows with a capture cache
+that records the post-RoPE keys, values and queries each attention layer sees; :func:`calibrate_codec`
+hands them to every half of a codec that has a ``calibrate`` hook.
+
+    from bytediet.eval.corpus import load_corpus, make_windows
+    windows = make_windows(ids, 1024, count=2, split="calibration")
+    codec = calibrate_codec(get_kv_codec("turboquant3.5"), model, [w.ids for w in windows])
+    logits = model.score(eval_ids, kv_codec=codec)
+
+A half's hook is ``calibrate(samples (N, H, D), layer)``; key halves may also accept ``queries=`` (N, Hq, D)
+to weight channels by how much the queries read them.
+"""
+from __future__ import annotations
+
+import inspect
+import math
+from typing import Optional, Sequence
+
+import torch
+
+from ..errors import ConfigError
+from .base import AttentionMetadata, KVCodec, LayerKVCache
+from .full import FullPrecisionCache
+
+
+class CaptureCache(LayerKVCache):
+    """A float32 cache that also keeps every written K, V and every attending Q (for calibration only)."""
+
+    def __init__(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, device) -> None:
+        self.inner = FullPrecisionCache(num_blocks, block_size, num_kv_heads, head_dim, torch.float32, device)
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.num_kv_heads, self.head_dim = num_kv_heads, head_dim
+        self.k: list[torch.Tensor] = []
+        self.v: list[torch.Tensor] = []
+        self.q: list[torch.Tensor] = []
+
+    def write(self, k, v, slot_mapping):
+        self.k.append(k.detach().float().cpu())
+        self.v.append(v.detach().float().cpu())
+        self.inner.write(k, v, slot_mapping)
+
+    def attend(self, q, meta, scale, window=None):
+        self.q.append(q.detach().float().cpu())
+        return self.inner.attend(q, meta, scale, window)
+
+
+def capture_kv(model, windows: Sequence[torch.Tensor], max_samples: Optional[int] = None) -> list[dict]:
+    """Run ``model`` over each token window (1-D LongTensors) → per layer {"k", "v": (N, Hkv, D), "q": (N, Hq, D)}.
+
+    Samples are float32 on the CPU, concatenated over windows; ``max_samples`` keeps an evenly spaced subset.
+    """
+    if not windows:
+        raise ConfigError("KV calibration needs at least one token window (see bytediet.eval.corpus.make_windows)")
+    cfg = model.config
+    block_size = 16
+    per_layer = [{"k": [], "v": [], "q": []} for _ in range(cfg.num_layers)]
+    for ids in windows:
+        ids = torch.as_tensor(ids, dtype=torch.long).reshape(-1).to(model.device)
+        n = ids.shape[0]
+        caches = [CaptureCache(math.ceil(n / block_size), block_size, cfg.num_kv_heads, cfg.head_dim, model.device)
+                  for _ in range(cfg.num_layers)]
+        model.forward(ids, AttentionMetadata.for_single_sequence(n, block_size, model.device), caches,
+                      logits_indices=torch.tensor([n - 1], device=model.device))
+        for store, cache in zip(per_layer, caches):
+            for key in ("k", "v", "q"):
+                store[key] += getattr(cache, key)
+    out = []
+    for store in per_layer:
+        layer = {key: torch.cat(store[key]) for key in ("k", "v", "q")}
+        if max_samples is not None and layer["k"].shape[0] > max_samples:
+            keep = torch.linspace(0, layer["k"].shape[0] - 1, max_samples).long()
+            layer = {key: t[keep] for key, t in layer.items()}
+        out.append(layer)
+    return out
+
+
+def _call(hook, samples: torch.Tensor, layer: int, queries: Optional[torch.Tensor]) -> None:
+    if queries is not None and "queries" in inspect.signature(hook).parameters:
+        hook(samples, layer, queries=queries)
+    else:
+        hook(samples, layer)
+
+
+def calibrate_from_samples(codec: KVCodec, samples: list[dict]) -> KVCodec:
+    """Feed captured per-layer samples (from :func:`capture_kv`) to the codec's calibration hooks."""
+    halves = [(getattr(codec, "key_half", None), "k"), (getattr(codec, "value_half", None), "v")]
+    hooks = [(h.calibrate, role) for h, role in halves if h is not None and hasattr(h, "calibrate")]
+    if not hooks and hasattr(codec, "calibrate"):
+        for layer, s in enumerate(samples):
+            codec.calibrate(s["k"], s["v"], layer)
+        return codec
+    for layer, s in enumerate(samples):
+        for hook, role in hooks:
+            _call(hook, s[role], layer, s["q"] if role == "k" else None)
+    return codec
+
+
+def calibrate_codec(codec: KVCodec, model, windows: Sequence[torch.Tensor],
+                    max_samples: Optional[int] = 8192) -> KVCodec:
+    """Capture K/V/Q on ``windows`` and calibrate ``codec`` in place (returned for chaining).
+
+    Codecs without any calibration hook are returned unchanged.
+    """
+    has_hook = any(hasattr(getattr(codec, h, None), "calibrate") for h in ("key_half", "value_half"))
+    if not (has_hook or hasattr(codec, "calibrate")):
+        return codec
+    return calibrate_from_samples(codec, capture_kv(model, windows, max_samples))
