@@ -114,12 +114,13 @@ def summary_markdown(report: dict) -> str:
         lines += ["On this machine no compressed configuration decodes faster than the unmodified model "
                   "(the formats dequantize in PyTorch before each matmul); the gain is memory.", ""]
     lines += ["## What was measured", "", f"1. **Measure first.** {steps['profile']['sentence']}"]
-    for step, verb in (("weights", "Weight formats"), ("kv", "KV-cache codecs")):
+    parts = []
+    for step, noun in (("weights", "weight formats"), ("kv", "KV-cache codecs")):
         recs = steps[step]["records"]
         ok = [x for x in recs if x["within_budget"]]
-        lines.append(f"2. **{verb}, one at a time:** {len(recs)} measured, {len(ok)} within budget"
-                     + (f" (e.g. `{min(ok, key=lambda x: x['memory_bytes'])['label']}` is the smallest)" if ok else
-                        "") + ".")
+        smallest = f"; the smallest within it is `{min(ok, key=lambda x: x['memory_bytes'])['label']}`" if ok else ""
+        parts.append(f"{len(recs)} {noun} measured, {len(ok)} within budget{smallest}")
+    lines.append(f"2. **One technique at a time:** {'. '.join(parts)}.")
     comb = steps["combined"]
     if comb.get("compounding"):
         c = comb["compounding"]

@@ -1,0 +1,219 @@
+"""``bytediet optimize`` end to end on a tiny HF checkpoint: every step, outputs, resume, bad input, reproduction."""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bytediet.cli import main
+from bytediet.errors import BytedietError
+from bytediet.optimize.budget import Budget
+from bytediet.optimize.recipe import STEPS, OptimizeOptions, Recipe
+from bytediet.optimize.report import COLUMNS, format_value, recommend, step_table, write_outputs
+from tests.eval.test_harness import write_tiny_checkpoint
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def options(ckpt: Path, **kw) -> OptimizeOptions:
+    base = dict(model=str(ckpt), corpus=str(ckpt / "corpus.txt"), quick=True, windows=2, window_len=40,
+                speed_prompt_len=8, speed_new_tokens=3, profile_prompt_len=16, profile_new_tokens=3,
+                weights=("int8", "int4-g32"), kv=("int8", "turboquant3.5"), budget=Budget(2.0))
+    return OptimizeOptions(**{**base, **kw})
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory) -> Path:
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny-ckpt"))
+
+
+@pytest.fixture(scope="module")
+def run(ckpt, tmp_path_factory) -> tuple[dict, Path]:
+    out = tmp_path_factory.mktemp("optimize-out")
+    report = Recipe(options(ckpt), out, progress=False).run()
+    recommend(report)
+    write_outputs(report, out)
+    return report, out
+
+
+def test_every_step_runs_and_is_reported(run):
+    report, out = run
+    assert list(report["steps"]) == list(STEPS)
+    assert report["steps"]["profile"]["phases"]["decode"]["bound"] == "memory"
+    assert {r["weights"] for r in report["steps"]["weights"]["records"]} == {"int8", "int4-g32"}
+    assert {r["kv"] for r in report["steps"]["kv"]["records"]} == {"int8", "turboquant3.5"}
+    base = report["steps"]["baseline"]["records"][0]
+    assert base["kl_mean"] == 0 and base["ppl"] == base["ppl_ref"]
+    for r in report["steps"]["weights"]["records"] + report["steps"]["kv"]["records"]:
+        assert r["ppl_ref"] == base["ppl_ref"]  # one shared reference
+        assert r["kl_mean"] > 0
+    int4 = next(r for r in report["steps"]["weights"]["records"] if r["weights"] == "int4-g32")
+    assert int4["weight_bytes"] < base["weight_bytes"]
+    tq = next(r for r in report["steps"]["kv"]["records"] if r["kv"] == "turboquant3.5")
+    assert tq["kv_bytes_per_token"] < base["kv_bytes_per_token"]
+    rec = report["recommendation"]
+    assert rec["within_budget"] == rec["record"]["within_budget"] is True
+    assert rec["record"]["ppl_increase_pct"] <= 2.0
+
+
+def test_combined_step_says_whether_errors_compound(run):
+    comb = run[0]["steps"]["combined"]
+    if comb["records"]:
+        c = comb["compounding"]
+        assert set(c) == {"kl_mean", "ppl_increase_pct", "compounds"}
+        assert c["kl_mean"]["combined"] == comb["records"][0]["kl_mean"]
+    else:
+        assert "within the budget" in comb["note"]
+
+
+def test_files_are_written_and_plots_are_not_empty(run):
+    import matplotlib.image as mpimg
+
+    _, out = run
+    for name in ("report.json", "summary.md", "recommended.json", "pareto.png", "roofline.png"):
+        assert (out / name).stat().st_size > 0, name
+    for name in ("pareto.png", "roofline.png"):
+        img = mpimg.imread(out / name)
+        assert img.shape[0] > 300 and img.shape[1] > 300 and img[..., :3].std() > 0.05, name
+    summary = (out / "summary.md").read_text()
+    assert "Recommendation" in summary and "memory-bound" in summary
+
+
+def test_json_numbers_equal_the_table(run):
+    _, out = run
+    report = json.loads((out / "report.json").read_text())
+    for step in STEPS[1:]:
+        table = step_table(report, step)
+        records = report["steps"][step]["records"]
+        for column, (_, key) in zip(table.columns, COLUMNS):
+            assert list(column._cells) == [format_value(r.get(key)) for r in records], (step, key)
+    assert report["recommendation"]["record"] == next(
+        r for s in STEPS[2:] for r in report["steps"][s]["records"] if r["label"] == report["recommendation"]["label"])
+
+
+def test_impossible_budget_reports_the_closest(run, tmp_path):
+    report = copy.deepcopy(run[0])
+    report["budget"] = {"max_ppl_increase": 100.0, "max_kl": 1e-12}  # only KL binds: closest = least KL
+    rec = recommend(report)
+    assert rec["within_budget"] is False
+    assert "no configuration meets the budget" in rec["reason"] and "closest" in rec["reason"]
+    closest = min((r for s in STEPS[2:] for r in report["steps"][s]["records"]), key=lambda r: r["kl_mean"])
+    assert rec["label"] == closest["label"]
+    write_outputs(report, tmp_path)
+    assert "does NOT meet" in (tmp_path / "summary.md").read_text()
+    assert json.loads((tmp_path / "recommended.json").read_text())["notes"]["within_budget"] is False
+
+
+def test_cli_resumes_from_the_cache_and_prints_json(run, ckpt, capsys):
+    """A second run in the same directory measures nothing again (every step is cached)."""
+    _, out = run
+    o = options(ckpt)
+    argv = ["optimize", "--model", o.model, "--corpus", o.corpus, "--quick", "--windows", "2", "--window-len", "40",
+            "--weights", "int8,int4-g32", "--kv", "int8,turboquant3.5", "--out", str(out), "--json"]  # progress bars on (stderr)
+    # the CLI presets its own speed/profile lengths: only the eval settings key the cache, so set them alike
+    import bytediet.optimize.recipe as recipe
+
+    preset = dict(recipe.PRESETS["quick"], speed_prompt_len=8, speed_new_tokens=3, profile_prompt_len=16,
+                  profile_new_tokens=3)
+    calls = []
+    import bytediet.eval.harness as harness
+
+    real = harness.evaluate_loaded
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(recipe.PRESETS, "quick", preset)
+        mp.setattr(harness, "evaluate_loaded", lambda *a, **k: calls.append(k) or real(*a, **k))
+        assert main(argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert calls == [] and report["recommendation"]["label"] == run[0]["recommendation"]["label"]
+
+
+def test_a_killed_run_resumes_without_recomputing_finished_steps(ckpt, tmp_path, monkeypatch):
+    class Killed(Exception):
+        pass
+
+    def kill_after(step):
+        def hook(name, report):
+            if name == step:
+                raise Killed(name)
+        return hook
+
+    with pytest.raises(Killed):
+        Recipe(options(ckpt), tmp_path, on_step=kill_after("weights"), progress=False).run()
+    import bytediet.eval.harness as harness
+    import bytediet.eval.tasks as tasks
+    import bytediet.optimize.profile as profile
+
+    measured = []
+    real = harness.evaluate_loaded
+    monkeypatch.setattr(harness, "evaluate_loaded",
+                        lambda *a, **k: measured.append(k["kv_cache_dtype"]) or real(*a, **k))
+    monkeypatch.setattr(profile, "profile", lambda *a, **k: pytest.fail("the profile step was recomputed"))
+    monkeypatch.setattr(tasks.FidelityTask, "measure_reference",
+                        lambda *a, **k: pytest.fail("the reference was recomputed"))
+    report = Recipe(options(ckpt), tmp_path, progress=False).run()
+    # weights (int8, int4-g32) and the baseline came from the cache; the KV step and later were measured
+    assert sorted(measured[:2]) == ["int8", "turboquant3.5"]
+    assert all(k != "auto" for k in measured[:2])
+    assert len(report["steps"]["weights"]["records"]) == 2
+
+
+def test_changed_settings_do_not_reuse_old_numbers(ckpt, tmp_path):
+    from bytediet.optimize.state import StepCache
+
+    keys = []
+    for opt in (options(ckpt), options(ckpt, window_len=32), options(ckpt, seed=1), options(ckpt, weights=("fp8",))):
+        recipe = Recipe(opt, tmp_path, progress=False)
+        recipe._load()
+        keys.append(recipe.key)
+    assert len(set(keys[:3])) == 3 and keys[3] == keys[0]  # candidates are cached per item, not per key
+    StepCache(tmp_path, keys[0]).put("configs", "w=int8 kv=auto", {"ppl": 1.0})
+    assert StepCache(tmp_path, keys[1]).get("configs", "w=int8 kv=auto") is None
+    assert StepCache(tmp_path, keys[0]).get("configs", "w=int8 kv=auto") == {"ppl": 1.0}
+
+
+def test_missing_corpus_says_how_to_supply_a_file(ckpt, tmp_path, monkeypatch):
+    import bytediet.eval.corpus as corpus
+
+    monkeypatch.setenv("BYTEDIET_CACHE", str(tmp_path / "empty-cache"))
+    monkeypatch.setattr(corpus, "fetch_austen",
+                        lambda: (_ for _ in ()).throw(BytedietError("`apt-get download r-cran-janeaustenr` failed")))
+    with pytest.raises(BytedietError, match="--corpus FILE"):
+        Recipe(options(ckpt, corpus="prideprejudice"), tmp_path, progress=False).run()
+    assert main(["optimize", "--model", str(ckpt), "--corpus", str(tmp_path / "nope.txt"), "--out",
+                 str(tmp_path), "--no-progress"]) == 2
+
+
+def test_recommendation_reproduces_in_a_fresh_process(run):
+    _, out = run
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    proc = subprocess.run([sys.executable, "-m", "bytediet.optimize.verify", str(out)], capture_output=True,
+                          text=True, env=env, cwd=ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["ppl"] == pytest.approx(result["reported"]["ppl"], rel=1e-4)
+    assert result["ppl_ref"] == pytest.approx(result["reported"]["ppl_ref"], rel=1e-4)
+    assert result["kl_mean"] == pytest.approx(result["reported"]["kl_mean"], rel=1e-3, abs=1e-7)
+    assert result["within_budget"] is True
+
+
+@pytest.mark.slow
+def test_real_model_recommendation_reproduces_and_meets_the_budget(tmp_path):
+    """SmolLM2: int8 weights × int8 KV on one short window, re-checked in a fresh process."""
+    opt = OptimizeOptions(quick=True, windows=1, window_len=64, speed_prompt_len=8, speed_new_tokens=3,
+                          profile_prompt_len=16, profile_new_tokens=3, weights=("int8",), kv=("int8",))
+    report = Recipe(opt, tmp_path, progress=False).run()
+    recommend(report)
+    write_outputs(report, tmp_path)
+    assert report["recommendation"]["within_budget"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    proc = subprocess.run([sys.executable, "-m", "bytediet.optimize.verify", str(tmp_path)], capture_output=True,
+                          text=True, env=env, cwd=ROOT, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["ppl"] == pytest.approx(result["reported"]["ppl"], rel=1e-4)
+    assert result["within_budget"] is True
