@@ -113,9 +113,10 @@ def test_cli_resumes_from_the_cache_and_prints_json(run, ckpt, capsys):
     """A second run in the same directory measures nothing again (every step is cached)."""
     _, out = run
     o = options(ckpt)
+    # progress bars stay on (stderr): only stdout must hold the one JSON object
     argv = ["optimize", "--model", o.model, "--corpus", o.corpus, "--quick", "--windows", "2", "--window-len", "40",
-            "--weights", "int8,int4-g32", "--kv", "int8,turboquant3.5", "--out", str(out), "--json"]  # progress bars on (stderr)
-    # the CLI presets its own speed/profile lengths: only the eval settings key the cache, so set them alike
+            "--weights", "int8,int4-g32", "--kv", "int8,turboquant3.5", "--out", str(out), "--json"]
+    # the CLI takes the quick preset's speed and profile lengths, which key the cache: make them the fixture's
     import bytediet.optimize.recipe as recipe
 
     preset = dict(recipe.PRESETS["quick"], speed_prompt_len=8, speed_new_tokens=3, profile_prompt_len=16,

@@ -26,8 +26,9 @@ from typing import Callable, Optional
 import torch
 
 from ..errors import BytedietError
-from .budget import Budget, best_of_step, choose, compounding, objective_key, within
+from .budget import Budget, best_of_step, compounding, objective_key, within
 from .candidates import Candidate, kv_specs, weight_specs
+from .progress import Bars
 from .state import StepCache, model_identity, run_key
 
 STEPS = ("profile", "baseline", "weights", "kv", "combined", "sensitive")
@@ -192,7 +193,7 @@ class Recipe:
     def run(self) -> dict:
         o = self.opt
         t0 = time.perf_counter()
-        with _Bars(self.progress) as bars:
+        with Bars(self.progress) as bars:
             with bars.spin(f"loading {o.model} and the corpus"):
                 self._load()
             report = {"model": self.label, "model_name": self.model.config.name or self.label,
@@ -271,53 +272,3 @@ def _options_dict(o: OptimizeOptions) -> dict:
     d = asdict(o)
     d["budget"] = o.budget.to_dict()
     return d
-
-
-class _Bars:
-    """Rich progress bars on stderr (one line per step), or nothing when ``enabled`` is False."""
-
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled
-
-    def __enter__(self) -> "_Bars":
-        if self.enabled:
-            from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, \
-                TimeElapsedColumn
-
-            self.bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-                                MofNCompleteColumn(), TimeElapsedColumn(), console=Console(stderr=True))
-            self.bar.__enter__()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.enabled:
-            self.bar.__exit__(*exc)
-
-    def track(self, items: list, title: str):
-        if not self.enabled:
-            yield from items
-            return
-        task = self.bar.add_task(title, total=len(items))
-        for item in items:
-            label = getattr(item, "label", str(item))
-            self.bar.update(task, description=f"{title}: {label}")
-            yield item
-            self.bar.advance(task)
-        self.bar.update(task, description=title)
-
-    def spin(self, title: str):
-        return _Spin(self, title)
-
-
-class _Spin:
-    def __init__(self, bars: _Bars, title: str) -> None:
-        self.bars, self.title = bars, title
-
-    def __enter__(self):
-        if self.bars.enabled:
-            self.task = self.bars.bar.add_task(self.title, total=1)
-
-    def __exit__(self, *exc) -> None:
-        if self.bars.enabled and exc[0] is None:
-            self.bars.bar.update(self.task, completed=1)

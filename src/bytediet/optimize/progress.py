@@ -1,0 +1,52 @@
+"""Progress display of ``bytediet optimize``: one rich bar per step on stderr (or nothing)."""
+from __future__ import annotations
+
+
+class Bars:
+    """Rich progress bars on stderr (one line per step), or nothing when ``enabled`` is False."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+
+    def __enter__(self) -> "Bars":
+        if self.enabled:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, \
+                TimeElapsedColumn
+
+            self.bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                                MofNCompleteColumn(), TimeElapsedColumn(), console=Console(stderr=True))
+            self.bar.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.enabled:
+            self.bar.__exit__(*exc)
+
+    def track(self, items: list, title: str):
+        if not self.enabled:
+            yield from items
+            return
+        task = self.bar.add_task(title, total=len(items))
+        for item in items:
+            label = getattr(item, "label", str(item))
+            self.bar.update(task, description=f"{title}: {label}")
+            yield item
+            self.bar.advance(task)
+        self.bar.update(task, description=title)
+
+    def spin(self, title: str):
+        return _Spin(self, title)
+
+
+class _Spin:
+    def __init__(self, bars: Bars, title: str) -> None:
+        self.bars, self.title = bars, title
+
+    def __enter__(self):
+        if self.bars.enabled:
+            self.task = self.bars.bar.add_task(self.title, total=1)
+
+    def __exit__(self, *exc) -> None:
+        if self.bars.enabled and exc[0] is None:
+            self.bars.bar.update(self.task, completed=1)
