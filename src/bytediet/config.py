@@ -107,7 +107,7 @@ class CacheConfig:
 
     block_size: int = 16
     kv_cache_memory: int = 1 << 30
-    kv_cache_dtype: str = "auto"  # "auto" = the model's compute dtype
+    kv_cache_dtype: Any = "auto"  # a codec spec ("auto" = the model's compute dtype) or a calibrated KVCodec
     enable_prefix_caching: bool = True
     num_blocks: Optional[int] = None  # overrides the memory budget (tests)
 

@@ -188,3 +188,12 @@ def test_stream_yields_deltas_and_aborting_the_stream_frees_blocks(tiny_model):
     stream.close()  # a client that went away
     assert llm.engine.num_free_blocks == llm.engine.block_manager.num_blocks
     assert not llm.engine.has_unfinished_requests()
+
+
+def test_engine_accepts_a_codec_object(tiny_model):
+    from bytediet.kvcache import get_kv_codec
+
+    codec = get_kv_codec("bf16")
+    llm = make_llm(tiny_model, kv_cache_dtype=codec)
+    assert llm.engine.runner.codec is codec
+    assert llm.generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=3))[0].outputs[0].token_ids
