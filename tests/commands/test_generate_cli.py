@@ -29,3 +29,14 @@ def test_chat_answers_each_turn_until_exit():
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert r.stdout.count("assistant> ") == 2
+
+
+def test_generate_accepts_a_run_config(tmp_path):
+    cfg = tmp_path / "run.json"
+    cfg.write_text(json.dumps({"bytediet_run_config": 1, "model": "default", "weights": "int8",
+                               "kv_cache_dtype": "int8", "engine": {"kv_cache_memory": "256MiB"}}))
+    r = subprocess.run(CLI + ["generate", "--config", str(cfg), "--prompt", "Paris is", "--max-tokens", "3", "--json"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert data["weight_bytes"] < 300e6  # int8 linear layers, not the 538 MB fp32 model

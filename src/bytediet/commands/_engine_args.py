@@ -8,6 +8,9 @@ from ..engine.params import SamplingParams
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model and memory")
+    g.add_argument("--config", default=None, metavar="FILE",
+                   help="run config JSON (e.g. the recommended.json of `bytediet optimize`): it sets the model, "
+                        "weights, KV codec and engine settings; --threads still applies")
     g.add_argument("--model", default="default",
                    help="GGUF file, Hugging Face directory, saved bytediet directory, or 'default' / 'gemma3-270m'")
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
@@ -52,6 +55,13 @@ def sampling_params(args: argparse.Namespace) -> SamplingParams:
 def build_llm(args: argparse.Namespace):
     from ..engine.llm import LLM
 
+    if getattr(args, "config", None):
+        from ..config_file import load_run_config
+
+        kwargs = load_run_config(args.config)
+        if args.threads:
+            kwargs["num_threads"] = args.threads
+        return LLM(**kwargs)
     return LLM(
         args.model, dtype=args.dtype, weights=args.weights, keep_packed=args.keep_packed,
         kv_cache_dtype=args.kv_cache_dtype, kv_cache_memory=args.kv_cache_memory, block_size=args.block_size,
