@@ -26,7 +26,7 @@ import torch
 from ..errors import ConfigError
 from .apply import QuantizeConfig, build_format
 from .base import WeightFormat
-from .calibration import BlockRunner, Progress, block_linears, capture, no_progress
+from .calibration import CALIBRATION_METHODS, BlockRunner, Progress, block_linears, capture, no_progress
 from .folding import ScaleGroup, fold_scales, float_weight, scale_groups
 
 
@@ -139,3 +139,9 @@ def awq_model(model, config: QuantizeConfig, windows: torch.Tensor, awq: AWQConf
         hidden, record = awq_block(runner.layers[i], f"model.layers.{i}", hidden, runner, i, config, awq)
         groups.update(record)
     return {"method": "awq", **awq.to_dict(), "results": groups}
+
+
+@CALIBRATION_METHODS.register("awq")
+def run_awq(model, config: QuantizeConfig, windows: torch.Tensor, progress: Progress = no_progress, **settings):
+    """The registered method: fold scales, leave rounding to ``quantize``. ``settings``: :class:`AWQConfig` fields."""
+    return None, awq_model(model, config, windows, AWQConfig(**settings), progress)

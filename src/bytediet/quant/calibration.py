@@ -22,6 +22,7 @@ import torch
 import torch.nn as nn
 
 from ..errors import ConfigError
+from ..registry import Registry
 
 Progress = Callable[[Sequence, str], Iterator]
 
@@ -200,3 +201,41 @@ def block_linears(block: nn.Module, prefix: str) -> dict[str, nn.Module]:
     from ..models.layers import Linear
 
     return {f"{prefix}.{n}": m for n, m in block.named_modules() if isinstance(m, Linear)}
+
+
+# ------------------------------------------------------------------------------ methods by name
+CALIBRATION_METHODS: Registry = Registry("calibration method")
+_METHOD_MODULES = ("awq", "gptq", "smoothquant")
+
+
+def get_calibration_method(name: str) -> Callable:
+    """``method(model, config, windows, progress, **settings) → (prepacked | None, record)`` registered as ``name``."""
+    import importlib
+
+    for module in _METHOD_MODULES:  # each registers itself on import
+        importlib.import_module(f"{__package__}.{module}")
+    try:
+        return CALIBRATION_METHODS.get(name)
+    except KeyError as exc:
+        raise ConfigError(exc.args[0]) from None
+
+
+def calibrate_and_quantize(model, tokenizer, config, method: str, calib: CalibrationConfig = CalibrationConfig(),
+                           progress: Progress = no_progress, windows: Optional[torch.Tensor] = None,
+                           **options):
+    """Calibrate ``model`` with ``method`` on ``calib``'s windows, then ``quantize(model, config)``.
+
+    The calibration settings and the method's record are stored in the config (and so in a saved checkpoint).
+    ``options`` go to the method's settings (e.g. ``n_grid=10`` for AWQ, ``act_order=True`` for GPTQ,
+    ``alpha=0.8`` for SmoothQuant). Returns the :class:`~.apply.QuantizeSummary`.
+    """
+    from dataclasses import replace
+
+    from .apply import quantize
+
+    run = get_calibration_method(method)
+    if windows is None:
+        windows = calibration_windows(tokenizer, calib)
+    prepacked, record = run(model, config, windows, progress, **options)
+    config = replace(config, calibration={**calib.to_dict(), "samples": int(windows.shape[0]), **record})
+    return quantize(model, config, prepacked=prepacked)

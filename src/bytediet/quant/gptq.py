@@ -24,7 +24,7 @@ import torch
 from ..errors import ConfigError
 from .apply import QuantizeConfig, build_format
 from .base import Packed
-from .calibration import BlockRunner, Progress, block_linears, capture, no_progress
+from .calibration import CALIBRATION_METHODS, BlockRunner, Progress, block_linears, capture, no_progress
 from .fp4 import pack_nibbles
 from .int4 import Int4
 
@@ -161,3 +161,9 @@ def gptq_model(model, config: QuantizeConfig, windows: torch.Tensor, gptq: GPTQC
         for layer, fmt, packed in originals.values():
             layer.set_packed(fmt, packed)
     return result, {"method": "gptq", **gptq.to_dict()}
+
+
+@CALIBRATION_METHODS.register("gptq")
+def run_gptq(model, config: QuantizeConfig, windows: torch.Tensor, progress: Progress = no_progress, **settings):
+    """The registered method: GPTQ-packed int4 block layers for ``quantize(..., prepacked=)``; :class:`GPTQConfig` fields."""
+    return gptq_model(model, config, windows, GPTQConfig(**settings), progress)

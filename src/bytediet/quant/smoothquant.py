@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from ..errors import ConfigError
-from .calibration import BlockRunner, Progress, block_linears, capture, no_progress
+from .calibration import CALIBRATION_METHODS, BlockRunner, Progress, block_linears, capture, no_progress
 from .folding import ScaleGroup, fold_scales, group_weight, scale_groups
 
 DEFAULT_FORMAT = "int8-w8a8"
@@ -70,3 +70,9 @@ def smoothquant_model(model, windows: torch.Tensor, config: SmoothQuantConfig = 
             s = smooth_group(group, stats[group.linears[0][0]].abs_max, config.alpha)
             record[group.name] = {"scale_min": float(s.min()), "scale_max": float(s.max())}
     return {"method": "smoothquant", **config.to_dict(), "results": record}
+
+
+@CALIBRATION_METHODS.register("smoothquant")
+def run_smoothquant(model, config, windows: torch.Tensor, progress: Progress = no_progress, **settings):
+    """The registered method: fold scales; the config's format should be ``int8-w8a8``. ``settings``: α, groups."""
+    return None, smoothquant_model(model, windows, SmoothQuantConfig(**settings), progress)

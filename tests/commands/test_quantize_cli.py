@@ -1,0 +1,71 @@
+"""``bytediet quantize`` on a tiny Hugging Face checkpoint: save, reload with generate, calibration, budgets, bad input."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bytediet.cli import main
+from bytediet.commands.quantize import parse_overrides
+from bytediet.quant.checkpoint import read_config
+from tests.eval.test_harness import write_tiny_checkpoint
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny-quantize"), seed=9)
+
+
+def quantize_argv(ckpt, out, *extra):
+    return ["quantize", "--model", str(ckpt), "--out", str(out), "--calib-corpus", str(ckpt / "corpus.txt"),
+            "--calib-samples", "2", "--calib-len", "32", "--no-progress", "--json", *extra]
+
+
+@pytest.mark.parametrize("method, fmt", [("gptq", "int4-g32"), ("awq", "int4-g32-sym"), ("smoothquant", "int8-w8a8")])
+def test_calibrated_checkpoint_saves_and_generate_loads_it(ckpt, tmp_path, capsys, method, fmt):
+    out = tmp_path / "q"
+    assert main(quantize_argv(ckpt, out, "--format", fmt, "--calibrate", method,
+                              "--overrides", "*.layers.0.mlp.*=int8")) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["calibration"]["method"] == method and res["calibration"]["seq_len"] == 32
+    assert res["layers"]["model.layers.1.self_attn.q_proj"] == fmt
+    assert res["layers"]["model.layers.0.mlp.up_proj"] == "int8"
+    assert res["bytes_after"] < res["bytes_before"]
+    cfg = read_config(out)
+    assert cfg["layers"]["model.layers.1.mlp.down_proj"] == fmt and cfg["calibration"]["method"] == method
+    assert cfg["layers"]["lm_head"] == ("int8" if fmt.startswith("int4") else "fp32")  # output policy
+    assert main(["generate", "--model", str(out), "--prompt", "the sister", "--max-tokens", "3", "--json"]) == 0
+    gen = json.loads(capsys.readouterr().out)
+    assert gen["model"] == str(out) and gen["generated_tokens"] >= 1
+
+
+def test_mixed_precision_budget_writes_overrides(ckpt, tmp_path, capsys):
+    out = tmp_path / "mixed"
+    assert main(quantize_argv(ckpt, out, "--format", "int4-g32", "--max-kl", "0.001",
+                              "--candidates", "int4-g32,int8,fp32")) == 0
+    res = json.loads(capsys.readouterr().out)
+    mixed = res["mixed_precision"]
+    assert mixed["measured"]["kl"] <= 0.001
+    assert set(mixed["assignment"]) == {"model.layers.0.*", "model.layers.1.*", "lm_head"}
+    for unit, spec in mixed["assignment"].items():
+        assert res["layers"]["lm_head" if unit == "lm_head" else unit.replace("*", "mlp.gate_proj")] == spec
+
+
+def test_bad_input_is_a_clear_error_and_leaves_nothing(ckpt, tmp_path, capsys):
+    out = tmp_path / "bad"
+    cases = [(["--format", "int3"], "unknown weight format"),
+             (["--format", "int4-g64"], "valid group sizes"),  # hidden 32: g64 does not divide
+             (["--format", "int4-g32", "--calibrate", "gptq", "--calib-samples", "500"], "calibration data too short"),
+             (["--format", "int8", "--overrides", "lm_head"], "PATTERN=FORMAT"),
+             (["--format", "int8", "--export-gguf", str(tmp_path / "x.gguf")], "needs a .gguf source")]
+    for extra, message in cases:
+        assert main(quantize_argv(ckpt, out, *extra)) == 2
+        assert message in capsys.readouterr().err
+        assert not out.exists() and not list(tmp_path.glob(".bad*"))
+    out.mkdir()
+    assert main(quantize_argv(ckpt, out, "--format", "int8")) == 2
+    assert "already exists" in capsys.readouterr().err
+
+
+def test_parse_overrides_keeps_order():
+    assert list(parse_overrides(" lm_head=int8, *.layers.0.*=fp8 ,")) == ["lm_head", "*.layers.0.*"]
