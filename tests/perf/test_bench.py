@@ -109,13 +109,17 @@ def tiny_result():
     hw = measure_mod.spec_from_measurement(FAKE_MACHINE)
     cfg = BenchConfig.quick(threads=1)
     peers = [Unavailable("llama.cpp", "No module named 'llama_cpp'"), BrokenPeer()]
-    return run_bench(ours, peers, cfg, hardware=hw), ours, hw, cfg
+    snapshots = []
+    result = run_bench(ours, peers, cfg, hardware=hw, checkpoint=lambda r: snapshots.append(json.dumps(r)))
+    result["snapshots"] = [json.loads(s) for s in snapshots]
+    return result, ours, hw, cfg
 
 
 def test_result_shape_and_counts(tiny_result):
     r, ours, _, cfg = tiny_result
     json.loads(json.dumps(r))  # JSON-able
     assert set(r) >= {"machine", "config", "corpus", "systems", "ratios", "roofline", "read_bandwidth_gb_per_s"}
+    assert r["machine"]["cores"] >= 1 and len(r["machine"]["load_average"]) == 3
     assert r["corpus"] == "random token ids" and r["read_bandwidth_gb_per_s"] == pytest.approx(10.0)
     mine = r["systems"]["bytediet"]
     assert mine["available"] and mine["info"]["weight_bytes"] == ours.model.weight_bytes()
@@ -143,6 +147,13 @@ def test_same_workload_for_every_level_and_system(tiny_result):
         s = r["systems"]["bytediet"]["concurrency"][str(level)]
         assert s["prompt_tokens"] == sum(len(p) for p in work.prompts)
         assert s["output_tokens"] == sum(work.max_tokens)
+
+
+def test_partial_results_are_handed_out_after_each_system(tiny_result):
+    snaps = tiny_result[0]["snapshots"]
+    assert [list(s["systems"]) for s in snaps] == [["bytediet"], ["bytediet", "llama.cpp"],
+                                                   ["bytediet", "llama.cpp", "broken"]]
+    assert "roofline" in snaps[0]
 
 
 def test_unavailable_and_failing_peers_are_reported(tiny_result):
@@ -229,6 +240,7 @@ def test_cli_json_prints_one_object_with_the_transformers_peer(ckpt, fake_machin
     pytest.importorskip("transformers")
     out_file = tmp_path / "r.json"
     assert main(["bench", "--model", str(ckpt), "--quick", "--threads", "1", "--peers", "llama.cpp,transformers",
+                 "--prompt-lens", "8,16", "--output-lens", "2,3", "--requests-per-level", "3",
                  "--json", "--out", str(out_file)]) == 0
     out = capsys.readouterr().out
     obj = json.loads(out)
@@ -239,6 +251,8 @@ def test_cli_json_prints_one_object_with_the_transformers_peer(ckpt, fake_machin
     hf = obj["systems"]["transformers"]
     assert hf["available"], hf.get("reason")
     ours = obj["systems"]["bytediet"]
+    assert obj["config"]["prompt_len_range"] == [8, 16] and obj["config"]["output_len_range"] == [2, 3]
+    assert ours["concurrency"]["1"]["requests"] == 3 and ours["concurrency"]["4"]["requests"] == 4
     for level in ("1", "4"):  # the same workload through both systems
         assert hf["concurrency"][level]["output_tokens"] == ours["concurrency"][level]["output_tokens"]
         assert hf["concurrency"][level]["prompt_tokens"] == ours["concurrency"][level]["prompt_tokens"]
@@ -257,6 +271,8 @@ def test_cli_table_and_bad_flags(ckpt, fake_machine, capsys):
     assert main(["bench", "--model", str(ckpt), "--quick", "--concurrency", "1,x"]) == 2
     assert "--concurrency" in capsys.readouterr().err
     assert main(["bench", "--model", str(ckpt), "--quick", "--threads", "1", "--parts", "everything"]) == 2
+    assert main(["bench", "--model", str(ckpt), "--quick", "--output-lens", "3"]) == 2
+    assert "LO,HI" in capsys.readouterr().err
 
 
 @pytest.mark.slow

@@ -30,6 +30,10 @@ def register(sub) -> None:
     p.add_argument("--peers", default="llama.cpp,transformers", help="comma-separated peers, or 'none'")
     p.add_argument("--concurrency", default=None, help="concurrent requests per level (default 1,4,16,32,64)")
     p.add_argument("--roofline-batches", default=None, help="batch sizes of the predicted-vs-measured check (default 1,16)")
+    p.add_argument("--prompt-lens", default=None, metavar="LO,HI", help="prompt length range of the sweep (default 64,512)")
+    p.add_argument("--output-lens", default=None, metavar="LO,HI", help="output length range of the sweep (default 32,128)")
+    p.add_argument("--requests-per-level", type=int, default=None,
+                   help="requests per concurrency level: max(level, this) (default 4)")
     p.add_argument("--parts", default="single,concurrency,roofline", help="which parts to run (comma-separated)")
     p.add_argument("--weights", default=None, metavar="FMT", help="bytediet weight format (e.g. int8, int4-g64)")
     p.add_argument("--kv-cache-dtype", default="auto", metavar="CODEC", help="bytediet KV-cache codec")
@@ -51,6 +55,15 @@ def bench_config(args: argparse.Namespace):
         overrides["concurrency"] = _ints(args.concurrency, "--concurrency")
     if args.roofline_batches:
         overrides["roofline_batches"] = _ints(args.roofline_batches, "--roofline-batches")
+    for flag, key in (("prompt_lens", "prompt_len_range"), ("output_lens", "output_len_range")):
+        value = getattr(args, flag)
+        if value:
+            pair = _ints(value, "--" + flag.replace("_", "-"))
+            if len(pair) != 2:
+                raise ConfigError(f"--{flag.replace('_', '-')}: give LO,HI, got {value!r}")
+            overrides[key] = pair
+    if args.requests_per_level is not None:
+        overrides["min_requests"] = args.requests_per_level
     return BenchConfig.quick(**overrides) if args.quick else BenchConfig(**overrides)
 
 
@@ -81,12 +94,16 @@ def run(args: argparse.Namespace) -> int:
     n_ctx = 256 * -(-(config.max_sequence_len + 16) // 256)
     peers = make_peers(names, path, threads=config.threads, n_ctx=n_ctx,
                        pad_token_id=eos[0])
-    result = run_bench(ours, peers, config, parts=parts, hardware=hardware, progress=progress)
-    result["command"] = command_line(args)
-    result["model"] = str(path)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    extra = {"command": command_line(args), "model": str(path)}
+
+    def write(partial: dict) -> None:
+        if args.out:
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(json.dumps({**partial, **extra}, indent=2) + "\n")
+
+    result = {**run_bench(ours, peers, config, parts=parts, hardware=hardware, progress=progress, checkpoint=write),
+              **extra}
+    write(result)
     if args.json:
         print(json.dumps(result))
     else:
@@ -99,7 +116,8 @@ def command_line(args: argparse.Namespace) -> str:
     flags = [f"--model {args.model}", f"--threads {args.threads}", f"--peers {args.peers}", f"--parts {args.parts}",
              f"--kv-cache-dtype {args.kv_cache_dtype}", f"--max-num-batched-tokens {args.max_num_batched_tokens}"]
     for flag, value in (("--weights", args.weights), ("--concurrency", args.concurrency),
-                        ("--roofline-batches", args.roofline_batches)):
+                        ("--roofline-batches", args.roofline_batches), ("--prompt-lens", args.prompt_lens),
+                        ("--output-lens", args.output_lens), ("--requests-per-level", args.requests_per_level)):
         if value:
             flags.append(f"{flag} {value}")
     return " ".join(["bytediet bench", *flags, *(["--quick"] if args.quick else [])])

@@ -273,11 +273,12 @@ def machine_info() -> dict:
 
 def run_bench(ours, peers: Sequence, config: BenchConfig, *, parts: Sequence[str] = PARTS,
               read_bandwidth: Optional[float] = None, hardware=None, corpus: Optional[tuple[list[int], str]] = None,
-              progress: Progress = lambda msg: None) -> dict:
+              progress: Progress = lambda msg: None, checkpoint: Callable[[dict], None] = lambda partial: None) -> dict:
     """Run every part for ``ours`` (a :class:`bytediet.perf.peers.BytedietSystem`) and each peer (a
     :class:`System` or :class:`Unavailable`); returns one JSON-able dict.
 
     ``hardware``: the :class:`HardwareSpec` the roofline predicts for (default: this machine, measured).
+    ``checkpoint`` receives the partial result after each system (a long run keeps what it measured).
     """
     bad = set(parts) - set(PARTS)
     if bad:
@@ -295,10 +296,12 @@ def run_bench(ours, peers: Sequence, config: BenchConfig, *, parts: Sequence[str
     result["systems"][ours.name] = run_system(ours, ctx, parts)
     if "roofline" in parts:
         result["roofline"] = roofline_section(ours, hardware, ctx, result["systems"][ours.name].get("single"))
+    checkpoint(result)
     for peer in peers:
         result["systems"][peer.name] = _run_peer(peer, ctx, parts)
         if result["systems"][peer.name]["available"]:
             result["ratios"][peer.name] = ratios(result["systems"][ours.name], result["systems"][peer.name])
+        checkpoint(result)
     result["machine"]["load_average_end"] = list(os.getloadavg())
     return result
 
