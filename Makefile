@@ -22,8 +22,11 @@ $(STAMP): pyproject.toml constraints.txt
 
 setup: $(STAMP)
 
+# The main job: a streamed generation (engine + roofline figure), then the accuracy/efficiency trade-off
+# report of `bytediet optimize --quick` with its recommended configuration (written to ./bytediet-optimize).
 demo: $(STAMP)
-	$(VENV)/bin/bytediet generate --prompt "Explain in two sentences why LLM inference is limited by memory bandwidth." --chat --max-tokens 96
+	$(VENV)/bin/bytediet generate --prompt "Explain in two sentences why LLM inference is limited by memory bandwidth." --chat --max-tokens 64
+	$(VENV)/bin/bytediet optimize --quick --model default --out bytediet-optimize/default
 
 test: $(STAMP)
 	$(PY) -m pytest -q
