@@ -27,7 +27,7 @@ from ..errors import ConfigError
 from .apply import QuantizeConfig, build_format
 from .base import WeightFormat
 from .calibration import CALIBRATION_METHODS, BlockRunner, Progress, block_linears, capture, no_progress
-from .folding import ScaleGroup, fold_scales, float_weight, scale_groups
+from .folding import fold_scales, float_weight, scale_groups
 
 
 @dataclass(frozen=True)
