@@ -33,6 +33,8 @@ def _available(spec: str) -> bool:
 
 
 SPECS = KV_CODECS.names() + [s for s in EXTRA if _available(s)]
+# every registered codec runs in the default suite; the extra parametrisations run with -m slow
+SPEC_PARAMS = KV_CODECS.names() + [pytest.param(s, marks=pytest.mark.slow) for s in EXTRA if _available(s)]
 
 
 def random_batch_plan(rng: random.Random, num_blocks: int, block_size: int, num_seqs: int, max_len: int):
@@ -136,7 +138,7 @@ def loose_tolerance(spec: str, bits: float) -> float:
 
 
 @pytest.mark.parametrize("window", [None, 20])
-@pytest.mark.parametrize("spec", SPECS)
+@pytest.mark.parametrize("spec", SPEC_PARAMS)
 def test_attend_matches_reference(spec, window):
     codec, cache, results = run_steps(spec, seed=zlib.crc32(f"{spec}{window}".encode()) % 1000, window=window)
     bits = weakest_half_bits(codec, 2, 64)
@@ -146,7 +148,7 @@ def test_attend_matches_reference(spec, window):
         assert rel < loose_tolerance(spec, bits), f"{spec}: relative error {rel:.3f} at {bits:.2f} bits"
 
 
-@pytest.mark.parametrize("spec", SPECS)
+@pytest.mark.parametrize("spec", SPEC_PARAMS)
 def test_gqa_shapes_and_single_kv_head(spec):
     # gemma-like: one KV head, 4 query heads, head_dim 256
     _, _, results = run_steps(spec, seed=7, hq=4, hkv=1, d=256, num_seqs=2)
