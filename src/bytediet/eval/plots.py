@@ -40,7 +40,7 @@ def plot_kl_histogram(result: dict, path: str | Path) -> Path:
     ax.set_ylabel("positions")
     ax.set_title(f"Next-token KL, {kl['count']} positions\n{_label(result)}", fontsize=10)
     ax.legend(fontsize=8)
-    return _save(fig, plt, path)
+    return save_figure(fig, plt, path)
 
 
 def plot_window_ppl(result: dict, path: str | Path) -> Path:
@@ -56,10 +56,11 @@ def plot_window_ppl(result: dict, path: str | Path) -> Path:
     ax.set_ylabel("perplexity")
     ax.set_title(f"Perplexity per window\n{_label(result)}", fontsize=10)
     ax.legend(fontsize=8)
-    return _save(fig, plt, path)
+    return save_figure(fig, plt, path)
 
 
-def _save(fig, plt, path: str | Path) -> Path:
+def save_figure(fig, plt, path: str | Path) -> Path:
+    """Write a figure as PNG (creating folders) and close it; returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()

@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from ..eval.plots import save_figure
 
 STEP_STYLE = {"baseline": ("#333333", "s"), "weights": ("#4878d0", "o"), "kv": ("#ee854a", "^"),
               "combined": ("#6acc64", "D"), "sensitive": ("#d65f5f", "P")}
@@ -66,7 +67,7 @@ def plot_pareto(report: dict, path: str | Path) -> Path:
     unique = dict(zip(labels, handles))
     left.legend(unique.values(), unique.keys(), fontsize=8)
     fig.suptitle(f"{report['model_name']}: accuracy loss vs memory and speed (lower-left / lower-right is better)")
-    return _save(fig, plt, path)
+    return save_figure(fig, plt, path)
 
 
 def plot_roofline(report: dict, path: str | Path) -> Path:
@@ -94,13 +95,4 @@ def plot_roofline(report: dict, path: str | Path) -> Path:
     ax.set_title(f"{report['model_name']}: prefill vs decode on this machine's roofline")
     ax.grid(True, which="both", alpha=0.25)
     ax.legend(fontsize=8, loc="lower right")
-    return _save(fig, plt, path)
-
-
-def _save(fig, plt, path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, plt, path)
