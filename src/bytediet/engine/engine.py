@@ -176,7 +176,7 @@ class LLMEngine:
     def _release(self, req: Request) -> None:
         if req.finish_time is None and req.is_finished:
             req.finish_time = time.perf_counter()
-        self.runner.free_sequence(getattr(req, "seq_id", -1))
+        self.runner.free_sequence(req.seq_id)
 
     # -- introspection ------------------------------------------------------------------------
     @property

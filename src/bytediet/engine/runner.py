@@ -73,7 +73,4 @@ class ModelRunner:
     def run(self, out: SchedulerOutput) -> torch.Tensor:
         """Logits (N, vocab) float32 for the scheduled requests that sample, in schedule order."""
         input_ids, meta, logit_rows = self.prepare(out)
-        if logit_rows.numel() == 0:
-            self.model(input_ids, meta, self.caches, logit_rows)
-            return torch.empty(0, self.model.config.vocab_size)
-        return self.model(input_ids, meta, self.caches, logit_rows)
+        return self.model(input_ids, meta, self.caches, logit_rows)  # (0, vocab) when nobody samples

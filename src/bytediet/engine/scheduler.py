@@ -66,7 +66,6 @@ class Scheduler:
         """Pick the requests and token counts of the next step within the budget."""
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
-        scheduled_ids: set[str] = set()
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
@@ -89,7 +88,6 @@ class Scheduler:
                     continue
             self.block_manager.allocate(req, n)
             out.scheduled.append(ScheduledRequest(req, n))
-            scheduled_ids.add(req.request_id)
             budget -= n
             i += 1
         if not out.preempted:
