@@ -84,3 +84,19 @@ def test_compounding(w, kv, both, compounds):
     out = compounding(rec("w", *w), rec("kv", *kv), rec("both", *both))
     assert out["compounds"] is compounds
     assert out["kl_mean"]["sum_of_parts"] == pytest.approx(max(w[1], 0) + max(kv[1], 0))
+
+
+@pytest.mark.parametrize("drop, budget, inside, worst", [
+    (None, Budget(2.0), True, 0.5),  # not measured: only the other limits apply
+    (0.0, Budget(2.0), True, 0.5),
+    (0.5, Budget(2.0), False, math.inf),  # the default: retrieve everything the unmodified model retrieves
+    (0.5, Budget(2.0, max_passkey_drop=0.5), True, 1.0),
+    (0.5, Budget(2.0, max_passkey_drop=0.25), False, 2.0),
+    (1.0, Budget(2.0, max_passkey_drop=None), True, 0.5),  # no retrieval limit
+])
+def test_passkey_drop_limit(drop, budget, inside, worst):
+    r = rec("x", 1.0, 0.0) | {"passkey_drop": drop}
+    assert within(r, budget) is inside
+    assert overshoot(r, budget) == pytest.approx(worst, rel=1e-6)
+    with pytest.raises(ConfigError, match="passkey"):
+        Budget(2.0, max_passkey_drop=1.5)

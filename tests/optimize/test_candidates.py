@@ -65,7 +65,7 @@ def test_a_format_may_list_its_own_variants(model, monkeypatch):
 
 def test_quick_keeps_one_fitting_spec_per_family(model):
     w, kv = weight_specs(model, quick=True), kv_specs(model, quick=True)
-    assert w.specs == ["int8", "int4-g32", "nvfp4"]  # int4-g128 and -g64 do not fit hidden 32
+    assert w.specs == ["int8", "int4-g32", "nvfp4", "sparse24"]  # int4-g128 and -g64 do not fit hidden 32
     assert kv.specs == ["int8", "turboquant3.5"]
 
 
@@ -86,3 +86,29 @@ def test_candidate_labels_name_every_choice():
     c = Candidate("sensitive", "int4-g64", "int8", (("lm_head", "int8"),))
     assert c.label == "w=int4-g64 lm_head=int8 kv=int8"
     assert c.to_dict()["overrides"] == {"lm_head": "int8"}
+
+
+def test_calibrated_specs_come_from_the_method_registry_on_the_rtn_grid(model):
+    from bytediet.optimize.candidates import calibrated_specs
+    from bytediet.quant.calibration import calibration_method_names
+
+    rtn = weight_specs(model)
+    out = calibrated_specs(model, rtn)
+    methods = {s.split("+")[1] for s in out.specs}
+    assert methods == set(calibration_method_names()) >= {"awq", "gptq", "smoothquant", "wanda"}
+    assert {"int4-g32+awq", "int4-g32+gptq", "int8-w8a8+smoothquant", "sparse24+wanda"} <= set(out.specs)
+    quick = calibrated_specs(model, weight_specs(model, quick=True), quick=True)
+    assert quick.specs == ["int4-g32+awq", "sparse24+wanda"]  # one method per family --quick measures
+    assert calibrated_specs(model, rtn, methods=("gptq",)).specs == ["int4-g32+gptq"]
+
+
+def test_explicit_calibrated_specs_are_checked(model):
+    from bytediet.optimize.candidates import Candidate, calibrated_specs
+
+    out = calibrated_specs(model, weight_specs(model), only=["int4-g32+gptq", "int8+awq", "int4-g64+awq", "x+nope"])
+    assert out.specs == ["int4-g32+gptq"]
+    assert "calibrates int4, not int8" in out.skipped["int8+awq"]
+    assert "does not divide" in out.skipped["int4-g64+awq"]
+    assert "unknown calibration method" in out.skipped["x+nope"]
+    cand = Candidate.for_weights("weights", "int4-g32+gptq")
+    assert (cand.weights, cand.method, cand.label) == ("int4-g32", "gptq", "w=int4-g32+gptq kv=auto")

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def options(ckpt: Path, **kw) -> OptimizeOptions:
     base = dict(model=str(ckpt), corpus=str(ckpt / "corpus.txt"), quick=True, windows=2, window_len=40,
                 speed_prompt_len=8, speed_new_tokens=3, profile_prompt_len=16, profile_new_tokens=3,
-                weights=("int8", "int4-g32"), kv=("int8", "turboquant3.5"), budget=Budget(2.0))
+                weights=("int8", "int4-g32"), kv=("int8", "turboquant3.5"), budget=Budget(2.0), passkey_lengths=())
     return OptimizeOptions(**{**base, **kw})
 
 
@@ -120,7 +120,7 @@ def test_cli_resumes_from_the_cache_and_prints_json(run, ckpt, capsys):
     import bytediet.optimize.recipe as recipe
 
     preset = dict(recipe.PRESETS["quick"], speed_prompt_len=8, speed_new_tokens=3, profile_prompt_len=16,
-                  profile_new_tokens=3)
+                  profile_new_tokens=3, passkey_lengths=())
     calls = []
     import bytediet.eval.harness as harness
 
@@ -218,3 +218,49 @@ def test_real_model_recommendation_reproduces_and_meets_the_budget(tmp_path):
     result = json.loads(proc.stdout)
     assert result["ppl"] == pytest.approx(result["reported"]["ppl"], rel=1e-4)
     assert result["within_budget"] is True
+
+
+def test_calibrated_candidates_and_a_calibrated_recommendation_reproduce(ckpt, tmp_path):
+    """int4 RTN and GPTQ on one grid; a calibrated winner is saved as a checkpoint that verify reloads."""
+    opt = options(ckpt, weights=("int4-g32", "int4-g32+gptq"), kv=("int8",), calib_samples=2, calib_len=32,
+                  budget=Budget(1e6), objective="memory")
+    recipe = Recipe(opt, tmp_path, progress=False)
+    report = recipe.run()
+    weights = {r["label"]: r for r in report["steps"]["weights"]["records"]}
+    rtn, gptq = weights["w=int4-g32 kv=auto"], weights["w=int4-g32+gptq kv=auto"]
+    assert gptq["method"] == "gptq" and rtn["method"] is None
+    assert gptq["weight_bytes"] == rtn["weight_bytes"] and gptq["kl_mean"] != rtn["kl_mean"]
+    combined = report["steps"]["combined"]["records"]
+    assert combined and combined[0]["method"] in ("gptq", None)
+    report["recommendation"] = None
+    recommend(report)
+    report["recommendation"]["record"] = gptq | {"within_budget": True}  # force the calibrated choice
+    report["recommendation"].update(label=gptq["label"], run_config={
+        **report["recommendation"]["run_config"], "weights": "int4-g32", "kv_cache_dtype": "auto"})
+    saved = recipe.materialize(report)
+    assert saved == tmp_path / "recommended-model" and (saved / "bytediet_config.json").is_file()
+    run_config = report["recommendation"]["run_config"]
+    assert run_config["model"] == "recommended-model" and run_config["weights"] is None
+    assert run_config["notes"]["calibration"] == "gptq"
+    write_outputs(report, tmp_path)
+    summary = (tmp_path / "summary.md").read_text()
+    assert "gptq on int4-g32: perplexity" in summary and "saved in `recommended-model/`" in summary
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    proc = subprocess.run([sys.executable, "-m", "bytediet.optimize.verify", str(tmp_path)], capture_output=True,
+                          text=True, env=env, cwd=ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["ppl"] == pytest.approx(gptq["ppl"], rel=1e-4)  # the saved GPTQ weights, not a re-rounding
+    assert result["ppl_ref"] == pytest.approx(gptq["ppl_ref"], rel=1e-4)
+
+
+def test_passkey_retrieval_is_measured_per_configuration(ckpt, tmp_path):
+    opt = options(ckpt, weights=("int8",), kv=("int8",), passkey_lengths=(256,), passkey_depths=(0.5,))
+    report = Recipe(opt, tmp_path, progress=False).run()
+    assert "passkey" in report["settings"]["tasks"]
+    for step in ("baseline", "weights", "kv"):
+        for r in report["steps"][step]["records"]:
+            assert 0.0 <= r["passkey"] <= 1.0 and r["passkey_ref"] == report["steps"]["baseline"]["records"][0]["passkey"]
+            assert r["passkey_drop"] == pytest.approx(max(r["passkey_ref"] - r["passkey"], 0.0))
+    recommend(report)
+    assert "passkey" in [c.header for c in step_table(report, "kv").columns]

@@ -24,24 +24,47 @@ def _specs(text):
     return specs
 
 
+def _lengths(text):
+    if text is None:
+        return None
+    if text.strip().lower() == "none":
+        return ()
+    try:
+        return tuple(int(s) for s in _specs(text))
+    except ValueError:
+        raise ConfigError(f"--passkey-lengths: expected comma-separated token counts or 'none', got {text!r}") from None
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser("optimize", help="find the fastest (or smallest) configuration within an accuracy budget",
                               description=__doc__)
     p.add_argument("--model", default="default", help="model name or path (default: SmolLM2-135M-Instruct)")
     p.add_argument("--out", default=None, metavar="DIR", help="output directory (default ./bytediet-optimize/<model>)")
     p.add_argument("--quick", action="store_true",
-                   help="demo preset: 2 short windows, one candidate per main family, short speed runs")
+                   help="demo preset: 4 windows of 512 tokens, one candidate per main family (plus AWQ and Wanda), "
+                        "passkey at 1024 tokens, short speed runs (about 10 minutes on 2 cores)")
     p.add_argument("--objective", default="throughput", choices=["throughput", "memory"],
                    help="what to maximise within the budget: decode tok/s, or fewest bytes (weights + KV)")
     p.add_argument("--max-ppl-increase", type=float, default=2.0, metavar="PCT",
                    help="accuracy budget: largest perplexity increase in percent (default 2)")
     p.add_argument("--max-kl", type=float, default=None, metavar="NATS",
                    help="accuracy budget: largest mean next-token KL divergence (default: no limit)")
-    p.add_argument("--weights", default=None, help="only these weight formats (comma-separated specs)")
+    p.add_argument("--max-passkey-drop", type=float, default=0.0, metavar="FRACTION",
+                   help="accuracy budget: passkey retrieval accuracy a configuration may lose against the "
+                        "unmodified model (default 0: retrieve all it retrieves; -1: no limit)")
+    p.add_argument("--passkey-lengths", default=None,
+                   help="passkey prompt lengths in tokens (quick 1024, full 1024,2048,4096; 'none' to skip)")
+    p.add_argument("--weights", default=None,
+                   help="only these weight formats (comma-separated specs; FORMAT+METHOD for a calibrated one, "
+                        "e.g. int4-g64,int4-g64+gptq)")
+    p.add_argument("--methods", default=None,
+                   help="calibration methods to try (comma-separated: awq,gptq,smoothquant,wanda; 'none' for none)")
+    p.add_argument("--calib-samples", type=int, default=None, help="calibration windows (quick 8, full 32)")
+    p.add_argument("--calib-len", type=int, default=None, help="tokens per calibration window (quick 256, full 512)")
     p.add_argument("--kv", default=None, help="only these KV codecs (comma-separated specs)")
     p.add_argument("--corpus", default="prideprejudice", help="an Austen novel, 'austen', or a UTF-8 text FILE")
-    p.add_argument("--windows", type=int, default=None, help="evaluation windows (quick 2, full 8)")
-    p.add_argument("--window-len", type=int, default=None, help="tokens per window (quick 128, full 512)")
+    p.add_argument("--windows", type=int, default=None, help="evaluation windows (quick 4, full 8)")
+    p.add_argument("--window-len", type=int, default=None, help="tokens per window (quick 512, full 1024)")
     p.add_argument("--context", type=int, default=2048, help="sequence length for the memory figure (default 2048)")
     p.add_argument("--seed", type=int, default=0, help="picks the evaluation windows")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads (also keys this machine's roofline)")
@@ -60,9 +83,13 @@ def options_from_args(args: argparse.Namespace):
     from ..optimize.recipe import OptimizeOptions
 
     return OptimizeOptions(model=args.model, quick=args.quick, objective=args.objective,
-                           budget=Budget(args.max_ppl_increase, args.max_kl), corpus=args.corpus, seed=args.seed,
+                           budget=Budget(args.max_ppl_increase, args.max_kl,
+                                         None if args.max_passkey_drop < 0 else args.max_passkey_drop), corpus=args.corpus, seed=args.seed,
                            context=args.context, windows=args.windows, window_len=args.window_len,
-                           weights=_specs(args.weights), kv=_specs(args.kv), threads=args.threads)
+                           weights=_specs(args.weights), kv=_specs(args.kv), threads=args.threads,
+                           methods=() if (args.methods or "").strip().lower() == "none" else _specs(args.methods),
+                           calib_samples=args.calib_samples, calib_len=args.calib_len,
+                           passkey_lengths=_lengths(args.passkey_lengths))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -83,8 +110,10 @@ def run(args: argparse.Namespace) -> int:
             recommend(report)  # marks "in budget" on the rows shown so far
         console.print(profile_table(report) if step == "profile" else step_table(report, step))
 
-    report = Recipe(options_from_args(args), out, on_step=show, progress=not args.no_progress).run()
+    recipe = Recipe(options_from_args(args), out, on_step=show, progress=not args.no_progress)
+    report = recipe.run()
     recommend(report)
+    checkpoint = recipe.materialize(report)
     paths = write_outputs(report, out)
     if args.json:
         print(json.dumps(report, default=float))
@@ -94,5 +123,7 @@ def run(args: argparse.Namespace) -> int:
                   f"{rec['label']}\n{rec['reason']}")
     for name in ("summary", "recommended", "report", "pareto", "roofline"):
         console.print(f"wrote {paths[name]}")
+    if checkpoint is not None:
+        console.print(f"wrote {checkpoint} (the calibrated weights recommended.json loads)")
     console.print(f"finished in {report['elapsed_s']:.0f} s")
     return 0

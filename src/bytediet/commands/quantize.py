@@ -25,7 +25,7 @@ def register(sub) -> None:
                                    "budget) and save a bytediet checkpoint.")
     p.add_argument("--model", default="default", help="GGUF file, Hugging Face directory, or 'default' / 'gemma3-270m'")
     p.add_argument("--format", required=True, help="weight format, e.g. int8, int4-g128, int8-w8a8, nvfp4")
-    p.add_argument("--calibrate", choices=["awq", "gptq", "smoothquant"], default=None,
+    p.add_argument("--calibrate", choices=["awq", "gptq", "smoothquant", "wanda"], default=None,
                    help="calibration method (default: round to nearest)")
     p.add_argument("--calib-samples", type=int, default=128, help="calibration windows (default 128)")
     p.add_argument("--calib-len", type=int, default=512, help="tokens per calibration window (default 512)")

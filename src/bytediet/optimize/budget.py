@@ -5,7 +5,9 @@ with at least ``ppl_increase_pct`` (100·(PPL_test / PPL_ref − 1)), ``kl_mean`
 KL(P_ref || P_test) in nats), ``decode_tok_s`` and ``memory_bytes`` (weights + KV cache of one
 sequence at the planning context).
 
-* Within budget: ``ppl_increase_pct <= max_ppl_increase`` and (when set) ``kl_mean <= max_kl``.
+* Within budget: ``ppl_increase_pct <= max_ppl_increase``, (when set) ``kl_mean <= max_kl``, and (when
+  set and the record measured passkey retrieval) ``passkey_drop <= max_passkey_drop``: the fraction of
+  passkey trials the reference retrieved and the configuration lost.
 * Objective ``throughput``: the highest decode tok/s; ``memory``: the fewest bytes. Ties go to the
   smaller KL.
 * Nothing within budget: the *closest* configuration is the one whose worst budget overshoot,
@@ -24,28 +26,42 @@ OBJECTIVES = ("throughput", "memory")
 
 @dataclass(frozen=True)
 class Budget:
-    """How much accuracy the user will trade: PPL increase in percent, and optionally mean KL in nats."""
+    """How much accuracy the user will trade: PPL increase in percent, optionally mean KL in nats, and the
+    passkey retrieval accuracy it may lose (a fraction; 0 = retrieve everything the unmodified model does)."""
 
     max_ppl_increase: float = 2.0
     max_kl: Optional[float] = None
+    max_passkey_drop: Optional[float] = 0.0
 
     def __post_init__(self) -> None:
         if not self.max_ppl_increase >= 0:
             raise ConfigError(f"--max-ppl-increase is a percentage >= 0, got {self.max_ppl_increase}")
         if self.max_kl is not None and not self.max_kl >= 0:
             raise ConfigError(f"--max-kl is a KL divergence in nats >= 0, got {self.max_kl}")
+        if self.max_passkey_drop is not None and not 0.0 <= self.max_passkey_drop <= 1.0:
+            raise ConfigError(f"--max-passkey-drop is a fraction in [0, 1], got {self.max_passkey_drop}")
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     def describe(self) -> str:
         text = f"perplexity increase <= {self.max_ppl_increase:g}%"
-        return text + (f" and mean KL <= {self.max_kl:g} nats" if self.max_kl is not None else "")
+        text += f", mean KL <= {self.max_kl:g} nats" if self.max_kl is not None else ""
+        if self.max_passkey_drop is not None:
+            text += f", passkey retrieval drop <= {self.max_passkey_drop:g}"
+        return text
+
+
+def _passkey_drop(record: dict) -> Optional[float]:
+    return record.get("passkey_drop")
 
 
 def within(record: dict, budget: Budget) -> bool:
     """Whether ``record`` meets every limit of ``budget``."""
     if record["ppl_increase_pct"] > budget.max_ppl_increase:
+        return False
+    drop = _passkey_drop(record)
+    if budget.max_passkey_drop is not None and drop is not None and drop > budget.max_passkey_drop + 1e-9:
         return False
     return budget.max_kl is None or record["kl_mean"] <= budget.max_kl
 
@@ -62,6 +78,9 @@ def overshoot(record: dict, budget: Budget) -> float:
     ratios = [ratio(record["ppl_increase_pct"], budget.max_ppl_increase)]
     if budget.max_kl is not None:
         ratios.append(ratio(record["kl_mean"], budget.max_kl))
+    drop = _passkey_drop(record)
+    if budget.max_passkey_drop is not None and drop is not None:
+        ratios.append(ratio(drop - 1e-9, budget.max_passkey_drop))
     return max(ratios)
 
 

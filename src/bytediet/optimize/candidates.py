@@ -7,6 +7,12 @@ otherwise the bare name is the only spec. A spec is kept only when it works on *
 must quantize a weight of each distinct input width of the model's linear layers (block and group
 sizes must divide them — SmolLM2's hidden 576 rules out ``int4-g128``) and, for a KV codec, build
 a cache page for the model's heads at the engine's block size.
+
+Calibrated weight candidates come from :data:`bytediet.quant.calibration.CALIBRATION_METHODS` the
+same way: a method lists the weight-format families it calibrates (its ``candidate_formats``
+attribute; AWQ and GPTQ: int4, SmoothQuant: int8-w8a8, Wanda: sparse24), and each family is tried
+at the same spec its round-to-nearest candidate uses, so the two compare on one grid. A calibrated
+spec is written ``FORMAT+METHOD`` (``int4-g64+awq``).
 """
 from __future__ import annotations
 
@@ -30,29 +36,49 @@ KV_VARIANTS: dict[str, tuple[str, ...]] = {
 REFERENCE_WEIGHTS = ("fp32",)
 REFERENCE_KV = ("fp32",)
 # --quick: one spec of each of these families (the first of its variants that fits the model)
-QUICK_WEIGHT_FAMILIES = ("int8", "int4", "nvfp4")
+QUICK_WEIGHT_FAMILIES = ("int8", "int4", "nvfp4", "sparse24")
 QUICK_KV_FAMILIES = ("int8", "turboquant")
+
+
+def split_method(spec: str) -> tuple[str, Optional[str]]:
+    """``"int4-g64+awq"`` → ``("int4-g64", "awq")``; a spec without ``+`` has no calibration method."""
+    fmt, _, method = spec.partition("+")
+    return fmt, (method or None)
 
 
 @dataclass(frozen=True)
 class Candidate:
-    """One configuration to measure: a weight format (with per-module overrides) and a KV codec spec."""
+    """One configuration to measure: a weight format (with per-module overrides, optionally calibrated by a
+    registered method) and a KV codec spec."""
 
     step: str  # "baseline" | "weights" | "kv" | "combined" | "sensitive"
     weights: Optional[str] = None  # None: the checkpoint as loaded
     kv: str = "auto"
     overrides: tuple[tuple[str, str], ...] = ()  # (fnmatch pattern, weight spec), first match wins
+    method: Optional[str] = None  # calibration method (bytediet.quant.calibration.CALIBRATION_METHODS)
+
+    @classmethod
+    def for_weights(cls, step: str, spec: str, kv: str = "auto",
+                    overrides: tuple[tuple[str, str], ...] = ()) -> "Candidate":
+        """A candidate from a weight spec that may carry ``+METHOD``."""
+        fmt, method = split_method(spec)
+        return cls(step, fmt, kv, overrides, method)
+
+    @property
+    def weight_spec(self) -> Optional[str]:
+        """The weight spec with its method (``int4-g64+awq``), as the candidate lists write it."""
+        return f"{self.weights}+{self.method}" if self.weights and self.method else self.weights
 
     @property
     def label(self) -> str:
-        parts = [f"w={self.weights or 'as loaded'}"]
+        parts = [f"w={self.weight_spec or 'as loaded'}"]
         parts += [f"{pattern}={spec}" for pattern, spec in self.overrides]
         parts.append(f"kv={self.kv}")
         return " ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"step": self.step, "label": self.label, "weights": self.weights, "kv": self.kv,
-                "overrides": dict(self.overrides)}
+        return {"step": self.step, "label": self.label, "weights": self.weights, "method": self.method,
+                "kv": self.kv, "overrides": dict(self.overrides)}
 
 
 @dataclass
@@ -142,3 +168,69 @@ def kv_specs(model, quick: bool = False, only: Optional[list[str]] = None, block
 
     return _enumerate(KV_CODECS, KV_VARIANTS, REFERENCE_KV, lambda s: kv_fits(s, model, block_size),
                       QUICK_KV_FAMILIES, quick, only)
+
+
+def calibrated_specs(model, rtn: Enumeration, quick: bool = False, methods: Optional[tuple[str, ...]] = None,
+                     only: Optional[list[str]] = None) -> Enumeration:
+    """``FORMAT+METHOD`` specs for every registered calibration method and the families it declares.
+
+    Each family uses the first spec of it that ``rtn`` (the round-to-nearest enumeration) kept, else the
+    first of its variants that fits ``model``. ``methods``: restrict to these method names. ``quick``
+    keeps one method per family (the first registered), for the families ``rtn`` measured. ``only``:
+    exactly these ``FORMAT+METHOD`` specs (each checked against the model and the method registry).
+    """
+    from ..quant import WEIGHT_FORMATS
+    from ..quant.calibration import calibration_method_names
+
+    out = Enumeration()
+    if only is not None:
+        for spec in dict.fromkeys(s.strip().lower() for s in only):
+            fmt, method = split_method(spec)
+            reason = _method_problem(method, fmt) or weight_fits(fmt, model)
+            if reason:
+                out.skipped[spec] = reason
+            else:
+                out.specs.append(spec)
+        return out
+    done_families: set[str] = set()
+    for method in calibration_method_names() if methods is None else list(dict.fromkeys(methods)):
+        problem = _method_problem(method)
+        if problem:
+            out.skipped[f"+{method}"] = problem
+            continue
+        for family in _method_families(method):
+            if quick and family in done_families:
+                continue
+            chosen = next((s for s in rtn.specs if s == family or s.startswith(family + "-")), None)
+            if chosen is None and quick:
+                continue  # --quick calibrates only the families it also measures rounded to nearest
+            if chosen is None and family in WEIGHT_FORMATS:
+                chosen = next((s for s in _variants(WEIGHT_FORMATS, family, WEIGHT_VARIANTS)
+                               if weight_fits(s, model) is None), None)
+            if chosen is None:
+                out.skipped[f"{family}+{method}"] = f"no {family} spec fits this model"
+                continue
+            out.specs.append(f"{chosen}+{method}")
+            done_families.add(family)
+    return out
+
+
+def _method_families(method: str) -> tuple[str, ...]:
+    from ..quant.calibration import get_calibration_method
+
+    return tuple(getattr(get_calibration_method(method), "candidate_formats", ()))
+
+
+def _method_problem(method: Optional[str], fmt: Optional[str] = None) -> Optional[str]:
+    """Why ``method`` cannot calibrate (``fmt``), or None."""
+    if not method:
+        return "write a calibrated spec as FORMAT+METHOD, e.g. int4-g64+awq"
+    try:
+        families = _method_families(method)
+    except ConfigError as exc:
+        return str(exc)
+    if not families:
+        return f"the calibration method {method!r} declares no candidate_formats"
+    if fmt is not None and not any(fmt == f or fmt.startswith(f + "-") for f in families):
+        return f"{method} calibrates {', '.join(families)}, not {fmt}"
+    return None

@@ -1,7 +1,8 @@
 """``bytediet optimize``: the source documents' practical recipe ("실무 적용"), automated on one model and machine.
 
 1. **Measure first** (:mod:`.profile`): prefill vs decode through the engine, on this machine's roofline.
-2. **One technique at a time**: every weight format, then every KV codec the registries hold
+2. **One technique at a time**: every weight format (rounded to nearest, then calibrated by every
+   registered method — AWQ, GPTQ, SmoothQuant, Wanda 2:4), then every KV codec the registries hold
    (:mod:`.candidates`), each measured alone against the unmodified model — perplexity, KL mean/p99,
    top-1 agreement (one shared :class:`~bytediet.eval.harness.ReferenceCache`), weight bytes, KV bytes
    per token, decode tok/s.
@@ -9,7 +10,9 @@
    may compound (:func:`.budget.compounding`).
 4. **Sensitive layers**: when a cheaper weight format misses the budget, retry it with the first/last
    decoder layers and/or ``lm_head`` kept at the most accurate format (per-module overrides).
-5. **Recommend** (:func:`.budget.choose`) and write the run config (:mod:`bytediet.config_file`).
+5. **Recommend** (:func:`.budget.choose`) and write the run config (:mod:`bytediet.config_file`); a
+   calibrated recommendation is saved as a quantized checkpoint next to it (:meth:`Recipe.materialize`),
+   so loading it never re-calibrates.
 
 Each measured configuration is cached on disk (:mod:`.state`) as soon as it is done, so a killed
 run resumes where it stopped.
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import re
+import shutil
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -27,17 +31,20 @@ import torch
 
 from ..errors import BytedietError
 from .budget import Budget, best_of_step, compounding, objective_key, within
-from .candidates import Candidate, kv_specs, weight_specs
+from .candidates import Candidate, calibrated_specs, kv_specs, weight_specs
 from .progress import Bars
 from .state import StepCache, model_identity, run_key
 
 STEPS = ("profile", "baseline", "weights", "kv", "combined", "sensitive")
-PRESETS = {  # windows, window_len, speed prompt/new tokens, profile prompt/new tokens
-    "quick": dict(windows=2, window_len=128, speed_prompt_len=32, speed_new_tokens=8,
-                  profile_prompt_len=128, profile_new_tokens=16),
-    "full": dict(windows=8, window_len=512, speed_prompt_len=64, speed_new_tokens=32,
-                 profile_prompt_len=512, profile_new_tokens=64),
+PRESETS = {  # eval windows × len, speed and profile prompt/new tokens, calibration windows × len, passkey trials
+    "quick": dict(windows=4, window_len=512, speed_prompt_len=32, speed_new_tokens=16,
+                  profile_prompt_len=256, profile_new_tokens=32, calib_samples=8, calib_len=256,
+                  passkey_lengths=(1024,), passkey_depths=(0.25, 0.75)),
+    "full": dict(windows=8, window_len=1024, speed_prompt_len=64, speed_new_tokens=32,
+                 profile_prompt_len=512, profile_new_tokens=64, calib_samples=32, calib_len=512,
+                 passkey_lengths=(1024, 2048, 4096), passkey_depths=(0.0, 0.25, 0.5, 0.75, 1.0)),
 }
+RECOMMENDED_MODEL_DIR = "recommended-model"
 
 
 @dataclass(frozen=True)
@@ -57,8 +64,13 @@ class OptimizeOptions:
     speed_new_tokens: Optional[int] = None
     profile_prompt_len: Optional[int] = None
     profile_new_tokens: Optional[int] = None
+    passkey_lengths: Optional[tuple[int, ...]] = None  # () = no passkey retrieval check
+    passkey_depths: Optional[tuple[float, ...]] = None
+    calib_samples: Optional[int] = None  # calibration windows (from the corpus's calibration split) ...
+    calib_len: Optional[int] = None  # ... of this many tokens, for AWQ / GPTQ / SmoothQuant / Wanda
     weights: Optional[tuple[str, ...]] = None  # restrict the weight candidates to these specs
     kv: Optional[tuple[str, ...]] = None  # restrict the KV candidates to these specs
+    methods: Optional[tuple[str, ...]] = None  # restrict the calibration methods (() = none)
     threads: int = 2
 
     def resolved(self) -> "OptimizeOptions":
@@ -80,7 +92,16 @@ def record(cand: Candidate, result: dict, context: int) -> dict:
         "memory_bytes": test["weight_bytes"] + test["kv_bytes_per_token"] * context,
         "decode_tok_s": test["decode_tok_s"], "prefill_tok_s": test["prefill_tok_s"],
         "decode_speedup": speed["decode_speedup"], "eval_s": result["elapsed_s"],
+        **_passkey_fields(result["tasks"].get("passkey")),
     }
+
+
+def _passkey_fields(passkey: Optional[dict]) -> dict:
+    """Retrieval accuracy of the configuration and of the reference, and the drop (fractions of trials)."""
+    if not passkey:
+        return {"passkey": None, "passkey_ref": None, "passkey_drop": None}
+    test, ref = passkey["test"]["accuracy"], passkey["reference"]["accuracy"]
+    return {"passkey": test, "passkey_ref": ref, "passkey_drop": max(ref - test, 0.0)}
 
 
 class Recipe:
@@ -102,11 +123,15 @@ class Recipe:
         self.model, self.tokenizer = load_model(o.model, dtype=torch.float32)
         self.label = getattr(self.model, "source_path", "") or str(o.model)
         self.corpus_ids = _tokenize_corpus(self.tokenizer, o.corpus)
+        passkey = {"passkey_lengths": o.passkey_lengths, "passkey_depths": o.passkey_depths} if o.passkey_lengths else {}
         self.settings = EvalSettings(corpus=o.corpus, windows=o.windows, window_len=o.window_len, seed=o.seed,
-                                     tasks=("ppl", "speed"), speed_prompt_len=o.speed_prompt_len,
-                                     speed_new_tokens=o.speed_new_tokens)
+                                     tasks=("ppl", "passkey", "speed") if passkey else ("ppl", "speed"),
+                                     speed_prompt_len=o.speed_prompt_len, speed_new_tokens=o.speed_new_tokens,
+                                     **passkey)
         depends = {"eval": asdict(self.settings), "context": o.context, "threads": o.threads,
-                   "profile": [o.profile_prompt_len, o.profile_new_tokens]}
+                   "profile": [o.profile_prompt_len, o.profile_new_tokens],
+                   "calibration": [o.calib_samples, o.calib_len]}
+        self._calib_windows = None
         self.key = run_key(model_identity(self.label), depends)
         self.cache = StepCache(self.out, self.key)
         self.reference = reference_cache(self.label, self.settings)
@@ -126,10 +151,8 @@ class Recipe:
             return {**hit, "step": cand.step} if hit.get("error") is None else None
         if cand.step != "baseline" and not self.reference_ready():
             raise AssertionError("the reference must be measured (baseline step) before any candidate")
-        model = copy.deepcopy(self.model)
         try:
-            if cand.weights:
-                quantize(model, QuantizeConfig(format=cand.weights, overrides=dict(cand.overrides)))
+            model = self.build(cand)
         except BytedietError as exc:
             self.cache.put("configs", cand.label, {"error": str(exc)})
             return None
@@ -139,6 +162,52 @@ class Recipe:
         rec = record(cand, result, self.opt.context)
         self.cache.put("configs", cand.label, rec)
         return rec
+
+    def calibration(self):
+        """(CalibrationConfig, windows): the calibration split of the run's corpus, disjoint from its eval windows."""
+        from ..quant.calibration import CalibrationConfig, calibration_windows
+
+        calib = CalibrationConfig(samples=self.opt.calib_samples, seq_len=self.opt.calib_len,
+                                  corpus=self.opt.corpus, seed=self.opt.seed)
+        if self._calib_windows is None:
+            self._calib_windows = calibration_windows(self.tokenizer, calib)
+        return calib, self._calib_windows
+
+    def build(self, cand: Candidate):
+        """A copy of the loaded model with ``cand``'s weights (rounded, or calibrated by ``cand.method``)."""
+        from ..quant.apply import QuantizeConfig, quantize
+        from ..quant.calibration import calibrate_and_quantize
+
+        model = copy.deepcopy(self.model)
+        if cand.weights:
+            config = QuantizeConfig(format=cand.weights, overrides=dict(cand.overrides))
+            if cand.method:
+                calib, windows = self.calibration()
+                calibrate_and_quantize(model, self.tokenizer, config, cand.method, calib, windows=windows)
+            else:
+                quantize(model, config)
+        return model
+
+    def materialize(self, report: dict) -> Optional[Path]:
+        """Save a calibrated recommendation as a quantized checkpoint and point its run config at it.
+
+        Run configs name formats, not calibration runs: without this, ``generate --config`` would either
+        re-calibrate at every load or silently run the uncalibrated format. Returns the checkpoint dir.
+        """
+        from ..quant.checkpoint import save_quantized
+
+        rec = (report.get("recommendation") or {}).get("record") or {}
+        out = self.out / RECOMMENDED_MODEL_DIR
+        if not rec.get("method"):
+            if out.is_dir():  # left by an earlier run whose recommendation was calibrated
+                shutil.rmtree(out)
+            return None
+        cand = Candidate(rec["step"], rec["weights"], rec["kv"], tuple(rec["overrides"].items()), rec["method"])
+        save_quantized(self.build(cand), self.label, out, overwrite=True)
+        config = report["recommendation"]["run_config"]
+        config["notes"] = {**config["notes"], "reference_model": config["model"], "calibration": rec["method"]}
+        config.update(model=RECOMMENDED_MODEL_DIR, weights=None, weight_overrides={})
+        return out
 
     # ------------------------------------------------------------------ steps
     def _profile(self, bars) -> dict:
@@ -183,7 +252,7 @@ class Recipe:
             plans = plans[-1:]
         found = []
         for overrides in bars.track(plans, f"step 4/5: keeping sensitive layers of {target['weights']} at {high}"):
-            rec = self.measure(Candidate("sensitive", target["weights"], target["kv"], overrides))
+            rec = self.measure(Candidate("sensitive", target["weights"], target["kv"], overrides, target.get("method")))
             if rec is not None:
                 found.append(rec)
                 if within(rec, b):
@@ -203,9 +272,14 @@ class Recipe:
             self.on_step("profile", report)
             report["steps"]["baseline"] = {"records": [self._baseline(bars)]}
             self.on_step("baseline", report)
-            w = weight_specs(self.model, quick=o.quick, only=o.weights)
-            recs = self._sweep(bars, "step 2/5: weight formats", [Candidate("weights", s) for s in w.specs])
-            report["steps"]["weights"] = {"records": recs, "skipped": w.skipped}
+            rtn_only = None if o.weights is None else [s for s in o.weights if "+" not in s]
+            w = weight_specs(self.model, quick=o.quick, only=rtn_only)
+            recs = self._sweep(bars, "step 2/5: weight formats", [Candidate.for_weights("weights", s) for s in w.specs])
+            calibrated_only = None if o.weights is None else [s for s in o.weights if "+" in s]
+            c = calibrated_specs(self.model, w, quick=o.quick, methods=o.methods, only=calibrated_only)
+            recs += self._sweep(bars, "step 2/5: calibrated weight formats",
+                                [Candidate.for_weights("weights", s) for s in c.specs])
+            report["steps"]["weights"] = {"records": recs, "skipped": {**w.skipped, **c.skipped}}
             self.on_step("weights", report)
             k = kv_specs(self.model, quick=o.quick, only=o.kv)
             recs = self._sweep(bars, "step 2/5: KV-cache codecs", [Candidate("kv", kv=s) for s in k.specs])
@@ -226,7 +300,7 @@ class Recipe:
         if best_w is None or best_kv is None:
             missing = "weight format" if best_w is None else "KV codec"
             return {"records": [], "note": f"no {missing} is within the budget alone, so there is nothing to combine"}
-        cand = Candidate("combined", best_w["weights"], best_kv["kv"])
+        cand = Candidate("combined", best_w["weights"], best_kv["kv"], method=best_w.get("method"))
         recs = self._sweep(bars, "step 3/5: combining the winners", [cand])
         return {"records": recs, "parts": [best_w["label"], best_kv["label"]],
                 "compounding": compounding(best_w, best_kv, recs[0]) if recs else None}

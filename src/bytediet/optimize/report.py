@@ -13,7 +13,7 @@ from .recipe import STEPS, compressed_records
 # (column title, record key): the table shows exactly these JSON values, formatted by format_value
 COLUMNS = (("configuration", "label"), ("in budget", "within_budget"), ("PPL", "ppl"),
            ("ΔPPL %", "ppl_increase_pct"), ("KL mean", "kl_mean"), ("KL p99", "kl_p99"), ("top-1", "top1"),
-           ("weight bytes", "weight_bytes"), ("KV B/token", "kv_bytes_per_token"),
+           ("passkey", "passkey"), ("weight bytes", "weight_bytes"), ("KV B/token", "kv_bytes_per_token"),
            ("memory bytes", "memory_bytes"), ("decode tok/s", "decode_tok_s"), ("speedup", "decode_speedup"))
 STEP_TITLES = {"baseline": "unmodified model (the reference)", "weights": "weight formats, one at a time",
                "kv": "KV-cache codecs, one at a time", "combined": "the winners combined",
@@ -109,7 +109,11 @@ def summary_markdown(report: dict) -> str:
               f"({Budget(**report['budget']).describe()}): perplexity {r['ppl']:.4g} vs {r['ppl_ref']:.4g} "
               f"({r['ppl_increase_pct']:+.2f}%), mean KL {r['kl_mean']:.3g} nats, top-1 agreement "
               f"{100 * r['top1']:.1f}%; memory {vs['memory_ratio']:.2f}x and decode speed {vs['decode_ratio']:.2f}x "
-              f"of the unmodified model. {rec['reason']}.", ""]
+              f"of the unmodified model{_passkey_clause(r)}. {rec['reason']}.", ""]
+    notes = rec["run_config"].get("notes", {})
+    if notes.get("calibration"):
+        lines += [f"The {notes['calibration']}-calibrated weights are saved in `{rec['run_config']['model']}/` "
+                  f"(recommended.json loads them; no calibration at load time).", ""]
     if vs["decode_ratio"] < 1 and report["objective"] == "throughput":
         lines += ["On this machine no compressed configuration decodes faster than the unmodified model "
                   "(the formats dequantize in PyTorch before each matmul); the gain is memory.", ""]
@@ -121,6 +125,7 @@ def summary_markdown(report: dict) -> str:
         smallest = f"; the smallest within it is `{min(ok, key=lambda x: x['memory_bytes'])['label']}`" if ok else ""
         parts.append(f"{len(recs)} {noun} measured, {len(ok)} within budget{smallest}")
     lines.append(f"2. **One technique at a time:** {'. '.join(parts)}.")
+    lines += [f"   - {sentence}" for sentence in calibration_comparisons(steps["weights"]["records"])]
     comb = steps["combined"]
     if comb.get("compounding"):
         c = comb["compounding"]
@@ -140,6 +145,28 @@ def summary_markdown(report: dict) -> str:
               f"Accuracy measured on {report['settings']['windows']} windows of {report['settings']['window_len']} "
               f"tokens of {report['settings']['corpus']}; speeds are single runs on a shared machine."]
     return "\n".join(lines) + "\n"
+
+
+def _passkey_clause(r: dict) -> str:
+    if r.get("passkey") is None:
+        return ""
+    return f"; passkey retrieval {100 * r['passkey']:.0f}% (unmodified {100 * r['passkey_ref']:.0f}%)"
+
+
+def calibration_comparisons(records: list[dict]) -> list[str]:
+    """One sentence per calibrated weight record: its accuracy against round-to-nearest on the same grid."""
+    rtn = {r["weights"]: r for r in records if not r.get("method") and not r["overrides"]}
+    out = []
+    for r in records:
+        base = rtn.get(r["weights"]) if r.get("method") and not r["overrides"] else None
+        if base is None:
+            continue
+        ratio = (f", {r['ppl_increase_pct'] / base['ppl_increase_pct']:.2f}x the increase"
+                 if base["ppl_increase_pct"] > 0 else "")
+        out.append(f"{r['method']} on {r['weights']}: perplexity {r['ppl_increase_pct']:+.2f}% vs "
+                   f"{base['ppl_increase_pct']:+.2f}% rounded to nearest{ratio}; mean KL {r['kl_mean']:.3g} vs "
+                   f"{base['kl_mean']:.3g}.")
+    return out
 
 
 def write_outputs(report: dict, out_dir: str | Path) -> dict[str, Path]:

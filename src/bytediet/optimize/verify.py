@@ -27,7 +27,8 @@ def verify(out_dir: str | Path) -> dict:
     report = json.loads((out / "report.json").read_text())
     kwargs = load_run_config(out / "recommended.json")
     s = report["settings"]
-    reference, tokenizer = load_model(kwargs["model"], dtype=torch.float32)
+    # the unmodified model the report measured against (a calibrated recommendation points at its own checkpoint)
+    reference, tokenizer = load_model(report["model"], dtype=torch.float32)
     model = kwargs["loaded"][0] if "loaded" in kwargs else load_model(kwargs["model"], weights=kwargs["weights"])[0]
     ids = tokenize_corpus(tokenizer, s["corpus"])
     bos = torch.tensor(tokenizer.encode("", add_special_tokens=True), dtype=torch.long)

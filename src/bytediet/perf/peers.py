@@ -141,21 +141,33 @@ class BytedietSystem:
 
 
 class LlamaCppSystem:
-    """llama.cpp through ``llama-cpp-python`` on the GGUF file itself (its native quantized kernels)."""
+    """llama.cpp through ``llama-cpp-python`` on the GGUF file itself (its native quantized kernels).
+
+    llama.cpp's CPU backend puts weights in "extra" buffer types (AMX tiles, repacked blocks) when the
+    CPU advertises them. Some VMs advertise AMX but fault on its first ``ldtilecfg`` (a segfault that
+    would take the whole benchmark down), so a short generation is first run in a child process; when
+    it dies, the peer is loaded with the extra buffer types off and says so in :meth:`info`.
+    """
 
     name = "llama.cpp"
 
-    def __init__(self, gguf_path: Path, threads: int, n_ctx: int) -> None:
+    def __init__(self, gguf_path: Path, threads: int, n_ctx: int, extra_buffer_types: Optional[bool] = None) -> None:
         import llama_cpp  # optional: pip install llama-cpp-python
 
         self.path, self.threads, self.version = Path(gguf_path), threads, getattr(llama_cpp, "__version__", "?")
-        self.llm = llama_cpp.Llama(model_path=str(self.path), n_ctx=n_ctx, n_batch=512, n_threads=threads,
-                                   n_threads_batch=threads, seed=0, verbose=False)
+        self.extra_note = ""
+        if extra_buffer_types is None:
+            extra_buffer_types, self.extra_note = probe_llama_cpp_extra_buffer_types(self.path, threads)
+        self.extra_buffer_types = extra_buffer_types
+        with _llama_cpp_model_params(use_extra_bufts=extra_buffer_types):
+            self.llm = llama_cpp.Llama(model_path=str(self.path), n_ctx=n_ctx, n_batch=512, n_threads=threads,
+                                       n_threads_batch=threads, seed=0, verbose=False)
 
     def info(self) -> dict:
         return {"system": "llama.cpp", "package": f"llama-cpp-python {self.version}", "source": str(self.path),
                 "weights": "GGUF blocks as stored", "weight_bytes": gguf_tensor_bytes(self.path),
-                "threads": self.threads, "concurrency_mode": "sequential (one sequence per llama_cpp.Llama context)"}
+                "threads": self.threads, "concurrency_mode": "sequential (one sequence per llama_cpp.Llama context)",
+                "extra_buffer_types": self.extra_buffer_types, "extra_buffer_types_note": self.extra_note}
 
     def serve(self, prompts, max_tokens, concurrency) -> list[RequestTiming]:
         t0, out = time.perf_counter(), []
@@ -175,6 +187,61 @@ class LlamaCppSystem:
         close = getattr(self.llm, "close", None)
         if close:
             close()
+
+
+_PROBE = """
+import sys, llama_cpp
+llm = llama_cpp.Llama(model_path=sys.argv[1], n_ctx=64, n_batch=64, n_threads=int(sys.argv[2]), verbose=False)
+for i, _ in enumerate(llm.generate([1, 2, 3, 4], top_k=1, temp=0.0)):
+    if i == 1:
+        break
+"""
+
+
+def probe_llama_cpp_extra_buffer_types(gguf_path: Path, threads: int, timeout_s: float = 120.0) -> tuple[bool, str]:
+    """Whether llama.cpp survives a 2-token generation with its default (extra) buffer types, run in a child.
+
+    Returns ``(use_extra_buffer_types, note)``; the note says why they were turned off.
+    """
+    import subprocess
+    import sys
+
+    try:
+        proc = subprocess.run([sys.executable, "-c", _PROBE, str(gguf_path), str(threads)], capture_output=True,
+                              timeout=timeout_s, text=True)
+    except subprocess.TimeoutExpired:
+        return False, f"probe with extra buffer types timed out after {timeout_s:.0f} s; turned off"
+    if proc.returncode == 0:
+        return True, ""
+    how = f"signal {-proc.returncode}" if proc.returncode < 0 else f"exit code {proc.returncode}"
+    return False, (f"a generation with llama.cpp's extra buffer types (AMX/repack) died ({how}) on this CPU; "
+                   "loaded with use_extra_bufts = False")
+
+
+class _llama_cpp_model_params:
+    """Context manager: ``llama_cpp.Llama`` built inside it gets ``use_extra_bufts`` set as given.
+
+    ``Llama.__init__`` has no argument for it, so the default-params factory it calls is wrapped.
+    """
+
+    def __init__(self, use_extra_bufts: bool) -> None:
+        self.use_extra_bufts = use_extra_bufts
+
+    def __enter__(self):
+        import llama_cpp.llama as module
+
+        self.module, self.original = module, module.llama_cpp.llama_model_default_params
+
+        def default_params():
+            params = self.original()
+            params.use_extra_bufts = self.use_extra_bufts
+            return params
+
+        module.llama_cpp.llama_model_default_params = default_params
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.module.llama_cpp.llama_model_default_params = self.original
 
 
 class _StepClock:

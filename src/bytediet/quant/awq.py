@@ -145,3 +145,6 @@ def awq_model(model, config: QuantizeConfig, windows: torch.Tensor, awq: AWQConf
 def run_awq(model, config: QuantizeConfig, windows: torch.Tensor, progress: Progress = no_progress, **settings):
     """The registered method: fold scales, leave rounding to ``quantize``. ``settings``: :class:`AWQConfig` fields."""
     return None, awq_model(model, config, windows, AWQConfig(**settings), progress)
+
+
+run_awq.candidate_formats = ("int4",)  # the families `bytediet optimize` calibrates with it

@@ -205,15 +205,21 @@ def block_linears(block: nn.Module, prefix: str) -> dict[str, nn.Module]:
 
 # ------------------------------------------------------------------------------ methods by name
 CALIBRATION_METHODS: Registry = Registry("calibration method")
-_METHOD_MODULES = ("awq", "gptq", "smoothquant")
+_METHOD_MODULES = ("awq", "gptq", "smoothquant", "wanda")
+
+
+def calibration_method_names() -> list[str]:
+    """Every registered calibration method (the built-in modules register themselves on import)."""
+    import importlib
+
+    for module in _METHOD_MODULES:
+        importlib.import_module(f"{__package__}.{module}")
+    return CALIBRATION_METHODS.names()
 
 
 def get_calibration_method(name: str) -> Callable:
     """``method(model, config, windows, progress, **settings) → (prepacked | None, record)`` registered as ``name``."""
-    import importlib
-
-    for module in _METHOD_MODULES:  # each registers itself on import
-        importlib.import_module(f"{__package__}.{module}")
+    calibration_method_names()
     try:
         return CALIBRATION_METHODS.get(name)
     except KeyError as exc:

@@ -167,3 +167,6 @@ def gptq_model(model, config: QuantizeConfig, windows: torch.Tensor, gptq: GPTQC
 def run_gptq(model, config: QuantizeConfig, windows: torch.Tensor, progress: Progress = no_progress, **settings):
     """The registered method: GPTQ-packed int4 block layers for ``quantize(..., prepacked=)``; :class:`GPTQConfig` fields."""
     return gptq_model(model, config, windows, GPTQConfig(**settings), progress)
+
+
+run_gptq.candidate_formats = ("int4",)  # the families `bytediet optimize` calibrates with it

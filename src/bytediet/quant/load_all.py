@@ -6,3 +6,4 @@ from . import fp8  # noqa: F401
 from . import mxfp4  # noqa: F401
 from . import nvfp4  # noqa: F401
 from . import gguf_blocks  # noqa: F401
+from . import sparse24  # noqa: F401

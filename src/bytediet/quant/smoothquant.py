@@ -76,3 +76,6 @@ def smoothquant_model(model, windows: torch.Tensor, config: SmoothQuantConfig = 
 def run_smoothquant(model, config, windows: torch.Tensor, progress: Progress = no_progress, **settings):
     """The registered method: fold scales; the config's format should be ``int8-w8a8``. ``settings``: α, groups."""
     return None, smoothquant_model(model, windows, SmoothQuantConfig(**settings), progress)
+
+
+run_smoothquant.candidate_formats = ("int8-w8a8",)  # the families `bytediet optimize` calibrates with it

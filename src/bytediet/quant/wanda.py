@@ -1,0 +1,65 @@
+"""Wanda: prune by |weight| × input-activation norm, calibrated block by block (Sun et al. 2023, arXiv 2306.11695).
+
+For every 2:4-sparse layer (:mod:`bytediet.quant.sparse24`) inside the decoder blocks, the calibration
+windows give ‖X_j‖₂ per input channel, and each group of four keeps the two weights of largest
+|w_ij| · ‖X_j‖₂ (the paper's metric, compared per output row — here per group of 4 along the row, the
+2:4 constraint). As in the paper's code, blocks are pruned in order: block i's statistics come from the
+outputs of the already-pruned blocks 0..i−1. No weight is updated (unlike SparseGPT), so the method is
+one forward pass per block plus a top-2 per group.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..errors import ConfigError
+from .apply import QuantizeConfig, build_format
+from .base import Packed
+from .calibration import CALIBRATION_METHODS, BlockRunner, Progress, block_linears, capture, no_progress
+from .sparse24 import Sparse24
+
+
+def wanda_model(model, config: QuantizeConfig, windows: torch.Tensor,
+                progress: Progress = no_progress) -> tuple[dict[str, Packed], dict]:
+    """Wanda-pruned packed weights for every 2:4 layer in the decoder blocks → ({layer: packed}, record).
+
+    Layers of other formats inside the blocks are rounded to nearest so that later blocks see the
+    model as it will run. The model's weights are restored afterwards: install the result with
+    ``quantize(model, config, prepacked=result)``.
+    """
+    runner = BlockRunner(model, windows)
+    specs = {config.spec_for(name) for name, _ in model.linear_layers()} - {None}
+    if not any(isinstance(build_format(s), Sparse24) for s in specs):
+        raise ConfigError("wanda prunes 2:4-sparse layers: use --format sparse24 or sparse24-int8 "
+                          f"(this config has {', '.join(sorted(specs))})")
+    hidden = runner.embed()
+    result: dict[str, Packed] = {}
+    originals = {}
+    try:
+        for i in progress(range(len(runner.layers)), "Wanda: pruning blocks"):
+            linears = block_linears(runner.layers[i], f"model.layers.{i}")
+            fmts = {name: build_format(spec) for name in linears if (spec := config.spec_for(name)) is not None}
+            sparse = {n: m for n, m in linears.items() if isinstance(fmts.get(n), Sparse24)}
+            with capture(sparse, hessian=True) as stats:
+                runner.run_block(i, hidden)
+            for name, fmt in fmts.items():
+                layer = linears[name]
+                packed = fmt.quantize(layer.dequantized_weight(), stats.get(name))
+                originals[name] = (layer, layer.format, layer.packed)
+                layer.set_packed(fmt, packed)
+                result[name] = packed
+            hidden = runner.run_block(i, hidden)  # pruned block → inputs of the next
+    finally:
+        for layer, fmt, packed in originals.values():
+            layer.set_packed(fmt, packed)
+    return result, {"method": "wanda"}
+
+
+@CALIBRATION_METHODS.register("wanda")
+def run_wanda(model, config: QuantizeConfig, windows: torch.Tensor, progress: Progress = no_progress, **settings):
+    """The registered method: Wanda-pruned 2:4 layers for ``quantize(..., prepacked=)``; takes no settings."""
+    if settings:
+        raise ConfigError(f"wanda takes no settings, got {sorted(settings)}")
+    return wanda_model(model, config, windows, progress)
+
+
+run_wanda.candidate_formats = ("sparse24", "sparse24-int8")  # the families `bytediet optimize` calibrates with it
