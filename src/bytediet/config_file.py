@@ -9,12 +9,17 @@
      "weights": "int4-g64",
      "weight_overrides": {"lm_head": "int8", "model.layers.0.*": "int8"},
      "kv_cache_dtype": "turboquant3.5",
+     "kv_calibration": {"corpus": "prideprejudice", "windows": 2, "window_len": 1024, "seed": 0},
      "engine": {"kv_cache_memory": "1GiB", "block_size": 16},
      "notes": {"source": "bytediet optimize", "expected": {"ppl": 13.1}}}
 
 ``weights`` applies to every linear layer; ``weight_overrides`` maps ``fnmatch`` patterns on layer
 names to other formats (first match wins; :class:`bytediet.quant.apply.QuantizeConfig`). ``engine``
-holds :class:`bytediet.engine.llm.LLM` keyword arguments (:data:`ENGINE_KEYS`). ``notes`` is free-form
+holds :class:`bytediet.engine.llm.LLM` keyword arguments (:data:`ENGINE_KEYS`). ``kv_calibration``
+(optional) calibrates a KV codec that has calibration hooks (fp8 scales, TurboQuant means/outliers/
+layout) on those windows of the corpus's calibration split when the config is loaded — one forward
+pass over them, the same windows every time, so a run reproduces what ``bytediet optimize`` measured.
+``notes`` is free-form
 and ignored when loading. Unknown keys are errors, so a typo never silently changes a run.
 """
 from __future__ import annotations
@@ -30,7 +35,9 @@ VERSION = 1
 ENGINE_KEYS = ("kv_cache_memory", "block_size", "num_blocks", "max_num_batched_tokens", "max_num_seqs",
                "enable_prefix_caching", "enable_chunked_prefill", "seed", "num_threads", "keep_packed")
 DTYPES = ("float32", "bfloat16", "float16")
-_KEYS = ("bytediet_run_config", "model", "dtype", "weights", "weight_overrides", "kv_cache_dtype", "engine", "notes")
+_KEYS = ("bytediet_run_config", "model", "dtype", "weights", "weight_overrides", "kv_cache_dtype", "kv_calibration",
+         "engine", "notes")
+_KV_CALIBRATION_KEYS = {"corpus": str, "windows": int, "window_len": int, "seed": int}
 
 
 @dataclass(frozen=True)
@@ -42,6 +49,7 @@ class RunConfig:
     weights: Optional[str] = None
     weight_overrides: Mapping[str, str] = field(default_factory=dict)
     kv_cache_dtype: str = "auto"
+    kv_calibration: Optional[Mapping[str, Any]] = None
     engine: Mapping[str, Any] = field(default_factory=dict)
     notes: Mapping[str, Any] = field(default_factory=dict)
 
@@ -65,6 +73,13 @@ class RunConfig:
             get_kv_codec(self.kv_cache_dtype)
         except KeyError as exc:
             raise ConfigError(f"run config: kv_cache_dtype: {exc.args[0]}") from None
+        if self.kv_calibration is not None:
+            cal = dict(self.kv_calibration)
+            bad = {k: v for k, v in cal.items() if k not in _KV_CALIBRATION_KEYS or not isinstance(v, _KV_CALIBRATION_KEYS[k])}
+            if bad or set(cal) != set(_KV_CALIBRATION_KEYS) or cal["windows"] < 1 or cal["window_len"] < 2:
+                raise ConfigError(f"run config: kv_calibration must be {{corpus: str, windows: int >= 1, "
+                                  f"window_len: int >= 2, seed: int}}, got {cal}")
+            object.__setattr__(self, "kv_calibration", cal)
 
     def quantize_config(self):
         """The :class:`QuantizeConfig` of ``weights`` + ``weight_overrides`` (None when weights are as loaded)."""
@@ -77,6 +92,7 @@ class RunConfig:
     def to_dict(self) -> dict[str, Any]:
         return {"bytediet_run_config": VERSION, "model": self.model, "dtype": self.dtype, "weights": self.weights,
                 "weight_overrides": dict(self.weight_overrides), "kv_cache_dtype": self.kv_cache_dtype,
+                "kv_calibration": self.kv_calibration,
                 "engine": dict(self.engine), "notes": dict(self.notes)}
 
     @classmethod
@@ -92,6 +108,7 @@ class RunConfig:
             raise ConfigError("run config: 'model' is required")
         return cls(model=d["model"], dtype=d.get("dtype", "float32"), weights=d.get("weights"),
                    weight_overrides=d.get("weight_overrides") or {}, kv_cache_dtype=d.get("kv_cache_dtype", "auto"),
+                   kv_calibration=d.get("kv_calibration"),
                    engine=d.get("engine") or {}, notes=d.get("notes") or {})
 
     def write(self, path: str | Path) -> Path:
@@ -120,18 +137,35 @@ def read_run_config(path: str | Path) -> RunConfig:
 def load_run_config(path: str | Path) -> dict[str, Any]:
     """Keyword arguments for :class:`bytediet.engine.llm.LLM` from a run config file.
 
-    Uniform weights travel as ``weights=``; with per-module overrides the model is loaded and
-    quantized here and handed over as ``loaded=(model, tokenizer)``, since ``LLM(weights=...)``
-    takes a single format.
+    Uniform weights travel as ``weights=``; with per-module overrides or a KV calibration the model is
+    loaded (and quantized) here and handed over as ``loaded=(model, tokenizer)``, since ``LLM(weights=...)``
+    takes a single format and the codec is calibrated on the model as it will run.
     """
     config = read_run_config(path)
     kwargs: dict[str, Any] = {"model": config.model, "dtype": config.dtype, "weights": config.weights,
                               "kv_cache_dtype": config.kv_cache_dtype, **config.engine}
-    if config.weight_overrides:
+    if config.weight_overrides or config.kv_calibration:
         from .models.loader import load_model
         from .quant.apply import quantize
 
         model, tokenizer = load_model(config.model, dtype=config.dtype)
-        quantize(model, config.quantize_config())
+        if config.weights:
+            quantize(model, config.quantize_config())
         kwargs.update(weights=None, loaded=(model, tokenizer))
+        if config.kv_calibration:
+            kwargs["kv_cache_dtype"] = calibrated_kv_codec(config.kv_cache_dtype, model, tokenizer,
+                                                           config.kv_calibration)
     return kwargs
+
+
+def calibrated_kv_codec(spec: str, model, tokenizer, calibration: Mapping[str, Any]):
+    """The codec ``spec`` calibrated on ``calibration``'s windows (returned uncalibrated if it has no hooks)."""
+    from .kvcache import get_kv_codec
+    from .kvcache.calibration import calibrate_codec, corpus_windows, has_calibration
+
+    codec = get_kv_codec(spec, model.dtype)
+    if not has_calibration(codec):
+        return codec
+    windows = corpus_windows(tokenizer, calibration["corpus"], calibration["windows"], calibration["window_len"],
+                             calibration["seed"])
+    return calibrate_codec(codec, model, windows)

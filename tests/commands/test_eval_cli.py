@@ -29,9 +29,22 @@ def test_json_prints_exactly_one_object_with_every_task(ckpt, capsys):
     obj = json.loads(out)  # the whole of stdout is one JSON document ...
     assert out.strip().count("\n") == 0  # ... on one line
     assert set(obj["tasks"]) == {"ppl", "passkey", "speed"}
-    assert obj["config"] == {"weights": "int8", "kv_cache_dtype": "int8", "kv_codec": obj["config"]["kv_codec"]}
+    assert obj["config"] == {"weights": "int8", "kv_cache_dtype": "int8", "kv_codec": obj["config"]["kv_codec"],
+                             "kv_calibration": None}
     assert obj["tasks"]["ppl"]["kl"]["mean"] > 0
     assert len(obj["tasks"]["passkey"]["test"]["cells"]) == 2
+
+
+def test_kv_calibration_flag_calibrates_codecs_with_hooks(ckpt, capsys):
+    assert main(argv(ckpt, "--tasks", "ppl", "--kv-cache-dtype", "turboquant3.5", "--kv-calib-windows", "1",
+                     "--kv-calib-len", "32", "--json")) == 0
+    obj = json.loads(capsys.readouterr().out)
+    assert obj["config"]["kv_calibration"] == {"corpus": str(ckpt / "corpus.txt"), "windows": 1, "window_len": 32,
+                                               "seed": 0}
+    assert obj["config"]["kv_cache_dtype"] == obj["config"]["kv_codec"]  # a calibrated codec object, described
+    assert main(argv(ckpt, "--tasks", "ppl", "--kv-cache-dtype", "int8", "--kv-calib-windows", "1",
+                     "--kv-calib-len", "32", "--json")) == 0
+    assert json.loads(capsys.readouterr().out)["config"]["kv_calibration"] is None  # int8 has no hooks
 
 
 def _table_cells(text: str) -> dict[str, tuple[str, str]]:

@@ -79,6 +79,7 @@ def test_unknown_objective_is_refused():
     ((1.0, 0.010), (0.5, 0.005), (1.5, 0.030), True),  # KL super-additive
     ((1.0, 0.010), (0.5, 0.005), (3.0, 0.015), True),  # PPL super-additive
     ((-0.5, 0.0), (-0.2, 0.0), (0.1, 0.0), True),  # two "free" parts that cost together
+    ((0.257, 0.0027), (-0.017, 0.0011), (0.302, 0.0037), False),  # 0.045 points more: below the noise floor
 ])
 def test_compounding(w, kv, both, compounds):
     out = compounding(rec("w", *w), rec("kv", *kv), rec("both", *both))

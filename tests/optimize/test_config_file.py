@@ -56,6 +56,9 @@ def test_relative_model_paths_are_relative_to_the_file(tmp_path, ckpt):
     ({"model": "default", "engine": {"block_sise": 16}}, "unknown engine setting"),
     ({"model": "default", "dtype": "float64"}, "dtype"),
     ({"model": "default", "bytediet_run_config": 7}, "version 7"),
+    ({"model": "default", "kv_calibration": {"corpus": "austen", "windows": 0, "window_len": 32, "seed": 0}},
+     "kv_calibration"),
+    ({"model": "default", "kv_calibration": {"corpus": "austen", "windows": 2}}, "kv_calibration"),
     ([1, 2], "one JSON object"),
 ])
 def test_bad_files_say_what_is_wrong(tmp_path, data, match):
@@ -71,3 +74,21 @@ def test_unreadable_files(tmp_path):
     (tmp_path / "bad.json").write_text("{not json")
     with pytest.raises(ConfigError, match="not valid JSON"):
         read_run_config(tmp_path / "bad.json")
+
+
+def test_kv_calibration_calibrates_the_codec_on_the_same_windows_every_time(tmp_path, ckpt):
+    import torch
+
+    cal = {"corpus": str(ckpt / "corpus.txt"), "windows": 1, "window_len": 32, "seed": 0}
+    path = RunConfig(model=str(ckpt), kv_cache_dtype="turboquant3.5", kv_calibration=cal).write(tmp_path / "run.json")
+    assert read_run_config(path).kv_calibration == cal
+    first, second = load_run_config(path), load_run_config(path)
+    codec = first["kv_cache_dtype"]
+    assert not isinstance(codec, str) and first["loaded"][0] is not None
+    means = codec.key_half.means
+    assert set(means) == set(range(first["loaded"][0].config.num_layers))
+    assert all(torch.equal(means[i], second["kv_cache_dtype"].key_half.means[i]) for i in means)
+    # a codec without calibration hooks is left as it is
+    plain = load_run_config(RunConfig(model=str(ckpt), kv_cache_dtype="int8", kv_calibration=cal)
+                            .write(tmp_path / "int8.json"))
+    assert plain["kv_cache_dtype"].describe().startswith("int8")

@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def options(ckpt: Path, **kw) -> OptimizeOptions:
     base = dict(model=str(ckpt), corpus=str(ckpt / "corpus.txt"), quick=True, windows=2, window_len=40,
                 speed_prompt_len=8, speed_new_tokens=3, profile_prompt_len=16, profile_new_tokens=3,
-                weights=("int8", "int4-g32"), kv=("int8", "turboquant3.5"), budget=Budget(2.0), passkey_lengths=())
+                weights=("int8", "int4-g32"), kv=("int8", "turboquant3.5"), budget=Budget(2.0), passkey_lengths=(),
+                kv_calib_windows=1, kv_calib_len=32)
     return OptimizeOptions(**{**base, **kw})
 
 
@@ -56,6 +57,11 @@ def test_every_step_runs_and_is_reported(run):
     assert int4["weight_bytes"] < base["weight_bytes"]
     tq = next(r for r in report["steps"]["kv"]["records"] if r["kv"] == "turboquant3.5")
     assert tq["kv_bytes_per_token"] < base["kv_bytes_per_token"]
+    # TurboQuant has calibration hooks (int8 has none): it was calibrated on the calibration split
+    assert {r["kv"]: r["kv_calibrated"] for r in report["steps"]["kv"]["records"]} == {"int8": False,
+                                                                                        "turboquant3.5": True}
+    assert report["kv_calibration"] == {"corpus": str(Path(report["options"]["corpus"])), "windows": 1,
+                                        "window_len": 32, "seed": 0}
     rec = report["recommendation"]
     assert rec["within_budget"] == rec["record"]["within_budget"] is True
     assert rec["record"]["ppl_increase_pct"] <= 2.0
@@ -120,7 +126,7 @@ def test_cli_resumes_from_the_cache_and_prints_json(run, ckpt, capsys):
     import bytediet.optimize.recipe as recipe
 
     preset = dict(recipe.PRESETS["quick"], speed_prompt_len=8, speed_new_tokens=3, profile_prompt_len=16,
-                  profile_new_tokens=3, passkey_lengths=())
+                  profile_new_tokens=3, passkey_lengths=(), kv_calib_windows=1, kv_calib_len=32)
     calls = []
     import bytediet.eval.harness as harness
 
@@ -152,7 +158,7 @@ def test_a_killed_run_resumes_without_recomputing_finished_steps(ckpt, tmp_path,
     measured = []
     real = harness.evaluate_loaded
     monkeypatch.setattr(harness, "evaluate_loaded",
-                        lambda *a, **k: measured.append(k["kv_cache_dtype"]) or real(*a, **k))
+                        lambda *a, **k: measured.append(_spec(k["kv_cache_dtype"])) or real(*a, **k))
     monkeypatch.setattr(profile, "profile", lambda *a, **k: pytest.fail("the profile step was recomputed"))
     monkeypatch.setattr(tasks.FidelityTask, "measure_reference",
                         lambda *a, **k: pytest.fail("the reference was recomputed"))
@@ -161,6 +167,11 @@ def test_a_killed_run_resumes_without_recomputing_finished_steps(ckpt, tmp_path,
     assert sorted(measured[:2]) == ["int8", "turboquant3.5"]
     assert all(k != "auto" for k in measured[:2])
     assert len(report["steps"]["weights"]["records"]) == 2
+
+
+def _spec(kv) -> str:
+    """A KV spec as measured: calibrated codecs are passed as objects."""
+    return kv if isinstance(kv, str) else kv.name
 
 
 def test_changed_settings_do_not_reuse_old_numbers(ckpt, tmp_path):

@@ -35,6 +35,10 @@ def register(subparsers) -> None:
     p.add_argument("--model", default="default", help="model name or path (default: SmolLM2-135M-Instruct)")
     p.add_argument("--weights", default=None, help="weight format applied to every linear layer (e.g. int8, int4-g64)")
     p.add_argument("--kv-cache-dtype", default=None, help="KV-cache codec (e.g. bf16, int8, turboquant3.5)")
+    p.add_argument("--kv-calib-windows", type=int, default=0, metavar="N",
+                   help="calibrate a KV codec that has calibration hooks (fp8, turboquant) on N windows of "
+                        "--kv-calib-len tokens of the corpus's calibration split (default 0: uncalibrated fallback)")
+    p.add_argument("--kv-calib-len", type=int, default=1024, help="tokens per KV calibration window (default 1024)")
     p.add_argument("--windows", type=int, default=8, help="evaluation windows (default 8)")
     p.add_argument("--window-len", type=int, default=512, help="tokens per window (default 512)")
     p.add_argument("--corpus", default="prideprejudice", help="an Austen novel, 'austen' (all six) or a text file")
@@ -63,8 +67,12 @@ def settings_from_args(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     from ..eval.harness import evaluate
 
+    kv_calibration = None
+    if args.kv_calib_windows > 0:
+        kv_calibration = {"corpus": args.corpus, "windows": args.kv_calib_windows, "window_len": args.kv_calib_len,
+                          "seed": args.seed}
     result = evaluate(args.model, weights=args.weights, kv_cache_dtype=args.kv_cache_dtype,
-                      settings=settings_from_args(args), progress=not args.no_progress)
+                      settings=settings_from_args(args), progress=not args.no_progress, kv_calibration=kv_calibration)
     if args.plot:
         from ..eval.plots import write_plots
 

@@ -192,8 +192,12 @@ def apply_weights(model, weights: Optional[str]) -> None:
 def evaluate(model_spec: str, *, weights: Optional[str] = None, kv_cache_dtype: Optional[str] = None,
              windows: int = 8, window_len: int = 512, corpus: str = "prideprejudice", seed: int = 0,
              tasks: Sequence[str] = DEFAULT_TASKS, reference: Optional[ReferenceCache] = None,
-             settings: Optional[EvalSettings] = None, progress: bool = True) -> dict:
+             settings: Optional[EvalSettings] = None, progress: bool = True,
+             kv_calibration: Optional[dict] = None) -> dict:
     """Measure ``weights`` × ``kv_cache_dtype`` on ``model_spec`` against the unmodified model.
+
+    ``kv_calibration`` ({corpus, windows, window_len, seed}, as in a run config) calibrates a codec with
+    calibration hooks on the unmodified model first (:func:`bytediet.config_file.calibrated_kv_codec`).
 
     Returns a JSON-ready dict: ``model``, ``config``, ``reference_config``, ``settings`` and
     ``tasks[name]`` with each task's numbers (see :mod:`bytediet.eval.tasks`).  Pass a
@@ -207,8 +211,17 @@ def evaluate(model_spec: str, *, weights: Optional[str] = None, kv_cache_dtype: 
     reference = reference_cache(str(model_spec), settings, reference)
     t0 = time.perf_counter()
     model, tokenizer = load_model(model_spec, dtype=torch.float32)
-    result = evaluate_loaded(model, tokenizer, weights=weights, kv_cache_dtype=kv_cache_dtype, settings=settings,
+    kv = kv_cache_dtype
+    if kv_calibration and kv_cache_dtype:
+        from ..config_file import calibrated_kv_codec
+        from ..kvcache import get_kv_codec
+        from ..kvcache.calibration import has_calibration
+
+        if has_calibration(get_kv_codec(kv_cache_dtype, model.dtype)):
+            kv = calibrated_kv_codec(kv_cache_dtype, model, tokenizer, kv_calibration)
+    result = evaluate_loaded(model, tokenizer, weights=weights, kv_cache_dtype=kv, settings=settings,
                              reference=reference, progress=progress, model_label=str(model_spec))
+    result["config"]["kv_calibration"] = kv_calibration if kv is not kv_cache_dtype else None
     result["elapsed_s"] = time.perf_counter() - t0
     return result
 
@@ -247,7 +260,7 @@ def evaluate_loaded(model, tokenizer, *, settings: EvalSettings, weights: Option
     return {
         "model": label,
         "model_name": model.config.name or label,
-        "config": {"weights": weights, "kv_cache_dtype": kv, "kv_codec": kv_name},
+        "config": {"weights": weights, "kv_cache_dtype": kv if isinstance(kv, str) else kv_name, "kv_codec": kv_name},
         "reference_config": {"weights": None, "kv_cache_dtype": "auto",
                              "kv_codec": get_kv_codec("auto", model.dtype).describe(),
                              "dtype": str(model.dtype).removeprefix("torch.")},

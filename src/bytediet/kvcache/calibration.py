@@ -99,13 +99,27 @@ def calibrate_from_samples(codec: KVCodec, samples: list[dict]) -> KVCodec:
     return codec
 
 
+def has_calibration(codec: KVCodec) -> bool:
+    """Whether ``codec`` (or one of its key/value halves) has a calibration hook."""
+    return hasattr(codec, "calibrate") or any(
+        hasattr(getattr(codec, h, None), "calibrate") for h in ("key_half", "value_half"))
+
+
+def corpus_windows(tokenizer, corpus: str, windows: int, window_len: int, seed: int = 0) -> list[torch.Tensor]:
+    """``windows`` token windows (1-D) of the corpus's *calibration* split, never evaluated on."""
+    from ..eval.corpus import make_windows
+    from ..eval.harness import tokenize_corpus
+
+    ids = tokenize_corpus(tokenizer, corpus)
+    return [w.ids for w in make_windows(ids, window_len, windows, split="calibration", seed=seed)]
+
+
 def calibrate_codec(codec: KVCodec, model, windows: Sequence[torch.Tensor],
                     max_samples: Optional[int] = 8192) -> KVCodec:
     """Capture K/V/Q on ``windows`` and calibrate ``codec`` in place (returned for chaining).
 
     Codecs without any calibration hook are returned unchanged.
     """
-    has_hook = any(hasattr(getattr(codec, h, None), "calibrate") for h in ("key_half", "value_half"))
-    if not (has_hook or hasattr(codec, "calibrate")):
+    if not has_calibration(codec):
         return codec
     return calibrate_from_samples(codec, capture_kv(model, windows, max_samples))

@@ -129,19 +129,21 @@ def best_of_step(records: Sequence[dict], budget: Budget, objective: str) -> Opt
     return min(inside, key=lambda r: objective_key(r, objective)) if inside else None
 
 
-def compounding(weights: dict, kv: dict, combined: dict, tolerance: float = 0.05) -> dict:
+def compounding(weights: dict, kv: dict, combined: dict, tolerance: float = 0.05,
+                floors: tuple[float, float] = (1e-4, 0.05)) -> dict:
     """Whether the errors of two techniques compound when applied together.
 
     Compares the combined mean KL and PPL increase with the sums of the parts (each part measured
     alone against the same reference). ``compounds`` is True when either combined value exceeds the
-    sum of its parts by more than ``tolerance`` (relative) — the errors interact, not just add.
+    sum of its parts by more than ``tolerance`` (relative) *and* by more than its noise floor
+    (``floors``: KL in nats, PPL increase in percentage points) — the errors interact, not just add.
     """
-    def verdict(a: float, b: float, both: float) -> dict:
+    def verdict(a: float, b: float, both: float, floor: float) -> dict:
         total = max(a, 0.0) + max(b, 0.0)
         excess = both - total
-        return {"parts": [a, b], "sum_of_parts": total, "combined": both, "excess": excess,
-                "super_additive": excess > tolerance * max(total, 1e-12)}
+        return {"parts": [a, b], "sum_of_parts": total, "combined": both, "excess": excess, "noise_floor": floor,
+                "super_additive": excess > max(tolerance * total, floor)}
 
-    kl = verdict(weights["kl_mean"], kv["kl_mean"], combined["kl_mean"])
-    ppl = verdict(weights["ppl_increase_pct"], kv["ppl_increase_pct"], combined["ppl_increase_pct"])
+    kl = verdict(weights["kl_mean"], kv["kl_mean"], combined["kl_mean"], floors[0])
+    ppl = verdict(weights["ppl_increase_pct"], kv["ppl_increase_pct"], combined["ppl_increase_pct"], floors[1])
     return {"kl_mean": kl, "ppl_increase_pct": ppl, "compounds": kl["super_additive"] or ppl["super_additive"]}

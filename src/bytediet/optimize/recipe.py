@@ -39,10 +39,11 @@ STEPS = ("profile", "baseline", "weights", "kv", "combined", "sensitive")
 PRESETS = {  # eval windows × len, speed and profile prompt/new tokens, calibration windows × len, passkey trials
     "quick": dict(windows=4, window_len=512, speed_prompt_len=32, speed_new_tokens=16,
                   profile_prompt_len=256, profile_new_tokens=32, calib_samples=8, calib_len=256,
-                  passkey_lengths=(1024,), passkey_depths=(0.25, 0.75)),
+                  kv_calib_windows=2, kv_calib_len=512, passkey_lengths=(1024,), passkey_depths=(0.25, 0.75)),
     "full": dict(windows=8, window_len=1024, speed_prompt_len=64, speed_new_tokens=32,
                  profile_prompt_len=512, profile_new_tokens=64, calib_samples=32, calib_len=512,
-                 passkey_lengths=(1024, 2048, 4096), passkey_depths=(0.0, 0.25, 0.5, 0.75, 1.0)),
+                 kv_calib_windows=2, kv_calib_len=1024, passkey_lengths=(1024, 2048, 4096),
+                 passkey_depths=(0.0, 0.25, 0.5, 0.75, 1.0)),
 }
 RECOMMENDED_MODEL_DIR = "recommended-model"
 
@@ -68,6 +69,8 @@ class OptimizeOptions:
     passkey_depths: Optional[tuple[float, ...]] = None
     calib_samples: Optional[int] = None  # calibration windows (from the corpus's calibration split) ...
     calib_len: Optional[int] = None  # ... of this many tokens, for AWQ / GPTQ / SmoothQuant / Wanda
+    kv_calib_windows: Optional[int] = None  # KV codecs with calibration hooks: windows of the calibration split ...
+    kv_calib_len: Optional[int] = None  # ... of this many tokens (one forward pass captures K, V, Q)
     weights: Optional[tuple[str, ...]] = None  # restrict the weight candidates to these specs
     kv: Optional[tuple[str, ...]] = None  # restrict the KV candidates to these specs
     methods: Optional[tuple[str, ...]] = None  # restrict the calibration methods (() = none)
@@ -130,7 +133,7 @@ class Recipe:
                                      **passkey)
         depends = {"eval": asdict(self.settings), "context": o.context, "threads": o.threads,
                    "profile": [o.profile_prompt_len, o.profile_new_tokens],
-                   "calibration": [o.calib_samples, o.calib_len]}
+                   "calibration": [o.calib_samples, o.calib_len], "kv_calibration": self.kv_calibration}
         self._calib_windows = None
         self.key = run_key(model_identity(self.label), depends)
         self.cache = StepCache(self.out, self.key)
@@ -156,12 +159,30 @@ class Recipe:
         except BytedietError as exc:
             self.cache.put("configs", cand.label, {"error": str(exc)})
             return None
-        result = evaluate_loaded(model, self.tokenizer, settings=self.settings, kv_cache_dtype=cand.kv,
+        kv = self.kv_codec(cand.kv, model)
+        result = evaluate_loaded(model, self.tokenizer, settings=self.settings, kv_cache_dtype=kv,
                                  reference=self.reference, corpus_ids=self.corpus_ids, progress=False,
                                  model_label=self.label)
         rec = record(cand, result, self.opt.context)
+        rec["kv_calibrated"] = not isinstance(kv, str)
         self.cache.put("configs", cand.label, rec)
         return rec
+
+    @property
+    def kv_calibration(self) -> dict:
+        """Where KV codecs with calibration hooks are calibrated (a run config's ``kv_calibration``)."""
+        o = self.opt
+        return {"corpus": o.corpus, "windows": o.kv_calib_windows, "window_len": o.kv_calib_len, "seed": o.seed}
+
+    def kv_codec(self, spec: str, model):
+        """``spec`` as is, or — for a codec with calibration hooks — calibrated on ``model`` as it will run."""
+        from ..config_file import calibrated_kv_codec
+        from ..kvcache import get_kv_codec
+        from ..kvcache.calibration import has_calibration
+
+        if not has_calibration(get_kv_codec(spec, model.dtype)):
+            return spec
+        return calibrated_kv_codec(spec, model, self.tokenizer, self.kv_calibration)
 
     def calibration(self):
         """(CalibrationConfig, windows): the calibration split of the run's corpus, disjoint from its eval windows."""
@@ -267,7 +288,8 @@ class Recipe:
                 self._load()
             report = {"model": self.label, "model_name": self.model.config.name or self.label,
                       "options": _options_dict(o), "settings": asdict(self.settings), "cache_key": self.key,
-                      "budget": o.budget.to_dict(), "objective": o.objective, "steps": {}}
+                      "budget": o.budget.to_dict(), "objective": o.objective,
+                      "kv_calibration": self.kv_calibration, "steps": {}}
             report["steps"]["profile"] = self._profile(bars)
             self.on_step("profile", report)
             report["steps"]["baseline"] = {"records": [self._baseline(bars)]}

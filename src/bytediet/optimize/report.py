@@ -43,7 +43,8 @@ def recommend(report: dict) -> dict:
     choice = choose(compressed_records(report), budget, report["objective"])
     rec = choice.record or base
     config = RunConfig(model=report["model"], weights=rec["weights"], weight_overrides=rec["overrides"],
-                       kv_cache_dtype=rec["kv"], notes={
+                       kv_cache_dtype=rec["kv"],
+                       kv_calibration=report.get("kv_calibration") if rec.get("kv_calibrated") else None, notes={
                            "source": "bytediet optimize", "objective": report["objective"],
                            "budget": report["budget"], "within_budget": choice.within_budget,
                            "expected": {k: rec[k] for k in ("ppl", "ppl_ref", "ppl_increase_pct", "kl_mean",
@@ -137,9 +138,11 @@ def summary_markdown(report: dict) -> str:
     else:
         lines.append(f"3. **Combined:** {comb.get('note', 'nothing to combine')}.")
     sens = steps["sensitive"]["records"]
+    none = (f"not needed (no weight format better than the budget's best on {report['objective']} was missing "
+            "the budget)")
     lines.append("4. **Sensitive layers:** " + ("; ".join(
         f"`{x['label']}` {'meets' if x['within_budget'] else 'misses'} the budget ({x['ppl_increase_pct']:+.2f}%)"
-        for x in sens) if sens else "not needed (no cheaper format was missing the budget)") + ".")
+        for x in sens) if sens else none) + ".")
     lines += ["", f"Run it: `bytediet generate --config recommended.json` or `bytediet serve --config "
                   f"recommended.json`. Every number is in `report.json`; figures: `pareto.png`, `roofline.png`.",
               f"Accuracy measured on {report['settings']['windows']} windows of {report['settings']['window_len']} "
