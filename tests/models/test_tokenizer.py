@@ -6,7 +6,6 @@ render the chat template like transformers.
 """
 import json
 import warnings
-from pathlib import Path
 
 import gguf
 import numpy as np

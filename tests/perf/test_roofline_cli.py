@@ -4,7 +4,6 @@ from __future__ import annotations
 import functools
 import json
 
-import pytest
 
 from bytediet.cli import main
 from bytediet.commands.roofline import resolve_kv, resolve_weights

@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 import os
 import resource
-import time
 from abc import ABC, abstractmethod
 from typing import Any, Optional
 

@@ -8,10 +8,17 @@ plus ‖k‖ in fp16. The query is sketched, not quantized, and the score uses t
 computed directly on the sign bits. Values: per-token asymmetric 4-bit, groups of 32 channels (fp16 scale
 and zero point), as the paper pairs QJL keys with standard per-token value quantization.
 r ∈ {1, 2, 3, 4} (default 2): keys cost r + 16/D bits per coordinate.
+
+**Calibration** (optional, :mod:`.calibration`): the per-layer channel mean μ (H, D) of the keys is
+subtracted before sketching and its share q·μ added back to every score — exact, and it matters: the
+estimator's error scales with ‖k‖, and on small models the mean carries a large part of the key energy
+(37–68 % on SmolLM2, see ``bench/KV_RESULTS.md``). This is our stand-in for the paper's separate
+treatment of outlier channels (§4). Without calibration no mean is used (documented fallback).
 """
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import torch
 
@@ -25,15 +32,19 @@ from .tokenwise import TokenwiseHalf
 
 
 class QJLKeyPages(HalfPages):
-    def __init__(self, num_slots, num_heads, head_dim, device, sketch: torch.Tensor) -> None:
+    def __init__(self, num_slots, num_heads, head_dim, device, sketch: torch.Tensor,
+                 mean: Optional[torch.Tensor] = None) -> None:
         super().__init__(num_slots, num_heads, head_dim, device)
         self.S = sketch.to(device)                                   # (m, D)
+        self.mean = None if mean is None else mean.to(device)        # (H, D) calibrated key mean, a constant
         self.m = sketch.shape[0]
         self.coef = math.sqrt(math.pi / 2) / self.m
         self.signs = torch.zeros(num_slots, num_heads, self.m // 8, dtype=torch.uint8, device=device)
         self.norm = torch.zeros(num_slots, num_heads, dtype=torch.float16, device=device)
 
     def write(self, x, slots):
+        if self.mean is not None:
+            x = x - self.mean
         self.signs.index_copy_(0, slots, bitpack.pack(((x @ self.S.T) >= 0).long(), 1))
         self.norm.index_copy_(0, slots, x.norm(dim=-1).to(torch.float16))
 
@@ -41,16 +52,20 @@ class QJLKeyPages(HalfPages):
         return bitpack.unpack(self.signs[slots], 1, self.m).float() * 2 - 1                  # (L, H, m)
 
     def decode(self, slots):
-        """The estimator's implied key √(π/2)/m · ‖k‖ · Sᵀ sign(S k) (so scores = ⟨q, decode⟩)."""
-        return (self._pm1(slots) @ self.S) * (self.coef * self.norm[slots].float())[..., None]
+        """The estimator's implied key μ + √(π/2)/m · ‖k − μ‖ · Sᵀ sign(S (k − μ)) (so scores = ⟨q, decode⟩)."""
+        k = (self._pm1(slots) @ self.S) * (self.coef * self.norm[slots].float())[..., None]
+        return k if self.mean is None else k + self.mean
 
     def prepare_query(self, qg):
-        return qg @ self.S.T                                                                   # (H, G, m)
+        qmu = None if self.mean is None else torch.einsum("hgd,hd->hg", qg, self.mean)      # (H, G)
+        return qg @ self.S.T, qmu                                                              # (H, G, m)
 
-    def scores(self, sq, slots):
+    def scores(self, prepared, slots):
+        sq, qmu = prepared
         signs = self._pm1(slots).transpose(0, 1)                                               # (H, L, m)
         norm = self.norm[slots].float().transpose(0, 1)                                        # (H, L)
-        return torch.bmm(sq, signs.transpose(1, 2)) * (self.coef * norm)[:, None, :]
+        s = torch.bmm(sq, signs.transpose(1, 2)) * (self.coef * norm)[:, None, :]
+        return s if qmu is None else s + qmu[..., None]
 
     def tensors(self):
         return [self.signs, self.norm]
@@ -60,13 +75,18 @@ class QJLKeyHalf(HalfCodec):
     def __init__(self, ratio: int) -> None:
         self.ratio = ratio
         self.name = f"qjl-keys-m{ratio}d"
+        self.means: dict[int, torch.Tensor] = {}  # layer → (H, D) calibrated key mean
 
     def bytes_per_token(self, num_heads, head_dim):
         return num_heads * (self.ratio * head_dim / 8 + 2)
 
     def create(self, layer, role, num_blocks, block_size, num_heads, head_dim, device):
         sketch = gaussian_sketch(self.ratio * head_dim, head_dim, seed=31337 + layer)
-        return QJLKeyPages(num_blocks * block_size, num_heads, head_dim, device, sketch)
+        return QJLKeyPages(num_blocks * block_size, num_heads, head_dim, device, sketch, self.means.get(layer))
+
+    def calibrate(self, samples: torch.Tensor, layer: int) -> None:
+        """samples (N, H, D): this layer's keys on calibration text → their channel mean."""
+        self.means[layer] = samples.float().reshape(-1, *samples.shape[-2:]).mean(0)
 
 
 @KV_CODECS.register("qjl")

@@ -147,7 +147,6 @@ class Recipe:
     def measure(self, cand: Candidate, use_cache: bool = True) -> Optional[dict]:
         """The record of ``cand`` (from the cache, else measured now); None if the model cannot take it."""
         from ..eval.harness import evaluate_loaded
-        from ..quant.apply import QuantizeConfig, quantize
 
         hit = self.cache.get("configs", cand.label) if use_cache else None
         if hit is not None:

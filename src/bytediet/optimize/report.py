@@ -143,8 +143,8 @@ def summary_markdown(report: dict) -> str:
     lines.append("4. **Sensitive layers:** " + ("; ".join(
         f"`{x['label']}` {'meets' if x['within_budget'] else 'misses'} the budget ({x['ppl_increase_pct']:+.2f}%)"
         for x in sens) if sens else none) + ".")
-    lines += ["", f"Run it: `bytediet generate --config recommended.json` or `bytediet serve --config "
-                  f"recommended.json`. Every number is in `report.json`; figures: `pareto.png`, `roofline.png`.",
+    lines += ["", "Run it: `bytediet generate --config recommended.json` or `bytediet serve --config "
+                  "recommended.json`. Every number is in `report.json`; figures: `pareto.png`, `roofline.png`.",
               f"Accuracy measured on {report['settings']['windows']} windows of {report['settings']['window_len']} "
               f"tokens of {report['settings']['corpus']}; speeds are single runs on a shared machine."]
     return "\n".join(lines) + "\n"

@@ -203,6 +203,42 @@ def block_linears(block: nn.Module, prefix: str) -> dict[str, nn.Module]:
     return {f"{prefix}.{n}": m for n, m in block.named_modules() if isinstance(m, Linear)}
 
 
+def pack_blocks_in_order(model: nn.Module, config, windows: torch.Tensor, progress: Progress, desc: str,
+                         wants_stats: Callable[[object], bool],
+                         pack: Callable[[torch.Tensor, object, Optional[LinearStats]], dict]) -> dict[str, dict]:
+    """Calibrate decoder blocks one after the other (GPTQ's sequential scheme, arXiv 2210.17323 §4).
+
+    For block i: the inputs of its layers whose format ``wants_stats(fmt)`` are captured (with the Gram
+    matrix) on the outputs of the already-packed blocks 0..i−1; every layer of the block with a format
+    in ``config`` is packed by ``pack(weight, fmt, stats or None)`` and installed for the rest of the
+    pass; the block is re-run to give block i+1 its inputs. The model's weights are restored at the end:
+    install the returned {layer: packed} with ``quantize(model, config, prepacked=...)``.
+    """
+    from .apply import build_format
+
+    runner = BlockRunner(model, windows)
+    hidden = runner.embed()
+    result: dict[str, dict] = {}
+    originals = {}
+    try:
+        for i in progress(range(len(runner.layers)), desc):
+            linears = block_linears(runner.layers[i], f"model.layers.{i}")
+            fmts = {name: build_format(spec) for name in linears if (spec := config.spec_for(name)) is not None}
+            with capture({n: m for n, m in linears.items() if wants_stats(fmts.get(n))}, hessian=True) as stats:
+                runner.run_block(i, hidden)
+            for name, fmt in fmts.items():
+                layer = linears[name]
+                packed = pack(layer.dequantized_weight(), fmt, stats.get(name))
+                originals[name] = (layer, layer.format, layer.packed)
+                layer.set_packed(fmt, packed)
+                result[name] = packed
+            hidden = runner.run_block(i, hidden)  # packed block → inputs of the next
+    finally:
+        for layer, fmt, packed in originals.values():
+            layer.set_packed(fmt, packed)
+    return result
+
+
 # ------------------------------------------------------------------------------ methods by name
 CALIBRATION_METHODS: Registry = Registry("calibration method")
 _METHOD_MODULES = ("awq", "gptq", "smoothquant", "wanda")

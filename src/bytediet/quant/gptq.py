@@ -22,9 +22,9 @@ from dataclasses import asdict, dataclass
 import torch
 
 from ..errors import ConfigError
-from .apply import QuantizeConfig, build_format
+from .apply import QuantizeConfig
 from .base import Packed
-from .calibration import CALIBRATION_METHODS, BlockRunner, Progress, block_linears, capture, no_progress
+from .calibration import CALIBRATION_METHODS, Progress, no_progress, pack_blocks_in_order
 from .fp4 import pack_nibbles
 from .int4 import Int4
 
@@ -139,27 +139,11 @@ def gptq_model(model, config: QuantizeConfig, windows: torch.Tensor, gptq: GPTQC
     rounded to nearest. The model's weights are restored afterwards: install the result with
     ``quantize(model, config, prepacked=result)``.
     """
-    runner = BlockRunner(model, windows)
-    hidden = runner.embed()
-    result: dict[str, Packed] = {}
-    originals = {}
-    try:
-        for i in progress(range(len(runner.layers)), "GPTQ: quantizing blocks"):
-            linears = block_linears(runner.layers[i], f"model.layers.{i}")
-            fmts = {name: build_format(spec) for name in linears if (spec := config.spec_for(name)) is not None}
-            with capture({n: m for n, m in linears.items() if isinstance(fmts.get(n), Int4)}, hessian=True) as stats:
-                runner.run_block(i, hidden)
-            for name, fmt in fmts.items():
-                layer = linears[name]
-                w = layer.dequantized_weight()
-                packed = gptq_quantize(w, stats[name].hessian, fmt, gptq) if name in stats else fmt.quantize(w)
-                originals[name] = (layer, layer.format, layer.packed)
-                layer.set_packed(fmt, packed)
-                result[name] = packed
-            hidden = runner.run_block(i, hidden)  # quantized block → inputs of the next
-    finally:
-        for layer, fmt, packed in originals.values():
-            layer.set_packed(fmt, packed)
+    def pack(w, fmt, stats):
+        return gptq_quantize(w, stats.hessian, fmt, gptq) if stats is not None else fmt.quantize(w)
+
+    result = pack_blocks_in_order(model, config, windows, progress, "GPTQ: quantizing blocks",
+                                  lambda fmt: isinstance(fmt, Int4), pack)
     return result, {"method": "gptq", **gptq.to_dict()}
 
 

@@ -14,7 +14,7 @@ import torch
 from ..errors import ConfigError
 from .apply import QuantizeConfig, build_format
 from .base import Packed
-from .calibration import CALIBRATION_METHODS, BlockRunner, Progress, block_linears, capture, no_progress
+from .calibration import CALIBRATION_METHODS, Progress, no_progress, pack_blocks_in_order
 from .sparse24 import Sparse24
 
 
@@ -26,31 +26,12 @@ def wanda_model(model, config: QuantizeConfig, windows: torch.Tensor,
     model as it will run. The model's weights are restored afterwards: install the result with
     ``quantize(model, config, prepacked=result)``.
     """
-    runner = BlockRunner(model, windows)
     specs = {config.spec_for(name) for name, _ in model.linear_layers()} - {None}
     if not any(isinstance(build_format(s), Sparse24) for s in specs):
         raise ConfigError("wanda prunes 2:4-sparse layers: use --format sparse24 or sparse24-int8 "
                           f"(this config has {', '.join(sorted(specs))})")
-    hidden = runner.embed()
-    result: dict[str, Packed] = {}
-    originals = {}
-    try:
-        for i in progress(range(len(runner.layers)), "Wanda: pruning blocks"):
-            linears = block_linears(runner.layers[i], f"model.layers.{i}")
-            fmts = {name: build_format(spec) for name in linears if (spec := config.spec_for(name)) is not None}
-            sparse = {n: m for n, m in linears.items() if isinstance(fmts.get(n), Sparse24)}
-            with capture(sparse, hessian=True) as stats:
-                runner.run_block(i, hidden)
-            for name, fmt in fmts.items():
-                layer = linears[name]
-                packed = fmt.quantize(layer.dequantized_weight(), stats.get(name))
-                originals[name] = (layer, layer.format, layer.packed)
-                layer.set_packed(fmt, packed)
-                result[name] = packed
-            hidden = runner.run_block(i, hidden)  # pruned block → inputs of the next
-    finally:
-        for layer, fmt, packed in originals.values():
-            layer.set_packed(fmt, packed)
+    result = pack_blocks_in_order(model, config, windows, progress, "Wanda: pruning blocks",
+                                  lambda fmt: isinstance(fmt, Sparse24), lambda w, fmt, stats: fmt.quantize(w, stats))
     return result, {"method": "wanda"}
 
 
