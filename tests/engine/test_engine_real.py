@@ -41,3 +41,17 @@ def test_sixteen_prompts_batched_equal_solo(name, request):
     for r, s in zip(reqs, solo):
         assert_same_or_tie(r.output_token_ids, s)
     assert engine.num_free_blocks == engine.block_manager.num_blocks
+
+
+def test_streamed_text_equals_the_decoded_tokens(smollm2):
+    """Incremental detokenization: the deltas of a sampled, non-ASCII-heavy stream add up to decode(ids)."""
+    model, tokenizer = smollm2
+    llm = LLM("smollm2", loaded=(model, tokenizer), kv_cache_memory="64MiB")
+    params = SamplingParams(temperature=1.5, top_k=200, seed=11, max_tokens=48, ignore_eos=True)
+    outs = list(llm.stream("日本語で自己紹介してください。絵文字も 🙂🎉 使って、café の naïve な話を:", params))
+    ids = [t for o in outs for t in o.new_token_ids]
+    text = "".join(o.delta_text for o in outs)
+    assert len(ids) == 48 and outs[-1].finished
+    assert any(ord(c) > 127 for c in text)  # the check covers multi-byte characters
+    assert text == tokenizer.decode(ids)
+    assert llm.engine.num_free_blocks == len(llm.engine.block_manager.blocks)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import torch
 
@@ -37,10 +37,11 @@ class StepOutput:
 
 @dataclass
 class _Detok:
-    """Per-request text state: decoded output and the stop-string detector."""
+    """Per-request text state: the streaming detokenizer and the stop-string detector."""
 
     stop: StopStringDetector
-    text_sent: int = 0  # characters of the full decoded text already given to the stop detector
+    decoder: Any = None  # the tokenizer's IncrementalDecoder (decodes a short window per token)
+    text_sent: int = 0  # fallback for tokenizers without one: characters of the full text already fed
 
 
 @dataclass
@@ -145,12 +146,12 @@ class LLMEngine:
         state = self._detok[req.request_id]
         token = req.output_token_ids[-1]
         delta = ""
-        if self.tokenizer is not None:
-            text = self.tokenizer.decode(req.output_token_ids, skip_special_tokens=req.params.skip_special_tokens)
-            stable = len(text) - 1 if text.endswith("\ufffd") else len(text)  # an incomplete UTF-8 character
-            if stable > state.text_sent and not state.stop.stopped:
-                update = state.stop.feed(text[state.text_sent:stable])
-                state.text_sent = stable
+        if self.tokenizer is not None and not state.stop.stopped:
+            piece = self._new_text(state, req, token)
+            if req.is_finished and state.decoder is not None:
+                piece += state.decoder.flush()  # bytes held back for a character that never completed
+            if piece:
+                update = state.stop.feed(piece)
                 delta = update.delta
                 if update.stopped and not req.is_finished:
                     req.stop_reason = update.stop
@@ -160,6 +161,19 @@ class LLMEngine:
         lp = req.output_logprobs[-1] if req.output_logprobs else None
         return StepOutput(req.request_id, [token], delta, req.is_finished,
                           req.finish_reason.value if req.finish_reason else None, [lp])
+
+    def _new_text(self, state: _Detok, req: Request, token: int) -> str:
+        """The text ``token`` completes: O(1) per token with an incremental decoder (the full output is
+        re-decoded only for tokenizers that have none), never a partial UTF-8 character."""
+        skip = req.params.skip_special_tokens
+        if state.decoder is None and hasattr(self.tokenizer, "incremental_decoder"):
+            state.decoder = self.tokenizer.incremental_decoder(skip_special_tokens=skip)
+        if state.decoder is not None:
+            return state.decoder.push(token)
+        text = self.tokenizer.decode(req.output_token_ids, skip_special_tokens=skip)
+        stable = len(text) - 1 if text.endswith("\ufffd") else len(text)  # an incomplete UTF-8 character
+        piece, state.text_sent = text[state.text_sent:stable], max(state.text_sent, stable)
+        return piece
 
     def _finished_output(self, req: Request) -> StepOutput:
         return StepOutput(req.request_id, [], self._detok[req.request_id].stop.finish(), True,
