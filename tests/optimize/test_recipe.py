@@ -275,3 +275,21 @@ def test_passkey_retrieval_is_measured_per_configuration(ckpt, tmp_path):
             assert r["passkey_drop"] == pytest.approx(max(r["passkey_ref"] - r["passkey"], 0.0))
     recommend(report)
     assert "passkey" in [c.header for c in step_table(report, "kv").columns]
+
+
+def test_a_calibrated_kv_recommendation_reproduces_in_a_fresh_process(run, tmp_path):
+    """recommended.json carries kv_calibration: loading it calibrates the codec on the same windows."""
+    report = copy.deepcopy(run[0])
+    tq = next(r for r in report["steps"]["kv"]["records"] if r["kv"] == "turboquant3.5")
+    recommend(report)
+    report["recommendation"]["record"] = tq
+    report["recommendation"]["run_config"] = {**report["recommendation"]["run_config"], "weights": None,
+                                              "weight_overrides": {}, "kv_cache_dtype": "turboquant3.5",
+                                              "kv_calibration": report["kv_calibration"]}
+    write_outputs(report, tmp_path)
+    assert json.loads((tmp_path / "recommended.json").read_text())["kv_calibration"] == report["kv_calibration"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    proc = subprocess.run([sys.executable, "-m", "bytediet.optimize.verify", str(tmp_path)], capture_output=True,
+                          text=True, env=env, cwd=ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["ppl"] == pytest.approx(tq["ppl"], rel=1e-4)
