@@ -27,7 +27,7 @@ REL_ERROR = {
     "fp32": 1e-7, "bf16": 5e-3, "fp16": 6e-4, "int8": 0.012, "int8-w8a8": 0.012, "fp8": 0.04,
     "int4-g32": 0.10, "int4-g64": 0.11, "int4-g128": 0.12, "int4-g32-sym": 0.12, "int4-g64-sym": 0.13,
     "int4-g128-sym": 0.15, "mxfp4": 0.16, "nvfp4": 0.13,
-    "sparse24": 0.38, "sparse24-int8": 0.38,  # half the weights are dropped: ≈ 0.364 on Gaussian weights
+    "sparse24": 0.45, "sparse24-int8": 0.45,  # half the weights dropped: ≈ 0.364 on Gaussian weights, more on 1 row
     "gguf-q8_0": 0.01, "gguf-q4_0": 0.14, "gguf-q4_1": 0.11, "gguf-q5_0": 0.07, "gguf-q5_1": 0.055,
 }
 GENERIC_REL_ERROR = 0.3

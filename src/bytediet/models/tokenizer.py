@@ -133,7 +133,10 @@ class IncrementalDecoder:
     returned. Each step decodes only a short window (the previous emitted piece plus the new
     ids), so decoders that look at neighbouring tokens stay consistent (the prefix/read offsets
     of Hugging Face text-generation-inference, ``server/text_generation_server/models/model.py``).
-    The concatenation of everything returned, after :meth:`flush`, equals ``decode(all ids)``.
+    The concatenation of everything returned, after :meth:`flush`, equals ``decode(all ids)`` — except
+    where the ids hold invalid UTF-8 in a SentencePiece byte-fallback run: the full decoder turns the whole
+    run into U+FFFD, characters it had completed included, while a stream has already sent those (e.g.
+    ``<0x00> <0x80>``: "��" in full, "\x00" then "�" streamed).
     """
 
     def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = False) -> None:
