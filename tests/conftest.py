@@ -10,6 +10,7 @@ import os
 
 import pytest
 import torch
+from hypothesis import settings
 
 from bytediet.config import ModelConfig
 from bytediet.models.gemma3 import gemma3_layer_types
@@ -17,6 +18,12 @@ from bytediet.models.loader import build_model
 from bytediet.quant import get_weight_format
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+# Property tests draw the same examples on every run (CI must not turn red on a new random draw);
+# HYPOTHESIS_PROFILE=explore searches afresh, to look for new counterexamples on purpose.
+settings.register_profile("ci", derandomize=True)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 def tiny_config(arch: str = "llama", **overrides) -> ModelConfig:
