@@ -8,16 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-
-
-def _ints(text: str, what: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        raise ConfigError(f"{what}: expected comma-separated integers, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise ConfigError(f"{what}: expected positive integers, got {text!r}")
-    return values
+from ._parse import positive_ints
 
 
 def register(sub) -> None:
@@ -52,13 +43,13 @@ def bench_config(args: argparse.Namespace):
         raise ConfigError("--threads must be at least 1")
     overrides: dict[str, Any] = {"threads": args.threads}
     if args.concurrency:
-        overrides["concurrency"] = _ints(args.concurrency, "--concurrency")
+        overrides["concurrency"] = positive_ints(args.concurrency, "--concurrency")
     if args.roofline_batches:
-        overrides["roofline_batches"] = _ints(args.roofline_batches, "--roofline-batches")
+        overrides["roofline_batches"] = positive_ints(args.roofline_batches, "--roofline-batches")
     for flag, key in (("prompt_lens", "prompt_len_range"), ("output_lens", "output_len_range")):
         value = getattr(args, flag)
         if value:
-            pair = _ints(value, "--" + flag.replace("_", "-"))
+            pair = positive_ints(value, "--" + flag.replace("_", "-"))
             if len(pair) != 2:
                 raise ConfigError(f"--{flag.replace('_', '-')}: give LO,HI, got {value!r}")
             overrides[key] = pair

@@ -6,27 +6,7 @@ import json
 import sys
 from typing import Any
 
-from ..errors import ConfigError
-
-
-def _ints(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        raise ConfigError(f"expected comma-separated integers, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise ConfigError(f"expected positive integers, got {text!r}")
-    return values
-
-
-def _floats(text: str) -> tuple[float, ...]:
-    try:
-        values = tuple(float(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        raise ConfigError(f"expected comma-separated fractions, got {text!r}") from None
-    if not values:
-        raise ConfigError(f"expected at least one fraction, got {text!r}")
-    return values
+from ._parse import floats, positive_ints
 
 
 def register(subparsers) -> None:
@@ -59,8 +39,8 @@ def settings_from_args(args: argparse.Namespace):
 
     tasks = tuple(t.strip().lower() for t in args.tasks.split(",") if t.strip())
     return EvalSettings(corpus=args.corpus, windows=args.windows, window_len=args.window_len, seed=args.seed,
-                        tasks=tasks, passkey_lengths=_ints(args.passkey_lengths),
-                        passkey_depths=_floats(args.passkey_depths), passkey_trials=args.passkey_trials,
+                        tasks=tasks, passkey_lengths=positive_ints(args.passkey_lengths),
+                        passkey_depths=floats(args.passkey_depths), passkey_trials=args.passkey_trials,
                         speed_new_tokens=args.speed_tokens)
 
 

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from ..errors import ConfigError
+from ._parse import positive_ints
 
 
 def _specs(text):
@@ -29,10 +30,7 @@ def _lengths(text):
         return None
     if text.strip().lower() == "none":
         return ()
-    try:
-        return tuple(int(s) for s in _specs(text))
-    except ValueError:
-        raise ConfigError(f"--passkey-lengths: expected comma-separated token counts or 'none', got {text!r}") from None
+    return positive_ints(text, "--passkey-lengths")
 
 
 def register(subparsers) -> None:

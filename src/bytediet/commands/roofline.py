@@ -7,18 +7,9 @@ from typing import Any
 
 from ..config import parse_bytes
 from ..errors import ConfigError
+from ._parse import positive_ints
 
 _SIMPLE_BITS = {"fp32": 32, "fp16": 16, "bf16": 16, "fp8": 8, "int8": 8, "int4": 4, "fp4": 4}
-
-
-def _ints(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise ConfigError(f"expected comma-separated integers, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise ConfigError(f"expected positive integers, got {text!r}")
-    return values
 
 
 def resolve_weights(spec: str) -> tuple[str, Any]:
@@ -97,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     config = get_model_config(args.model)
     w_label, weights = resolve_weights(args.weights)
     kv_label, kv = resolve_kv(args.kv)
-    batches = _ints(args.batch)
+    batches = positive_ints(args.batch)
     preds = [analyze(config, hw, weights=weights, kv=kv, batch=b, context=args.context,
                      prompt_len=args.prompt_len, tp=args.tp, compute_dtype=args.compute)
              for hw in hardware.values() for b in batches]
@@ -128,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
 def _dataflow(args: argparse.Namespace, hardware: dict) -> dict:
     from ..perf.dataflow import analyze_gemm
 
-    m, k, n = _ints(args.dataflow) if args.dataflow.count(",") == 2 else (0, 0, 0)
+    m, k, n = positive_ints(args.dataflow) if args.dataflow.count(",") == 2 else (0, 0, 0)
     if not m:
         raise ConfigError(f"--dataflow takes M,K,N (three integers), got {args.dataflow!r}")
     sram = args.sram
