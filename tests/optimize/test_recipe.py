@@ -19,6 +19,15 @@ from tests.eval.test_harness import write_tiny_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 
+def verify_in_fresh_process(out: Path, timeout: int = 120) -> dict:
+    """Run ``python -m bytediet.optimize.verify OUT`` in a new interpreter (nothing shared); its JSON result."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    proc = subprocess.run([sys.executable, "-m", "bytediet.optimize.verify", str(out)], capture_output=True,
+                          text=True, env=env, cwd=ROOT, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
 
 def options(ckpt: Path, **kw) -> OptimizeOptions:
     base = dict(model=str(ckpt), corpus=str(ckpt / "corpus.txt"), quick=True, windows=2, window_len=40,
@@ -202,11 +211,7 @@ def test_missing_corpus_says_how_to_supply_a_file(ckpt, tmp_path, monkeypatch):
 
 def test_recommendation_reproduces_in_a_fresh_process(run):
     _, out = run
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    proc = subprocess.run([sys.executable, "-m", "bytediet.optimize.verify", str(out)], capture_output=True,
-                          text=True, env=env, cwd=ROOT, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    result = json.loads(proc.stdout)
+    result = verify_in_fresh_process(out)
     assert result["ppl"] == pytest.approx(result["reported"]["ppl"], rel=1e-4)
     assert result["ppl_ref"] == pytest.approx(result["reported"]["ppl_ref"], rel=1e-4)
     assert result["kl_mean"] == pytest.approx(result["reported"]["kl_mean"], rel=1e-3, abs=1e-7)
@@ -222,11 +227,7 @@ def test_real_model_recommendation_reproduces_and_meets_the_budget(tmp_path):
     recommend(report)
     write_outputs(report, tmp_path)
     assert report["recommendation"]["within_budget"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    proc = subprocess.run([sys.executable, "-m", "bytediet.optimize.verify", str(tmp_path)], capture_output=True,
-                          text=True, env=env, cwd=ROOT, timeout=600)
-    assert proc.returncode == 0, proc.stderr
-    result = json.loads(proc.stdout)
+    result = verify_in_fresh_process(tmp_path, timeout=600)
     assert result["ppl"] == pytest.approx(result["reported"]["ppl"], rel=1e-4)
     assert result["within_budget"] is True
 
@@ -256,11 +257,7 @@ def test_calibrated_candidates_and_a_calibrated_recommendation_reproduce(ckpt, t
     write_outputs(report, tmp_path)
     summary = (tmp_path / "summary.md").read_text()
     assert "gptq on int4-g32: perplexity" in summary and "saved in `recommended-model/`" in summary
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    proc = subprocess.run([sys.executable, "-m", "bytediet.optimize.verify", str(tmp_path)], capture_output=True,
-                          text=True, env=env, cwd=ROOT, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    result = json.loads(proc.stdout)
+    result = verify_in_fresh_process(tmp_path)
     assert result["ppl"] == pytest.approx(gptq["ppl"], rel=1e-4)  # the saved GPTQ weights, not a re-rounding
     assert result["ppl_ref"] == pytest.approx(gptq["ppl_ref"], rel=1e-4)
 
@@ -288,8 +285,4 @@ def test_a_calibrated_kv_recommendation_reproduces_in_a_fresh_process(run, tmp_p
                                               "kv_calibration": report["kv_calibration"]}
     write_outputs(report, tmp_path)
     assert json.loads((tmp_path / "recommended.json").read_text())["kv_calibration"] == report["kv_calibration"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    proc = subprocess.run([sys.executable, "-m", "bytediet.optimize.verify", str(tmp_path)], capture_output=True,
-                          text=True, env=env, cwd=ROOT, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout)["ppl"] == pytest.approx(tq["ppl"], rel=1e-4)
+    assert verify_in_fresh_process(tmp_path)["ppl"] == pytest.approx(tq["ppl"], rel=1e-4)
