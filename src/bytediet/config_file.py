@@ -159,13 +159,14 @@ def load_run_config(path: str | Path) -> dict[str, Any]:
 
 
 def calibrated_kv_codec(spec: str, model, tokenizer, calibration: Mapping[str, Any]):
-    """The codec ``spec`` calibrated on ``calibration``'s windows (returned uncalibrated if it has no hooks)."""
+    """The codec ``spec`` calibrated on ``calibration``'s windows; ``spec`` itself (the string) if the codec
+    has no calibration hooks, so callers can tell a calibrated codec by ``result is not spec``."""
     from .kvcache import get_kv_codec
     from .kvcache.calibration import calibrate_codec, corpus_windows, has_calibration
 
     codec = get_kv_codec(spec, model.dtype)
     if not has_calibration(codec):
-        return codec
+        return spec
     windows = corpus_windows(tokenizer, calibration["corpus"], calibration["windows"], calibration["window_len"],
                              calibration["seed"])
     return calibrate_codec(codec, model, windows)

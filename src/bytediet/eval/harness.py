@@ -214,11 +214,8 @@ def evaluate(model_spec: str, *, weights: Optional[str] = None, kv_cache_dtype: 
     kv = kv_cache_dtype
     if kv_calibration and kv_cache_dtype:
         from ..config_file import calibrated_kv_codec
-        from ..kvcache import get_kv_codec
-        from ..kvcache.calibration import has_calibration
 
-        if has_calibration(get_kv_codec(kv_cache_dtype, model.dtype)):
-            kv = calibrated_kv_codec(kv_cache_dtype, model, tokenizer, kv_calibration)
+        kv = calibrated_kv_codec(kv_cache_dtype, model, tokenizer, kv_calibration)
     result = evaluate_loaded(model, tokenizer, weights=weights, kv_cache_dtype=kv, settings=settings,
                              reference=reference, progress=progress, model_label=str(model_spec))
     result["config"]["kv_calibration"] = kv_calibration if kv is not kv_cache_dtype else None

@@ -176,11 +176,7 @@ class Recipe:
     def kv_codec(self, spec: str, model):
         """``spec`` as is, or — for a codec with calibration hooks — calibrated on ``model`` as it will run."""
         from ..config_file import calibrated_kv_codec
-        from ..kvcache import get_kv_codec
-        from ..kvcache.calibration import has_calibration
 
-        if not has_calibration(get_kv_codec(spec, model.dtype)):
-            return spec
         return calibrated_kv_codec(spec, model, self.tokenizer, self.kv_calibration)
 
     def calibration(self):
