@@ -103,15 +103,22 @@ def parse_bytes(text: str | int) -> int:
 
 @dataclass(frozen=True)
 class CacheConfig:
-    """Paged KV cache: block size in tokens, memory budget, codec name, prefix caching."""
+    """Paged KV cache: block size in tokens, memory budget, codec name, prefix caching.
 
-    block_size: int = 16
+    ``block_size`` None picks 16 tokens, or the codec's minimum block if that is larger (KIVI's key groups).
+    """
+
+    block_size: Optional[int] = None
     kv_cache_memory: int = 1 << 30
     kv_cache_dtype: Any = "auto"  # a codec spec ("auto" = the model's compute dtype) or a calibrated KVCodec
     enable_prefix_caching: bool = True
     num_blocks: Optional[int] = None  # overrides the memory budget (tests)
 
     def __post_init__(self) -> None:
+        if self.block_size is None:
+            from .kvcache.base import default_block_size
+
+            object.__setattr__(self, "block_size", default_block_size(self.kv_cache_dtype))
         if self.block_size <= 0 or self.block_size & (self.block_size - 1):
             raise ConfigError(f"block_size must be a positive power of two, got {self.block_size}")
         object.__setattr__(self, "kv_cache_memory", parse_bytes(self.kv_cache_memory))

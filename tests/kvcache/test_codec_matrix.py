@@ -170,3 +170,18 @@ def test_compressed_codecs_are_smaller_than_bf16():
     for spec in SPECS:
         if spec not in ("fp32", "bf16", "fp16", "int8", "fp8"):
             assert get_kv_codec(spec).bytes_per_token(3, 64) < bf16, spec
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_default_block_size_fits_every_codec(spec):
+    # 16 tokens unless the codec needs more (KIVI's 32-token key groups); an explicit size is kept
+    from bytediet.config import CacheConfig
+    from bytediet.kvcache.base import default_block_size
+
+    codec = get_kv_codec(spec)
+    size = default_block_size(spec)
+    assert size == max(16, codec.min_block_size()) and CacheConfig(kv_cache_dtype=spec).block_size == size
+    codec.create_cache(0, 2, size, 3, 64, torch.float32, "cpu")  # raises if the codec cannot page this size
+    assert CacheConfig(kv_cache_dtype=spec, block_size=64).block_size == 64
+    if spec.startswith("kivi"):
+        assert size == (16 if spec.endswith("g16") else 32)

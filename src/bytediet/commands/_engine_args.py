@@ -20,7 +20,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="keep GGUF-quantized weights in their native blocks instead of dequantizing them")
     g.add_argument("--kv-cache-dtype", default="auto", metavar="CODEC", help="KV-cache codec (auto, fp32, bf16, int8, ...)")
     g.add_argument("--kv-cache-memory", default="1GiB", help="memory budget of the KV cache (e.g. 512MiB, 2GiB)")
-    g.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+    g.add_argument("--block-size", type=int, default=None,
+                   help="tokens per KV block (default 16, or the codec's minimum if larger: kivi's group of 32)")
     g.add_argument("--max-num-batched-tokens", type=int, default=512, help="token budget per engine step")
     g.add_argument("--max-num-seqs", type=int, default=64, help="most requests running at once")
     g.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")

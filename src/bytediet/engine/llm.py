@@ -50,7 +50,7 @@ class LLM:
     """
 
     def __init__(self, model: str = "default", *, dtype: str = "float32", weights: Optional[str] = None,
-                 kv_cache_dtype: str = "auto", kv_cache_memory: Union[str, int] = "1GiB", block_size: int = 16,
+                 kv_cache_dtype: str = "auto", kv_cache_memory: Union[str, int] = "1GiB", block_size: Optional[int] = None,
                  num_blocks: Optional[int] = None, max_num_batched_tokens: int = 512, max_num_seqs: int = 64,
                  enable_prefix_caching: bool = True, enable_chunked_prefill: bool = True, seed: int = 0,
                  num_threads: Optional[int] = None, keep_packed: bool = False, loaded=None) -> None:

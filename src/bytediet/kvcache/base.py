@@ -130,6 +130,10 @@ class KVCodec(ABC):
                      dtype: torch.dtype, device: torch.device | str) -> LayerKVCache:
         """Allocate the pages of one layer. ``dtype`` is the model's compute dtype."""
 
+    def min_block_size(self) -> int:
+        """The smallest KV block (tokens) this codec can page; e.g. KIVI's key groups must fit in a block."""
+        return 1
+
     def bits_per_coordinate(self, num_kv_heads: int, head_dim: int) -> float:
         """Average stored bits per K or V coordinate, everything included."""
         return self.bytes_per_token(num_kv_heads, head_dim) * 8 / (2 * num_kv_heads * head_dim)
@@ -139,6 +143,12 @@ class KVCodec(ABC):
 
 
 KV_CODECS: Registry = Registry("KV-cache codec")
+DEFAULT_BLOCK_SIZE = 16
+
+
+def default_block_size(spec: "str | KVCodec") -> int:
+    """The block size used when none is given: 16 tokens (vLLM's default), or the codec's minimum if larger."""
+    return max(DEFAULT_BLOCK_SIZE, get_kv_codec(spec).min_block_size())
 
 
 def get_kv_codec(spec: "str | KVCodec", model_dtype: torch.dtype = torch.float32) -> KVCodec:

@@ -104,6 +104,9 @@ class CompressedCodec(KVCodec):
         return (self.key_half.bytes_per_token(num_kv_heads, head_dim)
                 + self.value_half.bytes_per_token(num_kv_heads, head_dim))
 
+    def min_block_size(self) -> int:
+        return max(self.key_half.min_block_size(), self.value_half.min_block_size())
+
     def create_cache(self, layer, num_blocks, block_size, num_kv_heads, head_dim, dtype, device) -> LayerKVCache:
         for half in (self.key_half, self.value_half):
             half.check(num_kv_heads, head_dim, block_size)

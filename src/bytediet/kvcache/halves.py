@@ -66,6 +66,10 @@ class HalfCodec(ABC):
                device) -> HalfPages:
         """Allocate pages; ``role`` is ``"k"`` or ``"v"`` (seeds random transforms differently)."""
 
+    def min_block_size(self) -> int:
+        """The smallest block (tokens) this half can page (see :meth:`bytediet.kvcache.base.KVCodec.min_block_size`)."""
+        return 1
+
     def check(self, num_heads: int, head_dim: int, block_size: int) -> None:  # noqa: B027 - optional hook
         """Raise ConfigError if this half cannot store vectors of this shape."""
 

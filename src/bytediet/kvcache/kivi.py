@@ -133,6 +133,9 @@ class KiviKeyHalf(HalfCodec):
         self.bits, self.group = bits, group
         self.name = f"kivi{bits}-keys-g{group}"
 
+    def min_block_size(self):
+        return self.group
+
     def check(self, num_heads, head_dim, block_size):
         if block_size % self.group:
             raise ConfigError(f"kivi group size {self.group} must divide the KV block size {block_size}; "

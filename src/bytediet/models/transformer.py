@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 
 from ..config import ModelConfig
-from ..kvcache.base import AttentionMetadata, LayerKVCache, get_kv_codec
+from ..kvcache.base import AttentionMetadata, LayerKVCache, default_block_size, get_kv_codec
 from .layers import MLP, Attention, Linear, RMSNorm, RotaryEmbedding
 
 
@@ -114,12 +114,14 @@ class CausalLM(nn.Module):
         return [codec.create_cache(i, num_blocks, block_size, c.num_kv_heads, c.head_dim, self.dtype, self.device)
                 for i in range(c.num_layers)]
 
-    def score(self, input_ids: torch.Tensor, kv_codec: str = "auto", block_size: int = 16,
+    def score(self, input_ids: torch.Tensor, kv_codec: str = "auto", block_size: Optional[int] = None,
               chunk_size: Optional[int] = None) -> torch.Tensor:
         """Logits (L, vocab) for one sequence run through the paged path (eval, tests).
 
         ``chunk_size`` splits the prompt into chunks (chunked prefill) — the result is the same.
+        ``block_size`` None: the engine's default for the codec (:func:`bytediet.kvcache.base.default_block_size`).
         """
+        block_size = block_size or default_block_size(kv_codec)
         ids = input_ids.reshape(-1).to(self.device)
         length = ids.shape[0]
         caches = self.new_caches(math.ceil(length / block_size), block_size, kv_codec)

@@ -117,14 +117,16 @@ def weight_fits(spec: str, model) -> Optional[str]:
     return None
 
 
-def kv_fits(spec: str, model, block_size: int = 16) -> Optional[str]:
-    """None when the codec ``spec`` can page ``model``'s KV heads at ``block_size``, else the reason."""
+def kv_fits(spec: str, model, block_size: Optional[int] = None) -> Optional[str]:
+    """None when the codec ``spec`` can page ``model``'s KV heads at ``block_size`` (None: the engine's
+    default for the codec), else the reason."""
     from ..kvcache import get_kv_codec
+    from ..kvcache.base import default_block_size
 
     c = model.config
     try:
         codec = get_kv_codec(spec, model.dtype)
-        codec.create_cache(0, 1, block_size, c.num_kv_heads, c.head_dim, model.dtype, "cpu")
+        codec.create_cache(0, 1, block_size or default_block_size(codec), c.num_kv_heads, c.head_dim, model.dtype, "cpu")
     except (ConfigError, KeyError, ValueError) as exc:
         return str(exc.args[0] if isinstance(exc, KeyError) and exc.args else exc)
     return None
@@ -161,7 +163,8 @@ def weight_specs(model, quick: bool = False, only: Optional[list[str]] = None) -
                       QUICK_WEIGHT_FAMILIES, quick, only)
 
 
-def kv_specs(model, quick: bool = False, only: Optional[list[str]] = None, block_size: int = 16) -> Enumeration:
+def kv_specs(model, quick: bool = False, only: Optional[list[str]] = None,
+             block_size: Optional[int] = None) -> Enumeration:
     """KV-codec specs to try on ``model`` (every registered codec and variant; ``only`` restricts)."""
     from ..kvcache import KV_CODECS
     from ..kvcache import load_all  # noqa: F401

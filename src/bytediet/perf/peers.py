@@ -37,7 +37,7 @@ class BytedietSystem:
     name = "bytediet"
 
     def __init__(self, source, *, threads: int = 2, kv_cache_dtype: str = "auto", max_num_batched_tokens: int = 512,
-                 block_size: int = 16) -> None:
+                 block_size: Optional[int] = None) -> None:
         from ..engine.llm import LLM
 
         if isinstance(source, LLM):
@@ -47,7 +47,10 @@ class BytedietSystem:
             block_size = source.config.cache.block_size
         else:
             self.model, self.tokenizer = source
-        self.threads, self.kv_cache_dtype, self.block_size = threads, kv_cache_dtype, block_size
+        from ..kvcache.base import default_block_size
+
+        self.threads, self.kv_cache_dtype = threads, kv_cache_dtype
+        self.block_size = block_size or default_block_size(kv_cache_dtype)
         self.max_num_batched_tokens = max_num_batched_tokens
         self._llm, self._key = None, None
 
