@@ -18,6 +18,16 @@ def test_generate_json_prints_exactly_one_object():
     assert data["achieved_weight_gb_per_s"] > 0 and 0 < data["fraction_of_read_bandwidth"]
 
 
+def test_generate_json_says_which_codec_and_block_size_ran():
+    # kivi2's 32-token key groups: the default block size grows to 32 instead of failing at 16
+    r = subprocess.run(CLI + ["generate", "--prompt", "The capital of France is", "--max-tokens", "2", "--json",
+                              "--kv-cache-dtype", "kivi2"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert data["kv_cache_dtype"].startswith("kivi2 (k: kivi2-keys-g32") and data["block_size"] == 32
+    assert data["weights"]
+
+
 def test_generate_rejects_bad_sampling_values_with_exit_code_2():
     r = subprocess.run(CLI + ["generate", "--prompt", "hi", "--top-p", "1.5"], capture_output=True, text=True,
                        timeout=300)

@@ -45,13 +45,23 @@ def run(args: argparse.Namespace) -> int:
     summary = generation_summary(llm, len(prompt_ids), len(token_ids), ttft or total, total)
     if args.json:
         print(json.dumps({
-            "model": llm.model.source_path, "prompt": prompt, "prompt_token_ids": prompt_ids,
+            "model": llm.model.source_path, **engine_description(llm), "prompt": prompt, "prompt_token_ids": prompt_ids,
             "completion": "".join(text), "completion_token_ids": token_ids, "finish_reason": finish, **summary,
         }))
     else:
         print()
         print(format_summary(summary), file=sys.stderr)
     return 0
+
+
+def engine_description(llm) -> dict:
+    """What ran: the weight formats actually in the model, the KV codec (with its halves) and the KV block size."""
+    from ..kvcache import get_kv_codec
+
+    cache = llm.config.cache
+    return {"weights": ",".join(sorted({lin.format.spec() for _, lin in llm.model.linear_layers()})),
+            "kv_cache_dtype": get_kv_codec(cache.kv_cache_dtype, llm.model.dtype).describe(),
+            "block_size": cache.block_size}
 
 
 def generation_summary(llm, n_prompt: int, n_out: int, ttft: float, total: float) -> dict:
