@@ -9,7 +9,7 @@ for the codec, one 2048-token eval window to measure), values exact, and the mea
   Karhunen–Loève basis of the centred keys (``kltk``) or of the queries (``kltq``), coordinates sorted by
   expected score error λ_k · λ_q, then 2- or 3-part TurboQuant layouts in that basis (each part with its own
   Hadamard rotation and fp16 norm) chosen by predicted error; ``channels`` is the same search on raw channels.
-* ``layers`` — per-layer bit budgets (2.5 … 5 bits) allocated greedily by the KL each layer shows on a
+* ``layers`` — per-layer bit budgets (1.5 … 5 bits) allocated greedily by the KL each layer shows on a
   separate 2048-token *calibration* window, average held at 3.5 / 2.5 bits, scored on the eval window.
 * ``window`` — the W most recent keys of each query kept exact (``W32a``: the query's own 32-token group,
   i.e. a KIVI-style open group), the rest TurboQuant.
@@ -42,6 +42,11 @@ def calibrated_half(bits: float, layer: int, data: dict) -> TurboQuantHalf:
     half = TurboQuantHalf(bits, "mse", "hadamard")
     half.calibrate(data["k"], layer, queries=data["q"])
     return half
+
+
+def turboquant_kl(config, cal, layer: int, k: torch.Tensor, q: torch.Tensor, bits: float) -> float:
+    """Attention KL of the issue's codec as it is: calibrated TurboQuant keys at ``bits``."""
+    return attention_kl(config, q, k, round_trip(calibrated_half(bits, layer, cal[layer]), config, layer, k))
 
 
 def mean_kls(rows: dict[str, list[float]]) -> dict[str, float]:
@@ -105,8 +110,7 @@ def transform(config, cal, ev, sens) -> None:
         rows: dict[str, list[float]] = {}
         for layer in range(0, config.num_layers, 3):
             k, q = ev[layer]["k"], ev[layer]["q"]
-            rows.setdefault("turboquant", []).append(
-                attention_kl(config, q, k, round_trip(calibrated_half(bits, layer, cal[layer]), config, layer, k)))
+            rows.setdefault("turboquant", []).append(turboquant_kl(config, cal, layer, k, q, bits))
             for basis in ("channels", "kltk", "kltq"):
                 for parts in (2, 3):
                     k_hat = transform_round_trip(config, cal[layer], k, bits, basis, parts)
@@ -116,7 +120,7 @@ def transform(config, cal, ev, sens) -> None:
 
 # ------------------------------------------------------------------------------------------ layers
 def layers(config, cal, ev, sens) -> None:
-    budgets = [2.5, 3.0, 3.5, 4.0, 4.5, 5.0]
+    budgets = [1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0]
     kl_cal = torch.zeros(config.num_layers, len(budgets))
     kl_ev = torch.zeros_like(kl_cal)
     for layer in range(config.num_layers):
@@ -126,7 +130,7 @@ def layers(config, cal, ev, sens) -> None:
                 k, q = data[layer]["k"], data[layer]["q"]
                 store[layer, j] = attention_kl(config, q, k, round_trip(half, config, layer, k))
     for target in BUDGETS:
-        idx = torch.zeros(config.num_layers, dtype=torch.long)     # every layer starts at 2.5 bits
+        idx = torch.zeros(config.num_layers, dtype=torch.long)     # every layer starts at the lowest budget
         for _ in range(int(round((target - budgets[0]) / 0.5 * config.num_layers))):
             gain = torch.tensor([kl_cal[l, i] - kl_cal[l, i + 1] if i + 1 < len(budgets) else -1e9
                                  for l, i in enumerate(idx.tolist())])
@@ -179,8 +183,7 @@ def groups(config, cal, ev, sens) -> None:
         rows: dict[str, list[float]] = {}
         for layer in range(0, config.num_layers, 3):
             k, q = ev[layer]["k"], ev[layer]["q"]
-            rows.setdefault("turboquant", []).append(
-                attention_kl(config, q, k, round_trip(calibrated_half(bits, layer, cal[layer]), config, layer, k)))
+            rows.setdefault("turboquant", []).append(turboquant_kl(config, cal, layer, k, q, bits))
             for g in (32, 64, 128):
                 rest = bits - 16 / g
                 half = calibrated_half(rest, layer, {"k": cal[layer]["k"] - group_means(cal[layer]["k"], g),
