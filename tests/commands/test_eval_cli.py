@@ -41,7 +41,9 @@ def test_kv_calibration_flag_calibrates_codecs_with_hooks(ckpt, capsys):
     obj = json.loads(capsys.readouterr().out)
     assert obj["config"]["kv_calibration"] == {"corpus": str(ckpt / "corpus.txt"), "windows": 1, "window_len": 32,
                                                "seed": 0}
-    assert obj["config"]["kv_cache_dtype"] == obj["config"]["kv_codec"]  # a calibrated codec object, described
+    # the calibrated codec object goes by its spec; kv_codec describes the layout it chose, calibrated
+    assert obj["config"]["kv_cache_dtype"] == "turboquant3.5"
+    assert obj["config"]["kv_codec"].startswith("turboquant3.5 (k: turboquant3.5 [") and "; calibrated]" in obj["config"]["kv_codec"]
     assert main(argv(ckpt, "--tasks", "ppl", "--kv-cache-dtype", "int8", "--kv-calib-windows", "1",
                      "--kv-calib-len", "32", "--json")) == 0
     assert json.loads(capsys.readouterr().out)["config"]["kv_calibration"] is None  # int8 has no hooks

@@ -174,3 +174,14 @@ def test_query_weighting_ranks_the_channels_queries_read():
     q[..., 20] *= 100
     half.calibrate(k, layer=0, queries=q)
     assert int(half.ranking[0][0, 0]) == 20
+
+
+def test_describe_names_the_layout_rotations_and_calibration_state():
+    codec = get_kv_codec("turboquant3.5")
+    assert codec.describe() == "turboquant3.5 (k: turboquant3.5, v: turboquant3.5)"
+    at64 = codec.describe(64)
+    assert "64 ch × 3 b hadamard" in at64 and "uncalibrated: no mean" in at64 and "qr" not in at64
+    # head dim 256: the outlier split's parts (96 + 160 channels) are not powers of two, so QR is used, and said
+    at256 = codec.describe(256)
+    assert "96 ch × 4 b qr + 160 ch × 3 b qr" in at256 and "hadamard needs a power of two, qr used" in at256
+    assert "outliers from the first prefill" in at256

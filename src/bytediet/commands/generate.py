@@ -60,7 +60,7 @@ def engine_description(llm) -> dict:
 
     cache = llm.config.cache
     return {"weights": ",".join(sorted({lin.format.spec() for _, lin in llm.model.linear_layers()})),
-            "kv_cache_dtype": get_kv_codec(cache.kv_cache_dtype, llm.model.dtype).describe(),
+            "kv_cache_dtype": get_kv_codec(cache.kv_cache_dtype, llm.model.dtype).describe(llm.model.config.head_dim),
             "block_size": cache.block_size}
 
 

@@ -28,6 +28,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..engine.async_engine import AsyncEngine
     from ..server.app import build_app
+    from .generate import engine_description
 
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}")
@@ -38,7 +39,8 @@ def run(args: argparse.Namespace) -> int:
         app = build_app(engine, names, own_engine=True)
         print(f"bytediet: serving {llm.model.source_path} as {', '.join(names)} on http://{args.host}:{args.port} "
               f"(context {llm.engine.max_model_len} tokens, {llm.engine.block_manager.num_blocks} KV blocks "
-              f"of {llm.engine.block_manager.block_size} tokens)", file=sys.stderr, flush=True)
+              f"of {llm.engine.block_manager.block_size} tokens, KV codec "
+              f"{engine_description(llm)['kv_cache_dtype']})", file=sys.stderr, flush=True)
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     finally:  # the app's lifespan already did this unless uvicorn failed to start
         engine.shutdown()

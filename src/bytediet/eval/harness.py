@@ -242,7 +242,7 @@ def evaluate_loaded(model, tokenizer, *, settings: EvalSettings, weights: Option
     t0 = time.perf_counter()
     ctx = build_context(tokenizer, settings, reference, corpus_ids=corpus_ids, progress=progress)
     kv = kv_cache_dtype or "auto"
-    kv_name = get_kv_codec(kv, model.dtype).describe()  # fails early on an unknown codec
+    kv_name = get_kv_codec(kv, model.dtype).describe(model.config.head_dim)  # fails early on an unknown codec
     if weights:
         from ..quant.apply import QuantizeConfig
 
@@ -257,7 +257,7 @@ def evaluate_loaded(model, tokenizer, *, settings: EvalSettings, weights: Option
     return {
         "model": label,
         "model_name": model.config.name or label,
-        "config": {"weights": weights, "kv_cache_dtype": kv if isinstance(kv, str) else kv_name, "kv_codec": kv_name},
+        "config": {"weights": weights, "kv_cache_dtype": kv if isinstance(kv, str) else kv.name, "kv_codec": kv_name},
         "reference_config": {"weights": None, "kv_cache_dtype": "auto",
                              "kv_codec": get_kv_codec("auto", model.dtype).describe(),
                              "dtype": str(model.dtype).removeprefix("torch.")},

@@ -138,7 +138,9 @@ class KVCodec(ABC):
         """Average stored bits per K or V coordinate, everything included."""
         return self.bytes_per_token(num_kv_heads, head_dim) * 8 / (2 * num_kv_heads * head_dim)
 
-    def describe(self) -> str:
+    def describe(self, head_dim: Optional[int] = None) -> str:
+        """The codec's name; given the model's ``head_dim``, codecs whose layout depends on it also say which
+        layout (and which fallbacks, e.g. a QR rotation where a Hadamard needs a power of two) they use."""
         return self.name
 
 

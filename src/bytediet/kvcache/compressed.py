@@ -114,5 +114,5 @@ class CompressedCodec(KVCodec):
         values = self.value_half.create(layer, "v", num_blocks, block_size, num_kv_heads, head_dim, device)
         return CompressedCache(keys, values, num_blocks, block_size)
 
-    def describe(self) -> str:
-        return f"{self.name} (k: {self.key_half.name}, v: {self.value_half.name})"
+    def describe(self, head_dim: Optional[int] = None) -> str:
+        return f"{self.name} (k: {self.key_half.describe(head_dim)}, v: {self.value_half.describe(head_dim)})"

@@ -15,7 +15,7 @@ L = tokens in one chunk. ``qg``: (H, G, D); scores: (H, G, L); ``p``: (H, G, L).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -65,6 +65,10 @@ class HalfCodec(ABC):
     def create(self, layer: int, role: str, num_blocks: int, block_size: int, num_heads: int, head_dim: int,
                device) -> HalfPages:
         """Allocate pages; ``role`` is ``"k"`` or ``"v"`` (seeds random transforms differently)."""
+
+    def describe(self, head_dim: Optional[int] = None) -> str:
+        """The half's name (see :meth:`bytediet.kvcache.base.KVCodec.describe`)."""
+        return self.name
 
     def min_block_size(self) -> int:
         """The smallest block (tokens) this half can page (see :meth:`bytediet.kvcache.base.KVCodec.min_block_size`)."""

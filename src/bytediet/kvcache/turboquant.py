@@ -31,6 +31,7 @@ from . import bitpack
 from .base import KV_CODECS
 from .compressed import CompressedCodec
 from .halves import HalfCodec, HalfPages
+from .rotation import rotation_kind
 from .turboquant_core import TQCodes, TurboQuantizer
 from .turboquant_layout import choose_layout, layout_bits, resolve_layout  # noqa: F401 (re-exported)
 
@@ -164,6 +165,22 @@ class TurboQuantHalf(HalfCodec):
 
     def check(self, num_heads, head_dim, block_size):
         self.layout(head_dim)
+
+    def describe(self, head_dim: Optional[int] = None) -> str:
+        """At a given head dim, the layout, each part's rotation and the calibration state, e.g.
+        ``turboquant3.5 [96 ch × 4 b qr + 160 ch × 3 b qr; hadamard needs a power of two, qr used; calibrated]``."""
+        if head_dim is None:
+            return self.name
+        layout = self.layout(head_dim)
+        kinds = [rotation_kind(n, self.rotation) for n, _ in layout]
+        notes = [" + ".join(f"{n} ch × {b} b {k}" for (n, b), k in zip(layout, kinds))]
+        if any(k != self.rotation for k in kinds):
+            notes.append("hadamard needs a power of two, qr used")
+        if self.profiles:
+            notes.append("calibrated")
+        else:
+            notes.append("uncalibrated: no mean" + (", outliers from the first prefill" if len(layout) > 1 else ""))
+        return f"{self.name} [{'; '.join(notes)}]"
 
     def bytes_per_token(self, num_heads, head_dim):
         return num_heads * layout_bits(self.layout(head_dim), self.variant) / 8
