@@ -67,3 +67,23 @@ def test_all_in_size_against_bf16(spec, x_smaller, d):
     codec = get_kv_codec(spec)
     assert bf16 / codec.bytes_per_token(2, d) >= x_smaller
     assert codec.bits_per_coordinate(2, d) <= float(spec[len("turboquant"):])
+
+
+def test_kivi_staging_pool_limits_running_sequences_instead_of_failing(tiny64):
+    # a small pool has few staging pages (one open key group per running sequence): with many short requests
+    # the engine runs only that many at a time, the others wait, and every request finishes
+    llm = LLM(kv_cache_dtype="kivi2", num_blocks=64, max_num_seqs=32, enable_prefix_caching=False,
+              loaded=(tiny64, None))
+    pages = llm.engine.runner.max_sequences
+    assert pages == 64 * 32 // 512 and llm.engine.scheduler.config.max_num_seqs == pages
+    params = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(12):
+        llm.engine.add_request(torch.randint(0, tiny64.config.vocab_size, (45,), generator=gen).tolist(), params)
+    most, finished = 0, 0
+    while llm.engine.has_unfinished_requests():
+        finished += sum(o.finished for o in llm.engine.step())
+        most = max(most, len(llm.engine.scheduler.running))
+    assert finished == 12 and most == pages
+    # a codec without per-sequence state leaves max_num_seqs alone
+    assert LLM(kv_cache_dtype="int8", num_blocks=64, max_num_seqs=32, loaded=(tiny64, None)).engine.runner.max_sequences is None

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Optional, Sequence
 
 import torch
@@ -61,7 +61,12 @@ class LLMEngine:
         self.block_manager = BlockManager(self.runner.num_blocks, config.cache.block_size,
                                           config.cache.enable_prefix_caching)
         self.max_model_len = model.config.max_position_embeddings
-        self.scheduler = Scheduler(config.scheduler, self.block_manager, self.max_model_len)
+        sched = config.scheduler
+        if self.runner.max_sequences is not None and self.runner.max_sequences < sched.max_num_seqs:
+            # the codec keeps per-sequence state in a fixed pool (KIVI's staging pages): run no more sequences
+            # at once than it can hold; the rest wait (instead of failing mid-step)
+            sched = replace(sched, max_num_seqs=self.runner.max_sequences)
+        self.scheduler = Scheduler(sched, self.block_manager, self.max_model_len)
         self.scheduler.release_hook = self._release
         self.sampler = Sampler(seed=config.seed)
         self.stats = EngineStats()

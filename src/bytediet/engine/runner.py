@@ -28,6 +28,8 @@ class ModelRunner:
         self.caches = model.new_caches(self.num_blocks, self.block_size, cache.kv_cache_dtype)
         c = model.config
         self.bytes_per_token = self.codec.bytes_per_token(c.num_kv_heads, c.head_dim) * c.num_layers
+        limits = [n for n in (cache.max_sequences() for cache in self.caches) if n is not None]
+        self.max_sequences = min(limits) if limits else None  # the codec's per-sequence state (KIVI's staging)
 
     def kv_cache_bytes(self) -> int:
         return sum(cache.nbytes() for cache in self.caches)

@@ -108,6 +108,11 @@ class LayerKVCache(ABC):
     def free_sequence(self, seq_id: int) -> None:  # noqa: B027 - optional hook
         """Forget per-sequence state (codecs that keep some); called when a request's blocks are freed."""
 
+    def max_sequences(self) -> Optional[int]:
+        """How many sequences may hold per-sequence state here at once (KIVI's open key groups); None: no
+        limit beyond the blocks. The engine runs at most this many sequences at a time."""
+        return None
+
     def nbytes(self) -> int:
         """Bytes actually allocated for this layer's pages."""
         return sum(t.numel() * t.element_size() for t in self.tensors())

@@ -37,6 +37,10 @@ class CompressedCache(LayerKVCache):
             if hasattr(half, "free_sequence"):
                 half.free_sequence(seq_id)
 
+    def max_sequences(self) -> Optional[int]:
+        limits = [n for n in (self.keys.max_sequences(), self.values.max_sequences()) if n is not None]
+        return min(limits) if limits else None
+
     def tensors(self) -> list[torch.Tensor]:
         return self.keys.tensors() + self.values.tensors()
 

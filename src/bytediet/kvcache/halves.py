@@ -38,6 +38,10 @@ class HalfPages(ABC):
     def tensors(self) -> list[torch.Tensor]:
         """Every per-slot tensor (what ``nbytes`` counts); per-layer constants such as rotations are not pages."""
 
+    def max_sequences(self) -> Optional[int]:
+        """See :meth:`bytediet.kvcache.base.LayerKVCache.max_sequences`."""
+        return None
+
     def prepare_query(self, qg: torch.Tensor) -> Any:
         return qg
 

@@ -9,8 +9,9 @@ Paged layout (this engine's design): groups are aligned to pages — G must divi
 never spans two physical blocks. Per slot: packed key and value codes; per key group: scale, zero (fp16, H×D)
 and two int32 bookkeeping words (tokens written, staging page). Open groups live in a **staging pool** of
 fp16 pages (G × H × D each), one page per ``STAGE_PERIOD`` pooled tokens — i.e. the pool supports one open
-group (one running sequence) per 512 tokens of cache, and a write beyond that raises a clear error. The pool
-is counted in ``bytes_per_token`` (amortised), so the engine's block count accounts for it.
+group (one running sequence) per 512 tokens of cache. The engine reads that limit (``max_sequences``) and runs
+no more sequences at once (the others wait); a direct write beyond it raises a clear error. The pool is counted
+in ``bytes_per_token`` (amortised), so the engine's block count accounts for it.
 
 A write that touches a group's first slot starts that group afresh (a block reused by a new sequence or a
 recomputation). The engine's ``free_sequence(seq_id)`` (a request finished or was preempted) releases the
@@ -68,6 +69,10 @@ class KiviKeyPages(HalfPages):
                 self.open_group[sid] = g
             else:
                 self.open_group.pop(sid, None)
+
+    def max_sequences(self) -> int:
+        """One open group per running sequence, one staging page per open group."""
+        return self.stage.shape[0]
 
     def free_sequence(self, seq_id: int) -> None:
         g = self.open_group.pop(seq_id, None)
