@@ -8,7 +8,9 @@ for the codec, one 2048-token eval window to measure), values exact, and the mea
 * ``transform`` — transform coding instead of a random rotation of the raw channels: the calibrated
   Karhunen–Loève basis of the centred keys (``kltk``) or of the queries (``kltq``), coordinates sorted by
   expected score error λ_k · λ_q, then 2- or 3-part TurboQuant layouts in that basis (each part with its own
-  Hadamard rotation and fp16 norm) chosen by predicted error; ``channels`` is the same search on raw channels.
+  Hadamard rotation and fp16 norm) chosen by predicted error; ``channels`` is the same search on raw channels;
+  ``kltk-static-no-norm`` is textbook transform coding (static per-coordinate scales, Gaussian Lloyd–Max,
+  integer bits by reverse water-filling, no per-token norm, so the whole budget goes to codes).
 * ``layers`` — per-layer bit budgets (1.5 … 5 bits) allocated greedily by the KL each layer shows on a
   separate 2048-token *calibration* window, average held at 3.5 / 2.5 bits, scored on the eval window.
 * ``window`` — the W most recent keys of each query kept exact (``W32a``: the query's own 32-token group,
@@ -16,7 +18,11 @@ for the codec, one 2048-token eval window to measure), values exact, and the mea
 * ``groups`` — a per-group key mean (fp16, over g consecutive tokens) subtracted first, its cost taken from
   the TurboQuant budget.
 
-    .venv/bin/python bench/tq_key_alternatives_sim.py [transform|layers|window|groups] [default|gemma3-270m]
+* ``rope`` — the key mean taken *before* RoPE and rotated to each key's position (what calibrated TurboQuant
+  does since session 3) against a constant post-RoPE mean (session 2). The other experiments keep the
+  constant mean, as measured in session 3 before the change.
+
+    .venv/bin/python bench/tq_key_alternatives_sim.py [transform|layers|window|groups|rope] [default|gemma3-270m]
 """
 from __future__ import annotations
 
@@ -30,6 +36,7 @@ from tq_key_scaling_sim import attention_kl, round_trip
 from bytediet.eval.corpus import make_windows
 from bytediet.eval.harness import tokenize_corpus
 from bytediet.kvcache.calibration import capture_kv
+from bytediet.kvcache.lloyd_max import nearest, sphere_coordinate_codebook
 from bytediet.kvcache.turboquant import TurboQuantHalf
 from bytediet.kvcache.turboquant_core import TurboQuantizer
 from bytediet.kvcache.turboquant_layout import choose_layout, part_distortion
@@ -38,15 +45,19 @@ from bytediet.models.loader import load_model
 BUDGETS = (3.5, 2.5)
 
 
-def calibrated_half(bits: float, layer: int, data: dict) -> TurboQuantHalf:
+def calibrated_half(bits: float, layer: int, data: dict, pre_rope: bool = False) -> TurboQuantHalf:
+    """TurboQuant keys calibrated on ``data``: a constant channel mean, or (``pre_rope``) the pre-RoPE mean."""
     half = TurboQuantHalf(bits, "mse", "hadamard")
-    half.calibrate(data["k"], layer, queries=data["q"])
+    extra = {"positions": data["pos"], "rope": data["rope"]} if pre_rope else {}
+    half.calibrate(data["k"], layer, queries=data["q"], **extra)
     return half
 
 
-def turboquant_kl(config, cal, layer: int, k: torch.Tensor, q: torch.Tensor, bits: float) -> float:
-    """Attention KL of the issue's codec as it is: calibrated TurboQuant keys at ``bits``."""
-    return attention_kl(config, q, k, round_trip(calibrated_half(bits, layer, cal[layer]), config, layer, k))
+def turboquant_kl(config, cal, layer: int, k: torch.Tensor, q: torch.Tensor, bits: float,
+                  pre_rope: bool = False) -> float:
+    """Attention KL of calibrated TurboQuant keys at ``bits`` (constant mean, or the pre-RoPE mean)."""
+    half = calibrated_half(bits, layer, cal[layer], pre_rope)
+    return attention_kl(config, q, k, round_trip(half, config, layer, k))
 
 
 def mean_kls(rows: dict[str, list[float]]) -> dict[str, float]:
@@ -105,6 +116,41 @@ def transform_round_trip(config, cal: dict, keys: torch.Tensor, target: float, b
     return out
 
 
+def gaussian_codebook(bits: int) -> torch.Tensor:
+    """Lloyd–Max codebook of N(0, 1): the sphere-coordinate codebook at a large dimension, rescaled."""
+    return sphere_coordinate_codebook(4096, bits)[0] * 64.0
+
+
+def static_round_trip(config, cal: dict, keys: torch.Tensor, target: float) -> torch.Tensor:
+    """Classic transform coding without per-token norms: KLT of the centred keys, each coordinate scaled by
+    its calibrated standard deviation and quantized with a Gaussian Lloyd–Max codebook; integer bits per
+    coordinate allocated greedily by expected score error (reverse water-filling), ``target · d`` bits."""
+    d, hkv = config.head_dim, config.num_kv_heads
+    group = config.num_heads // hkv
+    out = torch.empty_like(keys)
+    for h in range(hkv):
+        k = cal["k"][:, h].double()
+        mu = k.mean(0)
+        q = cal["q"].reshape(-1, hkv, group, d)[:, h].reshape(-1, d).double()
+        ck = (k - mu).T @ (k - mu) / k.shape[0]
+        lam, u = torch.linalg.eigh(ck)
+        weight = (lam * torch.einsum("di,de,ei->i", u, q.T @ q / q.shape[0], u)).tolist()
+        sigma = ((k - mu) @ u).std(0).clamp(min=1e-12)
+        bits = [0] * d
+        for _ in range(int(target * d)):
+            gain = [w * (part_distortion(b, "mse") if b else 1.0) - w * part_distortion(b + 1, "mse")
+                    if b < 8 else -1.0 for w, b in zip(weight, bits)]
+            bits[max(range(d), key=gain.__getitem__)] += 1
+        z = ((keys[:, h].double() - mu) @ u) / sigma
+        zq = torch.zeros_like(z)
+        for i, b in enumerate(bits):
+            if b:
+                cb = gaussian_codebook(b).double()
+                zq[:, i] = cb[nearest(z[:, i].float(), cb.float())]
+        out[:, h] = ((zq * sigma) @ u.T + mu).float()
+    return out
+
+
 def transform(config, cal, ev, sens) -> None:
     for bits in BUDGETS:
         rows: dict[str, list[float]] = {}
@@ -115,6 +161,8 @@ def transform(config, cal, ev, sens) -> None:
                 for parts in (2, 3):
                     k_hat = transform_round_trip(config, cal[layer], k, bits, basis, parts)
                     rows.setdefault(f"{basis}-{parts}part", []).append(attention_kl(config, q, k, k_hat))
+            rows.setdefault("kltk-static-no-norm", []).append(
+                attention_kl(config, q, k, static_round_trip(config, cal[layer], k, bits)))
         print("transform", bits, mean_kls(rows), flush=True)
 
 
@@ -195,6 +243,18 @@ def groups(config, cal, ev, sens) -> None:
         print("groups", bits, mean_kls(rows), flush=True)
 
 
+# ------------------------------------------------------------------------------------------ rope
+def rope(config, cal, ev, sens) -> None:
+    """The key mean taken after RoPE (a constant) against before RoPE (rotated to each key's position)."""
+    for bits in BUDGETS:
+        rows: dict[str, list[float]] = {}
+        for layer in range(0, config.num_layers, 3):
+            k, q = ev[layer]["k"], ev[layer]["q"]
+            rows.setdefault("post-RoPE constant mean", []).append(turboquant_kl(config, cal, layer, k, q, bits))
+            rows.setdefault("pre-RoPE mean", []).append(turboquant_kl(config, cal, layer, k, q, bits, True))
+        print("rope", bits, mean_kls(rows), flush=True)
+
+
 def main() -> None:
     torch.set_num_threads(1)
     experiment = sys.argv[1] if len(sys.argv) > 1 else "transform"
@@ -205,7 +265,8 @@ def main() -> None:
     ev = capture_kv(model, [w.ids for w in make_windows(ids, 2048, 1, split="eval", seed=0)])
     sens = capture_kv(model, [w.ids for w in make_windows(ids, 2048, 1, split="calibration", seed=5)]) \
         if experiment == "layers" else None
-    {"transform": transform, "layers": layers, "window": window, "groups": groups}[experiment](model.config, cal, ev, sens)
+    experiments = {"transform": transform, "layers": layers, "window": window, "groups": groups, "rope": rope}
+    experiments[experiment](model.config, cal, ev, sens)
 
 
 if __name__ == "__main__":

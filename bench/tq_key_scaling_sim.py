@@ -41,9 +41,12 @@ def attention_kl(config, q: torch.Tensor, k: torch.Tensor, k_hat: torch.Tensor, 
 
 
 def round_trip(half: TurboQuantHalf, config, layer: int, x: torch.Tensor) -> torch.Tensor:
-    """x (N, Hkv, D) written to and read back from a TurboQuant key page of ``layer``."""
+    """x (N, Hkv, D), one sequence from position 0, written to and read back from a TurboQuant key page."""
     pages = half.create(layer, "k", math.ceil(x.shape[0] / 16), 16, config.num_kv_heads, config.head_dim, "cpu")
     slots = torch.arange(x.shape[0])
+    if pages.uses_positions:             # a pre-RoPE key mean: the slots are the positions here
+        pages.write(x, slots, slots)
+        return pages.decode(slots, slots)
     pages.write(x, slots)
     return pages.decode(slots)
 

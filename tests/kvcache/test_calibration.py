@@ -21,6 +21,9 @@ def test_capture_records_post_rope_keys_values_and_queries():
     x = model.model.layers[0].input_layernorm(model.model.embed_tokens(windows[0]))
     k = attn.k_proj(x).view(40, 2, 64)
     torch.testing.assert_close(s["k"][:40], attn.rope(k, torch.arange(40)), atol=1e-5, rtol=1e-5)
+    # each sample's position in its window, and the layer's rotary embedding (to see the keys before RoPE)
+    assert torch.equal(s["pos"], torch.cat([torch.arange(40), torch.arange(24)])) and s["rope"] is attn.rope
+    torch.testing.assert_close(attn.rope.inverse(s["k"][:40], s["pos"][:40]), k, atol=1e-5, rtol=1e-5)
     assert len(capture_kv(model, windows, max_samples=10)[1]["k"]) == 10
 
 
@@ -29,11 +32,13 @@ def test_calibrate_codec_sets_means_and_fp8_scales():
     model = model_from_state(cfg, random_state(cfg, seed=2))
     windows = [torch.randint(0, cfg.vocab_size, (48,))]
     tq = calibrate_codec(get_kv_codec("turboquant3.5"), model, windows)
-    assert sorted(tq.key_half.means) == list(range(cfg.num_layers))
+    # keys: a pre-RoPE mean per layer (positions and RoPE come with the samples); values: a plain mean
+    assert sorted(tq.key_half.rope_means) == list(range(cfg.num_layers)) and not tq.key_half.means
+    assert sorted(tq.value_half.means) == list(range(cfg.num_layers)) and not tq.value_half.rope_means
     assert sorted(tq.value_half.ranking) == list(range(cfg.num_layers))
     fp8 = calibrate_codec(get_kv_codec("fp8"), model, windows)
     assert fp8.calibrated
     split = calibrate_codec(get_kv_codec("k=turboquant4,v=bf16"), model, windows)
-    assert sorted(split.key_half.means) == list(range(cfg.num_layers))
+    assert sorted(split.key_half.rope_means) == list(range(cfg.num_layers))
     logits = model.score(windows[0], kv_codec=tq)
     assert torch.isfinite(logits).all()

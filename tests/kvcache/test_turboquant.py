@@ -185,3 +185,66 @@ def test_describe_names_the_layout_rotations_and_calibration_state():
     at256 = codec.describe(256)
     assert "96 ch × 4 b qr + 160 ch × 3 b qr" in at256 and "hadamard needs a power of two, qr used" in at256
     assert "outliers from the first prefill" in at256
+
+
+def _rope_keys(n: int, start: int, heads: int = 2, d: int = 64, seed: int = 0):
+    """Keys RoPE(μ + noise, p) at positions start … start + n − 1 with a large fixed pre-RoPE mean μ."""
+    from bytediet.models.layers import RotaryEmbedding
+
+    gen = torch.Generator().manual_seed(seed)
+    rope = RotaryEmbedding(d, 10000.0)
+    mu = 4 * torch.randn(heads, d, generator=torch.Generator().manual_seed(99))
+    pos = torch.arange(start, start + n)
+    pre = mu + torch.randn(n, heads, d, generator=gen)
+    return rope(pre, pos), pos, rope, mu
+
+
+def test_pre_rope_key_mean_is_calibrated_and_exact_on_codes():
+    from bytediet.kvcache.turboquant import TurboQuantHalf
+
+    keys, pos, rope, mu = _rope_keys(512, 0)
+    with_rope, plain = TurboQuantHalf(3.5, "mse", "hadamard"), TurboQuantHalf(3.5, "mse", "hadamard")
+    with_rope.calibrate(keys, 0, positions=pos, rope=rope)
+    plain.calibrate(keys, 0)
+    torch.testing.assert_close(with_rope.rope_means[0][0], mu, atol=0.2, rtol=0)   # μ recovered before RoPE
+    assert "pre-RoPE key mean" in with_rope.describe(64)
+    # fresh keys at other positions (a sequence that continues past the calibration windows)
+    test, tpos, _, _ = _rope_keys(64, 3000, seed=5)
+    slots = torch.arange(64) + 32
+    errors = {}
+    for name, half in (("rope", with_rope), ("plain", plain)):
+        pages = half.create(0, "k", 4, 32, 2, 64, "cpu")
+        if pages.uses_positions:
+            pages.write(test, slots, tpos)
+            dec = pages.decode(slots, tpos)
+        else:
+            pages.write(test, slots)
+            dec = pages.decode(slots)
+        errors[name] = float((dec - test).norm() / test.norm())
+        # scores on codes (with the mean's per-position share) equal q · decoded keys
+        q = torch.randn(2, 3, 64, generator=torch.Generator().manual_seed(1))
+        prepared = pages.prepare_query(q)
+        s = pages.scores(prepared, slots, tpos) if pages.uses_positions else pages.scores(prepared, slots)
+        torch.testing.assert_close(s, torch.bmm(q, dec.transpose(0, 1).transpose(1, 2)), atol=2e-4, rtol=1e-4)
+    # the pre-RoPE mean leaves only the noise to quantize; a constant post-RoPE mean cannot follow the rotation
+    assert errors["rope"] < 0.5 * errors["plain"], errors
+
+
+def test_pre_rope_mean_through_the_paged_attention_matches_the_decoded_reference():
+    from bytediet.kernels.reference import attention_over_context
+    from bytediet.kvcache.base import AttentionMetadata
+
+    keys, pos, rope, _ = _rope_keys(96, 0, heads=2)
+    codec = get_kv_codec("turboquant3.5")
+    codec.key_half.calibrate(keys, 0, positions=pos, rope=rope)
+    codec.value_half.calibrate(keys, 0)
+    cache = codec.create_cache(0, 6, 16, 2, 64, torch.float32, "cpu")
+    meta = AttentionMetadata.for_single_sequence(96, 16, "cpu")
+    values = torch.randn(96, 2, 64, generator=torch.Generator().manual_seed(3))
+    cache.write(keys, values, meta.slot_mapping, meta.positions)
+    q = torch.randn(96, 4, 64, generator=torch.Generator().manual_seed(4))
+    out = cache.attend(q, meta, 0.125)
+    k_dec, v_dec = cache.decode(meta.slot_mapping)
+    torch.testing.assert_close(out, attention_over_context(q, k_dec, v_dec, 0.125, None), atol=2e-5, rtol=1e-4)
+    with pytest.raises(ValueError, match="pass positions"):
+        cache.write(keys[:1], values[:1], meta.slot_mapping[:1])

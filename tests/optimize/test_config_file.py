@@ -85,9 +85,9 @@ def test_kv_calibration_calibrates_the_codec_on_the_same_windows_every_time(tmp_
     first, second = load_run_config(path), load_run_config(path)
     codec = first["kv_cache_dtype"]
     assert not isinstance(codec, str) and first["loaded"][0] is not None
-    means = codec.key_half.means
+    means = codec.key_half.rope_means     # keys: the pre-RoPE mean of each layer
     assert set(means) == set(range(first["loaded"][0].config.num_layers))
-    assert all(torch.equal(means[i], second["kv_cache_dtype"].key_half.means[i]) for i in means)
+    assert all(torch.equal(means[i][0], second["kv_cache_dtype"].key_half.rope_means[i][0]) for i in means)
     # a codec without calibration hooks is left as it is: its spec, which the engine builds
     plain = load_run_config(RunConfig(model=str(ckpt), kv_cache_dtype="int8", kv_calibration=cal)
                             .write(tmp_path / "int8.json"))

@@ -3,7 +3,8 @@
 Data flow for one attention layer in one engine step (vLLM-style paged attention):
 
 1. the engine's runner builds one :class:`AttentionMetadata` for the ragged batch;
-2. the layer computes ``q, k, v`` for the new tokens and calls ``cache.write(k, v, meta.slot_mapping)``;
+2. the layer computes ``q, k, v`` for the new tokens and calls
+   ``cache.write(k, v, meta.slot_mapping, meta.positions)``;
 3. it then calls ``cache.attend(q, meta, scale, window)``, which reads *every* context token,
    the new ones included, back from the (possibly compressed) pages.
 
@@ -93,8 +94,12 @@ class LayerKVCache(ABC):
     head_dim: int
 
     @abstractmethod
-    def write(self, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-        """Store new keys and values. k, v: (T, num_kv_heads, head_dim); slot_mapping: (T,)."""
+    def write(self, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor,
+              positions: Optional[torch.Tensor] = None) -> None:
+        """Store new keys and values. k, v: (T, num_kv_heads, head_dim); slot_mapping, positions: (T,).
+
+        ``positions`` (each token's position in its sequence) matters only to codecs whose stored form
+        depends on it (TurboQuant's pre-RoPE key mean); the others ignore it."""
 
     @abstractmethod
     def attend(self, q: torch.Tensor, meta: AttentionMetadata, scale: float,

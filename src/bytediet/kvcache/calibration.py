@@ -12,7 +12,8 @@ hands them to every half of a codec that has a ``calibrate`` hook.
     logits = model.score(eval_ids, kv_codec=codec)
 
 A half's hook is ``calibrate(samples (N, H, D), layer)``; key halves may also accept ``queries=`` (N, Hq, D)
-to weight channels by how much the queries read them.
+to weight channels by how much the queries read them, and ``positions=`` (N,) with ``rope=`` (the layer's
+:class:`~bytediet.models.layers.RotaryEmbedding`) to see the keys before RoPE.
 """
 from __future__ import annotations
 
@@ -37,11 +38,13 @@ class CaptureCache(LayerKVCache):
         self.k: list[torch.Tensor] = []
         self.v: list[torch.Tensor] = []
         self.q: list[torch.Tensor] = []
+        self.pos: list[torch.Tensor] = []
 
-    def write(self, k, v, slot_mapping):
+    def write(self, k, v, slot_mapping, positions=None):
         self.k.append(k.detach().float().cpu())
         self.v.append(v.detach().float().cpu())
-        self.inner.write(k, v, slot_mapping)
+        self.pos.append((positions if positions is not None else torch.full((k.shape[0],), -1)).detach().long().cpu())
+        self.inner.write(k, v, slot_mapping, positions)
 
     def attend(self, q, meta, scale, window=None):
         self.q.append(q.detach().float().cpu())
@@ -49,7 +52,8 @@ class CaptureCache(LayerKVCache):
 
 
 def capture_kv(model, windows: Sequence[torch.Tensor], max_samples: Optional[int] = None) -> list[dict]:
-    """Run ``model`` over each token window (1-D LongTensors) → per layer {"k", "v": (N, Hkv, D), "q": (N, Hq, D)}.
+    """Run ``model`` over each token window (1-D LongTensors) → per layer {"k", "v": (N, Hkv, D), "q": (N, Hq, D),
+    "pos": (N,) each token's position, "rope": the layer's rotary embedding (None if the model has none)}.
 
     Samples are float32 on the CPU, concatenated over windows; ``max_samples`` keeps an evenly spaced subset.
     """
@@ -57,7 +61,7 @@ def capture_kv(model, windows: Sequence[torch.Tensor], max_samples: Optional[int
         raise ConfigError("KV calibration needs at least one token window (see bytediet.eval.corpus.make_windows)")
     cfg = model.config
     block_size = 16
-    per_layer = [{"k": [], "v": [], "q": []} for _ in range(cfg.num_layers)]
+    per_layer = [{"k": [], "v": [], "q": [], "pos": []} for _ in range(cfg.num_layers)]
     for ids in windows:
         ids = torch.as_tensor(ids, dtype=torch.long).reshape(-1).to(model.device)
         n = ids.shape[0]
@@ -66,23 +70,23 @@ def capture_kv(model, windows: Sequence[torch.Tensor], max_samples: Optional[int
         model.forward(ids, AttentionMetadata.for_single_sequence(n, block_size, model.device), caches,
                       logits_indices=torch.tensor([n - 1], device=model.device))
         for store, cache in zip(per_layer, caches):
-            for key in ("k", "v", "q"):
+            for key in ("k", "v", "q", "pos"):
                 store[key] += getattr(cache, key)
     out = []
-    for store in per_layer:
-        layer = {key: torch.cat(store[key]) for key in ("k", "v", "q")}
+    for i, store in enumerate(per_layer):
+        layer = {key: torch.cat(store[key]) for key in ("k", "v", "q", "pos")}
         if max_samples is not None and layer["k"].shape[0] > max_samples:
             keep = torch.linspace(0, layer["k"].shape[0] - 1, max_samples).long()
             layer = {key: t[keep] for key, t in layer.items()}
+        layer["rope"] = model.rope(i) if hasattr(model, "rope") else None
         out.append(layer)
     return out
 
 
-def _call(hook, samples: torch.Tensor, layer: int, queries: Optional[torch.Tensor]) -> None:
-    if queries is not None and "queries" in inspect.signature(hook).parameters:
-        hook(samples, layer, queries=queries)
-    else:
-        hook(samples, layer)
+def _call(hook, samples: torch.Tensor, layer: int, **extra) -> None:
+    """``hook(samples, layer, **extra)`` with only the extras (queries, positions, rope) the hook accepts."""
+    accepted = inspect.signature(hook).parameters
+    hook(samples, layer, **{k: v for k, v in extra.items() if v is not None and k in accepted})
 
 
 def calibrate_from_samples(codec: KVCodec, samples: list[dict]) -> KVCodec:
@@ -95,7 +99,10 @@ def calibrate_from_samples(codec: KVCodec, samples: list[dict]) -> KVCodec:
         return codec
     for layer, s in enumerate(samples):
         for hook, role in hooks:
-            _call(hook, s[role], layer, s["q"] if role == "k" else None)
+            if role == "k":   # keys are read by queries and carry RoPE; values have neither
+                _call(hook, s["k"], layer, queries=s["q"], positions=s.get("pos"), rope=s.get("rope"))
+            else:
+                _call(hook, s["v"], layer)
     return codec
 
 

@@ -28,9 +28,15 @@ class CompressedCache(LayerKVCache):
         self.num_blocks, self.block_size = num_blocks, block_size
         self.num_kv_heads, self.head_dim = keys.num_heads, keys.head_dim
 
-    def write(self, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-        self.keys.write(k.float(), slot_mapping)
-        self.values.write(v.float(), slot_mapping)
+    def write(self, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor,
+              positions: Optional[torch.Tensor] = None) -> None:
+        for half, x in ((self.keys, k), (self.values, v)):
+            if half.uses_positions:
+                if positions is None:
+                    raise ValueError(f"{type(half).__name__} stores position-dependent codes: pass positions")
+                half.write(x.float(), slot_mapping, positions)
+            else:
+                half.write(x.float(), slot_mapping)
 
     def free_sequence(self, seq_id: int) -> None:
         for half in (self.keys, self.values):
@@ -44,9 +50,14 @@ class CompressedCache(LayerKVCache):
     def tensors(self) -> list[torch.Tensor]:
         return self.keys.tensors() + self.values.tensors()
 
-    def decode(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(L,) slots → float32 (k, v), each (L, H, D): the reference read used by the tests."""
-        return self.keys.decode(slots), self.values.decode(slots)
+    def decode(self, slots: torch.Tensor, positions: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(L,) slots of one sequence → float32 (k, v), each (L, H, D): the reference read used by the tests.
+
+        ``positions`` (L,) default to 0 … L − 1 (the slots of one sequence, in order)."""
+        if positions is None:
+            positions = torch.arange(slots.shape[0], device=slots.device)
+        return tuple(h.decode(slots, positions) if h.uses_positions else h.decode(slots)
+                     for h in (self.keys, self.values))
 
     def attend(self, q: torch.Tensor, meta: AttentionMetadata, scale: float,
                window: Optional[int] = None) -> torch.Tensor:
@@ -84,7 +95,8 @@ class CompressedCache(LayerKVCache):
             allowed = kpos[None, :] <= qpos[:, None]
             if window is not None:
                 allowed &= kpos[None, :] > qpos[:, None] - window
-            s = self.keys.scores(prepared, slots) * scale                                   # (H, G, L)
+            s = (self.keys.scores(prepared, slots, kpos) if self.keys.uses_positions
+                 else self.keys.scores(prepared, slots)) * scale                              # (H, G, L)
             s = s.masked_fill(~allowed, float("-inf"))
             m_new = torch.maximum(m, s.amax(-1, keepdim=True))
             m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)

@@ -20,7 +20,8 @@ class FullPrecisionCache(LayerKVCache):
         self.k = torch.zeros(slots, num_kv_heads, head_dim, dtype=dtype, device=device)
         self.v = torch.zeros(slots, num_kv_heads, head_dim, dtype=dtype, device=device)
 
-    def write(self, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    def write(self, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor,
+              positions: Optional[torch.Tensor] = None) -> None:
         self.k.index_copy_(0, slot_mapping, k.to(self.k.dtype))
         self.v.index_copy_(0, slot_mapping, v.to(self.v.dtype))
 

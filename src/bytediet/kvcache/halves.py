@@ -21,7 +21,13 @@ import torch
 
 
 class HalfPages(ABC):
-    """The pages of K (or V) of one layer: ``num_blocks * block_size`` slots × H heads × D."""
+    """The pages of K (or V) of one layer: ``num_blocks * block_size`` slots × H heads × D.
+
+    A half whose stored form depends on the token positions sets ``uses_positions``; it is then called as
+    ``write(x, slots, positions)``, ``decode(slots, positions)`` and ``scores(prepared, slots, positions)``.
+    """
+
+    uses_positions = False
 
     def __init__(self, num_slots: int, num_heads: int, head_dim: int, device) -> None:
         self.num_slots, self.num_heads, self.head_dim, self.device = num_slots, num_heads, head_dim, device

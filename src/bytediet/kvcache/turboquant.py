@@ -39,12 +39,18 @@ MIN_BITS, MAX_BITS = 1.0, 5.0
 
 
 class TurboQuantPages(HalfPages):
+    """``mean`` (H, D): a constant subtracted before quantizing. ``rope_mean`` = (μ (H, D), inv_freq (D/2,)):
+    instead a *pre-RoPE* key mean, subtracted as RoPE(μ, p) at each key's position p (rotate-half layout)."""
+
     def __init__(self, num_slots, num_heads, head_dim, device, parts: list[TurboQuantizer],
-                 channels: Optional[torch.Tensor], mean: Optional[torch.Tensor] = None) -> None:
+                 channels: Optional[torch.Tensor], mean: Optional[torch.Tensor] = None,
+                 rope_mean: Optional[tuple[torch.Tensor, torch.Tensor]] = None) -> None:
         super().__init__(num_slots, num_heads, head_dim, device)
         self.parts = [p.to(device) for p in parts]
         self.channels = channels  # (H, D) channel order, outliers first; None = identity / not yet chosen
         self.mean = None if mean is None else mean.to(device)   # (H, D) calibrated channel mean, a constant
+        self.rope_mean = None if rope_mean is None else tuple(t.to(device) for t in rope_mean)
+        self.uses_positions = self.rope_mean is not None
         self.store = []
         for p in self.parts:
             s = {"norm": torch.zeros(num_slots, num_heads, dtype=torch.float16, device=device)}
@@ -68,8 +74,21 @@ class TurboQuantPages(HalfPages):
             return x
         return torch.empty_like(x).scatter_(-1, self.channels.expand(*x.shape[:-2], -1, -1), x)
 
-    def write(self, x, slots):
-        if self.mean is not None:
+    @staticmethod
+    def rotate_mean(mu: torch.Tensor, inv_freq: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """RoPE(μ, p) for every position, rotate-half layout: μ (H, D), positions (T,) → (T, H, D)."""
+        freqs = positions.float()[:, None] * inv_freq[None, :]                        # (T, D/2)
+        cos, sin = freqs.cos()[:, None, :], freqs.sin()[:, None, :]
+        m1, m2 = mu.chunk(2, dim=-1)
+        return torch.cat((m1 * cos - m2 * sin, m2 * cos + m1 * sin), dim=-1)
+
+    def _rotated_mean(self, positions: torch.Tensor) -> torch.Tensor:
+        return self.rotate_mean(*self.rope_mean, positions)
+
+    def write(self, x, slots, positions=None):
+        if self.rope_mean is not None:
+            x = x - self._rotated_mean(positions)
+        elif self.mean is not None:
             x = x - self.mean
         if self.channels is None and len(self.parts) > 1:   # documented fallback: calibrate on first write
             self.channels = outlier_order(x, self.parts[0].dim)
@@ -92,14 +111,22 @@ class TurboQuantPages(HalfPages):
             c.res_norm = tr(s["res_norm"][slots])
         return c
 
-    def decode(self, slots):
+    def decode(self, slots, positions=None):
         x = self._merge([p.dequantize(self._codes(i, slots, False)) for i, p in enumerate(self.parts)])
+        if self.rope_mean is not None:
+            return x + self._rotated_mean(positions)
         return x if self.mean is None else x + self.mean
 
     def prepare_query(self, qg):
-        """Per part (Rq, SRq), and q·μ (H, G): the mean's share of every score, added back exactly."""
+        """Per part (Rq, SRq), q·μ (H, G) for a constant mean, and for a pre-RoPE mean the two (H, G, D/2)
+        factors of q·RoPE(μ, p) = Σ_i cos(p θ_i)(q1 μ1 + q2 μ2)_i + sin(p θ_i)(q2 μ1 − q1 μ2)_i."""
         qmu = None if self.mean is None else torch.einsum("hgd,hd->hg", qg, self.mean)
-        return [p.prepare_query(qp) for p, qp in zip(self.parts, self._split_heads(qg))], qmu
+        rope_terms = None
+        if self.rope_mean is not None:
+            q1, q2 = qg.chunk(2, dim=-1)
+            m1, m2 = (m[:, None, :] for m in self.rope_mean[0].chunk(2, dim=-1))
+            rope_terms = (q1 * m1 + q2 * m2, q2 * m1 - q1 * m2)
+        return [p.prepare_query(qp) for p, qp in zip(self.parts, self._split_heads(qg))], qmu, rope_terms
 
     def _split_heads(self, qg: torch.Tensor) -> list[torch.Tensor]:
         """(H, G, D) queries → per part (H, G, d_part) in the stored channel order."""
@@ -107,9 +134,12 @@ class TurboQuantPages(HalfPages):
             qg = torch.gather(qg, -1, self.channels[:, None, :].expand(-1, qg.shape[1], -1))
         return list(torch.split(qg, [p.dim for p in self.parts], dim=-1))
 
-    def scores(self, prepared, slots):
-        parts, qmu = prepared
+    def scores(self, prepared, slots, positions=None):
+        parts, qmu, rope_terms = prepared
         s = sum(p.scores(prep, self._codes(i, slots, True)) for i, (p, prep) in enumerate(zip(self.parts, parts)))
+        if rope_terms is not None:   # the pre-RoPE mean's share of each score, at each key's position
+            freqs = positions.float()[:, None] * self.rope_mean[1][None, :]              # (L, D/2)
+            s = s + rope_terms[0] @ freqs.cos().T + rope_terms[1] @ freqs.sin().T
         return s if qmu is None else s + qmu[..., None]
 
     def weighted_sum(self, p, slots):
@@ -146,6 +176,12 @@ class TurboQuantHalf(HalfCodec):
     * the channel mean μ (H, D): k − μ is quantized. Exact for attention: a key's score gains q·μ, the same
       for every key of a query, which is added back on codes (and a softmax would not see it anyway); a value
       mean comes out of the weighted sum unchanged because the weights sum to one;
+    * for keys, when calibration gives the positions and the layer's RoPE: the mean of the keys *before*
+      RoPE, μ_pre, subtracted as RoPE(μ_pre, p) at each key's position p. Post-RoPE, a constant channel mean
+      only captures the slowly rotating channel pairs; the pre-RoPE mean is constant in every pair (KVQuant's
+      observation, arXiv 2401.18079 §3.1), and removing it leaves 1.5–2.5× less key energy to quantize on
+      SmolLM2 (attention KL −35 %, bench/KV_RESULTS.md §1b). Exact: the score gains q·RoPE(μ_pre, p), added
+      back on codes per key position;
     * the channel ranking (H, D) that picks the outlier channels (keys: centred variance × mean square of the
       queries reading the channel, i.e. the expected score error; values: centred variance);
     * the layout (:func:`choose_layout`), one for all layers, from the mean importance profile.
@@ -156,6 +192,7 @@ class TurboQuantHalf(HalfCodec):
         self.name = f"turboquant{'_prod' if variant == 'prod' else ''}{bits:g}" + (":qr" if rotation == "qr" else "")
         self.ranking: dict[int, torch.Tensor] = {}    # layer → (H, D) channels by decreasing importance
         self.means: dict[int, torch.Tensor] = {}      # layer → (H, D) channel mean
+        self.rope_means: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # layer → (μ_pre (H, D), inv_freq)
         self.profiles: dict[int, torch.Tensor] = {}   # layer → (D,) sorted importance fractions (mean over heads)
 
     def layout(self, head_dim: int):
@@ -177,7 +214,7 @@ class TurboQuantHalf(HalfCodec):
         if any(k != self.rotation for k in kinds):
             notes.append("hadamard needs a power of two, qr used")
         if self.profiles:
-            notes.append("calibrated")
+            notes.append("calibrated" + (", pre-RoPE key mean" if self.rope_means else ""))
         else:
             notes.append("uncalibrated: no mean" + (", outliers from the first prefill" if len(layout) > 1 else ""))
         return f"{self.name} [{'; '.join(notes)}]"
@@ -192,18 +229,29 @@ class TurboQuantHalf(HalfCodec):
         ranking = self.ranking.get(layer)
         channels = None if ranking is None or len(parts) == 1 else split_order(ranking, layout[0][0]).to(device)
         return TurboQuantPages(num_blocks * block_size, num_heads, head_dim, device, parts, channels,
-                               self.means.get(layer))
+                               self.means.get(layer), self.rope_means.get(layer))
 
-    def calibrate(self, samples: torch.Tensor, layer: int, queries: Optional[torch.Tensor] = None) -> None:
-        """samples (N, H, D) of this half's vectors for ``layer``; queries (N, Hq, D) weight key channels."""
+    def calibrate(self, samples: torch.Tensor, layer: int, queries: Optional[torch.Tensor] = None,
+                  positions: Optional[torch.Tensor] = None, rope=None) -> None:
+        """samples (N, H, D) of this half's vectors for ``layer``; queries (N, Hq, D) weight key channels;
+        positions (N,) and ``rope`` (the layer's RotaryEmbedding) of key samples give the pre-RoPE mean."""
         x = samples.float().reshape(-1, *samples.shape[-2:])
-        mean = x.mean(0)                                                         # (H, D)
-        importance = (x - mean).pow(2).mean(0)                                  # (H, D)
+        if rope is not None and positions is not None and bool((positions >= 0).all()) and x.shape[-1] % 2 == 0:
+            pos = positions.reshape(-1)
+            mu_pre = rope.inverse(x, pos).mean(0)                                # (H, D)
+            self.rope_means[layer] = (mu_pre, rope.inv_freq.detach().float().cpu().clone())
+            self.means.pop(layer, None)
+            centred = x - TurboQuantPages.rotate_mean(mu_pre, rope.inv_freq.float(), pos)
+        else:
+            mean = x.mean(0)                                                     # (H, D)
+            self.means[layer] = mean
+            self.rope_means.pop(layer, None)
+            centred = x - mean
+        importance = centred.pow(2).mean(0)                                     # (H, D)
         if queries is not None:
             h = x.shape[1]
             q = queries.float().reshape(-1, h, queries.shape[-2] // h, queries.shape[-1])
             importance = importance * q.pow(2).mean((0, 2))
-        self.means[layer] = mean
         self.ranking[layer] = torch.argsort(importance, dim=-1, descending=True)
         frac = importance.sort(-1, descending=True).values
         self.profiles[layer] = (frac / frac.sum(-1, keepdim=True).clamp(min=1e-30)).mean(0)

@@ -78,8 +78,15 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """x: (T, H, D), positions: (T,) → rotated x."""
+        return self._rotate(x, positions, 1.0)
+
+    def inverse(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Undo :meth:`forward` (rotate by −θ): the pre-RoPE vectors of ``x`` (T, H, D) at ``positions`` (T,)."""
+        return self._rotate(x, positions, -1.0)
+
+    def _rotate(self, x: torch.Tensor, positions: torch.Tensor, sign: float) -> torch.Tensor:
         freqs = positions.float()[:, None] * self.inv_freq[None, :]  # (T, D/2)
-        cos, sin = freqs.cos()[:, None, :], freqs.sin()[:, None, :]
+        cos, sin = freqs.cos()[:, None, :], sign * freqs.sin()[:, None, :]
         xf = x.float()
         x1, x2 = xf.chunk(2, dim=-1)
         return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
@@ -128,7 +135,7 @@ class Attention(nn.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rope(q, meta.positions), self.rope(k, meta.positions)
-        cache.write(k, v, meta.slot_mapping)
+        cache.write(k, v, meta.slot_mapping, meta.positions)
         out = cache.attend(q, meta, self.scale, self.window)  # (T, H, D)
         return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
 

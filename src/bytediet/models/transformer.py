@@ -91,6 +91,10 @@ class CausalLM(nn.Module):
             x = x[logits_indices]
         return self.lm_head(self.model.norm(x)).float()
 
+    def rope(self, layer: int) -> RotaryEmbedding:
+        """The rotary embedding of ``layer``'s attention (gemma3's local and global layers differ)."""
+        return self.model.layers[layer].self_attn.rope
+
     def linear_layers(self) -> Iterator[tuple[str, Linear]]:
         """Every weight-format-carrying linear layer, with its qualified name."""
         for name, module in self.named_modules():
