@@ -1,7 +1,9 @@
 """Perplexity per KV-cache codec on real text (Austen), against bf16 KV in the same run.
 
 Each codec stores K/V of every layer and attention reads them back from the compressed pages (prefill
-included), so the perplexity change is the codec's whole effect. Windows are ``--tokens`` long (≥ 2k by
+included), so the perplexity change is the codec's whole effect. Also reported: the mean per-token KL of the
+codec's next-token distribution from bf16 KV's (never negative, so less noisy than a perplexity difference on
+few windows, which a small perturbation can move either way), and each window's own perplexity change. Windows are ``--tokens`` long (≥ 2k by
 default) from the evaluation split of the six novels (:mod:`bytediet.eval.corpus`). The paged block size is
 32 so that KIVI's default group of 32 fits a page.
 
@@ -35,9 +37,16 @@ CODECS = ["fp32", "int8", "fp8", "kivi4", "kivi2", "qjl", "polarquant", "turboqu
 BLOCK_SIZE = 32
 
 
-def perplexity(model, ids: torch.Tensor, codec) -> float:
-    logits = model.score(ids, kv_codec=codec, block_size=BLOCK_SIZE)[:-1].float()
-    return math.exp(torch.nn.functional.cross_entropy(logits, ids[1:]).item())
+def log_probs(model, ids: torch.Tensor, codec) -> torch.Tensor:
+    """(L − 1, vocab) next-token log-probabilities of one window with ``codec`` storing the KV cache."""
+    return torch.log_softmax(model.score(ids, kv_codec=codec, block_size=BLOCK_SIZE)[:-1].float(), dim=-1)
+
+
+def nll_and_kl(logp: torch.Tensor, base: torch.Tensor, ids: torch.Tensor) -> tuple[float, float]:
+    """Mean NLL of the window's tokens, and mean KL(base ‖ logp) per token (bf16 KV as the base)."""
+    nll = -logp.gather(1, ids[1:, None]).mean().item()
+    kl = (base.exp() * (base - logp)).sum(-1).mean().item()
+    return nll, kl
 
 
 def layouts(codec) -> str:
@@ -64,20 +73,39 @@ def run_model(spec: str, codecs: list[str], n_tokens: int, n_windows: int, cal_w
         cal = make_windows(ids, 1024, count=cal_windows, split="calibration", seed=0)
         samples = capture_kv(model, [w.ids for w in cal], max_samples=4096)
     bf16_bytes = get_kv_codec("bf16").bytes_per_token(cfg.num_kv_heads, cfg.head_dim)
-    base = sum(perplexity(model, w.ids, "bf16") for w in windows) / len(windows)
-    rows = [{"codec": "bf16", "layout": "", "bits": 16.0, "x_smaller": 1.0, "ppl": base, "delta_pct": 0.0, "seconds": None}]
+    built = []
     for codec in codecs:
         c = get_kv_codec(codec)
         if samples is not None:
             calibrate_from_samples(c, samples)
-        t0 = time.perf_counter()
-        ppl = sum(perplexity(model, w.ids, c) for w in windows) / len(windows)
+        built.append(c)
+    # windows outer, codecs inner: one window's bf16 log-probs in memory at a time (Gemma's vocab is 262k)
+    base_nll, nll, kl, seconds = [], [[] for _ in codecs], [[] for _ in codecs], [0.0] * len(codecs)
+    for w in windows:
+        base = log_probs(model, w.ids, "bf16")
+        base_nll.append(nll_and_kl(base, base, w.ids)[0])
+        for i, c in enumerate(built):
+            t0 = time.perf_counter()
+            n, k = nll_and_kl(log_probs(model, w.ids, c), base, w.ids)
+            nll[i].append(n)
+            kl[i].append(k)
+            seconds[i] += time.perf_counter() - t0
+        del base
+    # perplexity over all evaluated tokens (windows have equal length): exp of the mean NLL
+    base_ppl = math.exp(sum(base_nll) / len(base_nll))
+    rows = [{"codec": "bf16", "layout": "", "bits": 16.0, "x_smaller": 1.0, "ppl": base_ppl, "delta_pct": 0.0,
+             "kl": 0.0, "window_delta_pct": [0.0] * len(windows), "seconds": None}]
+    for i, (codec, c) in enumerate(zip(codecs, built)):
+        ppl = math.exp(sum(nll[i]) / len(nll[i]))
         rows.append({"codec": codec, "layout": layouts(c),
                      "bits": c.bits_per_coordinate(cfg.num_kv_heads, cfg.head_dim),
                      "x_smaller": bf16_bytes / c.bytes_per_token(cfg.num_kv_heads, cfg.head_dim),
-                     "ppl": ppl, "delta_pct": 100 * (ppl / base - 1), "seconds": time.perf_counter() - t0})
-        print(f"  {spec} {codec}: ppl {ppl:.4f} ({rows[-1]['delta_pct']:+.2f}%) {rows[-1]['layout']}",
-              file=sys.stderr, flush=True)
+                     "ppl": ppl, "delta_pct": 100 * (ppl / base_ppl - 1), "kl": sum(kl[i]) / len(kl[i]),
+                     "window_delta_pct": [100 * (math.exp(a - b) - 1) for a, b in zip(nll[i], base_nll)],
+                     "seconds": seconds[i]})
+        print(f"  {spec} {codec}: ppl {ppl:.4f} ({rows[-1]['delta_pct']:+.2f}%, per window "
+              f"{', '.join(f'{d:+.2f}' for d in rows[-1]['window_delta_pct'])}), KL {rows[-1]['kl']:.5f} "
+              f"{rows[-1]['layout']}", file=sys.stderr, flush=True)
     return {"model": spec, "head_dim": cfg.head_dim, "num_kv_heads": cfg.num_kv_heads, "tokens": n_tokens,
             "calibration_windows": cal_windows,
             "windows": [w.start for w in windows], "rows": rows}
@@ -102,10 +130,10 @@ def main(argv: list[str] | None = None) -> int:
     for r in results:
         print(f"\n{r['model']} (head_dim {r['head_dim']}, {r['num_kv_heads']} KV heads), "
               f"{r['tokens']}-token Austen windows at {r['windows']}")
-        print(f"{'codec':32s} {'bits':>6s} {'vs bf16':>8s} {'ppl':>9s} {'Δ%':>7s}  layout")
+        print(f"{'codec':32s} {'bits':>6s} {'vs bf16':>8s} {'ppl':>9s} {'Δ%':>7s} {'KL':>8s}  layout")
         for row in r["rows"]:
             print(f"{row['codec']:32s} {row['bits']:6.3f} {row['x_smaller']:7.2f}x {row['ppl']:9.4f} "
-                  f"{row['delta_pct']:+7.2f}  {row.get('layout', '')}")
+                  f"{row['delta_pct']:+7.2f} {row['kl']:8.5f}  {row.get('layout', '')}")
     return 0
 
 
