@@ -87,15 +87,20 @@ def three_part_layout(target: float, d: int, importance: torch.Tensor) -> list[t
     return best
 
 
-def transform_round_trip(config, cal: dict, keys: torch.Tensor, target: float, basis: str, parts: int) -> torch.Tensor:
+def head_statistics(config, cal: dict, h: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """KV head h's calibration key mean (D,), centred key covariance and query second moment (D, D), float64."""
     d, hkv = config.head_dim, config.num_kv_heads
-    group = config.num_heads // hkv
+    k = cal["k"][:, h].double()
+    mu = k.mean(0)
+    q = cal["q"].reshape(-1, hkv, config.num_heads // hkv, d)[:, h].reshape(-1, d).double()
+    return mu, (k - mu).T @ (k - mu) / k.shape[0], q.T @ q / q.shape[0]
+
+
+def transform_round_trip(config, cal: dict, keys: torch.Tensor, target: float, basis: str, parts: int) -> torch.Tensor:
+    d = config.head_dim
     out = torch.empty_like(keys)
-    for h in range(hkv):
-        k = cal["k"][:, h].double()
-        mu = k.mean(0)
-        q = cal["q"].reshape(-1, hkv, group, d)[:, h].reshape(-1, d).double()
-        cq, ck = q.T @ q / q.shape[0], (k - mu).T @ (k - mu) / k.shape[0]
+    for h in range(config.num_kv_heads):
+        mu, ck, cq = head_statistics(config, cal, h)
         u = {"kltk": lambda: torch.linalg.eigh(ck)[1], "kltq": lambda: torch.linalg.eigh(cq)[1],
              "channels": lambda: torch.eye(d, dtype=torch.float64)}[basis]()
         importance = torch.einsum("di,de,ei->i", u, ck, u) * torch.einsum("di,de,ei->i", u, cq, u)
@@ -125,17 +130,13 @@ def static_round_trip(config, cal: dict, keys: torch.Tensor, target: float) -> t
     """Classic transform coding without per-token norms: KLT of the centred keys, each coordinate scaled by
     its calibrated standard deviation and quantized with a Gaussian Lloyd–Max codebook; integer bits per
     coordinate allocated greedily by expected score error (reverse water-filling), ``target · d`` bits."""
-    d, hkv = config.head_dim, config.num_kv_heads
-    group = config.num_heads // hkv
+    d = config.head_dim
     out = torch.empty_like(keys)
-    for h in range(hkv):
-        k = cal["k"][:, h].double()
-        mu = k.mean(0)
-        q = cal["q"].reshape(-1, hkv, group, d)[:, h].reshape(-1, d).double()
-        ck = (k - mu).T @ (k - mu) / k.shape[0]
+    for h in range(config.num_kv_heads):
+        mu, ck, cq = head_statistics(config, cal, h)
         lam, u = torch.linalg.eigh(ck)
-        weight = (lam * torch.einsum("di,de,ei->i", u, q.T @ q / q.shape[0], u)).tolist()
-        sigma = ((k - mu) @ u).std(0).clamp(min=1e-12)
+        weight = (lam * torch.einsum("di,de,ei->i", u, cq, u)).tolist()
+        sigma = ((cal["k"][:, h].double() - mu) @ u).std(0).clamp(min=1e-12)
         bits = [0] * d
         for _ in range(int(target * d)):
             gain = [w * (part_distortion(b, "mse") if b else 1.0) - w * part_distortion(b + 1, "mse")
