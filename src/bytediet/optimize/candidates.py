@@ -28,7 +28,7 @@ WEIGHT_VARIANTS: dict[str, tuple[str, ...]] = {
     "int4": ("int4-g128", "int4-g64", "int4-g32", "int4-g128-sym", "int4-g64-sym", "int4-g32-sym"),
 }
 KV_VARIANTS: dict[str, tuple[str, ...]] = {
-    "turboquant": ("turboquant3.5", "turboquant2.5"),
+    "turboquant": ("turboquant3.5", "turboquant2.5", "turboquant4"),
     "turboquant_prod": ("turboquant_prod3.5",),
     "kivi": ("kivi4", "kivi2", "kivi4g16", "kivi2g16"),
 }
