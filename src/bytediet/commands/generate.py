@@ -59,7 +59,7 @@ def engine_description(llm) -> dict:
     from ..kvcache import get_kv_codec
 
     cache = llm.config.cache
-    return {"weights": ",".join(sorted({lin.format.spec() for _, lin in llm.model.linear_layers()})),
+    return {"weights": ",".join(llm.model.weight_formats()),
             "kv_cache_dtype": get_kv_codec(cache.kv_cache_dtype, llm.model.dtype).describe(llm.model.config.head_dim),
             "block_size": cache.block_size}
 

@@ -39,8 +39,9 @@ MIN_BITS, MAX_BITS = 1.0, 5.0
 
 
 class TurboQuantPages(HalfPages):
-    """``mean`` (H, D): a constant subtracted before quantizing. ``rope_mean`` = (μ (H, D), inv_freq (D/2,)):
-    instead a *pre-RoPE* key mean, subtracted as RoPE(μ, p) at each key's position p (rotate-half layout)."""
+    """``mean`` (H, D): a constant subtracted before quantizing. ``rope_mean`` = (μ (H, D), the layer's
+    :class:`~bytediet.models.layers.RotaryEmbedding`): instead a *pre-RoPE* key mean, subtracted as
+    RoPE(μ, p) at each key's position p."""
 
     def __init__(self, num_slots, num_heads, head_dim, device, parts: list[TurboQuantizer],
                  channels: Optional[torch.Tensor], mean: Optional[torch.Tensor] = None,
@@ -49,7 +50,7 @@ class TurboQuantPages(HalfPages):
         self.parts = [p.to(device) for p in parts]
         self.channels = channels  # (H, D) channel order, outliers first; None = identity / not yet chosen
         self.mean = None if mean is None else mean.to(device)   # (H, D) calibrated channel mean, a constant
-        self.rope_mean = None if rope_mean is None else tuple(t.to(device) for t in rope_mean)
+        self.rope_mean = None if rope_mean is None else (rope_mean[0].to(device), rope_mean[1])
         self.uses_positions = self.rope_mean is not None
         self.store = []
         for p in self.parts:
@@ -74,16 +75,10 @@ class TurboQuantPages(HalfPages):
             return x
         return torch.empty_like(x).scatter_(-1, self.channels.expand(*x.shape[:-2], -1, -1), x)
 
-    @staticmethod
-    def rotate_mean(mu: torch.Tensor, inv_freq: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """RoPE(μ, p) for every position, rotate-half layout: μ (H, D), positions (T,) → (T, H, D)."""
-        freqs = positions.float()[:, None] * inv_freq[None, :]                        # (T, D/2)
-        cos, sin = freqs.cos()[:, None, :], freqs.sin()[:, None, :]
-        m1, m2 = mu.chunk(2, dim=-1)
-        return torch.cat((m1 * cos - m2 * sin, m2 * cos + m1 * sin), dim=-1)
-
     def _rotated_mean(self, positions: torch.Tensor) -> torch.Tensor:
-        return self.rotate_mean(*self.rope_mean, positions)
+        """RoPE(μ, p) for every position (T,) → (T, H, D), by the layer's own rotary embedding."""
+        mu, rope = self.rope_mean
+        return rope(mu.expand(positions.shape[0], -1, -1), positions)
 
     def write(self, x, slots, positions=None):
         if self.rope_mean is not None:
@@ -138,7 +133,7 @@ class TurboQuantPages(HalfPages):
         parts, qmu, rope_terms = prepared
         s = sum(p.scores(prep, self._codes(i, slots, True)) for i, (p, prep) in enumerate(zip(self.parts, parts)))
         if rope_terms is not None:   # the pre-RoPE mean's share of each score, at each key's position
-            freqs = positions.float()[:, None] * self.rope_mean[1][None, :]              # (L, D/2)
+            freqs = positions.float()[:, None] * self.rope_mean[1].inv_freq[None, :]     # (L, D/2)
             s = s + rope_terms[0] @ freqs.cos().T + rope_terms[1] @ freqs.sin().T
         return s if qmu is None else s + qmu[..., None]
 
@@ -192,7 +187,7 @@ class TurboQuantHalf(HalfCodec):
         self.name = f"turboquant{'_prod' if variant == 'prod' else ''}{bits:g}" + (":qr" if rotation == "qr" else "")
         self.ranking: dict[int, torch.Tensor] = {}    # layer → (H, D) channels by decreasing importance
         self.means: dict[int, torch.Tensor] = {}      # layer → (H, D) channel mean
-        self.rope_means: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # layer → (μ_pre (H, D), inv_freq)
+        self.rope_means: dict[int, tuple] = {}        # layer → (μ_pre (H, D), the layer's RotaryEmbedding)
         self.profiles: dict[int, torch.Tensor] = {}   # layer → (D,) sorted importance fractions (mean over heads)
 
     def layout(self, head_dim: int):
@@ -239,9 +234,9 @@ class TurboQuantHalf(HalfCodec):
         if rope is not None and positions is not None and bool((positions >= 0).all()) and x.shape[-1] % 2 == 0:
             pos = positions.reshape(-1)
             mu_pre = rope.inverse(x, pos).mean(0)                                # (H, D)
-            self.rope_means[layer] = (mu_pre, rope.inv_freq.detach().float().cpu().clone())
+            self.rope_means[layer] = (mu_pre, rope)
             self.means.pop(layer, None)
-            centred = x - TurboQuantPages.rotate_mean(mu_pre, rope.inv_freq.float(), pos)
+            centred = x - rope(mu_pre.expand(pos.shape[0], -1, -1), pos)
         else:
             mean = x.mean(0)                                                     # (H, D)
             self.means[layer] = mean

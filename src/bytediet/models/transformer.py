@@ -91,6 +91,10 @@ class CausalLM(nn.Module):
             x = x[logits_indices]
         return self.lm_head(self.model.norm(x)).float()
 
+    def weight_formats(self) -> list[str]:
+        """The distinct weight formats of the linear layers, sorted (e.g. ``["fp32", "int8"]``)."""
+        return sorted({lin.format.spec() for _, lin in self.linear_layers()})
+
     def rope(self, layer: int) -> RotaryEmbedding:
         """The rotary embedding of ``layer``'s attention (gemma3's local and global layers differ)."""
         return self.model.layers[layer].self_attn.rope

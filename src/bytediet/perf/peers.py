@@ -60,7 +60,7 @@ class BytedietSystem:
         return get_kv_codec(self.kv_cache_dtype, self.model.dtype)
 
     def info(self) -> dict:
-        formats = sorted({lin.format.spec() for _, lin in self.model.linear_layers()})
+        formats = self.model.weight_formats()
         return {"system": "bytediet", "source": getattr(self.model, "source_path", None), "weights": ",".join(formats),
                 "weight_bytes": self.model.weight_bytes(), "kv_cache_dtype": self.kv_codec().describe(self.model.config.head_dim),
                 "threads": self.threads, "max_num_batched_tokens": self.max_num_batched_tokens,
