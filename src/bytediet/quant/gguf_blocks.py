@@ -5,7 +5,11 @@ The packed dict holds the tensor's raw GGML bytes, one row per output channel:
 ``{"blocks": (out_features, in_features / block_size · type_size) uint8}``; the GGML type is the
 format itself and the shape follows from the bytes. The loader hands a GGUF tensor over unchanged with
 :meth:`GGUFBlocks.from_gguf_tensor`, so a Q4_1 model runs at its native 5.0 bits per weight.
-Decoding is bit-identical to ``gguf.quants.dequantize`` (see :mod:`bytediet.quant.ggml_codecs`).
+Decoding is bit-identical to ``gguf.quants.dequantize`` (see :mod:`bytediet.kernels.ggml_codecs`).
+
+``apply`` runs the fused kernel :func:`bytediet.kernels.ops.gemm_blocks`, which reads the blocks in place.
+``activations`` chooses how: ``"q8"`` quantizes the activation rows to int8 blocks and uses integer dot
+products (llama.cpp's method; a small, measured accuracy cost), ``"f32"`` keeps them in float.
 """
 from __future__ import annotations
 
@@ -16,17 +20,37 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from ..errors import CheckpointError, ConfigError
+from ..kernels import ops
 from .base import WEIGHT_FORMATS, Packed, WeightFormat
 from .common import check_weight, no_parameters
-from .ggml_codecs import DECODERS, ENCODERS
+from ..kernels.ggml_codecs import DECODERS, ENCODERS
+
+
+ACTIVATION_MODES = ("q8", "f32")
 
 
 class GGUFBlocks(WeightFormat):
     """A GGML block type as a weight format; subclasses fix ``ggml_type``."""
 
     ggml_type: GGMLQuantizationType
+    activations: str = "q8"
 
     from_spec = classmethod(no_parameters)
+
+    @property
+    def activation_bits(self):
+        """8 when ``apply`` rounds the activations (in blocks of 32, so within the per-token bound), else None."""
+        return 8 if self.activations == "q8" else None
+
+    def with_activations(self, activations: str) -> "GGUFBlocks":
+        """This format with its activations in ``"q8"`` or ``"f32"``."""
+        if activations not in ACTIVATION_MODES:
+            raise ConfigError(f"activations must be one of {', '.join(ACTIVATION_MODES)}, got {activations!r}")
+        self.activations = activations
+        return self
+
+    def apply(self, x: torch.Tensor, packed: Packed, bias=None) -> torch.Tensor:
+        return ops.gemm_blocks(int(self.ggml_type), packed["blocks"], x, bias, self.activations)
 
     @classmethod
     def block_size(cls) -> int:

@@ -18,7 +18,7 @@ from gguf import GGMLQuantizationType, GGUFValueType
 
 from ..errors import CheckpointError, ConfigError
 from .gguf_blocks import GGUFBlocks
-from .ggml_codecs import ENCODERS
+from ..kernels.ggml_codecs import ENCODERS
 
 _FILE_TYPES = {GGMLQuantizationType.Q8_0: gguf.LlamaFileType.MOSTLY_Q8_0,
                GGMLQuantizationType.Q4_0: gguf.LlamaFileType.MOSTLY_Q4_0,

@@ -180,3 +180,8 @@ DECODERS: dict[T, Codec] = {
 ENCODERS: dict[T, Codec] = {
     T.Q4_0: encode_q4_0, T.Q4_1: encode_q4_1, T.Q5_0: encode_q5_0, T.Q5_1: encode_q5_1, T.Q8_0: encode_q8_0,
 }
+
+
+def block_size_of(ggml_type: T) -> int:
+    """Weights per block (32, or 256 for the K-quants)."""
+    return QK_K if ggml_type in (T.Q4_K, T.Q5_K, T.Q6_K) else 32

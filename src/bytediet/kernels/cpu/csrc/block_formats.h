@@ -1,0 +1,146 @@
+// GGML block formats as seen by the kernels: each format is a sequence of super-blocks of SUB
+// sub-blocks of 32 weights. For sub-block j a format gives
+//   codes: 32 bytes in element order, unsigned (SIGNED = false) or signed (SIGNED = true);
+//   d_lo, d_hi: the scale of elements 0..15 and 16..31 (equal except for Q6_K's 16-element scales);
+//   m: the additive term per element (a zero point or min, or −offset·d for Q4_0/Q5_0),
+// so that weight[e] = d_e · code[e] + m. Byte layouts: ggml-common.h (and bytediet.kernels.ggml_codecs,
+// whose PyTorch decoders are the reference these are tested against).
+#pragma once
+#include "isa.h"
+
+namespace bd {
+
+struct SubScales {
+    float d_lo[8], d_hi[8], m[8];
+};
+
+// Formats whose 32-weight sub-blocks have two scales (Q6_K) set SPLIT; the others use d_lo only.
+
+struct Q4_0 {
+    static constexpr int SUB = 1, BYTES = 18;
+    static constexpr bool SIGNED = false, SPLIT = false;
+    static void scales(const uint8_t* b, SubScales& s) {
+        float d = f16_to_f32(b);
+        s.d_lo[0] = s.d_hi[0] = d;
+        s.m[0] = -8.0f * d;
+    }
+    static __m256i codes(const uint8_t* b, int) { return nibbles_halves(b + 2); }
+};
+
+struct Q4_1 {
+    static constexpr int SUB = 1, BYTES = 20;
+    static constexpr bool SIGNED = false, SPLIT = false;
+    static void scales(const uint8_t* b, SubScales& s) {
+        s.d_lo[0] = s.d_hi[0] = f16_to_f32(b);
+        s.m[0] = f16_to_f32(b + 2);
+    }
+    static __m256i codes(const uint8_t* b, int) { return nibbles_halves(b + 4); }
+};
+
+inline __m256i q5_codes(const uint8_t* qh, const uint8_t* qs) {
+    uint32_t bits;
+    std::memcpy(&bits, qh, 4);
+    __m256i high = _mm256_and_si256(bits_to_bytes(bits), _mm256_set1_epi8(0x10));
+    return _mm256_or_si256(nibbles_halves(qs), high);
+}
+
+struct Q5_0 {
+    static constexpr int SUB = 1, BYTES = 22;
+    static constexpr bool SIGNED = false, SPLIT = false;
+    static void scales(const uint8_t* b, SubScales& s) {
+        float d = f16_to_f32(b);
+        s.d_lo[0] = s.d_hi[0] = d;
+        s.m[0] = -16.0f * d;
+    }
+    static __m256i codes(const uint8_t* b, int) { return q5_codes(b + 2, b + 6); }
+};
+
+struct Q5_1 {
+    static constexpr int SUB = 1, BYTES = 24;
+    static constexpr bool SIGNED = false, SPLIT = false;
+    static void scales(const uint8_t* b, SubScales& s) {
+        s.d_lo[0] = s.d_hi[0] = f16_to_f32(b);
+        s.m[0] = f16_to_f32(b + 2);
+    }
+    static __m256i codes(const uint8_t* b, int) { return q5_codes(b + 4, b + 8); }
+};
+
+struct Q8_0 {
+    static constexpr int SUB = 1, BYTES = 34;
+    static constexpr bool SIGNED = true, SPLIT = false;
+    static void scales(const uint8_t* b, SubScales& s) {
+        s.d_lo[0] = s.d_hi[0] = f16_to_f32(b);
+        s.m[0] = 0.0f;
+    }
+    static __m256i codes(const uint8_t* b, int) {
+        return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2));
+    }
+};
+
+// K-quants: 256 weights per super-block, 6-bit sub-block scales and mins packed in 12 bytes.
+inline void k_scales_mins(const uint8_t* b, SubScales& s) {
+    float d = f16_to_f32(b), dmin = f16_to_f32(b + 2);
+    const uint8_t* q = b + 4;
+    for (int j = 0; j < 8; ++j) {
+        int sc, mn;
+        if (j < 4) {
+            sc = q[j] & 63;
+            mn = q[j + 4] & 63;
+        } else {
+            sc = (q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4);
+            mn = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+        }
+        s.d_lo[j] = s.d_hi[j] = d * static_cast<float>(sc);
+        s.m[j] = -dmin * static_cast<float>(mn);
+    }
+}
+
+inline __m256i k_nibbles(const uint8_t* qs, int j) {  // sub-block j: nibble j%2 of bytes 32·(j/2)..+31
+    __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * (j >> 1)));
+    if (j & 1) v = _mm256_srli_epi16(v, 4);
+    return _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
+}
+
+struct Q4_K {
+    static constexpr int SUB = 8, BYTES = 144;
+    static constexpr bool SIGNED = false, SPLIT = false;
+    static void scales(const uint8_t* b, SubScales& s) { k_scales_mins(b, s); }
+    static __m256i codes(const uint8_t* b, int j) { return k_nibbles(b + 16, j); }
+};
+
+struct Q5_K {
+    static constexpr int SUB = 8, BYTES = 176;
+    static constexpr bool SIGNED = false, SPLIT = false;
+    static void scales(const uint8_t* b, SubScales& s) { k_scales_mins(b, s); }
+    static __m256i codes(const uint8_t* b, int j) {
+        __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16));
+        __m256i high = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(j)), _mm256_set1_epi8(1));
+        return _mm256_or_si256(k_nibbles(b + 48, j), _mm256_slli_epi16(high, 4));
+    }
+};
+
+struct Q6_K {  // 16-element int8 scales, 6-bit codes stored as 4 low bits (ql) + 2 high bits (qh), offset 32
+    static constexpr int SUB = 8, BYTES = 210;
+    static constexpr bool SIGNED = true, SPLIT = true;
+    static void scales(const uint8_t* b, SubScales& s) {
+        float d = f16_to_f32(b + 208);
+        const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
+        for (int j = 0; j < 8; ++j) {
+            s.d_lo[j] = d * static_cast<float>(sc[2 * j]);
+            s.d_hi[j] = d * static_cast<float>(sc[2 * j + 1]);
+            s.m[j] = 0.0f;
+        }
+    }
+    static __m256i codes(const uint8_t* b, int j) {
+        int half = j >> 2;
+        __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * half + 32 * (j & 1)));
+        if ((j >> 1) & 1) lo = _mm256_srli_epi16(lo, 4);
+        lo = _mm256_and_si256(lo, _mm256_set1_epi8(0x0F));
+        __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * half));
+        hi = _mm256_and_si256(_mm256_srl_epi16(hi, _mm_cvtsi32_si128(2 * (j & 3))), _mm256_set1_epi8(3));
+        __m256i q = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
+        return _mm256_sub_epi8(q, _mm256_set1_epi8(32));
+    }
+};
+
+}  // namespace bd

@@ -1,0 +1,265 @@
+// y = x · Wᵀ (+ bias) for W in a GGML block format, read in place (each packed byte once per call).
+//   W: (N, K) as N rows of K/32/SUB super-blocks; x: (M, K) float32; y: (M, N) float32 (row stride ldy).
+// Two activation modes (a measured accuracy/speed trade, see kernels/reference.py for the exact math):
+//   q8  — x is quantized once per call to int8 blocks of 32 (scale d = amax/127, codes round(x/d), the
+//         block's d·Σcodes kept for the zero-point term) and dotted with integer instructions
+//         (AVX2 maddubs / AVX-512 VNNI vpdpbusd), as llama.cpp's vec_dot_*_q8_*;
+//   f32 — codes are widened to float in registers and multiplied with the float activations.
+// Tiles of NR weight rows × NC activation rows share every load: a weight block is unpacked once for
+// NC activation rows, an activation block loaded once for NR weight rows.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "block_formats.h"
+#include "gemm_blocks.h"
+#include "threadpool.h"
+
+namespace bd {
+namespace {
+
+// The scale of each int32 lane of a sub-block's dot product times the activation block's scale xd.
+template <class F>
+inline __m256 lane_scale(const SubScales& s, int j, float xd) {
+    if constexpr (F::SPLIT)
+        return _mm256_set_m128(_mm_set1_ps(s.d_hi[j] * xd), _mm_set1_ps(s.d_lo[j] * xd));
+    else
+        return _mm256_set1_ps(s.d_lo[j] * xd);
+}
+
+template <class F>
+inline __m256i dot_codes(__m256i codes, __m256i xq) {
+    if constexpr (F::SIGNED) return dot_s8s8(codes, xq);
+    else return dot_u8s8(codes, xq);
+}
+
+template <class F, int NR, int NC>
+void tile_q8(const uint8_t* w, long row_bytes, long nsuper, const QuantizedRows& x, long m0, float* y, long ldy,
+             long n0, const float* bias) {
+    __m256 acc[NR][NC];
+    float zero_term[NR][NC];
+    for (int r = 0; r < NR; ++r)
+        for (int c = 0; c < NC; ++c) { acc[r][c] = _mm256_setzero_ps(); zero_term[r][c] = 0.0f; }
+    SubScales sc[NR];
+    for (long i = 0; i < nsuper; ++i) {
+        for (int r = 0; r < NR; ++r) F::scales(w + r * row_bytes + i * F::BYTES, sc[r]);
+        for (int j = 0; j < F::SUB; ++j) {
+            const long blk = i * F::SUB + j;
+            __m256i xq[NC];
+            float xd[NC], xs[NC];
+            for (int c = 0; c < NC; ++c) {
+                xq[c] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q + (m0 + c) * x.k + blk * 32));
+                xd[c] = x.d[(m0 + c) * x.nblocks + blk];
+                xs[c] = x.s[(m0 + c) * x.nblocks + blk];
+            }
+            for (int r = 0; r < NR; ++r) {
+                const __m256i codes = F::codes(w + r * row_bytes + i * F::BYTES, j);
+                for (int c = 0; c < NC; ++c) {
+                    __m256 p = _mm256_cvtepi32_ps(dot_codes<F>(codes, xq[c]));
+                    acc[r][c] = _mm256_fmadd_ps(lane_scale<F>(sc[r], j, xd[c]), p, acc[r][c]);
+                    zero_term[r][c] += sc[r].m[j] * xs[c];
+                }
+            }
+        }
+    }
+    for (int c = 0; c < NC; ++c)
+        for (int r = 0; r < NR; ++r)
+            y[(m0 + c) * ldy + n0 + r] = hsum(acc[r][c]) + zero_term[r][c] + (bias ? bias[n0 + r] : 0.0f);
+}
+
+template <class F>
+inline void widen_codes(__m256i codes, __m256 out[4]) {
+    alignas(32) uint8_t bytes[32];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(bytes), codes);
+    for (int k = 0; k < 4; ++k) out[k] = F::SIGNED ? load_s8_as_f32(bytes + 8 * k) : load_u8_as_f32(bytes + 8 * k);
+}
+
+template <class F, int NR, int NC>
+void tile_f32(const uint8_t* w, long row_bytes, long nsuper, const FloatRows& x, long m0, float* y, long ldy,
+              long n0, const float* bias) {
+    __m256 acc[NR][NC];
+    float zero_term[NR][NC];
+    for (int r = 0; r < NR; ++r)
+        for (int c = 0; c < NC; ++c) { acc[r][c] = _mm256_setzero_ps(); zero_term[r][c] = 0.0f; }
+    SubScales sc[NR];
+    for (long i = 0; i < nsuper; ++i) {
+        for (int r = 0; r < NR; ++r) F::scales(w + r * row_bytes + i * F::BYTES, sc[r]);
+        for (int j = 0; j < F::SUB; ++j) {
+            const long blk = i * F::SUB + j;
+            for (int r = 0; r < NR; ++r) {
+                __m256 q[4];
+                widen_codes<F>(F::codes(w + r * row_bytes + i * F::BYTES, j), q);
+                for (int c = 0; c < NC; ++c) {
+                    const float* xp = x.x + (m0 + c) * x.k + blk * 32;
+                    __m256 lo = _mm256_fmadd_ps(q[1], _mm256_loadu_ps(xp + 8), _mm256_mul_ps(q[0], _mm256_loadu_ps(xp)));
+                    __m256 hi = _mm256_fmadd_ps(q[3], _mm256_loadu_ps(xp + 24), _mm256_mul_ps(q[2], _mm256_loadu_ps(xp + 16)));
+                    acc[r][c] = _mm256_fmadd_ps(_mm256_set1_ps(sc[r].d_lo[j]), lo, acc[r][c]);
+                    acc[r][c] = _mm256_fmadd_ps(_mm256_set1_ps(sc[r].d_hi[j]), hi, acc[r][c]);
+                    zero_term[r][c] += sc[r].m[j] * x.s[(m0 + c) * x.nblocks + blk];
+                }
+            }
+        }
+    }
+    for (int c = 0; c < NC; ++c)
+        for (int r = 0; r < NR; ++r)
+            y[(m0 + c) * ldy + n0 + r] = hsum(acc[r][c]) + zero_term[r][c] + (bias ? bias[n0 + r] : 0.0f);
+}
+
+// One thread's share: weight rows [n_begin, n_end) against all M activation rows.
+template <class F, class Rows, int NR, int NC, class Tile, class TileTail, class Tile1, class Tile1Tail>
+void rows_range(const uint8_t* w, long row_bytes, long nsuper, const Rows& x, long M, float* y, long ldy,
+                const float* bias, long n_begin, long n_end, Tile tile, TileTail tile_tail, Tile1 tile1,
+                Tile1Tail tile1_tail) {
+    long n = n_begin;
+    for (; n + NR <= n_end; n += NR) {
+        long m = 0;
+        for (; m + NC <= M; m += NC) tile(w + n * row_bytes, row_bytes, nsuper, x, m, y, ldy, n, bias);
+        for (; m < M; ++m) tile_tail(w + n * row_bytes, row_bytes, nsuper, x, m, y, ldy, n, bias);
+    }
+    for (; n < n_end; ++n) {
+        long m = 0;
+        for (; m + NC <= M; m += NC) tile1(w + n * row_bytes, row_bytes, nsuper, x, m, y, ldy, n, bias);
+        for (; m < M; ++m) tile1_tail(w + n * row_bytes, row_bytes, nsuper, x, m, y, ldy, n, bias);
+    }
+}
+
+template <class F>
+void gemm_q8(const uint8_t* w, long N, long K, const QuantizedRows& x, long M, float* y, long ldy, const float* bias) {
+    const long nsuper = K / (32 * F::SUB), row_bytes = nsuper * F::BYTES;
+    parallel_run([&](int t, int nt) {
+        long b, e;
+        split_range(N, nt, t, 4, &b, &e);
+        if (M == 1)
+            rows_range<F, QuantizedRows, 4, 1>(w, row_bytes, nsuper, x, M, y, ldy, bias, b, e, tile_q8<F, 4, 1>,
+                                               tile_q8<F, 4, 1>, tile_q8<F, 1, 1>, tile_q8<F, 1, 1>);
+        else
+            rows_range<F, QuantizedRows, 4, 2>(w, row_bytes, nsuper, x, M, y, ldy, bias, b, e, tile_q8<F, 4, 2>,
+                                               tile_q8<F, 4, 1>, tile_q8<F, 1, 2>, tile_q8<F, 1, 1>);
+    });
+}
+
+template <class F>
+void gemm_f32(const uint8_t* w, long N, long K, const FloatRows& x, long M, float* y, long ldy, const float* bias) {
+    const long nsuper = K / (32 * F::SUB), row_bytes = nsuper * F::BYTES;
+    parallel_run([&](int t, int nt) {
+        long b, e;
+        split_range(N, nt, t, 4, &b, &e);
+        if (M == 1)
+            rows_range<F, FloatRows, 4, 1>(w, row_bytes, nsuper, x, M, y, ldy, bias, b, e, tile_f32<F, 4, 1>,
+                                           tile_f32<F, 4, 1>, tile_f32<F, 1, 1>, tile_f32<F, 1, 1>);
+        else
+            rows_range<F, FloatRows, 2, 2>(w, row_bytes, nsuper, x, M, y, ldy, bias, b, e, tile_f32<F, 2, 2>,
+                                           tile_f32<F, 2, 1>, tile_f32<F, 1, 2>, tile_f32<F, 1, 1>);
+    });
+}
+
+template <class Fn>
+int with_format(int ggml_type, Fn fn) {
+    switch (ggml_type) {
+        case 2: fn(Q4_0{}); return 0;
+        case 3: fn(Q4_1{}); return 0;
+        case 6: fn(Q5_0{}); return 0;
+        case 7: fn(Q5_1{}); return 0;
+        case 8: fn(Q8_0{}); return 0;
+        case 12: fn(Q4_K{}); return 0;
+        case 13: fn(Q5_K{}); return 0;
+        case 14: fn(Q6_K{}); return 0;
+        default: return -1;
+    }
+}
+
+}  // namespace
+
+void quantize_rows_q8(const float* x, long M, long K, int8_t* q, float* d, float* s) {
+    const long nb = K / 32;
+    parallel_run([&](int t, int nt) {
+        long b, e;
+        split_range(M * nb, nt, t, 1, &b, &e);
+        for (long blk = b; blk < e; ++blk) {
+            const float* xp = x + blk * 32;  // rows are contiguous, so block index = row * nb + block
+            __m256 v[4], amax = _mm256_setzero_ps();
+            const __m256 sign = _mm256_set1_ps(-0.0f);
+            for (int k = 0; k < 4; ++k) {
+                v[k] = _mm256_loadu_ps(xp + 8 * k);
+                amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[k]));
+            }
+            const float dv = hmax(amax) / 127.0f;
+            const float id = dv != 0.0f ? 1.0f / dv : 0.0f;
+            __m256i qi[4];
+            for (int k = 0; k < 4; ++k)
+                qi[k] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[k], _mm256_set1_ps(id)),
+                                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+            __m256i sum = _mm256_add_epi32(_mm256_add_epi32(qi[0], qi[1]), _mm256_add_epi32(qi[2], qi[3]));
+            __m256i p01 = _mm256_packs_epi32(qi[0], qi[1]), p23 = _mm256_packs_epi32(qi[2], qi[3]);
+            __m256i p = _mm256_packs_epi16(p01, p23);  // lane-interleaved: fix the order with a permute
+            p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + blk * 32), p);
+            __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+            d[blk] = dv;
+            s[blk] = dv * static_cast<float>(_mm_cvtsi128_si32(s4));
+        }
+    });
+}
+
+void block_sums(const float* x, long M, long K, float* s) {
+    const long nb = M * (K / 32);
+    for (long blk = 0; blk < nb; ++blk) {
+        const float* xp = x + blk * 32;
+        __m256 a = _mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(xp), _mm256_loadu_ps(xp + 8)),
+                                 _mm256_add_ps(_mm256_loadu_ps(xp + 16), _mm256_loadu_ps(xp + 24)));
+        s[blk] = hsum(a);
+    }
+}
+
+int gemm_blocks_q8(int ggml_type, const uint8_t* w, long N, long K, const QuantizedRows& x, long M, float* y,
+                   long ldy, const float* bias) {
+    return with_format(ggml_type, [&](auto f) { gemm_q8<decltype(f)>(w, N, K, x, M, y, ldy, bias); });
+}
+
+int gemm_blocks_f32(int ggml_type, const uint8_t* w, long N, long K, const FloatRows& x, long M, float* y,
+                    long ldy, const float* bias) {
+    return with_format(ggml_type, [&](auto f) { gemm_f32<decltype(f)>(w, N, K, x, M, y, ldy, bias); });
+}
+
+int super_block_weights(int ggml_type) {
+    int n = 0;
+    with_format(ggml_type, [&](auto f) { n = 32 * decltype(f)::SUB; });
+    return n;
+}
+
+}  // namespace bd
+
+namespace {
+thread_local std::vector<int8_t> t_q;
+thread_local std::vector<float> t_d, t_s;
+}
+
+extern "C" {
+
+// Returns 0, or -1 for a block type without a kernel, -2 for K not a multiple of the super-block.
+int bd_gemm_blocks(int ggml_type, const uint8_t* w, long N, long K, const float* x, long M, float* y,
+                   const float* bias, int act_mode) {
+    const int sb = bd::super_block_weights(ggml_type);
+    if (sb == 0) return -1;
+    if (K % sb) return -2;
+    const long nb = K / 32;
+    if (act_mode == 0) {
+        t_q.resize(M * K);
+        t_d.resize(M * nb);
+        t_s.resize(M * nb);
+        bd::quantize_rows_q8(x, M, K, t_q.data(), t_d.data(), t_s.data());
+        bd::QuantizedRows rows{t_q.data(), t_d.data(), t_s.data(), K, nb};
+        return bd::gemm_blocks_q8(ggml_type, w, N, K, rows, M, y, N, bias);
+    }
+    t_s.resize(M * nb);
+    bd::block_sums(x, M, K, t_s.data());
+    bd::FloatRows rows{x, t_s.data(), K, nb};
+    return bd::gemm_blocks_f32(ggml_type, w, N, K, rows, M, y, N, bias);
+}
+
+void bd_quantize_rows_q8(const float* x, long M, long K, int8_t* q, float* d, float* s) {
+    bd::quantize_rows_q8(x, M, K, q, d, s);
+}
+}

@@ -1,0 +1,28 @@
+// Block-format matrix products (see gemm_blocks.cpp).
+#pragma once
+#include <cstdint>
+
+namespace bd {
+
+struct QuantizedRows {  // M activation rows as int8 blocks of 32: q (M, k), d and s (M, nblocks)
+    const int8_t* q;
+    const float* d;
+    const float* s;  // d · Σ codes of each block
+    long k, nblocks;
+};
+
+struct FloatRows {  // M float activation rows: x (M, k), s (M, nblocks) the sum of each 32-block
+    const float* x;
+    const float* s;
+    long k, nblocks;
+};
+
+void quantize_rows_q8(const float* x, long M, long K, int8_t* q, float* d, float* s);
+void block_sums(const float* x, long M, long K, float* s);
+int gemm_blocks_q8(int ggml_type, const uint8_t* w, long N, long K, const QuantizedRows& x, long M, float* y,
+                   long ldy, const float* bias);
+int gemm_blocks_f32(int ggml_type, const uint8_t* w, long N, long K, const FloatRows& x, long M, float* y,
+                    long ldy, const float* bias);
+int super_block_weights(int ggml_type);
+
+}  // namespace bd

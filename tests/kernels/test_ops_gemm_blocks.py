@@ -1,0 +1,102 @@
+"""Every native block-format kernel against its twin in kernels/reference.py, for every ISA variant this
+CPU can run (the portable AVX2 variant always, forced), on fresh random inputs."""
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as T
+
+from bytediet.kernels import ops, reference
+from bytediet.kernels.cpu import build
+from bytediet.kernels.ggml_codecs import ENCODERS
+
+VARIANTS = [v.name for v in build.runnable_variants()]
+needs_native = pytest.mark.skipif(not VARIANTS or build.find_compiler() is None,
+                                  reason="no runnable native variant (CPU without AVX2, or no compiler)")
+SMALL_BLOCK_TYPES = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0]
+K_TYPES = {T.Q4_K: (144, [0, 2]), T.Q5_K: (176, [0, 2]), T.Q6_K: (210, [208])}
+
+
+def random_blocks(gtype, n: int, k: int, gen: torch.Generator, scale: float = 1.0) -> torch.Tensor:
+    """(n, bytes per row) uint8: encoded Gaussian weights, or random bytes with sane f16 scales (K-quants)."""
+    if gtype in ENCODERS:
+        w = torch.randn(n * k // 32, 32, generator=gen) * scale
+        return ENCODERS[gtype](w).reshape(n, -1)
+    size, scale_at = K_TYPES[gtype]
+    b = torch.randint(0, 256, (n * k // 256, size), generator=gen, dtype=torch.uint8)
+    d = torch.from_numpy(np.array([0.01 * scale], dtype=np.float16).view(np.uint8).copy())
+    for at in scale_at:
+        b[:, at:at + 2] = d
+    return b.reshape(n, -1)
+
+
+def check_close(y: torch.Tensor, ref: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> None:
+    """Within float32 rounding of the sum of |terms| per output."""
+    scale = x.abs().reshape(-1, x.shape[-1]).double() @ w.abs().double().T
+    err = (y.reshape(scale.shape).double() - ref.reshape(scale.shape).double()).abs()
+    assert (err <= 2e-6 * scale + 1e-6).all(), f"max error {err.max().item():.3g}"
+
+
+@needs_native
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("gtype", SMALL_BLOCK_TYPES + list(K_TYPES))
+@pytest.mark.parametrize("activations", ["q8", "f32"])
+def test_gemm_blocks_equals_reference(variant, gtype, activations):
+    gen = torch.Generator().manual_seed(int(gtype) * 7 + len(activations))
+    k = 512 if gtype in K_TYPES else 96
+    for n in (1, 3, 37):  # rows not a multiple of the 4-row tile
+        blocks = random_blocks(gtype, n, k, gen)
+        w = reference.dequantize_blocks(int(gtype), blocks)
+        for m in (1, 2, 3, 5, 17):  # activation rows: decode, small batches, tails of the 2-row tile
+            x = torch.randn(m, k, generator=gen)
+            bias = torch.randn(n, generator=gen) if m == 3 else None
+            y = ops.gemm_blocks(int(gtype), blocks, x, bias, activations, variant=variant)
+            ref = reference.gemm_blocks(int(gtype), blocks, x, bias, activations)
+            assert y.shape == (m, n) and y.dtype == torch.float32
+            check_close(y, ref, x, w)
+
+
+@needs_native
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("gtype", [T.Q4_1, T.Q8_0, T.Q6_K])
+def test_gemm_blocks_extreme_inputs(variant, gtype):
+    gen = torch.Generator().manual_seed(5)
+    k = 512
+    for activations in ("q8", "f32"):
+        zero_w = torch.zeros_like(random_blocks(gtype, 5, k, gen))  # all-zero scales and codes
+        x = torch.randn(2, k, generator=gen)
+        assert torch.equal(ops.gemm_blocks(int(gtype), zero_w, x, None, activations, variant=variant), torch.zeros(2, 5))
+        blocks = random_blocks(gtype, 5, k, gen, scale=100.0)
+        for x in (torch.zeros(2, k), torch.randn(2, k, generator=gen) * 1e4,
+                  torch.cat([torch.zeros(1, k), torch.randn(1, k, generator=gen)])):  # a zero row (scale 0) beside a normal one
+            y = ops.gemm_blocks(int(gtype), blocks, x, None, activations, variant=variant)
+            ref = reference.gemm_blocks(int(gtype), blocks, x, None, activations)
+            check_close(y, ref, x, reference.dequantize_blocks(int(gtype), blocks))
+
+
+@needs_native
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_quantize_rows_q8_is_bit_identical(variant):
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(7, 160, generator=gen) * torch.logspace(-3, 3, 7)[:, None]
+    x[3] = 0.0
+    x[4, :32] = 0.5  # ties: round half to even, as torch.round
+    q, d, s = ops.quantize_rows_q8(x, variant=variant)
+    rq, rd, rs = reference.quantize_rows_q8(x)
+    assert torch.equal(q, rq) and torch.equal(d, rd) and torch.equal(s, rs)
+
+
+@needs_native
+def test_batched_and_bf16_inputs_keep_their_shape_and_dtype():
+    gen = torch.Generator().manual_seed(2)
+    blocks = random_blocks(T.Q4_1, 9, 64, gen)
+    x = torch.randn(2, 3, 64, generator=gen)
+    y = ops.gemm_blocks(int(T.Q4_1), blocks, x.bfloat16())
+    assert y.shape == (2, 3, 9) and y.dtype == torch.bfloat16
+    ref = reference.gemm_blocks(int(T.Q4_1), blocks, x.bfloat16())
+    assert torch.allclose(y.float(), ref.float(), rtol=1e-2, atol=1e-2)
+
+
+def test_reference_rejects_bad_activation_mode():
+    blocks = random_blocks(T.Q8_0, 2, 32, torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match="activations"):
+        reference.gemm_blocks(int(T.Q8_0), blocks, torch.randn(1, 32), None, "int4")
