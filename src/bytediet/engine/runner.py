@@ -7,7 +7,9 @@ from __future__ import annotations
 import torch
 
 from ..config import CacheConfig
+from ..kernels import ops
 from ..kvcache.base import AttentionMetadata, KVCodec, get_kv_codec
+from ..models.native_decode import native_decoder, why_not_native
 from ..models.transformer import CausalLM
 from .scheduler import SchedulerOutput
 
@@ -30,6 +32,8 @@ class ModelRunner:
         self.bytes_per_token = self.codec.bytes_per_token(c.num_kv_heads, c.head_dim) * c.num_layers
         limits = [n for n in (cache.max_sequences() for cache in self.caches) if n is not None]
         self.max_sequences = min(limits) if limits else None  # the codec's per-sequence state (KIVI's staging)
+        self.decoder = native_decoder(model, self.caches)  # None: every step runs the module path
+        self.decode_path = "native" if self.decoder is not None else f"modules ({why_not_native(model, self.caches)})"
 
     def kv_cache_bytes(self) -> int:
         return sum(cache.nbytes() for cache in self.caches)
@@ -75,4 +79,8 @@ class ModelRunner:
     def run(self, out: SchedulerOutput) -> torch.Tensor:
         """Logits (N, vocab) float32 for the scheduled requests that sample, in schedule order."""
         input_ids, meta, logit_rows = self.prepare(out)
+        if self.decoder is not None and all(n == 1 for n in meta.query_lens_list):
+            hidden = ops.decode_step(self.decoder, self.model.embed(input_ids), meta.positions, meta.slot_mapping,
+                                     meta.block_tables, meta.block_size)
+            return self.model.head(hidden[logit_rows])
         return self.model(input_ids, meta, self.caches, logit_rows)  # (0, vocab) when nobody samples

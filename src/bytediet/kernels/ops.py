@@ -6,6 +6,7 @@ random inputs for every variant this CPU can run.
 """
 from __future__ import annotations
 
+import ctypes
 import functools
 import warnings
 from typing import Optional
@@ -14,6 +15,7 @@ import torch
 
 from . import reference
 from .cpu.dispatch import NativeLibrary, native
+from .decoder_spec import DecoderSpec, LinearSpec
 
 NATIVE_GEMM_TYPES = frozenset({2, 3, 6, 7, 8, 12, 13, 14})  # GGML Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q4_K Q5_K Q6_K
 _ACTIVATION_MODES = {"q8": 0, "f32": 1}
@@ -21,6 +23,11 @@ _ACTIVATION_MODES = {"q8": 0, "f32": 1}
 
 def _library(variant: Optional[str]) -> Optional[NativeLibrary]:
     return native(variant)
+
+
+def native_library() -> Optional[NativeLibrary]:
+    """The loaded native library (None: the reference kernels run)."""
+    return _library(None)
 
 
 def has_native_gemm(ggml_type: int, variant: Optional[str] = None) -> bool:
@@ -76,3 +83,65 @@ def gemm_blocks(ggml_type: int, blocks: torch.Tensor, x: torch.Tensor, bias: Opt
         raise ValueError(f"GGML type {int(ggml_type)}: {k} values per row are not whole super-blocks")
     y = y.reshape(*x.shape[:-1], n)
     return y if x.dtype == torch.float32 else y.to(x.dtype)
+
+
+# --- the one-call decode step --------------------------------------------------------------------------------
+
+class _Linear(ctypes.Structure):  # mirrors bd::LinearDesc in csrc/decoder.h
+    _fields_ = [("blocks", ctypes.c_void_p), ("bias", ctypes.c_void_p), ("n", ctypes.c_int64), ("k", ctypes.c_int64),
+                ("ggml_type", ctypes.c_int32), ("pad", ctypes.c_int32)]
+
+
+class _Layer(ctypes.Structure):  # mirrors bd::LayerDesc
+    _fields_ = [(name, ctypes.c_void_p) for name in (
+        "attn_norm", "post_attn_norm", "pre_ffn_norm", "post_ffn_norm", "q_norm", "k_norm", "inv_freq",
+        "k_cache", "v_cache")] + [(name, _Linear) for name in ("q", "k", "v", "o", "gate", "up", "down")] + [
+        ("window", ctypes.c_int64)]
+
+
+class _Model(ctypes.Structure):  # mirrors bd::ModelDesc
+    _fields_ = [("layers", ctypes.POINTER(_Layer))] + [(name, ctypes.c_int64) for name in (
+        "num_layers", "hidden", "intermediate", "num_heads", "num_kv_heads", "head_dim")] + [
+        ("eps", ctypes.c_float), ("attention_scale", ctypes.c_float), ("gelu", ctypes.c_int32),
+        ("sandwich", ctypes.c_int32), ("activations", ctypes.c_int32), ("pad", ctypes.c_int32)]
+
+
+def _ptr(t: Optional[torch.Tensor]) -> Optional[int]:
+    return None if t is None else t.data_ptr()
+
+
+def _linear_desc(lin: LinearSpec) -> _Linear:
+    return _Linear(_ptr(lin.blocks), _ptr(lin.bias), lin.n, lin.k, lin.ggml_type, 0)
+
+
+def _model_desc(spec: DecoderSpec) -> _Model:
+    layers = (_Layer * len(spec.layers))()
+    for i, ls in enumerate(spec.layers):
+        layer = layers[i]
+        for name in ("attn_norm", "post_attn_norm", "pre_ffn_norm", "post_ffn_norm", "q_norm", "k_norm", "inv_freq",
+                     "k_cache", "v_cache"):
+            setattr(layer, name, _ptr(getattr(ls, name)))
+        for name in ("q", "k", "v", "o", "gate", "up", "down"):
+            setattr(layer, name, _linear_desc(getattr(ls, name)))
+        layer.window = ls.window
+    model = _Model(ctypes.cast(layers, ctypes.POINTER(_Layer)), len(spec.layers), spec.hidden, spec.intermediate,
+                   spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.eps, spec.attention_scale, int(spec.gelu),
+                   int(spec.sandwich), _ACTIVATION_MODES[spec.activations], 0)
+    model._layers = layers  # keep the array alive with the struct that points at it
+    return model
+
+
+def decode_step(spec: DecoderSpec, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+                block_tables: torch.Tensor, block_size: int, variant: Optional[str] = None) -> torch.Tensor:
+    """See :func:`bytediet.kernels.reference.decode_step`."""
+    lib = _library(variant)
+    if lib is None:
+        return reference.decode_step(spec, x, positions, slots, block_tables, block_size)
+    if spec.native is None:
+        spec.native = _model_desc(spec)
+    x = x.to(torch.float32).contiguous().clone()
+    positions, slots = positions.contiguous(), slots.contiguous()
+    block_tables = block_tables.contiguous()
+    lib.bd_decode_step(ctypes.addressof(spec.native), x.data_ptr(), x.shape[0], positions.data_ptr(), slots.data_ptr(),
+                       block_tables.data_ptr(), block_tables.shape[1], block_size)
+    return x

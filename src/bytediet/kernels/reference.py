@@ -6,7 +6,8 @@ from typing import Callable, Optional
 import torch
 import torch.nn.functional as F
 
-from .ggml_codecs import DECODERS, block_size_of
+from .decoder_spec import DecoderSpec, LayerSpec
+from .ggml_codecs import DECODERS
 
 
 def sequence_slots(block_table: torch.Tensor, context_len: int, block_size: int) -> torch.Tensor:
@@ -165,3 +166,56 @@ def gemm_blocks(ggml_type: int, blocks: torch.Tensor, x: torch.Tensor, bias: Opt
     if bias is not None:
         y = y + bias.double()
     return y.to(x.dtype).reshape(*x.shape[:-1], w.shape[0])
+
+
+# --- the one-call decode step (twin of kernels/cpu/csrc/decoder.cpp) ----------------------------------------
+
+def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def _rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE. x: (T, H, D), positions: (T,)."""
+    f = positions.float()[:, None] * inv_freq[None, :]
+    cos, sin = f.cos()[:, None, :], f.sin()[:, None, :]
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+def _decode_layer(spec: DecoderSpec, layer: LayerSpec, x: torch.Tensor, positions, slots, block_tables,
+                  block_size: int) -> torch.Tensor:
+    t, d = x.shape[0], spec.head_dim
+    lin = lambda l, h: gemm_blocks(l.ggml_type, l.blocks, h, l.bias, spec.activations)  # noqa: E731
+    h = _rms(x, layer.attn_norm, spec.eps)
+    q = lin(layer.q, h).view(t, spec.num_heads, d)
+    k = lin(layer.k, h).view(t, spec.num_kv_heads, d)
+    v = lin(layer.v, h).view(t, spec.num_kv_heads, d)
+    if layer.q_norm is not None:
+        q, k = _rms(q, layer.q_norm, spec.eps), _rms(k, layer.k_norm, spec.eps)
+    q, k = _rope(q, positions, layer.inv_freq), _rope(k, positions, layer.inv_freq)
+    layer.k_cache[slots] = k
+    layer.v_cache[slots] = v
+    context_lens = positions + 1
+    kk, vv = layer.k_cache[batch_slots(block_tables, context_lens, block_size)], layer.v_cache[
+        batch_slots(block_tables, context_lens, block_size)]
+    att = decode_attention(q, kk, vv, context_lens, spec.attention_scale, layer.window or None)
+    o = lin(layer.o, att.reshape(t, -1))
+    x = x + (_rms(o, layer.post_attn_norm, spec.eps) if spec.sandwich else o)
+    h = _rms(x, layer.pre_ffn_norm if spec.sandwich else layer.post_attn_norm, spec.eps)
+    g = lin(layer.gate, h)
+    g = F.gelu(g, approximate="tanh") if spec.gelu else F.silu(g)
+    down = lin(layer.down, g * lin(layer.up, h))
+    return x + (_rms(down, layer.post_ffn_norm, spec.eps) if spec.sandwich else down)
+
+
+def decode_step(spec: DecoderSpec, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+                block_tables: torch.Tensor, block_size: int) -> torch.Tensor:
+    """All layers of a decode step, one new token per sequence; writes each layer's k, v into its pages.
+
+    x: (T, hidden) embeddings; positions, slots: (T,) int64; block_tables: (T, max_blocks) int64.
+    Returns the hidden states (T, hidden) after the last layer (before the final norm).
+    """
+    x = x.float()
+    for layer in spec.layers:
+        x = _decode_layer(spec, layer, x, positions, slots, block_tables, block_size)
+    return x

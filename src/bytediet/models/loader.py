@@ -184,6 +184,7 @@ def _assign_linear(model, module: Linear, t, dtype, keep_packed, source, arch) -
 
 def _try_packed(module: Linear, t, model, arch) -> bool:
     """Install GGUF tensor ``t`` into ``module`` in its native blocks; False if that block type has no format."""
+    from ..quant import load_all  # noqa: F401  (registers the formats: the registry would be empty for the first tensor)
     from ..quant.base import WEIGHT_FORMATS
 
     if t is None or f"gguf-{t.type_name.lower()}" not in WEIGHT_FORMATS:

@@ -82,13 +82,22 @@ class CausalLM(nn.Module):
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, meta: AttentionMetadata, caches: list[LayerKVCache],
                 logits_indices: Optional[torch.Tensor] = None) -> torch.Tensor:
-        x = self.model.embed_tokens(input_ids)  # (T, hidden)
-        if self.config.embedding_scale != 1.0:
-            x = x * torch.tensor(self.config.embedding_scale, dtype=x.dtype)
+        x = self.embed(input_ids)
         for layer, cache in zip(self.model.layers, caches):
             x = layer(x, meta, cache)
         if logits_indices is not None:
             x = x[logits_indices]
+        return self.head(x)
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Token ids (T,) → scaled embeddings (T, hidden)."""
+        x = self.model.embed_tokens(input_ids)
+        if self.config.embedding_scale != 1.0:
+            x = x * torch.tensor(self.config.embedding_scale, dtype=x.dtype)
+        return x
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """Hidden states after the last layer (N, hidden) → float32 logits (N, vocab)."""
         return self.lm_head(self.model.norm(x)).float()
 
     def weight_formats(self) -> list[str]:

@@ -1,0 +1,211 @@
+// One decode step for every sequence of a batch (one new token each) through all layers, in one call:
+// no Python between operations, no fork/join per op (the persistent pool), buffers reused across steps,
+// the activation row quantized once for q/k/v and once for gate/up. Per layer and token:
+//   h = RMSNorm(x); q, k, v = h·Wqkvᵀ; (q, k RMSNorm per head); RoPE(q, k); k, v → cache slot;
+//   a = softmax(q·Kᵀ·scale over the sequence's pages, causal, optional sliding window)·V;
+//   x += o(a) (gemma3: x += RMSNorm(o(a))); h = RMSNorm(x); x += down(act(gate(h))·up(h)) (gemma3: normed).
+// The reference is the module path of bytediet.models (layers.py) that runs every other step.
+#include "decoder.h"
+
+#include <cmath>
+#include <vector>
+
+#include "gemm_blocks.h"
+#include "isa.h"
+#include "threadpool.h"
+
+namespace bd {
+namespace {
+
+struct Scratch {
+    std::vector<float> h, q, k, v, att, o, gate, up;
+    std::vector<int8_t> xq;
+    std::vector<float> xd, xs;
+};
+
+void rmsnorm(const float* x, const float* w, long n, float eps, float* y) {
+    __m256 acc = _mm256_setzero_ps();
+    long i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i);
+        acc = _mm256_fmadd_ps(v, v, acc);
+    }
+    float ss = hsum(acc);
+    for (; i < n; ++i) ss += x[i] * x[i];
+    const float r = 1.0f / std::sqrt(ss / static_cast<float>(n) + eps);
+    for (long j = 0; j < n; ++j) y[j] = x[j] * r * w[j];
+}
+
+void rope(float* x, long heads, long d, const float* inv_freq, long pos) {
+    const long half = d / 2;
+    for (long i = 0; i < half; ++i) {
+        const float f = static_cast<float>(pos) * inv_freq[i];
+        const float c = std::cos(f), s = std::sin(f);
+        for (long h = 0; h < heads; ++h) {
+            float* p = x + h * d;
+            const float a = p[i], b = p[i + half];
+            p[i] = a * c - b * s;
+            p[i + half] = b * c + a * s;
+        }
+    }
+}
+
+inline float dot(const float* a, const float* b, long n) {
+    __m256 acc = _mm256_setzero_ps();
+    long i = 0;
+    for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+    float s = hsum(acc);
+    for (; i < n; ++i) s += a[i] * b[i];
+    return s;
+}
+
+inline void axpy(float a, const float* x, float* y, long n) {
+    const __m256 va = _mm256_set1_ps(a);
+    long i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; ++i) y[i] += a * x[i];
+}
+
+// Linear layers sharing one input: quantized once (q8) or summed per block once (f32).
+class Input {
+  public:
+    Input(const float* x, long m, long k, int activations, Scratch& s) : x_(x), m_(m), k_(k), act_(activations), s_(s) {
+        const long nb = k / 32;
+        s.xd.resize(m * nb);
+        s.xs.resize(m * nb);
+        if (act_ == 0) {
+            s.xq.resize(m * k);
+            quantize_rows_q8(x, m, k, s.xq.data(), s.xd.data(), s.xs.data());
+        } else {
+            block_sums(x, m, k, s.xs.data());
+        }
+    }
+    void apply(const LinearDesc& l, float* y) const {
+        const long nb = k_ / 32;
+        if (act_ == 0)
+            gemm_blocks_q8(l.ggml_type, l.blocks, l.n, l.k, QuantizedRows{s_.xq.data(), s_.xd.data(), s_.xs.data(), k_, nb},
+                           m_, y, l.n, l.bias);
+        else
+            gemm_blocks_f32(l.ggml_type, l.blocks, l.n, l.k, FloatRows{x_, s_.xs.data(), k_, nb}, m_, y, l.n, l.bias);
+    }
+
+  private:
+    const float* x_;
+    long m_, k_;
+    int act_;
+    Scratch& s_;
+};
+
+// Attention of each token's query heads over its sequence's pages; work items (token, query head) split
+// over the pool. q: (T, Hq, D); out: (T, Hq, D).
+void attend(const ModelDesc& m, const LayerDesc& L, const float* q, float* out, long T, const int64_t* positions,
+            const int64_t* block_tables, long bt_stride, long block_size) {
+    const long hq = m.num_heads, hkv = m.num_kv_heads, d = m.head_dim, group = hq / hkv;
+    parallel_run([&](int t, int nt) {
+        long b, e;
+        split_range(T * hq, nt, t, 1, &b, &e);
+        std::vector<float> scores;
+        for (long item = b; item < e; ++item) {
+            const long tok = item / hq, head = item % hq, kvh = head / group;
+            const long pos = positions[tok], ctx = pos + 1;
+            const long first = L.window > 0 && pos - L.window + 1 > 0 ? pos - L.window + 1 : 0;
+            const int64_t* table = block_tables + tok * bt_stride;
+            const float* qh = q + (tok * hq + head) * d;
+            scores.resize(ctx - first);
+            float mx = -INFINITY;
+            for (long p = first; p < ctx; ++p) {
+                const long slot = table[p / block_size] * block_size + p % block_size;
+                const float s = dot(qh, L.k_cache + (slot * hkv + kvh) * d, d) * m.attention_scale;
+                scores[p - first] = s;
+                mx = s > mx ? s : mx;
+            }
+            float sum = 0.0f;
+            for (auto& s : scores) { s = std::exp(s - mx); sum += s; }
+            float* o = out + (tok * hq + head) * d;
+            for (long i = 0; i < d; ++i) o[i] = 0.0f;
+            const float inv = 1.0f / sum;
+            for (long p = first; p < ctx; ++p) {
+                const long slot = table[p / block_size] * block_size + p % block_size;
+                axpy(scores[p - first] * inv, L.v_cache + (slot * hkv + kvh) * d, o, d);
+            }
+        }
+    });
+}
+
+inline float gelu_tanh(float x) {
+    return 0.5f * x * (1.0f + std::tanh(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+}
+
+void layer_step(const ModelDesc& m, const LayerDesc& L, float* x, long T, const int64_t* positions,
+                const int64_t* slots, const int64_t* block_tables, long bt_stride, long block_size, Scratch& s) {
+    const long H = m.hidden, hq = m.num_heads, hkv = m.num_kv_heads, d = m.head_dim, I = m.intermediate;
+    s.h.resize(T * H); s.q.resize(T * hq * d); s.k.resize(T * hkv * d); s.v.resize(T * hkv * d);
+    s.att.resize(T * hq * d); s.o.resize(T * H); s.gate.resize(T * I); s.up.resize(T * I);
+    for (long t = 0; t < T; ++t) rmsnorm(x + t * H, L.attn_norm, H, m.eps, s.h.data() + t * H);
+    {
+        Input in(s.h.data(), T, H, m.activations, s);
+        in.apply(L.q, s.q.data());
+        in.apply(L.k, s.k.data());
+        in.apply(L.v, s.v.data());
+    }
+    for (long t = 0; t < T; ++t) {
+        float* qt = s.q.data() + t * hq * d;
+        float* kt = s.k.data() + t * hkv * d;
+        if (L.q_norm) {
+            for (long h = 0; h < hq; ++h) rmsnorm(qt + h * d, L.q_norm, d, m.eps, qt + h * d);
+            for (long h = 0; h < hkv; ++h) rmsnorm(kt + h * d, L.k_norm, d, m.eps, kt + h * d);
+        }
+        rope(qt, hq, d, L.inv_freq, positions[t]);
+        rope(kt, hkv, d, L.inv_freq, positions[t]);
+        std::memcpy(L.k_cache + slots[t] * hkv * d, kt, sizeof(float) * hkv * d);
+        std::memcpy(L.v_cache + slots[t] * hkv * d, s.v.data() + t * hkv * d, sizeof(float) * hkv * d);
+    }
+    attend(m, L, s.q.data(), s.att.data(), T, positions, block_tables, bt_stride, block_size);
+    {
+        Input in(s.att.data(), T, hq * d, m.activations, s);
+        in.apply(L.o, s.o.data());
+    }
+    for (long t = 0; t < T; ++t) {
+        float* xt = x + t * H;
+        float* ot = s.o.data() + t * H;
+        if (m.sandwich) rmsnorm(ot, L.post_attn_norm, H, m.eps, ot);
+        for (long i = 0; i < H; ++i) xt[i] += ot[i];
+        rmsnorm(xt, m.sandwich ? L.pre_ffn_norm : L.post_attn_norm, H, m.eps, s.h.data() + t * H);
+    }
+    {
+        Input in(s.h.data(), T, H, m.activations, s);
+        in.apply(L.gate, s.gate.data());
+        in.apply(L.up, s.up.data());
+    }
+    for (long i = 0; i < T * I; ++i) {
+        const float g = s.gate[i];
+        s.gate[i] = (m.gelu ? gelu_tanh(g) : g / (1.0f + std::exp(-g))) * s.up[i];
+    }
+    {
+        Input in(s.gate.data(), T, I, m.activations, s);
+        in.apply(L.down, s.o.data());
+    }
+    for (long t = 0; t < T; ++t) {
+        float* xt = x + t * H;
+        float* ot = s.o.data() + t * H;
+        if (m.sandwich) rmsnorm(ot, L.post_ffn_norm, H, m.eps, ot);
+        for (long i = 0; i < H; ++i) xt[i] += ot[i];
+    }
+}
+
+}  // namespace
+}  // namespace bd
+
+extern "C" {
+
+// x: (T, hidden) float32 embeddings in, hidden states after the last layer out (before the final norm).
+// Token t is the one new token of a sequence: positions[t], slots[t] (its cache slot), block table row t
+// (bt_stride entries) of its pages. Returns 0.
+int bd_decode_step(const bd::ModelDesc* m, float* x, long T, const int64_t* positions, const int64_t* slots,
+                   const int64_t* block_tables, long bt_stride, long block_size) {
+    static thread_local bd::Scratch scratch;
+    for (long l = 0; l < m->num_layers; ++l)
+        bd::layer_step(*m, m->layers[l], x, T, positions, slots, block_tables, bt_stride, block_size, scratch);
+    return 0;
+}
+}

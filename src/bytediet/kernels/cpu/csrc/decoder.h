@@ -1,0 +1,39 @@
+// The decode step of a llama/qwen2/gemma3 decoder as one native call (see decoder.cpp). The structs are
+// mirrored field by field by ctypes Structures in bytediet/kernels/ops.py: change both together.
+#pragma once
+#include <cstdint>
+
+namespace bd {
+
+struct LinearDesc {
+    const uint8_t* blocks;  // (n, k) weight in GGML blocks of ggml_type
+    const float* bias;      // (n,) or null
+    int64_t n, k;
+    int32_t ggml_type, pad;
+};
+
+struct LayerDesc {
+    const float* attn_norm;     // (hidden,) input_layernorm
+    const float* post_attn_norm;  // (hidden,) post_attention_layernorm: before the MLP, or (sandwich) after attention
+    const float* pre_ffn_norm;  // (hidden,) sandwich only: before the MLP
+    const float* post_ffn_norm;  // (hidden,) sandwich only: after the MLP
+    const float* q_norm;        // (head_dim,) or null
+    const float* k_norm;        // (head_dim,) or null
+    const float* inv_freq;      // (head_dim / 2,) RoPE frequencies of this layer
+    float* k_cache;             // (slots, num_kv_heads, head_dim) float32 pages
+    float* v_cache;
+    LinearDesc q, k, v, o, gate, up, down;
+    int64_t window;             // sliding window in tokens, 0 = full causal attention
+};
+
+struct ModelDesc {
+    const LayerDesc* layers;
+    int64_t num_layers, hidden, intermediate, num_heads, num_kv_heads, head_dim;
+    float eps, attention_scale;
+    int32_t gelu;               // 0: SiLU, 1: GELU (tanh)
+    int32_t sandwich;           // gemma3's norms after attention and after the MLP
+    int32_t activations;        // 0: q8, 1: f32 (see gemm_blocks.cpp)
+    int32_t pad;
+};
+
+}  // namespace bd

@@ -1,0 +1,61 @@
+"""A decoder stack described as plain tensors, for the one-call decode step (``ops.decode_step``).
+
+The model layer builds a :class:`DecoderSpec` from its modules and KV pages once; the kernels read the
+tensors in place (no copies), so the spec stays valid as long as the model and caches live.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+
+
+@dataclass
+class LinearSpec:
+    """A linear layer in GGML blocks: blocks (n, bytes per row) uint8, bias (n,) float32 or None."""
+
+    blocks: torch.Tensor
+    ggml_type: int
+    n: int
+    k: int
+    bias: Optional[torch.Tensor] = None
+
+
+@dataclass
+class LayerSpec:
+    """One decoder layer. Norm weights (hidden,) or (head_dim,) float32; caches (slots, Hkv, D) float32."""
+
+    attn_norm: torch.Tensor
+    post_attn_norm: torch.Tensor
+    inv_freq: torch.Tensor  # (head_dim / 2,)
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    q: LinearSpec
+    k: LinearSpec
+    v: LinearSpec
+    o: LinearSpec
+    gate: LinearSpec
+    up: LinearSpec
+    down: LinearSpec
+    window: int = 0  # sliding window in tokens, 0 = full causal
+    pre_ffn_norm: Optional[torch.Tensor] = None  # sandwich norms (gemma3)
+    post_ffn_norm: Optional[torch.Tensor] = None
+    q_norm: Optional[torch.Tensor] = None  # per-head q/k RMSNorm (gemma3)
+    k_norm: Optional[torch.Tensor] = None
+
+
+@dataclass
+class DecoderSpec:
+    layers: list[LayerSpec]
+    hidden: int
+    intermediate: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    eps: float
+    attention_scale: float
+    gelu: bool  # GELU (tanh) instead of SiLU
+    sandwich: bool  # gemma3: x += norm(attn(norm(x))), x += norm(mlp(norm(x)))
+    activations: str = "q8"  # "q8" or "f32", as in ops.gemm_blocks
+    native: Any = field(default=None, repr=False)  # the C structs built from this spec (kernels/ops.py)

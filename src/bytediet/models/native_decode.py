@@ -1,0 +1,74 @@
+"""The decode step as one native call: every layer of a batch of one-token-per-sequence steps in C++.
+
+Python's per-operation cost (≈ 30 ops per layer × 30 layers, each a few µs) exceeds the whole weight
+read of a small quantized model, so a decode step that only reads and multiplies must not go through
+the module path. :func:`native_decoder` describes a model and its KV pages as a
+:class:`~bytediet.kernels.decoder_spec.DecoderSpec` once; the runner then calls
+:func:`bytediet.kernels.ops.decode_step` for pure-decode batches. Prefill chunks (compute-bound, where
+per-op cost is amortized) and every model or cache the native step does not cover stay on the module
+path, which is also the reference the step is tested against.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ..kernels import ops
+from ..kernels.decoder_spec import DecoderSpec, LayerSpec, LinearSpec
+from ..kvcache.full import FullPrecisionCache
+from .layers import Linear
+from .transformer import CausalLM
+
+
+def _linear(lin: Linear) -> Optional[LinearSpec]:
+    gtype = getattr(lin.format, "ggml_type", None)
+    if gtype is None or not ops.has_native_gemm(int(gtype)):
+        return None
+    bias = None if lin.bias is None else lin.bias.detach().float().contiguous()
+    return LinearSpec(lin.packed["blocks"].contiguous(), int(gtype), lin.out_features, lin.in_features, bias)
+
+
+def why_not_native(model: CausalLM, caches: list) -> Optional[str]:
+    """None when the native decode step covers this model and these caches, else the reason it does not."""
+    if ops.native_library() is None:
+        return "no native kernels on this machine"
+    if model.dtype != torch.float32:
+        return f"compute dtype {model.dtype} (the native step computes in float32)"
+    kinds = {type(lin.format).__name__ for _, lin in model.linear_layers() if lin.format is not None}
+    for name, lin in model.linear_layers():
+        if name != "lm_head" and _linear(lin) is None:
+            return f"weight format {lin.format.spec()} of {name} has no native kernel (formats: {', '.join(sorted(kinds))})"
+    modes = {lin.format.activations for name, lin in model.linear_layers() if name != "lm_head"}
+    if len(modes) != 1:
+        return f"mixed activation modes {sorted(modes)}"
+    for cache in caches:
+        if not isinstance(cache, FullPrecisionCache) or cache.k.dtype != torch.float32:
+            return f"KV cache {type(cache).__name__} ({getattr(getattr(cache, 'k', None), 'dtype', '?')}) has no native step"
+    return None
+
+
+def native_decoder(model: CausalLM, caches: list) -> Optional[DecoderSpec]:
+    """The decode-step description of ``model`` over ``caches``, or None when :func:`why_not_native` objects."""
+    if why_not_native(model, caches) is not None:
+        return None
+    c = model.config
+    layers = []
+    for layer, cache in zip(model.model.layers, caches):
+        attn, mlp = layer.self_attn, layer.mlp
+        norm = lambda m: None if m is None else m.weight.detach().float().contiguous()  # noqa: E731
+        layers.append(LayerSpec(
+            attn_norm=norm(layer.input_layernorm), post_attn_norm=norm(layer.post_attention_layernorm),
+            inv_freq=attn.rope.inv_freq.float().contiguous(), k_cache=cache.k, v_cache=cache.v,
+            q=_linear(attn.q_proj), k=_linear(attn.k_proj), v=_linear(attn.v_proj), o=_linear(attn.o_proj),
+            gate=_linear(mlp.gate_proj), up=_linear(mlp.up_proj), down=_linear(mlp.down_proj),
+            window=attn.window or 0,
+            pre_ffn_norm=norm(getattr(layer, "pre_feedforward_layernorm", None)),
+            post_ffn_norm=norm(getattr(layer, "post_feedforward_layernorm", None)),
+            q_norm=norm(attn.q_norm), k_norm=norm(attn.k_norm),
+        ))
+    activations = model.model.layers[0].self_attn.q_proj.format.activations
+    return DecoderSpec(layers=layers, hidden=c.hidden_size, intermediate=c.intermediate_size, num_heads=c.num_heads,
+                       num_kv_heads=c.num_kv_heads, head_dim=c.head_dim, eps=c.rms_norm_eps,
+                       attention_scale=model.model.layers[0].self_attn.scale, gelu=c.hidden_act == "gelu_tanh",
+                       sandwich=c.sandwich_norm, activations=activations)
