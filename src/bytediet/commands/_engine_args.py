@@ -16,8 +16,12 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                    help="compute dtype (float32 is fastest on CPUs without bf16 matmul units)")
     g.add_argument("--weights", default=None, metavar="FORMAT", help="re-quantize weights at load time (e.g. int8, int4-g128)")
-    g.add_argument("--keep-packed", action="store_true",
-                   help="keep GGUF-quantized weights in their native blocks instead of dequantizing them")
+    g.add_argument("--keep-packed", action=argparse.BooleanOptionalAction, default=True,
+                   help="run GGUF-quantized weights on their native blocks (default); --no-keep-packed or "
+                        "--weights fp32 dequantizes them (the exact reference)")
+    g.add_argument("--activations", default="q8", choices=["q8", "f32"],
+                   help="how native blocks multiply: q8 quantizes each activation row to int8 blocks (fastest, "
+                        "llama.cpp's method, measured cost in bench/RESULTS.md), f32 keeps float activations")
     g.add_argument("--kv-cache-dtype", default="auto", metavar="CODEC", help="KV-cache codec (auto, fp32, bf16, int8, ...)")
     g.add_argument("--kv-cache-memory", default="1GiB", help="memory budget of the KV cache (e.g. 512MiB, 2GiB)")
     g.add_argument("--block-size", type=int, default=None,
@@ -64,7 +68,7 @@ def build_llm(args: argparse.Namespace):
             kwargs["num_threads"] = args.threads
         return LLM(**kwargs)
     return LLM(
-        args.model, dtype=args.dtype, weights=args.weights, keep_packed=args.keep_packed,
+        args.model, dtype=args.dtype, weights=args.weights, keep_packed=args.keep_packed, activations=args.activations,
         kv_cache_dtype=args.kv_cache_dtype, kv_cache_memory=args.kv_cache_memory, block_size=args.block_size,
         max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
         enable_prefix_caching=not args.no_prefix_caching, num_threads=args.threads,

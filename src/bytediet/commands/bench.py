@@ -26,7 +26,10 @@ def register(sub) -> None:
     p.add_argument("--requests-per-level", type=int, default=None,
                    help="requests per concurrency level: max(level, this) (default 4)")
     p.add_argument("--parts", default="single,concurrency,roofline", help="which parts to run (comma-separated)")
-    p.add_argument("--weights", default=None, metavar="FMT", help="bytediet weight format (e.g. int8, int4-g64)")
+    p.add_argument("--weights", default=None, metavar="FMT",
+                   help="bytediet weight format (e.g. int8, int4-g64, fp32); default: the GGUF's native blocks")
+    p.add_argument("--activations", default="q8", choices=["q8", "f32"],
+                   help="how native GGUF blocks multiply (int8 or float activations)")
     p.add_argument("--kv-cache-dtype", default="auto", metavar="CODEC", help="bytediet KV-cache codec")
     p.add_argument("--max-num-batched-tokens", type=int, default=512, help="bytediet token budget per step")
     p.add_argument("--measure", action="store_true", help="re-measure this machine's bandwidth before the run")
@@ -75,7 +78,8 @@ def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(config.threads)
     hardware = this_machine(measure_if_missing=True, threads=config.threads, remeasure=args.measure)
     progress(f"loading {args.model}" + (f" with weights {args.weights}" if args.weights else ""))
-    model, tokenizer = load_model(args.model, dtype=torch.float32, weights=args.weights)
+    model, tokenizer = load_model(args.model, dtype=torch.float32, weights=args.weights, keep_packed=True,
+                                  activations=args.activations)
     ours = BytedietSystem((model, tokenizer), threads=config.threads, kv_cache_dtype=args.kv_cache_dtype,
                           max_num_batched_tokens=args.max_num_batched_tokens)
     path = resolve_model_path(args.model)
@@ -106,7 +110,8 @@ def command_line(args: argparse.Namespace) -> str:
     """The flags of this run, spelled out (defaults included), to reproduce it."""
     flags = [f"--model {args.model}", f"--threads {args.threads}", f"--peers {args.peers}", f"--parts {args.parts}",
              f"--kv-cache-dtype {args.kv_cache_dtype}", f"--max-num-batched-tokens {args.max_num_batched_tokens}"]
-    for flag, value in (("--weights", args.weights), ("--concurrency", args.concurrency),
+    for flag, value in (("--weights", args.weights), ("--activations", args.activations),
+                        ("--concurrency", args.concurrency),
                         ("--roofline-batches", args.roofline_batches), ("--prompt-lens", args.prompt_lens),
                         ("--output-lens", args.output_lens), ("--requests-per-level", args.requests_per_level)):
         if value:

@@ -59,9 +59,12 @@ def engine_description(llm) -> dict:
     from ..kvcache import get_kv_codec
 
     cache = llm.config.cache
+    from ..kernels.cpu.dispatch import describe
+
     return {"weights": ",".join(llm.model.weight_formats()),
             "kv_cache_dtype": get_kv_codec(cache.kv_cache_dtype, llm.model.dtype).describe(llm.model.config.head_dim),
-            "block_size": cache.block_size}
+            "block_size": cache.block_size,
+            "kernels": {**describe(), "decode_step": llm.engine.runner.decode_path}}
 
 
 def generation_summary(llm, n_prompt: int, n_out: int, ttft: float, total: float) -> dict:

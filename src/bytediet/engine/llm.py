@@ -46,14 +46,17 @@ class LLM:
 
     Keyword arguments mirror the CLI flags: ``dtype``, ``weights`` (format applied at load time),
     ``kv_cache_dtype``, ``kv_cache_memory``, ``block_size``, ``num_blocks``, ``max_num_batched_tokens``,
-    ``max_num_seqs``, ``enable_prefix_caching``, ``enable_chunked_prefill``, ``seed``, ``num_threads``.
+    ``max_num_seqs``, ``enable_prefix_caching``, ``enable_chunked_prefill``, ``seed``, ``num_threads``;
+    ``keep_packed`` (default True: a GGUF runs on its native blocks; ``weights="fp32"`` is the dequantized
+    reference) and ``activations`` (``q8`` or ``f32``: how those blocks multiply).
     """
 
     def __init__(self, model: str = "default", *, dtype: str = "float32", weights: Optional[str] = None,
                  kv_cache_dtype: str = "auto", kv_cache_memory: Union[str, int] = "1GiB", block_size: Optional[int] = None,
                  num_blocks: Optional[int] = None, max_num_batched_tokens: int = 512, max_num_seqs: int = 64,
                  enable_prefix_caching: bool = True, enable_chunked_prefill: bool = True, seed: int = 0,
-                 num_threads: Optional[int] = None, keep_packed: bool = False, loaded=None) -> None:
+                 num_threads: Optional[int] = None, keep_packed: bool = True, activations: str = "q8",
+                 loaded=None) -> None:
         from ..models.loader import load_model
 
         set_threads(num_threads)
@@ -65,7 +68,8 @@ class LLM:
                                       enable_chunked_prefill=enable_chunked_prefill),
         )
         t0 = time.perf_counter()
-        self.model, self.tokenizer = loaded or load_model(model, dtype=dtype, weights=weights, keep_packed=keep_packed)
+        self.model, self.tokenizer = loaded or load_model(model, dtype=dtype, weights=weights,
+                                                                 keep_packed=keep_packed, activations=activations)
         self.load_time = time.perf_counter() - t0
         self.engine = LLMEngine(self.model, self.tokenizer, self.config)
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import torch
 
 from ..config import CacheConfig
-from ..kernels import ops
 from ..kvcache.base import AttentionMetadata, KVCodec, get_kv_codec
 from ..models.native_decode import native_decoder, why_not_native
 from ..models.transformer import CausalLM
@@ -80,7 +79,5 @@ class ModelRunner:
         """Logits (N, vocab) float32 for the scheduled requests that sample, in schedule order."""
         input_ids, meta, logit_rows = self.prepare(out)
         if self.decoder is not None and all(n == 1 for n in meta.query_lens_list):
-            hidden = ops.decode_step(self.decoder, self.model.embed(input_ids), meta.positions, meta.slot_mapping,
-                                     meta.block_tables, meta.block_size)
-            return self.model.head(hidden[logit_rows])
+            return self.decoder.logits(input_ids, meta, logit_rows)
         return self.model(input_ids, meta, self.caches, logit_rows)  # (0, vocab) when nobody samples

@@ -13,13 +13,17 @@ import torch
 
 @dataclass
 class LinearSpec:
-    """A linear layer in GGML blocks: blocks (n, bytes per row) uint8, bias (n,) float32 or None."""
+    """A linear layer in GGML blocks: blocks (n, bytes per row) uint8, bias (n,) float32 or None.
+
+    ``interleaved``: the blocks are in the row-interleaved layout of ``ops.repack_x4`` (same byte count).
+    """
 
     blocks: torch.Tensor
     ggml_type: int
     n: int
     k: int
     bias: Optional[torch.Tensor] = None
+    interleaved: bool = False
 
 
 @dataclass

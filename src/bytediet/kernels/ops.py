@@ -85,11 +85,56 @@ def gemm_blocks(ggml_type: int, blocks: torch.Tensor, x: torch.Tensor, bias: Opt
     return y if x.dtype == torch.float32 else y.to(x.dtype)
 
 
+# --- row-interleaved (x4) weights ----------------------------------------------------------------------------
+
+X4_TYPES = frozenset({2, 3, 8})  # Q4_0, Q4_1, Q8_0
+
+
+def can_interleave(ggml_type: int, n: int, k: int) -> bool:
+    """Whether ``repack_x4`` takes this weight (and a native library is here to use it)."""
+    return int(ggml_type) in X4_TYPES and n % 4 == 0 and k % 32 == 0 and _library(None) is not None
+
+
+def repack_x4(ggml_type: int, blocks: torch.Tensor, variant: Optional[str] = None) -> torch.Tensor:
+    """See :func:`bytediet.kernels.reference.repack_x4`."""
+    lib = _library(variant)
+    if lib is None:
+        return reference.repack_x4(ggml_type, blocks)
+    n = blocks.shape[0]
+    k = reference.dequantize_blocks(ggml_type, blocks[:1]).shape[1]
+    blocks = blocks.contiguous()
+    out = torch.empty(blocks.numel(), dtype=torch.uint8)
+    rc = lib.bd_repack_x4(int(ggml_type), blocks.data_ptr(), n, k, out.data_ptr())
+    if rc != 0:
+        raise ValueError(f"GGML type {int(ggml_type)} ({n}×{k}) does not interleave (Q4_0, Q4_1, Q8_0 with rows % 4 == 0)")
+    return out.reshape(n, -1)
+
+
+def gemm_x4(ggml_type: int, packed: torch.Tensor, x: torch.Tensor, bias: Optional[torch.Tensor] = None,
+            variant: Optional[str] = None) -> torch.Tensor:
+    """See :func:`bytediet.kernels.reference.gemm_x4`."""
+    lib = _library(variant)
+    if lib is None:
+        return reference.gemm_x4(ggml_type, packed, x, bias)
+    k = x.shape[-1]
+    x2 = x.reshape(-1, k)
+    if x2.dtype != torch.float32 or not x2.is_contiguous():
+        x2 = x2.to(torch.float32).contiguous()
+    n, m = packed.shape[0], x2.shape[0]
+    y = torch.empty(m, n, dtype=torch.float32)
+    b = None if bias is None else bias.float().contiguous()
+    rc = lib.bd_gemm_x4(int(ggml_type), packed.data_ptr(), n, k, x2.data_ptr(), m, y.data_ptr(), _ptr(b))
+    if rc != 0:
+        raise ValueError(f"GGML type {int(ggml_type)} ({n}×{k}) has no interleaved kernel")
+    y = y.reshape(*x.shape[:-1], n)
+    return y if x.dtype == torch.float32 else y.to(x.dtype)
+
+
 # --- the one-call decode step --------------------------------------------------------------------------------
 
 class _Linear(ctypes.Structure):  # mirrors bd::LinearDesc in csrc/decoder.h
     _fields_ = [("blocks", ctypes.c_void_p), ("bias", ctypes.c_void_p), ("n", ctypes.c_int64), ("k", ctypes.c_int64),
-                ("ggml_type", ctypes.c_int32), ("pad", ctypes.c_int32)]
+                ("ggml_type", ctypes.c_int32), ("interleaved", ctypes.c_int32)]
 
 
 class _Layer(ctypes.Structure):  # mirrors bd::LayerDesc
@@ -111,7 +156,7 @@ def _ptr(t: Optional[torch.Tensor]) -> Optional[int]:
 
 
 def _linear_desc(lin: LinearSpec) -> _Linear:
-    return _Linear(_ptr(lin.blocks), _ptr(lin.bias), lin.n, lin.k, lin.ggml_type, 0)
+    return _Linear(_ptr(lin.blocks), _ptr(lin.bias), lin.n, lin.k, lin.ggml_type, int(lin.interleaved))
 
 
 def _model_desc(spec: DecoderSpec) -> _Model:

@@ -168,6 +168,67 @@ def gemm_blocks(ggml_type: int, blocks: torch.Tensor, x: torch.Tensor, bias: Opt
     return y.to(x.dtype).reshape(*x.shape[:-1], w.shape[0])
 
 
+# --- row-interleaved (x4) weights (twins of kernels/cpu/csrc/gemm_x4.cpp) ------------------------------------
+
+_X4_SCALES = {2: 1, 3: 2, 8: 1}  # f16 scales per block: Q4_0 d; Q4_1 d, m; Q8_0 d
+
+
+def _codes(ggml_type: int, blocks: torch.Tensor) -> torch.Tensor:
+    """(n, bytes per row) → (n, nb, 32) uint8 codes in element order (Q8_0: the int8 bytes)."""
+    n = blocks.shape[0]
+    b = blocks.reshape(n, -1, _type_size(ggml_type))
+    if ggml_type == 8:
+        return b[..., 2:]
+    qs = b[..., 2 * _X4_SCALES[ggml_type]:]
+    return torch.cat((qs & 0x0F, qs >> 4), dim=-1)
+
+
+def repack_x4(ggml_type: int, blocks: torch.Tensor) -> torch.Tensor:
+    """Interleave four rows at a time, block by block: (n, bytes per row) → same shape, n % 4 == 0.
+
+    Per group of 4 rows and block: the 4 rows' f16 scales (d, then Q4_1's m), then the codes as
+    U_k[8r + e] = code 8k + e of row r (k = 0..3): Q4 packs U0 | U1 << 4 and U2 | U3 << 4 (64 bytes),
+    Q8_0 stores U0..U3 (128 bytes). The layout of llama.cpp's repack.cpp, made for one 32-byte load to
+    serve four rows.
+    """
+    n = blocks.shape[0]
+    if ggml_type not in _X4_SCALES or n % 4:
+        raise ValueError(f"GGML type {ggml_type} ({n} rows) does not interleave (Q4_0, Q4_1, Q8_0 with rows % 4 == 0)")
+    ts, ns = _type_size(ggml_type), _X4_SCALES[ggml_type]
+    b = blocks.reshape(n // 4, 4, -1, ts)  # (G, 4, nb, ts)
+    scales = b[..., :2 * ns].reshape(n // 4, 4, -1, ns, 2).permute(0, 2, 3, 1, 4).reshape(n // 4, -1, 8 * ns)
+    codes = _codes(ggml_type, blocks).reshape(n // 4, 4, -1, 4, 8)  # (G, r, nb, k, e)
+    u = codes.permute(0, 2, 3, 1, 4).reshape(n // 4, -1, 4, 32)  # (G, nb, k, 8r + e)
+    if ggml_type != 8:
+        u = torch.stack((u[:, :, 0] | (u[:, :, 1] << 4), u[:, :, 2] | (u[:, :, 3] << 4)), dim=2)
+    out = torch.cat((scales, u.reshape(n // 4, u.shape[1], -1)), dim=-1)  # (G, nb, 4·ts)
+    return out.reshape(n, -1)
+
+
+def unpack_x4(ggml_type: int, packed: torch.Tensor) -> torch.Tensor:
+    """The inverse of :func:`repack_x4`."""
+    n = packed.shape[0]
+    ts, ns = _type_size(ggml_type), _X4_SCALES[ggml_type]
+    g = packed.reshape(n // 4, -1, 4 * ts)  # (G, nb, 4·ts)
+    nb = g.shape[1]
+    scales = g[..., :8 * ns].reshape(n // 4, nb, ns, 4, 2).permute(0, 3, 1, 2, 4).reshape(n // 4, 4, nb, 2 * ns)
+    c = g[..., 8 * ns:]
+    if ggml_type == 8:
+        u = c.reshape(n // 4, nb, 4, 32)
+    else:
+        lo, hi = c[..., :32], c[..., 32:]
+        u = torch.stack((lo & 0x0F, lo >> 4, hi & 0x0F, hi >> 4), dim=2)  # (G, nb, k, 32)
+    codes = u.reshape(n // 4, nb, 4, 4, 8).permute(0, 3, 1, 2, 4).reshape(n // 4, 4, nb, 32)
+    if ggml_type != 8:
+        codes = codes[..., :16] | (codes[..., 16:] << 4)
+    return torch.cat((scales, codes), dim=-1).reshape(n, -1)
+
+
+def gemm_x4(ggml_type: int, packed: torch.Tensor, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """:func:`gemm_blocks` with int8 activations on a weight in the :func:`repack_x4` layout."""
+    return gemm_blocks(ggml_type, unpack_x4(ggml_type, packed), x, bias, "q8")
+
+
 # --- the one-call decode step (twin of kernels/cpu/csrc/decoder.cpp) ----------------------------------------
 
 def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:

@@ -11,6 +11,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..kernels import ops
 from ..kvcache.base import AttentionMetadata, LayerKVCache
 from ..quant.base import Packed, WeightFormat
 
@@ -24,6 +25,7 @@ class Linear(nn.Module):
         self.bias = nn.Parameter(torch.zeros(out_features), requires_grad=False) if bias else None
         self.format: Optional[WeightFormat] = None
         self._packed_keys: list[str] = []
+        self.interleaved: Optional[torch.Tensor] = None  # a row-interleaved copy for the native kernels, if any
 
     @property
     def packed(self) -> Packed:
@@ -33,7 +35,7 @@ class Linear(nn.Module):
         """Install already-packed tensors (from a quantizer or a saved checkpoint)."""
         for k in self._packed_keys:
             delattr(self, "packed_" + k)
-        self.format, self._packed_keys = fmt, list(packed)
+        self.format, self._packed_keys, self.interleaved = fmt, list(packed), None
         for k, t in packed.items():
             self.register_buffer("packed_" + k, t, persistent=True)
 
@@ -47,6 +49,8 @@ class Linear(nn.Module):
         return self.format.dequantize(self.packed)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.interleaved is not None:  # the same weight, laid out for the native kernels (ops.repack_x4)
+            return ops.gemm_x4(self.format.ggml_type, self.interleaved, x, self.bias)
         return self.format.apply(x, self.packed, self.bias)
 
     def extra_repr(self) -> str:

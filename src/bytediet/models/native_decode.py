@@ -21,12 +21,20 @@ from .layers import Linear
 from .transformer import CausalLM
 
 
-def _linear(lin: Linear) -> Optional[LinearSpec]:
+def _linear(lin: Linear, interleave: bool = False) -> Optional[LinearSpec]:
+    """The layer's blocks as the native step reads them; ``interleave``: in the x4 layout where that exists
+    (a copy of the same size — the module path keeps reading the GGML layout)."""
     gtype = getattr(lin.format, "ggml_type", None)
     if gtype is None or not ops.has_native_gemm(int(gtype)):
         return None
     bias = None if lin.bias is None else lin.bias.detach().float().contiguous()
-    return LinearSpec(lin.packed["blocks"].contiguous(), int(gtype), lin.out_features, lin.in_features, bias)
+    blocks = lin.packed["blocks"].contiguous()
+    x4 = interleave and ops.can_interleave(int(gtype), lin.out_features, lin.in_features)
+    if x4:
+        if lin.interleaved is None:  # the module path (prefill) multiplies with the same copy
+            lin.interleaved = ops.repack_x4(int(gtype), blocks)
+        blocks = lin.interleaved
+    return LinearSpec(blocks, int(gtype), lin.out_features, lin.in_features, bias, interleaved=x4)
 
 
 def why_not_native(model: CausalLM, caches: list) -> Optional[str]:
@@ -48,27 +56,49 @@ def why_not_native(model: CausalLM, caches: list) -> Optional[str]:
     return None
 
 
-def native_decoder(model: CausalLM, caches: list) -> Optional[DecoderSpec]:
-    """The decode-step description of ``model`` over ``caches``, or None when :func:`why_not_native` objects."""
+class NativeDecoder:
+    """A model's decode step as one native call, then its final norm and output layer.
+
+    Built once per runner (``native_decoder``); ``logits`` replaces ``CausalLM.forward`` for batches in
+    which every sequence has exactly one new token.
+    """
+
+    def __init__(self, model: CausalLM, spec: DecoderSpec, lm_head: Optional[LinearSpec]) -> None:
+        self.model, self.spec, self.lm_head = model, spec, lm_head
+
+    def logits(self, input_ids: torch.Tensor, meta, logit_rows: torch.Tensor) -> torch.Tensor:
+        """input_ids (T,), one per sequence → float32 logits (N, vocab) of ``logit_rows``."""
+        hidden = ops.decode_step(self.spec, self.model.embed(input_ids), meta.positions, meta.slot_mapping,
+                                 meta.block_tables, meta.block_size)[logit_rows]
+        return self.model.head(hidden)  # lm_head multiplies with its interleaved copy when it has one
+
+
+def native_decoder(model: CausalLM, caches: list) -> Optional[NativeDecoder]:
+    """The native decode step of ``model`` over ``caches``, or None when :func:`why_not_native` objects."""
     if why_not_native(model, caches) is not None:
         return None
     c = model.config
+    activations = model.model.layers[0].self_attn.q_proj.format.activations
+    x4 = activations == "q8"  # the interleaved kernels multiply int8 activations
     layers = []
     for layer, cache in zip(model.model.layers, caches):
         attn, mlp = layer.self_attn, layer.mlp
         norm = lambda m: None if m is None else m.weight.detach().float().contiguous()  # noqa: E731
+        lin = lambda m: _linear(m, x4)  # noqa: E731
         layers.append(LayerSpec(
             attn_norm=norm(layer.input_layernorm), post_attn_norm=norm(layer.post_attention_layernorm),
             inv_freq=attn.rope.inv_freq.float().contiguous(), k_cache=cache.k, v_cache=cache.v,
-            q=_linear(attn.q_proj), k=_linear(attn.k_proj), v=_linear(attn.v_proj), o=_linear(attn.o_proj),
-            gate=_linear(mlp.gate_proj), up=_linear(mlp.up_proj), down=_linear(mlp.down_proj),
+            q=lin(attn.q_proj), k=lin(attn.k_proj), v=lin(attn.v_proj), o=lin(attn.o_proj),
+            gate=lin(mlp.gate_proj), up=lin(mlp.up_proj), down=lin(mlp.down_proj),
             window=attn.window or 0,
             pre_ffn_norm=norm(getattr(layer, "pre_feedforward_layernorm", None)),
             post_ffn_norm=norm(getattr(layer, "post_feedforward_layernorm", None)),
             q_norm=norm(attn.q_norm), k_norm=norm(attn.k_norm),
         ))
-    activations = model.model.layers[0].self_attn.q_proj.format.activations
-    return DecoderSpec(layers=layers, hidden=c.hidden_size, intermediate=c.intermediate_size, num_heads=c.num_heads,
+    spec = DecoderSpec(layers=layers, hidden=c.hidden_size, intermediate=c.intermediate_size, num_heads=c.num_heads,
                        num_kv_heads=c.num_kv_heads, head_dim=c.head_dim, eps=c.rms_norm_eps,
                        attention_scale=model.model.layers[0].self_attn.scale, gelu=c.hidden_act == "gelu_tanh",
                        sandwich=c.sandwich_norm, activations=activations)
+    head = model.lm_head
+    lm_head = _linear(head, x4 and head.format.activations == "q8") if hasattr(head.format, "ggml_type") else None
+    return NativeDecoder(model, spec, lm_head)

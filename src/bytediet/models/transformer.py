@@ -117,6 +117,10 @@ class CausalLM(nn.Module):
     def weight_bytes(self) -> int:
         """Bytes of every parameter and packed buffer the forward pass reads (tied tensors once)."""
         seen, total = set(), 0
+        lm_head = {t.data_ptr() for t in self.lm_head.packed.values()}
+        table = self.model.embed_tokens.weight
+        if table.data_ptr() not in lm_head:  # an untied lookup table: a step reads only its tokens' rows
+            seen.add(table.data_ptr())
         for t in list(self.parameters()) + list(self.buffers()):
             if t.data_ptr() in seen or t.numel() == 0:
                 continue

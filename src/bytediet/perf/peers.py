@@ -64,7 +64,15 @@ class BytedietSystem:
         return {"system": "bytediet", "source": getattr(self.model, "source_path", None), "weights": ",".join(formats),
                 "weight_bytes": self.model.weight_bytes(), "kv_cache_dtype": self.kv_codec().describe(self.model.config.head_dim),
                 "threads": self.threads, "max_num_batched_tokens": self.max_num_batched_tokens,
-                "concurrency_mode": "continuous batching (max_num_seqs = concurrency)"}
+                "concurrency_mode": "continuous batching (max_num_seqs = concurrency)", "kernels": self.kernels()}
+
+    def kernels(self) -> dict:
+        """The kernel library and ISA, and whether decode steps run as one native call (and if not, why)."""
+        from ..kernels.cpu.dispatch import describe
+        from ..models.native_decode import why_not_native
+
+        reason = why_not_native(self.model, self.model.new_caches(1, self.block_size, self.kv_cache_dtype))
+        return {**describe(), "decode_step": "native" if reason is None else f"modules ({reason})"}
 
     def engine(self, concurrency: int, lengths: Sequence[int]):
         """An LLM with ``max_num_seqs = concurrency`` and a KV pool that holds the longest requests at once

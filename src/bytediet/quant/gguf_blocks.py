@@ -22,7 +22,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from ..errors import CheckpointError, ConfigError
 from ..kernels import ops
 from .base import WEIGHT_FORMATS, Packed, WeightFormat
-from .common import check_weight, no_parameters
+from .common import check_weight
 from ..kernels.ggml_codecs import DECODERS, ENCODERS
 
 
@@ -35,7 +35,17 @@ class GGUFBlocks(WeightFormat):
     ggml_type: GGMLQuantizationType
     activations: str = "q8"
 
-    from_spec = classmethod(no_parameters)
+    @classmethod
+    def from_spec(cls, rest: str) -> "GGUFBlocks":
+        """``""`` or ``"-a8"``: int8 activations (the default, as llama.cpp); ``"-af32"``: float activations."""
+        modes = {"": "q8", "-a8": "q8", "-af32": "f32"}
+        if rest not in modes:
+            raise ConfigError(f"{cls.name}{rest}: the only option is the activation precision, "
+                              f"{cls.name} (int8 activations) or {cls.name}-af32 (float activations)")
+        return cls().with_activations(modes[rest])
+
+    def spec(self) -> str:
+        return self.name + ("-af32" if self.activations == "f32" else "")
 
     @property
     def activation_bits(self):

@@ -17,8 +17,13 @@
 namespace bd {
 namespace {
 
+struct Partial {
+    float max, sum;
+};
+
 struct Scratch {
-    std::vector<float> h, q, k, v, att, o, gate, up;
+    std::vector<float> h, q, k, v, att, o, gate, up, chunk_acc;
+    std::vector<Partial> chunk_parts;
     std::vector<int8_t> xq;
     std::vector<float> xd, xs;
 };
@@ -50,13 +55,39 @@ void rope(float* x, long heads, long d, const float* inv_freq, long pos) {
     }
 }
 
-inline float dot(const float* a, const float* b, long n) {
-    __m256 acc = _mm256_setzero_ps();
+inline float dot(const float* a, const float* b, long n) {  // four independent FMA chains
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
     long i = 0;
-    for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
-    float s = hsum(acc);
+    for (; i + 32 <= n; i += 32) {
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), a0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), a1);
+        a2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16), a2);
+        a3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), a3);
+    }
+    for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), a0);
+    float s = hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
     for (; i < n; ++i) s += a[i] * b[i];
     return s;
+}
+
+// The KV rows of one head are 1–3 cache lines apart from the next position's, a stride the hardware prefetcher
+// follows late: without this the score loop waits on memory for most of its time.
+constexpr long kPrefetchRows = 6;
+
+inline void prefetch_row(const float* p, long d) {
+    for (long i = 0; i < d; i += 16) _mm_prefetch(reinterpret_cast<const char*>(p + i), _MM_HINT_T0);
+}
+
+// Visit positions [lo, hi) of a sequence in page order: fn(position, slot), no division per position.
+template <class Fn>
+inline void for_each_slot(const int64_t* table, long block_size, long lo, long hi, Fn fn) {
+    long p = lo;
+    while (p < hi) {
+        const long blk = p / block_size;
+        const long base = table[blk] * block_size - blk * block_size;  // slot = base + p within this page
+        const long end = (blk + 1) * block_size < hi ? (blk + 1) * block_size : hi;
+        for (; p < end; ++p) fn(p, base + p);
+    }
 }
 
 inline void axpy(float a, const float* x, float* y, long n) {
@@ -82,7 +113,10 @@ class Input {
     }
     void apply(const LinearDesc& l, float* y) const {
         const long nb = k_ / 32;
-        if (act_ == 0)
+        if (act_ == 0 && l.interleaved)
+            gemm_x4_q8(l.ggml_type, l.blocks, l.n, l.k, QuantizedRows{s_.xq.data(), s_.xd.data(), s_.xs.data(), k_, nb},
+                       m_, y, l.n, l.bias);
+        else if (act_ == 0)
             gemm_blocks_q8(l.ggml_type, l.blocks, l.n, l.k, QuantizedRows{s_.xq.data(), s_.xd.data(), s_.xs.data(), k_, nb},
                            m_, y, l.n, l.bias);
         else
@@ -96,40 +130,89 @@ class Input {
     Scratch& s_;
 };
 
-// Attention of each token's query heads over its sequence's pages; work items (token, query head) split
-// over the pool. q: (T, Hq, D); out: (T, Hq, D).
+// Attention of each token's query heads over its sequence's pages (flash-decoding, Dao et al. 2023):
+// work items are (token, KV head, context chunk); an item reads each key and value row of its chunk once
+// for all the query heads that share the KV head (GQA) and leaves a partial (max, Σexp, Σexp·v) per head;
+// a second pass merges the chunks. q, out: (T, Hq, D).
 void attend(const ModelDesc& m, const LayerDesc& L, const float* q, float* out, long T, const int64_t* positions,
-            const int64_t* block_tables, long bt_stride, long block_size) {
+            const int64_t* block_tables, long bt_stride, long block_size, Scratch& s) {
     const long hq = m.num_heads, hkv = m.num_kv_heads, d = m.head_dim, group = hq / hkv;
-    parallel_run([&](int t, int nt) {
+    const int nt = num_threads();
+    long longest = 1;
+    for (long t = 0; t < T; ++t) longest = positions[t] + 1 > longest ? positions[t] + 1 : longest;
+    // enough chunks for every thread to have work, none shorter than 128 positions
+    long chunks = (2 * nt + T * hkv - 1) / (T * hkv);
+    if (chunks > (longest + 127) / 128) chunks = (longest + 127) / 128;
+    if (chunks < 1) chunks = 1;
+    const long chunk_len = (longest + chunks - 1) / chunks;
+    std::vector<float>& acc = s.chunk_acc;  // the caller's buffers: the pool's threads write into them
+    std::vector<Partial>& parts = s.chunk_parts;
+    acc.resize(T * hq * chunks * d);
+    parts.resize(T * hq * chunks);
+    parallel_run([&](int t, int nthreads) {
         long b, e;
-        split_range(T * hq, nt, t, 1, &b, &e);
+        split_range(T * hkv * chunks, nthreads, t, 1, &b, &e);
         std::vector<float> scores;
         for (long item = b; item < e; ++item) {
-            const long tok = item / hq, head = item % hq, kvh = head / group;
-            const long pos = positions[tok], ctx = pos + 1;
-            const long first = L.window > 0 && pos - L.window + 1 > 0 ? pos - L.window + 1 : 0;
+            const long tok = item / (hkv * chunks), kvh = (item / chunks) % hkv, c = item % chunks;
+            const long pos = positions[tok];
+            const long first_pos = L.window > 0 && pos - L.window + 1 > 0 ? pos - L.window + 1 : 0;
+            const long lo = c * chunk_len > first_pos ? c * chunk_len : first_pos;
+            const long hi = (c + 1) * chunk_len < pos + 1 ? (c + 1) * chunk_len : pos + 1;
+            const long n = hi > lo ? hi - lo : 0;
             const int64_t* table = block_tables + tok * bt_stride;
-            const float* qh = q + (tok * hq + head) * d;
-            scores.resize(ctx - first);
-            float mx = -INFINITY;
-            for (long p = first; p < ctx; ++p) {
-                const long slot = table[p / block_size] * block_size + p % block_size;
-                const float s = dot(qh, L.k_cache + (slot * hkv + kvh) * d, d) * m.attention_scale;
-                scores[p - first] = s;
-                mx = s > mx ? s : mx;
+            const float* qg = q + (tok * hq + kvh * group) * d;
+            scores.resize(group * n + 8);
+            for_each_slot(table, block_size, lo, hi, [&](long p, long slot) {  // scores of the group's heads: (group, n)
+                const float* krow = L.k_cache + (slot * hkv + kvh) * d;
+                prefetch_row(krow + kPrefetchRows * hkv * d, d);  // a later row of this page (pages are memory-resident)
+                for (long g = 0; g < group; ++g) scores[g * n + (p - lo)] = dot(qg + g * d, krow, d) * m.attention_scale;
+            });
+            for (long g = 0; g < group; ++g) {
+                float* sg = scores.data() + g * n;
+                float mx = -INFINITY;
+                for (long i = 0; i < n; ++i) mx = sg[i] > mx ? sg[i] : mx;
+                float sum = 0.0f;
+                long i = 0;
+                const __m256 vmx = _mm256_set1_ps(mx);
+                __m256 vsum = _mm256_setzero_ps();
+                for (; i + 8 <= n; i += 8) {
+                    __m256 ex = exp8(_mm256_sub_ps(_mm256_loadu_ps(sg + i), vmx));
+                    _mm256_storeu_ps(sg + i, ex);
+                    vsum = _mm256_add_ps(vsum, ex);
+                }
+                sum = hsum(vsum);
+                for (; i < n; ++i) { sg[i] = std::exp(sg[i] - mx); sum += sg[i]; }
+                const long slot_index = (tok * hq + kvh * group + g) * chunks + c;
+                parts[slot_index] = Partial{mx, sum};
+                float* o = acc.data() + slot_index * d;
+                for (long j = 0; j < d; ++j) o[j] = 0.0f;
             }
-            float sum = 0.0f;
-            for (auto& s : scores) { s = std::exp(s - mx); sum += s; }
-            float* o = out + (tok * hq + head) * d;
-            for (long i = 0; i < d; ++i) o[i] = 0.0f;
-            const float inv = 1.0f / sum;
-            for (long p = first; p < ctx; ++p) {
-                const long slot = table[p / block_size] * block_size + p % block_size;
-                axpy(scores[p - first] * inv, L.v_cache + (slot * hkv + kvh) * d, o, d);
-            }
+            for_each_slot(table, block_size, lo, hi, [&](long p, long slot) {
+                const float* vrow = L.v_cache + (slot * hkv + kvh) * d;
+                prefetch_row(vrow + kPrefetchRows * hkv * d, d);
+                for (long g = 0; g < group; ++g)
+                    axpy(scores[g * n + (p - lo)], vrow, acc.data() + ((tok * hq + kvh * group + g) * chunks + c) * d, d);
+            });
         }
     });
+    for (long th = 0; th < T * hq; ++th) {  // merge the chunks of each (token, head)
+        float mx = -INFINITY;
+        for (long c = 0; c < chunks; ++c)
+            if (parts[th * chunks + c].sum > 0.0f && parts[th * chunks + c].max > mx) mx = parts[th * chunks + c].max;
+        float* o = out + th * d;
+        for (long j = 0; j < d; ++j) o[j] = 0.0f;
+        float total = 0.0f;
+        for (long c = 0; c < chunks; ++c) {
+            const Partial& pc = parts[th * chunks + c];
+            if (pc.sum <= 0.0f) continue;
+            const float w = std::exp(pc.max - mx);
+            total += w * pc.sum;
+            axpy(w, acc.data() + (th * chunks + c) * d, o, d);
+        }
+        const float inv = 1.0f / total;
+        for (long j = 0; j < d; ++j) o[j] *= inv;
+    }
 }
 
 inline float gelu_tanh(float x) {
@@ -160,7 +243,7 @@ void layer_step(const ModelDesc& m, const LayerDesc& L, float* x, long T, const 
         std::memcpy(L.k_cache + slots[t] * hkv * d, kt, sizeof(float) * hkv * d);
         std::memcpy(L.v_cache + slots[t] * hkv * d, s.v.data() + t * hkv * d, sizeof(float) * hkv * d);
     }
-    attend(m, L, s.q.data(), s.att.data(), T, positions, block_tables, bt_stride, block_size);
+    attend(m, L, s.q.data(), s.att.data(), T, positions, block_tables, bt_stride, block_size, s);
     {
         Input in(s.att.data(), T, hq * d, m.activations, s);
         in.apply(L.o, s.o.data());

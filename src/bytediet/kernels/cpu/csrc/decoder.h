@@ -9,7 +9,8 @@ struct LinearDesc {
     const uint8_t* blocks;  // (n, k) weight in GGML blocks of ggml_type
     const float* bias;      // (n,) or null
     int64_t n, k;
-    int32_t ggml_type, pad;
+    int32_t ggml_type;
+    int32_t interleaved;   // 1: blocks are in the row-interleaved x4 layout (gemm_x4.cpp)
 };
 
 struct LayerDesc {

@@ -26,3 +26,9 @@ int gemm_blocks_f32(int ggml_type, const uint8_t* w, long N, long K, const Float
 int super_block_weights(int ggml_type);
 
 }  // namespace bd
+
+namespace bd {
+bool has_x4(int ggml_type);
+int gemm_x4_q8(int ggml_type, const uint8_t* w, long N, long K, const QuantizedRows& x, long M, float* y, long ldy,
+               const float* bias);
+}  // namespace bd

@@ -1,0 +1,188 @@
+// Row-interleaved ("x4") layouts of Q4_0, Q4_1 and Q8_0 for batch-1..few decode with int8 activations.
+// llama.cpp's repack.cpp idea: four weight rows are stored block by block side by side, so one 32-byte
+// vector holds 8 consecutive weights of each of the 4 rows and a broadcast of 8 activation bytes serves all
+// four; the per-row scales of a block are converted 4 at a time. Per 4 rows × 32 weights this costs ~28
+// instructions where the row-by-row kernel (gemm_blocks.cpp) costs ~76.
+// Layout per group of 4 rows (N % 4 == 0), per 32-weight block b, in this order:
+//   d[4] f16;  (Q4_1) m[4] f16;  codes: Q4 — 64 bytes, lo = U0 | U1 << 4, hi = U2 | U3 << 4;
+//                                       Q8 — 128 bytes, U0 U1 U2 U3;
+// where U_k (32 bytes) holds weights 8k..8k+7 of row 0, then of rows 1, 2, 3.
+// Sizes equal the source's (4 × block bytes), so the repacked copy costs no more than the original.
+#include <cstring>
+#include <vector>
+
+#include "block_formats.h"
+#include "gemm_blocks.h"
+#include "isa.h"
+#include "threadpool.h"
+
+namespace bd {
+namespace {
+
+constexpr int kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8;
+
+int x4_block_bytes(int type) {
+    switch (type) {
+        case kQ4_0: return 4 * 18;
+        case kQ4_1: return 4 * 20;
+        case kQ8_0: return 4 * 34;
+        default: return 0;
+    }
+}
+
+// 32 weights of one source block as unsigned/signed codes in element order.
+void source_codes(int type, const uint8_t* blk, uint8_t out[32]) {
+    __m256i v = type == kQ4_0 ? Q4_0::codes(blk, 0) : type == kQ4_1 ? Q4_1::codes(blk, 0) : Q8_0::codes(blk, 0);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), v);
+}
+
+const __m256i kPairIndex = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
+
+// 4 f16 scales → 8 lanes (row r in lanes 2r, 2r+1).
+inline __m256 scales_x4(const uint8_t* p) {
+    __m128 s = _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(s), kPairIndex);
+}
+
+template <int TYPE, int NC>
+void group_q8(const uint8_t* w, long nblocks, const QuantizedRows& x, long m0, float* y, long ldy, long n0,
+              const float* bias) {
+    constexpr int BB = TYPE == kQ4_0 ? 72 : TYPE == kQ4_1 ? 80 : 136;
+    constexpr int CODES = TYPE == kQ4_1 ? 16 : 8;  // offset of the codes in a group block
+    __m256 acc[NC];
+    for (int c = 0; c < NC; ++c) acc[c] = _mm256_setzero_ps();
+    const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    for (long b = 0; b < nblocks; ++b) {
+        const uint8_t* g = w + b * BB;
+        __m256i u[4];
+        if constexpr (TYPE == kQ8_0) {
+            for (int k = 0; k < 4; ++k) u[k] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + CODES + 32 * k));
+        } else {
+            const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + CODES));
+            const __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + CODES + 32));
+            u[0] = _mm256_and_si256(lo, low);
+            u[1] = _mm256_and_si256(_mm256_srli_epi16(lo, 4), low);
+            u[2] = _mm256_and_si256(hi, low);
+            u[3] = _mm256_and_si256(_mm256_srli_epi16(hi, 4), low);
+        }
+        const __m256 d = scales_x4(g);
+        __m256 zero_coef;  // per lane: the zero-point term's coefficient, halved (each row has two lanes)
+        if constexpr (TYPE == kQ4_1) zero_coef = _mm256_mul_ps(scales_x4(g + 8), _mm256_set1_ps(0.5f));
+        else if constexpr (TYPE == kQ4_0) zero_coef = _mm256_mul_ps(d, _mm256_set1_ps(-4.0f));
+        for (int c = 0; c < NC; ++c) {
+            const int8_t* xq = x.q + (m0 + c) * x.k + b * 32;
+            __m256i s32;
+            if constexpr (TYPE == kQ8_0) {
+                s32 = _mm256_setzero_si256();
+                for (int k = 0; k < 4; ++k) {
+                    long long xb;
+                    std::memcpy(&xb, xq + 8 * k, 8);
+                    s32 = _mm256_add_epi32(s32, dot_s8s8(u[k], _mm256_set1_epi64x(xb)));
+                }
+            } else {
+                __m256i s16 = _mm256_setzero_si256();
+                for (int k = 0; k < 4; ++k) {  // Σ ≤ 4 · 2 · 15 · 127 < 2^15: int16 holds the sum
+                    long long xb;
+                    std::memcpy(&xb, xq + 8 * k, 8);
+                    s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(u[k], _mm256_set1_epi64x(xb)));
+                }
+                s32 = _mm256_madd_epi16(s16, ones);
+            }
+            const float xd = x.d[(m0 + c) * x.nblocks + b];
+            acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(xd)), _mm256_cvtepi32_ps(s32), acc[c]);
+            if constexpr (TYPE != kQ8_0)
+                acc[c] = _mm256_fmadd_ps(zero_coef, _mm256_set1_ps(x.s[(m0 + c) * x.nblocks + b]), acc[c]);
+        }
+    }
+    for (int c = 0; c < NC; ++c) {
+        alignas(32) float lanes[8];
+        _mm256_store_ps(lanes, acc[c]);
+        for (int r = 0; r < 4; ++r)
+            y[(m0 + c) * ldy + n0 + r] = lanes[2 * r] + lanes[2 * r + 1] + (bias ? bias[n0 + r] : 0.0f);
+    }
+}
+
+template <int TYPE>
+void gemm_x4(const uint8_t* w, long N, long K, const QuantizedRows& x, long M, float* y, long ldy, const float* bias) {
+    const long nb = K / 32, group_bytes = nb * x4_block_bytes(TYPE);
+    parallel_run([&](int t, int nt) {
+        long b, e;
+        split_range(N, nt, t, 4, &b, &e);
+        for (long n = b; n < e; n += 4) {
+            const uint8_t* g = w + (n / 4) * group_bytes;
+            long m = 0;
+            for (; m + 4 <= M; m += 4) group_q8<TYPE, 4>(g, nb, x, m, y, ldy, n, bias);
+            for (; m + 2 <= M; m += 2) group_q8<TYPE, 2>(g, nb, x, m, y, ldy, n, bias);
+            for (; m < M; ++m) group_q8<TYPE, 1>(g, nb, x, m, y, ldy, n, bias);
+        }
+    });
+}
+
+}  // namespace
+
+bool has_x4(int type) { return x4_block_bytes(type) != 0; }
+
+void repack_x4(int type, const uint8_t* src, long N, long K, uint8_t* dst) {
+    const int sb = type == kQ4_0 ? 18 : type == kQ4_1 ? 20 : 34, scales = type == kQ4_1 ? 2 : 1;
+    const long nb = K / 32, row_bytes = nb * sb, bb = x4_block_bytes(type);
+    for (long g = 0; g < N / 4; ++g) {
+        for (long b = 0; b < nb; ++b) {
+            uint8_t* out = dst + (g * nb + b) * bb;
+            uint8_t codes[4][32];
+            for (int r = 0; r < 4; ++r) {
+                const uint8_t* blk = src + (4 * g + r) * row_bytes + b * sb;
+                for (int s = 0; s < scales; ++s) std::memcpy(out + 8 * s + 2 * r, blk + 2 * s, 2);
+                source_codes(type, blk, codes[r]);
+            }
+            uint8_t u[4][32];  // U_k[8r + e] = code e + 8k of row r
+            for (int k = 0; k < 4; ++k)
+                for (int r = 0; r < 4; ++r)
+                    for (int e = 0; e < 8; ++e) u[k][8 * r + e] = codes[r][8 * k + e];
+            uint8_t* c = out + 8 * scales;
+            if (type == kQ8_0) {
+                std::memcpy(c, u, 128);
+            } else {
+                for (int j = 0; j < 32; ++j) {
+                    c[j] = static_cast<uint8_t>(u[0][j] | (u[1][j] << 4));
+                    c[32 + j] = static_cast<uint8_t>(u[2][j] | (u[3][j] << 4));
+                }
+            }
+        }
+    }
+}
+
+int gemm_x4_q8(int type, const uint8_t* w, long N, long K, const QuantizedRows& x, long M, float* y, long ldy,
+               const float* bias) {
+    if (N % 4 || K % 32) return -2;
+    switch (type) {
+        case kQ4_0: gemm_x4<kQ4_0>(w, N, K, x, M, y, ldy, bias); return 0;
+        case kQ4_1: gemm_x4<kQ4_1>(w, N, K, x, M, y, ldy, bias); return 0;
+        case kQ8_0: gemm_x4<kQ8_0>(w, N, K, x, M, y, ldy, bias); return 0;
+        default: return -1;
+    }
+}
+
+}  // namespace bd
+
+extern "C" {
+
+// Row-interleaved copy of a Q4_0/Q4_1/Q8_0 weight (N % 4 == 0, K % 32 == 0) into dst (same byte size).
+// Returns 0, -1 for another block type, -2 for a shape that does not interleave.
+int bd_repack_x4(int ggml_type, const uint8_t* src, long N, long K, uint8_t* dst) {
+    if (!bd::has_x4(ggml_type)) return -1;
+    if (N % 4 || K % 32) return -2;
+    bd::repack_x4(ggml_type, src, N, K, dst);
+    return 0;
+}
+
+// y = x · Wᵀ (+ bias) for a row-interleaved weight, with q8 activations (see bd_gemm_blocks).
+int bd_gemm_x4(int ggml_type, const uint8_t* w, long N, long K, const float* x, long M, float* y, const float* bias) {
+    if (!bd::has_x4(ggml_type)) return -1;
+    if (N % 4 || K % 32) return -2;
+    static thread_local std::vector<int8_t> q;
+    static thread_local std::vector<float> d, s;
+    q.resize(M * K); d.resize(M * K / 32); s.resize(M * K / 32);
+    bd::quantize_rows_q8(x, M, K, q.data(), d.data(), s.data());
+    return bd::gemm_x4_q8(ggml_type, w, N, K, bd::QuantizedRows{q.data(), d.data(), s.data(), K, K / 32}, M, y, N, bias);
+}
+}
