@@ -100,3 +100,28 @@ def test_reference_rejects_bad_activation_mode():
     blocks = random_blocks(T.Q8_0, 2, 32, torch.Generator().manual_seed(0))
     with pytest.raises(ValueError, match="activations"):
         reference.gemm_blocks(int(T.Q8_0), blocks, torch.randn(1, 32), None, "int4")
+
+
+@needs_native
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("gtype", [T.Q4_0, T.Q4_1, T.Q8_0])
+def test_interleaved_layout_and_product_equal_reference(variant, gtype):
+    gen = torch.Generator().manual_seed(int(gtype))
+    for n, k in ((4, 32), (12, 96), (36, 160)):
+        blocks = random_blocks(gtype, n, k, gen)
+        packed = ops.repack_x4(int(gtype), blocks, variant=variant)
+        assert torch.equal(packed, reference.repack_x4(int(gtype), blocks))
+        assert torch.equal(reference.unpack_x4(int(gtype), packed), blocks)
+        w = reference.dequantize_blocks(int(gtype), blocks)
+        for m in (1, 2, 3, 4, 5, 9):  # the 4-, 2- and 1-row activation tiles and their tails
+            x = torch.randn(m, k, generator=gen) * (100.0 if m == 5 else 1.0)
+            bias = torch.randn(n, generator=gen) if m == 3 else None
+            y = ops.gemm_x4(int(gtype), packed, x, bias, variant=variant)
+            check_close(y, reference.gemm_x4(int(gtype), packed, x, bias), x, w)
+
+
+def test_interleaving_rejects_rows_not_a_multiple_of_four():
+    blocks = random_blocks(T.Q4_1, 6, 64, torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match="does not interleave"):
+        reference.repack_x4(int(T.Q4_1), blocks)
+    assert not ops.can_interleave(int(T.Q4_1), 6, 64)

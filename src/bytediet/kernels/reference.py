@@ -246,7 +246,11 @@ def _rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> t
 def _decode_layer(spec: DecoderSpec, layer: LayerSpec, x: torch.Tensor, positions, slots, block_tables,
                   block_size: int) -> torch.Tensor:
     t, d = x.shape[0], spec.head_dim
-    lin = lambda l, h: gemm_blocks(l.ggml_type, l.blocks, h, l.bias, spec.activations)  # noqa: E731
+    def lin(layer_spec, h):
+        if layer_spec.interleaved:
+            return gemm_x4(layer_spec.ggml_type, layer_spec.blocks, h, layer_spec.bias)
+        return gemm_blocks(layer_spec.ggml_type, layer_spec.blocks, h, layer_spec.bias, spec.activations)
+
     h = _rms(x, layer.attn_norm, spec.eps)
     q = lin(layer.q, h).view(t, spec.num_heads, d)
     k = lin(layer.k, h).view(t, spec.num_kv_heads, d)

@@ -1,0 +1,108 @@
+"""The one-call native decode step against its twin ``reference.decode_step`` on random decoders: every GQA
+ratio of the three families, sliding windows, gemma3's sandwich and q/k norms, qwen2's biases, odd context
+lengths across page boundaries, several sequences at once, both activation modes and weight layouts."""
+import zlib
+
+import pytest
+import torch
+from gguf import GGMLQuantizationType as T
+
+from bytediet.kernels import ops, reference
+from bytediet.kernels.cpu import build
+from bytediet.kernels.decoder_spec import DecoderSpec, LayerSpec, LinearSpec
+from bytediet.kernels.ggml_codecs import ENCODERS
+
+VARIANTS = [v.name for v in build.runnable_variants()] if build.find_compiler() else []
+pytestmark = pytest.mark.skipif(not VARIANTS, reason="no native kernels on this machine")
+BLOCK = 16
+
+
+def linear(n, k, gen, gtype=T.Q4_1, bias=False, interleave=False):
+    blocks = ENCODERS[gtype]((torch.randn(n * k // 32, 32, generator=gen) * 0.2)).reshape(n, -1)
+    if interleave and ops.can_interleave(int(gtype), n, k):
+        return LinearSpec(ops.repack_x4(int(gtype), blocks), int(gtype), n, k,
+                          torch.randn(n, generator=gen) if bias else None, interleaved=True)
+    return LinearSpec(blocks, int(gtype), n, k, torch.randn(n, generator=gen) if bias else None)
+
+
+def random_spec(gen, *, heads, kv_heads, head_dim=32, hidden=64, inter=96, layers=2, gemma=False, bias=False,
+                window=0, activations="q8", interleave=False, slots=512):
+    def norm(n):
+        return 1.0 + 0.1 * torch.randn(n, generator=gen)
+
+    specs = []
+    for i in range(layers):
+        lin = lambda n, k, b=False: linear(n, k, gen, T.Q8_0 if i == 1 else T.Q4_1, b, interleave)  # noqa: E731
+        specs.append(LayerSpec(
+            attn_norm=norm(hidden), post_attn_norm=norm(hidden),
+            inv_freq=1.0 / (10000 ** (torch.arange(0, head_dim, 2).float() / head_dim)),
+            k_cache=torch.randn(slots, kv_heads, head_dim, generator=gen),
+            v_cache=torch.randn(slots, kv_heads, head_dim, generator=gen),
+            q=lin(heads * head_dim, hidden, bias), k=lin(kv_heads * head_dim, hidden, bias),
+            v=lin(kv_heads * head_dim, hidden, bias), o=lin(hidden, heads * head_dim),
+            gate=lin(inter, hidden), up=lin(inter, hidden), down=lin(hidden, inter),
+            window=window if i == 0 else 0,
+            pre_ffn_norm=norm(hidden) if gemma else None, post_ffn_norm=norm(hidden) if gemma else None,
+            q_norm=norm(head_dim) if gemma else None, k_norm=norm(head_dim) if gemma else None,
+        ))
+    return DecoderSpec(layers=specs, hidden=hidden, intermediate=inter, num_heads=heads, num_kv_heads=kv_heads,
+                       head_dim=head_dim, eps=1e-6, attention_scale=head_dim ** -0.5, gelu=gemma, sandwich=gemma,
+                       activations=activations)
+
+
+def clone_caches(spec):
+    return [(layer.k_cache.clone(), layer.v_cache.clone()) for layer in spec.layers]
+
+
+def batch(gen, contexts, slots=512):
+    """One new token per sequence at position ctx-1; each sequence owns shuffled pages."""
+    perm = torch.randperm(slots // BLOCK, generator=gen)
+    tables, used = [], 0
+    width = max(-(-c // BLOCK) for c in contexts)
+    for c in contexts:
+        n = -(-c // BLOCK)
+        tables.append(torch.cat([perm[used:used + n], torch.full((width - n,), -1)]))
+        used += n
+    bt = torch.stack(tables).long()
+    positions = torch.tensor([c - 1 for c in contexts])
+    slots_ = bt[torch.arange(len(contexts)), positions // BLOCK] * BLOCK + positions % BLOCK
+    return positions, slots_, bt
+
+
+CASES = {  # name: (spec kwargs, contexts)
+    "mha": (dict(heads=4, kv_heads=4), [1, 17]),
+    "smollm2-gqa-3": (dict(heads=6, kv_heads=2), [33, 150, 5]),
+    "gemma3-gqa-4-window": (dict(heads=4, kv_heads=1, gemma=True, window=20, head_dim=64), [16, 47, 130]),
+    "qwen2-bias-gqa-7": (dict(heads=7, kv_heads=1, bias=True), [64, 3]),
+}
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("activations,interleave", [("q8", False), ("q8", True), ("f32", False)])
+def test_decode_step_equals_reference(variant, case, activations, interleave):
+    kwargs, contexts = CASES[case]
+    gen = torch.Generator().manual_seed(zlib.crc32(case.encode()))
+    spec = random_spec(gen, activations=activations, interleave=interleave, **kwargs)
+    positions, slots, bt = batch(gen, contexts)
+    x = torch.randn(len(contexts), spec.hidden, generator=gen)
+    before = clone_caches(spec)
+    want = reference.decode_step(spec, x, positions, slots, bt, BLOCK)
+    written = clone_caches(spec)
+    for layer, (k, v) in zip(spec.layers, before):  # run the kernel on the caches as they were
+        layer.k_cache.copy_(k)
+        layer.v_cache.copy_(v)
+    got = ops.decode_step(spec, x, positions, slots, bt, BLOCK, variant=variant)
+    tol = 1e-3 * want.abs().max().item()
+    assert (got - want).abs().max().item() <= tol
+    for layer, (k, v) in zip(spec.layers, written):  # the new keys (after RoPE) and values went to their slots
+        assert torch.allclose(layer.k_cache, k, atol=tol, rtol=1e-4)
+        assert torch.allclose(layer.v_cache, v, atol=tol, rtol=1e-4)
+
+
+def test_the_reference_twin_runs_without_native_kernels():
+    gen = torch.Generator().manual_seed(3)
+    spec = random_spec(gen, heads=4, kv_heads=2)
+    positions, slots, bt = batch(gen, [9])
+    out = reference.decode_step(spec, torch.randn(1, spec.hidden, generator=gen), positions, slots, bt, BLOCK)
+    assert out.shape == (1, spec.hidden) and torch.isfinite(out).all()

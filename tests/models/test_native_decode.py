@@ -1,0 +1,69 @@
+"""The native decode step (one C++ call for all layers) against the module path of the same model."""
+import pytest
+import torch
+
+from bytediet.kernels.cpu import build
+from bytediet.kvcache.base import AttentionMetadata
+from bytediet.models.native_decode import native_decoder, why_not_native
+from bytediet.quant import get_weight_format
+from tests.conftest import model_from_state, random_state, tiny_config
+
+pytestmark = pytest.mark.skipif(build.find_compiler() is None or not build.runnable_variants(),
+                                reason="no native kernels on this machine")
+
+
+def packed_model(arch: str, fmt: str = "gguf-q4_1", head: str = "gguf-q8_0"):
+    config = tiny_config(arch)
+    model = model_from_state(config, random_state(config))
+    for name, lin in model.linear_layers():
+        lin.set_weight(lin.dequantized_weight(), get_weight_format(head if name == "lm_head" else fmt))
+    return model
+
+
+def decode_metadata(contexts, block_size=16):
+    """Sequences s = 0.. with contexts[s] tokens in consecutive pages; one new token each (the last)."""
+    tables, first = [], 0
+    for c in contexts:
+        n = -(-c // block_size)
+        tables.append(list(range(first, first + n)))
+        first += n
+    width = max(len(t) for t in tables)
+    bt = torch.tensor([t + [-1] * (width - len(t)) for t in tables])
+    pos = torch.tensor([c - 1 for c in contexts])
+    slots = bt[torch.arange(len(contexts)), pos // block_size] * block_size + pos % block_size
+    return AttentionMetadata(positions=pos, slot_mapping=slots, query_start_loc=torch.arange(len(contexts) + 1),
+                             context_lens=pos + 1, block_tables=bt, block_size=block_size,
+                             query_lens_list=[1] * len(contexts), context_lens_list=[c for c in contexts],
+                             seq_ids=list(range(len(contexts)))), first
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
+@pytest.mark.parametrize("activations", ["q8", "f32"])
+def test_native_decode_step_equals_module_path(arch, activations):
+    model = packed_model(arch)
+    for _, lin in model.linear_layers():
+        lin.format.with_activations(activations)
+    contexts = [5, 17, 40]  # page boundaries, and gemma3's window of 8 cut inside a page
+    meta, blocks = decode_metadata(contexts)
+    caches = model.new_caches(blocks, 16)
+    for c in caches:  # earlier tokens' keys and values, as a prefill would have left them
+        c.k.normal_()
+        c.v.normal_()
+    decoder = native_decoder(model, caches)
+    assert decoder is not None
+    ids = torch.tensor([3, 50, 7])
+    saved = [(c.k.clone(), c.v.clone()) for c in caches]
+    want = model(ids, meta, caches)
+    for c, (k, v) in zip(caches, saved):
+        c.k.copy_(k)
+        c.v.copy_(v)
+    got = decoder.logits(ids, meta, torch.arange(3))
+    assert torch.allclose(got, want, atol=1e-3 * want.abs().max().item(), rtol=0)
+
+
+def test_what_the_native_step_does_not_cover_is_said():
+    model = packed_model("llama")
+    assert why_not_native(model, model.new_caches(2, 16, "bf16")).startswith("KV cache")
+    fp32 = packed_model("llama", fmt="fp32")
+    assert "has no native kernel" in why_not_native(fp32, fp32.new_caches(2, 16))
+    assert native_decoder(fp32, fp32.new_caches(2, 16)) is None
