@@ -79,7 +79,8 @@ CASES = {  # name: (spec kwargs, contexts)
 
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("case", sorted(CASES))
-@pytest.mark.parametrize("activations,interleave", [("q8", False), ("q8", True), ("f32", False)])
+@pytest.mark.parametrize("activations,interleave", [("q8", False), ("q8", True), ("q16", False), ("q16", True),
+                                                    ("f32", False)])
 def test_decode_step_equals_reference(variant, case, activations, interleave):
     kwargs, contexts = CASES[case]
     gen = torch.Generator().manual_seed(zlib.crc32(case.encode()))

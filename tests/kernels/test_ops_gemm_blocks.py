@@ -39,7 +39,7 @@ def check_close(y: torch.Tensor, ref: torch.Tensor, x: torch.Tensor, w: torch.Te
 @needs_native
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("gtype", SMALL_BLOCK_TYPES + list(K_TYPES))
-@pytest.mark.parametrize("activations", ["q8", "f32"])
+@pytest.mark.parametrize("activations", ["q8", "q16", "f32"])
 def test_gemm_blocks_equals_reference(variant, gtype, activations):
     gen = torch.Generator().manual_seed(int(gtype) * 7 + len(activations))
     k = 512 if gtype in K_TYPES else 96
@@ -61,7 +61,7 @@ def test_gemm_blocks_equals_reference(variant, gtype, activations):
 def test_gemm_blocks_extreme_inputs(variant, gtype):
     gen = torch.Generator().manual_seed(5)
     k = 512
-    for activations in ("q8", "f32"):
+    for activations in ("q8", "q16", "f32"):
         zero_w = torch.zeros_like(random_blocks(gtype, 5, k, gen))  # all-zero scales and codes
         x = torch.randn(2, k, generator=gen)
         assert torch.equal(ops.gemm_blocks(int(gtype), zero_w, x, None, activations, variant=variant), torch.zeros(2, 5))
@@ -83,6 +83,16 @@ def test_quantize_rows_q8_is_bit_identical(variant):
     q, d, s = ops.quantize_rows_q8(x, variant=variant)
     rq, rd, rs = reference.quantize_rows_q8(x)
     assert torch.equal(q, rq) and torch.equal(d, rd) and torch.equal(s, rs)
+    for got, want in zip(ops.quantize_rows_q16(x, variant=variant), reference.quantize_rows_q16(x)):
+        assert torch.equal(got, want)
+
+
+def test_two_planes_are_as_precise_as_int16():
+    x = torch.randn(3, 256, generator=torch.Generator().manual_seed(4))
+    q, d, q2, d2, _ = reference.quantize_rows_q16(x)
+    approx = reference.dequantize_rows_q8(q, d) + reference.dequantize_rows_q8(q2, d2)
+    amax = x.reshape(3, -1, 32).abs().amax(-1, keepdim=True)
+    assert ((approx - x).reshape(3, -1, 32).abs() <= amax / 64516 * 1.01).all()
 
 
 @needs_native
@@ -116,8 +126,9 @@ def test_interleaved_layout_and_product_equal_reference(variant, gtype):
         for m in (1, 2, 3, 4, 5, 9):  # the 4-, 2- and 1-row activation tiles and their tails
             x = torch.randn(m, k, generator=gen) * (100.0 if m == 5 else 1.0)
             bias = torch.randn(n, generator=gen) if m == 3 else None
-            y = ops.gemm_x4(int(gtype), packed, x, bias, variant=variant)
-            check_close(y, reference.gemm_x4(int(gtype), packed, x, bias), x, w)
+            for activations in ("q8", "q16"):
+                y = ops.gemm_x4(int(gtype), packed, x, bias, activations, variant=variant)
+                check_close(y, reference.gemm_x4(int(gtype), packed, x, bias, activations), x, w)
 
 
 def test_interleaving_rejects_rows_not_a_multiple_of_four():

@@ -38,7 +38,7 @@ def decode_metadata(contexts, block_size=16):
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
-@pytest.mark.parametrize("activations", ["q8", "f32"])
+@pytest.mark.parametrize("activations", ["q16", "q8", "f32"])
 def test_native_decode_step_equals_module_path(arch, activations):
     model = packed_model(arch)
     for _, lin in model.linear_layers():

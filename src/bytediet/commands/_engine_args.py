@@ -19,9 +19,10 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--keep-packed", action=argparse.BooleanOptionalAction, default=True,
                    help="run GGUF-quantized weights on their native blocks (default); --no-keep-packed or "
                         "--weights fp32 dequantizes them (the exact reference)")
-    g.add_argument("--activations", default="q8", choices=["q8", "f32"],
-                   help="how native blocks multiply: q8 quantizes each activation row to int8 blocks (fastest, "
-                        "llama.cpp's method, measured cost in bench/RESULTS.md), f32 keeps float activations")
+    g.add_argument("--activations", default="q16", choices=["q16", "q8", "f32"],
+                   help="how native GGUF blocks multiply: q16 (default) as two int8 planes per activation block "
+                        "(int16-like precision), q8 as one (llama.cpp's method: fastest, a measured accuracy cost, "
+                        "see bench/RESULTS.md), f32 with float activations")
     g.add_argument("--kv-cache-dtype", default="auto", metavar="CODEC", help="KV-cache codec (auto, fp32, bf16, int8, ...)")
     g.add_argument("--kv-cache-memory", default="1GiB", help="memory budget of the KV cache (e.g. 512MiB, 2GiB)")
     g.add_argument("--block-size", type=int, default=None,

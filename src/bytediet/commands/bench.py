@@ -28,7 +28,7 @@ def register(sub) -> None:
     p.add_argument("--parts", default="single,concurrency,roofline", help="which parts to run (comma-separated)")
     p.add_argument("--weights", default=None, metavar="FMT",
                    help="bytediet weight format (e.g. int8, int4-g64, fp32); default: the GGUF's native blocks")
-    p.add_argument("--activations", default="q8", choices=["q8", "f32"],
+    p.add_argument("--activations", default="q16", choices=["q16", "q8", "f32"],
                    help="how native GGUF blocks multiply (int8 or float activations)")
     p.add_argument("--kv-cache-dtype", default="auto", metavar="CODEC", help="bytediet KV-cache codec")
     p.add_argument("--max-num-batched-tokens", type=int, default=512, help="bytediet token budget per step")

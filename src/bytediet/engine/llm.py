@@ -48,14 +48,14 @@ class LLM:
     ``kv_cache_dtype``, ``kv_cache_memory``, ``block_size``, ``num_blocks``, ``max_num_batched_tokens``,
     ``max_num_seqs``, ``enable_prefix_caching``, ``enable_chunked_prefill``, ``seed``, ``num_threads``;
     ``keep_packed`` (default True: a GGUF runs on its native blocks; ``weights="fp32"`` is the dequantized
-    reference) and ``activations`` (``q8`` or ``f32``: how those blocks multiply).
+    reference) and ``activations`` (``q16``, ``q8`` or ``f32``: how those blocks multiply).
     """
 
     def __init__(self, model: str = "default", *, dtype: str = "float32", weights: Optional[str] = None,
                  kv_cache_dtype: str = "auto", kv_cache_memory: Union[str, int] = "1GiB", block_size: Optional[int] = None,
                  num_blocks: Optional[int] = None, max_num_batched_tokens: int = 512, max_num_seqs: int = 64,
                  enable_prefix_caching: bool = True, enable_chunked_prefill: bool = True, seed: int = 0,
-                 num_threads: Optional[int] = None, keep_packed: bool = True, activations: str = "q8",
+                 num_threads: Optional[int] = None, keep_packed: bool = True, activations: str = "q16",
                  loaded=None) -> None:
         from ..models.loader import load_model
 

@@ -18,7 +18,7 @@ from .cpu.dispatch import NativeLibrary, native
 from .decoder_spec import DecoderSpec, LinearSpec
 
 NATIVE_GEMM_TYPES = frozenset({2, 3, 6, 7, 8, 12, 13, 14})  # GGML Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q4_K Q5_K Q6_K
-_ACTIVATION_MODES = {"q8": 0, "f32": 1}
+_ACTIVATION_MODES = {"q8": 0, "f32": 1, "q16": 2}
 
 
 def _library(variant: Optional[str]) -> Optional[NativeLibrary]:
@@ -56,6 +56,19 @@ def quantize_rows_q8(x: torch.Tensor, variant: Optional[str] = None):
     return q, d, s
 
 
+def quantize_rows_q16(x: torch.Tensor, variant: Optional[str] = None):
+    """See :func:`bytediet.kernels.reference.quantize_rows_q16`."""
+    lib = _library(variant)
+    if lib is None:
+        return reference.quantize_rows_q16(x)
+    m, k = x.shape
+    x = x.to(torch.float32).contiguous()
+    q, q2 = torch.empty(m, k, dtype=torch.int8), torch.empty(m, k, dtype=torch.int8)
+    d, d2, s = (torch.empty(m, k // reference.ACTIVATION_BLOCK) for _ in range(3))
+    lib.bd_quantize_rows_q16(x.data_ptr(), m, k, q.data_ptr(), d.data_ptr(), q2.data_ptr(), d2.data_ptr(), s.data_ptr())
+    return q, d, q2, d2, s
+
+
 def gemm_blocks(ggml_type: int, blocks: torch.Tensor, x: torch.Tensor, bias: Optional[torch.Tensor] = None,
                 activations: str = "q8", variant: Optional[str] = None) -> torch.Tensor:
     """See :func:`bytediet.kernels.reference.gemm_blocks`."""
@@ -66,7 +79,7 @@ def gemm_blocks(ggml_type: int, blocks: torch.Tensor, x: torch.Tensor, bias: Opt
         return reference.gemm_blocks(ggml_type, blocks, x, bias, activations)
     mode = _ACTIVATION_MODES.get(activations)
     if mode is None:
-        raise ValueError(f"activations must be 'q8' or 'f32', got {activations!r}")
+        raise ValueError(f"activations must be one of {', '.join(_ACTIVATION_MODES)}, got {activations!r}")
     k = x.shape[-1]
     x2 = x.reshape(-1, k)
     if x2.dtype != torch.float32 or not x2.is_contiguous():
@@ -111,11 +124,13 @@ def repack_x4(ggml_type: int, blocks: torch.Tensor, variant: Optional[str] = Non
 
 
 def gemm_x4(ggml_type: int, packed: torch.Tensor, x: torch.Tensor, bias: Optional[torch.Tensor] = None,
-            variant: Optional[str] = None) -> torch.Tensor:
+            activations: str = "q8", variant: Optional[str] = None) -> torch.Tensor:
     """See :func:`bytediet.kernels.reference.gemm_x4`."""
     lib = _library(variant)
     if lib is None:
-        return reference.gemm_x4(ggml_type, packed, x, bias)
+        return reference.gemm_x4(ggml_type, packed, x, bias, activations)
+    if activations not in ("q8", "q16"):
+        raise ValueError(f"the interleaved kernels take q8 or q16 activations, got {activations!r}")
     k = x.shape[-1]
     x2 = x.reshape(-1, k)
     if x2.dtype != torch.float32 or not x2.is_contiguous():
@@ -123,7 +138,8 @@ def gemm_x4(ggml_type: int, packed: torch.Tensor, x: torch.Tensor, bias: Optiona
     n, m = packed.shape[0], x2.shape[0]
     y = torch.empty(m, n, dtype=torch.float32)
     b = None if bias is None else bias.float().contiguous()
-    rc = lib.bd_gemm_x4(int(ggml_type), packed.data_ptr(), n, k, x2.data_ptr(), m, y.data_ptr(), _ptr(b))
+    rc = lib.bd_gemm_x4(int(ggml_type), packed.data_ptr(), n, k, x2.data_ptr(), m, y.data_ptr(), _ptr(b),
+                        _ACTIVATION_MODES[activations])
     if rc != 0:
         raise ValueError(f"GGML type {int(ggml_type)} ({n}×{k}) has no interleaved kernel")
     y = y.reshape(*x.shape[:-1], n)

@@ -50,7 +50,7 @@ class Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.interleaved is not None:  # the same weight, laid out for the native kernels (ops.repack_x4)
-            return ops.gemm_x4(self.format.ggml_type, self.interleaved, x, self.bias)
+            return ops.gemm_x4(self.format.ggml_type, self.interleaved, x, self.bias, self.format.activations)
         return self.format.apply(x, self.packed, self.bias)
 
     def extra_repr(self) -> str:

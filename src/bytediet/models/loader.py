@@ -75,7 +75,7 @@ def load_config(spec: str | os.PathLike) -> ModelConfig:
 
 def load_model(spec: str | os.PathLike = "default", dtype: str | torch.dtype = torch.float32,
                weights: Optional[str] = None, keep_packed: bool = False, load_tokenizer: bool = True,
-               activations: str = "q8"):
+               activations: str = "q16"):
     """Load ``(model, tokenizer)``.
 
     dtype: compute dtype of activations and unquantized weights. weights: a weight-format spec

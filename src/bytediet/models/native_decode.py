@@ -79,7 +79,7 @@ def native_decoder(model: CausalLM, caches: list) -> Optional[NativeDecoder]:
         return None
     c = model.config
     activations = model.model.layers[0].self_attn.q_proj.format.activations
-    x4 = activations == "q8"  # the interleaved kernels multiply int8 activations
+    x4 = activations in ("q8", "q16")  # the interleaved kernels multiply int8 activation planes
     layers = []
     for layer, cache in zip(model.model.layers, caches):
         attn, mlp = layer.self_attn, layer.mlp
@@ -100,5 +100,5 @@ def native_decoder(model: CausalLM, caches: list) -> Optional[NativeDecoder]:
                        attention_scale=model.model.layers[0].self_attn.scale, gelu=c.hidden_act == "gelu_tanh",
                        sandwich=c.sandwich_norm, activations=activations)
     head = model.lm_head
-    lm_head = _linear(head, x4 and head.format.activations == "q8") if hasattr(head.format, "ggml_type") else None
+    lm_head = _linear(head, head.format.activations in ("q8", "q16")) if hasattr(head.format, "ggml_type") else None
     return NativeDecoder(model, spec, lm_head)

@@ -9,7 +9,9 @@ Decoding is bit-identical to ``gguf.quants.dequantize`` (see :mod:`bytediet.kern
 
 ``apply`` runs the fused kernel :func:`bytediet.kernels.ops.gemm_blocks`, which reads the blocks in place.
 ``activations`` chooses how: ``"q8"`` quantizes the activation rows to int8 blocks and uses integer dot
-products (llama.cpp's method; a small, measured accuracy cost), ``"f32"`` keeps them in float.
+products (llama.cpp's method; a small, measured accuracy cost), ``"q16"`` (the default) adds a second int8
+plane for the rounding error (int16-like precision, twice the integer work, the same weight reads),
+``"f32"`` keeps them in float. bench/RESULTS.md has the measured cost and speed of each.
 """
 from __future__ import annotations
 
@@ -26,34 +28,35 @@ from .common import check_weight
 from ..kernels.ggml_codecs import DECODERS, ENCODERS
 
 
-ACTIVATION_MODES = ("q8", "f32")
+ACTIVATION_MODES = ("q16", "q8", "f32")
 
 
 class GGUFBlocks(WeightFormat):
     """A GGML block type as a weight format; subclasses fix ``ggml_type``."""
 
     ggml_type: GGMLQuantizationType
-    activations: str = "q8"
+    activations: str = "q16"
 
     @classmethod
     def from_spec(cls, rest: str) -> "GGUFBlocks":
-        """``""`` or ``"-a8"``: int8 activations (the default, as llama.cpp); ``"-af32"``: float activations."""
-        modes = {"": "q8", "-a8": "q8", "-af32": "f32"}
+        """The activation precision: ``""``/``"-a16"`` two int8 planes (the default), ``"-a8"`` one int8 plane
+        (llama.cpp's method), ``"-af32"`` float activations."""
+        modes = {"": "q16", "-a16": "q16", "-a8": "q8", "-af32": "f32"}
         if rest not in modes:
-            raise ConfigError(f"{cls.name}{rest}: the only option is the activation precision, "
-                              f"{cls.name} (int8 activations) or {cls.name}-af32 (float activations)")
+            raise ConfigError(f"{cls.name}{rest}: the only option is the activation precision: {cls.name} "
+                              f"(int16-like, default), {cls.name}-a8 (int8) or {cls.name}-af32 (float)")
         return cls().with_activations(modes[rest])
 
     def spec(self) -> str:
-        return self.name + ("-af32" if self.activations == "f32" else "")
+        return self.name + {"q16": "", "q8": "-a8", "f32": "-af32"}[self.activations]
 
     @property
     def activation_bits(self):
-        """8 when ``apply`` rounds the activations (in blocks of 32, so within the per-token bound), else None."""
-        return 8 if self.activations == "q8" else None
+        """The activation precision ``apply`` rounds to (blocks of 32, within the per-token bound), None for float."""
+        return {"q8": 8, "q16": 16, "f32": None}[self.activations]
 
     def with_activations(self, activations: str) -> "GGUFBlocks":
-        """This format with its activations in ``"q8"`` or ``"f32"``."""
+        """This format with its activations in ``"q16"``, ``"q8"`` or ``"f32"``."""
         if activations not in ACTIVATION_MODES:
             raise ConfigError(f"activations must be one of {', '.join(ACTIVATION_MODES)}, got {activations!r}")
         self.activations = activations

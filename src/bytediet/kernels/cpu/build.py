@@ -44,7 +44,8 @@ VARIANTS = (  # best last: dispatch picks the last one this CPU can run
     Variant("avx512vnni", ("-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"),
             frozenset({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni"})),
 )
-COMMON_FLAGS = ("-O3", "-std=c++17", "-fPIC", "-shared", "-fno-math-errno", "-pthread")
+COMMON_FLAGS = ("-O3", "-std=c++17", "-fPIC", "-shared", "-fno-math-errno", "-pthread",
+                "-ffp-contract=off")  # no silent FMA contraction: the float steps match the reference twins
 
 
 def variant(name: str) -> Variant:
@@ -102,7 +103,7 @@ def cache_dir() -> Path:
 
 
 def library_path(v: Variant, compiler: str) -> Path:
-    key = hashlib.sha256(json.dumps([source_hash(), v.compile_flags, compiler_version(compiler),
+    key = hashlib.sha256(json.dumps([source_hash(), COMMON_FLAGS, v.compile_flags, compiler_version(compiler),
                                      sorted(cpu_flags() & _ALL_ISA_FLAGS)]).encode()).hexdigest()[:16]
     return cache_dir() / f"libbytediet-{v.name}-{key}.so"
 

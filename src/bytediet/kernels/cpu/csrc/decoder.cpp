@@ -102,23 +102,29 @@ class Input {
   public:
     Input(const float* x, long m, long k, int activations, Scratch& s) : x_(x), m_(m), k_(k), act_(activations), s_(s) {
         const long nb = k / 32;
-        s.xd.resize(m * nb);
+        s.xd.resize(2 * m * nb);
         s.xs.resize(m * nb);
         if (act_ == 0) {
             s.xq.resize(m * k);
             quantize_rows_q8(x, m, k, s.xq.data(), s.xd.data(), s.xs.data());
+        } else if (act_ == 2) {
+            s.xq.resize(2 * m * k);
+            quantize_rows_q16(x, m, k, s.xq.data(), s.xd.data(), s.xq.data() + m * k, s.xd.data() + m * nb, s.xs.data());
         } else {
             block_sums(x, m, k, s.xs.data());
         }
     }
     void apply(const LinearDesc& l, float* y) const {
         const long nb = k_ / 32;
-        if (act_ == 0 && l.interleaved)
-            gemm_x4_q8(l.ggml_type, l.blocks, l.n, l.k, QuantizedRows{s_.xq.data(), s_.xd.data(), s_.xs.data(), k_, nb},
-                       m_, y, l.n, l.bias);
-        else if (act_ == 0)
-            gemm_blocks_q8(l.ggml_type, l.blocks, l.n, l.k, QuantizedRows{s_.xq.data(), s_.xd.data(), s_.xs.data(), k_, nb},
-                           m_, y, l.n, l.bias);
+        QuantizedRows rows{s_.xq.data(), s_.xd.data(), s_.xs.data(), k_, nb};
+        if (act_ == 2) {
+            rows.q2 = s_.xq.data() + m_ * k_;
+            rows.d2 = s_.xd.data() + m_ * nb;
+        }
+        if (act_ != 1 && l.interleaved)
+            gemm_x4_q8(l.ggml_type, l.blocks, l.n, l.k, rows, m_, y, l.n, l.bias);
+        else if (act_ != 1)
+            gemm_blocks_q8(l.ggml_type, l.blocks, l.n, l.k, rows, m_, y, l.n, l.bias);
         else
             gemm_blocks_f32(l.ggml_type, l.blocks, l.n, l.k, FloatRows{x_, s_.xs.data(), k_, nb}, m_, y, l.n, l.bias);
     }

@@ -170,35 +170,61 @@ int with_format(int ggml_type, Fn fn) {
 
 }  // namespace
 
+// One block of 32: d = amax/127, codes = round-half-even(x · (1/d)); returns Σ codes.
+inline int quantize_block(const __m256 v[4], int8_t* q, float* d) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 amax = _mm256_setzero_ps();
+    for (int k = 0; k < 4; ++k) amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[k]));
+    const float dv = hmax(amax) / 127.0f;
+    const float id = dv != 0.0f ? 1.0f / dv : 0.0f;
+    __m256i qi[4];
+    for (int k = 0; k < 4; ++k)
+        qi[k] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[k], _mm256_set1_ps(id)),
+                                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    __m256i sum = _mm256_add_epi32(_mm256_add_epi32(qi[0], qi[1]), _mm256_add_epi32(qi[2], qi[3]));
+    __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]), _mm256_packs_epi32(qi[2], qi[3]));
+    p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));  // undo the lane interleave
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), p);
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+    *d = dv;
+    return _mm_cvtsi128_si32(s4);
+}
+
 void quantize_rows_q8(const float* x, long M, long K, int8_t* q, float* d, float* s) {
     const long nb = K / 32;
     parallel_run([&](int t, int nt) {
         long b, e;
         split_range(M * nb, nt, t, 1, &b, &e);
+        for (long blk = b; blk < e; ++blk) {  // rows are contiguous, so block index = row * nb + block
+            __m256 v[4];
+            for (int k = 0; k < 4; ++k) v[k] = _mm256_loadu_ps(x + blk * 32 + 8 * k);
+            const int sum = quantize_block(v, q + blk * 32, d + blk);
+            s[blk] = d[blk] * static_cast<float>(sum);
+        }
+    });
+}
+
+// Two int8 planes: x ≈ d·q + d2·q2, q2 the codes of the rounding error x − d·q (computed as a product, then a
+// difference: two float32 roundings, as the reference). The error left is ≤ amax/64516 per block, int16-like.
+void quantize_rows_q16(const float* x, long M, long K, int8_t* q, float* d, int8_t* q2, float* d2, float* s) {
+    const long nb = K / 32;
+    parallel_run([&](int t, int nt) {
+        long b, e;
+        split_range(M * nb, nt, t, 1, &b, &e);
         for (long blk = b; blk < e; ++blk) {
-            const float* xp = x + blk * 32;  // rows are contiguous, so block index = row * nb + block
-            __m256 v[4], amax = _mm256_setzero_ps();
-            const __m256 sign = _mm256_set1_ps(-0.0f);
+            __m256 v[4], r[4];
+            for (int k = 0; k < 4; ++k) v[k] = _mm256_loadu_ps(x + blk * 32 + 8 * k);
+            const int sum1 = quantize_block(v, q + blk * 32, d + blk);
+            const __m256 dv = _mm256_set1_ps(d[blk]);
             for (int k = 0; k < 4; ++k) {
-                v[k] = _mm256_loadu_ps(xp + 8 * k);
-                amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[k]));
+                const __m256 qf = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                    _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + blk * 32 + 8 * k))));
+                r[k] = _mm256_sub_ps(v[k], _mm256_mul_ps(qf, dv));
             }
-            const float dv = hmax(amax) / 127.0f;
-            const float id = dv != 0.0f ? 1.0f / dv : 0.0f;
-            __m256i qi[4];
-            for (int k = 0; k < 4; ++k)
-                qi[k] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[k], _mm256_set1_ps(id)),
-                                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-            __m256i sum = _mm256_add_epi32(_mm256_add_epi32(qi[0], qi[1]), _mm256_add_epi32(qi[2], qi[3]));
-            __m256i p01 = _mm256_packs_epi32(qi[0], qi[1]), p23 = _mm256_packs_epi32(qi[2], qi[3]);
-            __m256i p = _mm256_packs_epi16(p01, p23);  // lane-interleaved: fix the order with a permute
-            p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-            _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + blk * 32), p);
-            __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
-            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
-            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
-            d[blk] = dv;
-            s[blk] = dv * static_cast<float>(_mm_cvtsi128_si32(s4));
+            const int sum2 = quantize_block(r, q2 + blk * 32, d2 + blk);
+            s[blk] = d[blk] * static_cast<float>(sum1) + d2[blk] * static_cast<float>(sum2);
         }
     });
 }
@@ -215,7 +241,18 @@ void block_sums(const float* x, long M, long K, float* s) {
 
 int gemm_blocks_q8(int ggml_type, const uint8_t* w, long N, long K, const QuantizedRows& x, long M, float* y,
                    long ldy, const float* bias) {
-    return with_format(ggml_type, [&](auto f) { gemm_q8<decltype(f)>(w, N, K, x, M, y, ldy, bias); });
+    if (x.q2 == nullptr)
+        return with_format(ggml_type, [&](auto f) { gemm_q8<decltype(f)>(w, N, K, x, M, y, ldy, bias); });
+    // two planes on the row-by-row kernels: y = W·(d·q) + W·(d2·q2), the zero-point term (s) counted once
+    static thread_local std::vector<float> y2, zeros;
+    y2.resize(M * N);
+    zeros.assign(M * x.nblocks, 0.0f);
+    int rc = with_format(ggml_type, [&](auto f) { gemm_q8<decltype(f)>(w, N, K, x, M, y, ldy, bias); });
+    QuantizedRows second{x.q2, x.d2, zeros.data(), x.k, x.nblocks};
+    with_format(ggml_type, [&](auto f) { gemm_q8<decltype(f)>(w, N, K, second, M, y2.data(), N, nullptr); });
+    for (long m = 0; m < M; ++m)
+        for (long n = 0; n < N; ++n) y[m * ldy + n] += y2[m * N + n];
+    return rc;
 }
 
 int gemm_blocks_f32(int ggml_type, const uint8_t* w, long N, long K, const FloatRows& x, long M, float* y,
@@ -245,12 +282,19 @@ int bd_gemm_blocks(int ggml_type, const uint8_t* w, long N, long K, const float*
     if (sb == 0) return -1;
     if (K % sb) return -2;
     const long nb = K / 32;
-    if (act_mode == 0) {
-        t_q.resize(M * K);
-        t_d.resize(M * nb);
+    if (act_mode == 0 || act_mode == 2) {
+        const bool two = act_mode == 2;
+        t_q.resize((two ? 2 : 1) * M * K);
+        t_d.resize((two ? 2 : 1) * M * nb);
         t_s.resize(M * nb);
-        bd::quantize_rows_q8(x, M, K, t_q.data(), t_d.data(), t_s.data());
         bd::QuantizedRows rows{t_q.data(), t_d.data(), t_s.data(), K, nb};
+        if (two) {
+            rows.q2 = t_q.data() + M * K;
+            rows.d2 = t_d.data() + M * nb;
+            bd::quantize_rows_q16(x, M, K, t_q.data(), t_d.data(), t_q.data() + M * K, t_d.data() + M * nb, t_s.data());
+        } else {
+            bd::quantize_rows_q8(x, M, K, t_q.data(), t_d.data(), t_s.data());
+        }
         return bd::gemm_blocks_q8(ggml_type, w, N, K, rows, M, y, N, bias);
     }
     t_s.resize(M * nb);
@@ -261,5 +305,9 @@ int bd_gemm_blocks(int ggml_type, const uint8_t* w, long N, long K, const float*
 
 void bd_quantize_rows_q8(const float* x, long M, long K, int8_t* q, float* d, float* s) {
     bd::quantize_rows_q8(x, M, K, q, d, s);
+}
+
+void bd_quantize_rows_q16(const float* x, long M, long K, int8_t* q, float* d, int8_t* q2, float* d2, float* s) {
+    bd::quantize_rows_q16(x, M, K, q, d, q2, d2, s);
 }
 }

@@ -7,8 +7,10 @@ namespace bd {
 struct QuantizedRows {  // M activation rows as int8 blocks of 32: q (M, k), d and s (M, nblocks)
     const int8_t* q;
     const float* d;
-    const float* s;  // d · Σ codes of each block
+    const float* s;  // d · Σ codes of each block (of both planes when there are two)
     long k, nblocks;
+    const int8_t* q2 = nullptr;  // q16: a second plane, the int8 codes of the first plane's rounding error
+    const float* d2 = nullptr;
 };
 
 struct FloatRows {  // M float activation rows: x (M, k), s (M, nblocks) the sum of each 32-block
@@ -18,6 +20,7 @@ struct FloatRows {  // M float activation rows: x (M, k), s (M, nblocks) the sum
 };
 
 void quantize_rows_q8(const float* x, long M, long K, int8_t* q, float* d, float* s);
+void quantize_rows_q16(const float* x, long M, long K, int8_t* q, float* d, int8_t* q2, float* d2, float* s);
 void block_sums(const float* x, long M, long K, float* s);
 int gemm_blocks_q8(int ggml_type, const uint8_t* w, long N, long K, const QuantizedRows& x, long M, float* y,
                    long ldy, const float* bias);

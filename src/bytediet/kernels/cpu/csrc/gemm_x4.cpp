@@ -44,7 +44,29 @@ inline __m256 scales_x4(const uint8_t* p) {
     return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(s), kPairIndex);
 }
 
-template <int TYPE, int NC>
+// Σ code · activation per lane for one int8 activation block against the four rows' codes u[0..3].
+template <int TYPE>
+inline __m256i plane_dot(const __m256i u[4], const int8_t* xq, __m256i ones) {
+    if constexpr (TYPE == kQ8_0) {
+        __m256i s32 = _mm256_setzero_si256();
+        for (int k = 0; k < 4; ++k) {
+            long long xb;
+            std::memcpy(&xb, xq + 8 * k, 8);
+            s32 = _mm256_add_epi32(s32, dot_s8s8(u[k], _mm256_set1_epi64x(xb)));
+        }
+        return s32;
+    } else {
+        __m256i s16 = _mm256_setzero_si256();
+        for (int k = 0; k < 4; ++k) {  // Σ ≤ 4 · 2 · 15 · 127 < 2^15: int16 holds the sum
+            long long xb;
+            std::memcpy(&xb, xq + 8 * k, 8);
+            s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(u[k], _mm256_set1_epi64x(xb)));
+        }
+        return _mm256_madd_epi16(s16, ones);
+    }
+}
+
+template <int TYPE, int NC, bool TWO>
 void group_q8(const uint8_t* w, long nblocks, const QuantizedRows& x, long m0, float* y, long ldy, long n0,
               const float* bias) {
     constexpr int BB = TYPE == kQ4_0 ? 72 : TYPE == kQ4_1 ? 80 : 136;
@@ -70,26 +92,12 @@ void group_q8(const uint8_t* w, long nblocks, const QuantizedRows& x, long m0, f
         if constexpr (TYPE == kQ4_1) zero_coef = _mm256_mul_ps(scales_x4(g + 8), _mm256_set1_ps(0.5f));
         else if constexpr (TYPE == kQ4_0) zero_coef = _mm256_mul_ps(d, _mm256_set1_ps(-4.0f));
         for (int c = 0; c < NC; ++c) {
-            const int8_t* xq = x.q + (m0 + c) * x.k + b * 32;
-            __m256i s32;
-            if constexpr (TYPE == kQ8_0) {
-                s32 = _mm256_setzero_si256();
-                for (int k = 0; k < 4; ++k) {
-                    long long xb;
-                    std::memcpy(&xb, xq + 8 * k, 8);
-                    s32 = _mm256_add_epi32(s32, dot_s8s8(u[k], _mm256_set1_epi64x(xb)));
-                }
-            } else {
-                __m256i s16 = _mm256_setzero_si256();
-                for (int k = 0; k < 4; ++k) {  // Σ ≤ 4 · 2 · 15 · 127 < 2^15: int16 holds the sum
-                    long long xb;
-                    std::memcpy(&xb, xq + 8 * k, 8);
-                    s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(u[k], _mm256_set1_epi64x(xb)));
-                }
-                s32 = _mm256_madd_epi16(s16, ones);
-            }
-            const float xd = x.d[(m0 + c) * x.nblocks + b];
-            acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(xd)), _mm256_cvtepi32_ps(s32), acc[c]);
+            const long at = (m0 + c) * x.k + b * 32;
+            acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(x.d[(m0 + c) * x.nblocks + b])),
+                                     _mm256_cvtepi32_ps(plane_dot<TYPE>(u, x.q + at, ones)), acc[c]);
+            if constexpr (TWO)
+                acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(x.d2[(m0 + c) * x.nblocks + b])),
+                                         _mm256_cvtepi32_ps(plane_dot<TYPE>(u, x.q2 + at, ones)), acc[c]);
             if constexpr (TYPE != kQ8_0)
                 acc[c] = _mm256_fmadd_ps(zero_coef, _mm256_set1_ps(x.s[(m0 + c) * x.nblocks + b]), acc[c]);
         }
@@ -111,9 +119,14 @@ void gemm_x4(const uint8_t* w, long N, long K, const QuantizedRows& x, long M, f
         for (long n = b; n < e; n += 4) {
             const uint8_t* g = w + (n / 4) * group_bytes;
             long m = 0;
-            for (; m + 4 <= M; m += 4) group_q8<TYPE, 4>(g, nb, x, m, y, ldy, n, bias);
-            for (; m + 2 <= M; m += 2) group_q8<TYPE, 2>(g, nb, x, m, y, ldy, n, bias);
-            for (; m < M; ++m) group_q8<TYPE, 1>(g, nb, x, m, y, ldy, n, bias);
+            if (x.q2 != nullptr) {
+                for (; m + 2 <= M; m += 2) group_q8<TYPE, 2, true>(g, nb, x, m, y, ldy, n, bias);
+                for (; m < M; ++m) group_q8<TYPE, 1, true>(g, nb, x, m, y, ldy, n, bias);
+                continue;
+            }
+            for (; m + 4 <= M; m += 4) group_q8<TYPE, 4, false>(g, nb, x, m, y, ldy, n, bias);
+            for (; m + 2 <= M; m += 2) group_q8<TYPE, 2, false>(g, nb, x, m, y, ldy, n, bias);
+            for (; m < M; ++m) group_q8<TYPE, 1, false>(g, nb, x, m, y, ldy, n, bias);
         }
     });
 }
@@ -176,13 +189,23 @@ int bd_repack_x4(int ggml_type, const uint8_t* src, long N, long K, uint8_t* dst
 }
 
 // y = x · Wᵀ (+ bias) for a row-interleaved weight, with q8 activations (see bd_gemm_blocks).
-int bd_gemm_x4(int ggml_type, const uint8_t* w, long N, long K, const float* x, long M, float* y, const float* bias) {
+// act_mode 0: q8, 2: q16 (two int8 planes).
+int bd_gemm_x4(int ggml_type, const uint8_t* w, long N, long K, const float* x, long M, float* y, const float* bias,
+               int act_mode) {
     if (!bd::has_x4(ggml_type)) return -1;
     if (N % 4 || K % 32) return -2;
     static thread_local std::vector<int8_t> q;
     static thread_local std::vector<float> d, s;
-    q.resize(M * K); d.resize(M * K / 32); s.resize(M * K / 32);
-    bd::quantize_rows_q8(x, M, K, q.data(), d.data(), s.data());
-    return bd::gemm_x4_q8(ggml_type, w, N, K, bd::QuantizedRows{q.data(), d.data(), s.data(), K, K / 32}, M, y, N, bias);
+    const long nb = K / 32;
+    q.resize(2 * M * K); d.resize(2 * M * nb); s.resize(M * nb);
+    bd::QuantizedRows rows{q.data(), d.data(), s.data(), K, nb};
+    if (act_mode == 2) {
+        rows.q2 = q.data() + M * K;
+        rows.d2 = d.data() + M * nb;
+        bd::quantize_rows_q16(x, M, K, q.data(), d.data(), q.data() + M * K, d.data() + M * nb, s.data());
+    } else {
+        bd::quantize_rows_q8(x, M, K, q.data(), d.data(), s.data());
+    }
+    return bd::gemm_x4_q8(ggml_type, w, N, K, rows, M, y, N, bias);
 }
 }
