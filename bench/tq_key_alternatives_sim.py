@@ -33,9 +33,9 @@ import torch
 
 from tq_key_scaling_sim import attention_kl, round_trip
 
+from bytediet.calibrate.kv import capture_kv
 from bytediet.eval.corpus import make_windows
-from bytediet.eval.harness import tokenize_corpus
-from bytediet.kvcache.calibration import capture_kv
+from bytediet.eval.corpus import tokenize_corpus
 from bytediet.kvcache.lloyd_max import nearest, sphere_coordinate_codebook
 from bytediet.kvcache.turboquant import TurboQuantHalf
 from bytediet.kvcache.turboquant_core import TurboQuantizer

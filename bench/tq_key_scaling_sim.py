@@ -16,9 +16,9 @@ import sys
 
 import torch
 
+from bytediet.calibrate.kv import capture_kv
 from bytediet.eval.corpus import make_windows
-from bytediet.eval.harness import tokenize_corpus
-from bytediet.kvcache.calibration import capture_kv
+from bytediet.eval.corpus import tokenize_corpus
 from bytediet.kvcache.turboquant import TurboQuantHalf
 from bytediet.models.loader import load_model
 

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from bytediet.config_file import RunConfig, load_run_config, read_run_config
 from bytediet.errors import ConfigError
+from bytediet.optimize.run_config import RunConfig, load_run_config, read_run_config
 from tests.eval.test_harness import write_tiny_checkpoint
 
 

@@ -84,7 +84,7 @@ def load_model(spec: str | os.PathLike = "default", dtype: str | torch.dtype = t
     dtype = _DTYPES[dtype] if isinstance(dtype, str) else dtype
     path = resolve_model_path(spec)
     if path.is_dir() and (path / "bytediet_config.json").is_file():
-        from ..quant.checkpoint import load_quantized
+        from .checkpoint import load_quantized
 
         return load_quantized(path, dtype=dtype)
     if path.is_dir():
@@ -101,7 +101,7 @@ def load_model(spec: str | os.PathLike = "default", dtype: str | torch.dtype = t
         _assign_all(model, ckpt.tensors(), dtype, keep_packed=keep_packed, source=str(path), arch=ckpt.arch)
     model.source_path = str(path)
     if weights:
-        from ..quant.apply import QuantizeConfig, quantize
+        from .quantize import QuantizeConfig, quantize
 
         quantize(model, QuantizeConfig(format=weights))
     tokenizer = None

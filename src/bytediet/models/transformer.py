@@ -82,14 +82,19 @@ class CausalLM(nn.Module):
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, meta: AttentionMetadata, caches: list[LayerKVCache],
                 logits_indices: Optional[torch.Tensor] = None) -> torch.Tensor:
-        x = self.model.embed_tokens(input_ids)  # (T, hidden)
-        if self.config.embedding_scale != 1.0:
-            x = x * torch.tensor(self.config.embedding_scale, dtype=x.dtype)
+        x = self.embed(input_ids)  # (T, hidden)
         for layer, cache in zip(self.model.layers, caches):
             x = layer(x, meta, cache)
         if logits_indices is not None:
             x = x[logits_indices]
         return self.lm_head(self.model.norm(x)).float()
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Token embeddings times the architecture's scale (gemma3: √hidden): (...) ids → (..., hidden)."""
+        x = self.model.embed_tokens(input_ids)
+        if self.config.embedding_scale != 1.0:
+            x = x * torch.tensor(self.config.embedding_scale, dtype=x.dtype)
+        return x
 
     def weight_formats(self) -> list[str]:
         """The distinct weight formats of the linear layers, sorted (e.g. ``["fp32", "int8"]``)."""

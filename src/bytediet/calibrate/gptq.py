@@ -22,11 +22,11 @@ from dataclasses import asdict, dataclass
 import torch
 
 from ..errors import ConfigError
-from .apply import QuantizeConfig
-from .base import Packed
-from .calibration import CALIBRATION_METHODS, Progress, no_progress, pack_blocks_in_order
-from .fp4 import pack_nibbles
-from .int4 import Int4
+from ..models.quantize import QuantizeConfig
+from ..quant import Packed
+from ..quant.fp4 import pack_nibbles
+from ..quant.int4 import Int4
+from .base import CALIBRATION_METHODS, Progress, no_progress, pack_blocks_in_order
 
 
 @dataclass(frozen=True)

@@ -24,9 +24,9 @@ from typing import Optional
 import torch
 
 from ..errors import ConfigError
-from .apply import QuantizeConfig, build_format
-from .base import WeightFormat
-from .calibration import CALIBRATION_METHODS, BlockRunner, Progress, block_linears, capture, no_progress
+from ..models.quantize import QuantizeConfig, build_format
+from ..quant import WeightFormat
+from .base import CALIBRATION_METHODS, BlockRunner, Progress, block_linears, capture, no_progress
 from .folding import fold_scales, float_weight, scale_groups
 
 

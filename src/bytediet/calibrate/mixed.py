@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ConfigError
-from .apply import QuantizeConfig, build_format
-from .calibration import Progress, no_progress
+from ..models.quantize import QuantizeConfig, build_format
+from .base import Progress, no_progress
 
 DEFAULT_CANDIDATES = ("int4-g32", "int8", "fp32")
 
