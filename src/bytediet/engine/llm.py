@@ -5,8 +5,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Iterator, Optional, Sequence, Union
 
-from ..config import CacheConfig, EngineConfig, SchedulerConfig
+from ..config import SchedulerConfig
 from ..errors import ConfigError
+from ..kvcache.config import CacheConfig
+from .config import EngineConfig
 from .engine import LLMEngine, StepOutput, set_threads
 from .params import SamplingParams
 from .sampling import TokenLogprobs
