@@ -12,7 +12,7 @@ RTN on this objective. The chosen 1/s is then folded into the preceding RMSNorm 
 (:func:`~.folding.fold_scales`), leaving the float model unchanged; the final weights are produced by
 the ordinary ``quantize(model, config)``.
 
-Blocks are processed one at a time on float activations (:class:`~.calibration.BlockRunner`);
+Blocks are processed one at a time on float activations (:class:`~.base.BlockRunner`);
 because folding preserves the float function, block i + 1's inputs are block i's float outputs.
 """
 from __future__ import annotations

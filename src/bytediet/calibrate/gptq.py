@@ -8,7 +8,7 @@ immediately, to the columns beyond it once per block. Damping adds ``damp`` × m
 diagonal; inputs that never fire (H_ii = 0) get H_ii = 1 and a zero weight column.
 
 Groups: each group of ``group_size`` input columns gets its scale (and offset) exactly as the
-:class:`~.int4.Int4` format computes them — fp16, from the group's weights as updated by the error
+:class:`~bytediet.quant.int4.Int4` format computes them — fp16, from the group's weights as updated by the error
 feedback when the first column of the group is reached (``block_size`` is a multiple of the group
 size, so the whole group is inside the current block). With ``act_order`` columns are visited by
 decreasing H_ii and the group parameters come from the original weights (GPTQ's "static groups"),
