@@ -33,10 +33,13 @@ demo: $(STAMP) kernels
 	$(VENV)/bin/bytediet generate --prompt "Explain in two sentences why LLM inference is limited by memory bandwidth." --chat --max-tokens 64
 	$(VENV)/bin/bytediet optimize --quick --model default --out bytediet-optimize/default
 
+# lint-imports checks the one-way layers ([tool.importlinter] in pyproject.toml) before any test runs
 test: $(STAMP) kernels
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q
 
 test-all: $(STAMP) kernels
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q -m ''
 
 clean:

@@ -2,7 +2,7 @@
 
 For each block type: the default model's linear layers (all but lm_head, which is tied to the embedding
 the export copies byte for byte) are re-quantized to ``gguf-<type>`` in bytediet,
-exported with :func:`bytediet.quant.gguf_export.export_gguf`, loaded by ``llama-cpp-python``, and both
+exported with :func:`bytediet.calibrate.gguf_export.export_gguf`, loaded by ``llama-cpp-python``, and both
 systems score the same Austen passage. Reported per type: llama.cpp's perplexity and bytediet's on the
 same weights, the top-1 agreement of their next-token predictions, the largest logit difference, and a
 short greedy continuation from llama.cpp. (llama.cpp quantizes activations to 8 bits inside its
@@ -64,12 +64,12 @@ def main(argv: list[str] | None = None) -> int:
 
     import llama_cpp
 
+    from bytediet.calibrate.gguf_export import export_gguf
     from bytediet.eval.corpus import make_windows
-    from bytediet.eval.harness import tokenize_corpus
+    from bytediet.eval.corpus import tokenize_corpus
     from bytediet.models.loader import default_model_path, load_model
+    from bytediet.models.quantize import QuantizeConfig, quantize
     from bytediet.perf.peers import _llama_cpp_model_params, probe_llama_cpp_extra_buffer_types
-    from bytediet.quant.apply import QuantizeConfig, quantize
-    from bytediet.quant.gguf_export import export_gguf
 
     torch.set_num_threads(args.threads)
     source = default_model_path()

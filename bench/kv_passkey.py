@@ -18,11 +18,11 @@ import time
 
 import torch
 
+from bytediet.calibrate.kv import calibrate_from_samples, capture_kv, has_calibration
 from bytediet.commands._parse import floats, positive_ints
-from bytediet.eval.harness import EvalSettings, evaluate_loaded, reference_cache, tokenize_corpus
-from bytediet.eval.corpus import make_windows
+from bytediet.eval.corpus import make_windows, tokenize_corpus
+from bytediet.eval.harness import EvalSettings, evaluate_loaded, reference_cache
 from bytediet.kvcache import get_kv_codec
-from bytediet.kvcache.calibration import calibrate_from_samples, capture_kv, has_calibration
 from bytediet.models.loader import load_model
 
 CODECS = ["bf16", "int8", "fp8", "kivi4", "kivi2", "polarquant", "qjl", "turboquant4", "turboquant3.5",

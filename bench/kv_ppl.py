@@ -9,7 +9,7 @@ default) from the evaluation split of the six novels (:mod:`bytediet.eval.corpus
 
 Codecs with calibration hooks (fp8's static scales; TurboQuant's channel means, outlier channels and
 layout) are calibrated on ``--cal-windows`` windows of the *calibration* split (never evaluated on), from
-K/V/Q captured once per model (:mod:`bytediet.kvcache.calibration`). ``--no-calibrate`` measures the
+K/V/Q captured once per model (:mod:`bytediet.calibrate.kv`). ``--no-calibrate`` measures the
 documented uncalibrated fallbacks instead (fp8: dynamic per-token scales; TurboQuant: no mean, outliers
 from the first prefill).
 
@@ -26,9 +26,9 @@ import time
 
 import torch
 
+from bytediet.calibrate.kv import calibrate_from_samples, capture_kv
 from bytediet.eval.corpus import load_corpus, make_windows
 from bytediet.kvcache import get_kv_codec
-from bytediet.kvcache.calibration import calibrate_from_samples, capture_kv
 from bytediet.models.loader import load_model
 
 CODECS = ["fp32", "int8", "fp8", "kivi4", "kivi2", "qjl", "polarquant", "turboquant4", "turboquant3.5",

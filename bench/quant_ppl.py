@@ -23,11 +23,13 @@ import time
 
 import torch
 
+from bytediet.calibrate import CalibrationConfig, calibrate_and_quantize
 from bytediet.errors import ConfigError
 from bytediet.eval.corpus import load_corpus, make_windows
+from bytediet.eval.corpus import calibration_windows
 from bytediet.models.loader import load_model
-from bytediet.quant.apply import QuantizeConfig, quantize
-from bytediet.quant.calibration import CalibrationConfig, calibrate_and_quantize, calibration_windows, rich_progress
+from bytediet.models.quantize import QuantizeConfig, quantize
+from bytediet.progress import rich_progress
 
 FORMATS = ["int8", "int8-w8a8", "fp8", "int4-g128", "int4-g128-sym", "int4-g64", "int4-g64-sym", "int4-g32",
            "mxfp4", "nvfp4"]
@@ -67,7 +69,7 @@ def run_model(spec: str, formats: list[str], n_tokens: int, keep_lm_head: bool, 
             if method:
                 if calib_windows is None:
                     calib_windows = calibration_windows(tokenizer, calib)
-                summary = calibrate_and_quantize(model, tokenizer, config, method, calib, rich_progress, calib_windows,
+                summary = calibrate_and_quantize(model, config, method, calib_windows, calib, rich_progress,
                                                  **(method_options or {}).get(method, {}))
             else:
                 summary = quantize(model, config)

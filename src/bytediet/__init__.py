@@ -1,2 +1,42 @@
-"""bytediet: an LLM inference engine that makes data smaller, fewer and less moved."""
+"""bytediet: an LLM inference engine that makes data smaller, fewer and less moved.
+
+    from bytediet import LLM, SamplingParams
+
+    llm = LLM("default")
+    print(llm.generate("The memory wall is", SamplingParams(max_tokens=32))[0].outputs[0].text)
+
+The public names are loaded on first use, so ``import bytediet.errors`` (or any low layer) does not pull
+in the engine and its dependencies.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0"
+
+# public name → module that defines it
+_PUBLIC = {
+    "LLM": "bytediet.engine.llm",
+    "RequestOutput": "bytediet.engine.llm",
+    "CompletionOutput": "bytediet.engine.llm",
+    "SamplingParams": "bytediet.engine.params",
+}
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "__version__"]
+
+if TYPE_CHECKING:
+    from .engine.llm import LLM, CompletionOutput, RequestOutput
+    from .engine.params import SamplingParams
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _PUBLIC:
+        raise AttributeError(f"module 'bytediet' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(_PUBLIC[name]), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_PUBLIC))

@@ -1,8 +1,13 @@
-"""Frozen, validated configuration dataclasses: one source of truth for every fact about a run."""
+"""Frozen, validated configuration dataclasses of the bottom layer: names and numbers, no objects.
+
+The model's shape (:class:`ModelConfig`) and the scheduler's budget (:class:`SchedulerConfig`) live here.
+A config that names a registered implementation lives next to that registry, which validates the name:
+:class:`bytediet.kvcache.config.CacheConfig` (KV codec) and :class:`bytediet.engine.config.EngineConfig`.
+"""
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
 from .errors import ConfigError
@@ -102,33 +107,6 @@ def parse_bytes(text: str | int) -> int:
 
 
 @dataclass(frozen=True)
-class CacheConfig:
-    """Paged KV cache: block size in tokens, memory budget, codec name, prefix caching.
-
-    ``block_size`` None picks 16 tokens, or the codec's minimum block if that is larger (KIVI's key groups).
-    """
-
-    block_size: Optional[int] = None
-    kv_cache_memory: int = 1 << 30
-    kv_cache_dtype: Any = "auto"  # a codec spec ("auto" = the model's compute dtype) or a calibrated KVCodec
-    enable_prefix_caching: bool = True
-    num_blocks: Optional[int] = None  # overrides the memory budget (tests)
-
-    def __post_init__(self) -> None:
-        if self.block_size is None:
-            from .kvcache.base import default_block_size
-
-            object.__setattr__(self, "block_size", default_block_size(self.kv_cache_dtype))
-        if self.block_size <= 0 or self.block_size & (self.block_size - 1):
-            raise ConfigError(f"block_size must be a positive power of two, got {self.block_size}")
-        object.__setattr__(self, "kv_cache_memory", parse_bytes(self.kv_cache_memory))
-        if self.kv_cache_memory <= 0:
-            raise ConfigError("kv_cache_memory must be positive")
-        if self.num_blocks is not None and self.num_blocks < 1:
-            raise ConfigError("num_blocks must be at least 1")
-
-
-@dataclass(frozen=True)
 class SchedulerConfig:
     """Token budget per step and concurrency limit (vLLM v1 semantics)."""
 
@@ -141,20 +119,3 @@ class SchedulerConfig:
             raise ConfigError("max_num_batched_tokens must be at least 1")
         if self.max_num_seqs < 1:
             raise ConfigError("max_num_seqs must be at least 1")
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    """Everything an ``LLM`` needs: which model, how to store it, how to schedule it."""
-
-    model: str = "default"
-    dtype: str = "float32"
-    weights: Optional[str] = None  # weight format name applied at load time (None: keep the checkpoint's)
-    cache: CacheConfig = field(default_factory=CacheConfig)
-    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
-    num_threads: Optional[int] = None
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if self.dtype not in ("float32", "bfloat16", "float16"):
-            raise ConfigError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")

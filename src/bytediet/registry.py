@@ -1,6 +1,7 @@
-"""One tiny registry per extension point (weight formats, KV codecs, hardware, eval tasks).
+"""One tiny registry per extension point (weight formats, KV codecs, hardware, eval tasks, calibration methods).
 
-A new implementation is one new file with ``@REGISTRY.register("name")`` on it; nothing else is edited.
+A new implementation is one new file with ``@REGISTRY.register("name")`` on it plus one import line in its
+package's ``__init__``, which registers every built-in implementation when the package is imported.
 """
 from __future__ import annotations
 
@@ -43,3 +44,21 @@ class Registry(Generic[T]):
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())
+
+    def build(self, spec: str):
+        """Build an implementation from a spec string: the one parser for weight formats and KV codecs.
+
+        An exact name calls the registered class with no arguments (``"int8"``); otherwise the longest
+        registered name that starts the spec and has a ``from_spec`` classmethod gets the rest
+        (``"int4-g128"`` → ``Int4.from_spec("-g128")``, ``"turboquant3.5"`` → ``from_spec("3.5")``).
+        An unknown spec raises the standard ``KeyError`` that lists the registered names.
+        """
+        spec = spec.strip().lower()
+        if spec in self._items:
+            return self._items[spec]()
+        for name in sorted(self._items, key=len, reverse=True):
+            item = self._items[name]
+            if spec.startswith(name) and hasattr(item, "from_spec"):
+                return item.from_spec(spec[len(name):])
+        self.get(spec)  # raises the "unknown ... choose one of" KeyError
+        raise AssertionError("unreachable")

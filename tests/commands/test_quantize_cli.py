@@ -7,7 +7,7 @@ import pytest
 
 from bytediet.cli import main
 from bytediet.commands.quantize import parse_overrides
-from bytediet.quant.checkpoint import read_config
+from bytediet.models.checkpoint import read_config
 from tests.eval.test_harness import write_tiny_checkpoint
 
 

@@ -16,7 +16,7 @@ from bytediet.eval.harness import EvalSettings, ReferenceCache, evaluate, evalua
 from bytediet.eval.tasks import EVAL_TASKS, FidelityTask
 from bytediet.kvcache import get_kv_codec
 from bytediet.models.loader import load_model
-from bytediet.quant.apply import QuantizeConfig, quantize
+from bytediet.models.quantize import QuantizeConfig, quantize
 from tests.conftest import random_state, tiny_config
 
 _WORDS = ("the of and to her a in was it she not that be he had you his with as for but is have my all so which "

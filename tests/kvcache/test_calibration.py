@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import torch
 
+from bytediet.calibrate.kv import calibrate_codec, capture_kv
 from bytediet.kvcache import get_kv_codec
-from bytediet.kvcache.calibration import calibrate_codec, capture_kv
 from tests.conftest import model_from_state, random_state, tiny_config
 
 

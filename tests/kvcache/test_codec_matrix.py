@@ -175,7 +175,7 @@ def test_compressed_codecs_are_smaller_than_bf16():
 @pytest.mark.parametrize("spec", SPECS)
 def test_default_block_size_fits_every_codec(spec):
     # 16 tokens unless the codec needs more (KIVI's 32-token key groups); an explicit size is kept
-    from bytediet.config import CacheConfig
+    from bytediet.kvcache.config import CacheConfig
     from bytediet.kvcache.base import default_block_size
 
     codec = get_kv_codec(spec)

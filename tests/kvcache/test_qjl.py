@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import torch
 
+from bytediet.calibrate.kv import calibrate_from_samples, has_calibration
 from bytediet.kvcache import get_kv_codec
-from bytediet.kvcache.calibration import calibrate_from_samples, has_calibration
 from tests.kvcache.test_turboquant import _attention_error
 
 

@@ -93,8 +93,8 @@ def test_candidate_labels_name_every_choice():
 
 
 def test_calibrated_specs_come_from_the_method_registry_on_the_rtn_grid(model):
+    from bytediet.calibrate.base import calibration_method_names
     from bytediet.optimize.candidates import calibrated_specs
-    from bytediet.quant.calibration import calibration_method_names
 
     rtn = weight_specs(model)
     out = calibrated_specs(model, rtn)

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from bytediet.config_file import RunConfig, load_run_config, read_run_config
 from bytediet.errors import ConfigError
+from bytediet.optimize.run_config import RunConfig, load_run_config, read_run_config
 from tests.eval.test_harness import write_tiny_checkpoint
 
 
@@ -92,3 +92,11 @@ def test_kv_calibration_calibrates_the_codec_on_the_same_windows_every_time(tmp_
     plain = load_run_config(RunConfig(model=str(ckpt), kv_cache_dtype="int8", kv_calibration=cal)
                             .write(tmp_path / "int8.json"))
     assert plain["kv_cache_dtype"] == "int8"
+
+
+def test_a_model_handed_over_quantized_carries_its_true_weight_spec(tmp_path, ckpt):
+    path = RunConfig(model=str(ckpt), weights="int4-g32", weight_overrides={"lm_head": "int8"}).write(tmp_path / "r.json")
+    from bytediet import LLM
+
+    llm = LLM(**load_run_config(path))
+    assert llm.config.weights == "int4-g32" and llm.config.weight_overrides == {"lm_head": "int8"}

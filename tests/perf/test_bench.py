@@ -138,7 +138,7 @@ def test_result_shape_and_counts(tiny_result):
 def test_same_workload_for_every_level_and_system(tiny_result):
     """The reported token totals are exactly those of the seeded workload of each level."""
     r, ours, _, cfg = tiny_result
-    from bytediet.perf.bench import corpus_token_ids
+    from bytediet.eval.corpus import corpus_token_ids
 
     ids, _ = corpus_token_ids(None, ours.model.config.vocab_size, cfg.max_sequence_len, cfg.seed)
     for level in cfg.concurrency:
@@ -184,7 +184,7 @@ def test_roofline_rows_are_the_analyzer_on_the_same_config(tiny_result):
 
 
 def test_model_weight_bits_follow_each_layers_format():
-    from bytediet.quant.apply import QuantizeConfig, quantize
+    from bytediet.models.quantize import QuantizeConfig, quantize
 
     config = tiny_config("llama")
     model = model_from_state(config, random_state(config))

@@ -4,10 +4,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from bytediet.calibrate.awq import AWQConfig, awq_model, awq_scales, search_scale
+from bytediet.calibrate.folding import fold_scales, scale_groups
+from bytediet.models.quantize import QuantizeConfig, quantize
 from bytediet.quant import get_weight_format
-from bytediet.quant.apply import QuantizeConfig, quantize
-from bytediet.quant.awq import AWQConfig, awq_model, awq_scales, search_scale
-from bytediet.quant.folding import fold_scales, scale_groups
 from tests.conftest import model_from_state, random_state, tiny_config
 
 

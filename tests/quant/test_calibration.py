@@ -4,12 +4,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from bytediet.calibrate.base import BlockRunner, CalibrationConfig, capture
 from bytediet.errors import ConfigError
 from bytediet.eval.corpus import make_windows
+from bytediet.eval.corpus import calibration_windows
 from bytediet.models.layers import Linear
 from bytediet.models.loader import load_model
 from bytediet.quant import get_weight_format
-from bytediet.quant.calibration import BlockRunner, CalibrationConfig, calibration_windows, capture
 from tests.conftest import model_from_state, random_state, tiny_config
 from tests.eval.test_harness import write_tiny_checkpoint
 

@@ -15,7 +15,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bytediet.quant import WEIGHT_FORMATS, get_weight_format
-from bytediet.quant import load_all  # noqa: F401
 from bytediet.quant.gguf_blocks import GGUFBlocks
 
 VARIANTS = ["int4-g32", "int4-g64", "int4-g32-sym", "int4-g64-sym", "int4-g128-sym"]

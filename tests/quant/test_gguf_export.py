@@ -7,10 +7,10 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as T
 
+from bytediet.calibrate.gguf_export import export_gguf, permute_rope_rows
 from bytediet.errors import ConfigError
-from bytediet.quant.apply import QuantizeConfig, quantize
 from bytediet.kernels.ggml_codecs import ENCODERS
-from bytediet.quant.gguf_export import export_gguf, permute_rope_rows
+from bytediet.models.quantize import QuantizeConfig, quantize
 
 HIDDEN, FFN, LAYERS, HEADS, KV_HEADS, VOCAB = 64, 128, 2, 4, 2, 96
 LINEARS = {"attn_q": (HEADS * 16, HIDDEN), "attn_k": (KV_HEADS * 16, HIDDEN), "attn_v": (KV_HEADS * 16, HIDDEN),

@@ -4,10 +4,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from bytediet.calibrate.gptq import GPTQConfig, gptq_model, gptq_quantize
 from bytediet.errors import ConfigError
+from bytediet.models.quantize import QuantizeConfig, quantize
 from bytediet.quant import get_weight_format
-from bytediet.quant.apply import QuantizeConfig, quantize
-from bytediet.quant.gptq import GPTQConfig, gptq_model, gptq_quantize
 from tests.conftest import model_from_state, random_state, tiny_config
 
 

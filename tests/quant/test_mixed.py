@@ -6,9 +6,9 @@ import math
 import pytest
 import torch
 
+from bytediet.calibrate.mixed import MixedPrecisionConfig, Scorer, choose, mixed_precision, units_of
 from bytediet.errors import ConfigError
-from bytediet.quant.apply import quantize
-from bytediet.quant.mixed import MixedPrecisionConfig, Scorer, choose, mixed_precision, units_of
+from bytediet.models.quantize import quantize
 from tests.conftest import model_from_state, random_state, tiny_config
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from bytediet.errors import ConfigError
-from bytediet.quant.apply import QuantizeConfig, quantize
+from bytediet.models.quantize import QuantizeConfig, quantize
 
 
 @pytest.mark.parametrize("fmt, lm_head", [("int4-g32", "int8"), ("nvfp4", "int8"), ("mxfp4", "int8"),

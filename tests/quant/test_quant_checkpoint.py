@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from bytediet.errors import CheckpointError
-from bytediet.quant import checkpoint as ckpt
-from bytediet.quant.apply import QuantizeConfig, quantize
-from bytediet.quant.checkpoint import load_quantized, save_quantized
+from bytediet.models import checkpoint as ckpt
+from bytediet.models.checkpoint import load_quantized, save_quantized
+from bytediet.models.quantize import QuantizeConfig, quantize
 
 MIXED = QuantizeConfig(format="int4-g32-sym", overrides={"lm_head": "int8", "*.layers.0.self_attn.*": "nvfp4",
                                                          "*.layers.0.mlp.*": "gguf-q4_1", "*.up_proj": "fp8",

@@ -6,8 +6,8 @@ import torch
 
 from bytediet.errors import ConfigError
 from bytediet.models.layers import Linear
+from bytediet.models.quantize import QuantizeConfig, quantize
 from bytediet.quant import get_weight_format
-from bytediet.quant.apply import QuantizeConfig, quantize
 
 
 class Tree(torch.nn.Module):

@@ -4,11 +4,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from bytediet.calibrate.base import BlockRunner, block_linears, capture
+from bytediet.calibrate.folding import group_weight, scale_groups
+from bytediet.calibrate.smoothquant import SmoothQuantConfig, smooth_scales, smoothquant_model
 from bytediet.errors import ConfigError
-from bytediet.quant.apply import QuantizeConfig, quantize
-from bytediet.quant.calibration import BlockRunner, block_linears, capture
-from bytediet.quant.folding import group_weight, scale_groups
-from bytediet.quant.smoothquant import SmoothQuantConfig, smooth_scales, smoothquant_model
+from bytediet.models.quantize import QuantizeConfig, quantize
 from tests.conftest import model_from_state, random_state, tiny_config
 
 

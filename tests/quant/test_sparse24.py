@@ -6,12 +6,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bytediet.calibrate.base import BlockRunner, block_linears, capture
+from bytediet.calibrate.wanda import wanda_model
 from bytediet.errors import ConfigError
+from bytediet.models.quantize import QuantizeConfig, quantize
 from bytediet.quant import get_weight_format
-from bytediet.quant.apply import QuantizeConfig, quantize
-from bytediet.quant.calibration import BlockRunner, block_linears, capture
 from bytediet.quant.sparse24 import densify, keep_mask, pack_positions, unpack_positions
-from bytediet.quant.wanda import wanda_model
 from tests.conftest import model_from_state, random_state, tiny_config
 
 

@@ -62,7 +62,7 @@ def build_llm(args: argparse.Namespace):
     from ..engine.llm import LLM
 
     if getattr(args, "config", None):
-        from ..config_file import load_run_config
+        from ..optimize.run_config import load_run_config
 
         kwargs = load_run_config(args.config)
         if args.threads:

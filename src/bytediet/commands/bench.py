@@ -64,6 +64,7 @@ def bench_config(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     import torch
 
+    from ..eval.corpus import corpus_token_ids
     from ..models.loader import load_model, resolve_model_path
     from ..perf.bench import PARTS, run_bench
     from ..perf.measure import this_machine
@@ -96,8 +97,9 @@ def run(args: argparse.Namespace) -> int:
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)
             Path(args.out).write_text(json.dumps({**partial, **extra}, indent=2) + "\n")
 
-    result = {**run_bench(ours, peers, config, parts=parts, hardware=hardware, progress=progress, checkpoint=write),
-              **extra}
+    corpus = corpus_token_ids(tokenizer, model.config.vocab_size, config.max_sequence_len, config.seed)
+    result = {**run_bench(ours, peers, config, parts=parts, hardware=hardware, progress=progress, checkpoint=write,
+                          corpus=corpus), **extra}
     write(result)
     if args.json:
         print(json.dumps(result))

@@ -4,7 +4,7 @@
                       [--overrides 'pattern=fmt,…'] [--max-kl X | --max-ppl-increase P] --out DIR
                       [--export-gguf FILE --gguf-type q8_0] [--json]
 
-The output directory is written atomically by :func:`bytediet.quant.checkpoint.save_quantized`
+The output directory is written atomically by :func:`bytediet.models.checkpoint.save_quantized`
 (nothing is left behind on error); ``bytediet generate --model DIR`` loads it.
 """
 from __future__ import annotations
@@ -66,11 +66,12 @@ def parse_overrides(text: str) -> dict[str, str]:
 def run(args: argparse.Namespace) -> int:
     import torch
 
+    from ..calibrate import CalibrationConfig, calibrate_and_quantize
+    from ..eval.corpus import calibration_windows
+    from ..models.checkpoint import save_quantized
     from ..models.loader import load_model, resolve_model_path
-    from ..quant.apply import QuantizeConfig, quantize
-    from ..quant.calibration import (CalibrationConfig, calibrate_and_quantize, calibration_windows, no_progress,
-                                     rich_progress)
-    from ..quant.checkpoint import save_quantized
+    from ..models.quantize import QuantizeConfig, quantize
+    from ..progress import no_progress, rich_progress
 
     out = Path(args.out)
     if out.exists() and not args.overwrite:
@@ -92,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     if args.max_kl is not None or args.max_ppl_increase is not None:
         config, mixed = _mixed(model, windows, config, args, progress)
     if args.calibrate:
-        summary = calibrate_and_quantize(model, tokenizer, config, args.calibrate, calib, progress, windows)
+        summary = calibrate_and_quantize(model, config, args.calibrate, windows, calib, progress)
     else:
         summary = quantize(model, config)
     config = model.quantize_config
@@ -100,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     save_quantized(model, tok_source, out, quantize_config=config, overwrite=args.overwrite)
     gguf_path = None
     if args.export_gguf:
-        from ..quant.gguf_export import export_gguf
+        from ..calibrate.gguf_export import export_gguf
 
         gguf_path = str(export_gguf(model, source, args.export_gguf, args.gguf_type))
     result = {"model": str(source), "out": str(out), "format": config.format, "calibration": config.calibration,
@@ -123,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
 def _mixed(model, windows, config, args, progress):
     from dataclasses import replace
 
-    from ..quant.mixed import MixedPrecisionConfig, mixed_precision
+    from ..calibrate.mixed import MixedPrecisionConfig, mixed_precision
 
     cands = ([s.strip() for s in args.candidates.split(",") if s.strip()] if args.candidates
              else list(dict.fromkeys([args.format, "int8", "fp32"])))

@@ -12,9 +12,9 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from ..config import EngineConfig
 from ..errors import ConfigError
 from .block_manager import BlockManager
+from .config import EngineConfig
 from .params import SamplingParams
 from .request import FinishReason, Request
 from .runner import ModelRunner

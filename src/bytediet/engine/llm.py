@@ -5,8 +5,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Iterator, Optional, Sequence, Union
 
-from ..config import CacheConfig, EngineConfig, SchedulerConfig
+from ..config import SchedulerConfig
 from ..errors import ConfigError
+from ..kvcache.config import CacheConfig
+from .config import EngineConfig
 from .engine import LLMEngine, StepOutput, set_threads
 from .params import SamplingParams
 from .sampling import TokenLogprobs
@@ -49,6 +51,8 @@ class LLM:
     ``max_num_seqs``, ``enable_prefix_caching``, ``enable_chunked_prefill``, ``seed``, ``num_threads``;
     ``keep_packed`` (default True: a GGUF runs on its native blocks; ``weights="fp32"`` is the dequantized
     reference) and ``activations`` (``q16``, ``q8`` or ``f32``: how those blocks multiply).
+    ``loaded=(model, tokenizer)`` uses a model already loaded (and perhaps quantized); ``config.weights`` and
+    ``config.weight_overrides`` then record the model's own quantization.
     """
 
     def __init__(self, model: str = "default", *, dtype: str = "float32", weights: Optional[str] = None,
@@ -60,8 +64,15 @@ class LLM:
         from ..models.loader import load_model
 
         set_threads(num_threads)
+        overrides = {}
+        if loaded is not None and weights is None:
+            # a model handed over already quantized (a run config's per-module formats): record its true spec
+            quantized = getattr(loaded[0], "quantize_config", None)
+            if quantized is not None:
+                weights, overrides = quantized.format, dict(quantized.overrides)
         self.config = EngineConfig(
-            model=str(model), dtype=dtype, weights=weights, seed=seed, num_threads=num_threads,
+            model=str(model), dtype=dtype, weights=weights, weight_overrides=overrides, seed=seed,
+            num_threads=num_threads,
             cache=CacheConfig(block_size=block_size, kv_cache_memory=kv_cache_memory, kv_cache_dtype=kv_cache_dtype,
                               enable_prefix_caching=enable_prefix_caching, num_blocks=num_blocks),
             scheduler=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,

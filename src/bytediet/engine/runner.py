@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from ..config import CacheConfig
 from ..kvcache.base import AttentionMetadata, KVCodec, get_kv_codec
+from ..kvcache.config import CacheConfig
 from ..models.native_decode import native_decoder, why_not_native
 from ..models.transformer import CausalLM
 from .scheduler import SchedulerOutput

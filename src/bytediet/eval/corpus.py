@@ -187,6 +187,42 @@ def make_windows(token_ids: Sequence[int] | torch.Tensor, window_len: int, count
     return [Window(s, ids[s:s + window_len].clone()) for s in chosen]
 
 
+def tokenize_corpus(tokenizer, corpus: str) -> torch.Tensor:
+    """The corpus (a novel name, ``austen`` or a text file) as (N,) int64 ids, without special tokens."""
+    return torch.tensor(tokenizer.encode(load_corpus(corpus), add_special_tokens=False), dtype=torch.long)
+
+
+def calibration_windows(tokenizer, config, bos: bool = True) -> torch.Tensor:
+    """(samples, [1 +] seq_len) int64 token ids from the corpus's *calibration* split, never evaluated on.
+
+    ``config`` names the text and its size (:class:`bytediet.calibrate.base.CalibrationConfig`: ``samples``,
+    ``seq_len``, ``corpus``, ``seed``); with ``bos`` each window starts with the tokenizer's BOS, as
+    evaluation does (weight calibration); KV calibration takes the bare windows. Weight calibration (AWQ, GPTQ, ...) and KV calibration both cut
+    their windows here.
+    """
+    ids = tokenize_corpus(tokenizer, config.corpus)
+    try:
+        windows = make_windows(ids, config.seq_len, config.samples, split="calibration", seed=config.seed)
+    except ConfigError as exc:
+        raise ConfigError(
+            f"calibration data too short: {config.samples} × {config.seq_len} tokens were asked from the calibration "
+            f"split of {config.corpus!r} ({exc}); pass a smaller --calib-samples or --calib-len, or a longer "
+            f"--calib-corpus") from None
+    prefix = torch.tensor(tokenizer.encode("", add_special_tokens=True) if bos else [], dtype=torch.long)
+    return torch.stack([torch.cat([prefix, w.ids]) for w in windows])
+
+
+def corpus_token_ids(tokenizer, vocab_size: int, min_tokens: int, seed: int = 0) -> tuple[list[int], str]:
+    """Austen's *Pride and Prejudice* tokenized (models with a tokenizer), else seeded random token ids."""
+    if tokenizer is None:
+        from ..perf.bench import random_token_ids
+
+        return random_token_ids(vocab_size, min_tokens, seed)
+    text = load_corpus("prideprejudice")
+    ids = tokenizer.encode(text[: max(400_000, 8 * min_tokens)], add_special_tokens=False)
+    return ids, "Austen, Pride and Prejudice"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bytediet.eval.corpus", description=__doc__.split("\n")[0])
     parser.add_argument("--fetch", action="store_true", help="fetch and cache the six novels")

@@ -2,7 +2,7 @@
 
 The *reference* is the checkpoint as loaded (no ``weights``) with the KV cache in the model's own
 dtype (``"auto"``: fp32 for an fp32 model).  The *test* configuration is the same checkpoint with
-a weight format applied (:func:`bytediet.quant.apply.quantize`) and/or another KV codec.
+a weight format applied (:func:`bytediet.models.quantize.quantize`) and/or another KV codec.
 
 Flow: load the checkpoint once → run every task on the reference (filling a :class:`ReferenceCache`)
 → quantize the same model in place → run every task on the test configuration → each task compares
@@ -20,12 +20,13 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
 import torch
 
 from ..errors import ConfigError
-from .corpus import Window, load_corpus, make_windows
+from ..progress import no_progress, rich_progress
+from .corpus import Window, make_windows, tokenize_corpus
 
 DEFAULT_TASKS = ("ppl", "passkey", "speed")
 
@@ -128,11 +129,6 @@ class ReferenceCache:
         self.close()
 
 
-def no_progress(items: Sequence, desc: str) -> Iterator:
-    """Iterate silently (``progress=False``)."""
-    return iter(items)
-
-
 @dataclass
 class EvalContext:
     """Shared inputs of every task: settings, evaluation windows, the reference cache, progress."""
@@ -143,21 +139,6 @@ class EvalContext:
     reference: ReferenceCache
     bos: list[int] = field(default_factory=list)  # prepended to every scored sequence
     progress: Callable[[Sequence, str], Iterator] = no_progress
-
-
-def rich_progress(items: Sequence, desc: str) -> Iterator:
-    """Iterate with a rich progress bar on stderr."""
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
-        yield from bar.track(items, description=desc, total=len(items))
-
-
-def tokenize_corpus(tokenizer, corpus: str) -> torch.Tensor:
-    """The corpus (a novel name, ``austen`` or a text file) as (N,) int64 ids, without special tokens."""
-    return torch.tensor(tokenizer.encode(load_corpus(corpus), add_special_tokens=False), dtype=torch.long)
 
 
 def build_context(tokenizer, settings: EvalSettings, reference: ReferenceCache,
@@ -184,7 +165,7 @@ def run_tasks(reference: Subject, make_test: Callable[[], Subject], ctx: EvalCon
 def apply_weights(model, weights: Optional[str]) -> None:
     """Quantize every linear layer of ``model`` in place to the weight format ``weights`` (None: leave)."""
     if weights:
-        from ..quant.apply import QuantizeConfig, quantize
+        from ..models.quantize import QuantizeConfig, quantize
 
         quantize(model, QuantizeConfig(format=weights))
 
@@ -197,7 +178,7 @@ def evaluate(model_spec: str, *, weights: Optional[str] = None, kv_cache_dtype: 
     """Measure ``weights`` × ``kv_cache_dtype`` on ``model_spec`` against the unmodified model.
 
     ``kv_calibration`` ({corpus, windows, window_len, seed}, as in a run config) calibrates a codec with
-    calibration hooks on the unmodified model first (:func:`bytediet.config_file.calibrated_kv_codec`).
+    calibration hooks on the unmodified model first (:func:`calibrated_kv_codec`).
 
     Returns a JSON-ready dict: ``model``, ``config``, ``reference_config``, ``settings`` and
     ``tasks[name]`` with each task's numbers (see :mod:`bytediet.eval.tasks`).  Pass a
@@ -213,8 +194,6 @@ def evaluate(model_spec: str, *, weights: Optional[str] = None, kv_cache_dtype: 
     model, tokenizer = load_model(model_spec, dtype=torch.float32)
     kv = kv_cache_dtype
     if kv_calibration and kv_cache_dtype:
-        from ..config_file import calibrated_kv_codec
-
         kv = calibrated_kv_codec(kv_cache_dtype, model, tokenizer, kv_calibration)
     result = evaluate_loaded(model, tokenizer, weights=weights, kv_cache_dtype=kv, settings=settings,
                              reference=reference, progress=progress, model_label=str(model_spec))
@@ -244,7 +223,7 @@ def evaluate_loaded(model, tokenizer, *, settings: EvalSettings, weights: Option
     kv = kv_cache_dtype or "auto"
     kv_name = get_kv_codec(kv, model.dtype).describe(model.config.head_dim)  # fails early on an unknown codec
     if weights:
-        from ..quant.apply import QuantizeConfig
+        from ..models.quantize import QuantizeConfig
 
         QuantizeConfig(format=weights)  # fails early on an unknown weight format
     ref_subject = Subject("reference", model, tokenizer, "auto", None)
@@ -286,3 +265,21 @@ def _check_tasks(names: Sequence[str]) -> None:
     unknown = [n for n in names if n not in EVAL_TASKS]
     if unknown or not names:
         raise ConfigError(f"unknown eval task(s) {unknown or names}; choose from: {', '.join(EVAL_TASKS.names())}")
+
+
+def calibrated_kv_codec(spec: str, model, tokenizer, calibration: Mapping[str, Any]):
+    """The codec ``spec`` calibrated on ``calibration``'s windows ({corpus, windows, window_len, seed}, as in a run
+    config); ``spec`` itself (the string) if the codec has no calibration hooks, so callers can tell a calibrated
+    codec by ``result is not spec``."""
+    from ..calibrate.base import CalibrationConfig
+    from ..calibrate.kv import calibrate_codec, has_calibration
+    from ..kvcache import get_kv_codec
+    from .corpus import calibration_windows
+
+    codec = get_kv_codec(spec, model.dtype)
+    if not has_calibration(codec):
+        return spec
+    windows = calibration_windows(tokenizer, CalibrationConfig(samples=calibration["windows"],
+                                  seq_len=calibration["window_len"], corpus=calibration["corpus"],
+                                  seed=calibration["seed"]), bos=False)
+    return calibrate_codec(codec, model, windows)

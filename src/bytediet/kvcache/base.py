@@ -166,13 +166,12 @@ def default_block_size(spec: "str | KVCodec") -> int:
 def get_kv_codec(spec: "str | KVCodec", model_dtype: torch.dtype = torch.float32) -> KVCodec:
     """Build a codec from a spec such as ``"bf16"``, ``"int8"``, ``"turboquant3.5"`` or ``"auto"``.
 
-    A registered factory is called with the spec's trailing parameters; see each codec's module.
-    A :class:`KVCodec` instance (e.g. one calibrated by :mod:`.calibration`) is returned as is.
+    A registered factory is called with the spec's trailing parameters (:meth:`Registry.build`); see each
+    codec's module. ``k=<spec>,v=<spec>`` stores keys and values with different codecs. A :class:`KVCodec`
+    instance is returned as is.
     """
     if isinstance(spec, KVCodec):
         return spec
-    from . import load_all  # noqa: F401  (registers the built-in codecs)
-
     spec = spec.strip().lower()
     if "=" in spec:  # k=<codec>,v=<codec>
         from .split import split_codec
@@ -180,12 +179,4 @@ def get_kv_codec(spec: "str | KVCodec", model_dtype: torch.dtype = torch.float32
         return split_codec(spec, lambda sub: get_kv_codec(sub, model_dtype))
     if spec in ("auto", ""):
         spec = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[model_dtype]
-    if spec in KV_CODECS:
-        return KV_CODECS.get(spec)()
-    # parametrised specs: the longest registered name that prefixes the spec, e.g. "turboquant" + "3.5"
-    for name in sorted(KV_CODECS.names(), key=len, reverse=True):
-        if spec.startswith(name):
-            factory = KV_CODECS.get(name)
-            return factory.from_spec(spec[len(name):]) if hasattr(factory, "from_spec") else factory()
-    KV_CODECS.get(spec)  # raises the standard "unknown ... choose one of" error
-    raise AssertionError("unreachable")
+    return KV_CODECS.build(spec)

@@ -9,7 +9,7 @@ computed directly on the sign bits. Values: per-token asymmetric 4-bit, groups o
 and zero point), as the paper pairs QJL keys with standard per-token value quantization.
 r ∈ {1, 2, 3, 4} (default 2): keys cost r + 16/D bits per coordinate.
 
-**Calibration** (optional, :mod:`.calibration`): the per-layer channel mean μ (H, D) of the keys is
+**Calibration** (optional, :mod:`bytediet.calibrate.kv`): the per-layer channel mean μ (H, D) of the keys is
 subtracted before sketching and its share q·μ added back to every score — exact, and it matters: the
 estimator's error scales with ‖k‖, and on small models the mean carries a large part of the key energy
 (37–68 % on SmolLM2, see ``bench/KV_RESULTS.md``). This is our stand-in for the paper's separate

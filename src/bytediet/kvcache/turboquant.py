@@ -11,7 +11,7 @@ Values always use the MSE variant. Keys use MSE (``turboquant``) or inner-produc
 MSE at b−1 bits + 1-bit QJL residual, unbiased scores). ``:qr`` selects a Haar (QR) rotation instead of
 the randomized Hadamard; a part whose size is not a power of two always uses QR (documented fallback).
 
-**Calibration** (:mod:`.calibration`, from calibration text; see :class:`TurboQuantHalf`): per layer the
+**Calibration** (:mod:`bytediet.calibrate.kv`, from calibration text; see :class:`TurboQuantHalf`): per layer the
 channel mean is subtracted before quantizing (exact for attention), the outlier channels are ranked by
 expected score error, and one layout for all layers is chosen by predicted error among every two-part
 split that fits the budget (:func:`choose_layout`; outlier parts up to 8 bits). **Fallback without

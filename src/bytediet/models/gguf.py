@@ -123,3 +123,41 @@ class GGUFCheckpoint:
     def tensor_types(self) -> dict[str, str]:
         """HF-style name → GGUF type name (e.g. ``Q4_1``)."""
         return {t.name: t.type_name for t in self.tensors()}
+
+
+# ------------------------------------------------------------------------------------- writing
+def copy_metadata(reader: "gguf.GGUFReader", writer: "gguf.GGUFWriter", skip: tuple[str, ...] = ()) -> None:
+    """Copy every key-value field of ``reader`` into ``writer`` (the writer already has general.architecture)."""
+    import gguf
+
+    for key, f in reader.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture" or key in skip:
+            continue
+        vtype = f.types[0]
+        sub = f.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+        value = f.contents()
+        writer.add_key_value(key, value, vtype, sub)
+
+
+def write_metadata_only(source: str | os.PathLike, out_path: str | os.PathLike) -> None:
+    """A GGUF with ``source``'s metadata and no tensors (e.g. to carry a tokenizer)."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(source))
+    writer = gguf.GGUFWriter(str(out_path), gguf_field(reader, "general.architecture"))
+    copy_metadata(reader, writer)
+    finish_writer(writer)
+
+
+def gguf_field(reader: "gguf.GGUFReader", key: str):
+    f = reader.fields.get(key)
+    if f is None:
+        raise CheckpointError(f"GGUF file lacks the {key!r} field")
+    return f.contents()
+
+
+def finish_writer(writer: "gguf.GGUFWriter") -> None:
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()

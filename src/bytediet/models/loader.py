@@ -88,7 +88,7 @@ def load_model(spec: str | os.PathLike = "default", dtype: str | torch.dtype = t
     dtype = _DTYPES[dtype] if isinstance(dtype, str) else dtype
     path = resolve_model_path(spec)
     if path.is_dir() and (path / "bytediet_config.json").is_file():
-        from ..quant.checkpoint import load_quantized
+        from .checkpoint import load_quantized
 
         return load_quantized(path, dtype=dtype)
     if path.is_dir():
@@ -106,7 +106,7 @@ def load_model(spec: str | os.PathLike = "default", dtype: str | torch.dtype = t
         set_activations(model, activations)
     model.source_path = str(path)
     if weights:
-        from ..quant.apply import QuantizeConfig, quantize
+        from .quantize import QuantizeConfig, quantize
 
         quantize(model, QuantizeConfig(format=weights))
     tokenizer = None
@@ -184,7 +184,6 @@ def _assign_linear(model, module: Linear, t, dtype, keep_packed, source, arch) -
 
 def _try_packed(module: Linear, t, model, arch) -> bool:
     """Install GGUF tensor ``t`` into ``module`` in its native blocks; False if that block type has no format."""
-    from ..quant import load_all  # noqa: F401  (registers the formats: the registry would be empty for the first tensor)
     from ..quant.base import WEIGHT_FORMATS
 
     if t is None or f"gguf-{t.type_name.lower()}" not in WEIGHT_FORMATS:

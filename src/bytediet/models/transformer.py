@@ -89,16 +89,16 @@ class CausalLM(nn.Module):
             x = x[logits_indices]
         return self.head(x)
 
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """Hidden states after the last layer (N, hidden) → float32 logits (N, vocab)."""
+        return self.lm_head(self.model.norm(x)).float()
+
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Token ids (T,) → scaled embeddings (T, hidden)."""
+        """Token embeddings times the architecture's scale (gemma3: √hidden): (...) ids → (..., hidden)."""
         x = self.model.embed_tokens(input_ids)
         if self.config.embedding_scale != 1.0:
             x = x * torch.tensor(self.config.embedding_scale, dtype=x.dtype)
         return x
-
-    def head(self, x: torch.Tensor) -> torch.Tensor:
-        """Hidden states after the last layer (N, hidden) → float32 logits (N, vocab)."""
-        return self.lm_head(self.model.norm(x)).float()
 
     def weight_formats(self) -> list[str]:
         """The distinct weight formats of the linear layers, sorted (e.g. ``["fp32", "int8"]``)."""

@@ -8,7 +8,7 @@ must quantize a weight of each distinct input width of the model's linear layers
 sizes must divide them — SmolLM2's hidden 576 rules out ``int4-g128``) and, for a KV codec, build
 a cache page for the model's heads at the engine's block size.
 
-Calibrated weight candidates come from :data:`bytediet.quant.calibration.CALIBRATION_METHODS` the
+Calibrated weight candidates come from :data:`bytediet.calibrate.base.CALIBRATION_METHODS` the
 same way: a method lists the weight-format families it calibrates (its ``candidate_formats``
 attribute; AWQ and GPTQ: int4, SmoothQuant: int8-w8a8, Wanda: sparse24), and each family is tried
 at the same spec its round-to-nearest candidate uses, so the two compare on one grid. A calibrated
@@ -55,7 +55,7 @@ class Candidate:
     weights: Optional[str] = None  # None: the checkpoint as loaded
     kv: str = "auto"
     overrides: tuple[tuple[str, str], ...] = ()  # (fnmatch pattern, weight spec), first match wins
-    method: Optional[str] = None  # calibration method (bytediet.quant.calibration.CALIBRATION_METHODS)
+    method: Optional[str] = None  # calibration method (bytediet.calibrate.base.CALIBRATION_METHODS)
 
     @classmethod
     def for_weights(cls, step: str, spec: str, kv: str = "auto",
@@ -98,14 +98,14 @@ def _variants(registry, name: str, table: Mapping[str, tuple[str, ...]]) -> tupl
 
 def _linear_widths(model) -> dict[int, int]:
     """{in_features: a matching out_features} over the model's linear layers."""
-    from ..quant.apply import linear_layers
+    from ..models.quantize import linear_layers
 
     return {layer.in_features: layer.out_features for _, layer in linear_layers(model)}
 
 
 def weight_fits(spec: str, model) -> Optional[str]:
     """None when ``spec`` can quantize every linear-layer width of ``model``, else the reason it cannot."""
-    from ..quant.apply import build_format
+    from ..models.quantize import build_format
 
     try:
         fmt = build_format(spec)
@@ -157,7 +157,6 @@ def _enumerate(registry, table, reference, fits, quick_families, quick: bool, on
 def weight_specs(model, quick: bool = False, only: Optional[list[str]] = None) -> Enumeration:
     """Weight-format specs to try on ``model`` (every registered format and variant; ``only`` restricts)."""
     from ..quant import WEIGHT_FORMATS
-    from ..quant import load_all  # noqa: F401
 
     return _enumerate(WEIGHT_FORMATS, WEIGHT_VARIANTS, REFERENCE_WEIGHTS, lambda s: weight_fits(s, model),
                       QUICK_WEIGHT_FAMILIES, quick, only)
@@ -167,7 +166,6 @@ def kv_specs(model, quick: bool = False, only: Optional[list[str]] = None,
              block_size: Optional[int] = None) -> Enumeration:
     """KV-codec specs to try on ``model`` (every registered codec and variant; ``only`` restricts)."""
     from ..kvcache import KV_CODECS
-    from ..kvcache import load_all  # noqa: F401
 
     return _enumerate(KV_CODECS, KV_VARIANTS, REFERENCE_KV, lambda s: kv_fits(s, model, block_size),
                       QUICK_KV_FAMILIES, quick, only)
@@ -182,8 +180,8 @@ def calibrated_specs(model, rtn: Enumeration, quick: bool = False, methods: Opti
     keeps one method per family (the first registered), for the families ``rtn`` measured. ``only``:
     exactly these ``FORMAT+METHOD`` specs (each checked against the model and the method registry).
     """
+    from ..calibrate import calibration_method_names
     from ..quant import WEIGHT_FORMATS
-    from ..quant.calibration import calibration_method_names
 
     out = Enumeration()
     if only is not None:
@@ -219,7 +217,7 @@ def calibrated_specs(model, rtn: Enumeration, quick: bool = False, methods: Opti
 
 
 def _method_families(method: str) -> tuple[str, ...]:
-    from ..quant.calibration import get_calibration_method
+    from ..calibrate import get_calibration_method
 
     return tuple(getattr(get_calibration_method(method), "candidate_formats", ()))
 

@@ -10,7 +10,7 @@
    may compound (:func:`.budget.compounding`).
 4. **Sensitive layers**: when a cheaper weight format misses the budget, retry it with the first/last
    decoder layers and/or ``lm_head`` kept at the most accurate format (per-module overrides).
-5. **Recommend** (:func:`.budget.choose`) and write the run config (:mod:`bytediet.config_file`); a
+5. **Recommend** (:func:`.budget.choose`) and write the run config (:mod:`bytediet.optimize.run_config`); a
    calibrated recommendation is saved as a quantized checkpoint next to it (:meth:`Recipe.materialize`),
    so loading it never re-calibrates.
 
@@ -30,9 +30,9 @@ from typing import Callable, Optional
 import torch
 
 from ..errors import BytedietError
+from ..progress import Bars
 from .budget import Budget, best_of_step, compounding, objective_key, within
 from .candidates import Candidate, calibrated_specs, kv_specs, weight_specs
-from .progress import Bars
 from .state import StepCache, model_identity, run_key
 
 STEPS = ("profile", "baseline", "weights", "kv", "combined", "sensitive")
@@ -175,13 +175,14 @@ class Recipe:
 
     def kv_codec(self, spec: str, model):
         """``spec`` as is, or — for a codec with calibration hooks — calibrated on ``model`` as it will run."""
-        from ..config_file import calibrated_kv_codec
+        from ..eval.harness import calibrated_kv_codec
 
         return calibrated_kv_codec(spec, model, self.tokenizer, self.kv_calibration)
 
     def calibration(self):
         """(CalibrationConfig, windows): the calibration split of the run's corpus, disjoint from its eval windows."""
-        from ..quant.calibration import CalibrationConfig, calibration_windows
+        from ..calibrate import CalibrationConfig
+        from ..eval.corpus import calibration_windows
 
         calib = CalibrationConfig(samples=self.opt.calib_samples, seq_len=self.opt.calib_len,
                                   corpus=self.opt.corpus, seed=self.opt.seed)
@@ -191,15 +192,15 @@ class Recipe:
 
     def build(self, cand: Candidate):
         """A copy of the loaded model with ``cand``'s weights (rounded, or calibrated by ``cand.method``)."""
-        from ..quant.apply import QuantizeConfig, quantize
-        from ..quant.calibration import calibrate_and_quantize
+        from ..calibrate import calibrate_and_quantize
+        from ..models.quantize import QuantizeConfig, quantize
 
         model = copy.deepcopy(self.model)
         if cand.weights:
             config = QuantizeConfig(format=cand.weights, overrides=dict(cand.overrides))
             if cand.method:
                 calib, windows = self.calibration()
-                calibrate_and_quantize(model, self.tokenizer, config, cand.method, calib, windows=windows)
+                calibrate_and_quantize(model, config, cand.method, windows, calib)
             else:
                 quantize(model, config)
         return model
@@ -210,7 +211,7 @@ class Recipe:
         Run configs name formats, not calibration runs: without this, ``generate --config`` would either
         re-calibrate at every load or silently run the uncalibrated format. Returns the checkpoint dir.
         """
-        from ..quant.checkpoint import save_quantized
+        from ..models.checkpoint import save_quantized
 
         rec = (report.get("recommendation") or {}).get("record") or {}
         out = self.out / RECOMMENDED_MODEL_DIR
@@ -334,7 +335,7 @@ def override_plans(model, weights: str, high: str) -> list[tuple[tuple[str, str]
 
     The lm_head plan is left out when quantize's output policy already gives lm_head ``high``.
     """
-    from ..quant.apply import QuantizeConfig, linear_layers
+    from ..models.quantize import QuantizeConfig, linear_layers
 
     names = [n for n, _ in linear_layers(model)]
     layers = sorted({int(m.group(2)): m.group(1) for n in names if (m := re.search(r"^(.*\.layers\.)(\d+)\.", n))}

@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..config_file import RunConfig
 from .budget import Budget, choose, within
 from .recipe import STEPS, compressed_records
+from .run_config import RunConfig
 
 # (column title, record key): the table shows exactly these JSON values, formatted by format_value
 COLUMNS = (("configuration", "label"), ("in budget", "within_budget"), ("PPL", "ppl"),

@@ -16,12 +16,12 @@ import torch
 
 def verify(out_dir: str | Path) -> dict:
     """{"ppl", "ppl_ref", "ppl_increase_pct", "reported": {...}, "within_budget"} for the recommended config."""
-    from ..config_file import load_run_config
     from ..eval.corpus import make_windows
     from ..eval.fidelity import kl_per_position, next_token_pairs, token_nll
     from ..eval.harness import tokenize_corpus
     from ..models.loader import load_model
     from .budget import Budget, within
+    from .run_config import load_run_config
 
     out = Path(out_dir)
     report = json.loads((out / "report.json").read_text())

@@ -157,16 +157,11 @@ def make_workload(corpus_ids: Sequence[int], n_requests: int, prompt_range: tupl
     return Workload(tuple(prompts), tuple(outs))
 
 
-def corpus_token_ids(tokenizer, vocab_size: int, min_tokens: int, seed: int = 0) -> tuple[list[int], str]:
-    """Austen's *Pride and Prejudice* tokenized (models with a tokenizer), else seeded random token ids."""
-    if tokenizer is None:
-        rng = random.Random(seed)
-        return [rng.randrange(vocab_size) for _ in range(max(4 * min_tokens, 1024))], "random token ids"
-    from ..eval.corpus import load_corpus
-
-    text = load_corpus("prideprejudice")
-    ids = tokenizer.encode(text[: max(400_000, 8 * min_tokens)], add_special_tokens=False)
-    return ids, "Austen, Pride and Prejudice"
+def random_token_ids(vocab_size: int, min_tokens: int, seed: int = 0) -> tuple[list[int], str]:
+    """Seeded random token ids: the workload text of a model without a tokenizer (a corpus needs one:
+    :func:`bytediet.eval.corpus.corpus_token_ids`)."""
+    rng = random.Random(seed)
+    return [rng.randrange(vocab_size) for _ in range(max(4 * min_tokens, 1024))], "random token ids"
 
 
 class System(Protocol):
@@ -283,8 +278,9 @@ def run_bench(ours, peers: Sequence, config: BenchConfig, *, parts: Sequence[str
     bad = set(parts) - set(PARTS)
     if bad:
         raise ConfigError(f"unknown bench part(s) {sorted(bad)}; choose from {', '.join(PARTS)}")
-    ids, label = corpus or corpus_token_ids(ours.tokenizer, ours.model.config.vocab_size, config.max_sequence_len,
-                                            config.seed)
+    if corpus is None and ours.tokenizer is not None:
+        raise ConfigError("run_bench: pass corpus=bytediet.eval.corpus.corpus_token_ids(...) for a model with a tokenizer")
+    ids, label = corpus or random_token_ids(ours.model.config.vocab_size, config.max_sequence_len, config.seed)
     if hardware is None and "roofline" in parts:
         from .measure import this_machine
 

@@ -13,6 +13,7 @@ from typing import Any, Optional
 import torch
 import torch.nn.functional as F
 
+from ..errors import ConfigError
 from ..registry import Registry
 
 Packed = dict[str, torch.Tensor]
@@ -51,17 +52,13 @@ WEIGHT_FORMATS: Registry = Registry("weight format")
 
 
 def get_weight_format(spec: str) -> WeightFormat:
-    """Build a format from its spec, e.g. ``"fp32"``, ``"int8"``, ``"int4-g128"``.
+    """Build a format from its spec, e.g. ``"fp32"``, ``"int8"``, ``"int4-g128"`` (:meth:`Registry.build`)."""
+    return WEIGHT_FORMATS.build(spec)
 
-    The longest registered name that starts the spec wins; the rest goes to the class's ``from_spec``.
-    """
-    from . import load_all  # noqa: F401  (registers the built-in formats)
 
-    spec = spec.strip().lower()
-    if spec in WEIGHT_FORMATS:
-        return WEIGHT_FORMATS.get(spec)()
-    for name in sorted(WEIGHT_FORMATS.names(), key=len, reverse=True):
-        if spec.startswith(name) and hasattr(WEIGHT_FORMATS.get(name), "from_spec"):
-            return WEIGHT_FORMATS.get(name).from_spec(spec[len(name):])
-    WEIGHT_FORMATS.get(spec)  # raises the standard "unknown ... choose one of" error
-    raise AssertionError("unreachable")
+def build_format(spec: str) -> WeightFormat:
+    """``get_weight_format`` with an unknown name reported as a :class:`ConfigError`."""
+    try:
+        return get_weight_format(spec)
+    except KeyError as exc:
+        raise ConfigError(exc.args[0]) from None

@@ -11,7 +11,7 @@ Which two survive:
 * with calibration statistics, the two of largest |w_ij| · ‖X_j‖₂ — **Wanda** (Sun et al. 2023,
   "A Simple and Effective Pruning Approach for Large Language Models", arXiv 2306.11695, eq. 1),
   where ‖X_j‖₂ is the L2 norm of input channel j over the calibration tokens. The calibration method
-  ``wanda`` (:mod:`bytediet.quant.wanda`) collects those norms block by block.
+  ``wanda`` (:mod:`bytediet.calibrate.wanda`) collects those norms block by block.
 
 Packed tensors (out = out_features, k = in_features, a multiple of 8):
 

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from ..errors import ConfigError
-from .calibration import CALIBRATION_METHODS, BlockRunner, Progress, block_linears, capture, no_progress
+from .base import CALIBRATION_METHODS, BlockRunner, Progress, block_linears, capture, no_progress
 from .folding import ScaleGroup, fold_scales, group_weight, scale_groups
 
 DEFAULT_FORMAT = "int8-w8a8"

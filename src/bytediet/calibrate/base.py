@@ -1,8 +1,8 @@
 """Calibration data for post-training quantization: a seeded token set and per-layer activation statistics.
 
-* :func:`calibration_windows` draws ``samples`` windows of ``seq_len`` tokens from the corpus's
-  *calibration* split (:func:`bytediet.eval.corpus.make_windows`), disjoint from every evaluation
-  window of the same corpus; each window is prefixed with the tokenizer's BOS, as evaluation does.
+* :class:`CalibrationConfig` says how much text; the caller cuts the windows
+  (:func:`bytediet.eval.corpus.calibration_windows`: ``samples`` windows of ``seq_len`` tokens from the
+  corpus's *calibration* split, disjoint from every evaluation window, each prefixed with BOS).
 * :class:`BlockRunner` runs those windows through the decoder one block at a time, keeping only the
   hidden states between blocks (N × L × hidden floats), so the whole-model lm_head (262k columns on
   Gemma) never runs and methods can quantize block i before computing the inputs of block i + 1
@@ -15,28 +15,18 @@ from __future__ import annotations
 
 import math
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Callable, Iterator, Mapping, Optional, Sequence
 
 import torch
 import torch.nn as nn
 
 from ..errors import ConfigError
+from ..kvcache import AttentionMetadata, get_kv_codec
+from ..models.layers import Linear
+from ..models.quantize import build_format, quantize
+from ..progress import Progress, no_progress, rich_progress  # noqa: F401 (re-exported for the methods)
 from ..registry import Registry
-
-Progress = Callable[[Sequence, str], Iterator]
-
-
-def no_progress(items: Sequence, desc: str) -> Iterator:
-    return iter(items)
-
-
-def rich_progress(items: Sequence, desc: str) -> Iterator:
-    """A rich progress bar on stderr (stdout stays clean for ``--json``)."""
-    from ..eval.harness import rich_progress as bar
-
-    return bar(items, desc)
-
 
 @dataclass(frozen=True)
 class CalibrationConfig:
@@ -53,24 +43,6 @@ class CalibrationConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def calibration_windows(tokenizer, config: CalibrationConfig) -> torch.Tensor:
-    """(samples, 1 + seq_len) int64 token ids (BOS first when the tokenizer has one), from the calibration split."""
-    from ..eval.corpus import make_windows
-    from ..eval.harness import tokenize_corpus
-
-    ids = tokenize_corpus(tokenizer, config.corpus)
-    try:
-        windows = make_windows(ids, config.seq_len, config.samples, split="calibration", seed=config.seed)
-    except ConfigError as exc:
-        raise ConfigError(
-            f"calibration data too short: {config.samples} × {config.seq_len} tokens were asked from the calibration "
-            f"split of {config.corpus!r} ({exc}); pass a smaller --calib-samples or --calib-len, or a longer "
-            f"--calib-corpus") from None
-    bos = tokenizer.encode("", add_special_tokens=True)
-    prefix = torch.tensor(bos, dtype=torch.long)
-    return torch.stack([torch.cat([prefix, w.ids]) for w in windows])
 
 
 @dataclass
@@ -158,8 +130,6 @@ class BlockRunner:
     """
 
     def __init__(self, model: nn.Module, windows: torch.Tensor, block_size: int = 16) -> None:
-        from ..kvcache.base import AttentionMetadata, get_kv_codec
-
         if windows.dim() != 2 or windows.shape[0] < 1:
             raise ConfigError(f"calibration windows must be (N, L) token ids, got shape {tuple(windows.shape)}")
         self.model, self.windows, self.block_size = model, windows.to(model.device), block_size
@@ -174,9 +144,7 @@ class BlockRunner:
     @torch.inference_mode()
     def embed(self) -> torch.Tensor:
         """(N, L, hidden) inputs of block 0."""
-        x = self.model.model.embed_tokens(self.windows)
-        scale = self.model.config.embedding_scale
-        return x * torch.tensor(scale, dtype=x.dtype) if scale != 1.0 else x
+        return self.model.embed(self.windows)
 
     @torch.inference_mode()
     def run_block(self, index: int, hidden: torch.Tensor) -> torch.Tensor:
@@ -198,8 +166,6 @@ class BlockRunner:
 
 def block_linears(block: nn.Module, prefix: str) -> dict[str, nn.Module]:
     """Qualified name → Linear for the linear layers inside one decoder block."""
-    from ..models.layers import Linear
-
     return {f"{prefix}.{n}": m for n, m in block.named_modules() if isinstance(m, Linear)}
 
 
@@ -214,8 +180,6 @@ def pack_blocks_in_order(model: nn.Module, config, windows: torch.Tensor, progre
     pass; the block is re-run to give block i+1 its inputs. The model's weights are restored at the end:
     install the returned {layer: packed} with ``quantize(model, config, prepacked=...)``.
     """
-    from .apply import build_format
-
     runner = BlockRunner(model, windows)
     hidden = runner.embed()
     result: dict[str, dict] = {}
@@ -241,43 +205,32 @@ def pack_blocks_in_order(model: nn.Module, config, windows: torch.Tensor, progre
 
 # ------------------------------------------------------------------------------ methods by name
 CALIBRATION_METHODS: Registry = Registry("calibration method")
-_METHOD_MODULES = ("awq", "gptq", "smoothquant", "wanda")
 
 
 def calibration_method_names() -> list[str]:
-    """Every registered calibration method (the built-in modules register themselves on import)."""
-    import importlib
-
-    for module in _METHOD_MODULES:
-        importlib.import_module(f"{__package__}.{module}")
+    """Every registered calibration method (the built-in modules register when :mod:`bytediet.calibrate` is imported)."""
     return CALIBRATION_METHODS.names()
 
 
 def get_calibration_method(name: str) -> Callable:
     """``method(model, config, windows, progress, **settings) → (prepacked | None, record)`` registered as ``name``."""
-    calibration_method_names()
     try:
         return CALIBRATION_METHODS.get(name)
     except KeyError as exc:
         raise ConfigError(exc.args[0]) from None
 
 
-def calibrate_and_quantize(model, tokenizer, config, method: str, calib: CalibrationConfig = CalibrationConfig(),
-                           progress: Progress = no_progress, windows: Optional[torch.Tensor] = None,
-                           **options):
-    """Calibrate ``model`` with ``method`` on ``calib``'s windows, then ``quantize(model, config)``.
+def calibrate_and_quantize(model, config, method: str, windows: torch.Tensor, calib: CalibrationConfig = CalibrationConfig(),
+                           progress: Progress = no_progress, **options):
+    """Calibrate ``model`` with ``method`` on ``windows`` (N, L) token ids, then ``quantize(model, config)``.
+
+    ``windows`` are cut from ``calib``'s corpus by the caller (:func:`bytediet.eval.corpus.calibration_windows`).
 
     The calibration settings and the method's record are stored in the config (and so in a saved checkpoint).
     ``options`` go to the method's settings (e.g. ``n_grid=10`` for AWQ, ``act_order=True`` for GPTQ,
-    ``alpha=0.8`` for SmoothQuant). Returns the :class:`~.apply.QuantizeSummary`.
+    ``alpha=0.8`` for SmoothQuant). Returns the :class:`~bytediet.models.quantize.QuantizeSummary`.
     """
-    from dataclasses import replace
-
-    from .apply import quantize
-
     run = get_calibration_method(method)
-    if windows is None:
-        windows = calibration_windows(tokenizer, calib)
     prepacked, record = run(model, config, windows, progress, **options)
     config = replace(config, calibration={**calib.to_dict(), "samples": int(windows.shape[0]), **record})
     return quantize(model, config, prepacked=prepacked)

@@ -14,7 +14,7 @@
      "notes": {"source": "bytediet optimize", "expected": {"ppl": 13.1}}}
 
 ``weights`` applies to every linear layer; ``weight_overrides`` maps ``fnmatch`` patterns on layer
-names to other formats (first match wins; :class:`bytediet.quant.apply.QuantizeConfig`). ``engine``
+names to other formats (first match wins; :class:`bytediet.models.quantize.QuantizeConfig`). ``engine``
 holds :class:`bytediet.engine.llm.LLM` keyword arguments (:data:`ENGINE_KEYS`). ``kv_calibration``
 (optional) calibrates a KV codec that has calibration hooks (fp8 scales, TurboQuant means/outliers/
 layout) on those windows of the corpus's calibration split when the config is loaded — one forward
@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 VERSION = 1
 ENGINE_KEYS = ("kv_cache_memory", "block_size", "num_blocks", "max_num_batched_tokens", "max_num_seqs",
@@ -67,7 +67,7 @@ class RunConfig:
         unknown = sorted(set(self.engine) - set(ENGINE_KEYS))
         if unknown:
             raise ConfigError(f"run config: unknown engine setting(s) {unknown}; known: {', '.join(ENGINE_KEYS)}")
-        from .kvcache import get_kv_codec
+        from ..kvcache import get_kv_codec
 
         try:
             get_kv_codec(self.kv_cache_dtype)
@@ -85,7 +85,7 @@ class RunConfig:
         """The :class:`QuantizeConfig` of ``weights`` + ``weight_overrides`` (None when weights are as loaded)."""
         if not self.weights:
             return None
-        from .quant.apply import QuantizeConfig
+        from ..models.quantize import QuantizeConfig
 
         return QuantizeConfig(format=self.weights, overrides=self.weight_overrides)
 
@@ -145,8 +145,9 @@ def load_run_config(path: str | Path) -> dict[str, Any]:
     kwargs: dict[str, Any] = {"model": config.model, "dtype": config.dtype, "weights": config.weights,
                               "kv_cache_dtype": config.kv_cache_dtype, **config.engine}
     if config.weight_overrides or config.kv_calibration:
-        from .models.loader import load_model
-        from .quant.apply import quantize
+        from ..eval.harness import calibrated_kv_codec
+        from ..models.loader import load_model
+        from ..models.quantize import quantize
 
         model, tokenizer = load_model(config.model, dtype=config.dtype)
         if config.weights:
@@ -156,17 +157,3 @@ def load_run_config(path: str | Path) -> dict[str, Any]:
             kwargs["kv_cache_dtype"] = calibrated_kv_codec(config.kv_cache_dtype, model, tokenizer,
                                                            config.kv_calibration)
     return kwargs
-
-
-def calibrated_kv_codec(spec: str, model, tokenizer, calibration: Mapping[str, Any]):
-    """The codec ``spec`` calibrated on ``calibration``'s windows; ``spec`` itself (the string) if the codec
-    has no calibration hooks, so callers can tell a calibrated codec by ``result is not spec``."""
-    from .kvcache import get_kv_codec
-    from .kvcache.calibration import calibrate_codec, corpus_windows, has_calibration
-
-    codec = get_kv_codec(spec, model.dtype)
-    if not has_calibration(codec):
-        return spec
-    windows = corpus_windows(tokenizer, calibration["corpus"], calibration["windows"], calibration["window_len"],
-                             calibration["seed"])
-    return calibrate_codec(codec, model, windows)

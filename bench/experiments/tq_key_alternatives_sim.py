@@ -22,7 +22,7 @@ for the codec, one 2048-token eval window to measure), values exact, and the mea
   does since session 3) against a constant post-RoPE mean (session 2). The other experiments keep the
   constant mean, as measured in session 3 before the change.
 
-    .venv/bin/python bench/tq_key_alternatives_sim.py [transform|layers|window|groups|rope] [default|gemma3-270m]
+    .venv/bin/python bench/experiments/tq_key_alternatives_sim.py [transform|layers|window|groups|rope] [default|gemma3-270m]
 """
 from __future__ import annotations
 
@@ -33,9 +33,9 @@ import torch
 
 from tq_key_scaling_sim import attention_kl, round_trip
 
+from bytediet.calibrate.kv import capture_kv
 from bytediet.eval.corpus import make_windows
-from bytediet.eval.harness import tokenize_corpus
-from bytediet.kvcache.calibration import capture_kv
+from bytediet.eval.corpus import tokenize_corpus
 from bytediet.kvcache.lloyd_max import nearest, sphere_coordinate_codebook
 from bytediet.kvcache.turboquant import TurboQuantHalf
 from bytediet.kvcache.turboquant_core import TurboQuantizer

@@ -20,7 +20,8 @@ from typing import Any, Iterator, Mapping, Optional
 import torch.nn as nn
 
 from ..errors import ConfigError
-from .base import Packed, WeightFormat, get_weight_format
+from ..quant import Packed, WeightFormat, build_format
+from .layers import Linear
 
 
 @dataclass(frozen=True)
@@ -105,21 +106,11 @@ class QuantizeSummary:
                 "layers": [asdict(layer) for layer in self.layers]}
 
 
-def build_format(spec: str) -> WeightFormat:
-    """``get_weight_format`` with an unknown name reported as a :class:`ConfigError`."""
-    try:
-        return get_weight_format(spec)
-    except KeyError as exc:
-        raise ConfigError(exc.args[0]) from None
-
-
 def linear_layers(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
     """``model.linear_layers()`` when the model has it, else every :class:`Linear` submodule."""
     if hasattr(model, "linear_layers"):
         yield from model.linear_layers()
         return
-    from ..models.layers import Linear
-
     for name, module in model.named_modules():
         if isinstance(module, Linear):
             yield name, module

@@ -1,5 +1,29 @@
-"""Progress display of ``bytediet optimize``: one rich bar per step on stderr (or nothing)."""
+"""Progress display on stderr (stdout stays clean for ``--json``): one place for every bar.
+
+A *progress function* ``progress(items, desc) → iterator`` wraps a loop: :func:`no_progress` iterates
+silently, :func:`rich_progress` shows one transient bar (calibration, evaluation). :class:`Bars` keeps
+one bar per step of a longer run (``bytediet optimize``).
+"""
 from __future__ import annotations
+
+from typing import Callable, Iterator, Sequence
+
+Progress = Callable[[Sequence, str], Iterator]
+
+
+def no_progress(items: Sequence, desc: str) -> Iterator:
+    """Iterate silently."""
+    return iter(items)
+
+
+def rich_progress(items: Sequence, desc: str) -> Iterator:
+    """Iterate with a transient rich progress bar on stderr."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, TimeElapsedColumn
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with RichProgress(*columns, console=Console(stderr=True), transient=True) as bar:
+        yield from bar.track(items, description=desc, total=len(items))
 
 
 class Bars:

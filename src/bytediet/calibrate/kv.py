@@ -6,9 +6,9 @@ channel weights. :func:`capture_kv` runs the model over calibration token window
 that records the post-RoPE keys, values and queries each attention layer sees; :func:`calibrate_codec`
 hands them to every half of a codec that has a ``calibrate`` hook.
 
-    from bytediet.eval.corpus import load_corpus, make_windows
-    windows = make_windows(ids, 1024, count=2, split="calibration")
-    codec = calibrate_codec(get_kv_codec("turboquant3.5"), model, [w.ids for w in windows])
+    from bytediet.eval.corpus import calibration_windows
+    windows = calibration_windows(tokenizer, CalibrationConfig(samples=2, seq_len=1024), bos=False)
+    codec = calibrate_codec(get_kv_codec("turboquant3.5"), model, windows)
     logits = model.score(eval_ids, kv_codec=codec)
 
 A half's hook is ``calibrate(samples (N, H, D), layer)``; key halves may also accept ``queries=`` (N, Hq, D)
@@ -24,8 +24,8 @@ from typing import Optional, Sequence
 import torch
 
 from ..errors import ConfigError
-from .base import AttentionMetadata, KVCodec, LayerKVCache
-from .full import FullPrecisionCache
+from ..kvcache import AttentionMetadata, KVCodec, LayerKVCache
+from ..kvcache.full import FullPrecisionCache
 
 
 class CaptureCache(LayerKVCache):
@@ -57,8 +57,8 @@ def capture_kv(model, windows: Sequence[torch.Tensor], max_samples: Optional[int
 
     Samples are float32 on the CPU, concatenated over windows; ``max_samples`` keeps an evenly spaced subset.
     """
-    if not windows:
-        raise ConfigError("KV calibration needs at least one token window (see bytediet.eval.corpus.make_windows)")
+    if len(windows) == 0:
+        raise ConfigError("KV calibration needs at least one token window (see bytediet.eval.corpus.calibration_windows)")
     cfg = model.config
     block_size = 16
     per_layer = [{"k": [], "v": [], "q": [], "pos": []} for _ in range(cfg.num_layers)]
@@ -110,15 +110,6 @@ def has_calibration(codec: KVCodec) -> bool:
     """Whether ``codec`` (or one of its key/value halves) has a calibration hook."""
     return hasattr(codec, "calibrate") or any(
         hasattr(getattr(codec, h, None), "calibrate") for h in ("key_half", "value_half"))
-
-
-def corpus_windows(tokenizer, corpus: str, windows: int, window_len: int, seed: int = 0) -> list[torch.Tensor]:
-    """``windows`` token windows (1-D) of the corpus's *calibration* split, never evaluated on."""
-    from ..eval.corpus import make_windows
-    from ..eval.harness import tokenize_corpus
-
-    ids = tokenize_corpus(tokenizer, corpus)
-    return [w.ids for w in make_windows(ids, window_len, windows, split="calibration", seed=seed)]
 
 
 def calibrate_codec(codec: KVCodec, model, windows: Sequence[torch.Tensor],

@@ -12,10 +12,10 @@ from __future__ import annotations
 import torch
 
 from ..errors import ConfigError
-from .apply import QuantizeConfig, build_format
-from .base import Packed
-from .calibration import CALIBRATION_METHODS, Progress, no_progress, pack_blocks_in_order
-from .sparse24 import Sparse24
+from ..models.quantize import QuantizeConfig, build_format
+from ..quant import Packed
+from ..quant.sparse24 import Sparse24
+from .base import CALIBRATION_METHODS, Progress, no_progress, pack_blocks_in_order
 
 
 def wanda_model(model, config: QuantizeConfig, windows: torch.Tensor,

@@ -14,50 +14,19 @@ from typing import Optional
 
 import gguf
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFValueType
+from gguf import GGMLQuantizationType
 
 from ..errors import CheckpointError, ConfigError
-from .gguf_blocks import GGUFBlocks
 from ..kernels.ggml_codecs import ENCODERS
+from ..models.arch import ARCHITECTURES
+from ..models.gguf import copy_metadata, finish_writer, gguf_field
+from ..quant.gguf_blocks import GGUFBlocks
 
 _FILE_TYPES = {GGMLQuantizationType.Q8_0: gguf.LlamaFileType.MOSTLY_Q8_0,
                GGMLQuantizationType.Q4_0: gguf.LlamaFileType.MOSTLY_Q4_0,
                GGMLQuantizationType.Q4_1: gguf.LlamaFileType.MOSTLY_Q4_1,
                GGMLQuantizationType.Q5_0: gguf.LlamaFileType.MOSTLY_Q5_0,
                GGMLQuantizationType.Q5_1: gguf.LlamaFileType.MOSTLY_Q5_1}
-
-
-def copy_metadata(reader: gguf.GGUFReader, writer: gguf.GGUFWriter, skip: tuple[str, ...] = ()) -> None:
-    """Copy every key-value field of ``reader`` into ``writer`` (the writer already has general.architecture)."""
-    for key, f in reader.fields.items():
-        if key.startswith("GGUF.") or key == "general.architecture" or key in skip:
-            continue
-        vtype = f.types[0]
-        sub = f.types[-1] if vtype == GGUFValueType.ARRAY else None
-        value = f.contents()
-        writer.add_key_value(key, value, vtype, sub)
-
-
-def write_metadata_only(source: str | os.PathLike, out_path: str | os.PathLike) -> None:
-    """A GGUF with ``source``'s metadata and no tensors (e.g. to carry a tokenizer)."""
-    reader = gguf.GGUFReader(str(source))
-    writer = gguf.GGUFWriter(str(out_path), _field(reader, "general.architecture"))
-    copy_metadata(reader, writer)
-    _finish(writer)
-
-
-def _field(reader: gguf.GGUFReader, key: str):
-    f = reader.fields.get(key)
-    if f is None:
-        raise CheckpointError(f"GGUF file lacks the {key!r} field")
-    return f.contents()
-
-
-def _finish(writer: gguf.GGUFWriter) -> None:
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
 
 
 def permute_rope_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
@@ -90,11 +59,9 @@ def export_gguf(model, source: str | os.PathLike, out_path: str | os.PathLike,
     ``ggml_type``: the block type for linear layers not already in a GGUF format ("Q8_0", "Q4_0", ...).
     Written to a temporary file and renamed, so a failure leaves nothing behind.
     """
-    from ..models.arch import ARCHITECTURES
-
     gtype = GGMLQuantizationType[ggml_type.upper()] if isinstance(ggml_type, str) else ggml_type
     reader = gguf.GGUFReader(str(source))
-    arch_name = _field(reader, "general.architecture")
+    arch_name = gguf_field(reader, "general.architecture")
     arch = ARCHITECTURES.get(arch_name)()
     layers = dict(model.linear_layers())
     out_path = Path(out_path)
@@ -115,7 +82,7 @@ def export_gguf(model, source: str | os.PathLike, out_path: str | os.PathLike,
         lm_head = layers.get("lm_head")
         if "lm_head" not in written and lm_head is not None and not _shares_embedding(model, lm_head):
             _add_linear(writer, "output.weight", "lm_head", lm_head, gtype, arch, model.config)
-        _finish(writer)
+        finish_writer(writer)
         os.replace(tmp, out_path)
     finally:
         tmp.unlink(missing_ok=True)

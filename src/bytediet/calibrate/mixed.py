@@ -13,7 +13,7 @@
    is repeated, at most ``rounds`` times; the last choice is returned either way, with its measurement.
 
 Bytes come from each format's ``bits_per_weight`` (the same number the roofline uses). The result is
-a :class:`~.apply.QuantizeConfig`: the cheapest candidate as the format, one override per other unit.
+a :class:`~bytediet.models.quantize.QuantizeConfig`: the cheapest candidate as the format, one override per other unit.
 """
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ConfigError
-from .apply import QuantizeConfig, build_format
-from .calibration import Progress, no_progress
+from ..models.quantize import QuantizeConfig, build_format
+from .base import Progress, no_progress
 
 DEFAULT_CANDIDATES = ("int4-g32", "int8", "fp32")
 

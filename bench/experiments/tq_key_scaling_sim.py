@@ -7,7 +7,7 @@ against exact keys is averaged. "scaled" first divides key channel i by s_i = (E
 query by it, which leaves q·k exact; "scaled_half" uses the exponent 1/8. Result (2026-12-02): KL
 0.055 → 0.054 / 0.051 at 3.5 bits, 0.194 → 0.183 / 0.176 at 2.5 bits, too little to adopt.
 
-    .venv/bin/python bench/tq_key_scaling_sim.py [default|gemma3-270m] [3.5,2.5]
+    .venv/bin/python bench/experiments/tq_key_scaling_sim.py [default|gemma3-270m] [3.5,2.5]
 """
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ import sys
 
 import torch
 
+from bytediet.calibrate.kv import capture_kv
 from bytediet.eval.corpus import make_windows
-from bytediet.eval.harness import tokenize_corpus
-from bytediet.kvcache.calibration import capture_kv
+from bytediet.eval.corpus import tokenize_corpus
 from bytediet.kvcache.turboquant import TurboQuantHalf
 from bytediet.models.loader import load_model
 

@@ -8,7 +8,7 @@ immediately, to the columns beyond it once per block. Damping adds ``damp`` × m
 diagonal; inputs that never fire (H_ii = 0) get H_ii = 1 and a zero weight column.
 
 Groups: each group of ``group_size`` input columns gets its scale (and offset) exactly as the
-:class:`~.int4.Int4` format computes them — fp16, from the group's weights as updated by the error
+:class:`~bytediet.quant.int4.Int4` format computes them — fp16, from the group's weights as updated by the error
 feedback when the first column of the group is reached (``block_size`` is a multiple of the group
 size, so the whole group is inside the current block). With ``act_order`` columns are visited by
 decreasing H_ii and the group parameters come from the original weights (GPTQ's "static groups"),
@@ -22,11 +22,11 @@ from dataclasses import asdict, dataclass
 import torch
 
 from ..errors import ConfigError
-from .apply import QuantizeConfig
-from .base import Packed
-from .calibration import CALIBRATION_METHODS, Progress, no_progress, pack_blocks_in_order
-from .fp4 import pack_nibbles
-from .int4 import Int4
+from ..models.quantize import QuantizeConfig
+from ..quant import Packed
+from ..quant.fp4 import pack_nibbles
+from ..quant.int4 import Int4
+from .base import CALIBRATION_METHODS, Progress, no_progress, pack_blocks_in_order
 
 
 @dataclass(frozen=True)

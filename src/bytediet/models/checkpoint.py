@@ -20,7 +20,7 @@ import torch.nn as nn
 from safetensors.torch import load_file, save_file
 
 from ..errors import CheckpointError
-from .apply import QuantizeConfig, build_format, linear_layers
+from .quantize import QuantizeConfig, build_format, linear_layers
 
 CONFIG_FILE = "bytediet_config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -111,7 +111,7 @@ def _describe(model, aliases, source_path, quantize_config, calibration) -> dict
 
 def _copy_tokenizer(src: Path, dst: Path) -> None:
     if src.is_file() and src.suffix.lower() == ".gguf":
-        from .gguf_export import write_metadata_only
+        from .gguf import write_metadata_only
 
         write_metadata_only(src, dst / TOKENIZER_GGUF)
     elif src.is_dir():
@@ -182,7 +182,7 @@ def load_quantized(path: str | os.PathLike, dtype: torch.dtype = torch.float32, 
 
 def _build(config: dict[str, Any], dtype: torch.dtype) -> nn.Module:
     from ..config import ModelConfig
-    from ..models.loader import build_model
+    from .loader import build_model
 
     mc = dict(config.get("model_config") or {})
     if not mc:
@@ -230,6 +230,6 @@ def _load_tokenizer(path: Path):
         target = path / TOKENIZER_DIR
     else:
         return None
-    from ..models.tokenizer import load_tokenizer
+    from .tokenizer import load_tokenizer
 
     return load_tokenizer(target)

@@ -12,7 +12,7 @@ RTN on this objective. The chosen 1/s is then folded into the preceding RMSNorm 
 (:func:`~.folding.fold_scales`), leaving the float model unchanged; the final weights are produced by
 the ordinary ``quantize(model, config)``.
 
-Blocks are processed one at a time on float activations (:class:`~.calibration.BlockRunner`);
+Blocks are processed one at a time on float activations (:class:`~.base.BlockRunner`);
 because folding preserves the float function, block i + 1's inputs are block i's float outputs.
 """
 from __future__ import annotations
@@ -24,9 +24,9 @@ from typing import Optional
 import torch
 
 from ..errors import ConfigError
-from .apply import QuantizeConfig, build_format
-from .base import WeightFormat
-from .calibration import CALIBRATION_METHODS, BlockRunner, Progress, block_linears, capture, no_progress
+from ..models.quantize import QuantizeConfig, build_format
+from ..quant import WeightFormat
+from .base import CALIBRATION_METHODS, BlockRunner, Progress, block_linears, capture, no_progress
 from .folding import fold_scales, float_weight, scale_groups
 
 

@@ -1,0 +1,28 @@
+"""The engine's configuration: which model, how to store it (weights, KV cache), how to schedule it."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping, Optional
+
+from ..config import SchedulerConfig
+from ..errors import ConfigError
+from ..kvcache.config import CacheConfig
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything an ``LLM`` needs: which model, how to store it, how to schedule it."""
+
+    model: str = "default"
+    dtype: str = "float32"
+    weights: Optional[str] = None  # weight format of the linear layers (None: the checkpoint's own)
+    weight_overrides: Mapping[str, str] = field(default_factory=dict)  # layer pattern → format (QuantizeConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    num_threads: Optional[int] = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "weight_overrides", dict(self.weight_overrides))
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ConfigError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
