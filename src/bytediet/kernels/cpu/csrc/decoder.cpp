@@ -8,6 +8,8 @@
 #include "decoder.h"
 
 #include <cmath>
+#include <initializer_list>
+#include <utility>
 #include <vector>
 
 #include "gemm_blocks.h"
@@ -116,20 +118,40 @@ class Input {
     }
     void apply(const LinearDesc& l, float* y) const {
         const long nb = k_ / 32;
-        QuantizedRows rows{s_.xq.data(), s_.xd.data(), s_.xs.data(), k_, nb};
-        if (act_ == 2) {
-            rows.q2 = s_.xq.data() + m_ * k_;
-            rows.d2 = s_.xd.data() + m_ * nb;
-        }
         if (act_ != 1 && l.interleaved)
-            gemm_x4_q8(l.ggml_type, l.blocks, l.n, l.k, rows, m_, y, l.n, l.bias);
+            gemm_x4_q8(l.ggml_type, l.blocks, l.n, l.k, rows(), m_, y, l.n, l.bias);
         else if (act_ != 1)
-            gemm_blocks_q8(l.ggml_type, l.blocks, l.n, l.k, rows, m_, y, l.n, l.bias);
+            gemm_blocks_q8(l.ggml_type, l.blocks, l.n, l.k, rows(), m_, y, l.n, l.bias);
         else
             gemm_blocks_f32(l.ggml_type, l.blocks, l.n, l.k, FloatRows{x_, s_.xs.data(), k_, nb}, m_, y, l.n, l.bias);
     }
 
+    // Products of this input by several weights (q/k/v, gate/up): one parallel region when all are interleaved.
+    void apply_all(std::initializer_list<std::pair<const LinearDesc*, float*>> outs) const {
+        bool fused = act_ != 1;
+        for (auto& o : outs) fused = fused && o.first->interleaved;
+        if (!fused) {
+            for (auto& o : outs) apply(*o.first, o.second);
+            return;
+        }
+        X4Product products[4];
+        int n = 0;
+        for (auto& o : outs) products[n++] = X4Product{o.first->ggml_type, o.first->blocks, o.first->n, o.first->k,
+                                                       o.second, o.first->bias};
+        gemm_x4_many(products, n, rows(), m_);
+    }
+
   private:
+    QuantizedRows rows() const {
+        const long nb = k_ / 32;
+        QuantizedRows r{s_.xq.data(), s_.xd.data(), s_.xs.data(), k_, nb};
+        if (act_ == 2) {
+            r.q2 = s_.xq.data() + m_ * k_;
+            r.d2 = s_.xd.data() + m_ * nb;
+        }
+        return r;
+    }
+
     const float* x_;
     long m_, k_;
     int act_;
@@ -233,9 +255,7 @@ void layer_step(const ModelDesc& m, const LayerDesc& L, float* x, long T, const 
     for (long t = 0; t < T; ++t) rmsnorm(x + t * H, L.attn_norm, H, m.eps, s.h.data() + t * H);
     {
         Input in(s.h.data(), T, H, m.activations, s);
-        in.apply(L.q, s.q.data());
-        in.apply(L.k, s.k.data());
-        in.apply(L.v, s.v.data());
+        in.apply_all({{&L.q, s.q.data()}, {&L.k, s.k.data()}, {&L.v, s.v.data()}});
     }
     for (long t = 0; t < T; ++t) {
         float* qt = s.q.data() + t * hq * d;
@@ -263,8 +283,7 @@ void layer_step(const ModelDesc& m, const LayerDesc& L, float* x, long T, const 
     }
     {
         Input in(s.h.data(), T, H, m.activations, s);
-        in.apply(L.gate, s.gate.data());
-        in.apply(L.up, s.up.data());
+        in.apply_all({{&L.gate, s.gate.data()}, {&L.up, s.up.data()}});
     }
     for (long i = 0; i < T * I; ++i) {
         const float g = s.gate[i];

@@ -31,6 +31,14 @@ int super_block_weights(int ggml_type);
 }  // namespace bd
 
 namespace bd {
+struct X4Product {  // one row-interleaved weight (n % 4 == 0) and where its product goes: y (M, n)
+    int ggml_type;
+    const uint8_t* w;
+    long n, k;
+    float* y;
+    const float* bias;
+};
+void gemm_x4_many(const X4Product* products, int count, const QuantizedRows& x, long M);
 bool has_x4(int ggml_type);
 int gemm_x4_q8(int ggml_type, const uint8_t* w, long N, long K, const QuantizedRows& x, long M, float* y, long ldy,
                const float* bias);

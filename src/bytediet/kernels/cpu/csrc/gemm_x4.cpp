@@ -110,12 +110,12 @@ void group_q8(const uint8_t* w, long nblocks, const QuantizedRows& x, long m0, f
     }
 }
 
+// Rows [b, e) (multiples of 4) of one weight against all M activation rows.
 template <int TYPE>
-void gemm_x4(const uint8_t* w, long N, long K, const QuantizedRows& x, long M, float* y, long ldy, const float* bias) {
+void rows_x4(const uint8_t* w, long K, const QuantizedRows& x, long M, float* y, long ldy, const float* bias, long b,
+             long e) {
     const long nb = K / 32, group_bytes = nb * x4_block_bytes(TYPE);
-    parallel_run([&](int t, int nt) {
-        long b, e;
-        split_range(N, nt, t, 4, &b, &e);
+    {
         for (long n = b; n < e; n += 4) {
             const uint8_t* g = w + (n / 4) * group_bytes;
             long m = 0;
@@ -128,7 +128,15 @@ void gemm_x4(const uint8_t* w, long N, long K, const QuantizedRows& x, long M, f
             for (; m + 2 <= M; m += 2) group_q8<TYPE, 2, false>(g, nb, x, m, y, ldy, n, bias);
             for (; m < M; ++m) group_q8<TYPE, 1, false>(g, nb, x, m, y, ldy, n, bias);
         }
-    });
+    }
+}
+
+void rows_any(const X4Product& p, const QuantizedRows& x, long M, long b, long e) {
+    switch (p.ggml_type) {
+        case kQ4_0: rows_x4<kQ4_0>(p.w, p.k, x, M, p.y, p.n, p.bias, b, e); break;
+        case kQ4_1: rows_x4<kQ4_1>(p.w, p.k, x, M, p.y, p.n, p.bias, b, e); break;
+        default: rows_x4<kQ8_0>(p.w, p.k, x, M, p.y, p.n, p.bias, b, e); break;
+    }
 }
 
 }  // namespace
@@ -167,12 +175,28 @@ void repack_x4(int type, const uint8_t* src, long N, long K, uint8_t* dst) {
 int gemm_x4_q8(int type, const uint8_t* w, long N, long K, const QuantizedRows& x, long M, float* y, long ldy,
                const float* bias) {
     if (N % 4 || K % 32) return -2;
-    switch (type) {
-        case kQ4_0: gemm_x4<kQ4_0>(w, N, K, x, M, y, ldy, bias); return 0;
-        case kQ4_1: gemm_x4<kQ4_1>(w, N, K, x, M, y, ldy, bias); return 0;
-        case kQ8_0: gemm_x4<kQ8_0>(w, N, K, x, M, y, ldy, bias); return 0;
-        default: return -1;
-    }
+    if (!has_x4(type)) return -1;
+    if (ldy != N) return -2;  // outputs are dense (M, N)
+    X4Product p{type, w, N, K, y, bias};
+    gemm_x4_many(&p, 1, x, M);
+    return 0;
+}
+
+// Several products of one input (q/k/v, gate/up) in one parallel region: the rows of all of them are split
+// over the threads together, so the pool synchronises once instead of once per product.
+void gemm_x4_many(const X4Product* products, int count, const QuantizedRows& x, long M) {
+    long total = 0;
+    for (int i = 0; i < count; ++i) total += products[i].n;
+    parallel_run([&](int t, int nt) {
+        long b, e;
+        split_range(total, nt, t, 4, &b, &e);
+        long base = 0;
+        for (int i = 0; i < count; ++i) {
+            const long lo = b > base ? b - base : 0, hi = e - base < products[i].n ? e - base : products[i].n;
+            if (lo < hi) rows_any(products[i], x, M, lo, hi);
+            base += products[i].n;
+        }
+    });
 }
 
 }  // namespace bd
