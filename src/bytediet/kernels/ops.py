@@ -40,6 +40,18 @@ def _say_reference_once(what: str) -> None:
     warnings.warn(f"bytediet: no native kernel for {what}; it runs on the PyTorch reference path", stacklevel=3)
 
 
+def _float_rows(x: torch.Tensor) -> torch.Tensor:
+    """x (..., K) → (M, K) contiguous float32, a view when it already is one."""
+    x2 = x.reshape(-1, x.shape[-1])
+    return x2 if x2.dtype == torch.float32 and x2.is_contiguous() else x2.to(torch.float32).contiguous()
+
+
+def _like_input(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """y (M, N) float32 → (..., N) in x's leading shape and dtype."""
+    y = y.reshape(*x.shape[:-1], y.shape[-1])
+    return y if x.dtype == torch.float32 else y.to(x.dtype)
+
+
 def quantize_rows_q8(x: torch.Tensor, variant: Optional[str] = None):
     """See :func:`bytediet.kernels.reference.quantize_rows_q8`."""
     lib = _library(variant)
@@ -80,11 +92,8 @@ def gemm_blocks(ggml_type: int, blocks: torch.Tensor, x: torch.Tensor, bias: Opt
     mode = _ACTIVATION_MODES.get(activations)
     if mode is None:
         raise ValueError(f"activations must be one of {', '.join(_ACTIVATION_MODES)}, got {activations!r}")
-    k = x.shape[-1]
-    x2 = x.reshape(-1, k)
-    if x2.dtype != torch.float32 or not x2.is_contiguous():
-        x2 = x2.to(torch.float32).contiguous()
-    n, m = blocks.shape[0], x2.shape[0]
+    x2 = _float_rows(x)
+    n, m, k = blocks.shape[0], x2.shape[0], x2.shape[1]
     y = torch.empty(m, n, dtype=torch.float32)
     b = None
     if bias is not None:
@@ -94,8 +103,7 @@ def gemm_blocks(ggml_type: int, blocks: torch.Tensor, x: torch.Tensor, bias: Opt
                             None if b is None else b.data_ptr(), mode)
     if rc != 0:
         raise ValueError(f"GGML type {int(ggml_type)}: {k} values per row are not whole super-blocks")
-    y = y.reshape(*x.shape[:-1], n)
-    return y if x.dtype == torch.float32 else y.to(x.dtype)
+    return _like_input(y, x)
 
 
 # --- row-interleaved (x4) weights ----------------------------------------------------------------------------
@@ -131,19 +139,15 @@ def gemm_x4(ggml_type: int, packed: torch.Tensor, x: torch.Tensor, bias: Optiona
         return reference.gemm_x4(ggml_type, packed, x, bias, activations)
     if activations not in ("q8", "q16"):
         raise ValueError(f"the interleaved kernels take q8 or q16 activations, got {activations!r}")
-    k = x.shape[-1]
-    x2 = x.reshape(-1, k)
-    if x2.dtype != torch.float32 or not x2.is_contiguous():
-        x2 = x2.to(torch.float32).contiguous()
-    n, m = packed.shape[0], x2.shape[0]
+    x2 = _float_rows(x)
+    n, m, k = packed.shape[0], x2.shape[0], x2.shape[1]
     y = torch.empty(m, n, dtype=torch.float32)
     b = None if bias is None else bias.float().contiguous()
     rc = lib.bd_gemm_x4(int(ggml_type), packed.data_ptr(), n, k, x2.data_ptr(), m, y.data_ptr(), _ptr(b),
                         _ACTIVATION_MODES[activations])
     if rc != 0:
         raise ValueError(f"GGML type {int(ggml_type)} ({n}×{k}) has no interleaved kernel")
-    y = y.reshape(*x.shape[:-1], n)
-    return y if x.dtype == torch.float32 else y.to(x.dtype)
+    return _like_input(y, x)
 
 
 # --- the one-call decode step --------------------------------------------------------------------------------

@@ -247,6 +247,16 @@ inline float gelu_tanh(float x) {
     return 0.5f * x * (1.0f + std::tanh(0.7978845608028654f * (x + 0.044715f * x * x * x)));
 }
 
+// x += out for T rows of hidden size; gemma3 (sandwich) normalises out first with its post-norm weight.
+void add_residual(const ModelDesc& m, float* x, float* out, long T, const float* post_norm) {
+    const long H = m.hidden;
+    for (long t = 0; t < T; ++t) {
+        float* ot = out + t * H;
+        if (m.sandwich) rmsnorm(ot, post_norm, H, m.eps, ot);
+        for (long i = 0; i < H; ++i) x[t * H + i] += ot[i];
+    }
+}
+
 void layer_step(const ModelDesc& m, const LayerDesc& L, float* x, long T, const int64_t* positions,
                 const int64_t* slots, const int64_t* block_tables, long bt_stride, long block_size, Scratch& s) {
     const long H = m.hidden, hq = m.num_heads, hkv = m.num_kv_heads, d = m.head_dim, I = m.intermediate;
@@ -274,13 +284,9 @@ void layer_step(const ModelDesc& m, const LayerDesc& L, float* x, long T, const 
         Input in(s.att.data(), T, hq * d, m.activations, s);
         in.apply(L.o, s.o.data());
     }
-    for (long t = 0; t < T; ++t) {
-        float* xt = x + t * H;
-        float* ot = s.o.data() + t * H;
-        if (m.sandwich) rmsnorm(ot, L.post_attn_norm, H, m.eps, ot);
-        for (long i = 0; i < H; ++i) xt[i] += ot[i];
-        rmsnorm(xt, m.sandwich ? L.pre_ffn_norm : L.post_attn_norm, H, m.eps, s.h.data() + t * H);
-    }
+    add_residual(m, x, s.o.data(), T, L.post_attn_norm);
+    for (long t = 0; t < T; ++t)
+        rmsnorm(x + t * H, m.sandwich ? L.pre_ffn_norm : L.post_attn_norm, H, m.eps, s.h.data() + t * H);
     {
         Input in(s.h.data(), T, H, m.activations, s);
         in.apply_all({{&L.gate, s.gate.data()}, {&L.up, s.up.data()}});
@@ -293,12 +299,7 @@ void layer_step(const ModelDesc& m, const LayerDesc& L, float* x, long T, const 
         Input in(s.gate.data(), T, I, m.activations, s);
         in.apply(L.down, s.o.data());
     }
-    for (long t = 0; t < T; ++t) {
-        float* xt = x + t * H;
-        float* ot = s.o.data() + t * H;
-        if (m.sandwich) rmsnorm(ot, L.post_ffn_norm, H, m.eps, ot);
-        for (long i = 0; i < H; ++i) xt[i] += ot[i];
-    }
+    add_residual(m, x, s.o.data(), T, L.post_ffn_norm);
 }
 
 }  // namespace

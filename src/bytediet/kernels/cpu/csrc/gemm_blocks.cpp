@@ -123,34 +123,40 @@ void rows_range(const uint8_t* w, long row_bytes, long nsuper, const Rows& x, lo
     }
 }
 
-template <class F>
-void gemm_q8(const uint8_t* w, long N, long K, const QuantizedRows& x, long M, float* y, long ldy, const float* bias) {
+// The pool splits the weight rows; decode (M = 1) uses NR×1 tiles, batches NR×2, tails narrower tiles.
+template <class F, class Rows, int NR, template <class, int, int> class Tile>
+void gemm_rows(const uint8_t* w, long N, long K, const Rows& x, long M, float* y, long ldy, const float* bias) {
     const long nsuper = K / (32 * F::SUB), row_bytes = nsuper * F::BYTES;
     parallel_run([&](int t, int nt) {
         long b, e;
         split_range(N, nt, t, 4, &b, &e);
         if (M == 1)
-            rows_range<F, QuantizedRows, 4, 1>(w, row_bytes, nsuper, x, M, y, ldy, bias, b, e, tile_q8<F, 4, 1>,
-                                               tile_q8<F, 4, 1>, tile_q8<F, 1, 1>, tile_q8<F, 1, 1>);
+            rows_range<F, Rows, 4, 1>(w, row_bytes, nsuper, x, M, y, ldy, bias, b, e, Tile<F, 4, 1>::run,
+                                      Tile<F, 4, 1>::run, Tile<F, 1, 1>::run, Tile<F, 1, 1>::run);
         else
-            rows_range<F, QuantizedRows, 4, 2>(w, row_bytes, nsuper, x, M, y, ldy, bias, b, e, tile_q8<F, 4, 2>,
-                                               tile_q8<F, 4, 1>, tile_q8<F, 1, 2>, tile_q8<F, 1, 1>);
+            rows_range<F, Rows, NR, 2>(w, row_bytes, nsuper, x, M, y, ldy, bias, b, e, Tile<F, NR, 2>::run,
+                                       Tile<F, NR, 1>::run, Tile<F, 1, 2>::run, Tile<F, 1, 1>::run);
     });
+}
+
+template <class F, int NR, int NC>
+struct TileQ8 {
+    static constexpr auto run = tile_q8<F, NR, NC>;
+};
+
+template <class F, int NR, int NC>
+struct TileF32 {
+    static constexpr auto run = tile_f32<F, NR, NC>;
+};
+
+template <class F>
+void gemm_q8(const uint8_t* w, long N, long K, const QuantizedRows& x, long M, float* y, long ldy, const float* bias) {
+    gemm_rows<F, QuantizedRows, 4, TileQ8>(w, N, K, x, M, y, ldy, bias);
 }
 
 template <class F>
 void gemm_f32(const uint8_t* w, long N, long K, const FloatRows& x, long M, float* y, long ldy, const float* bias) {
-    const long nsuper = K / (32 * F::SUB), row_bytes = nsuper * F::BYTES;
-    parallel_run([&](int t, int nt) {
-        long b, e;
-        split_range(N, nt, t, 4, &b, &e);
-        if (M == 1)
-            rows_range<F, FloatRows, 4, 1>(w, row_bytes, nsuper, x, M, y, ldy, bias, b, e, tile_f32<F, 4, 1>,
-                                           tile_f32<F, 4, 1>, tile_f32<F, 1, 1>, tile_f32<F, 1, 1>);
-        else
-            rows_range<F, FloatRows, 2, 2>(w, row_bytes, nsuper, x, M, y, ldy, bias, b, e, tile_f32<F, 2, 2>,
-                                           tile_f32<F, 2, 1>, tile_f32<F, 1, 2>, tile_f32<F, 1, 1>);
-    });
+    gemm_rows<F, FloatRows, 2, TileF32>(w, N, K, x, M, y, ldy, bias);
 }
 
 template <class Fn>
