@@ -33,7 +33,7 @@ inline __m256i dot_codes(__m256i codes, __m256i xq) {
     else return dot_u8s8(codes, xq);
 }
 
-template <class F, int NR, int NC>
+template <class F, int NR, int NC, bool TWO = false>
 void tile_q8(const uint8_t* w, long row_bytes, long nsuper, const QuantizedRows& x, long m0, float* y, long ldy,
              long n0, const float* bias) {
     __m256 acc[NR][NC];
@@ -45,18 +45,25 @@ void tile_q8(const uint8_t* w, long row_bytes, long nsuper, const QuantizedRows&
         for (int r = 0; r < NR; ++r) F::scales(w + r * row_bytes + i * F::BYTES, sc[r]);
         for (int j = 0; j < F::SUB; ++j) {
             const long blk = i * F::SUB + j;
-            __m256i xq[NC];
-            float xd[NC], xs[NC];
+            __m256i xq[NC], xq2[NC];
+            float xd[NC], xd2[NC], xs[NC];
             for (int c = 0; c < NC; ++c) {
                 xq[c] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q + (m0 + c) * x.k + blk * 32));
                 xd[c] = x.d[(m0 + c) * x.nblocks + blk];
                 xs[c] = x.s[(m0 + c) * x.nblocks + blk];
+                if constexpr (TWO) {
+                    xq2[c] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q2 + (m0 + c) * x.k + blk * 32));
+                    xd2[c] = x.d2[(m0 + c) * x.nblocks + blk];
+                }
             }
             for (int r = 0; r < NR; ++r) {
                 const __m256i codes = F::codes(w + r * row_bytes + i * F::BYTES, j);
                 for (int c = 0; c < NC; ++c) {
                     __m256 p = _mm256_cvtepi32_ps(dot_codes<F>(codes, xq[c]));
                     acc[r][c] = _mm256_fmadd_ps(lane_scale<F>(sc[r], j, xd[c]), p, acc[r][c]);
+                    if constexpr (TWO)  // the second plane against the same unpacked codes
+                        acc[r][c] = _mm256_fmadd_ps(lane_scale<F>(sc[r], j, xd2[c]),
+                                                    _mm256_cvtepi32_ps(dot_codes<F>(codes, xq2[c])), acc[r][c]);
                     zero_term[r][c] += sc[r].m[j] * xs[c];
                 }
             }
@@ -141,7 +148,12 @@ void gemm_rows(const uint8_t* w, long N, long K, const Rows& x, long M, float* y
 
 template <class F, int NR, int NC>
 struct TileQ8 {
-    static constexpr auto run = tile_q8<F, NR, NC>;
+    static constexpr auto run = tile_q8<F, NR, NC, false>;
+};
+
+template <class F, int NR, int NC>
+struct TileQ16 {
+    static constexpr auto run = tile_q8<F, NR, NC, true>;
 };
 
 template <class F, int NR, int NC>
@@ -151,7 +163,10 @@ struct TileF32 {
 
 template <class F>
 void gemm_q8(const uint8_t* w, long N, long K, const QuantizedRows& x, long M, float* y, long ldy, const float* bias) {
-    gemm_rows<F, QuantizedRows, 4, TileQ8>(w, N, K, x, M, y, ldy, bias);
+    if (x.q2 != nullptr)
+        gemm_rows<F, QuantizedRows, 4, TileQ16>(w, N, K, x, M, y, ldy, bias);
+    else
+        gemm_rows<F, QuantizedRows, 4, TileQ8>(w, N, K, x, M, y, ldy, bias);
 }
 
 template <class F>
@@ -247,18 +262,7 @@ void block_sums(const float* x, long M, long K, float* s) {
 
 int gemm_blocks_q8(int ggml_type, const uint8_t* w, long N, long K, const QuantizedRows& x, long M, float* y,
                    long ldy, const float* bias) {
-    if (x.q2 == nullptr)
-        return with_format(ggml_type, [&](auto f) { gemm_q8<decltype(f)>(w, N, K, x, M, y, ldy, bias); });
-    // two planes on the row-by-row kernels: y = W·(d·q) + W·(d2·q2), the zero-point term (s) counted once
-    static thread_local std::vector<float> y2, zeros;
-    y2.resize(M * N);
-    zeros.assign(M * x.nblocks, 0.0f);
-    int rc = with_format(ggml_type, [&](auto f) { gemm_q8<decltype(f)>(w, N, K, x, M, y, ldy, bias); });
-    QuantizedRows second{x.q2, x.d2, zeros.data(), x.k, x.nblocks};
-    with_format(ggml_type, [&](auto f) { gemm_q8<decltype(f)>(w, N, K, second, M, y2.data(), N, nullptr); });
-    for (long m = 0; m < M; ++m)
-        for (long n = 0; n < N; ++n) y[m * ldy + n] += y2[m * N + n];
-    return rc;
+    return with_format(ggml_type, [&](auto f) { gemm_q8<decltype(f)>(w, N, K, x, M, y, ldy, bias); });
 }
 
 int gemm_blocks_f32(int ggml_type, const uint8_t* w, long N, long K, const FloatRows& x, long M, float* y,
