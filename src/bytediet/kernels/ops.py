@@ -16,6 +16,7 @@ import torch
 from . import reference
 from .cpu.dispatch import NativeLibrary, native
 from .decoder_spec import DecoderSpec, LinearSpec
+from .ggml_codecs import block_size_of
 
 NATIVE_GEMM_TYPES = frozenset({2, 3, 6, 7, 8, 12, 13, 14})  # GGML Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q4_K Q5_K Q6_K
 _ACTIVATION_MODES = {"q8": 0, "f32": 1, "q16": 2}
@@ -122,7 +123,7 @@ def repack_x4(ggml_type: int, blocks: torch.Tensor, variant: Optional[str] = Non
     if lib is None:
         return reference.repack_x4(ggml_type, blocks)
     n = blocks.shape[0]
-    k = reference.dequantize_blocks(ggml_type, blocks[:1]).shape[1]
+    k = blocks.shape[1] // reference.block_bytes(ggml_type) * block_size_of(ggml_type)
     blocks = blocks.contiguous()
     out = torch.empty(blocks.numel(), dtype=torch.uint8)
     rc = lib.bd_repack_x4(int(ggml_type), blocks.data_ptr(), n, k, out.data_ptr())

@@ -147,11 +147,12 @@ def dequantize_blocks(ggml_type: int, blocks: torch.Tensor) -> torch.Tensor:
     """GGML blocks (N, bytes per row) uint8 → weight (N, K) float32 (bit-identical to ``gguf.quants``)."""
     decode = DECODERS[ggml_type]
     n = blocks.shape[0]
-    values = decode(blocks.reshape(-1, _type_size(ggml_type)))
+    values = decode(blocks.reshape(-1, block_bytes(ggml_type)))
     return values.reshape(n, -1)
 
 
-def _type_size(ggml_type: int) -> int:
+def block_bytes(ggml_type: int) -> int:
+    """Bytes of one GGML block (super-block for the K-quants) of this type."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
     return GGML_QUANT_SIZES[GGMLQuantizationType(int(ggml_type))][1]
@@ -192,7 +193,7 @@ _X4_SCALES = {2: 1, 3: 2, 8: 1}  # f16 scales per block: Q4_0 d; Q4_1 d, m; Q8_0
 def _codes(ggml_type: int, blocks: torch.Tensor) -> torch.Tensor:
     """(n, bytes per row) → (n, nb, 32) uint8 codes in element order (Q8_0: the int8 bytes)."""
     n = blocks.shape[0]
-    b = blocks.reshape(n, -1, _type_size(ggml_type))
+    b = blocks.reshape(n, -1, block_bytes(ggml_type))
     if ggml_type == 8:
         return b[..., 2:]
     qs = b[..., 2 * _X4_SCALES[ggml_type]:]
@@ -210,7 +211,7 @@ def repack_x4(ggml_type: int, blocks: torch.Tensor) -> torch.Tensor:
     n = blocks.shape[0]
     if ggml_type not in _X4_SCALES or n % 4:
         raise ValueError(f"GGML type {ggml_type} ({n} rows) does not interleave (Q4_0, Q4_1, Q8_0 with rows % 4 == 0)")
-    ts, ns = _type_size(ggml_type), _X4_SCALES[ggml_type]
+    ts, ns = block_bytes(ggml_type), _X4_SCALES[ggml_type]
     b = blocks.reshape(n // 4, 4, -1, ts)  # (G, 4, nb, ts)
     scales = b[..., :2 * ns].reshape(n // 4, 4, -1, ns, 2).permute(0, 2, 3, 1, 4).reshape(n // 4, -1, 8 * ns)
     codes = _codes(ggml_type, blocks).reshape(n // 4, 4, -1, 4, 8)  # (G, r, nb, k, e)
@@ -224,7 +225,7 @@ def repack_x4(ggml_type: int, blocks: torch.Tensor) -> torch.Tensor:
 def unpack_x4(ggml_type: int, packed: torch.Tensor) -> torch.Tensor:
     """The inverse of :func:`repack_x4`."""
     n = packed.shape[0]
-    ts, ns = _type_size(ggml_type), _X4_SCALES[ggml_type]
+    ts, ns = block_bytes(ggml_type), _X4_SCALES[ggml_type]
     g = packed.reshape(n // 4, -1, 4 * ts)  # (G, nb, 4·ts)
     nb = g.shape[1]
     scales = g[..., :8 * ns].reshape(n // 4, nb, ns, 4, 2).permute(0, 3, 1, 2, 4).reshape(n // 4, 4, nb, 2 * ns)

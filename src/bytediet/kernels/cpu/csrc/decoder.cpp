@@ -26,8 +26,8 @@ struct Partial {
 struct Scratch {
     std::vector<float> h, q, k, v, att, o, gate, up, chunk_acc;
     std::vector<Partial> chunk_parts;
-    std::vector<int8_t> xq;
-    std::vector<float> xd, xs;
+    QuantizedActivations act;
+    std::vector<float> sums;  // f32 mode: the sum of each activation block
 };
 
 void rmsnorm(const float* x, const float* w, long n, float eps, float* y) {
@@ -103,27 +103,21 @@ inline void axpy(float a, const float* x, float* y, long n) {
 class Input {
   public:
     Input(const float* x, long m, long k, int activations, Scratch& s) : x_(x), m_(m), k_(k), act_(activations), s_(s) {
-        const long nb = k / 32;
-        s.xd.resize(2 * m * nb);
-        s.xs.resize(m * nb);
-        if (act_ == 0) {
-            s.xq.resize(m * k);
-            quantize_rows_q8(x, m, k, s.xq.data(), s.xd.data(), s.xs.data());
-        } else if (act_ == 2) {
-            s.xq.resize(2 * m * k);
-            quantize_rows_q16(x, m, k, s.xq.data(), s.xd.data(), s.xq.data() + m * k, s.xd.data() + m * nb, s.xs.data());
+        if (act_ == 1) {
+            s.sums.resize(m * (k / 32));
+            block_sums(x, m, k, s.sums.data());
         } else {
-            block_sums(x, m, k, s.xs.data());
+            rows_ = s.act.quantize(x, m, k, act_ == 2);
         }
     }
     void apply(const LinearDesc& l, float* y) const {
         const long nb = k_ / 32;
         if (act_ != 1 && l.interleaved)
-            gemm_x4_q8(l.ggml_type, l.blocks, l.n, l.k, rows(), m_, y, l.n, l.bias);
+            gemm_x4_q8(l.ggml_type, l.blocks, l.n, l.k, rows_, m_, y, l.n, l.bias);
         else if (act_ != 1)
-            gemm_blocks_q8(l.ggml_type, l.blocks, l.n, l.k, rows(), m_, y, l.n, l.bias);
+            gemm_blocks_q8(l.ggml_type, l.blocks, l.n, l.k, rows_, m_, y, l.n, l.bias);
         else
-            gemm_blocks_f32(l.ggml_type, l.blocks, l.n, l.k, FloatRows{x_, s_.xs.data(), k_, nb}, m_, y, l.n, l.bias);
+            gemm_blocks_f32(l.ggml_type, l.blocks, l.n, l.k, FloatRows{x_, s_.sums.data(), k_, nb}, m_, y, l.n, l.bias);
     }
 
     // Products of this input by several weights (q/k/v, gate/up): one parallel region when all are interleaved.
@@ -138,20 +132,11 @@ class Input {
         int n = 0;
         for (auto& o : outs) products[n++] = X4Product{o.first->ggml_type, o.first->blocks, o.first->n, o.first->k,
                                                        o.second, o.first->bias};
-        gemm_x4_many(products, n, rows(), m_);
+        gemm_x4_many(products, n, rows_, m_);
     }
 
   private:
-    QuantizedRows rows() const {
-        const long nb = k_ / 32;
-        QuantizedRows r{s_.xq.data(), s_.xd.data(), s_.xs.data(), k_, nb};
-        if (act_ == 2) {
-            r.q2 = s_.xq.data() + m_ * k_;
-            r.d2 = s_.xd.data() + m_ * nb;
-        }
-        return r;
-    }
-
+    QuantizedRows rows_{};  // q8/q16: the quantized input in the scratch buffers
     const float* x_;
     long m_, k_;
     int act_;

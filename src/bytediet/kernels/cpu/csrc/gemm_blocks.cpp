@@ -250,6 +250,22 @@ void quantize_rows_q16(const float* x, long M, long K, int8_t* q, float* d, int8
     });
 }
 
+QuantizedRows QuantizedActivations::quantize(const float* x, long M, long K, bool two_planes) {
+    const long nb = K / 32, planes = two_planes ? 2 : 1;
+    q.resize(planes * M * K);
+    d.resize(planes * M * nb);
+    s.resize(M * nb);
+    QuantizedRows rows{q.data(), d.data(), s.data(), K, nb};
+    if (two_planes) {
+        rows.q2 = q.data() + M * K;
+        rows.d2 = d.data() + M * nb;
+        quantize_rows_q16(x, M, K, q.data(), d.data(), q.data() + M * K, d.data() + M * nb, s.data());
+    } else {
+        quantize_rows_q8(x, M, K, q.data(), d.data(), s.data());
+    }
+    return rows;
+}
+
 void block_sums(const float* x, long M, long K, float* s) {
     const long nb = M * (K / 32);
     for (long blk = 0; blk < nb; ++blk) {
@@ -279,8 +295,8 @@ int super_block_weights(int ggml_type) {
 }  // namespace bd
 
 namespace {
-thread_local std::vector<int8_t> t_q;
-thread_local std::vector<float> t_d, t_s;
+thread_local bd::QuantizedActivations t_act;
+thread_local std::vector<float> t_sums;
 }
 
 extern "C" {
@@ -292,24 +308,11 @@ int bd_gemm_blocks(int ggml_type, const uint8_t* w, long N, long K, const float*
     if (sb == 0) return -1;
     if (K % sb) return -2;
     const long nb = K / 32;
-    if (act_mode == 0 || act_mode == 2) {
-        const bool two = act_mode == 2;
-        t_q.resize((two ? 2 : 1) * M * K);
-        t_d.resize((two ? 2 : 1) * M * nb);
-        t_s.resize(M * nb);
-        bd::QuantizedRows rows{t_q.data(), t_d.data(), t_s.data(), K, nb};
-        if (two) {
-            rows.q2 = t_q.data() + M * K;
-            rows.d2 = t_d.data() + M * nb;
-            bd::quantize_rows_q16(x, M, K, t_q.data(), t_d.data(), t_q.data() + M * K, t_d.data() + M * nb, t_s.data());
-        } else {
-            bd::quantize_rows_q8(x, M, K, t_q.data(), t_d.data(), t_s.data());
-        }
-        return bd::gemm_blocks_q8(ggml_type, w, N, K, rows, M, y, N, bias);
-    }
-    t_s.resize(M * nb);
-    bd::block_sums(x, M, K, t_s.data());
-    bd::FloatRows rows{x, t_s.data(), K, nb};
+    if (act_mode == 0 || act_mode == 2)
+        return bd::gemm_blocks_q8(ggml_type, w, N, K, t_act.quantize(x, M, K, act_mode == 2), M, y, N, bias);
+    t_sums.resize(M * nb);
+    bd::block_sums(x, M, K, t_sums.data());
+    bd::FloatRows rows{x, t_sums.data(), K, nb};
     return bd::gemm_blocks_f32(ggml_type, w, N, K, rows, M, y, N, bias);
 }
 

@@ -1,6 +1,7 @@
 // Block-format matrix products (see gemm_blocks.cpp).
 #pragma once
 #include <cstdint>
+#include <vector>
 
 namespace bd {
 
@@ -17,6 +18,13 @@ struct FloatRows {  // M float activation rows: x (M, k), s (M, nblocks) the sum
     const float* x;
     const float* s;
     long k, nblocks;
+};
+
+// Owned buffers for M activation rows quantized to one int8 plane (q8) or two (q16), reused across calls.
+struct QuantizedActivations {
+    std::vector<int8_t> q;
+    std::vector<float> d, s;
+    QuantizedRows quantize(const float* x, long M, long K, bool two_planes);
 };
 
 void quantize_rows_q8(const float* x, long M, long K, int8_t* q, float* d, float* s);

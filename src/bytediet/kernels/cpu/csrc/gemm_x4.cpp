@@ -218,18 +218,7 @@ int bd_gemm_x4(int ggml_type, const uint8_t* w, long N, long K, const float* x, 
                int act_mode) {
     if (!bd::has_x4(ggml_type)) return -1;
     if (N % 4 || K % 32) return -2;
-    static thread_local std::vector<int8_t> q;
-    static thread_local std::vector<float> d, s;
-    const long nb = K / 32;
-    q.resize(2 * M * K); d.resize(2 * M * nb); s.resize(M * nb);
-    bd::QuantizedRows rows{q.data(), d.data(), s.data(), K, nb};
-    if (act_mode == 2) {
-        rows.q2 = q.data() + M * K;
-        rows.d2 = d.data() + M * nb;
-        bd::quantize_rows_q16(x, M, K, q.data(), d.data(), q.data() + M * K, d.data() + M * nb, s.data());
-    } else {
-        bd::quantize_rows_q8(x, M, K, q.data(), d.data(), s.data());
-    }
-    return bd::gemm_x4_q8(ggml_type, w, N, K, rows, M, y, N, bias);
+    static thread_local bd::QuantizedActivations act;
+    return bd::gemm_x4_q8(ggml_type, w, N, K, act.quantize(x, M, K, act_mode == 2), M, y, N, bias);
 }
 }
