@@ -37,10 +37,11 @@ def decode_metadata(contexts, block_size=16):
                              seq_ids=list(range(len(contexts)))), first
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
+@pytest.mark.parametrize("arch,fmt", [(a, "gguf-q4_1") for a in ("llama", "qwen2", "gemma3")] + [
+    ("llama", "int8"), ("qwen2", "int4-g32"), ("gemma3", "int4-g32-sym")])  # bytediet's formats: repacked layouts
 @pytest.mark.parametrize("activations", ["q16", "q8", "f32"])
-def test_native_decode_step_equals_module_path(arch, activations):
-    model = packed_model(arch)
+def test_native_decode_step_equals_module_path(arch, fmt, activations):
+    model = packed_model(arch, fmt=fmt)
     for _, lin in model.linear_layers():
         lin.format.with_activations(activations)
     contexts = [5, 17, 40]  # page boundaries, and gemma3's window of 8 cut inside a page
@@ -64,6 +65,9 @@ def test_native_decode_step_equals_module_path(arch, activations):
 def test_what_the_native_step_does_not_cover_is_said():
     model = packed_model("llama")
     assert why_not_native(model, model.new_caches(2, 16, "bf16")).startswith("KV cache")
+    assert why_not_native(packed_model("llama", fmt="int8"), model.new_caches(2, 16)) is None
+    w8a8 = packed_model("llama", fmt="int8-w8a8")
+    assert "int8-w8a8" in why_not_native(w8a8, w8a8.new_caches(2, 16))
     fp32 = packed_model("llama", fmt="fp32")
     assert "has no native kernel" in why_not_native(fp32, fp32.new_caches(2, 16))
     assert native_decoder(fp32, fp32.new_caches(2, 16)) is None

@@ -18,6 +18,7 @@ from bytediet.perf import measure as measure_mod
 from bytediet.perf.bench import (BenchConfig, ModelWeightBits, RequestTiming, Unavailable, make_workload, percentile,
                                  run_bench, summarize)
 from bytediet.perf.peers import BytedietSystem, TransformersSystem, make_peers
+from bytediet.models.quantize import QuantizeConfig, quantize
 from bytediet.perf.roofline import analyze
 from tests.conftest import model_from_state, random_state, tiny_config
 from tests.eval.test_harness import write_tiny_checkpoint
@@ -227,6 +228,43 @@ def ckpt(tmp_path_factory):
     return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny-bench"), seed=2)
 
 
+def test_context_part_ends_each_run_at_its_context(tiny_result):
+    r, ours, hw, cfg = tiny_result
+    ctx = r["systems"]["bytediet"]["context"]
+    assert list(ctx) == [str(n) for n in cfg.contexts]
+    for n, m in ctx.items():
+        assert m["prompt_tokens"] == int(n) - cfg.context_new_tokens and m["decode_tokens"] == cfg.context_new_tokens
+        assert m["decode_tokens_per_s"] == pytest.approx(1 / m["decode_step_s"])
+    rows = r["context_roofline"]
+    assert [row["context"] for row in rows] == list(cfg.contexts)
+    for row in rows:  # the analyzer at the decode run's mean context, fp32 weights and KV
+        pred = analyze(ours.model.config, hw, weights=32.0, kv=32.0, batch=1, prompt_len=row["context"],
+                       context=row["context"] - cfg.context_new_tokens // 2)
+        assert row["predicted_step_s"] == pytest.approx(pred.decode.time)
+        assert row["kv_bytes_per_step"] == pytest.approx(pred.kv_bytes)
+        assert row["measured_step_s"] == ctx[str(row["context"])]["decode_step_s"]
+
+
+def test_variants_run_the_single_and_context_parts_against_the_same_peers():
+    config = tiny_config("llama")
+    state = random_state(config, seed=2)
+    ours = BytedietSystem((model_from_state(config, state), None), threads=1)
+    int8_model = model_from_state(config, state)
+    quantize(int8_model, QuantizeConfig(format="int8"))
+    variant = BytedietSystem((int8_model, None), threads=1)
+    variant.name = "bytediet int8"
+    peer = BytedietSystem((model_from_state(config, state), None), threads=1)
+    peer.name = "peer"
+    cfg = BenchConfig.quick(threads=1, concurrency=(1,))
+    r = run_bench(ours, [peer], cfg, parts=["single", "concurrency", "context"], variants=[variant])
+    v = r["systems"]["bytediet int8"]
+    assert set(v) == {"available", "info", "single", "context"}  # no concurrency sweep for variants
+    assert "int8" in v["info"]["weights"].split(",")
+    assert r["ratios"]["peer"]["bytediet int8"]["decode_tokens_per_s"] == pytest.approx(
+        v["single"]["decode_tokens_per_s"] / r["systems"]["peer"]["single"]["decode_tokens_per_s"])
+    assert set(r["ratios"]["peer"]["bytediet int8"]) >= {f"context_{n}" for n in cfg.contexts}
+
+
 @pytest.fixture
 def fake_machine(tmp_path, monkeypatch):
     """This machine's measured ceilings come from a fixed cache file (no 5-second probe in tests)."""
@@ -268,6 +306,12 @@ def test_cli_table_and_bad_flags(ckpt, fake_machine, capsys):
     out = capsys.readouterr().out
     assert "single stream" in out and "predicted vs measured" in out and "int8" in out
     assert "concurrency sweep" not in out
+    assert main(["bench", "--model", str(ckpt), "--quick", "--threads", "1", "--peers", "none", "--formats", "int8",
+                 "--parts", "single,context", "--contexts", "20,30"]) == 0
+    out = capsys.readouterr().out
+    assert "bytes down" in out and "bytediet int8" in out and "context scaling" in out
+    assert main(["bench", "--model", str(ckpt), "--quick", "--formats", "int9"]) == 2
+    assert "int9" in capsys.readouterr().err
     assert main(["bench", "--model", str(ckpt), "--quick", "--concurrency", "1,x"]) == 2
     assert "--concurrency" in capsys.readouterr().err
     assert main(["bench", "--model", str(ckpt), "--quick", "--threads", "1", "--parts", "everything"]) == 2

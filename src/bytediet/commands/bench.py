@@ -25,9 +25,15 @@ def register(sub) -> None:
     p.add_argument("--output-lens", default=None, metavar="LO,HI", help="output length range of the sweep (default 32,128)")
     p.add_argument("--requests-per-level", type=int, default=None,
                    help="requests per concurrency level: max(level, this) (default 4)")
-    p.add_argument("--parts", default="single,concurrency,roofline", help="which parts to run (comma-separated)")
+    p.add_argument("--parts", default="single,concurrency,roofline",
+                   help="which parts to run (comma-separated): single, concurrency, roofline, context")
+    p.add_argument("--contexts", default=None, metavar="N,N,...",
+                   help="context part: contexts (tokens) each batch-1 decode run ends at (default 512,2048,8192)")
     p.add_argument("--weights", default=None, metavar="FMT",
                    help="bytediet weight format (e.g. int8, int4-g64, fp32); default: the GGUF's native blocks")
+    p.add_argument("--formats", default=None, metavar="FMT,FMT,...",
+                   help="also run the single-stream and context parts with these weight formats of the same model "
+                        "('gguf' = the native blocks), in the same run: the bytes-vs-speed table of every format")
     p.add_argument("--activations", default="q16", choices=["q16", "q8", "f32"],
                    help="how native GGUF blocks multiply (int8 or float activations)")
     p.add_argument("--kv-cache-dtype", default="auto", metavar="CODEC", help="bytediet KV-cache codec")
@@ -58,6 +64,8 @@ def bench_config(args: argparse.Namespace):
             overrides[key] = pair
     if args.requests_per_level is not None:
         overrides["min_requests"] = args.requests_per_level
+    if args.contexts:
+        overrides["contexts"] = positive_ints(args.contexts, "--contexts")
     return BenchConfig.quick(**overrides) if args.quick else BenchConfig(**overrides)
 
 
@@ -83,11 +91,12 @@ def run(args: argparse.Namespace) -> int:
                                   activations=args.activations)
     ours = BytedietSystem((model, tokenizer), threads=config.threads, kv_cache_dtype=args.kv_cache_dtype,
                           max_num_batched_tokens=args.max_num_batched_tokens)
+    variants = [LazyVariant(spec, args, config, progress) for spec in _formats(args)]
     path = resolve_model_path(args.model)
     eos = sorted(getattr(tokenizer, "eos_token_ids", ()) or [0])
     if names:
         progress(f"loading peers: {', '.join(names)}")
-    n_ctx = 256 * -(-(config.max_sequence_len + 16) // 256)
+    n_ctx = 256 * -(-(config.longest_sequence(parts) + 16) // 256)
     peers = make_peers(names, path, threads=config.threads, n_ctx=n_ctx,
                        pad_token_id=eos[0])
     extra = {"command": command_line(args), "model": str(path)}
@@ -97,9 +106,9 @@ def run(args: argparse.Namespace) -> int:
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)
             Path(args.out).write_text(json.dumps({**partial, **extra}, indent=2) + "\n")
 
-    corpus = corpus_token_ids(tokenizer, model.config.vocab_size, config.max_sequence_len, config.seed)
+    corpus = corpus_token_ids(tokenizer, model.config.vocab_size, config.longest_sequence(parts), config.seed)
     result = {**run_bench(ours, peers, config, parts=parts, hardware=hardware, progress=progress, checkpoint=write,
-                          corpus=corpus), **extra}
+                          corpus=corpus, variants=variants), **extra}
     write(result)
     if args.json:
         print(json.dumps(result))
@@ -108,11 +117,60 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _formats(args: argparse.Namespace) -> list[str]:
+    if not args.formats:
+        return []
+    specs = [f.strip() for f in args.formats.split(",") if f.strip()]
+    from ..quant import get_weight_format
+
+    for spec in specs:
+        if spec != "gguf":
+            try:
+                get_weight_format(spec)
+            except KeyError as exc:
+                raise ConfigError(f"--formats: {exc.args[0]}") from None
+    return specs
+
+
+class LazyVariant:
+    """A bytediet system for one more weight format of the benchmarked model, loaded when it runs (and
+    dropped after), so only one extra model is in memory at a time."""
+
+    def __init__(self, spec: str, args: argparse.Namespace, config, progress) -> None:
+        self.name = f"bytediet {spec}"
+        self.spec, self.args, self.config, self.progress, self._system = spec, args, config, progress, None
+
+    def _load(self):
+        if self._system is None:
+            import torch
+
+            from ..models.loader import load_model
+            from ..perf.peers import BytedietSystem
+
+            self.progress(f"loading {self.args.model} with weights {self.spec}")
+            weights = None if self.spec == "gguf" else self.spec
+            loaded = load_model(self.args.model, dtype=torch.float32, weights=weights, keep_packed=True,
+                                activations=self.args.activations)
+            self._system = BytedietSystem(loaded, threads=self.config.threads, kv_cache_dtype=self.args.kv_cache_dtype,
+                                          max_num_batched_tokens=self.args.max_num_batched_tokens)
+        return self._system
+
+    def info(self) -> dict:
+        return self._load().info()
+
+    def serve(self, prompts, max_tokens, concurrency):
+        return self._load().serve(prompts, max_tokens, concurrency)
+
+    def close(self) -> None:
+        self._system = None
+
+
 def command_line(args: argparse.Namespace) -> str:
     """The flags of this run, spelled out (defaults included), to reproduce it."""
     flags = [f"--model {args.model}", f"--threads {args.threads}", f"--peers {args.peers}", f"--parts {args.parts}",
              f"--kv-cache-dtype {args.kv_cache_dtype}", f"--max-num-batched-tokens {args.max_num_batched_tokens}"]
-    for flag, value in (("--weights", args.weights), ("--activations", args.activations),
+    for flag, value in (("--weights", args.weights), ("--formats", args.formats), ("--contexts", args.contexts),
+                        ("--activations", args.activations),
                         ("--concurrency", args.concurrency),
                         ("--roofline-batches", args.roofline_batches), ("--prompt-lens", args.prompt_lens),
                         ("--output-lens", args.output_lens), ("--requests-per-level", args.requests_per_level)):
@@ -164,6 +222,57 @@ def print_tables(r: dict) -> None:
     _print_ratios(console, r)
     if "roofline" in r:
         _print_roofline(console, r["roofline"])
+    _print_formats(console, r)
+    if "context_roofline" in r:
+        _print_context(console, r)
+
+
+def _print_formats(console, r: dict) -> None:
+    """Bytes against speed for every bytediet weight format of the run (needs --formats)."""
+    from rich.table import Table
+
+    mine = {n: s for n, s in r["systems"].items() if n.startswith("bytediet") and s.get("available") and "single" in s}
+    if len(mine) < 2:
+        return
+    peers = list(r["ratios"])
+    t = Table(title="bytes down ⇒ time down: batch-1 decode of every weight format (same run)")
+    for col in ("system", "weights", "weight MB", "decode tok/s", "prefill tok/s", "achieved GB/s", *(f"vs {p}" for p in peers)):
+        t.add_column(col, justify="left" if col in ("system", "weights") else "right")
+    for name, s in sorted(mine.items(), key=lambda kv: -(kv[1]["info"].get("weight_bytes") or 0)):
+        one = s["single"]
+        cells = []
+        for p in peers:
+            ratio = r["ratios"][p] if name == "bytediet" else r["ratios"][p].get(name, {})
+            cells.append(_f(ratio.get("decode_tokens_per_s"), ".2f"))
+        t.add_row(name, s["info"]["weights"], _f(s["info"].get("weight_bytes"), ".0f", 1e-6),
+                  _f(one["decode_tokens_per_s"]), _f(one["prefill_tokens_per_s"]),
+                  _f(one.get("achieved_weight_gb_per_s"), ".2f"), *cells)
+    console.print(t)
+
+
+def _print_context(console, r: dict) -> None:
+    """Batch-1 decode speed at each context, every system, and the roofline's prediction for bytediet."""
+    from rich.table import Table
+
+    systems = {n: s for n, s in r["systems"].items() if s.get("available") and "context" in s}
+    pred = {row["context"]: row for row in r["context_roofline"]}
+    t = Table(title=f"context scaling: batch-1 decode of {r['config']['context_new_tokens']} tokens ending at each "
+                    f"context (tok/s)")
+    t.add_column("context", justify="right")
+    for name in systems:
+        t.add_column(name, justify="right")
+    peers = [p for p in r["ratios"] if p in systems]
+    for p in peers:
+        t.add_column(f"bytediet / {p}", justify="right")
+    for col in ("roofline step ms", "bytediet step ms", "KV MB/step"):
+        t.add_column(col, justify="right")
+    for n in map(str, r["config"]["contexts"]):
+        row = pred.get(int(n), {})
+        t.add_row(n, *(_f(s["context"].get(n, {}).get("decode_tokens_per_s")) for s in systems.values()),
+                  *(_f(r["ratios"][p].get(f"context_{n}"), ".2f") for p in peers),
+                  _f(row.get("predicted_step_s"), ".1f", 1e3), _f(row.get("measured_step_s"), ".1f", 1e3),
+                  _f(row.get("kv_bytes_per_step"), ".0f", 1e-6))
+    console.print(t)
 
 
 def _print_ratios(console, r: dict) -> None:

@@ -13,12 +13,13 @@ from typing import Optional
 
 import torch
 
-from . import reference
+from . import native_layouts, reference
 from .cpu.dispatch import NativeLibrary, native
 from .decoder_spec import DecoderSpec, LinearSpec
 from .ggml_codecs import block_size_of
 
-NATIVE_GEMM_TYPES = frozenset({2, 3, 6, 7, 8, 12, 13, 14})  # GGML Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q4_K Q5_K Q6_K
+# GGML Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q4_K Q5_K Q6_K, and bytediet's int8/int4 layouts (native_layouts.TYPES)
+NATIVE_GEMM_TYPES = frozenset({2, 3, 6, 7, 8, 12, 13, 14}) | native_layouts.TYPES
 _ACTIVATION_MODES = {"q8": 0, "f32": 1, "q16": 2}
 
 

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from .decoder_spec import DecoderSpec, LayerSpec
+from . import native_layouts
 from .ggml_codecs import DECODERS
 
 
@@ -144,7 +145,11 @@ def dequantize_rows_q8(q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
 
 
 def dequantize_blocks(ggml_type: int, blocks: torch.Tensor) -> torch.Tensor:
-    """GGML blocks (N, bytes per row) uint8 → weight (N, K) float32 (bit-identical to ``gguf.quants``)."""
+    """GGML blocks (N, bytes per row) uint8 → weight (N, K) float32 (bit-identical to ``gguf.quants``).
+
+    Also takes bytediet's own layouts (:mod:`bytediet.kernels.native_layouts`, type ids ≥ 100)."""
+    if native_layouts.is_native_layout(ggml_type):
+        return native_layouts.dequantize(ggml_type, blocks)
     decode = DECODERS[ggml_type]
     n = blocks.shape[0]
     values = decode(blocks.reshape(-1, block_bytes(ggml_type)))

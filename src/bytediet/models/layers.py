@@ -26,6 +26,7 @@ class Linear(nn.Module):
         self.format: Optional[WeightFormat] = None
         self._packed_keys: list[str] = []
         self.interleaved: Optional[torch.Tensor] = None  # a row-interleaved copy for the native kernels, if any
+        self._native: Optional[tuple[int, torch.Tensor]] = None  # format.native_layout, made on first use
 
     @property
     def packed(self) -> Packed:
@@ -35,7 +36,7 @@ class Linear(nn.Module):
         """Install already-packed tensors (from a quantizer or a saved checkpoint)."""
         for k in self._packed_keys:
             delattr(self, "packed_" + k)
-        self.format, self._packed_keys, self.interleaved = fmt, list(packed), None
+        self.format, self._packed_keys, self.interleaved, self._native = fmt, list(packed), None, None
         for k, t in packed.items():
             self.register_buffer("packed_" + k, t, persistent=True)
 
@@ -48,9 +49,30 @@ class Linear(nn.Module):
     def dequantized_weight(self) -> torch.Tensor:
         return self.format.dequantize(self.packed)
 
+    def native_weight(self) -> Optional[tuple[int, torch.Tensor]]:
+        """(kernel type id, rows) that a native block kernel multiplies on this machine, or None.
+
+        GGML blocks are the packed tensor itself; bytediet's int8/int4 planes are repacked once, here, into
+        a copy of the same byte count (``kernels/native_layouts.py``), kept beside the packed planes.
+        """
+        if self.format is None or self.packed_device().type != "cpu":
+            return None
+        if self._native is None:
+            layout = self.format.native_layout(self.packed)
+            if layout is None or not ops.has_native_gemm(layout[0]):
+                return None
+            self._native = (layout[0], layout[1].contiguous())
+        return self._native
+
+    def packed_device(self) -> torch.device:
+        return getattr(self, "packed_" + self._packed_keys[0]).device if self._packed_keys else torch.device("cpu")
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.interleaved is not None:  # the same weight, laid out for the native kernels (ops.repack_x4)
             return ops.gemm_x4(self.format.ggml_type, self.interleaved, x, self.bias, self.format.activations)
+        native = self.native_weight() if x.device.type == "cpu" else None
+        if native is not None:
+            return ops.gemm_blocks(native[0], native[1], x, self.bias, self.format.activations)
         return self.format.apply(x, self.packed, self.bias)
 
     def extra_repr(self) -> str:

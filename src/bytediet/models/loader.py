@@ -81,8 +81,9 @@ def load_model(spec: str | os.PathLike = "default", dtype: str | torch.dtype = t
     dtype: compute dtype of activations and unquantized weights. weights: a weight-format spec
     applied at load time (e.g. ``int8``, or ``fp32`` for the dequantized reference); ``keep_packed``: keep
     GGUF-quantized blocks packed in their native format instead of dequantizing (ignored when ``weights``
-    re-quantizes). ``activations``: how packed GGUF blocks multiply (``q8`` or ``f32``, see
-    :mod:`bytediet.quant.gguf_blocks`).
+    re-quantizes). ``activations``: how layers with native block kernels multiply (``q16``, ``q8`` or
+    ``f32``, see :class:`bytediet.quant.common.NativeActivations`); a ``weights`` spec that names its own
+    (``int4-g64-a8``) keeps it.
     """
     keep_packed = keep_packed and not weights
     dtype = _DTYPES[dtype] if isinstance(dtype, str) else dtype
@@ -90,7 +91,9 @@ def load_model(spec: str | os.PathLike = "default", dtype: str | torch.dtype = t
     if path.is_dir() and (path / "bytediet_config.json").is_file():
         from .checkpoint import load_quantized
 
-        return load_quantized(path, dtype=dtype)
+        model, tokenizer = load_quantized(path, dtype=dtype)
+        set_activations(model, activations)
+        return model, tokenizer
     if path.is_dir():
         from .safetensors import HFCheckpoint
 
@@ -103,12 +106,13 @@ def load_model(spec: str | os.PathLike = "default", dtype: str | torch.dtype = t
         ckpt = GGUFCheckpoint(path)
         model = build_model(ckpt.config, dtype)
         _assign_all(model, ckpt.tensors(), dtype, keep_packed=keep_packed, source=str(path), arch=ckpt.arch)
-        set_activations(model, activations)
     model.source_path = str(path)
     if weights:
         from .quantize import QuantizeConfig, quantize
 
         quantize(model, QuantizeConfig(format=weights))
+    if not weights or weights == _bare_format(weights):
+        set_activations(model, activations)
     tokenizer = None
     if load_tokenizer:
         from .tokenizer import load_tokenizer as _load_tokenizer
@@ -118,8 +122,13 @@ def load_model(spec: str | os.PathLike = "default", dtype: str | torch.dtype = t
     return model, tokenizer
 
 
+def _bare_format(spec: str) -> str:
+    """A weight spec without an explicit activation part (``int4-g64-a8`` → ``int4-g64``)."""
+    return "-".join(p for p in spec.split("-") if p not in ("a8", "a16", "af32"))
+
+
 def set_activations(model: CausalLM, activations: str) -> None:
-    """Set how every packed GGUF-block layer multiplies its activations (``q8`` or ``f32``)."""
+    """Set how every layer with a native block kernel multiplies its activations (``q16``, ``q8`` or ``f32``)."""
     for _, lin in model.linear_layers():
         if hasattr(lin.format, "with_activations"):
             lin.format.with_activations(activations)

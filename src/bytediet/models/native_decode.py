@@ -24,11 +24,11 @@ from .transformer import CausalLM
 def _linear(lin: Linear, interleave: bool = False) -> Optional[LinearSpec]:
     """The layer's blocks as the native step reads them; ``interleave``: in the x4 layout where that exists
     (a copy of the same size — the module path keeps reading the GGML layout)."""
-    gtype = getattr(lin.format, "ggml_type", None)
-    if gtype is None or not ops.has_native_gemm(int(gtype)):
+    native = lin.native_weight()
+    if native is None:
         return None
+    gtype, blocks = native
     bias = None if lin.bias is None else lin.bias.detach().float().contiguous()
-    blocks = lin.packed["blocks"].contiguous()
     x4 = interleave and ops.can_interleave(int(gtype), lin.out_features, lin.in_features)
     if x4:
         if lin.interleaved is None:  # the module path (prefill) multiplies with the same copy
@@ -100,5 +100,5 @@ def native_decoder(model: CausalLM, caches: list) -> Optional[NativeDecoder]:
                        attention_scale=model.model.layers[0].self_attn.scale, gelu=c.hidden_act == "gelu_tanh",
                        sandwich=c.sandwich_norm, activations=activations)
     head = model.lm_head
-    lm_head = _linear(head, head.format.activations in ("q8", "q16")) if hasattr(head.format, "ggml_type") else None
+    lm_head = _linear(head, getattr(head.format, "activations", None) in ("q8", "q16"))
     return NativeDecoder(model, spec, lm_head)

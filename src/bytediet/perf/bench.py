@@ -7,10 +7,14 @@ vLLM's ``benchmark_serving``):
     TTFT = first token − arrival        TPOT = (finish − first token) / (output tokens − 1)
     aggregate throughput = Σ output tokens / (last finish − first arrival)
 
-The run has three parts: a single stream (prefill of a 512-token prompt; 128 decode tokens after
-it), a concurrency sweep on a seeded mix of Austen prompts and output lengths, and — for bytediet
+The run has four parts: a single stream (prefill of a 512-token prompt; 128 decode tokens after
+it), a concurrency sweep on a seeded mix of Austen prompts and output lengths, — for bytediet
 only — the roofline check: clean decode steps at batch B measured against
-:func:`bytediet.perf.roofline.analyze` for the same model, weight format, KV codec, batch and context.
+:func:`bytediet.perf.roofline.analyze` for the same model, weight format, KV codec, batch and context,
+and context scaling: batch-1 decode of ``context_new_tokens`` tokens whose context ends at each of
+``contexts`` (512, 2048, 8192 tokens of Austen), with the roofline's predicted step time beside bytediet's.
+Extra bytediet systems (``variants``: other weight formats of the same model) run the single-stream and
+context parts in the same run, so every format is compared with the same peer measurement.
 """
 from __future__ import annotations
 
@@ -25,7 +29,8 @@ from typing import Callable, Optional, Protocol, Sequence
 from ..errors import ConfigError
 
 Progress = Callable[[str], None]
-PARTS = ("single", "concurrency", "roofline")
+PARTS = ("single", "concurrency", "roofline", "context")
+VARIANT_PARTS = ("single", "context")  # the parts extra bytediet systems (other weight formats) run
 
 
 @dataclass(frozen=True)
@@ -93,11 +98,18 @@ class BenchConfig:
     roofline_batches: tuple[int, ...] = (1, 16)
     roofline_prompt_len: int = 64
     roofline_steps: int = 16
+    contexts: tuple[int, ...] = (512, 2048, 8192)  # context part: the context each decode run ends at
+    context_new_tokens: int = 48
     seed: int = 0
 
     def __post_init__(self) -> None:
         positive = ("threads", "prefill_len", "prefill_repeats", "decode_prompt_len", "decode_new_tokens",
                     "min_requests", "roofline_prompt_len", "roofline_steps")
+        if self.context_new_tokens < 2:
+            raise ConfigError("bench: context_new_tokens must be at least 2 (decode speed needs two tokens)")
+        if any(n <= self.context_new_tokens for n in self.contexts):
+            raise ConfigError(f"bench: every context must exceed context_new_tokens ({self.context_new_tokens}), "
+                              f"got {self.contexts}")
         for key in positive:
             if getattr(self, key) < 1:
                 raise ConfigError(f"bench: {key} must be at least 1, got {getattr(self, key)}")
@@ -115,7 +127,8 @@ class BenchConfig:
     def quick(cls, **overrides) -> "BenchConfig":
         small = dict(prefill_len=24, prefill_repeats=1, decode_prompt_len=24, decode_new_tokens=6,
                      concurrency=(1, 4), min_requests=2, prompt_len_range=(8, 32), output_len_range=(2, 6),
-                     roofline_batches=(1, 4), roofline_prompt_len=8, roofline_steps=3)
+                     roofline_batches=(1, 4), roofline_prompt_len=8, roofline_steps=3, contexts=(24, 48),
+                     context_new_tokens=4)
         return cls(**{**small, **overrides})
 
     @property
@@ -123,6 +136,10 @@ class BenchConfig:
         return max(self.prefill_len + 1, self.decode_prompt_len + self.decode_new_tokens,
                    self.prompt_len_range[1] + self.output_len_range[1],
                    self.roofline_prompt_len + self.roofline_steps + 2)
+
+    def longest_sequence(self, parts: Sequence[str]) -> int:
+        """Tokens the longest request of these parts holds (corpus length, the peers' context size)."""
+        return max([self.max_sequence_len, *(self.contexts if "context" in parts else ())])
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -229,8 +246,23 @@ def measure_concurrency(system: System, ctx: BenchContext) -> dict[str, dict]:
     return results
 
 
+def measure_context(system: System, ctx: BenchContext) -> dict[str, dict]:
+    """Batch-1 greedy decode whose context ends at each of ``contexts``: prompt of N − new tokens, then
+    ``context_new_tokens`` decoded (decode tok/s from the first-token and finish times). context → result."""
+    c, ids, out = ctx.config, ctx.corpus_ids, {}
+    for n in c.contexts:
+        prompt_len = n - c.context_new_tokens
+        if len(ids) < prompt_len:
+            raise ConfigError(f"the corpus ({len(ids)} tokens) is shorter than the {prompt_len}-token context prompt")
+        ctx.progress(f"{system.name}: decode at context {n}")
+        run = system.serve([ids[:prompt_len]], [c.context_new_tokens], 1)[0]
+        out[str(n)] = {"prompt_tokens": prompt_len, "decode_tokens": run.output_tokens, "ttft_s": run.ttft_s,
+                       "decode_tokens_per_s": 1.0 / run.tpot_s, "decode_step_s": run.tpot_s}
+    return out
+
+
 def run_system(system: System, ctx: BenchContext, parts: Sequence[str]) -> dict:
-    """Warm up, then the single stream and the concurrency sweep for one system."""
+    """Warm up, then the single stream, the concurrency sweep and the context part for one system."""
     ctx.progress(f"{system.name}: warm-up")
     system.serve([ctx.corpus_ids[:8]], [2], 1)
     out: dict = {"available": True, "info": system.info()}
@@ -239,6 +271,8 @@ def run_system(system: System, ctx: BenchContext, parts: Sequence[str]) -> dict:
         out["single"] = measure_single(system, ctx)
     if "concurrency" in parts:
         out["concurrency"] = measure_concurrency(system, ctx)
+    if "context" in parts:
+        out["context"] = measure_context(system, ctx)
     return out
 
 
@@ -251,6 +285,10 @@ def ratios(ours: dict, peer: dict) -> dict:
     if "single" in ours and "single" in peer:
         for key in ("prefill_tokens_per_s", "decode_tokens_per_s"):
             out[key] = div(ours["single"][key], peer["single"][key])
+    for n, mine in ours.get("context", {}).items():
+        theirs = peer.get("context", {}).get(n)
+        if theirs:
+            out[f"context_{n}"] = div(mine["decode_tokens_per_s"], theirs["decode_tokens_per_s"])
     for level, mine in ours.get("concurrency", {}).items():
         theirs = peer.get("concurrency", {}).get(level)
         if theirs:
@@ -268,10 +306,14 @@ def machine_info() -> dict:
 
 def run_bench(ours, peers: Sequence, config: BenchConfig, *, parts: Sequence[str] = PARTS,
               read_bandwidth: Optional[float] = None, hardware=None, corpus: Optional[tuple[list[int], str]] = None,
-              progress: Progress = lambda msg: None, checkpoint: Callable[[dict], None] = lambda partial: None) -> dict:
+              progress: Progress = lambda msg: None, checkpoint: Callable[[dict], None] = lambda partial: None,
+              variants: Sequence = ()) -> dict:
     """Run every part for ``ours`` (a :class:`bytediet.perf.peers.BytedietSystem`) and each peer (a
     :class:`System` or :class:`Unavailable`); returns one JSON-able dict.
 
+    ``variants``: more bytediet systems (the same model in other weight formats, each with its own
+    ``name``) that run the :data:`VARIANT_PARTS` of ``parts`` right after ``ours``; their ratios to
+    each peer are in ``result["ratios"][peer][variant name]``.
     ``hardware``: the :class:`HardwareSpec` the roofline predicts for (default: this machine, measured).
     ``checkpoint`` receives the partial result after each system (a long run keeps what it measured).
     """
@@ -280,8 +322,8 @@ def run_bench(ours, peers: Sequence, config: BenchConfig, *, parts: Sequence[str
         raise ConfigError(f"unknown bench part(s) {sorted(bad)}; choose from {', '.join(PARTS)}")
     if corpus is None and ours.tokenizer is not None:
         raise ConfigError("run_bench: pass corpus=bytediet.eval.corpus.corpus_token_ids(...) for a model with a tokenizer")
-    ids, label = corpus or random_token_ids(ours.model.config.vocab_size, config.max_sequence_len, config.seed)
-    if hardware is None and "roofline" in parts:
+    ids, label = corpus or random_token_ids(ours.model.config.vocab_size, config.longest_sequence(parts), config.seed)
+    if hardware is None and ("roofline" in parts or "context" in parts):
         from .measure import this_machine
 
         hardware = this_machine(measure_if_missing=True, threads=config.threads)
@@ -292,11 +334,22 @@ def run_bench(ours, peers: Sequence, config: BenchConfig, *, parts: Sequence[str
     result["systems"][ours.name] = run_system(ours, ctx, parts)
     if "roofline" in parts:
         result["roofline"] = roofline_section(ours, hardware, ctx, result["systems"][ours.name].get("single"))
+    if "context" in parts:
+        result["context_roofline"] = context_roofline(ours, hardware, config, result["systems"][ours.name]["context"])
     checkpoint(result)
+    variant_parts = [p for p in parts if p in VARIANT_PARTS]
+    for variant in variants:
+        if variant_parts:
+            result["systems"][variant.name] = run_system(variant, ctx, variant_parts)
+        variant.close()
+        checkpoint(result)
+    mine = [ours.name] + [v.name for v in variants if v.name in result["systems"]]
     for peer in peers:
         result["systems"][peer.name] = _run_peer(peer, ctx, parts)
         if result["systems"][peer.name]["available"]:
             result["ratios"][peer.name] = ratios(result["systems"][ours.name], result["systems"][peer.name])
+            for name in mine[1:]:
+                result["ratios"][peer.name][name] = ratios(result["systems"][name], result["systems"][peer.name])
         checkpoint(result)
     result["machine"]["load_average_end"] = list(os.getloadavg())
     return result
@@ -311,6 +364,22 @@ def _run_peer(peer, ctx: BenchContext, parts: Sequence[str]) -> dict:
         return {"available": False, "reason": f"failed: {type(exc).__name__}: {exc}"}
     finally:
         peer.close()
+
+
+def context_roofline(ours, hardware, config: BenchConfig, measured: dict) -> list[dict]:
+    """The roofline's batch-1 decode step at each context of the context part (mean context of the decode
+    run: N − new/2), beside bytediet's measured step and its KV bytes read per step."""
+    from .roofline import analyze
+
+    weights, kv, rows = ModelWeightBits(ours.model), ours.kv_codec(), []
+    for n, m in measured.items():
+        mean_ctx = int(n) - config.context_new_tokens // 2
+        pred = analyze(ours.model.config, hardware, weights=weights, kv=kv, batch=1, prompt_len=int(n),
+                       context=mean_ctx)
+        rows.append({"context": int(n), "predicted_step_s": pred.decode.time, "predicted_bound": pred.decode.bound,
+                     "measured_step_s": m["decode_step_s"], "measured_over_predicted": m["decode_step_s"] / pred.decode.time,
+                     "kv_bytes_per_step": pred.kv_bytes, "weight_bytes": pred.weights_bytes})
+    return rows
 
 
 # ----------------------------------------------------------------------------------- roofline check

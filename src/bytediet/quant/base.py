@@ -40,6 +40,12 @@ class WeightFormat(ABC):
         """y = x @ Wᵀ + b for x: (..., in_features) → (..., out_features). Fast formats override this."""
         return F.linear(x, self.dequantize(packed).to(x.dtype), bias)
 
+    def native_layout(self, packed: Packed) -> Optional[tuple[int, torch.Tensor]]:
+        """The weight as the native block kernels read it: (kernel type id, rows (out, bytes) uint8), or None
+        when no native kernel multiplies this format. GGML blocks are read in place; bytediet's own formats
+        return a copy repacked once (:mod:`bytediet.kernels.native_layouts`), cached by the layer."""
+        return None
+
     def spec(self) -> str:
         """The name that rebuilds this format through :func:`get_weight_format`."""
         return self.name

@@ -1,4 +1,4 @@
-"""Helpers shared by the quantized weight formats: input checks and spec-suffix parsing."""
+"""Helpers shared by the quantized weight formats: input checks, spec-suffix parsing, activation modes."""
 from __future__ import annotations
 
 import torch
@@ -41,3 +41,34 @@ def no_parameters(cls, suffix: str):
     if suffix:
         raise ConfigError(f"weight format {cls.name!r} takes no parameters, got {cls.name + suffix!r}")
     return cls()
+
+
+ACTIVATION_MODES = ("q16", "q8", "f32")
+ACTIVATION_SUFFIXES = {"a16": "q16", "a8": "q8", "af32": "f32"}  # spec parts, e.g. int4-g64-a8
+
+
+class NativeActivations:
+    """How a format's native kernel multiplies its activations (a measured accuracy/speed trade).
+
+    ``"q16"`` (the default): two int8 planes per block of 32 (int16-like precision, integer dot products);
+    ``"q8"``: one int8 plane (llama.cpp's method, a small measured cost); ``"f32"``: float activations, codes
+    widened in registers. kernels/reference.py defines each exactly; bench/RESULTS.md has their measured cost.
+    """
+
+    activations: str = "q16"
+
+    @property
+    def activation_bits(self):
+        """The activation precision the native kernel rounds to (blocks of 32), None for float."""
+        return {"q8": 8, "q16": 16, "f32": None}[self.activations]
+
+    def with_activations(self, activations: str):
+        """This format with its activations in ``"q16"``, ``"q8"`` or ``"f32"``."""
+        if activations not in ACTIVATION_MODES:
+            raise ConfigError(f"activations must be one of {', '.join(ACTIVATION_MODES)}, got {activations!r}")
+        self.activations = activations
+        return self
+
+    def activation_suffix(self) -> str:
+        """The spec part that names a non-default activation mode ("" for q16)."""
+        return {"q16": "", "q8": "-a8", "f32": "-af32"}[self.activations]

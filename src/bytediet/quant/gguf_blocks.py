@@ -24,18 +24,14 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from ..errors import CheckpointError, ConfigError
 from ..kernels import ops
 from .base import WEIGHT_FORMATS, Packed, WeightFormat
-from .common import check_weight
+from .common import ACTIVATION_MODES, NativeActivations, check_weight  # noqa: F401 (ACTIVATION_MODES re-exported)
 from ..kernels.ggml_codecs import DECODERS, ENCODERS
 
 
-ACTIVATION_MODES = ("q16", "q8", "f32")
-
-
-class GGUFBlocks(WeightFormat):
+class GGUFBlocks(NativeActivations, WeightFormat):
     """A GGML block type as a weight format; subclasses fix ``ggml_type``."""
 
     ggml_type: GGMLQuantizationType
-    activations: str = "q16"
 
     @classmethod
     def from_spec(cls, rest: str) -> "GGUFBlocks":
@@ -48,19 +44,10 @@ class GGUFBlocks(WeightFormat):
         return cls().with_activations(modes[rest])
 
     def spec(self) -> str:
-        return self.name + {"q16": "", "q8": "-a8", "f32": "-af32"}[self.activations]
+        return self.name + self.activation_suffix()
 
-    @property
-    def activation_bits(self):
-        """The activation precision ``apply`` rounds to (blocks of 32, within the per-token bound), None for float."""
-        return {"q8": 8, "q16": 16, "f32": None}[self.activations]
-
-    def with_activations(self, activations: str) -> "GGUFBlocks":
-        """This format with its activations in ``"q16"``, ``"q8"`` or ``"f32"``."""
-        if activations not in ACTIVATION_MODES:
-            raise ConfigError(f"activations must be one of {', '.join(ACTIVATION_MODES)}, got {activations!r}")
-        self.activations = activations
-        return self
+    def native_layout(self, packed: Packed):
+        return int(self.ggml_type), packed["blocks"]
 
     def apply(self, x: torch.Tensor, packed: Packed, bias=None) -> torch.Tensor:
         return ops.gemm_blocks(int(self.ggml_type), packed["blocks"], x, bias, self.activations)

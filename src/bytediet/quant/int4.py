@@ -15,17 +15,23 @@ from __future__ import annotations
 import torch
 
 from ..errors import ConfigError
+from ..kernels import native_layouts
 from .base import WEIGHT_FORMATS, Packed, WeightFormat
-from .common import check_weight, split_spec
+from .common import ACTIVATION_SUFFIXES, NativeActivations, check_weight, split_spec
 from .fp4 import pack_nibbles, unpack_nibbles
 
 GROUP_SIZES = (32, 64, 128)
-_SPEC_HELP = "int4[-g32|-g64|-g128][-sym|-asym], e.g. int4-g128-sym"
+_SPEC_HELP = "int4[-g32|-g64|-g128][-sym|-asym][-a8|-af32], e.g. int4-g128-sym"
 
 
 @WEIGHT_FORMATS.register("int4")
-class Int4(WeightFormat):
-    """Group-wise 4-bit integer weights; packed = qweight (out, in/2) uint8, scale [, offset] (out, in/g) float16."""
+class Int4(NativeActivations, WeightFormat):
+    """Group-wise 4-bit integer weights; packed = qweight (out, in/2) uint8, scale [, offset] (out, in/g) float16.
+
+    ``apply`` multiplies in float; a model's layers multiply through :meth:`native_layout` where the native
+    kernels exist, with the activation precision of the spec's ``-a8``/``-af32`` (default: q16, see
+    :class:`~bytediet.quant.common.NativeActivations`).
+    """
 
     name = "int4"
 
@@ -37,18 +43,25 @@ class Int4(WeightFormat):
 
     @classmethod
     def from_spec(cls, suffix: str) -> "Int4":
-        group, symmetric = 128, False
+        group, symmetric, activations = 128, False, "q16"
         for part in split_spec(suffix, "int4", _SPEC_HELP):
-            if part in ("sym", "asym"):
+            if part in ACTIVATION_SUFFIXES:
+                activations = ACTIVATION_SUFFIXES[part]
+            elif part in ("sym", "asym"):
                 symmetric = part == "sym"
             elif part.startswith("g") and part[1:].isdigit():
                 group = int(part[1:])
             else:
                 raise ConfigError(f"int4: unknown parameter {part!r} in {'int4' + suffix!r}; write {_SPEC_HELP}")
-        return cls(group, symmetric)
+        return cls(group, symmetric).with_activations(activations)
 
     def spec(self) -> str:
-        return f"int4-g{self.group_size}" + ("-sym" if self.symmetric else "")
+        return f"int4-g{self.group_size}" + ("-sym" if self.symmetric else "") + self.activation_suffix()
+
+    def native_layout(self, packed: Packed):
+        t = native_layouts.INT4_GROUPS[(self.group_size, self.symmetric)]
+        return t, native_layouts.pack_int4_groups(packed["qweight"], packed["scale"], packed.get("offset"),
+                                                  self.group_size)
 
     def bits_per_weight(self, out_features: int, in_features: int) -> float:
         return 4.0 + (16.0 if self.symmetric else 32.0) / self.group_size

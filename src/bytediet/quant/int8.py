@@ -11,8 +11,10 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from ..errors import ConfigError
+from ..kernels import native_layouts
 from .base import WEIGHT_FORMATS, Packed, WeightFormat
-from .common import check_weight, no_parameters
+from .common import ACTIVATION_SUFFIXES, NativeActivations, check_weight, no_parameters
 
 QMAX = 127
 
@@ -38,12 +40,29 @@ def int8_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 @WEIGHT_FORMATS.register("int8")
-class Int8(WeightFormat):
-    """W8A16: int8 weight (out, in) + float32 per-output-channel scale (out,); activations stay in float."""
+class Int8(NativeActivations, WeightFormat):
+    """W8A16: int8 weight (out, in) + float32 per-output-channel scale (out,).
+
+    ``apply`` multiplies in float. Where the native kernels exist, a model's layers multiply through
+    :meth:`native_layout` instead (``kernels/native_layouts.py``: the same bytes, read once per product), with
+    activations in the format's ``activations`` mode: ``int8`` (q16, the default), ``int8-a8``, ``int8-af32``.
+    """
 
     name = "int8"
 
-    from_spec = classmethod(no_parameters)
+    @classmethod
+    def from_spec(cls, suffix: str) -> "Int8":
+        mode = ACTIVATION_SUFFIXES.get(suffix[1:]) if suffix.startswith("-") else None
+        if mode is None:
+            raise ConfigError(f"weight format int8 takes only an activation precision: int8, int8-a8 or int8-af32 "
+                              f"(or int8-w8a8 for per-token int8 activations), got {cls.name + suffix!r}")
+        return cls().with_activations(mode)
+
+    def spec(self) -> str:
+        return self.name + self.activation_suffix()
+
+    def native_layout(self, packed: Packed):
+        return native_layouts.INT8_ROW, native_layouts.pack_int8_rows(packed["qweight"], packed["scale"])
 
     def bits_per_weight(self, out_features: int, in_features: int) -> float:
         return 8.0 + 32.0 / in_features
@@ -66,6 +85,13 @@ class Int8W8A8(Int8):
 
     name = "int8-w8a8"
     activation_bits = 8  # tells callers (and the test matrix) that apply() also rounds the activations
+    from_spec = classmethod(no_parameters)
+
+    def spec(self) -> str:
+        return self.name
+
+    def native_layout(self, packed: Packed):
+        return None  # per-token activation scales (SmoothQuant's scheme) run on apply()
 
     def apply(self, x: torch.Tensor, packed: Packed, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
         lead, k = x.shape[:-1], x.shape[-1]

@@ -4,7 +4,9 @@
 //   d_lo, d_hi: the scale of elements 0..15 and 16..31 (equal except for Q6_K's 16-element scales);
 //   m: the additive term per element (a zero point or min, or −offset·d for Q4_0/Q5_0),
 // so that weight[e] = d_e · code[e] + m. Byte layouts: ggml-common.h (and bytediet.kernels.ggml_codecs,
-// whose PyTorch decoders are the reference these are tested against).
+// whose PyTorch decoders are the reference these are tested against). A row may start with HEADER bytes
+// holding a scale of the whole row (row_scale), applied once to the row's product: bytediet's own layouts
+// (kernels/native_layouts.py) use that for int8's per-channel scale; the GGML formats have none.
 #pragma once
 #include "isa.h"
 
@@ -14,9 +16,14 @@ struct SubScales {
     float d_lo[8], d_hi[8], m[8];
 };
 
+struct NoRowHeader {
+    static constexpr int HEADER = 0;
+    static float row_scale(const uint8_t*) { return 1.0f; }
+};
+
 // Formats whose 32-weight sub-blocks have two scales (Q6_K) set SPLIT; the others use d_lo only.
 
-struct Q4_0 {
+struct Q4_0 : NoRowHeader {
     static constexpr int SUB = 1, BYTES = 18;
     static constexpr bool SIGNED = false, SPLIT = false;
     static void scales(const uint8_t* b, SubScales& s) {
@@ -27,7 +34,7 @@ struct Q4_0 {
     static __m256i codes(const uint8_t* b, int) { return nibbles_halves(b + 2); }
 };
 
-struct Q4_1 {
+struct Q4_1 : NoRowHeader {
     static constexpr int SUB = 1, BYTES = 20;
     static constexpr bool SIGNED = false, SPLIT = false;
     static void scales(const uint8_t* b, SubScales& s) {
@@ -44,7 +51,7 @@ inline __m256i q5_codes(const uint8_t* qh, const uint8_t* qs) {
     return _mm256_or_si256(nibbles_halves(qs), high);
 }
 
-struct Q5_0 {
+struct Q5_0 : NoRowHeader {
     static constexpr int SUB = 1, BYTES = 22;
     static constexpr bool SIGNED = false, SPLIT = false;
     static void scales(const uint8_t* b, SubScales& s) {
@@ -55,7 +62,7 @@ struct Q5_0 {
     static __m256i codes(const uint8_t* b, int) { return q5_codes(b + 2, b + 6); }
 };
 
-struct Q5_1 {
+struct Q5_1 : NoRowHeader {
     static constexpr int SUB = 1, BYTES = 24;
     static constexpr bool SIGNED = false, SPLIT = false;
     static void scales(const uint8_t* b, SubScales& s) {
@@ -65,7 +72,7 @@ struct Q5_1 {
     static __m256i codes(const uint8_t* b, int) { return q5_codes(b + 4, b + 8); }
 };
 
-struct Q8_0 {
+struct Q8_0 : NoRowHeader {
     static constexpr int SUB = 1, BYTES = 34;
     static constexpr bool SIGNED = true, SPLIT = false;
     static void scales(const uint8_t* b, SubScales& s) {
@@ -101,14 +108,14 @@ inline __m256i k_nibbles(const uint8_t* qs, int j) {  // sub-block j: nibble j%2
     return _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
 }
 
-struct Q4_K {
+struct Q4_K : NoRowHeader {
     static constexpr int SUB = 8, BYTES = 144;
     static constexpr bool SIGNED = false, SPLIT = false;
     static void scales(const uint8_t* b, SubScales& s) { k_scales_mins(b, s); }
     static __m256i codes(const uint8_t* b, int j) { return k_nibbles(b + 16, j); }
 };
 
-struct Q5_K {
+struct Q5_K : NoRowHeader {
     static constexpr int SUB = 8, BYTES = 176;
     static constexpr bool SIGNED = false, SPLIT = false;
     static void scales(const uint8_t* b, SubScales& s) { k_scales_mins(b, s); }
@@ -119,7 +126,7 @@ struct Q5_K {
     }
 };
 
-struct Q6_K {  // 16-element int8 scales, 6-bit codes stored as 4 low bits (ql) + 2 high bits (qh), offset 32
+struct Q6_K : NoRowHeader {  // 16-element int8 scales, 6-bit codes stored as 4 low bits (ql) + 2 high bits (qh), offset 32
     static constexpr int SUB = 8, BYTES = 210;
     static constexpr bool SIGNED = true, SPLIT = true;
     static void scales(const uint8_t* b, SubScales& s) {
@@ -141,6 +148,39 @@ struct Q6_K {  // 16-element int8 scales, 6-bit codes stored as 4 low bits (ql) 
         __m256i q = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
         return _mm256_sub_epi8(q, _mm256_set1_epi8(32));
     }
+};
+
+// bytediet's own formats, repacked once at load time (kernels/native_layouts.py; type ids 100–106).
+
+// int4-gG: blocks of G weights, [scale f16][offset f16, asymmetric only][G/2 bytes of nibbles in Q4 order].
+template <int G, bool ASYM>
+struct Int4Groups : NoRowHeader {
+    static constexpr int SUB = G / 32, CODES = ASYM ? 4 : 2, BYTES = CODES + G / 2;
+    static constexpr bool SIGNED = false, SPLIT = false;
+    static void scales(const uint8_t* b, SubScales& s) {
+        const float d = f16_to_f32(b), m = ASYM ? f16_to_f32(b + 2) : -8.0f * d;
+        for (int j = 0; j < SUB; ++j) {
+            s.d_lo[j] = s.d_hi[j] = d;
+            s.m[j] = m;
+        }
+    }
+    static __m256i codes(const uint8_t* b, int j) { return nibbles_halves(b + CODES + 16 * j); }
+};
+
+// int8 with one float32 scale per output channel: a row is [scale f32][K int8 codes].
+struct Int8Row {
+    static constexpr int HEADER = 4, SUB = 1, BYTES = 32;
+    static constexpr bool SIGNED = true, SPLIT = false;
+    static float row_scale(const uint8_t* row) {
+        float s;
+        std::memcpy(&s, row, 4);
+        return s;
+    }
+    static void scales(const uint8_t*, SubScales& s) {
+        s.d_lo[0] = s.d_hi[0] = 1.0f;
+        s.m[0] = 0.0f;
+    }
+    static __m256i codes(const uint8_t* b, int) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b)); }
 };
 
 }  // namespace bd

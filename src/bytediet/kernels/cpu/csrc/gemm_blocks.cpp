@@ -33,6 +33,20 @@ inline __m256i dot_codes(__m256i codes, __m256i xq) {
     else return dot_u8s8(codes, xq);
 }
 
+// y[c][n0 + r] = row_scale_r · (Σ lanes + zero term) + bias.
+template <class F, int NR, int NC>
+inline void store_tile(const __m256 (&acc)[NR][NC], const float (&zero_term)[NR][NC], const uint8_t* w,
+                       long row_bytes, float* y, long ldy, long n0, const float* bias) {
+    for (int r = 0; r < NR; ++r) {
+        const float rs = F::row_scale(w + r * row_bytes);
+        for (int c = 0; c < NC; ++c) {
+            float v = hsum(acc[r][c]) + zero_term[r][c];
+            if constexpr (F::HEADER != 0) v *= rs;
+            y[c * ldy + n0 + r] = v + (bias ? bias[n0 + r] : 0.0f);
+        }
+    }
+}
+
 template <class F, int NR, int NC, bool TWO = false>
 void tile_q8(const uint8_t* w, long row_bytes, long nsuper, const QuantizedRows& x, long m0, float* y, long ldy,
              long n0, const float* bias) {
@@ -42,7 +56,7 @@ void tile_q8(const uint8_t* w, long row_bytes, long nsuper, const QuantizedRows&
         for (int c = 0; c < NC; ++c) { acc[r][c] = _mm256_setzero_ps(); zero_term[r][c] = 0.0f; }
     SubScales sc[NR];
     for (long i = 0; i < nsuper; ++i) {
-        for (int r = 0; r < NR; ++r) F::scales(w + r * row_bytes + i * F::BYTES, sc[r]);
+        for (int r = 0; r < NR; ++r) F::scales(w + r * row_bytes + F::HEADER + i * F::BYTES, sc[r]);
         for (int j = 0; j < F::SUB; ++j) {
             const long blk = i * F::SUB + j;
             __m256i xq[NC], xq2[NC];
@@ -57,7 +71,7 @@ void tile_q8(const uint8_t* w, long row_bytes, long nsuper, const QuantizedRows&
                 }
             }
             for (int r = 0; r < NR; ++r) {
-                const __m256i codes = F::codes(w + r * row_bytes + i * F::BYTES, j);
+                const __m256i codes = F::codes(w + r * row_bytes + F::HEADER + i * F::BYTES, j);
                 for (int c = 0; c < NC; ++c) {
                     __m256 p = _mm256_cvtepi32_ps(dot_codes<F>(codes, xq[c]));
                     acc[r][c] = _mm256_fmadd_ps(lane_scale<F>(sc[r], j, xd[c]), p, acc[r][c]);
@@ -69,9 +83,7 @@ void tile_q8(const uint8_t* w, long row_bytes, long nsuper, const QuantizedRows&
             }
         }
     }
-    for (int c = 0; c < NC; ++c)
-        for (int r = 0; r < NR; ++r)
-            y[(m0 + c) * ldy + n0 + r] = hsum(acc[r][c]) + zero_term[r][c] + (bias ? bias[n0 + r] : 0.0f);
+    store_tile<F, NR, NC>(acc, zero_term, w, row_bytes, y + m0 * ldy, ldy, n0, bias);
 }
 
 template <class F>
@@ -90,12 +102,12 @@ void tile_f32(const uint8_t* w, long row_bytes, long nsuper, const FloatRows& x,
         for (int c = 0; c < NC; ++c) { acc[r][c] = _mm256_setzero_ps(); zero_term[r][c] = 0.0f; }
     SubScales sc[NR];
     for (long i = 0; i < nsuper; ++i) {
-        for (int r = 0; r < NR; ++r) F::scales(w + r * row_bytes + i * F::BYTES, sc[r]);
+        for (int r = 0; r < NR; ++r) F::scales(w + r * row_bytes + F::HEADER + i * F::BYTES, sc[r]);
         for (int j = 0; j < F::SUB; ++j) {
             const long blk = i * F::SUB + j;
             for (int r = 0; r < NR; ++r) {
                 __m256 q[4];
-                widen_codes<F>(F::codes(w + r * row_bytes + i * F::BYTES, j), q);
+                widen_codes<F>(F::codes(w + r * row_bytes + F::HEADER + i * F::BYTES, j), q);
                 for (int c = 0; c < NC; ++c) {
                     const float* xp = x.x + (m0 + c) * x.k + blk * 32;
                     __m256 lo = _mm256_fmadd_ps(q[1], _mm256_loadu_ps(xp + 8), _mm256_mul_ps(q[0], _mm256_loadu_ps(xp)));
@@ -107,9 +119,7 @@ void tile_f32(const uint8_t* w, long row_bytes, long nsuper, const FloatRows& x,
             }
         }
     }
-    for (int c = 0; c < NC; ++c)
-        for (int r = 0; r < NR; ++r)
-            y[(m0 + c) * ldy + n0 + r] = hsum(acc[r][c]) + zero_term[r][c] + (bias ? bias[n0 + r] : 0.0f);
+    store_tile<F, NR, NC>(acc, zero_term, w, row_bytes, y + m0 * ldy, ldy, n0, bias);
 }
 
 // One thread's share: weight rows [n_begin, n_end) against all M activation rows.
@@ -133,7 +143,7 @@ void rows_range(const uint8_t* w, long row_bytes, long nsuper, const Rows& x, lo
 // The pool splits the weight rows; decode (M = 1) uses NR×1 tiles, batches NR×2, tails narrower tiles.
 template <class F, class Rows, int NR, template <class, int, int> class Tile>
 void gemm_rows(const uint8_t* w, long N, long K, const Rows& x, long M, float* y, long ldy, const float* bias) {
-    const long nsuper = K / (32 * F::SUB), row_bytes = nsuper * F::BYTES;
+    const long nsuper = K / (32 * F::SUB), row_bytes = F::HEADER + nsuper * F::BYTES;
     parallel_run([&](int t, int nt) {
         long b, e;
         split_range(N, nt, t, 4, &b, &e);
@@ -185,6 +195,13 @@ int with_format(int ggml_type, Fn fn) {
         case 12: fn(Q4_K{}); return 0;
         case 13: fn(Q5_K{}); return 0;
         case 14: fn(Q6_K{}); return 0;
+        case 100: fn(Int8Row{}); return 0;
+        case 101: fn(Int4Groups<32, true>{}); return 0;
+        case 102: fn(Int4Groups<64, true>{}); return 0;
+        case 103: fn(Int4Groups<128, true>{}); return 0;
+        case 104: fn(Int4Groups<32, false>{}); return 0;
+        case 105: fn(Int4Groups<64, false>{}); return 0;
+        case 106: fn(Int4Groups<128, false>{}); return 0;
         default: return -1;
     }
 }

@@ -1,0 +1,102 @@
+"""Block layouts for bytediet's own weight formats, so the GGML block kernels multiply them in place.
+
+The native kernels (``csrc/gemm_blocks.cpp``) read a weight as rows of super-blocks of 32-weight sub-blocks,
+each with a scale and an additive term (``block_formats.h``). bytediet's ``int4`` and ``int8`` formats keep
+separate planes (codes, scales, offsets) — the layout of GPTQ/AWQ checkpoints — so at load time each is
+repacked once into one of these layouts, with exactly the bytes the format stores (no extra precision, no
+bytes added; the numbers it stands for are bit-identical):
+
+* ``INT8_ROW`` (int8, one float32 scale per output channel): each row is its 4-byte float32 scale, then its
+  K int8 codes. The product is Σ codes·x per row, times the scale once.
+* ``INT4_GROUPS[(group, symmetric)]`` (int4-gG, G ∈ 32/64/128): each group of G weights is a block of
+  ``[scale f16][offset f16][G/2 bytes of codes]`` (asymmetric: w = q·scale + offset, q ∈ 0..15) or
+  ``[scale f16][G/2 bytes]`` (symmetric: w = (q − 8)·scale); inside a block, each 32 weights take 16 bytes,
+  element e in the low nibble of byte e and element e + 16 in the high nibble (GGML's Q4 order).
+
+Type ids start at 100, clear of GGML's (0–39), and travel through the same ``ggml_type`` argument.
+"""
+from __future__ import annotations
+
+import torch
+
+INT8_ROW = 100
+INT4_GROUPS = {(32, False): 101, (64, False): 102, (128, False): 103,
+               (32, True): 104, (64, True): 105, (128, True): 106}
+_INT4_BY_TYPE = {t: key for key, t in INT4_GROUPS.items()}
+TYPES = frozenset({INT8_ROW, *INT4_GROUPS.values()})
+
+
+def is_native_layout(type_id: int) -> bool:
+    """Whether ``type_id`` names one of these layouts (else it is a GGML type)."""
+    return int(type_id) in TYPES
+
+
+def row_header_bytes(type_id: int) -> int:
+    """Bytes before a row's first block (INT8_ROW: its float32 scale)."""
+    return 4 if int(type_id) == INT8_ROW else 0
+
+
+def block_weights(type_id: int) -> int:
+    """Weights per block of this layout."""
+    t = int(type_id)
+    return 32 if t == INT8_ROW else _INT4_BY_TYPE[t][0]
+
+
+def block_bytes(type_id: int) -> int:
+    """Bytes per block of this layout."""
+    t = int(type_id)
+    if t == INT8_ROW:
+        return 32
+    group, symmetric = _INT4_BY_TYPE[t]
+    return (2 if symmetric else 4) + group // 2
+
+
+def row_weights(type_id: int, row_bytes: int) -> int:
+    """K, the weights of a row that takes ``row_bytes`` bytes in this layout."""
+    body = row_bytes - row_header_bytes(type_id)
+    if body % block_bytes(type_id):
+        raise ValueError(f"layout {type_id}: {row_bytes} bytes per row is not a whole number of blocks")
+    return body // block_bytes(type_id) * block_weights(type_id)
+
+
+def pack_int8_rows(qweight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """int8 qweight (N, K) and float32 scale (N,) → INT8_ROW rows (N, 4 + K) uint8."""
+    n, k = qweight.shape
+    head = scale.to(torch.float32).contiguous().reshape(n, 1).view(torch.uint8)  # (N, 4)
+    return torch.cat((head, qweight.contiguous().view(torch.uint8)), dim=1)
+
+
+def pack_int4_groups(qweight: torch.Tensor, scale: torch.Tensor, offset, group: int) -> torch.Tensor:
+    """bytediet int4 planes → INT4 group blocks.
+
+    qweight (N, K/2) uint8 (element 2i in the low nibble of byte i), scale (N, K/G) float16, offset (N, K/G)
+    float16 or None (symmetric) → (N, K/G · block_bytes) uint8.
+    """
+    n = qweight.shape[0]
+    k = qweight.shape[1] * 2
+    codes = torch.stack((qweight & 0x0F, qweight >> 4), dim=-1).reshape(n, k // 32, 2, 16)  # element order
+    q4 = (codes[:, :, 0] | (codes[:, :, 1] << 4)).reshape(n, k // group, group // 2)  # GGML Q4 order
+    parts = [scale.to(torch.float16).contiguous().reshape(n, -1, 1).view(torch.uint8)]
+    if offset is not None:
+        parts.append(offset.to(torch.float16).contiguous().reshape(n, -1, 1).view(torch.uint8))
+    parts.append(q4)
+    return torch.cat(parts, dim=-1).reshape(n, -1)
+
+
+def dequantize(type_id: int, rows: torch.Tensor) -> torch.Tensor:
+    """The reference decoder: rows (N, bytes per row) uint8 in layout ``type_id`` → weight (N, K) float32."""
+    t = int(type_id)
+    n = rows.shape[0]
+    if t == INT8_ROW:
+        scale = rows[:, :4].contiguous().view(torch.float32)  # (N, 1)
+        return rows[:, 4:].contiguous().view(torch.int8).float() * scale
+    group, symmetric = _INT4_BY_TYPE[t]
+    b = rows.reshape(n, -1, block_bytes(t))  # (N, groups, bytes)
+    d = b[..., 0:2].contiguous().view(torch.float16).float()  # (N, groups, 1)
+    qs = b[..., 2 if symmetric else 4:].reshape(n, b.shape[1], group // 32, 16)
+    q = torch.cat((qs & 0x0F, qs >> 4), dim=-1).reshape(n, b.shape[1], group).float()
+    if symmetric:
+        w = (q - 8) * d
+    else:
+        w = q * d + b[..., 2:4].contiguous().view(torch.float16).float()
+    return w.reshape(n, -1)

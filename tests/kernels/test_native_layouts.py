@@ -1,0 +1,90 @@
+"""bytediet's int8/int4 layouts: the repack is exact (the reference decoder gives the format's own dequantized
+weight, bit for bit), and the native kernels multiply them as the reference does, for every runnable variant."""
+import pytest
+import torch
+
+from bytediet.kernels import native_layouts as nl
+from bytediet.kernels import ops, reference
+from bytediet.kernels.cpu import build
+from bytediet.quant.int4 import Int4
+from bytediet.quant.int8 import Int8
+
+from .test_ops_gemm_blocks import check_close
+
+VARIANTS = [v.name for v in build.runnable_variants()]
+needs_native = pytest.mark.skipif(not VARIANTS or build.find_compiler() is None,
+                                  reason="no runnable native variant (CPU without AVX2, or no compiler)")
+INT4_CASES = [(g, sym) for g in (32, 64, 128) for sym in (False, True)]
+
+
+def int4_rows(n: int, k: int, group: int, symmetric: bool, gen: torch.Generator, scale: float = 1.0):
+    fmt = Int4(group, symmetric)
+    packed = fmt.quantize(torch.randn(n, k, generator=gen) * scale)
+    rows = nl.pack_int4_groups(packed["qweight"], packed["scale"], packed.get("offset"), group)
+    return fmt, packed, rows, nl.INT4_GROUPS[(group, symmetric)]
+
+
+def int8_rows(n: int, k: int, gen: torch.Generator, scale: float = 1.0):
+    fmt = Int8()
+    packed = fmt.quantize(torch.randn(n, k, generator=gen) * scale)
+    return fmt, packed, nl.pack_int8_rows(packed["qweight"], packed["scale"]), nl.INT8_ROW
+
+
+@pytest.mark.parametrize("group,symmetric", INT4_CASES)
+def test_int4_repack_is_bit_identical(group, symmetric):
+    gen = torch.Generator().manual_seed(group + symmetric)
+    fmt, packed, rows, t = int4_rows(5, 384, group, symmetric, gen)
+    assert rows.shape == (5, 384 // group * nl.block_bytes(t))
+    assert rows.numel() * 8 / (5 * 384) == fmt.bits_per_weight(5, 384)  # exactly the format's bytes
+    assert torch.equal(reference.dequantize_blocks(t, rows), fmt.dequantize(packed))
+    assert nl.row_weights(t, rows.shape[1]) == 384
+
+
+def test_int8_repack_is_bit_identical():
+    gen = torch.Generator().manual_seed(3)
+    fmt, packed, rows, t = int8_rows(7, 96, gen)
+    assert rows.shape == (7, 4 + 96)
+    assert torch.equal(reference.dequantize_blocks(t, rows), fmt.dequantize(packed))
+    assert nl.row_weights(t, rows.shape[1]) == 96
+
+
+@needs_native
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("case", ["int8"] + [f"int4-g{g}{'-sym' if s else ''}" for g, s in INT4_CASES])
+@pytest.mark.parametrize("activations", ["q8", "q16", "f32"])
+def test_native_layout_gemm_equals_reference(variant, case, activations):
+    gen = torch.Generator().manual_seed(len(case) * 31 + len(activations))
+    k = 384
+    for n in (1, 3, 37):  # rows not a multiple of the 4-row tile
+        if case == "int8":
+            _, _, rows, t = int8_rows(n, k, gen)
+        else:
+            g = int(case.split("-g")[1].split("-")[0])
+            _, _, rows, t = int4_rows(n, k, g, case.endswith("sym"), gen)
+        w = reference.dequantize_blocks(t, rows)
+        for m in (1, 2, 5, 17):
+            x = torch.randn(m, k, generator=gen)
+            bias = torch.randn(n, generator=gen) if m == 2 else None
+            y = ops.gemm_blocks(t, rows, x, bias, activations, variant=variant)
+            ref = reference.gemm_blocks(t, rows, x, bias, activations)
+            assert y.shape == (m, n)
+            check_close(y, ref, x, w)
+
+
+@needs_native
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_native_layout_extreme_inputs(variant):
+    gen = torch.Generator().manual_seed(11)
+    k = 256
+    for make in (lambda s: int8_rows(5, k, gen, s), lambda s: int4_rows(5, k, 64, False, gen, s),
+                 lambda s: int4_rows(5, k, 128, True, gen, s)):
+        _, _, zero_rows, t = make(0.0)  # all-zero weights: zero scales
+        x = torch.randn(2, k, generator=gen)
+        for activations in ("q8", "q16", "f32"):
+            assert torch.equal(ops.gemm_blocks(t, zero_rows, x, None, activations, variant=variant), torch.zeros(2, 5))
+        _, _, rows, t = make(100.0)
+        for x in (torch.zeros(2, k), torch.randn(2, k, generator=gen) * 1e4):
+            for activations in ("q8", "q16", "f32"):
+                y = ops.gemm_blocks(t, rows, x, None, activations, variant=variant)
+                check_close(y, reference.gemm_blocks(t, rows, x, None, activations), x,
+                            reference.dequantize_blocks(t, rows))
