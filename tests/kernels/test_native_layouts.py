@@ -8,6 +8,8 @@ from bytediet.kernels import ops, reference
 from bytediet.kernels.cpu import build
 from bytediet.quant.int4 import Int4
 from bytediet.quant.int8 import Int8
+from bytediet.quant.mxfp4 import MXFP4
+from bytediet.quant.nvfp4 import NVFP4
 
 from .test_ops_gemm_blocks import check_close
 
@@ -30,6 +32,22 @@ def int8_rows(n: int, k: int, gen: torch.Generator, scale: float = 1.0):
     return fmt, packed, nl.pack_int8_rows(packed["qweight"], packed["scale"]), nl.INT8_ROW
 
 
+def fp4_rows(fmt, n: int, k: int, gen: torch.Generator, scale: float = 1.0):
+    packed = fmt.quantize(torch.randn(n, k, generator=gen) * scale)
+    t, rows = fmt.native_layout(packed)
+    return fmt, packed, rows, t
+
+
+@pytest.mark.parametrize("fmt", [MXFP4(), NVFP4()], ids=["mxfp4", "nvfp4"])
+def test_fp4_repack_is_bit_identical(fmt):
+    gen = torch.Generator().manual_seed(9)
+    _, packed, rows, t = fp4_rows(fmt, 6, 256, gen)
+    assert torch.equal(reference.dequantize_blocks(t, rows), fmt.dequantize(packed))
+    body = rows.numel() - 6 * nl.row_header_bytes(t)  # nvfp4: 4 bytes per row hold the tensor scale
+    assert body * 8 / (6 * 256) == pytest.approx(4.0 + 8 * (1 if fmt.name == "mxfp4" else 2) / 32)  # as the format
+    assert nl.row_weights(t, rows.shape[1]) == 256
+
+
 @pytest.mark.parametrize("group,symmetric", INT4_CASES)
 def test_int4_repack_is_bit_identical(group, symmetric):
     gen = torch.Generator().manual_seed(group + symmetric)
@@ -50,7 +68,7 @@ def test_int8_repack_is_bit_identical():
 
 @needs_native
 @pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("case", ["int8"] + [f"int4-g{g}{'-sym' if s else ''}" for g, s in INT4_CASES])
+@pytest.mark.parametrize("case", ["int8", "mxfp4", "nvfp4"] + [f"int4-g{g}{'-sym' if s else ''}" for g, s in INT4_CASES])
 @pytest.mark.parametrize("activations", ["q8", "q16", "f32"])
 def test_native_layout_gemm_equals_reference(variant, case, activations):
     gen = torch.Generator().manual_seed(len(case) * 31 + len(activations))
@@ -58,6 +76,8 @@ def test_native_layout_gemm_equals_reference(variant, case, activations):
     for n in (1, 3, 37):  # rows not a multiple of the 4-row tile
         if case == "int8":
             _, _, rows, t = int8_rows(n, k, gen)
+        elif case in ("mxfp4", "nvfp4"):
+            _, _, rows, t = fp4_rows(MXFP4() if case == "mxfp4" else NVFP4(), n, k, gen)
         else:
             g = int(case.split("-g")[1].split("-")[0])
             _, _, rows, t = int4_rows(n, k, g, case.endswith("sym"), gen)
@@ -77,7 +97,8 @@ def test_native_layout_extreme_inputs(variant):
     gen = torch.Generator().manual_seed(11)
     k = 256
     for make in (lambda s: int8_rows(5, k, gen, s), lambda s: int4_rows(5, k, 64, False, gen, s),
-                 lambda s: int4_rows(5, k, 128, True, gen, s)):
+                 lambda s: int4_rows(5, k, 128, True, gen, s), lambda s: fp4_rows(MXFP4(), 5, k, gen, s),
+                 lambda s: fp4_rows(NVFP4(), 5, k, gen, s)):
         _, _, zero_rows, t = make(0.0)  # all-zero weights: zero scales
         x = torch.randn(2, k, generator=gen)
         for activations in ("q8", "q16", "f32"):

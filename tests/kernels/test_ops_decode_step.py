@@ -25,19 +25,28 @@ def linear(n, k, gen, gtype=T.Q4_1, bias=False, interleave=False):
     return LinearSpec(blocks, int(gtype), n, k, torch.randn(n, generator=gen) if bias else None)
 
 
+def random_pages(gen, slots, kv_heads, head_dim, kv_dtype):
+    """(pages, scales): random earlier keys or values stored as ``kv_dtype`` pages."""
+    x = torch.randn(slots, kv_heads, head_dim, generator=gen)
+    if kv_dtype == "int8":
+        return reference.quantize_int8_rows(x)
+    return x.to({"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[kv_dtype]), None
+
+
 def random_spec(gen, *, heads, kv_heads, head_dim=32, hidden=64, inter=96, layers=2, gemma=False, bias=False,
-                window=0, activations="q8", interleave=False, slots=512):
+                window=0, activations="q8", interleave=False, slots=512, kv_dtype="fp32"):
     def norm(n):
         return 1.0 + 0.1 * torch.randn(n, generator=gen)
 
     specs = []
     for i in range(layers):
         lin = lambda n, k, b=False: linear(n, k, gen, T.Q8_0 if i == 1 else T.Q4_1, b, interleave)  # noqa: E731
+        (k_cache, k_scale), (v_cache, v_scale) = (random_pages(gen, slots, kv_heads, head_dim, kv_dtype)
+                                                  for _ in range(2))
         specs.append(LayerSpec(
             attn_norm=norm(hidden), post_attn_norm=norm(hidden),
             inv_freq=1.0 / (10000 ** (torch.arange(0, head_dim, 2).float() / head_dim)),
-            k_cache=torch.randn(slots, kv_heads, head_dim, generator=gen),
-            v_cache=torch.randn(slots, kv_heads, head_dim, generator=gen),
+            k_cache=k_cache, v_cache=v_cache, kv_dtype=kv_dtype, k_scale=k_scale, v_scale=v_scale,
             q=lin(heads * head_dim, hidden, bias), k=lin(kv_heads * head_dim, hidden, bias),
             v=lin(kv_heads * head_dim, hidden, bias), o=lin(hidden, heads * head_dim),
             gate=lin(inter, hidden), up=lin(inter, hidden), down=lin(hidden, inter),
@@ -50,8 +59,18 @@ def random_spec(gen, *, heads, kv_heads, head_dim=32, hidden=64, inter=96, layer
                        activations=activations)
 
 
+CACHE_FIELDS = ("k_cache", "v_cache", "k_scale", "v_scale")
+
+
 def clone_caches(spec):
-    return [(layer.k_cache.clone(), layer.v_cache.clone()) for layer in spec.layers]
+    return [{f: getattr(layer, f).clone() for f in CACHE_FIELDS if getattr(layer, f) is not None}
+            for layer in spec.layers]
+
+
+def restore_caches(spec, saved):
+    for layer, tensors in zip(spec.layers, saved):
+        for f, t in tensors.items():
+            getattr(layer, f).copy_(t)
 
 
 def batch(gen, contexts, slots=512):
@@ -90,15 +109,43 @@ def test_decode_step_equals_reference(variant, case, activations, interleave):
     before = clone_caches(spec)
     want = reference.decode_step(spec, x, positions, slots, bt, BLOCK)
     written = clone_caches(spec)
-    for layer, (k, v) in zip(spec.layers, before):  # run the kernel on the caches as they were
-        layer.k_cache.copy_(k)
-        layer.v_cache.copy_(v)
+    restore_caches(spec, before)  # run the kernel on the caches as they were
     got = ops.decode_step(spec, x, positions, slots, bt, BLOCK, variant=variant)
     tol = 1e-3 * want.abs().max().item()
     assert (got - want).abs().max().item() <= tol
-    for layer, (k, v) in zip(spec.layers, written):  # the new keys (after RoPE) and values went to their slots
-        assert torch.allclose(layer.k_cache, k, atol=tol, rtol=1e-4)
-        assert torch.allclose(layer.v_cache, v, atol=tol, rtol=1e-4)
+    for layer, w in zip(spec.layers, written):  # the new keys (after RoPE) and values went to their slots
+        assert torch.allclose(layer.k_cache, w["k_cache"], atol=tol, rtol=1e-4)
+        assert torch.allclose(layer.v_cache, w["v_cache"], atol=tol, rtol=1e-4)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("kv_dtype", ["bf16", "fp16", "int8"])
+def test_decode_step_over_stored_page_types_equals_reference(variant, case, kv_dtype):
+    """Pages read in place in their stored type and the new token's k, v written the way the torch codec
+    rounds them (bf16/fp16: round to nearest even; int8: the int8 codec's per-token scale and codes)."""
+    kwargs, contexts = CASES[case]
+    gen = torch.Generator().manual_seed(zlib.crc32((case + kv_dtype).encode()))
+    spec = random_spec(gen, activations="q16", kv_dtype=kv_dtype, **kwargs)
+    positions, slots, bt = batch(gen, contexts)
+    x = torch.randn(len(contexts), spec.hidden, generator=gen)
+    before = clone_caches(spec)
+    want = reference.decode_step(spec, x, positions, slots, bt, BLOCK)
+    written = clone_caches(spec)
+    restore_caches(spec, before)
+    got = ops.decode_step(spec, x, positions, slots, bt, BLOCK, variant=variant)
+    assert (got - want).abs().max().item() <= 1e-3 * want.abs().max().item()
+    untouched = torch.ones(512, dtype=torch.bool)
+    untouched[slots] = False
+    for layer, w, b in zip(spec.layers, written, before):
+        for f in w:
+            mine, ref = getattr(layer, f), w[f]
+            assert torch.equal(mine[untouched], b[f][untouched])  # no other slot changed
+            if f.endswith("cache") and kv_dtype == "int8":  # a code may differ by one where x/s sits on .5
+                assert ((mine[slots].int() - ref[slots].int()).abs() <= 1).all()
+                assert ((mine[slots].int() - ref[slots].int()).abs() == 0).float().mean() > 0.95
+            else:  # the values of k, v agree within float rounding: equal after rounding, or one ulp apart
+                assert torch.allclose(mine[slots].float(), ref[slots].float(), rtol=1e-2, atol=1e-3)
 
 
 def test_the_reference_twin_runs_without_native_kernels():

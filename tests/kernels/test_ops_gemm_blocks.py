@@ -114,7 +114,7 @@ def test_reference_rejects_bad_activation_mode():
 
 @needs_native
 @pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("gtype", [T.Q4_0, T.Q4_1, T.Q8_0])
+@pytest.mark.parametrize("gtype", [T.Q4_0, T.Q4_1, T.Q5_0, T.Q8_0])
 def test_interleaved_layout_and_product_equal_reference(variant, gtype):
     gen = torch.Generator().manual_seed(int(gtype))
     for n, k in ((4, 32), (12, 96), (36, 160)):

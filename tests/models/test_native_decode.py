@@ -37,8 +37,52 @@ def decode_metadata(contexts, block_size=16):
                              seq_ids=list(range(len(contexts)))), first
 
 
+def fill_pages(caches, gen=None):
+    """Earlier tokens' keys and values, as a prefill would have left them (written through each codec)."""
+    for c in caches:
+        n = c.num_blocks * c.block_size if hasattr(c, "num_blocks") else c.k.shape[0]
+        shape = (n, c.num_kv_heads, c.head_dim)
+        c.write(torch.randn(shape, generator=gen), torch.randn(shape, generator=gen), torch.arange(n),
+                torch.arange(n))
+
+
+def snapshot(caches):
+    return [[t.clone() for t in c.tensors()] for c in caches]
+
+
+def restore(caches, saved):
+    for c, ts in zip(caches, saved):
+        for t, s in zip(c.tensors(), ts):
+            t.copy_(s)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+@pytest.mark.parametrize("kv", ["bf16", "fp16", "int8"])
+def test_native_decode_step_over_other_kv_pages_equals_module_path(arch, kv):
+    """bf16/fp16 pages and the int8 codec's codes are read in place by the native step, and the new token's
+    key and value are written as the torch codec writes them."""
+    model = packed_model(arch)
+    contexts = [5, 17, 40]
+    meta, blocks = decode_metadata(contexts)
+    caches = model.new_caches(blocks, 16, kv)
+    fill_pages(caches, torch.Generator().manual_seed(0))
+    decoder = native_decoder(model, caches)
+    assert decoder is not None and decoder.spec.layers[0].kv_dtype == kv
+    ids = torch.tensor([3, 50, 7])
+    saved = snapshot(caches)
+    want = model(ids, meta, caches)
+    written = snapshot(caches)
+    restore(caches, saved)
+    got = decoder.logits(ids, meta, torch.arange(3))
+    assert torch.allclose(got, want, atol=2e-3 * want.abs().max().item(), rtol=0)
+    for c, w in zip(caches, written):
+        for t, ref in zip(c.tensors(), w):
+            diff = (t.float() - ref.float()).abs()
+            assert diff.max() <= (1 if t.dtype == torch.uint8 else 1e-2 * ref.float().abs().max())
+
+
 @pytest.mark.parametrize("arch,fmt", [(a, "gguf-q4_1") for a in ("llama", "qwen2", "gemma3")] + [
-    ("llama", "int8"), ("qwen2", "int4-g32"), ("gemma3", "int4-g32-sym")])  # bytediet's formats: repacked layouts
+    ("llama", "int8"), ("qwen2", "int4-g32"), ("gemma3", "int4-g32-sym"), ("llama", "mxfp4"), ("qwen2", "nvfp4")])  # bytediet's formats: repacked layouts
 @pytest.mark.parametrize("activations", ["q16", "q8", "f32"])
 def test_native_decode_step_equals_module_path(arch, fmt, activations):
     model = packed_model(arch, fmt=fmt)
@@ -64,7 +108,9 @@ def test_native_decode_step_equals_module_path(arch, fmt, activations):
 
 def test_what_the_native_step_does_not_cover_is_said():
     model = packed_model("llama")
-    assert why_not_native(model, model.new_caches(2, 16, "bf16")).startswith("KV cache")
+    assert why_not_native(model, model.new_caches(2, 16, "bf16")) is None
+    assert why_not_native(model, model.new_caches(2, 16, "int8")) is None
+    assert why_not_native(model, model.new_caches(2, 128, "turboquant3.5")).startswith("KV cache")
     assert why_not_native(packed_model("llama", fmt="int8"), model.new_caches(2, 16)) is None
     w8a8 = packed_model("llama", fmt="int8-w8a8")
     assert "int8-w8a8" in why_not_native(w8a8, w8a8.new_caches(2, 16))

@@ -26,9 +26,16 @@ class LinearSpec:
     interleaved: bool = False
 
 
+KV_PAGE_TYPES = ("fp32", "bf16", "fp16", "int8")  # the page types the native step reads and writes (ids 0..3)
+
+
 @dataclass
 class LayerSpec:
-    """One decoder layer. Norm weights (hidden,) or (head_dim,) float32; caches (slots, Hkv, D) float32."""
+    """One decoder layer. Norm weights (hidden,) or (head_dim,) float32.
+
+    Caches: (slots, Hkv, D) pages of ``kv_dtype``: float32, bfloat16 or float16 values, or (int8) uint8 codes
+    q + 128 with ``k_scale``/``v_scale`` (slots, Hkv, 1) float16 (x = q · scale: kvcache's ``int8`` codec).
+    """
 
     attn_norm: torch.Tensor
     post_attn_norm: torch.Tensor
@@ -47,6 +54,9 @@ class LayerSpec:
     post_ffn_norm: Optional[torch.Tensor] = None
     q_norm: Optional[torch.Tensor] = None  # per-head q/k RMSNorm (gemma3)
     k_norm: Optional[torch.Tensor] = None
+    kv_dtype: str = "fp32"  # one of KV_PAGE_TYPES
+    k_scale: Optional[torch.Tensor] = None  # int8 pages only
+    v_scale: Optional[torch.Tensor] = None
 
 
 @dataclass

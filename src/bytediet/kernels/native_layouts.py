@@ -13,6 +13,13 @@ bytes added; the numbers it stands for are bit-identical):
   ``[scale f16][G/2 bytes]`` (symmetric: w = (q − 8)·scale); inside a block, each 32 weights take 16 bytes,
   element e in the low nibble of byte e and element e + 16 in the high nibble (GGML's Q4 order).
 
+* ``MXFP4_BLOCKS`` (mxfp4): per 32 weights ``[E8M0 scale byte][16 bytes of E2M1 codes in Q4 order]``.
+* ``NVFP4_BLOCKS`` (nvfp4): a row starts with the tensor's float32 scale (4 bytes per row: the only bytes
+  added), then per 32 weights ``[E4M3 scale of 0..15][E4M3 scale of 16..31][16 bytes of E2M1 codes]``.
+
+The kernels multiply E2M1 codes as the int8 values 2·v ∈ {0, ±1, ±2, ±3, ±4, ±6, ±8, ±12} (a byte shuffle)
+and fold the ½ into the block scale, so the FP4 formats use the same integer dot products as int4.
+
 Type ids start at 100, clear of GGML's (0–39), and travel through the same ``ggml_type`` argument.
 """
 from __future__ import annotations
@@ -23,7 +30,11 @@ INT8_ROW = 100
 INT4_GROUPS = {(32, False): 101, (64, False): 102, (128, False): 103,
                (32, True): 104, (64, True): 105, (128, True): 106}
 _INT4_BY_TYPE = {t: key for key, t in INT4_GROUPS.items()}
-TYPES = frozenset({INT8_ROW, *INT4_GROUPS.values()})
+MXFP4_BLOCKS = 107
+NVFP4_BLOCKS = 108
+TYPES = frozenset({INT8_ROW, *INT4_GROUPS.values(), MXFP4_BLOCKS, NVFP4_BLOCKS})
+#: E2M1 code (0..15) → value (OCP MX v1.0 §5.3.3); codes 8..15 are the negatives
+E2M1_VALUES = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
 
 
 def is_native_layout(type_id: int) -> bool:
@@ -32,21 +43,21 @@ def is_native_layout(type_id: int) -> bool:
 
 
 def row_header_bytes(type_id: int) -> int:
-    """Bytes before a row's first block (INT8_ROW: its float32 scale)."""
-    return 4 if int(type_id) == INT8_ROW else 0
+    """Bytes before a row's first block (INT8_ROW: its float32 scale; NVFP4: the tensor's float32 scale)."""
+    return 4 if int(type_id) in (INT8_ROW, NVFP4_BLOCKS) else 0
 
 
 def block_weights(type_id: int) -> int:
     """Weights per block of this layout."""
     t = int(type_id)
-    return 32 if t == INT8_ROW else _INT4_BY_TYPE[t][0]
+    return 32 if t in (INT8_ROW, MXFP4_BLOCKS, NVFP4_BLOCKS) else _INT4_BY_TYPE[t][0]
 
 
 def block_bytes(type_id: int) -> int:
     """Bytes per block of this layout."""
     t = int(type_id)
-    if t == INT8_ROW:
-        return 32
+    if t in (INT8_ROW, MXFP4_BLOCKS, NVFP4_BLOCKS):
+        return {INT8_ROW: 32, MXFP4_BLOCKS: 17, NVFP4_BLOCKS: 18}[t]
     group, symmetric = _INT4_BY_TYPE[t]
     return (2 if symmetric else 4) + group // 2
 
@@ -72,10 +83,8 @@ def pack_int4_groups(qweight: torch.Tensor, scale: torch.Tensor, offset, group: 
     qweight (N, K/2) uint8 (element 2i in the low nibble of byte i), scale (N, K/G) float16, offset (N, K/G)
     float16 or None (symmetric) → (N, K/G · block_bytes) uint8.
     """
-    n = qweight.shape[0]
-    k = qweight.shape[1] * 2
-    codes = torch.stack((qweight & 0x0F, qweight >> 4), dim=-1).reshape(n, k // 32, 2, 16)  # element order
-    q4 = (codes[:, :, 0] | (codes[:, :, 1] << 4)).reshape(n, k // group, group // 2)  # GGML Q4 order
+    n, k = qweight.shape[0], qweight.shape[1] * 2
+    q4 = _q4_order(qweight).reshape(n, k // group, group // 2)  # GGML Q4 order
     parts = [scale.to(torch.float16).contiguous().reshape(n, -1, 1).view(torch.uint8)]
     if offset is not None:
         parts.append(offset.to(torch.float16).contiguous().reshape(n, -1, 1).view(torch.uint8))
@@ -83,10 +92,47 @@ def pack_int4_groups(qweight: torch.Tensor, scale: torch.Tensor, offset, group: 
     return torch.cat(parts, dim=-1).reshape(n, -1)
 
 
+def _q4_order(qweight: torch.Tensor) -> torch.Tensor:
+    """(N, K/2) nibbles, element 2i low → (N, K/32, 16) bytes, element e low and e + 16 high per 32."""
+    n, k = qweight.shape[0], qweight.shape[1] * 2
+    codes = torch.stack((qweight & 0x0F, qweight >> 4), dim=-1).reshape(n, k // 32, 2, 16)
+    return codes[:, :, 0] | (codes[:, :, 1] << 4)
+
+
+def _q4_codes(b: torch.Tensor) -> torch.Tensor:
+    """(..., 16) bytes in Q4 order → (..., 32) codes in element order."""
+    return torch.cat((b & 0x0F, b >> 4), dim=-1)
+
+
+def pack_mxfp4(qweight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """mxfp4 planes: qweight (N, K/2) uint8, scale (N, K/32) uint8 E8M0 → MXFP4_BLOCKS rows (N, K/32 · 17)."""
+    n = qweight.shape[0]
+    return torch.cat((scale.reshape(n, -1, 1), _q4_order(qweight)), dim=-1).reshape(n, -1)
+
+
+def pack_nvfp4(qweight: torch.Tensor, scale: torch.Tensor, tensor_scale: torch.Tensor) -> torch.Tensor:
+    """nvfp4 planes: qweight (N, K/2) uint8, scale (N, K/16) float8_e4m3fn, tensor_scale (1,) float32 →
+    NVFP4_BLOCKS rows (N, 4 + K/32 · 18)."""
+    n = qweight.shape[0]
+    head = tensor_scale.to(torch.float32).reshape(1, 1).expand(n, 1).contiguous().view(torch.uint8)
+    pairs = scale.contiguous().view(torch.uint8).reshape(n, -1, 2)
+    return torch.cat((head, torch.cat((pairs, _q4_order(qweight)), dim=-1).reshape(n, -1)), dim=1)
+
+
 def dequantize(type_id: int, rows: torch.Tensor) -> torch.Tensor:
     """The reference decoder: rows (N, bytes per row) uint8 in layout ``type_id`` → weight (N, K) float32."""
     t = int(type_id)
     n = rows.shape[0]
+    if t == MXFP4_BLOCKS:
+        b = rows.reshape(n, -1, 17)
+        x = torch.ldexp(torch.ones(b.shape[:2]), b[..., 0].to(torch.int32) - 127)  # 2^(e − 127)
+        return (E2M1_VALUES[_q4_codes(b[..., 1:]).long()] * x[..., None]).reshape(n, -1)
+    if t == NVFP4_BLOCKS:
+        tensor_scale = rows[:, :4].contiguous().view(torch.float32)  # (N, 1)
+        b = rows[:, 4:].reshape(n, -1, 18)
+        s = b[..., :2].contiguous().view(torch.float8_e4m3fn).float() * tensor_scale[:, :, None]  # (N, K/32, 2)
+        v = E2M1_VALUES[_q4_codes(b[..., 2:]).long()].reshape(n, -1, 2, 16)
+        return (v * s[..., None]).reshape(n, -1)
     if t == INT8_ROW:
         scale = rows[:, :4].contiguous().view(torch.float32)  # (N, 1)
         return rows[:, 4:].contiguous().view(torch.int8).float() * scale

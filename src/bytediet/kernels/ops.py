@@ -15,7 +15,7 @@ import torch
 
 from . import native_layouts, reference
 from .cpu.dispatch import NativeLibrary, native
-from .decoder_spec import DecoderSpec, LinearSpec
+from .decoder_spec import KV_PAGE_TYPES, DecoderSpec, LinearSpec
 from .ggml_codecs import block_size_of
 
 # GGML Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q4_K Q5_K Q6_K, and bytediet's int8/int4 layouts (native_layouts.TYPES)
@@ -110,7 +110,7 @@ def gemm_blocks(ggml_type: int, blocks: torch.Tensor, x: torch.Tensor, bias: Opt
 
 # --- row-interleaved (x4) weights ----------------------------------------------------------------------------
 
-X4_TYPES = frozenset({2, 3, 8})  # Q4_0, Q4_1, Q8_0
+X4_TYPES = frozenset({2, 3, 6, 8})  # Q4_0, Q4_1, Q5_0, Q8_0
 
 
 def can_interleave(ggml_type: int, n: int, k: int) -> bool:
@@ -129,7 +129,7 @@ def repack_x4(ggml_type: int, blocks: torch.Tensor, variant: Optional[str] = Non
     out = torch.empty(blocks.numel(), dtype=torch.uint8)
     rc = lib.bd_repack_x4(int(ggml_type), blocks.data_ptr(), n, k, out.data_ptr())
     if rc != 0:
-        raise ValueError(f"GGML type {int(ggml_type)} ({n}×{k}) does not interleave (Q4_0, Q4_1, Q8_0 with rows % 4 == 0)")
+        raise ValueError(f"GGML type {int(ggml_type)} ({n}×{k}) does not interleave (Q4_0, Q4_1, Q5_0, Q8_0 with rows % 4 == 0)")
     return out.reshape(n, -1)
 
 
@@ -163,7 +163,8 @@ class _Layer(ctypes.Structure):  # mirrors bd::LayerDesc
     _fields_ = [(name, ctypes.c_void_p) for name in (
         "attn_norm", "post_attn_norm", "pre_ffn_norm", "post_ffn_norm", "q_norm", "k_norm", "inv_freq",
         "k_cache", "v_cache")] + [(name, _Linear) for name in ("q", "k", "v", "o", "gate", "up", "down")] + [
-        ("window", ctypes.c_int64)]
+        ("window", ctypes.c_int64), ("k_scale", ctypes.c_void_p), ("v_scale", ctypes.c_void_p),
+        ("kv_dtype", ctypes.c_int32), ("pad", ctypes.c_int32)]
 
 
 class _Model(ctypes.Structure):  # mirrors bd::ModelDesc
@@ -191,6 +192,8 @@ def _model_desc(spec: DecoderSpec) -> _Model:
         for name in ("q", "k", "v", "o", "gate", "up", "down"):
             setattr(layer, name, _linear_desc(getattr(ls, name)))
         layer.window = ls.window
+        layer.k_scale, layer.v_scale = _ptr(ls.k_scale), _ptr(ls.v_scale)
+        layer.kv_dtype = KV_PAGE_TYPES.index(ls.kv_dtype)
     model = _Model(ctypes.cast(layers, ctypes.POINTER(_Layer)), len(spec.layers), spec.hidden, spec.intermediate,
                    spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.eps, spec.attention_scale, int(spec.gelu),
                    int(spec.sandwich), _ACTIVATION_MODES[spec.activations], 0)

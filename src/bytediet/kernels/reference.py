@@ -192,38 +192,54 @@ def gemm_blocks(ggml_type: int, blocks: torch.Tensor, x: torch.Tensor, bias: Opt
 
 # --- row-interleaved (x4) weights (twins of kernels/cpu/csrc/gemm_x4.cpp) ------------------------------------
 
-_X4_SCALES = {2: 1, 3: 2, 8: 1}  # f16 scales per block: Q4_0 d; Q4_1 d, m; Q8_0 d
+_X4_SCALES = {2: 1, 3: 2, 6: 1, 8: 1}  # f16 scales per block: Q4_0 d; Q4_1 d, m; Q5_0 d; Q8_0 d
 
 
 def _codes(ggml_type: int, blocks: torch.Tensor) -> torch.Tensor:
-    """(n, bytes per row) → (n, nb, 32) uint8 codes in element order (Q8_0: the int8 bytes)."""
+    """(n, bytes per row) → (n, nb, 32) uint8 codes in element order (Q8_0: the int8 bytes; Q5_0: 5-bit codes)."""
     n = blocks.shape[0]
     b = blocks.reshape(n, -1, block_bytes(ggml_type))
     if ggml_type == 8:
         return b[..., 2:]
+    if ggml_type == 6:  # d, qh (bit j = bit 4 of element j), qs (Q4 nibbles)
+        high = ((b[..., 2:6].to(torch.int64) << torch.arange(0, 32, 8)).sum(-1, keepdim=True) >> torch.arange(32)) & 1
+        qs = b[..., 6:]
+        return torch.cat((qs & 0x0F, qs >> 4), dim=-1) | (high.to(torch.uint8) << 4)
     qs = b[..., 2 * _X4_SCALES[ggml_type]:]
     return torch.cat((qs & 0x0F, qs >> 4), dim=-1)
+
+
+def _bit_masks(u: torch.Tensor) -> torch.Tensor:
+    """(..., 32) codes → (..., 4) bytes of the 32-bit mask of their bit 4 (little-endian)."""
+    bits = ((u >> 4) & 1).to(torch.int64).reshape(*u.shape[:-1], 4, 8)
+    return (bits << torch.arange(8)).sum(-1).to(torch.uint8)
 
 
 def repack_x4(ggml_type: int, blocks: torch.Tensor) -> torch.Tensor:
     """Interleave four rows at a time, block by block: (n, bytes per row) → same shape, n % 4 == 0.
 
     Per group of 4 rows and block: the 4 rows' f16 scales (d, then Q4_1's m), then the codes as
-    U_k[8r + e] = code 8k + e of row r (k = 0..3): Q4 packs U0 | U1 << 4 and U2 | U3 << 4 (64 bytes),
-    Q8_0 stores U0..U3 (128 bytes). The layout of llama.cpp's repack.cpp, made for one 32-byte load to
-    serve four rows.
+    U_k[8r + e] = code 8k + e of row r (k = 0..3): Q4 packs U0 | U1 << 4 and U2 | U3 << 4 (64 bytes), Q5_0
+    packs their low 4 bits so and adds four 32-bit masks of bit 4 of U_0..U_3 (16 bytes), Q8_0 stores
+    U0..U3 (128 bytes). The layout of llama.cpp's repack.cpp, made for one 32-byte load to serve four rows.
     """
     n = blocks.shape[0]
     if ggml_type not in _X4_SCALES or n % 4:
-        raise ValueError(f"GGML type {ggml_type} ({n} rows) does not interleave (Q4_0, Q4_1, Q8_0 with rows % 4 == 0)")
+        raise ValueError(f"GGML type {ggml_type} ({n} rows) does not interleave (Q4_0, Q4_1, Q5_0, Q8_0 with rows % 4 == 0)")
     ts, ns = block_bytes(ggml_type), _X4_SCALES[ggml_type]
     b = blocks.reshape(n // 4, 4, -1, ts)  # (G, 4, nb, ts)
     scales = b[..., :2 * ns].reshape(n // 4, 4, -1, ns, 2).permute(0, 2, 3, 1, 4).reshape(n // 4, -1, 8 * ns)
     codes = _codes(ggml_type, blocks).reshape(n // 4, 4, -1, 4, 8)  # (G, r, nb, k, e)
     u = codes.permute(0, 2, 3, 1, 4).reshape(n // 4, -1, 4, 32)  # (G, nb, k, 8r + e)
-    if ggml_type != 8:
-        u = torch.stack((u[:, :, 0] | (u[:, :, 1] << 4), u[:, :, 2] | (u[:, :, 3] << 4)), dim=2)
-    out = torch.cat((scales, u.reshape(n // 4, u.shape[1], -1)), dim=-1)  # (G, nb, 4·ts)
+    parts = [scales]
+    if ggml_type == 8:
+        parts.append(u.reshape(n // 4, u.shape[1], -1))
+    else:
+        low = u & 0x0F
+        parts.append(torch.cat((low[:, :, 0] | (low[:, :, 1] << 4), low[:, :, 2] | (low[:, :, 3] << 4)), dim=-1))
+        if ggml_type == 6:
+            parts.append(_bit_masks(u).reshape(n // 4, u.shape[1], 16))
+    out = torch.cat(parts, dim=-1)  # (G, nb, 4·ts)
     return out.reshape(n, -1)
 
 
@@ -238,10 +254,17 @@ def unpack_x4(ggml_type: int, packed: torch.Tensor) -> torch.Tensor:
     if ggml_type == 8:
         u = c.reshape(n // 4, nb, 4, 32)
     else:
-        lo, hi = c[..., :32], c[..., 32:]
+        lo, hi = c[..., :32], c[..., 32:64]
         u = torch.stack((lo & 0x0F, lo >> 4, hi & 0x0F, hi >> 4), dim=2)  # (G, nb, k, 32)
+        if ggml_type == 6:
+            masks = c[..., 64:80].reshape(n // 4, nb, 4, 4).to(torch.int64)
+            word = (masks << torch.arange(0, 32, 8)).sum(-1, keepdim=True)  # (G, nb, k, 1)
+            u = u | ((((word >> torch.arange(32)) & 1) << 4).to(torch.uint8))
     codes = u.reshape(n // 4, nb, 4, 4, 8).permute(0, 3, 1, 2, 4).reshape(n // 4, 4, nb, 32)
-    if ggml_type != 8:
+    if ggml_type == 6:  # back to d, qh, qs
+        qh = _bit_masks(codes)
+        codes = torch.cat((qh, (codes[..., :16] & 0x0F) | ((codes[..., 16:] & 0x0F) << 4)), dim=-1)
+    elif ggml_type != 8:
         codes = codes[..., :16] | (codes[..., 16:] << 4)
     return torch.cat((scales, codes), dim=-1).reshape(n, -1)
 
@@ -268,6 +291,31 @@ def _rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> t
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
 
+def quantize_int8_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """KV int8 pages: x (..., D) → codes (..., D) uint8 = round(x / s) + 128 and s (..., 1) float16, where
+    s = fp16(max(amax / 127, 1e-6)) (the ``int8`` KV codec's per-token, per-head rounding)."""
+    scale = (x.abs().amax(-1, keepdim=True) / 127).clamp(min=1e-6).to(torch.float16)
+    q = torch.round(x / scale.float()).clamp(-127, 127) + 128
+    return q.to(torch.uint8), scale
+
+
+def _write_pages(layer: LayerSpec, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    if layer.kv_dtype == "int8":
+        for pages, scales, x in ((layer.k_cache, layer.k_scale, k), (layer.v_cache, layer.v_scale, v)):
+            codes, scale = quantize_int8_rows(x)
+            pages[slots], scales[slots] = codes, scale.reshape(scales[slots].shape)
+    else:
+        layer.k_cache[slots], layer.v_cache[slots] = k.to(layer.k_cache.dtype), v.to(layer.v_cache.dtype)
+
+
+def _read_pages(layer: LayerSpec, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 (k, v) of ``slots`` (any shape) → slots.shape + (Hkv, D)."""
+    if layer.kv_dtype == "int8":
+        return tuple((pages[slots].float() - 128) * scales[slots].float().reshape(*slots.shape, -1, 1)
+                     for pages, scales in ((layer.k_cache, layer.k_scale), (layer.v_cache, layer.v_scale)))
+    return layer.k_cache[slots].float(), layer.v_cache[slots].float()
+
+
 def _decode_layer(spec: DecoderSpec, layer: LayerSpec, x: torch.Tensor, positions, slots, block_tables,
                   block_size: int) -> torch.Tensor:
     t, d = x.shape[0], spec.head_dim
@@ -283,11 +331,9 @@ def _decode_layer(spec: DecoderSpec, layer: LayerSpec, x: torch.Tensor, position
     if layer.q_norm is not None:
         q, k = _rms(q, layer.q_norm, spec.eps), _rms(k, layer.k_norm, spec.eps)
     q, k = _rope(q, positions, layer.inv_freq), _rope(k, positions, layer.inv_freq)
-    layer.k_cache[slots] = k
-    layer.v_cache[slots] = v
+    _write_pages(layer, slots, k, v)
     context_lens = positions + 1
-    kk, vv = layer.k_cache[batch_slots(block_tables, context_lens, block_size)], layer.v_cache[
-        batch_slots(block_tables, context_lens, block_size)]
+    kk, vv = _read_pages(layer, batch_slots(block_tables, context_lens, block_size))
     att = decode_attention(q, kk, vv, context_lens, spec.attention_scale, layer.window or None)
     o = lin(layer.o, att.reshape(t, -1))
     x = x + (_rms(o, layer.post_attn_norm, spec.eps) if spec.sandwich else o)

@@ -16,7 +16,9 @@ import torch
 
 from ..kernels import ops
 from ..kernels.decoder_spec import DecoderSpec, LayerSpec, LinearSpec
+from ..kvcache.compressed import CompressedCache
 from ..kvcache.full import FullPrecisionCache
+from ..kvcache.tokenwise import TokenwisePages
 from .layers import Linear
 from .transformer import CausalLM
 
@@ -37,6 +39,22 @@ def _linear(lin: Linear, interleave: bool = False) -> Optional[LinearSpec]:
     return LinearSpec(blocks, int(gtype), lin.out_features, lin.in_features, bias, interleaved=x4)
 
 
+_PAGE_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def _pages(cache) -> Optional[dict]:
+    """The cache's pages as the native step reads them (LayerSpec fields), or None for a codec it cannot read:
+    full-precision pages (fp32, bf16, fp16) and the ``int8`` codec's per-token codes and fp16 scales."""
+    if isinstance(cache, FullPrecisionCache) and cache.k.dtype in _PAGE_DTYPES:
+        return dict(kv_dtype=_PAGE_DTYPES[cache.k.dtype], k_cache=cache.k, v_cache=cache.v)
+    if isinstance(cache, CompressedCache):
+        k, v = cache.keys, cache.values
+        if all(isinstance(h, TokenwisePages) and h.bits == 8 and h.symmetric and h.group == h.head_dim
+               for h in (k, v)):
+            return dict(kv_dtype="int8", k_cache=k.codes, v_cache=v.codes, k_scale=k.scale, v_scale=v.scale)
+    return None
+
+
 def why_not_native(model: CausalLM, caches: list) -> Optional[str]:
     """None when the native decode step covers this model and these caches, else the reason it does not."""
     if ops.native_library() is None:
@@ -50,9 +68,12 @@ def why_not_native(model: CausalLM, caches: list) -> Optional[str]:
     modes = {lin.format.activations for name, lin in model.linear_layers() if name != "lm_head"}
     if len(modes) != 1:
         return f"mixed activation modes {sorted(modes)}"
+    if model.config.head_dim % 8:
+        return f"head_dim {model.config.head_dim} is not a multiple of 8"
     for cache in caches:
-        if not isinstance(cache, FullPrecisionCache) or cache.k.dtype != torch.float32:
-            return f"KV cache {type(cache).__name__} ({getattr(getattr(cache, 'k', None), 'dtype', '?')}) has no native step"
+        if _pages(cache) is None:
+            return (f"KV cache {type(cache).__name__} ({getattr(getattr(cache, 'k', None), 'dtype', '?')}) has no native "
+                    f"step (fp32, bf16, fp16 and int8 pages have)")
     return None
 
 
@@ -87,7 +108,7 @@ def native_decoder(model: CausalLM, caches: list) -> Optional[NativeDecoder]:
         lin = lambda m: _linear(m, x4)  # noqa: E731
         layers.append(LayerSpec(
             attn_norm=norm(layer.input_layernorm), post_attn_norm=norm(layer.post_attention_layernorm),
-            inv_freq=attn.rope.inv_freq.float().contiguous(), k_cache=cache.k, v_cache=cache.v,
+            inv_freq=attn.rope.inv_freq.float().contiguous(), **_pages(cache),
             q=lin(attn.q_proj), k=lin(attn.k_proj), v=lin(attn.v_proj), o=lin(attn.o_proj),
             gate=lin(mlp.gate_proj), up=lin(mlp.up_proj), down=lin(mlp.down_proj),
             window=attn.window or 0,

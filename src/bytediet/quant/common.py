@@ -72,3 +72,15 @@ class NativeActivations:
     def activation_suffix(self) -> str:
         """The spec part that names a non-default activation mode ("" for q16)."""
         return {"q16": "", "q8": "-a8", "f32": "-af32"}[self.activations]
+
+
+def activations_only(cls, suffix: str):
+    """``from_spec`` for formats whose only option is the native kernel's activation precision
+    (``-a8``, ``-a16``, ``-af32``; none for the default q16)."""
+    if not suffix:
+        return cls()
+    mode = ACTIVATION_SUFFIXES.get(suffix[1:]) if suffix.startswith("-") else None
+    if mode is None:
+        raise ConfigError(f"weight format {cls.name!r} takes only an activation precision: {cls.name}, {cls.name}-a8 "
+                          f"or {cls.name}-af32, got {cls.name + suffix!r}")
+    return cls().with_activations(mode)

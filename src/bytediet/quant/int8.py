@@ -11,10 +11,9 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from ..errors import ConfigError
 from ..kernels import native_layouts
 from .base import WEIGHT_FORMATS, Packed, WeightFormat
-from .common import ACTIVATION_SUFFIXES, NativeActivations, check_weight, no_parameters
+from .common import NativeActivations, activations_only, check_weight, no_parameters
 
 QMAX = 127
 
@@ -50,13 +49,7 @@ class Int8(NativeActivations, WeightFormat):
 
     name = "int8"
 
-    @classmethod
-    def from_spec(cls, suffix: str) -> "Int8":
-        mode = ACTIVATION_SUFFIXES.get(suffix[1:]) if suffix.startswith("-") else None
-        if mode is None:
-            raise ConfigError(f"weight format int8 takes only an activation precision: int8, int8-a8 or int8-af32 "
-                              f"(or int8-w8a8 for per-token int8 activations), got {cls.name + suffix!r}")
-        return cls().with_activations(mode)
+    from_spec = classmethod(activations_only)
 
     def spec(self) -> str:
         return self.name + self.activation_suffix()

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import torch
 
+from ..kernels import native_layouts
 from .base import WEIGHT_FORMATS, Packed, WeightFormat
-from .common import check_weight, no_parameters
+from .common import NativeActivations, activations_only, check_weight
 from .fp4 import E2M1_EMAX, decode_e2m1, encode_e2m1, pack_nibbles, unpack_nibbles
 
 BLOCK = 32
@@ -38,12 +39,20 @@ def e8m0_to_float(byte: torch.Tensor) -> torch.Tensor:
 
 
 @WEIGHT_FORMATS.register("mxfp4")
-class MXFP4(WeightFormat):
+class MXFP4(NativeActivations, WeightFormat):
     """packed = qweight (out, in/2) uint8 E2M1 codes, scale (out, in/32) uint8 E8M0."""
 
     name = "mxfp4"
 
-    from_spec = classmethod(no_parameters)
+    from_spec = classmethod(activations_only)
+
+    def spec(self) -> str:
+        return self.name + self.activation_suffix()
+
+    def native_layout(self, packed: Packed):
+        """Native kernels read the E2M1 codes as int8 2·v with the block scale (kernels/native_layouts.py);
+        ``-a8``/``-af32`` choose their activation precision (default q16)."""
+        return native_layouts.MXFP4_BLOCKS, native_layouts.pack_mxfp4(packed["qweight"], packed["scale"])
 
     def bits_per_weight(self, out_features: int, in_features: int) -> float:
         return 4.0 + 8.0 / BLOCK

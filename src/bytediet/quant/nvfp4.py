@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import torch
 
+from ..kernels import native_layouts
 from .base import WEIGHT_FORMATS, Packed, WeightFormat
-from .common import check_weight, no_parameters
+from .common import NativeActivations, activations_only, check_weight
 from .fp4 import E2M1_MAX, decode_e2m1, encode_e2m1, pack_nibbles, unpack_nibbles
 from .fp8 import E4M3_MAX
 
@@ -29,12 +30,20 @@ def nvfp4_tensor_scale(amax: torch.Tensor) -> torch.Tensor:
 
 
 @WEIGHT_FORMATS.register("nvfp4")
-class NVFP4(WeightFormat):
+class NVFP4(NativeActivations, WeightFormat):
     """packed = qweight (out, in/2) uint8 E2M1 codes, scale (out, in/16) float8_e4m3fn, tensor_scale (1,) float32."""
 
     name = "nvfp4"
 
-    from_spec = classmethod(no_parameters)
+    from_spec = classmethod(activations_only)
+
+    def spec(self) -> str:
+        return self.name + self.activation_suffix()
+
+    def native_layout(self, packed: Packed):
+        """Native kernels read the E2M1 codes as int8 2·v with the block scale (kernels/native_layouts.py);
+        ``-a8``/``-af32`` choose their activation precision (default q16)."""
+        return native_layouts.NVFP4_BLOCKS, native_layouts.pack_nvfp4(packed["qweight"], packed["scale"], packed["tensor_scale"])
 
     def bits_per_weight(self, out_features: int, in_features: int) -> float:
         return 4.0 + 8.0 / BLOCK + 32.0 / (out_features * in_features)

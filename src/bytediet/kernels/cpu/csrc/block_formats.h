@@ -8,6 +8,8 @@
 // holding a scale of the whole row (row_scale), applied once to the row's product: bytediet's own layouts
 // (kernels/native_layouts.py) use that for int8's per-channel scale; the GGML formats have none.
 #pragma once
+#include <cmath>
+
 #include "isa.h"
 
 namespace bd {
@@ -181,6 +183,48 @@ struct Int8Row {
         s.m[0] = 0.0f;
     }
     static __m256i codes(const uint8_t* b, int) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b)); }
+};
+
+// E2M1 codes (4 bits) → int8 2·value: {0, 1, 2, 3, 4, 6, 8, 12} and their negatives (codes 8..15).
+inline __m256i e2m1_codes(const uint8_t* qs) {
+    const __m256i lut = _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12,
+                                         0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+    return _mm256_shuffle_epi8(lut, nibbles_halves(qs));
+}
+
+inline float e4m3_to_f32(uint8_t b) {  // OCP FP8 E4M3 (fn: no infinities; 0x7F/0xFF are NaN)
+    const int e = (b >> 3) & 15, mnt = b & 7;
+    float v = e == 0 ? std::ldexp(static_cast<float>(mnt), -9) : std::ldexp(static_cast<float>(8 + mnt), e - 10);
+    if ((b & 0x7F) == 0x7F) v = NAN;
+    return b & 0x80 ? -v : v;
+}
+
+// mxfp4: per 32 weights [E8M0 scale][16 bytes of E2M1 codes]; weight = 2^(e − 127) · v = (2^(e − 128)) · (2v).
+struct MXFP4Blocks : NoRowHeader {
+    static constexpr int SUB = 1, BYTES = 17;
+    static constexpr bool SIGNED = true, SPLIT = false;
+    static void scales(const uint8_t* b, SubScales& s) {
+        s.d_lo[0] = s.d_hi[0] = b[0] == 255 ? NAN : std::ldexp(1.0f, static_cast<int>(b[0]) - 128);
+        s.m[0] = 0.0f;
+    }
+    static __m256i codes(const uint8_t* b, int) { return e2m1_codes(b + 1); }
+};
+
+// nvfp4: a row starts with the tensor's f32 scale; per 32 weights [E4M3 scale 0..15][E4M3 scale 16..31][codes].
+struct NVFP4Blocks {
+    static constexpr int HEADER = 4, SUB = 1, BYTES = 18;
+    static constexpr bool SIGNED = true, SPLIT = true;
+    static float row_scale(const uint8_t* row) {
+        float s;
+        std::memcpy(&s, row, 4);
+        return s;
+    }
+    static void scales(const uint8_t* b, SubScales& s) {
+        s.d_lo[0] = 0.5f * e4m3_to_f32(b[0]);
+        s.d_hi[0] = 0.5f * e4m3_to_f32(b[1]);
+        s.m[0] = 0.0f;
+    }
+    static __m256i codes(const uint8_t* b, int) { return e2m1_codes(b + 2); }
 };
 
 }  // namespace bd

@@ -57,27 +57,14 @@ void rope(float* x, long heads, long d, const float* inv_freq, long pos) {
     }
 }
 
-inline float dot(const float* a, const float* b, long n) {  // four independent FMA chains
-    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
-    long i = 0;
-    for (; i + 32 <= n; i += 32) {
-        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), a0);
-        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), a1);
-        a2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16), a2);
-        a3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), a3);
-    }
-    for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), a0);
-    float s = hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-    for (; i < n; ++i) s += a[i] * b[i];
-    return s;
-}
-
 // The KV rows of one head are 1–3 cache lines apart from the next position's, a stride the hardware prefetcher
 // follows late: without this the score loop waits on memory for most of its time.
 constexpr long kPrefetchRows = 6;
 
-inline void prefetch_row(const float* p, long d) {
-    for (long i = 0; i < d; i += 16) _mm_prefetch(reinterpret_cast<const char*>(p + i), _MM_HINT_T0);
+template <class E>
+inline void prefetch_row(const E* p, long words) {  // the cache lines of ``words`` 4-byte words from p
+    const char* c = reinterpret_cast<const char*>(p);
+    for (long i = 0; i < words * 4; i += 64) _mm_prefetch(c + i, _MM_HINT_T0);
 }
 
 // Visit positions [lo, hi) of a sequence in page order: fn(position, slot), no division per position.
@@ -97,6 +84,89 @@ inline void axpy(float a, const float* x, float* y, long n) {
     long i = 0;
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
     for (; i < n; ++i) y[i] += a * x[i];
+}
+
+// KV page element types: each gives a row's 8 values at j as floats (times the row's scale, applied once per
+// row by the caller), and the write of a new row. The torch codecs that own these pages (kvcache/full.py,
+// kvcache/tokenwise.py) round the same way, so the module path and this step leave identical pages.
+struct PagesF32 {
+    using T = float;
+    static constexpr bool SCALED = false;
+    static __m256 load8(const T* r, long j) { return _mm256_loadu_ps(r + j); }
+    static void write(const float* x, long d, T* r, uint16_t*) { std::memcpy(r, x, sizeof(float) * d); }
+};
+
+struct PagesBF16 {
+    using T = uint16_t;
+    static constexpr bool SCALED = false;
+    static __m256 load8(const T* r, long j) {
+        __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r + j)));
+        return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+    }
+    static void write(const float* x, long d, T* r, uint16_t*) {
+        for (long i = 0; i < d; ++i) {  // round to nearest even, as torch's float → bfloat16
+            uint32_t b;
+            std::memcpy(&b, x + i, 4);
+            r[i] = std::isnan(x[i]) ? static_cast<uint16_t>(0x7FC0) : static_cast<uint16_t>((b + 0x7FFF + ((b >> 16) & 1)) >> 16);
+        }
+    }
+};
+
+struct PagesF16 {
+    using T = uint16_t;
+    static constexpr bool SCALED = false;
+    static __m256 load8(const T* r, long j) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r + j))); }
+    static void write(const float* x, long d, T* r, uint16_t*) {
+        long i = 0;
+        for (; i + 8 <= d; i += 8)
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(r + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+        for (; i < d; ++i) r[i] = _cvtss_sh(x[i], _MM_FROUND_TO_NEAREST_INT);
+    }
+};
+
+struct PagesInt8 {  // kvcache int8: per token and head, scale = fp16(max(amax / 127, 1e-6)), code = q + 128
+    using T = uint8_t;
+    static constexpr bool SCALED = true;
+    static __m256 load8(const T* r, long j) {
+        __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(r + j)));
+        return _mm256_cvtepi32_ps(_mm256_sub_epi32(c, _mm256_set1_epi32(128)));
+    }
+    static void write(const float* x, long d, T* r, uint16_t* scale) {
+        float amax = 0.0f;
+        for (long i = 0; i < d; ++i) amax = std::fabs(x[i]) > amax ? std::fabs(x[i]) : amax;
+        float s = amax / 127.0f;
+        s = s > 1e-6f ? s : 1e-6f;
+        const uint16_t h = _cvtss_sh(s, _MM_FROUND_TO_NEAREST_INT);
+        *scale = h;
+        const float sf = _cvtsh_ss(h);
+        for (long i = 0; i < d; ++i) {
+            float q = std::nearbyint(x[i] / sf);  // round half to even (the default rounding mode), as torch.round
+            q = q < -127.0f ? -127.0f : (q > 127.0f ? 127.0f : q);
+            r[i] = static_cast<uint8_t>(static_cast<int>(q) + 128);
+        }
+    }
+};
+
+template <class P>
+inline float page_dot(const float* q, const typename P::T* r, long d) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    long i = 0;
+    for (; i + 16 <= d; i += 16) {
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), P::load8(r, i), a0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8), P::load8(r, i + 8), a1);
+    }
+    for (; i + 8 <= d; i += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), P::load8(r, i), a0);
+    return hsum(_mm256_add_ps(a0, a1));
+}
+
+template <class P>
+inline void page_axpy(float a, const typename P::T* r, float* y, long d) {
+    const __m256 va = _mm256_set1_ps(a);
+    for (long i = 0; i + 8 <= d; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, P::load8(r, i), _mm256_loadu_ps(y + i)));
+}
+
+inline float row_scale(const void* scales, long idx) {
+    return scales ? _cvtsh_ss(static_cast<const uint16_t*>(scales)[idx]) : 1.0f;
 }
 
 // Linear layers sharing one input: quantized once (q8) or summed per block once (f32).
@@ -147,8 +217,14 @@ class Input {
 // work items are (token, KV head, context chunk); an item reads each key and value row of its chunk once
 // for all the query heads that share the KV head (GQA) and leaves a partial (max, Σexp, Σexp·v) per head;
 // a second pass merges the chunks. q, out: (T, Hq, D).
+// Page rows are read in place in their stored type (P) and widened in registers; int8 rows' scales multiply
+// the row's dot product and its softmax weight once. head_dim is a multiple of 8 (checked by the caller).
+template <class P>
 void attend(const ModelDesc& m, const LayerDesc& L, const float* q, float* out, long T, const int64_t* positions,
             const int64_t* block_tables, long bt_stride, long block_size, Scratch& s) {
+    using E = typename P::T;
+    const E* k_pages = static_cast<const E*>(L.k_cache);
+    const E* v_pages = static_cast<const E*>(L.v_cache);
     const long hq = m.num_heads, hkv = m.num_kv_heads, d = m.head_dim, group = hq / hkv;
     const int nt = num_threads();
     long longest = 1;
@@ -177,9 +253,10 @@ void attend(const ModelDesc& m, const LayerDesc& L, const float* q, float* out, 
             const float* qg = q + (tok * hq + kvh * group) * d;
             scores.resize(group * n + 8);
             for_each_slot(table, block_size, lo, hi, [&](long p, long slot) {  // scores of the group's heads: (group, n)
-                const float* krow = L.k_cache + (slot * hkv + kvh) * d;
-                prefetch_row(krow + kPrefetchRows * hkv * d, d);  // a later row of this page (pages are memory-resident)
-                for (long g = 0; g < group; ++g) scores[g * n + (p - lo)] = dot(qg + g * d, krow, d) * m.attention_scale;
+                const E* krow = k_pages + (slot * hkv + kvh) * d;
+                prefetch_row(krow + kPrefetchRows * hkv * d, d * sizeof(E) / 4);  // a later row of this page
+                const float sc = m.attention_scale * (P::SCALED ? row_scale(L.k_scale, slot * hkv + kvh) : 1.0f);
+                for (long g = 0; g < group; ++g) scores[g * n + (p - lo)] = page_dot<P>(qg + g * d, krow, d) * sc;
             });
             for (long g = 0; g < group; ++g) {
                 float* sg = scores.data() + g * n;
@@ -202,10 +279,12 @@ void attend(const ModelDesc& m, const LayerDesc& L, const float* q, float* out, 
                 for (long j = 0; j < d; ++j) o[j] = 0.0f;
             }
             for_each_slot(table, block_size, lo, hi, [&](long p, long slot) {
-                const float* vrow = L.v_cache + (slot * hkv + kvh) * d;
-                prefetch_row(vrow + kPrefetchRows * hkv * d, d);
+                const E* vrow = v_pages + (slot * hkv + kvh) * d;
+                prefetch_row(vrow + kPrefetchRows * hkv * d, d * sizeof(E) / 4);
+                const float vs = P::SCALED ? row_scale(L.v_scale, slot * hkv + kvh) : 1.0f;
                 for (long g = 0; g < group; ++g)
-                    axpy(scores[g * n + (p - lo)], vrow, acc.data() + ((tok * hq + kvh * group + g) * chunks + c) * d, d);
+                    page_axpy<P>(scores[g * n + (p - lo)] * vs, vrow,
+                                 acc.data() + ((tok * hq + kvh * group + g) * chunks + c) * d, d);
             });
         }
     });
@@ -225,6 +304,16 @@ void attend(const ModelDesc& m, const LayerDesc& L, const float* q, float* out, 
         }
         const float inv = 1.0f / total;
         for (long j = 0; j < d; ++j) o[j] *= inv;
+    }
+}
+
+template <class Fn>
+void with_pages(int kv_dtype, Fn fn) {
+    switch (kv_dtype) {
+        case 1: fn(PagesBF16{}); break;
+        case 2: fn(PagesF16{}); break;
+        case 3: fn(PagesInt8{}); break;
+        default: fn(PagesF32{}); break;
     }
 }
 
@@ -261,10 +350,20 @@ void layer_step(const ModelDesc& m, const LayerDesc& L, float* x, long T, const 
         }
         rope(qt, hq, d, L.inv_freq, positions[t]);
         rope(kt, hkv, d, L.inv_freq, positions[t]);
-        std::memcpy(L.k_cache + slots[t] * hkv * d, kt, sizeof(float) * hkv * d);
-        std::memcpy(L.v_cache + slots[t] * hkv * d, s.v.data() + t * hkv * d, sizeof(float) * hkv * d);
+        with_pages(L.kv_dtype, [&](auto pages) {
+            using P = decltype(pages);
+            using E = typename P::T;
+            for (long h = 0; h < hkv; ++h) {
+                const long idx = slots[t] * hkv + h;
+                P::write(kt + h * d, d, static_cast<E*>(L.k_cache) + idx * d, static_cast<uint16_t*>(L.k_scale) + idx);
+                P::write(s.v.data() + (t * hkv + h) * d, d, static_cast<E*>(L.v_cache) + idx * d,
+                         static_cast<uint16_t*>(L.v_scale) + idx);
+            }
+        });
     }
-    attend(m, L, s.q.data(), s.att.data(), T, positions, block_tables, bt_stride, block_size, s);
+    with_pages(L.kv_dtype, [&](auto pages) {
+        attend<decltype(pages)>(m, L, s.q.data(), s.att.data(), T, positions, block_tables, bt_stride, block_size, s);
+    });
     {
         Input in(s.att.data(), T, hq * d, m.activations, s);
         in.apply(L.o, s.o.data());

@@ -21,10 +21,14 @@ struct LayerDesc {
     const float* q_norm;        // (head_dim,) or null
     const float* k_norm;        // (head_dim,) or null
     const float* inv_freq;      // (head_dim / 2,) RoPE frequencies of this layer
-    float* k_cache;             // (slots, num_kv_heads, head_dim) float32 pages
-    float* v_cache;
+    void* k_cache;              // (slots, num_kv_heads, head_dim) pages of kv_dtype
+    void* v_cache;
     LinearDesc q, k, v, o, gate, up, down;
     int64_t window;             // sliding window in tokens, 0 = full causal attention
+    void* k_scale;              // int8 pages: (slots, num_kv_heads) fp16 scales; null otherwise
+    void* v_scale;
+    int32_t kv_dtype;           // 0 fp32, 1 bf16, 2 fp16, 3 int8 (code = round(x / scale) + 128, scale = amax/127)
+    int32_t pad;
 };
 
 struct ModelDesc {

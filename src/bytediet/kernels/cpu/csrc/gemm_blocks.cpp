@@ -202,6 +202,8 @@ int with_format(int ggml_type, Fn fn) {
         case 104: fn(Int4Groups<32, false>{}); return 0;
         case 105: fn(Int4Groups<64, false>{}); return 0;
         case 106: fn(Int4Groups<128, false>{}); return 0;
+        case 107: fn(MXFP4Blocks{}); return 0;
+        case 108: fn(NVFP4Blocks{}); return 0;
         default: return -1;
     }
 }

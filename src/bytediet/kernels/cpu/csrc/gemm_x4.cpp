@@ -1,10 +1,12 @@
-// Row-interleaved ("x4") layouts of Q4_0, Q4_1 and Q8_0 for batch-1..few decode with int8 activations.
+// Row-interleaved ("x4") layouts of Q4_0, Q4_1, Q5_0 and Q8_0 for batch-1..few decode with int8 activations.
 // llama.cpp's repack.cpp idea: four weight rows are stored block by block side by side, so one 32-byte
 // vector holds 8 consecutive weights of each of the 4 rows and a broadcast of 8 activation bytes serves all
 // four; the per-row scales of a block are converted 4 at a time. Per 4 rows × 32 weights this costs ~28
 // instructions where the row-by-row kernel (gemm_blocks.cpp) costs ~76.
 // Layout per group of 4 rows (N % 4 == 0), per 32-weight block b, in this order:
 //   d[4] f16;  (Q4_1) m[4] f16;  codes: Q4 — 64 bytes, lo = U0 | U1 << 4, hi = U2 | U3 << 4;
+//                                       Q5_0 — the Q4 64 bytes of the low 4 bits, then 16 bytes: four
+//                                              32-bit masks, bit j of mask k = bit 4 of U_k[j];
 //                                       Q8 — 128 bytes, U0 U1 U2 U3;
 // where U_k (32 bytes) holds weights 8k..8k+7 of row 0, then of rows 1, 2, 3.
 // Sizes equal the source's (4 × block bytes), so the repacked copy costs no more than the original.
@@ -19,12 +21,13 @@
 namespace bd {
 namespace {
 
-constexpr int kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8;
+constexpr int kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ8_0 = 8;
 
 int x4_block_bytes(int type) {
     switch (type) {
         case kQ4_0: return 4 * 18;
         case kQ4_1: return 4 * 20;
+        case kQ5_0: return 4 * 22;
         case kQ8_0: return 4 * 34;
         default: return 0;
     }
@@ -32,7 +35,8 @@ int x4_block_bytes(int type) {
 
 // 32 weights of one source block as unsigned/signed codes in element order.
 void source_codes(int type, const uint8_t* blk, uint8_t out[32]) {
-    __m256i v = type == kQ4_0 ? Q4_0::codes(blk, 0) : type == kQ4_1 ? Q4_1::codes(blk, 0) : Q8_0::codes(blk, 0);
+    __m256i v = type == kQ4_0 ? Q4_0::codes(blk, 0) : type == kQ4_1 ? Q4_1::codes(blk, 0)
+              : type == kQ5_0 ? Q5_0::codes(blk, 0) : Q8_0::codes(blk, 0);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), v);
 }
 
@@ -57,7 +61,7 @@ inline __m256i plane_dot(const __m256i u[4], const int8_t* xq, __m256i ones) {
         return s32;
     } else {
         __m256i s16 = _mm256_setzero_si256();
-        for (int k = 0; k < 4; ++k) {  // Σ ≤ 4 · 2 · 15 · 127 < 2^15: int16 holds the sum
+        for (int k = 0; k < 4; ++k) {  // Σ ≤ 4 · 2 · 31 · 127 < 2^15 (Q5_0; Q4: 15): int16 holds the sum
             long long xb;
             std::memcpy(&xb, xq + 8 * k, 8);
             s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(u[k], _mm256_set1_epi64x(xb)));
@@ -69,7 +73,7 @@ inline __m256i plane_dot(const __m256i u[4], const int8_t* xq, __m256i ones) {
 template <int TYPE, int NC, bool TWO>
 void group_q8(const uint8_t* w, long nblocks, const QuantizedRows& x, long m0, float* y, long ldy, long n0,
               const float* bias) {
-    constexpr int BB = TYPE == kQ4_0 ? 72 : TYPE == kQ4_1 ? 80 : 136;
+    constexpr int BB = TYPE == kQ4_0 ? 72 : TYPE == kQ4_1 ? 80 : TYPE == kQ5_0 ? 88 : 136;
     constexpr int CODES = TYPE == kQ4_1 ? 16 : 8;  // offset of the codes in a group block
     __m256 acc[NC];
     for (int c = 0; c < NC; ++c) acc[c] = _mm256_setzero_ps();
@@ -86,11 +90,18 @@ void group_q8(const uint8_t* w, long nblocks, const QuantizedRows& x, long m0, f
             u[1] = _mm256_and_si256(_mm256_srli_epi16(lo, 4), low);
             u[2] = _mm256_and_si256(hi, low);
             u[3] = _mm256_and_si256(_mm256_srli_epi16(hi, 4), low);
+            if constexpr (TYPE == kQ5_0) {
+                uint32_t masks[4];
+                std::memcpy(masks, g + CODES + 64, 16);
+                const __m256i bit4 = _mm256_set1_epi8(0x10);
+                for (int k = 0; k < 4; ++k) u[k] = _mm256_or_si256(u[k], _mm256_and_si256(bits_to_bytes(masks[k]), bit4));
+            }
         }
         const __m256 d = scales_x4(g);
         __m256 zero_coef;  // per lane: the zero-point term's coefficient, halved (each row has two lanes)
         if constexpr (TYPE == kQ4_1) zero_coef = _mm256_mul_ps(scales_x4(g + 8), _mm256_set1_ps(0.5f));
         else if constexpr (TYPE == kQ4_0) zero_coef = _mm256_mul_ps(d, _mm256_set1_ps(-4.0f));
+        else if constexpr (TYPE == kQ5_0) zero_coef = _mm256_mul_ps(d, _mm256_set1_ps(-8.0f));
         for (int c = 0; c < NC; ++c) {
             const long at = (m0 + c) * x.k + b * 32;
             acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(x.d[(m0 + c) * x.nblocks + b])),
@@ -135,6 +146,7 @@ void rows_any(const X4Product& p, const QuantizedRows& x, long M, long b, long e
     switch (p.ggml_type) {
         case kQ4_0: rows_x4<kQ4_0>(p.w, p.k, x, M, p.y, p.n, p.bias, b, e); break;
         case kQ4_1: rows_x4<kQ4_1>(p.w, p.k, x, M, p.y, p.n, p.bias, b, e); break;
+        case kQ5_0: rows_x4<kQ5_0>(p.w, p.k, x, M, p.y, p.n, p.bias, b, e); break;
         default: rows_x4<kQ8_0>(p.w, p.k, x, M, p.y, p.n, p.bias, b, e); break;
     }
 }
@@ -144,7 +156,7 @@ void rows_any(const X4Product& p, const QuantizedRows& x, long M, long b, long e
 bool has_x4(int type) { return x4_block_bytes(type) != 0; }
 
 void repack_x4(int type, const uint8_t* src, long N, long K, uint8_t* dst) {
-    const int sb = type == kQ4_0 ? 18 : type == kQ4_1 ? 20 : 34, scales = type == kQ4_1 ? 2 : 1;
+    const int sb = type == kQ4_0 ? 18 : type == kQ4_1 ? 20 : type == kQ5_0 ? 22 : 34, scales = type == kQ4_1 ? 2 : 1;
     const long nb = K / 32, row_bytes = nb * sb, bb = x4_block_bytes(type);
     for (long g = 0; g < N / 4; ++g) {
         for (long b = 0; b < nb; ++b) {
@@ -164,9 +176,15 @@ void repack_x4(int type, const uint8_t* src, long N, long K, uint8_t* dst) {
                 std::memcpy(c, u, 128);
             } else {
                 for (int j = 0; j < 32; ++j) {
-                    c[j] = static_cast<uint8_t>(u[0][j] | (u[1][j] << 4));
-                    c[32 + j] = static_cast<uint8_t>(u[2][j] | (u[3][j] << 4));
+                    c[j] = static_cast<uint8_t>((u[0][j] & 15) | ((u[1][j] & 15) << 4));
+                    c[32 + j] = static_cast<uint8_t>((u[2][j] & 15) | ((u[3][j] & 15) << 4));
                 }
+                if (type == kQ5_0)
+                    for (int k = 0; k < 4; ++k) {
+                        uint32_t mask = 0;
+                        for (int j = 0; j < 32; ++j) mask |= static_cast<uint32_t>((u[k][j] >> 4) & 1) << j;
+                        std::memcpy(c + 64 + 4 * k, &mask, 4);
+                    }
             }
         }
     }
@@ -203,7 +221,7 @@ void gemm_x4_many(const X4Product* products, int count, const QuantizedRows& x, 
 
 extern "C" {
 
-// Row-interleaved copy of a Q4_0/Q4_1/Q8_0 weight (N % 4 == 0, K % 32 == 0) into dst (same byte size).
+// Row-interleaved copy of a Q4_0/Q4_1/Q5_0/Q8_0 weight (N % 4 == 0, K % 32 == 0) into dst (same byte size).
 // Returns 0, -1 for another block type, -2 for a shape that does not interleave.
 int bd_repack_x4(int ggml_type, const uint8_t* src, long N, long K, uint8_t* dst) {
     if (!bd::has_x4(ggml_type)) return -1;
