@@ -10,6 +10,7 @@ from bytediet.quant.int4 import Int4
 from bytediet.quant.int8 import Int8
 from bytediet.quant.mxfp4 import MXFP4
 from bytediet.quant.nvfp4 import NVFP4
+from bytediet.quant import get_weight_format
 
 from .test_ops_gemm_blocks import check_close
 
@@ -48,6 +49,20 @@ def test_fp4_repack_is_bit_identical(fmt):
     assert nl.row_weights(t, rows.shape[1]) == 256
 
 
+def sparse24_rows(n: int, k: int, gen: torch.Generator, scale: float = 1.0):
+    fmt = get_weight_format("sparse24-int8")
+    packed = fmt.quantize(torch.randn(n, k, generator=gen) * scale)
+    return fmt, packed, nl.pack_sparse24_int8(packed["values"], packed["index"], packed["scale"]), nl.SPARSE24_INT8
+
+
+def test_sparse24_repack_is_bit_identical_and_moves_5_bits_per_weight():
+    gen = torch.Generator().manual_seed(12)
+    fmt, packed, rows, t = sparse24_rows(6, 256, gen)
+    assert torch.equal(reference.dequantize_blocks(t, rows), fmt.dequantize(packed))
+    assert rows.numel() * 8 / (6 * 256) == pytest.approx(fmt.bits_per_weight(6, 256))
+    assert nl.row_weights(t, rows.shape[1]) == 256
+
+
 @pytest.mark.parametrize("group,symmetric", INT4_CASES)
 def test_int4_repack_is_bit_identical(group, symmetric):
     gen = torch.Generator().manual_seed(group + symmetric)
@@ -68,7 +83,7 @@ def test_int8_repack_is_bit_identical():
 
 @needs_native
 @pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("case", ["int8", "mxfp4", "nvfp4"] + [f"int4-g{g}{'-sym' if s else ''}" for g, s in INT4_CASES])
+@pytest.mark.parametrize("case", ["int8", "mxfp4", "nvfp4", "sparse24-int8"] + [f"int4-g{g}{'-sym' if s else ''}" for g, s in INT4_CASES])
 @pytest.mark.parametrize("activations", ["q8", "q16", "f32"])
 def test_native_layout_gemm_equals_reference(variant, case, activations):
     gen = torch.Generator().manual_seed(len(case) * 31 + len(activations))
@@ -76,6 +91,8 @@ def test_native_layout_gemm_equals_reference(variant, case, activations):
     for n in (1, 3, 37):  # rows not a multiple of the 4-row tile
         if case == "int8":
             _, _, rows, t = int8_rows(n, k, gen)
+        elif case == "sparse24-int8":
+            _, _, rows, t = sparse24_rows(n, k, gen)
         elif case in ("mxfp4", "nvfp4"):
             _, _, rows, t = fp4_rows(MXFP4() if case == "mxfp4" else NVFP4(), n, k, gen)
         else:
@@ -98,7 +115,7 @@ def test_native_layout_extreme_inputs(variant):
     k = 256
     for make in (lambda s: int8_rows(5, k, gen, s), lambda s: int4_rows(5, k, 64, False, gen, s),
                  lambda s: int4_rows(5, k, 128, True, gen, s), lambda s: fp4_rows(MXFP4(), 5, k, gen, s),
-                 lambda s: fp4_rows(NVFP4(), 5, k, gen, s)):
+                 lambda s: fp4_rows(NVFP4(), 5, k, gen, s), lambda s: sparse24_rows(5, k, gen, s)):
         _, _, zero_rows, t = make(0.0)  # all-zero weights: zero scales
         x = torch.randn(2, k, generator=gen)
         for activations in ("q8", "q16", "f32"):

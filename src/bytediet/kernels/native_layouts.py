@@ -17,6 +17,11 @@ bytes added; the numbers it stands for are bit-identical):
 * ``NVFP4_BLOCKS`` (nvfp4): a row starts with the tensor's float32 scale (4 bytes per row: the only bytes
   added), then per 32 weights ``[E4M3 scale of 0..15][E4M3 scale of 16..31][16 bytes of E2M1 codes]``.
 
+* ``SPARSE24_INT8`` (sparse24-int8, 2:4 sparsity): a row starts with its float32 scale, then per 32 weights
+  ``[16 int8 kept values][4 bytes: the 8 groups' position codes]`` (code = p0 | p1 << 2, two per byte, even
+  group low): 5 bits per weight, and the kernel expands the 16 values into their 32 positions in registers
+  (byte shuffles), so a 2:4 weight moves 5/8 of int8's bytes.
+
 The kernels multiply E2M1 codes as the int8 values 2·v ∈ {0, ±1, ±2, ±3, ±4, ±6, ±8, ±12} (a byte shuffle)
 and fold the ½ into the block scale, so the FP4 formats use the same integer dot products as int4.
 
@@ -32,7 +37,9 @@ INT4_GROUPS = {(32, False): 101, (64, False): 102, (128, False): 103,
 _INT4_BY_TYPE = {t: key for key, t in INT4_GROUPS.items()}
 MXFP4_BLOCKS = 107
 NVFP4_BLOCKS = 108
-TYPES = frozenset({INT8_ROW, *INT4_GROUPS.values(), MXFP4_BLOCKS, NVFP4_BLOCKS})
+SPARSE24_INT8 = 109
+TYPES = frozenset({INT8_ROW, *INT4_GROUPS.values(), MXFP4_BLOCKS, NVFP4_BLOCKS, SPARSE24_INT8})
+_BLOCK32 = {INT8_ROW: 32, MXFP4_BLOCKS: 17, NVFP4_BLOCKS: 18, SPARSE24_INT8: 20}  # bytes per 32 weights
 #: E2M1 code (0..15) → value (OCP MX v1.0 §5.3.3); codes 8..15 are the negatives
 E2M1_VALUES = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
 
@@ -44,20 +51,20 @@ def is_native_layout(type_id: int) -> bool:
 
 def row_header_bytes(type_id: int) -> int:
     """Bytes before a row's first block (INT8_ROW: its float32 scale; NVFP4: the tensor's float32 scale)."""
-    return 4 if int(type_id) in (INT8_ROW, NVFP4_BLOCKS) else 0
+    return 4 if int(type_id) in (INT8_ROW, NVFP4_BLOCKS, SPARSE24_INT8) else 0
 
 
 def block_weights(type_id: int) -> int:
     """Weights per block of this layout."""
     t = int(type_id)
-    return 32 if t in (INT8_ROW, MXFP4_BLOCKS, NVFP4_BLOCKS) else _INT4_BY_TYPE[t][0]
+    return 32 if t in _BLOCK32 else _INT4_BY_TYPE[t][0]
 
 
 def block_bytes(type_id: int) -> int:
     """Bytes per block of this layout."""
     t = int(type_id)
-    if t in (INT8_ROW, MXFP4_BLOCKS, NVFP4_BLOCKS):
-        return {INT8_ROW: 32, MXFP4_BLOCKS: 17, NVFP4_BLOCKS: 18}[t]
+    if t in _BLOCK32:
+        return _BLOCK32[t]
     group, symmetric = _INT4_BY_TYPE[t]
     return (2 if symmetric else 4) + group // 2
 
@@ -119,6 +126,15 @@ def pack_nvfp4(qweight: torch.Tensor, scale: torch.Tensor, tensor_scale: torch.T
     return torch.cat((head, torch.cat((pairs, _q4_order(qweight)), dim=-1).reshape(n, -1)), dim=1)
 
 
+def pack_sparse24_int8(values: torch.Tensor, index: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """sparse24-int8 planes: values (N, K/2) int8, index (N, K/8) uint8 (two group codes per byte), scale (N,)
+    float32 → SPARSE24_INT8 rows (N, 4 + K/32 · 20). K must be a multiple of 32."""
+    n = values.shape[0]
+    head = scale.to(torch.float32).contiguous().reshape(n, 1).view(torch.uint8)
+    body = torch.cat((values.contiguous().view(torch.uint8).reshape(n, -1, 16), index.reshape(n, -1, 4)), dim=-1)
+    return torch.cat((head, body.reshape(n, -1)), dim=1)
+
+
 def dequantize(type_id: int, rows: torch.Tensor) -> torch.Tensor:
     """The reference decoder: rows (N, bytes per row) uint8 in layout ``type_id`` → weight (N, K) float32."""
     t = int(type_id)
@@ -133,6 +149,14 @@ def dequantize(type_id: int, rows: torch.Tensor) -> torch.Tensor:
         s = b[..., :2].contiguous().view(torch.float8_e4m3fn).float() * tensor_scale[:, :, None]  # (N, K/32, 2)
         v = E2M1_VALUES[_q4_codes(b[..., 2:]).long()].reshape(n, -1, 2, 16)
         return (v * s[..., None]).reshape(n, -1)
+    if t == SPARSE24_INT8:
+        scale = rows[:, :4].contiguous().view(torch.float32)  # (N, 1)
+        b = rows[:, 4:].reshape(n, -1, 20)
+        vals = b[..., :16].contiguous().view(torch.int8).float().reshape(n, -1, 8, 2)  # (N, K/32, group, 2)
+        codes = torch.stack((b[..., 16:] & 15, b[..., 16:] >> 4), dim=-1).reshape(n, -1, 8).long()
+        pos = torch.stack((codes & 3, codes >> 2), dim=-1)  # (N, K/32, 8, 2)
+        dense = torch.zeros(n, vals.shape[1], 8, 4).scatter_(-1, pos, vals)
+        return dense.reshape(n, -1) * scale
     if t == INT8_ROW:
         scale = rows[:, :4].contiguous().view(torch.float32)  # (N, 1)
         return rows[:, 4:].contiguous().view(torch.int8).float() * scale

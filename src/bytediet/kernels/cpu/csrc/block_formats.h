@@ -227,4 +227,52 @@ struct NVFP4Blocks {
     static __m256i codes(const uint8_t* b, int) { return e2m1_codes(b + 2); }
 };
 
+// sparse24-int8 (2:4): a row is [scale f32], then per 32 weights [16 int8 kept values][8 group codes, 4 bits
+// each: p0 | p1 << 2]. The codes become a byte-shuffle index that scatters the values into their positions.
+struct Sparse24Int8 {
+    static constexpr int HEADER = 4, SUB = 1, BYTES = 20;
+    static constexpr bool SIGNED = true, SPLIT = false;
+    static float row_scale(const uint8_t* row) {
+        float s;
+        std::memcpy(&s, row, 4);
+        return s;
+    }
+    static void scales(const uint8_t*, SubScales& s) {
+        s.d_lo[0] = s.d_hi[0] = 1.0f;
+        s.m[0] = 0.0f;
+    }
+    // T_k[c] (both 128-bit lanes): where position k of a group with code c takes its value from: 0 the first
+    // kept value, 1 the second, -128 (0x80) nothing (a zero).
+    static __m256i table(int k) {
+        switch (k) {
+            case 0: return
+        _mm256_setr_epi8(0, 1, 1, 1, 0, -128, -128, -128, 0, -128, -128, -128, 0, -128, -128, -128, 0, 1, 1, 1, 0, -128, -128, -128, 0, -128, -128, -128, 0, -128, -128, -128);
+            case 1: return
+        _mm256_setr_epi8(-128, 0, -128, -128, 1, 0, 1, 1, -128, 0, -128, -128, -128, 0, -128, -128, -128, 0, -128, -128, 1, 0, 1, 1, -128, 0, -128, -128, -128, 0, -128, -128);
+            case 2: return
+        _mm256_setr_epi8(-128, -128, 0, -128, -128, -128, 0, -128, 1, 1, 0, 1, -128, -128, 0, -128, -128, -128, 0, -128, -128, -128, 0, -128, 1, 1, 0, 1, -128, -128, 0, -128);
+            default: return
+        _mm256_setr_epi8(-128, -128, -128, 0, -128, -128, -128, 0, -128, -128, -128, 0, 1, 1, 1, 0, -128, -128, -128, 0, -128, -128, -128, 0, -128, -128, -128, 0, 1, 1, 1, 0);
+        }
+    }
+    static __m256i codes(const uint8_t* b, int) {
+        const __m256i t0 = table(0), t1 = table(1), t2 = table(2), t3 = table(3);  // constants: no loads
+        uint32_t packed;
+        std::memcpy(&packed, b + 16, 4);
+        const __m256i nib = _mm256_and_si256(
+            _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(packed)), _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
+            _mm256_set1_epi32(15));
+        const __m256i rep = _mm256_mullo_epi32(nib, _mm256_set1_epi32(0x01010101));  // lane g: its code in every byte
+        const __m256i m0 = _mm256_set1_epi32(0x000000FF), m1 = _mm256_set1_epi32(0x0000FF00),
+                      m2 = _mm256_set1_epi32(0x00FF0000), m3 = _mm256_set1_epi32(static_cast<int>(0xFF000000u));
+        __m256i idx = _mm256_or_si256(
+            _mm256_or_si256(_mm256_and_si256(_mm256_shuffle_epi8(t0, rep), m0), _mm256_and_si256(_mm256_shuffle_epi8(t1, rep), m1)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_shuffle_epi8(t2, rep), m2), _mm256_and_si256(_mm256_shuffle_epi8(t3, rep), m3)));
+        idx = _mm256_add_epi8(idx, _mm256_setr_epi32(0x00000000, 0x02020202, 0x04040404, 0x06060606,
+                                                     0x08080808, 0x0A0A0A0A, 0x0C0C0C0C, 0x0E0E0E0E));  // group g: + 2g
+        const __m256i vals = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b)));
+        return _mm256_shuffle_epi8(vals, idx);
+    }
+};
+
 }  // namespace bd

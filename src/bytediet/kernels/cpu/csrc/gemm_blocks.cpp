@@ -204,6 +204,7 @@ int with_format(int ggml_type, Fn fn) {
         case 106: fn(Int4Groups<128, false>{}); return 0;
         case 107: fn(MXFP4Blocks{}); return 0;
         case 108: fn(NVFP4Blocks{}); return 0;
+        case 109: fn(Sparse24Int8{}); return 0;
         default: return -1;
     }
 }
