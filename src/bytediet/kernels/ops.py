@@ -13,7 +13,7 @@ from typing import Optional
 
 import torch
 
-from . import native_layouts, reference
+from . import native_layouts, reference, tuning
 from .cpu.dispatch import NativeLibrary, native
 from .decoder_spec import KV_PAGE_TYPES, DecoderSpec, LinearSpec
 from .ggml_codecs import block_size_of
@@ -28,8 +28,22 @@ def _library(variant: Optional[str]) -> Optional[NativeLibrary]:
 
 
 def native_library() -> Optional[NativeLibrary]:
-    """The loaded native library (None: the reference kernels run)."""
-    return _library(None)
+    """The loaded native library (None: the reference kernels run), with this machine's tuning applied."""
+    lib = _library(None)
+    if lib is not None:
+        _apply_tuning(lib.path, lib.bd_num_threads())
+    return lib
+
+
+@functools.lru_cache(maxsize=None)
+def _apply_tuning(path: str, threads: int) -> None:
+    tuning.apply(_library(None))
+
+
+def tuned_kernel(ggml_type: int, n: int, k: int, batch: int = 1) -> Optional[str]:
+    """``bytediet tune``'s winner for this product on this machine ("x4" or "rows"), or None (untuned)."""
+    table = tuning.current(_library(None))
+    return None if table is None else table.kernel_for(ggml_type, n, k, batch)
 
 
 def has_native_gemm(ggml_type: int, variant: Optional[str] = None) -> bool:

@@ -31,7 +31,8 @@ def _linear(lin: Linear, interleave: bool = False) -> Optional[LinearSpec]:
         return None
     gtype, blocks = native
     bias = None if lin.bias is None else lin.bias.detach().float().contiguous()
-    x4 = interleave and ops.can_interleave(int(gtype), lin.out_features, lin.in_features)
+    x4 = (interleave and ops.can_interleave(int(gtype), lin.out_features, lin.in_features)
+          and ops.tuned_kernel(int(gtype), lin.out_features, lin.in_features) != "rows")  # `bytediet tune`
     if x4:
         if lin.interleaved is None:  # the module path (prefill) multiplies with the same copy
             lin.interleaved = ops.repack_x4(int(gtype), blocks)
