@@ -306,10 +306,17 @@ def test_cli_table_and_bad_flags(ckpt, fake_machine, capsys):
     out = capsys.readouterr().out
     assert "single stream" in out and "predicted vs measured" in out and "int8" in out
     assert "concurrency sweep" not in out
+    assert main(["bench", "--model", str(ckpt), "--quick", "--threads", "1", "--peers", "none", "--formats",
+                 "int8,int8:int8", "--parts", "single,context", "--contexts", "20,30", "--json"]) == 0
+    obj = json.loads(capsys.readouterr().out)
+    assert obj["systems"]["bytediet int8:int8"]["info"]["kv_cache_dtype"].startswith("int8")
+    assert not obj["systems"]["bytediet int8"]["info"]["kv_cache_dtype"].startswith("int8")
     assert main(["bench", "--model", str(ckpt), "--quick", "--threads", "1", "--peers", "none", "--formats", "int8",
                  "--parts", "single,context", "--contexts", "20,30"]) == 0
     out = capsys.readouterr().out
     assert "bytes down" in out and "bytediet int8" in out and "context scaling" in out
+    assert main(["bench", "--model", str(ckpt), "--quick", "--formats", "int8:zip9"]) == 2
+    assert "zip9" in capsys.readouterr().err
     assert main(["bench", "--model", str(ckpt), "--quick", "--formats", "int9"]) == 2
     assert "int9" in capsys.readouterr().err
     assert main(["bench", "--model", str(ckpt), "--quick", "--concurrency", "1,x"]) == 2

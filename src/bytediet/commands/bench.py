@@ -31,9 +31,10 @@ def register(sub) -> None:
                    help="context part: contexts (tokens) each batch-1 decode run ends at (default 512,2048,8192)")
     p.add_argument("--weights", default=None, metavar="FMT",
                    help="bytediet weight format (e.g. int8, int4-g64, fp32); default: the GGUF's native blocks")
-    p.add_argument("--formats", default=None, metavar="FMT,FMT,...",
+    p.add_argument("--formats", default=None, metavar="FMT[:KV],...",
                    help="also run the single-stream and context parts with these weight formats of the same model "
-                        "('gguf' = the native blocks), in the same run: the bytes-vs-speed table of every format")
+                        "('gguf' = the native blocks; ':KV' also sets the KV codec, e.g. gguf:int8), in the same "
+                        "run: the bytes-vs-speed table of every format")
     p.add_argument("--activations", default="q16", choices=["q16", "q8", "f32"],
                    help="how native GGUF blocks multiply (int8 or float activations)")
     p.add_argument("--kv-cache-dtype", default="auto", metavar="CODEC", help="bytediet KV-cache codec")
@@ -118,17 +119,22 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _formats(args: argparse.Namespace) -> list[str]:
+    """--formats entries, each ``weights`` or ``weights:kv``, checked against the registries."""
     if not args.formats:
         return []
     specs = [f.strip() for f in args.formats.split(",") if f.strip()]
+    from ..kvcache import get_kv_codec
     from ..quant import get_weight_format
 
     for spec in specs:
-        if spec != "gguf":
-            try:
-                get_weight_format(spec)
-            except KeyError as exc:
-                raise ConfigError(f"--formats: {exc.args[0]}") from None
+        weights, _, kv = spec.partition(":")
+        try:
+            if weights != "gguf":
+                get_weight_format(weights)
+            if kv:
+                get_kv_codec(kv)
+        except KeyError as exc:
+            raise ConfigError(f"--formats: {exc.args[0]}") from None
     return specs
 
 
@@ -147,11 +153,11 @@ class LazyVariant:
             from ..models.loader import load_model
             from ..perf.peers import BytedietSystem
 
-            self.progress(f"loading {self.args.model} with weights {self.spec}")
-            weights = None if self.spec == "gguf" else self.spec
-            loaded = load_model(self.args.model, dtype=torch.float32, weights=weights, keep_packed=True,
-                                activations=self.args.activations)
-            self._system = BytedietSystem(loaded, threads=self.config.threads, kv_cache_dtype=self.args.kv_cache_dtype,
+            spec, _, kv = self.spec.partition(":")
+            self.progress(f"loading {self.args.model} with weights {spec}" + (f", KV {kv}" if kv else ""))
+            loaded = load_model(self.args.model, dtype=torch.float32, weights=None if spec == "gguf" else spec,
+                                keep_packed=True, activations=self.args.activations)
+            self._system = BytedietSystem(loaded, threads=self.config.threads, kv_cache_dtype=kv or self.args.kv_cache_dtype,
                                           max_num_batched_tokens=self.args.max_num_batched_tokens)
         return self._system
 
