@@ -45,3 +45,16 @@ def write_hf_checkpoint(path, arch: str, seed: int = 0):
 def tiny_checkpoints(tmp_path_factory):
     root = tmp_path_factory.mktemp("tp-checkpoints")
     return {arch: (root / arch, write_hf_checkpoint(root / arch, arch, seed=3)) for arch in TINY}
+
+
+def run_batch(llm, prompts, params) -> tuple[list[list[int]], int]:
+    """Staggered arrival (a new request every other step) through ``llm.engine`` → (token ids, preemptions)."""
+    engine, reqs = llm.engine, []
+    for i, (p, sp) in enumerate(zip(prompts, params)):
+        reqs.append(engine.add_request(p, sp))
+        if i % 2:
+            engine.step()
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert engine.num_free_blocks == engine.block_manager.num_blocks
+    return [list(r.output_token_ids) for r in reqs], engine.scheduler.num_preemptions
