@@ -1,11 +1,13 @@
 """The engine at tensor-parallel size 2: one spawned worker process (gloo), against the same engine at size 1."""
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import threading
 import time
 
+import httpx
 import pytest
 
 from bytediet.distributed.launch import TensorParallelError
@@ -50,5 +52,25 @@ def test_a_killed_worker_fails_the_engine_within_30_s_naming_the_rank(tiny_check
         assert time.monotonic() - t0 < 30
         with pytest.raises(TensorParallelError, match="rank 1"):  # the engine stays failed, it does not hang
             engine.step()
+        assert health(engine) == (503, llm.engine.failure) and "rank 1" in llm.engine.failure
     finally:
         llm.shutdown()
+
+
+def health(engine) -> tuple[int, str]:
+    """The server's ``GET /health`` over ``engine``: (status, error message or "ok")."""
+    from bytediet.engine.async_engine import AsyncEngine
+    from bytediet.server.app import build_app
+
+    served = AsyncEngine(engine)
+
+    async def get():
+        transport = httpx.ASGITransport(build_app(served, "tiny"))
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            return await client.get("/health")
+    try:
+        r = asyncio.run(get())
+    finally:
+        served.shutdown()
+    body = r.json()
+    return r.status_code, body.get("error", {}).get("message", body.get("status"))

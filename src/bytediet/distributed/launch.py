@@ -82,6 +82,14 @@ class Workers:
         self.failed = self.failed or "the tensor-parallel workers were shut down"
 
     # -- failures ---------------------------------------------------------------------------------
+    def problem(self) -> Optional[str]:
+        """None while every worker runs; else what went wrong (for ``/health``; a step also raises it)."""
+        if self.failed is not None:
+            return self.failed
+        dead = [f"rank {r} (pid {p.pid}) {_exit_text(p.exitcode)}{_stored_error(self.store, r)}"
+                for r, p in enumerate(self.procs, start=1) if not p.is_alive()]
+        return "tensor-parallel worker " + "; ".join(dead) if dead else None
+
     def _call(self, fn):
         if self.failed is not None:
             raise TensorParallelError(self.failed)

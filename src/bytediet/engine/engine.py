@@ -215,6 +215,12 @@ class LLMEngine:
     def weight_bytes(self) -> int:
         return self.model.weight_bytes()
 
+    @property
+    def failure(self) -> Optional[str]:
+        """Why the engine can no longer step (a tensor-parallel worker died or hung), else None."""
+        workers = self.runner.workers
+        return None if workers is None else workers.problem()
+
 
 @contextmanager
 def torch_threads(n: int):
