@@ -73,3 +73,19 @@ def test_a_format_that_cannot_be_split_is_refused_with_the_formats_that_can(tiny
 
 def test_backend_follows_the_device():
     assert backend_for("cpu") == "gloo" and backend_for(torch.device("cuda", 0)) == "nccl"
+
+
+@pytest.mark.parametrize("spec", ["fp8", "qjl", "turboquant4"])
+def test_calibrated_kv_codec_state_is_sliced_to_each_ranks_heads(tiny_checkpoints, spec):
+    """Per-KV-head calibration (fp8 scales, QJL / TurboQuant means and rankings) follows the rank's heads."""
+    from bytediet.calibrate.kv import calibrate_codec
+    from bytediet.kvcache import get_kv_codec
+
+    path, _ = tiny_checkpoints["llama"]  # 3 KV heads: rank 0 holds heads 0-1, rank 1 head 2
+    full, _ = load_model(path, weights="fp32", load_tokenizer=False)
+    codec = calibrate_codec(get_kv_codec(spec), full, [torch.arange(5, 69) % 97])
+    ids = torch.arange(11, 51)
+    want = full.score(ids, kv_codec=codec)
+    got = run_ranks(2, lambda g: load_shard(g, str(path), weights="fp32")[0].score(ids, kv_codec=codec))
+    for logits in got:
+        torch.testing.assert_close(logits, want, atol=1e-4, rtol=1e-4)

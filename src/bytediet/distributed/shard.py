@@ -123,7 +123,7 @@ def install(model: CausalLM, group: TPGroup) -> CausalLM:
     model.config = replace(full, num_heads=part.num_heads, num_kv_heads=part.num_kv_heads,
                            intermediate_size=part.intermediate[1] - part.intermediate[0])
     model.full_config = full
-    model.tensor_parallel = (group.rank, group.world)
+    model.tensor_parallel, model.kv_head_range = (group.rank, group.world), part.kv_heads
     return model
 
 
