@@ -74,3 +74,24 @@ def health(engine) -> tuple[int, str]:
         served.shutdown()
     body = r.json()
     return r.status_code, body.get("error", {}).get("message", body.get("status"))
+
+
+def test_a_hung_worker_fails_the_engine_after_the_collective_timeout(tiny_checkpoints):
+    from bytediet.distributed.launch import launch
+    from bytediet.engine.config import EngineConfig
+    from bytediet.engine.engine import LLMEngine
+    from bytediet.kvcache.config import CacheConfig
+
+    workers, model, tokenizer = launch(2, dict(spec=str(tiny_checkpoints["llama"][0]), weights="fp32"), timeout_s=3)
+    try:
+        engine = LLMEngine(model, tokenizer, EngineConfig(cache=CacheConfig(num_blocks=32)), workers=workers)
+        engine.add_request([1, 2, 3], SamplingParams(max_tokens=50, ignore_eos=True))
+        engine.step()
+        os.kill(workers.procs[0].pid, signal.SIGSTOP)  # alive but silent
+        t0 = time.monotonic()
+        with pytest.raises(TensorParallelError, match=r"rank\(s\) 1 did not answer"):
+            engine.step()
+        assert time.monotonic() - t0 < 3 + 10
+    finally:
+        os.kill(workers.procs[0].pid, signal.SIGCONT)
+        workers.shutdown()
