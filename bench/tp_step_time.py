@@ -13,7 +13,7 @@ The roofline models an all-reduce as bytes / bandwidth; the per-call latency it 
 small decode messages pay.
 
     PYTHONPATH=src .venv/bin/python bench/tp_step_time.py [--model default] [--weights fp32] [--batch 4]
-        [--context 128] [--steps 16] [--json]
+        [--context 128] [--steps 16] [--threads 2] [--json]
 """
 from __future__ import annotations
 
@@ -82,14 +82,15 @@ def decode_steps(tp: int, args) -> dict:
     from bytediet.engine.llm import LLM
     from bytediet.engine.params import SamplingParams
 
-    llm = LLM(args.model, weights=args.weights, tensor_parallel_size=tp, kv_cache_memory="256MiB",
+    threads = args.threads if tp == 1 else None  # size 2: each rank gets cores / 2
+    llm = LLM(args.model, weights=args.weights, tensor_parallel_size=tp, kv_cache_memory="256MiB", num_threads=threads,
               max_num_seqs=args.batch, max_num_batched_tokens=args.batch * args.context)
     try:
         timer = CollectiveTimer(llm.workers.group) if llm.workers is not None else None
         engine, vocab = llm.engine, llm.model.config.vocab_size
         g = torch.Generator().manual_seed(0)
         for _ in range(args.batch):
-            ids = torch.randint(100, vocab - 100, (args.context,), generator=g).tolist()
+            ids = torch.randint(1, vocab, (args.context,), generator=g).tolist()
             engine.add_request(ids, SamplingParams(max_tokens=args.steps + 8, ignore_eos=True))
         while any(r.num_computed_tokens < len(r.prompt_token_ids) for r in engine.scheduler.running) \
                 or engine.scheduler.waiting:
@@ -135,6 +136,7 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--context", type=int, default=128)
     ap.add_argument("--steps", type=int, default=16)
+    ap.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads at size 1 (default: all cores)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     from bytediet.models.loader import load_config
@@ -145,6 +147,7 @@ def main() -> int:
     bus = 2 * (2 - 1) / 2 * big / ring[big]  # ring all-reduce bus bandwidth (Patarasuk & Yuan 2009)
     runs = [decode_steps(tp, args) for tp in (1, 2)]
     result = {"model": args.model, "weights": args.weights, "batch": args.batch, "context": args.context,
+              "tp1_threads": args.threads,
               "steps": args.steps, "cores": os.cpu_count(), "load_average": os.getloadavg(),
               "allreduce_small_bytes": small, "allreduce_small_s": ring[small], "allreduce_4MiB_s": ring[big],
               "bus_bandwidth_Bps": bus, "runs": runs, "roofline": roofline(args, bus)}

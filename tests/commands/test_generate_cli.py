@@ -5,6 +5,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 CLI = [sys.executable, "-m", "bytediet.cli"]
 
 
@@ -52,6 +54,7 @@ def test_generate_accepts_a_run_config(tmp_path):
     assert data["weight_bytes"] < 300e6  # int8 linear layers, not the 538 MB fp32 model
 
 
+@pytest.mark.slow  # three Python processes start (CLI, its worker, this one's model): ~30 s on two cores
 def test_generate_with_tensor_parallel_size_2_matches_one_process(tmp_path):
     """``--tensor-parallel-size 2`` through the CLI (one spawned gloo worker) on a tiny checkpoint."""
     from bytediet.engine.llm import LLM
