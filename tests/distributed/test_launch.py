@@ -76,6 +76,7 @@ def health(engine) -> tuple[int, str]:
     return r.status_code, body.get("error", {}).get("message", body.get("status"))
 
 
+@pytest.mark.slow  # a spawn and a deliberate timeout; the killed-worker test above covers the same failure path
 def test_a_hung_worker_fails_the_engine_after_the_collective_timeout(tiny_checkpoints):
     from bytediet.distributed.launch import launch
     from bytediet.engine.config import EngineConfig
