@@ -26,12 +26,11 @@ from ..models.transformer import CausalLM
 from .comm import TPGroup
 from .partition import Partition, partition
 
-# module-name suffix → (how it is split, which range of the partition, units per range item)
-COLUMN, ROW, VOCAB = "column", "row", "vocab"
+COLUMN, ROW, VOCAB = "column", "row", "vocab"  # output rows cut / input columns cut / embedding rows cut
 
 
 def _plan(name: str) -> Optional[tuple[str, str]]:
-    """(kind of split, partition field) for a module name; None: replicated (norms)."""
+    """(kind of split, partition field) for a module name (by its last part); None: replicated (norms)."""
     leaf = name.rsplit(".", 1)[-1]
     return {
         "q_proj": (COLUMN, "q_heads"), "k_proj": (COLUMN, "kv_heads"), "v_proj": (COLUMN, "kv_heads"),
