@@ -5,6 +5,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 CLI = [sys.executable, "-m", "bytediet.cli"]
 
 
@@ -50,3 +52,22 @@ def test_generate_accepts_a_run_config(tmp_path):
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
     assert data["weight_bytes"] < 300e6  # int8 linear layers, not the 538 MB fp32 model
+
+
+@pytest.mark.slow  # three Python processes start (CLI, its worker, this one's model): ~30 s on two cores
+def test_generate_with_tensor_parallel_size_2_matches_one_process(tmp_path):
+    """``--tensor-parallel-size 2`` through the CLI (one spawned gloo worker) on a tiny checkpoint."""
+    from bytediet.engine.llm import LLM
+    from bytediet.engine.params import SamplingParams
+    from tests.distributed.conftest import write_hf_checkpoint
+
+    write_hf_checkpoint(tmp_path / "tiny", "llama", seed=5)
+    r = subprocess.run(CLI + ["generate", "--model", str(tmp_path / "tiny"), "--prompt", "w3 w5 w8 w13", "--max-tokens",
+                              "8", "--ignore-eos", "--weights", "fp32", "--tensor-parallel-size", "2", "--json"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    one = LLM(str(tmp_path / "tiny"), weights="fp32").generate(
+        data["prompt_token_ids"], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))[0].outputs[0]
+    assert data["completion_token_ids"] == one.token_ids
+    assert "tensor parallel" in json.dumps(data)  # the decode path it reports

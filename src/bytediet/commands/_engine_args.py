@@ -30,7 +30,11 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-num-batched-tokens", type=int, default=512, help="token budget per engine step")
     g.add_argument("--max-num-seqs", type=int, default=64, help="most requests running at once")
     g.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
-    g.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    g.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads (default: torch's choice; per process with --tensor-parallel-size)")
+    g.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, metavar="N",
+                   help="split the model across N processes (Megatron-style; gloo on CPU, NCCL on CUDA); "
+                        "each process gets the CPU cores / N threads unless --threads is given")
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -67,10 +71,13 @@ def build_llm(args: argparse.Namespace):
         kwargs = load_run_config(args.config)
         if args.threads:
             kwargs["num_threads"] = args.threads
+        if args.tensor_parallel_size > 1:
+            kwargs["tensor_parallel_size"] = args.tensor_parallel_size
         return LLM(**kwargs)
     return LLM(
         args.model, dtype=args.dtype, weights=args.weights, keep_packed=args.keep_packed, activations=args.activations,
         kv_cache_dtype=args.kv_cache_dtype, kv_cache_memory=args.kv_cache_memory, block_size=args.block_size,
         max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
         enable_prefix_caching=not args.no_prefix_caching, num_threads=args.threads,
+        tensor_parallel_size=args.tensor_parallel_size,
     )

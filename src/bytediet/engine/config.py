@@ -21,8 +21,11 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     num_threads: Optional[int] = None
     seed: int = 0
+    tensor_parallel_size: int = 1  # processes the model is split across (bytediet.distributed)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "weight_overrides", dict(self.weight_overrides))
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ConfigError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.tensor_parallel_size < 1:
+            raise ConfigError(f"tensor_parallel_size must be at least 1, got {self.tensor_parallel_size}")

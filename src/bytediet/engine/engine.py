@@ -57,9 +57,9 @@ class EngineStats:
 class LLMEngine:
     """Owns a model runner, a scheduler and a block manager for one model."""
 
-    def __init__(self, model, tokenizer, config: EngineConfig) -> None:
+    def __init__(self, model, tokenizer, config: EngineConfig, workers=None) -> None:
         self.model, self.tokenizer, self.config = model, tokenizer, config
-        self.runner = ModelRunner(model, config.cache)
+        self.runner = ModelRunner(model, config.cache, workers)  # workers: tensor-parallel ranks 1..N-1
         if self.runner.decoder is not None:  # the kernel pool gets the threads; torch gets one inside each step
             ops.native_library().set_num_threads(config.num_threads or torch.get_num_threads())
         self.block_manager = BlockManager(self.runner.num_blocks, config.cache.block_size,
@@ -214,6 +214,12 @@ class LLMEngine:
 
     def weight_bytes(self) -> int:
         return self.model.weight_bytes()
+
+    @property
+    def failure(self) -> Optional[str]:
+        """Why the engine can no longer step (a tensor-parallel worker died or hung), else None."""
+        workers = self.runner.workers
+        return None if workers is None else workers.problem()
 
 
 @contextmanager

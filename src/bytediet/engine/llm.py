@@ -52,7 +52,9 @@ class LLM:
     ``keep_packed`` (default True: a GGUF runs on its native blocks; ``weights="fp32"`` is the dequantized
     reference) and ``activations`` (``q16``, ``q8`` or ``f32``: how those blocks multiply).
     ``loaded=(model, tokenizer)`` uses a model already loaded (and perhaps quantized); ``config.weights`` and
-    ``config.weight_overrides`` then record the model's own quantization.
+    ``config.weight_overrides`` then record the model's own quantization. ``tensor_parallel_size=N`` splits
+    the model across N processes (:mod:`bytediet.distributed`; this one is rank 0): call :meth:`shutdown`
+    to stop them before building another.
     """
 
     def __init__(self, model: str = "default", *, dtype: str = "float32", weights: Optional[str] = None,
@@ -60,7 +62,7 @@ class LLM:
                  num_blocks: Optional[int] = None, max_num_batched_tokens: int = 512, max_num_seqs: int = 64,
                  enable_prefix_caching: bool = True, enable_chunked_prefill: bool = True, seed: int = 0,
                  num_threads: Optional[int] = None, keep_packed: bool = True, activations: str = "q16",
-                 loaded=None) -> None:
+                 tensor_parallel_size: int = 1, loaded=None) -> None:
         from ..models.loader import load_model
 
         set_threads(num_threads)
@@ -72,17 +74,32 @@ class LLM:
                 weights, overrides = quantized.format, dict(quantized.overrides)
         self.config = EngineConfig(
             model=str(model), dtype=dtype, weights=weights, weight_overrides=overrides, seed=seed,
-            num_threads=num_threads,
+            num_threads=num_threads, tensor_parallel_size=tensor_parallel_size,
             cache=CacheConfig(block_size=block_size, kv_cache_memory=kv_cache_memory, kv_cache_dtype=kv_cache_dtype,
                               enable_prefix_caching=enable_prefix_caching, num_blocks=num_blocks),
             scheduler=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
                                       enable_chunked_prefill=enable_chunked_prefill),
         )
         t0 = time.perf_counter()
-        self.model, self.tokenizer = loaded or load_model(model, dtype=dtype, weights=weights,
-                                                                 keep_packed=keep_packed, activations=activations)
+        self.workers = None
+        if tensor_parallel_size > 1:
+            self.workers, self.model, self.tokenizer = _launch_tensor_parallel(
+                tensor_parallel_size, loaded, num_threads,
+                dict(spec=str(model), dtype=dtype, weights=weights, keep_packed=keep_packed, activations=activations))
+        else:
+            self.model, self.tokenizer = loaded or load_model(model, dtype=dtype, weights=weights,
+                                                              keep_packed=keep_packed, activations=activations)
         self.load_time = time.perf_counter() - t0
-        self.engine = LLMEngine(self.model, self.tokenizer, self.config)
+        try:
+            self.engine = LLMEngine(self.model, self.tokenizer, self.config, workers=self.workers)
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel workers, if any (the engine cannot step afterwards)."""
+        if self.workers is not None:
+            self.workers.shutdown()
 
     # -- prompts --------------------------------------------------------------------------------
     def encode(self, prompt: Prompt) -> list[int]:
@@ -164,3 +181,13 @@ class LLM:
             if not req.is_finished:
                 self.engine.abort_request(req.request_id)
             self.engine.forget(req.request_id)
+
+
+def _launch_tensor_parallel(size: int, loaded, num_threads: Optional[int], load: dict):
+    """``(workers, rank 0's shard, tokenizer)``: every rank loads its own slices (a loaded model cannot be split)."""
+    if loaded is not None:
+        raise ConfigError("tensor_parallel_size > 1: each rank loads its own shard from the checkpoint; pass the "
+                          "model's name or path, not a loaded model")
+    from ..distributed.launch import launch
+
+    return launch(size, load, threads=num_threads)

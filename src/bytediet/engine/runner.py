@@ -21,7 +21,7 @@ def num_blocks_for_budget(codec: KVCodec, model: CausalLM, cache: CacheConfig) -
 
 
 class ModelRunner:
-    def __init__(self, model: CausalLM, cache: CacheConfig) -> None:
+    def __init__(self, model: CausalLM, cache: CacheConfig, workers=None) -> None:
         self.model = model
         self.block_size = cache.block_size
         self.codec = get_kv_codec(cache.kv_cache_dtype, model.dtype)
@@ -33,6 +33,10 @@ class ModelRunner:
         self.max_sequences = min(limits) if limits else None  # the codec's per-sequence state (KIVI's staging)
         self.decoder = native_decoder(model, self.caches)  # None: every step runs the module path
         self.decode_path = "native" if self.decoder is not None else f"modules ({why_not_native(model, self.caches)})"
+        # tensor parallel (bytediet.distributed.launch.Workers): ranks 1..N-1 mirror each forward on their shards
+        self.workers = workers
+        if workers is not None:
+            workers.allocate(self.codec, self.num_blocks, self.block_size)
 
     def kv_cache_bytes(self) -> int:
         return sum(cache.nbytes() for cache in self.caches)
@@ -40,6 +44,8 @@ class ModelRunner:
     def free_sequence(self, seq_id: int) -> None:
         for cache in self.caches:
             cache.free_sequence(seq_id)
+        if self.workers is not None:
+            self.workers.free_sequence(seq_id)
 
     def prepare(self, out: SchedulerOutput) -> tuple[torch.Tensor, AttentionMetadata, torch.Tensor]:
         """Flatten the batch: input ids (T,), metadata, and the rows whose logits are needed (N,)."""
@@ -80,4 +86,7 @@ class ModelRunner:
         input_ids, meta, logit_rows = self.prepare(out)
         if self.decoder is not None and all(n == 1 for n in meta.query_lens_list):
             return self.decoder.logits(input_ids, meta, logit_rows)
+        if self.workers is not None:
+            return self.workers.run(input_ids, meta, logit_rows,
+                                    lambda: self.model(input_ids, meta, self.caches, logit_rows))
         return self.model(input_ids, meta, self.caches, logit_rows)  # (0, vocab) when nobody samples

@@ -144,6 +144,11 @@ class KVCodec(ABC):
         """The smallest KV block (tokens) this codec can page; e.g. KIVI's key groups must fit in a block."""
         return 1
 
+    def for_heads(self, lo: int, hi: int) -> "KVCodec":
+        """This codec for KV heads ``[lo, hi)`` only: a tensor-parallel rank's cache holds just its heads, so
+        per-head calibration state (fp8 scales, QJL / TurboQuant means) is sliced to them. Default: stateless."""
+        return self
+
     def bits_per_coordinate(self, num_kv_heads: int, head_dim: int) -> float:
         """Average stored bits per K or V coordinate, everything included."""
         return self.bytes_per_token(num_kv_heads, head_dim) * 8 / (2 * num_kv_heads * head_dim)

@@ -11,6 +11,7 @@ Blocks wholly before a sliding window are skipped. Compute is float32; the outpu
 """
 from __future__ import annotations
 
+import copy
 from typing import Optional
 
 import torch
@@ -132,3 +133,11 @@ class CompressedCodec(KVCodec):
 
     def describe(self, head_dim: Optional[int] = None) -> str:
         return f"{self.name} (k: {self.key_half.describe(head_dim)}, v: {self.value_half.describe(head_dim)})"
+
+    def for_heads(self, lo: int, hi: int) -> "CompressedCodec":
+        key, value = self.key_half.for_heads(lo, hi), self.value_half.for_heads(lo, hi)
+        if key is self.key_half and value is self.value_half:
+            return self
+        out = copy.copy(self)
+        out.key_half, out.value_half = key, value
+        return out

@@ -54,6 +54,8 @@ class FP8Pages(HalfPages):
 
 
 class FP8Half(HalfCodec):
+    head_state = ("scales",)  # per-KV-head calibration state, sliced per tensor-parallel rank
+
     def __init__(self) -> None:
         self.name = "fp8-e4m3"
         self.scales: dict[int, torch.Tensor] = {}  # layer → (H,) static scale

@@ -14,6 +14,7 @@ L = tokens in one chunk. ``qg``: (H, G, D); scores: (H, G, L); ``p``: (H, G, L).
 """
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
 from typing import Any, Optional
 
@@ -87,6 +88,19 @@ class HalfCodec(ABC):
     def check(self, num_heads: int, head_dim: int, block_size: int) -> None:  # noqa: B027 - optional hook
         """Raise ConfigError if this half cannot store vectors of this shape."""
 
+    # attributes holding calibration state per KV head: {layer: (H, ...) tensor} or {layer: ((H, ...), extra)}
+    head_state: tuple[str, ...] = ()
+
+    def for_heads(self, lo: int, hi: int) -> "HalfCodec":
+        """This half for KV heads ``[lo, hi)`` only (a tensor-parallel rank's): a copy whose per-head
+        calibration state (:attr:`head_state`) is sliced; stateless halves return themselves."""
+        if not self.head_state:
+            return self
+        out = copy.copy(self)
+        for attr in self.head_state:
+            setattr(out, attr, {layer: _head_slice(v, lo, hi) for layer, v in getattr(self, attr).items()})
+        return out
+
 
 class FullPages(HalfPages):
     """Uncompressed storage in a float dtype (used for the full-precision half of split specs)."""
@@ -115,3 +129,10 @@ class FullHalf(HalfCodec):
 
     def create(self, layer, role, num_blocks, block_size, num_heads, head_dim, device):
         return FullPages(num_blocks * block_size, num_heads, head_dim, device, self.dtype)
+
+
+def _head_slice(value, lo: int, hi: int):
+    """Heads ``[lo, hi)`` of a (H, ...) tensor, or of the first element of a (tensor, extra...) tuple."""
+    if isinstance(value, tuple):
+        return (value[0][lo:hi], *value[1:])
+    return value[lo:hi]

@@ -72,6 +72,8 @@ class QJLKeyPages(HalfPages):
 
 
 class QJLKeyHalf(HalfCodec):
+    head_state = ("means",)  # per-KV-head calibration state, sliced per tensor-parallel rank
+
     def __init__(self, ratio: int) -> None:
         self.ratio = ratio
         self.name = f"qjl-keys-m{ratio}d"

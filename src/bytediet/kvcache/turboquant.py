@@ -181,6 +181,7 @@ class TurboQuantHalf(HalfCodec):
       queries reading the channel, i.e. the expected score error; values: centred variance);
     * the layout (:func:`choose_layout`), one for all layers, from the mean importance profile.
     """
+    head_state = ("ranking", "means", "rope_means")  # per-KV-head calibration state, sliced per tensor-parallel rank
 
     def __init__(self, bits: float, variant: str, rotation: str) -> None:
         self.bits, self.variant, self.rotation = bits, variant, rotation

@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib.util
 import os
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Callable, Iterable, Optional
 
 import numpy as np
 import torch
@@ -75,7 +75,7 @@ def load_config(spec: str | os.PathLike) -> ModelConfig:
 
 def load_model(spec: str | os.PathLike = "default", dtype: str | torch.dtype = torch.float32,
                weights: Optional[str] = None, keep_packed: bool = False, load_tokenizer: bool = True,
-               activations: str = "q16"):
+               activations: str = "q16", shard: Optional[ShardHook] = None):
     """Load ``(model, tokenizer)``.
 
     dtype: compute dtype of activations and unquantized weights. weights: a weight-format spec
@@ -83,7 +83,9 @@ def load_model(spec: str | os.PathLike = "default", dtype: str | torch.dtype = t
     GGUF-quantized blocks packed in their native format instead of dequantizing (ignored when ``weights``
     re-quantizes). ``activations``: how layers with native block kernels multiply (``q16``, ``q8`` or
     ``f32``, see :class:`bytediet.quant.common.NativeActivations`); a ``weights`` spec that names its own
-    (``int4-g64-a8``) keeps it.
+    (``int4-g64-a8``) keeps it. ``shard(module_name, module, kind)``: called after each tensor is
+    installed (tensor parallelism cuts it to one rank's slice at once); ``weights`` then quantizes each
+    layer before it is cut, so every slice keeps the scales of the whole layer.
     """
     keep_packed = keep_packed and not weights
     dtype = _DTYPES[dtype] if isinstance(dtype, str) else dtype
@@ -91,23 +93,29 @@ def load_model(spec: str | os.PathLike = "default", dtype: str | torch.dtype = t
     if path.is_dir() and (path / "bytediet_config.json").is_file():
         from .checkpoint import load_quantized
 
-        model, tokenizer = load_quantized(path, dtype=dtype)
+        model, tokenizer = load_quantized(path, dtype=dtype, load_tokenizer=load_tokenizer)
+        if shard is not None:  # saved layer by layer in its formats: cut after loading
+            _shard_loaded(model, shard)
         set_activations(model, activations)
         return model, tokenizer
+    hook = _LoadHook(weights, shard) if shard is not None else None
     if path.is_dir():
         from .safetensors import HFCheckpoint
 
         ckpt = HFCheckpoint(path)
         model = build_model(ckpt.config, dtype)
-        _assign_all(model, ckpt.tensors(), dtype, keep_packed=False, source=str(path))
+        _assign_all(model, ckpt.tensors(), dtype, keep_packed=False, source=str(path), hook=hook)
     else:
         from .gguf import GGUFCheckpoint
 
         ckpt = GGUFCheckpoint(path)
         model = build_model(ckpt.config, dtype)
-        _assign_all(model, ckpt.tensors(), dtype, keep_packed=keep_packed, source=str(path), arch=ckpt.arch)
+        _assign_all(model, ckpt.tensors(), dtype, keep_packed=keep_packed, source=str(path), arch=ckpt.arch,
+                    hook=hook)
     model.source_path = str(path)
-    if weights:
+    if weights and hook is not None:
+        model.quantize_config = hook.quantize_config
+    elif weights:
         from .quantize import QuantizeConfig, quantize
 
         quantize(model, QuantizeConfig(format=weights))
@@ -147,9 +155,42 @@ def _unquantized(dtype: torch.dtype) -> WeightFormat:
     return get_weight_format({torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype])
 
 
+ShardHook = Callable[[str, torch.nn.Module, str], None]
+
+
+class _LoadHook:
+    """Per tensor while loading: quantize a linear layer to ``weights`` (the layer's spec under
+    :class:`~bytediet.models.quantize.QuantizeConfig`, as ``quantize`` would) and hand it to ``shard``."""
+
+    def __init__(self, weights: Optional[str], shard: ShardHook) -> None:
+        from .quantize import QuantizeConfig
+
+        self.quantize_config = QuantizeConfig(format=weights) if weights else None
+        self.shard = shard
+
+    def __call__(self, name: str, module: torch.nn.Module, kind: str) -> None:
+        if self.quantize_config is not None and isinstance(module, Linear) and kind == "weight":
+            from .quantize import quantize_layer
+
+            quantize_layer(name, module, self.quantize_config)
+        self.shard(name, module, kind)
+
+
+def _shard_loaded(model: CausalLM, shard: ShardHook) -> None:
+    """Cut a fully loaded model: the embedding first, then every linear layer (a tied lm_head follows it)."""
+    shard("model.embed_tokens", model.model.embed_tokens, "weight")
+    for name, lin in list(model.linear_layers()):
+        shard(name, lin, "weight")
+        if lin.bias is not None:
+            shard(name, lin, "bias")
+
+
 def _assign_all(model: CausalLM, tensors: Iterable, dtype: torch.dtype, keep_packed: bool, source: str,
-                arch=None) -> None:
-    """Install every checkpoint tensor into ``model`` and check that nothing is missing."""
+                arch=None, hook: Optional[ShardHook] = None) -> None:
+    """Install every checkpoint tensor into ``model`` and check that nothing is missing.
+
+    ``hook(module_name, module, kind)`` runs after each tensor; the embedding's waits until a tied
+    ``lm_head`` has been made from the whole table."""
     modules = dict(model.named_modules())
     seen: set[str] = set()
     model.source_types = {}
@@ -168,11 +209,18 @@ def _assign_all(model: CausalLM, tensors: Iterable, dtype: torch.dtype, keep_pac
             array = t.dequantize()
             _assign_plain(module, kind, torch.from_numpy(np.ascontiguousarray(array)).to(dtype), t.name, source)
         seen.add(t.name)
-    if "lm_head.weight" not in seen:  # tied embeddings
+        if hook is not None and t.name != "model.embed_tokens.weight":
+            hook(module_name, module, kind)
+    tied = "lm_head.weight" not in seen
+    if tied:
         if not (keep_packed and arch is not None and _try_packed(model.lm_head, embedding, model, arch)):
             # share the embedding tensor, no copy
             model.lm_head.set_packed(_unquantized(dtype), {"weight": model.model.embed_tokens.weight.data})
         seen.add("lm_head.weight")
+    if hook is not None:
+        hook("model.embed_tokens", model.model.embed_tokens, "weight")
+        if tied:
+            hook("lm_head", model.lm_head, "weight")
     expected = {n for n, _ in model.named_parameters()} | {f"{n}.weight" for n, _ in model.linear_layers()}
     missing = sorted(expected - seen)
     if missing:

@@ -58,6 +58,8 @@ def _pages(cache) -> Optional[dict]:
 
 def why_not_native(model: CausalLM, caches: list) -> Optional[str]:
     """None when the native decode step covers this model and these caches, else the reason it does not."""
+    if getattr(model, "tensor_parallel", None):
+        return "tensor parallel (the native step has no collectives)"
     if ops.native_library() is None:
         return "no native kernels on this machine"
     if model.dtype != torch.float32:

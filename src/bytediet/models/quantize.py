@@ -127,6 +127,20 @@ def _check_prepacked(name: str, layer: nn.Module, fmt: WeightFormat, packed: Pac
                           f"{(layer.out_features, layer.in_features)}")
 
 
+def quantize_layer(name: str, layer: Linear, config: QuantizeConfig) -> None:
+    """Re-quantize one layer to its spec under ``config`` (left as it is when skipped), as :func:`quantize`
+    does for each; the loader uses it to quantize layer by layer."""
+    spec = config.spec_for(name)
+    if spec is None:
+        return
+    fmt = build_format(spec)
+    try:
+        packed = fmt.quantize(layer.dequantized_weight())
+    except ConfigError as exc:
+        raise ConfigError(f"layer {name} ({layer.out_features}×{layer.in_features}): {exc}") from None
+    layer.set_packed(fmt, packed)
+
+
 def quantize(model: nn.Module, config: QuantizeConfig | str, stats: Optional[Mapping[str, Any]] = None,
              prepacked: Optional[Mapping[str, Packed]] = None) -> QuantizeSummary:
     """Re-quantize the linear layers of ``model`` in place; ``stats[layer_name]`` goes to formats that calibrate.

@@ -70,6 +70,9 @@ class CausalLM(nn.Module):
         self.config = config
         self.model = DecoderBody(config)
         self.lm_head = Linear(config.hidden_size, config.vocab_size)
+        # tensor parallel (set by bytediet.distributed.shard.install): (rank, world) and this rank's KV heads
+        self.tensor_parallel: Optional[tuple[int, int]] = None
+        self.kv_head_range: Optional[tuple[int, int]] = None
 
     @property
     def dtype(self) -> torch.dtype:
@@ -131,6 +134,8 @@ class CausalLM(nn.Module):
     def new_caches(self, num_blocks: int, block_size: int = 16, kv_codec: str = "auto") -> list[LayerKVCache]:
         """Allocate one paged cache per layer with the named codec."""
         codec = get_kv_codec(kv_codec, self.dtype)
+        if self.kv_head_range is not None:  # a tensor-parallel shard: per-head codec state for its heads only
+            codec = codec.for_heads(*self.kv_head_range)
         c = self.config
         return [codec.create_cache(i, num_blocks, block_size, c.num_kv_heads, c.head_dim, self.dtype, self.device)
                 for i in range(c.num_layers)]

@@ -46,6 +46,18 @@ class WeightFormat(ABC):
         return a copy repacked once (:mod:`bytediet.kernels.native_layouts`), cached by the layer."""
         return None
 
+    def shard(self, packed: Packed, dim: int, start: int, stop: int) -> Packed:
+        """The slice ``[start, stop)`` of the weight along ``dim`` (0: output rows, 1: input columns), packed.
+
+        Tensor parallelism keeps only a rank's slice of each layer (Megatron-LM, Shoeybi et al. 2019,
+        arXiv 1909.08053): column-parallel layers cut dim 0, row-parallel layers dim 1. A format whose
+        packing cannot be cut there raises :class:`ConfigError` naming the formats that can.
+        """
+        raise ConfigError(
+            f"weight format {self.spec()} cannot be split for tensor parallelism; load with --weights fp32, "
+            "bf16, fp16 or int8 (or a GGUF block format), or use --tensor-parallel-size 1"
+        )
+
     def spec(self) -> str:
         """The name that rebuilds this format through :func:`get_weight_format`."""
         return self.name

@@ -88,6 +88,19 @@ class GGUFBlocks(NativeActivations, WeightFormat):
         values = DECODERS[self.ggml_type](raw.reshape(-1, self.type_size()))
         return values.reshape(out, -1)
 
+    def shard(self, packed: Packed, dim: int, start: int, stop: int) -> Packed:
+        """Rows are whole runs of blocks; columns can be cut only at block boundaries."""
+        blocks = packed["blocks"]
+        if dim == 0:
+            return {"blocks": blocks[start:stop].contiguous()}
+        bs, ts = self.block_size(), self.type_size()
+        if start % bs or stop % bs:
+            raise ConfigError(
+                f"{self.name}: columns [{start}, {stop}) do not fall on its blocks of {bs}; load with "
+                "--weights int8 or fp32 for this tensor-parallel size"
+            )
+        return {"blocks": blocks[:, start // bs * ts:stop // bs * ts].contiguous()}
+
     def shape(self, packed: Packed) -> tuple[int, int]:
         """(out_features, in_features) of a packed weight."""
         out, nbytes = packed["blocks"].shape

@@ -67,6 +67,13 @@ class Int8(NativeActivations, WeightFormat):
     def dequantize(self, packed: Packed) -> torch.Tensor:
         return packed["qweight"].float() * packed["scale"][:, None]
 
+    def shard(self, packed: Packed, dim: int, start: int, stop: int) -> Packed:
+        """Rows keep their own scales; a column slice keeps every row's scale (computed over the whole row,
+        so the ranks' partial products sum to exactly the unsplit layer's)."""
+        q = packed["qweight"].narrow(dim, start, stop - start).contiguous()
+        scale = packed["scale"][start:stop].contiguous() if dim == 0 else packed["scale"]
+        return {"qweight": q, "scale": scale}
+
     def apply(self, x: torch.Tensor, packed: Packed, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
         y = F.linear(x, packed["qweight"].to(x.dtype)) * packed["scale"].to(x.dtype)
         return y if bias is None else y + bias.to(x.dtype)

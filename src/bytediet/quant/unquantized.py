@@ -21,6 +21,9 @@ class Unquantized(WeightFormat):
     def dequantize(self, packed: Packed) -> torch.Tensor:
         return packed["weight"].float()
 
+    def shard(self, packed: Packed, dim: int, start: int, stop: int) -> Packed:
+        return {"weight": packed["weight"].narrow(dim, start, stop - start).contiguous()}
+
     def apply(self, x: torch.Tensor, packed: Packed, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
         w = packed["weight"]
         if w.dtype != x.dtype:

@@ -47,6 +47,9 @@ def build_app(engine: AsyncEngine, served_model_names: Union[str, Sequence[str]]
     async def health() -> Response:
         if not engine_alive(engine):
             return error_response(503, "the engine thread has stopped; restart the server", type="server_error")
+        failure = engine.engine.failure
+        if failure is not None:  # a tensor-parallel worker died: every step would fail
+            return error_response(503, failure, type="server_error")
         return JSONResponse({"status": "ok"})
 
     @app.get("/metrics")

@@ -1,0 +1,60 @@
+"""Tiny random-weights checkpoints on disk: tensor-parallel ranks load their shards from a path."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import tokenizers
+from safetensors.torch import save_file
+
+from tests.conftest import model_from_state, random_state, tiny_config
+
+# GQA shapes of the real models, at toy size: SmolLM2 (9 query heads over 3 KV heads) and Gemma-3 (one KV head)
+TINY = {
+    "llama": dict(num_heads=9, num_kv_heads=3, head_dim=8, hidden_size=48, intermediate_size=40, vocab_size=97),
+    "gemma3": dict(num_heads=4, num_kv_heads=1, head_dim=8, hidden_size=32, intermediate_size=64),
+    "qwen2": dict(num_heads=4, num_kv_heads=2, head_dim=8),
+}
+
+
+def write_hf_checkpoint(path, arch: str, seed: int = 0):
+    """A Hugging Face directory (config.json, model.safetensors, a word-level tokenizer.json) → the model."""
+    config = tiny_config(arch, **TINY[arch])
+    state = random_state(config, seed=seed)
+    hf_state = {k: (v - 1.0 if arch == "gemma3" and k.endswith("norm.weight") else v) for k, v in state.items()}
+    cfg = {"model_type": arch, "vocab_size": config.vocab_size, "hidden_size": config.hidden_size,
+           "intermediate_size": config.intermediate_size, "num_hidden_layers": config.num_layers,
+           "num_attention_heads": config.num_heads, "num_key_value_heads": config.num_kv_heads,
+           "head_dim": config.head_dim, "rms_norm_eps": config.rms_norm_eps, "rope_theta": config.rope_theta,
+           "max_position_embeddings": config.max_position_embeddings,
+           "tie_word_embeddings": config.tie_word_embeddings}
+    if arch == "gemma3":
+        cfg.update(sliding_window=config.sliding_window, rope_local_base_freq=config.rope_local_theta,
+                   query_pre_attn_scalar=config.query_pre_attn_scalar, sliding_window_pattern=6)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(cfg))
+    save_file({k: v.contiguous() for k, v in hf_state.items()}, str(path / "model.safetensors"))
+    vocab = {f"w{i}": i for i in range(config.vocab_size)}
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="w0"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    tok.save(str(path / "tokenizer.json"))
+    return model_from_state(config, state)
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tp-checkpoints")
+    return {arch: (root / arch, write_hf_checkpoint(root / arch, arch, seed=3)) for arch in TINY}
+
+
+def run_batch(llm, prompts, params) -> tuple[list[list[int]], int]:
+    """Staggered arrival (a new request every other step) through ``llm.engine`` → (token ids, preemptions)."""
+    engine, reqs = llm.engine, []
+    for i, (p, sp) in enumerate(zip(prompts, params)):
+        reqs.append(engine.add_request(p, sp))
+        if i % 2:
+            engine.step()
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert engine.num_free_blocks == engine.block_manager.num_blocks
+    return [list(r.output_token_ids) for r in reqs], engine.scheduler.num_preemptions

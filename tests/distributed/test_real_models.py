@@ -1,0 +1,44 @@
+"""Acceptance: the real models at tensor-parallel size 2 (two CPU processes, gloo) generate token for token what
+size 1 generates — fp32 and int8 weights, a batch with preemption, and an int8 KV cache.
+
+Every case loads the checkpoint in three processes (size 1, then both ranks): minutes on two cores, so slow."""
+from __future__ import annotations
+
+import pytest
+
+from bytediet.engine.llm import LLM
+from bytediet.engine.params import SamplingParams
+from bytediet.eval.corpus import load_corpus
+from tests.distributed.conftest import run_batch
+
+# 12 blocks × 16 tokens hold fewer tokens than the six sequences need: preemption; 64 tokens a step: chunked prefill
+ENGINE = dict(num_blocks=12, block_size=16, max_num_batched_tokens=64, max_num_seqs=6)
+
+
+def prompts(tokenizer, bos: bool) -> list[list[int]]:
+    text = load_corpus("prideprejudice")
+    out = []
+    for i in range(6):
+        ids = tokenizer.encode(text[30000 + 2500 * i: 33000 + 2500 * i], add_special_tokens=False)[:12 + 9 * i]
+        out.append(([tokenizer.bos_token_id] if bos else []) + ids)
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model, weights, kv", [
+    ("default", "fp32", "auto"), ("default", "int8", "int8"),
+    ("gemma3-270m", "fp32", "auto"), ("gemma3-270m", "int8", "auto"),
+])
+def test_tp2_generates_what_tp1_generates(model, weights, kv):
+    params = [SamplingParams(temperature=0.0, max_tokens=6 + 2 * (i % 3), ignore_eos=True) for i in range(6)]
+    one = LLM(model, weights=weights, kv_cache_dtype=kv, **ENGINE)
+    batch = prompts(one.tokenizer, bos=model.startswith("gemma"))
+    want, _ = run_batch(one, batch, params)
+    del one
+    two = LLM(model, weights=weights, kv_cache_dtype=kv, tensor_parallel_size=2, **ENGINE)
+    try:
+        got, preemptions = run_batch(two, batch, params)
+    finally:
+        two.shutdown()
+    assert preemptions > 0, "the test is meant to exercise preemption"
+    assert got == want
