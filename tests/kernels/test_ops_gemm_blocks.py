@@ -136,3 +136,23 @@ def test_interleaving_rejects_rows_not_a_multiple_of_four():
     with pytest.raises(ValueError, match="does not interleave"):
         reference.repack_x4(int(T.Q4_1), blocks)
     assert not ops.can_interleave(int(T.Q4_1), 6, 64)
+
+
+@needs_native
+def test_concurrent_callers_share_the_pool_safely():
+    """Two Python threads (tensor-parallel ranks run as threads do this) calling kernels at once: the pool runs
+    one region at a time and the other caller computes alone, so both results stay exact."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    gen = torch.Generator().manual_seed(21)
+    blocks = random_blocks(T.Q4_1, 256, 512, gen)
+    xs = [torch.randn(3, 512, generator=gen) for _ in range(2)]
+    want = [ops.gemm_blocks(int(T.Q4_1), blocks, x, None, "q16") for x in xs]
+
+    def work(i):
+        return [ops.gemm_blocks(int(T.Q4_1), blocks, xs[i], None, "q16") for _ in range(200)]
+
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(work, range(2)))
+    for i, outs in enumerate(results):
+        assert all(torch.equal(y, want[i]) for y in outs)

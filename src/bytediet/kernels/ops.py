@@ -46,9 +46,16 @@ def tuned_kernel(ggml_type: int, n: int, k: int, batch: int = 1) -> Optional[str
     return None if table is None else table.kernel_for(ggml_type, n, k, batch)
 
 
-def has_native_gemm(ggml_type: int, variant: Optional[str] = None) -> bool:
-    """Whether a native kernel multiplies this GGML block type here (else the reference runs)."""
-    return int(ggml_type) in NATIVE_GEMM_TYPES and _library(variant) is not None
+def has_native_gemm(ggml_type: int, variant: Optional[str] = None, k: Optional[int] = None) -> bool:
+    """Whether a native kernel multiplies this block type here (else the reference runs); with ``k``, also
+    whether rows of k weights are whole blocks of it (a tensor-parallel slice may not be)."""
+    if int(ggml_type) not in NATIVE_GEMM_TYPES or _library(variant) is None:
+        return False
+    if k is None:
+        return True
+    per_block = native_layouts.block_weights(ggml_type) if native_layouts.is_native_layout(ggml_type) \
+        else block_size_of(ggml_type)
+    return k % per_block == 0 and k % reference.ACTIVATION_BLOCK == 0
 
 
 @functools.lru_cache(maxsize=None)

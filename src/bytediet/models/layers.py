@@ -59,7 +59,7 @@ class Linear(nn.Module):
             return None
         if self._native is None:
             layout = self.format.native_layout(self.packed)
-            if layout is None or not ops.has_native_gemm(layout[0]):
+            if layout is None or not ops.has_native_gemm(layout[0], k=self.in_features):
                 return None
             self._native = (layout[0], layout[1].contiguous())
         return self._native

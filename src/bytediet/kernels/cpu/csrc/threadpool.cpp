@@ -44,6 +44,13 @@ class Pool {
     void run(const std::function<void(int, int)>& fn) {
         DenormalsAreZero ftz;  // the caller's thread, for this region only (Python's own numbers keep IEEE subnormals)
         if (size_ == 1) { fn(0, 1); return; }
+        // One region at a time: a second caller (another Python thread, e.g. tensor-parallel ranks run as
+        // threads, or a region started inside a region) runs its region alone on its own thread.
+        if (busy_.exchange(true, std::memory_order_acquire)) { fn(0, 1); return; }
+        struct Release {
+            std::atomic<bool>& flag;
+            ~Release() { flag.store(false, std::memory_order_release); }
+        } release{busy_};
         job_ = &fn;
         pending_.store(size_ - 1, std::memory_order_relaxed);
         generation_.fetch_add(1, std::memory_order_seq_cst);
@@ -92,6 +99,7 @@ class Pool {
     }
 
     int size_ = 1;
+    std::atomic<bool> busy_{false};
     int spin_us_ = 200;
     std::vector<std::thread> workers_;
     std::atomic<unsigned long> generation_{0};
