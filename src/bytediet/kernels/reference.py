@@ -33,18 +33,17 @@ def attention_over_context(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sc
     """Causal grouped-query attention of the last n tokens of a context over the whole context.
 
     q: (n, Hq, D) for positions ctx-n .. ctx-1;  k, v: (ctx, Hkv, D)  →  (n, Hq, D).
+    One 4-D ``scaled_dot_product_attention`` call with ``enable_gqa`` (the query heads of a KV head share it,
+    no copy of K/V): PyTorch's fused CPU kernel, 3–4× faster than the math path a 3-D grouped call with a
+    repeated mask falls to (measured: 11 ms against 41 ms for 512 × 512 tokens, 9/3 heads, one thread).
     """
-    n, hq, d = q.shape
-    ctx, hkv, _ = k.shape
-    group = hq // hkv
-    qpos = torch.arange(ctx - n, ctx, device=q.device)
-    mask = causal_window_mask(qpos, ctx, window)  # (n, ctx)
-    # (Hkv, group*n, D) queries against (Hkv, ctx, D) keys: no copy of K/V per query head
-    qg = q.reshape(n, hkv, group, d).permute(1, 2, 0, 3).reshape(hkv, group * n, d)
-    out = F.scaled_dot_product_attention(
-        qg, k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask.repeat(group, 1), scale=scale
-    )
-    return out.reshape(hkv, group, n, d).permute(2, 0, 1, 3).reshape(n, hq, d)
+    n = q.shape[0]
+    ctx = k.shape[0]
+    mask = None if window is None and n == ctx else causal_window_mask(torch.arange(ctx - n, ctx, device=q.device),
+                                                                        ctx, window)
+    out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+                                         attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=True)
+    return out[0].transpose(0, 1)
 
 
 def batch_slots(block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int) -> torch.Tensor:
