@@ -8,6 +8,7 @@ from typing import AsyncIterator, Optional
 import jinja2
 from fastapi import Request
 from fastapi.responses import Response
+from starlette.concurrency import run_in_threadpool
 
 from ..engine.sampling import TokenLogprobs
 from ..errors import BytedietError, ConfigError
@@ -49,13 +50,8 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request, 
     model = state.model_name(body.model)
     if (field := body.unsupported()) is not None:
         raise APIError(400, f"{field}: not supported by this server; leave it out", field)
-    try:
-        params = body.to_sampling_params()
-        prompt = chat_token_ids(state, body)
-        jobs = make_jobs(state, [prompt], params)
-    except BytedietError as exc:
-        aliases = {"prompt": "messages", "logprobs": "top_logprobs", "max_tokens": body.max_tokens_field}
-        raise APIError.bad_request(exc, aliases, FIELDS) from exc
+    prompt, jobs = await run_in_threadpool(_prepare, state, body)  # rendering and tokenizing off the event loop
+    state.admit(len(jobs))
     rid, created = new_id("chatcmpl"), int(time.time())
     if body.stream:
         return EventStream(_events(state, jobs, rid, created, model, body, len(prompt)))
@@ -69,6 +65,17 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request, 
         usage=usage(len(prompt), choices),
     )
     return Response(out.model_dump_json(), media_type="application/json")
+
+
+def _prepare(state: ServerState, body: ChatCompletionRequest) -> tuple[list[int], list[Job]]:
+    """Render, tokenize and validate (on a worker thread): the prompt's token ids and one job per choice."""
+    try:
+        params = body.to_sampling_params()
+        prompt = chat_token_ids(state, body)
+        return prompt, make_jobs(state, [prompt], params)
+    except BytedietError as exc:
+        aliases = {"prompt": "messages", "logprobs": "top_logprobs", "max_tokens": body.max_tokens_field}
+        raise APIError.bad_request(exc, aliases, FIELDS) from exc
 
 
 async def _events(state: ServerState, jobs: list[Job], rid: str, created: int, model: str,

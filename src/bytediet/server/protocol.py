@@ -8,14 +8,30 @@ plus vLLM's extensions (``top_k``, ``min_p``, ``repetition_penalty``, ``ignore_e
 """
 from __future__ import annotations
 
-from typing import Literal, Optional, Union
+from typing import Annotated, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from ..engine.params import SamplingParams
 from ..errors import ConfigError
 
 MAX_LOGPROBS = 20  # most top log-probabilities a request may ask for (vLLM's default max_logprobs)
+MAX_N = 128  # most choices per prompt (OpenAI's own limit on ``n``)
+
+
+def _utf8(text: str) -> str:
+    """JSON may spell a lone UTF-16 surrogate (``"\\ud800"``); it is not a character, so no tokenizer takes it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = text[exc.start]
+        raise ValueError(f"holds a lone UTF-16 surrogate (\\u{ord(bad):04x}) at character {exc.start}, "
+                         "which is not valid Unicode; send the full surrogate pair or the character itself") from None
+    return text
+
+
+# Every string a request carries into the tokenizer or back into a message is valid Unicode.
+Text = Annotated[str, AfterValidator(_utf8)]
 
 
 class _Schema(BaseModel):
@@ -34,8 +50,8 @@ class StreamOptions(_Schema):
 class _SamplingRequest(_Schema):
     """Fields shared by /v1/completions and /v1/chat/completions. ``None`` means the default."""
 
-    model: Optional[str] = None
-    n: int = 1
+    model: Optional[Text] = None
+    n: int = Field(1, le=MAX_N)
     temperature: Optional[float] = None  # OpenAI's default is 1.0
     top_p: Optional[float] = None
     top_k: Optional[int] = None
@@ -44,7 +60,7 @@ class _SamplingRequest(_Schema):
     frequency_penalty: Optional[float] = None
     repetition_penalty: Optional[float] = None
     seed: Optional[int] = None
-    stop: Optional[Union[str, list[str]]] = None
+    stop: Optional[Union[Text, list[Text]]] = None
     stop_token_ids: Optional[list[int]] = None
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
@@ -52,6 +68,13 @@ class _SamplingRequest(_Schema):
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
     logit_bias: Optional[dict[str, float]] = None
+
+    @field_validator("stream_options")
+    @classmethod
+    def _stream_options_need_stream(cls, value, info: ValidationInfo):
+        if value is not None and not info.data.get("stream"):  # as OpenAI and vLLM (``stream`` is validated first)
+            raise ValueError("only allowed when stream is true; leave it out or set stream to true")
+        return value
 
     def sampling_params(self, max_tokens: Optional[int], logprobs: Optional[int]) -> SamplingParams:
         """The engine's parameters; raises ``ConfigError`` naming the field for a bad value."""
@@ -77,7 +100,7 @@ class _SamplingRequest(_Schema):
 class CompletionRequest(_SamplingRequest):
     """POST /v1/completions. ``prompt``: text, token ids, or a batch of either."""
 
-    prompt: Union[str, list[int], list[str], list[list[int]]]
+    prompt: Union[Text, list[int], list[Text], list[list[int]]]
     max_tokens: Optional[int] = 16
     logprobs: Optional[int] = Field(None, ge=0, le=MAX_LOGPROBS)
     echo: bool = False
@@ -100,12 +123,12 @@ class CompletionRequest(_SamplingRequest):
 
 class ContentPart(_Schema):
     type: str
-    text: Optional[str] = None
+    text: Optional[Text] = None
 
 
 class ChatMessage(_Schema):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: Optional[Union[str, list[ContentPart]]] = None
+    content: Optional[Union[Text, list[ContentPart]]] = None
 
     def template_dict(self, index: int) -> dict:
         """The ``{"role", "content"}`` dict a chat template expects (text parts joined by newlines)."""
