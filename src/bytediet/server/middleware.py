@@ -85,10 +85,6 @@ class Draining:
         await self.app(scope, receive, send)
 
 
-class BodyTooLarge(Exception):
-    pass
-
-
 class BodyLimit:
     """413 for a request body over ``max_bytes``, before the endpoint parses a byte of it."""
 
@@ -106,25 +102,25 @@ class BodyLimit:
         length = _header(scope, b"content-length")
         if length is not None and length.isdigit() and int(length) > self.max_bytes:
             return await self._refuse(f"{int(length)} bytes")(scope, receive, send)
-        seen, started = [0], [False]
+        seen, over = [0], [False]
 
         async def counted_receive():
+            if over[0]:
+                return {"type": "http.disconnect"}
             message = await receive()
             if message["type"] == "http.request":
                 seen[0] += len(message.get("body", b""))
-                if seen[0] > self.max_bytes:
-                    raise BodyTooLarge
+                if seen[0] > self.max_bytes:  # a chunked body grew past the limit: stop reading it
+                    over[0] = True
+                    return {"type": "http.disconnect"}
             return message
 
-        async def tracked_send(message) -> None:
-            started[0] = started[0] or message["type"] == "http.response.start"
-            await send(message)
+        async def guarded_send(message) -> None:
+            if not over[0]:  # once over, the app's own answer (a parse error) is replaced by the 413
+                await send(message)
 
-        try:
-            await self.app(scope, counted_receive, tracked_send)
-        except BodyTooLarge:  # a chunked body without Content-Length grew past the limit
-            if started[0]:
-                raise
+        await self.app(scope, counted_receive, guarded_send)
+        if over[0]:
             await self._refuse(f"more than {self.max_bytes} bytes")(scope, receive, send)
 
 
