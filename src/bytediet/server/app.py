@@ -9,6 +9,7 @@ With ``own_engine=True`` the app shuts the engine down when the ASGI server stop
 """
 from __future__ import annotations
 
+import logging
 import platform
 from contextlib import asynccontextmanager
 from typing import Optional, Sequence, Union
@@ -31,6 +32,7 @@ from .protocol import ChatCompletionRequest, CompletionRequest, ErrorResponse, M
 from .serving import ServerState
 from .tokenize import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse, detokenize, tokenize
 
+log = logging.getLogger("bytediet.server")
 ERRORS = {400: {"model": ErrorResponse}, 401: {"model": ErrorResponse}, 404: {"model": ErrorResponse},
           413: {"model": ErrorResponse}, 503: {"model": ErrorResponse}}
 
@@ -54,6 +56,8 @@ def build_app(engine: AsyncEngine, served_model_names: Union[str, Sequence[str]]
         yield
         if own_engine:
             engine.shutdown()
+            bm = engine.engine.block_manager
+            log.info("engine stopped; KV blocks in use: %d of %d", bm.num_blocks - bm.num_free_blocks, bm.num_blocks)
 
     app = FastAPIOffline(title="bytediet", version=__version__, lifespan=lifespan, static_url="/docs/static",
                          description="OpenAI-compatible completions and chat completions, served by bytediet.")
