@@ -34,8 +34,7 @@ def post(path: str, body: bytes) -> bytes:
 
 
 def test_an_internal_error_is_a_500_and_the_keep_alive_connection_still_works(server, monkeypatch):
-    state = server.app.state.server
-    monkeypatch.setattr(state, "admit", lambda n: (_ for _ in ()).throw(RuntimeError("boom")))
+    monkeypatch.setattr(server.core.tokenizer, "encode", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
     with live(server.app) as (host, port), socket.create_connection((host, port), timeout=20) as sock:
         first = raw_exchange(sock, post("/v1/completions", b'{"prompt": "hi", "max_tokens": 2}'))
         assert first.startswith(b"HTTP/1.1 500") and b"boom" in first and b"server_error" in first
