@@ -72,7 +72,7 @@ def _prepare(state: ServerState, body: ChatCompletionRequest) -> tuple[list[int]
     try:
         params = body.to_sampling_params()
         prompt = chat_token_ids(state, body)
-        return prompt, make_jobs(state, [prompt], params)
+        return prompt, make_jobs(state, [prompt], params, state.grammars.masks_for(body.response_format))
     except BytedietError as exc:
         aliases = {"prompt": "messages", "logprobs": "top_logprobs", "max_tokens": body.max_tokens_field}
         raise APIError.bad_request(exc, aliases, FIELDS) from exc

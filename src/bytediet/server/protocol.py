@@ -142,6 +142,30 @@ class ChatMessage(_Schema):
         return {"role": role, "content": content or ""}
 
 
+class JSONSchemaFormat(_Schema):
+    """OpenAI's ``response_format.json_schema``: a named JSON Schema the output must match."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    name: Text = "response"
+    description: Optional[Text] = None
+    json_schema: dict = Field(default_factory=dict, alias="schema")
+    strict: Optional[bool] = None
+
+
+class ResponseFormat(_Schema):
+    """``{"type": "text"}``, ``{"type": "json_object"}`` or ``{"type": "json_schema", "json_schema": {...}}``."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: Optional[JSONSchemaFormat] = None
+
+    @field_validator("json_schema")
+    @classmethod
+    def _schema_needs_its_type(cls, value, info: ValidationInfo):
+        if value is not None and info.data.get("type") != "json_schema":
+            raise ValueError("only allowed with type json_schema")
+        return value
+
+
 class ChatCompletionRequest(_SamplingRequest):
     """POST /v1/chat/completions. ``max_tokens`` (or ``max_completion_tokens``) ``None``: until the context ends."""
 
@@ -152,15 +176,13 @@ class ChatCompletionRequest(_SamplingRequest):
     top_logprobs: Optional[int] = Field(None, ge=0, le=MAX_LOGPROBS)
     tools: Optional[list[dict]] = None
     tool_choice: Optional[Union[str, dict]] = None
-    response_format: Optional[dict] = None
+    response_format: Optional[ResponseFormat] = None
 
     def unsupported(self) -> Optional[str]:
         if self.tools:
             return "tools"
         if self.tool_choice not in (None, "none", "auto"):
             return "tool_choice"
-        if self.response_format and self.response_format.get("type") not in (None, "text"):
-            return "response_format"
         return None
 
     def to_sampling_params(self) -> SamplingParams:

@@ -13,7 +13,7 @@ import time
 import uuid
 from contextlib import aclosing
 from dataclasses import dataclass, field, replace
-from typing import AsyncIterator, Awaitable, Optional, Sequence, TypeVar
+from typing import AsyncIterator, Awaitable, Callable, Optional, Sequence, TypeVar
 
 from fastapi import Request
 from pydantic import BaseModel
@@ -29,6 +29,7 @@ from .errors import APIError
 from .metrics import ServerMetrics
 from .protocol import Usage
 from .shutdown import Drain
+from .structured import Grammars
 
 T = TypeVar("T")
 DONE = "data: [DONE]\n\n"
@@ -50,6 +51,10 @@ class ServerState:
     drain: Drain = field(default_factory=Drain)
     created: int = field(default_factory=lambda: int(time.time()))
     sequences: int = 0
+    grammars: Grammars = None  # set in __post_init__
+
+    def __post_init__(self) -> None:
+        self.grammars = Grammars(self.engine.engine)
 
     @property
     def tokenizer(self):
@@ -115,11 +120,13 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
-def make_jobs(state: ServerState, prompts: Sequence[list[int]], params: SamplingParams) -> list[Job]:
+def make_jobs(state: ServerState, prompts: Sequence[list[int]], params: SamplingParams,
+              new_mask: Optional[Callable[[], Callable]] = None) -> list[Job]:
     """Validate every sequence before any is queued (so a bad one fails the request with nothing running).
 
     As vLLM and OpenAI do, ``max_tokens`` that cannot fit after the prompt is an error, not a silent cut;
-    no ``max_tokens`` means up to the served context length.
+    no ``max_tokens`` means up to the served context length. ``new_mask`` makes each sequence's own
+    grammar mask (structured output).
     """
     limit = state.config.max_prompts_per_request
     if len(prompts) > limit:
@@ -140,6 +147,8 @@ def make_jobs(state: ServerState, prompts: Sequence[list[int]], params: Sampling
                 raise ConfigError(
                     f"max_tokens: {sub.max_tokens} new tokens after a {len(ids)}-token prompt exceed the context "
                     f"window of {state.max_model_len} tokens; ask for at most {room}")
+            if new_mask is not None:
+                sub = replace(sub, logits_processors=(new_mask(),))
             jobs.append(Job(p * params.n + i, ids, sub))
     return jobs
 
