@@ -40,8 +40,8 @@ class CharTokenizer:
         return text + ("[assistant]" if add_generation_prompt else "")
 
 
-def tiny_llm(**kw) -> LLM:
-    config = tiny_config("llama")
+def tiny_llm(context: int = 256, **kw) -> LLM:
+    config = tiny_config("llama", max_position_embeddings=context)
     model = model_from_state(config, random_state(config, seed=7))
     kw.setdefault("num_blocks", 64)
     kw.setdefault("block_size", 4)

@@ -8,6 +8,7 @@ plus vLLM's extensions (``top_k``, ``min_p``, ``repetition_penalty``, ``ignore_e
 """
 from __future__ import annotations
 
+import json
 from typing import Annotated, Literal, Optional, Union
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
@@ -129,17 +130,33 @@ class ContentPart(_Schema):
 class ChatMessage(_Schema):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Optional[Union[Text, list[ContentPart]]] = None
+    tool_calls: Optional[list[dict]] = None  # an assistant's earlier calls
+    tool_call_id: Optional[Text] = None  # a tool message: the call it answers
 
     def template_dict(self, index: int) -> dict:
-        """The ``{"role", "content"}`` dict a chat template expects (text parts joined by newlines)."""
+        """The ``{"role", "content"}`` dict a chat template expects (text parts joined by newlines).
+
+        An assistant's earlier tool calls are written as the JSON the model was constrained to produce.
+        """
         content = self.content
         if isinstance(content, list):
             other = [p.type for p in content if p.type != "text"]
             if other:
                 raise ConfigError(f"messages: message {index} has a {other[0]!r} part; only text parts are supported")
             content = "\n".join(p.text or "" for p in content)
+        if not content and self.tool_calls:
+            content = "\n".join(json.dumps({"name": c.get("function", {}).get("name"),
+                                            "arguments": _arguments(c.get("function", {}).get("arguments"))})
+                                 for c in self.tool_calls)
         role = "system" if self.role == "developer" else self.role  # OpenAI's new name for the system role
         return {"role": role, "content": content or ""}
+
+
+def _arguments(text):
+    try:
+        return json.loads(text) if isinstance(text, str) else text
+    except ValueError:
+        return text
 
 
 class JSONSchemaFormat(_Schema):
@@ -174,15 +191,14 @@ class ChatCompletionRequest(_SamplingRequest):
     max_completion_tokens: Optional[int] = None
     logprobs: bool = False
     top_logprobs: Optional[int] = Field(None, ge=0, le=MAX_LOGPROBS)
-    tools: Optional[list[dict]] = None
+    tools: Optional[list[dict]] = None  # validated in server/tools.py
     tool_choice: Optional[Union[str, dict]] = None
+    parallel_tool_calls: Optional[bool] = None
     response_format: Optional[ResponseFormat] = None
 
     def unsupported(self) -> Optional[str]:
-        if self.tools:
-            return "tools"
-        if self.tool_choice not in (None, "none", "auto"):
-            return "tool_choice"
+        if self.parallel_tool_calls:
+            return "parallel_tool_calls"
         return None
 
     def to_sampling_params(self) -> SamplingParams:
@@ -244,7 +260,8 @@ class ChatLogprobs(_Schema):
 
 class AssistantMessage(_Schema):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: Optional[str]
+    tool_calls: Optional[list[dict]] = Field(None, exclude_if=_omit_none)
 
 
 class ChatChoice(_Schema):
@@ -266,6 +283,7 @@ class ChatCompletionResponse(_Schema):
 class DeltaMessage(_Schema):
     role: Optional[Literal["assistant"]] = Field(None, exclude_if=_omit_none)
     content: Optional[str] = Field(None, exclude_if=_omit_none)
+    tool_calls: Optional[list[dict]] = Field(None, exclude_if=_omit_none)
 
 
 class ChatChunkChoice(_Schema):

@@ -37,11 +37,13 @@ class Grammars:
         if fmt is None or fmt.type == "text":
             return None
         if fmt.type == "json_object":
-            schema = None
-        else:
-            if fmt.json_schema is None or not fmt.json_schema.json_schema:
-                raise ConfigError("response_format: type json_schema needs json_schema.schema (a JSON Schema object)")
-            schema = fmt.json_schema.json_schema
+            return self.masks(None)
+        if fmt.json_schema is None or not fmt.json_schema.json_schema:
+            raise ConfigError("response_format: type json_schema needs json_schema.schema (a JSON Schema object)")
+        return self.masks(fmt.json_schema.json_schema)
+
+    def masks(self, schema: Optional[dict]) -> Callable[[], object]:
+        """A factory of fresh per-sequence masks for JSON matching ``schema`` (None: any JSON object)."""
         compiler = self.compiler
         compiled_check = compiler.json_mask(schema)  # compile now, so a bad schema is a 400 before queueing
         first = [compiled_check]
