@@ -3,7 +3,7 @@
 Endpoints: ``GET /v1/models`` and ``/v1/models/{id}``, ``POST /v1/completions``, ``POST /v1/chat/completions``
 (both stream Server-Sent Events with ``"stream": true``), ``POST /tokenize`` and ``/detokenize``,
 ``GET /health`` (503 once the engine thread has stopped), ``GET /metrics`` (Prometheus text),
-``GET /version``, and ``/docs`` (Swagger UI, its assets served from this process: it renders offline).
+``GET /version``, ``GET /`` (a chat page with live metrics, ``web/index.html``), and ``/docs`` (Swagger UI, its assets served from this process: it renders offline).
 The middlewares (``middleware.py``) add API keys, CORS, the body limit, draining and request ids.
 With ``own_engine=True`` the app shuts the engine down when the ASGI server stops it.
 """
@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import logging
 import platform
+from importlib import resources
 from contextlib import asynccontextmanager
 from typing import Optional, Sequence, Union
 
 import torch
 from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi_offline import FastAPIOffline
 
 from .. import __version__
@@ -33,6 +34,7 @@ from .serving import ServerState
 from .tokenize import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse, detokenize, tokenize
 
 log = logging.getLogger("bytediet.server")
+PAGE = (resources.files(__package__) / "web" / "index.html").read_text(encoding="utf-8")  # chat box + live metrics
 ERRORS = {400: {"model": ErrorResponse}, 401: {"model": ErrorResponse}, 404: {"model": ErrorResponse},
           413: {"model": ErrorResponse}, 503: {"model": ErrorResponse}}
 
@@ -75,6 +77,10 @@ def build_app(engine: AsyncEngine, served_model_names: Union[str, Sequence[str]]
     async def metrics_endpoint() -> Response:
         body, content_type = state.metrics.render()
         return Response(body, media_type=content_type)
+
+    @app.get("/", include_in_schema=False)
+    async def page() -> HTMLResponse:
+        return HTMLResponse(PAGE)
 
     @app.get("/version")
     async def version() -> dict:
