@@ -23,8 +23,14 @@ from tests.server.test_disconnect import free_port
 LONG = {"prompt": "x", "max_tokens": 200, "ignore_eos": True}
 
 
-def test_drain_finishes_short_requests_and_aborts_long_ones_with_an_error_event(server):
+def test_drain_finishes_short_requests_and_aborts_long_ones_with_an_error_event(server, monkeypatch):
     state, core = server.app.state.server, server.core
+    real_run = core.runner.run
+
+    def slow_run(*args, **kwargs):  # >= 20 ms a step: 200 tokens cannot finish within the 2 s timeout
+        time.sleep(0.02)
+        return real_run(*args, **kwargs)
+    monkeypatch.setattr(core.runner, "run", slow_run)
 
     async def go():
         async with client(server.app) as c:
