@@ -36,6 +36,19 @@ def test_json_schema_output_validates_on_a_random_model(server, temperature, see
         jsonschema.validate(json.loads(choice["message"]["content"]), SCHEMA)
 
 
+def test_completions_take_response_format_too(server):
+    async def go():
+        async with client(server.app) as c:
+            return await c.post("/v1/completions", json={"prompt": ["a", "b"], "max_tokens": 60, "temperature": 0,
+                                                         "response_format": {"type": "json_schema", "json_schema": {
+                                                             "name": "pick", "schema": SCHEMA}}})
+    r = run(go())
+    assert r.status_code == 200, r.text
+    for choice in r.json()["choices"]:
+        assert choice["finish_reason"] == "stop"
+        jsonschema.validate(json.loads(choice["text"]), SCHEMA)
+
+
 def test_the_sampler_masks_forbidden_tokens(server):
     """Without the mask the random model's greedy text is not JSON; with it, it is."""
     free = chat(server.app, max_tokens=20, temperature=0).json()["choices"][0]["message"]["content"]

@@ -80,7 +80,7 @@ def _prepare(state: ServerState, body: CompletionRequest) -> tuple[list[list[int
             raise ConfigError(f"prompt: {len(body.prompt)} prompts in one request exceed the server's limit of "
                               f"{state.config.max_prompts_per_request}; split the batch over several requests")
         prompts = prompt_token_ids(state, body.prompt)
-        return prompts, make_jobs(state, prompts, params)
+        return prompts, make_jobs(state, prompts, params, state.grammars.masks_for(body.response_format))
     except BytedietError as exc:
         raise APIError.bad_request(exc, fields=FIELDS) from exc
 

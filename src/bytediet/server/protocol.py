@@ -98,6 +98,30 @@ class _SamplingRequest(_Schema):
 
 
 # ---------------------------------------------------------------------------------------- requests
+class JSONSchemaFormat(_Schema):
+    """OpenAI's ``response_format.json_schema``: a named JSON Schema the output must match."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    name: Text = "response"
+    description: Optional[Text] = None
+    json_schema: dict = Field(default_factory=dict, alias="schema")
+    strict: Optional[bool] = None
+
+
+class ResponseFormat(_Schema):
+    """``{"type": "text"}``, ``{"type": "json_object"}`` or ``{"type": "json_schema", "json_schema": {...}}``."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: Optional[JSONSchemaFormat] = None
+
+    @field_validator("json_schema")
+    @classmethod
+    def _schema_needs_its_type(cls, value, info: ValidationInfo):
+        if value is not None and info.data.get("type") != "json_schema":
+            raise ValueError("only allowed with type json_schema")
+        return value
+
+
 class CompletionRequest(_SamplingRequest):
     """POST /v1/completions. ``prompt``: text, token ids, or a batch of either."""
 
@@ -107,6 +131,7 @@ class CompletionRequest(_SamplingRequest):
     echo: bool = False
     best_of: Optional[int] = None
     suffix: Optional[str] = None
+    response_format: Optional[ResponseFormat] = None  # vLLM's extension: constrained completions too
 
     def unsupported(self) -> Optional[str]:
         """The first field set to a value this server cannot honour, or None."""
@@ -157,30 +182,6 @@ def _arguments(text):
         return json.loads(text) if isinstance(text, str) else text
     except ValueError:
         return text
-
-
-class JSONSchemaFormat(_Schema):
-    """OpenAI's ``response_format.json_schema``: a named JSON Schema the output must match."""
-
-    model_config = ConfigDict(extra="ignore", populate_by_name=True)
-    name: Text = "response"
-    description: Optional[Text] = None
-    json_schema: dict = Field(default_factory=dict, alias="schema")
-    strict: Optional[bool] = None
-
-
-class ResponseFormat(_Schema):
-    """``{"type": "text"}``, ``{"type": "json_object"}`` or ``{"type": "json_schema", "json_schema": {...}}``."""
-
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: Optional[JSONSchemaFormat] = None
-
-    @field_validator("json_schema")
-    @classmethod
-    def _schema_needs_its_type(cls, value, info: ValidationInfo):
-        if value is not None and info.data.get("type") != "json_schema":
-            raise ValueError("only allowed with type json_schema")
-        return value
 
 
 class ChatCompletionRequest(_SamplingRequest):
