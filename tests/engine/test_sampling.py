@@ -283,3 +283,31 @@ def test_cuda_logits_with_cpu_generators_give_the_cpu_tokens():
     cpu = Sampler(seed=0)(logits, params, generators=[make_generator(i) for i in range(6)]).token_ids
     gpu = Sampler(seed=0)(logits.cuda(), params, generators=[make_generator(i) for i in range(6)]).token_ids
     assert gpu.is_cuda and torch.equal(gpu.cpu(), cpu)
+
+
+def test_logits_processors_mask_their_row_and_keep_raw_logprobs():
+    """A row's processor sees its output ids and (V,) logits; other rows and the reported logprobs are untouched."""
+    seen = []
+
+    def only_token_3(output_ids, row):
+        seen.append(list(output_ids))
+        out = torch.full_like(row, float("-inf"))
+        out[3] = row[3]
+        return out
+
+    logits = torch.tensor([[5.0, 1.0, 0.0, -1.0], [5.0, 1.0, 0.0, -1.0]])
+    params = [SamplingParams(temperature=0, logprobs=1, logits_processors=(only_token_3,)),
+              SamplingParams(temperature=0, logprobs=1)]
+    out = Sampler()(logits, params, prompt_ids=[[1], [1]], output_ids=[[7, 8], [9]])
+    assert out.token_ids.tolist() == [3, 0] and seen == [[7, 8]]
+    assert out.logprobs[0].logprob == pytest.approx(torch.log_softmax(logits[0], -1)[3].item())
+    assert logits[0, 0] == 5.0  # the caller's logits are not modified
+
+
+def test_logits_processors_are_validated_and_not_serialised():
+    from bytediet.errors import ConfigError
+    with pytest.raises(ConfigError, match="logits_processors"):
+        SamplingParams(logits_processors=("not callable",))
+    params = SamplingParams(logits_processors=(lambda ids, row: row,))
+    assert "logits_processors" not in params.to_dict()
+    assert SamplingParams.from_dict(params.to_dict()) == params  # compare=False: processors are not identity

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import socket
 from types import SimpleNamespace
 
 import httpx
@@ -38,8 +40,8 @@ class CharTokenizer:
         return text + ("[assistant]" if add_generation_prompt else "")
 
 
-def tiny_llm(**kw) -> LLM:
-    config = tiny_config("llama")
+def tiny_llm(context: int = 256, **kw) -> LLM:
+    config = tiny_config("llama", max_position_embeddings=context)
     model = model_from_state(config, random_state(config, seed=7))
     kw.setdefault("num_blocks", 64)
     kw.setdefault("block_size", 4)
@@ -54,6 +56,25 @@ def server():
     yield SimpleNamespace(app=build_app(engine, [MODEL, "tiny-alias"]), engine=engine, llm=llm,
                           core=llm.engine)
     engine.shutdown()
+
+
+@pytest.fixture
+def make_server():
+    """``make_server(config=ServerConfig(...), tokenizer=..., **llm_kwargs)`` → a server like the fixture above."""
+    engines = []
+
+    def make(config=None, tokenizer=None, **kw):
+        llm = tiny_llm(**kw)
+        if tokenizer is not None:
+            llm.engine.tokenizer = llm.tokenizer = tokenizer
+        engine = AsyncEngine(llm.engine)
+        engines.append(engine)
+        return SimpleNamespace(app=build_app(engine, [MODEL, "tiny-alias"], config=config), engine=engine,
+                               llm=llm, core=llm.engine)
+
+    yield make
+    for engine in engines:
+        engine.shutdown()
 
 
 def client(app) -> httpx.AsyncClient:
@@ -74,3 +95,28 @@ def parse_sse(raw: str) -> list:
         data = event[len("data: "):]
         out.append(data if data == "[DONE]" else json.loads(data))
     return out
+
+
+@contextlib.contextmanager
+def live(app):
+    """``app`` behind a real uvicorn socket on a free loopback port (a thread); yields (host, port)."""
+    import threading
+    import time
+
+    import uvicorn
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    uv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=uv.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 20
+        while not uv.started and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert uv.started, "uvicorn did not start"
+        yield "127.0.0.1", port
+    finally:
+        uv.should_exit = True
+        thread.join(timeout=10)

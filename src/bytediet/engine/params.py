@@ -8,8 +8,8 @@ vocabulary size before it queues the request. A bad value raises
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields, replace
-from typing import Any, Optional
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Callable, Optional
 
 from ..errors import ConfigError
 
@@ -51,6 +51,9 @@ class SamplingParams:
             most likely tokens; ``0`` returns only the sampled token's, ``None`` nothing.
         include_stop_str_in_output: keep the matched stop string at the end of the text.
         skip_special_tokens: leave special tokens out of the detokenized text.
+        logits_processors: callables ``(output_token_ids, logits (V,)) -> logits (V,)`` applied to this
+            sequence's row before sampling (e.g. a grammar mask, :mod:`bytediet.engine.grammar`). They may
+            keep per-sequence state, so give each sequence its own; they are not serialised by ``to_dict``.
     """
 
     n: int = 1
@@ -69,6 +72,7 @@ class SamplingParams:
     logprobs: Optional[int] = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    logits_processors: tuple[Callable, ...] = field(default=(), compare=False, repr=False)
 
     # Below this temperature a request is sampled greedily (vLLM's _SAMPLING_EPS).
     GREEDY_EPS = 1e-5
@@ -118,6 +122,10 @@ class SamplingParams:
             raise ConfigError(f"stop_token_ids must be a list of token ids >= 0, got {self.stop_token_ids!r}")
         object.__setattr__(self, "stop", stop)
         object.__setattr__(self, "stop_token_ids", ids)
+        procs = tuple(self.logits_processors or ())
+        if any(not callable(p) for p in procs):
+            raise ConfigError("logits_processors must be callables (output_ids, logits) -> logits")
+        object.__setattr__(self, "logits_processors", procs)
 
     def validate(self, vocab_size: int) -> None:
         """Checks that need the model: every stop token id and ``logprobs`` fit the vocabulary."""
@@ -149,7 +157,7 @@ class SamplingParams:
 
     # ---- serialisation ----------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "logits_processors"}
         out["stop"] = list(self.stop)
         out["stop_token_ids"] = list(self.stop_token_ids)
         return out

@@ -214,6 +214,7 @@ class Sampler:
             raise ValueError(f"got {len(params)} sampling params for {B} rows of logits")
         raw = logits.float()
         x = self._penalise(raw, params, prompt_ids, output_ids)
+        x = self._process(x, raw, params, output_ids)
         tokens = torch.empty(B, dtype=torch.long, device=x.device)
         greedy_rows = [i for i, p in enumerate(params) if p.greedy]
         sample_rows = [i for i, p in enumerate(params) if not p.greedy]
@@ -266,6 +267,20 @@ class Sampler:
             col("presence_penalty"),
             col("frequency_penalty"),
         )
+
+    @staticmethod
+    def _process(x: torch.Tensor, raw: torch.Tensor, params, output_ids) -> torch.Tensor:
+        """Each row's ``logits_processors`` (grammar masks) on its (V,) row; ``raw`` stays the model's logits."""
+        rows = [i for i, p in enumerate(params) if p.logits_processors]
+        if not rows:
+            return x
+        if output_ids is None:
+            raise ValueError("logits processors need output_ids for every row")
+        x = x.clone() if x is raw else x  # logprobs are reported under the unmasked model distribution
+        for i in rows:
+            for proc in params[i].logits_processors:
+                x[i] = proc(output_ids[i], x[i])
+        return x
 
     def _generator_for(self, row: int, generators) -> torch.Generator:
         g = generators[row] if generators is not None else None

@@ -7,6 +7,7 @@ from typing import AsyncIterator, Optional
 
 from fastapi import Request
 from fastapi.responses import Response
+from starlette.concurrency import run_in_threadpool
 
 from ..engine.sampling import TokenLogprobs
 from ..errors import BytedietError, ConfigError
@@ -52,12 +53,8 @@ async def create_completion(body: CompletionRequest, request: Request, state: Se
     model = state.model_name(body.model)
     if (field := body.unsupported()) is not None:
         raise APIError(400, f"{field}: not supported by this server; leave it out", field)
-    try:
-        params = body.to_sampling_params()
-        prompts = prompt_token_ids(state, body.prompt)
-        jobs = make_jobs(state, prompts, params)
-    except BytedietError as exc:
-        raise APIError.bad_request(exc, fields=FIELDS) from exc
+    prompts, jobs = await run_in_threadpool(_prepare, state, body)  # tokenizing a long prompt must not block
+    state.admit(len(jobs))
     rid, created = new_id("cmpl"), int(time.time())
     num_prompt = sum(len(p) for p in prompts)
     if body.stream:
@@ -72,6 +69,20 @@ async def create_completion(body: CompletionRequest, request: Request, state: Se
         usage=usage(num_prompt, choices),
     )
     return Response(out.model_dump_json(), media_type="application/json")
+
+
+def _prepare(state: ServerState, body: CompletionRequest) -> tuple[list[list[int]], list[Job]]:
+    """Tokenize and validate (on a worker thread): the prompts' token ids and one job per choice."""
+    try:
+        params = body.to_sampling_params()
+        if isinstance(body.prompt, list) and len(body.prompt) > state.config.max_prompts_per_request \
+                and not isinstance(body.prompt[0], int):  # refuse before tokenizing a huge batch
+            raise ConfigError(f"prompt: {len(body.prompt)} prompts in one request exceed the server's limit of "
+                              f"{state.config.max_prompts_per_request}; split the batch over several requests")
+        prompts = prompt_token_ids(state, body.prompt)
+        return prompts, make_jobs(state, prompts, params, state.grammars.masks_for(body.response_format))
+    except BytedietError as exc:
+        raise APIError.bad_request(exc, fields=FIELDS) from exc
 
 
 async def _events(state: ServerState, jobs: list[Job], rid: str, created: int, model: str,

@@ -6,7 +6,6 @@ the field in ``param``; the server keeps serving other requests.
 """
 from __future__ import annotations
 
-import logging
 import re
 from typing import Optional, Sequence
 
@@ -18,8 +17,6 @@ from starlette.exceptions import HTTPException
 from ..errors import BytedietError
 from .protocol import ErrorInfo, ErrorResponse
 
-log = logging.getLogger("bytediet.server")
-
 _FIELD = re.compile(r"^([a-z_]+)\b")
 
 
@@ -27,9 +24,11 @@ class APIError(Exception):
     """An error the client must see as ``status`` with OpenAI's error object."""
 
     def __init__(self, status: int, message: str, param: Optional[str] = None,
-                 type: str = "invalid_request_error", code: Optional[str] = None) -> None:
+                 type: str = "invalid_request_error", code: Optional[str] = None,
+                 headers: Optional[dict[str, str]] = None) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.type, self.code = status, message, param, type, code
+        self.headers = headers
 
     @classmethod
     def bad_request(cls, exc: BytedietError, aliases: Optional[dict[str, str]] = None,
@@ -49,13 +48,16 @@ class APIError(Exception):
         return cls(400, message, param if param in fields else None)
 
     def response(self) -> JSONResponse:
-        return error_response(self.status, self.message, self.param, self.type, self.code)
+        return error_response(self.status, self.message, self.param, self.type, self.code, self.headers)
 
 
 def error_response(status: int, message: str, param: Optional[str] = None,
-                   type: str = "invalid_request_error", code: Optional[str] = None) -> JSONResponse:
+                   type: str = "invalid_request_error", code: Optional[str] = None,
+                   headers: Optional[dict[str, str]] = None) -> JSONResponse:
+    """OpenAI's error object; text the client sent (a lone surrogate in a model name) is escaped, never a 500."""
+    message = message.encode("utf-8", "backslashreplace").decode("utf-8")
     body = ErrorResponse(error=ErrorInfo(message=message, type=type, param=param, code=code))
-    return JSONResponse(body.model_dump(), status_code=status)
+    return JSONResponse(body.model_dump(), status_code=status, headers=headers)
 
 
 def _validation_error(exc: RequestValidationError) -> JSONResponse:
@@ -74,6 +76,10 @@ def _validation_error(exc: RequestValidationError) -> JSONResponse:
 def _describe(param: str, errors: list[dict]) -> str:
     """One line for the errors of field ``param``; a union field lists the accepted shapes."""
     mine = [e for e in errors if len(e.get("loc", ())) > 1 and str(e["loc"][1]) == param]
+    ours = [e for e in mine if e.get("type") == "value_error"]  # our own validators say precisely what is wrong
+    if ours:
+        path = ".".join(str(p) for p in ours[0]["loc"][1:] if not _is_union_tag(p))
+        return f"{path}: {str(ours[0].get('msg', '')).removeprefix('Value error, ')}"
     shapes = list(dict.fromkeys(str(e["loc"][2]) for e in mine if len(e["loc"]) > 2 and _is_union_tag(e["loc"][2])))
     if len(shapes) > 1:
         return f"{param}: not a valid value; expected one of: {', '.join(shapes)}"
@@ -102,8 +108,4 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _http(_: Request, exc: HTTPException) -> JSONResponse:
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
         return error_response(exc.status_code, str(exc.detail), type=kind)
-
-    @app.exception_handler(Exception)
-    async def _internal(_: Request, exc: Exception) -> JSONResponse:
-        log.exception("internal error while serving a request")
-        return error_response(500, f"internal server error: {type(exc).__name__}: {exc}", type="server_error")
+    # Unexpected exceptions become a 500 in middleware.RequestContext, which keeps the connection alive.

@@ -9,7 +9,8 @@ several apps can coexist in one process):
   end-to-end latency. One engine sequence counts as one request (``n = 3`` counts three).
 * engine state read at scrape time (:class:`_EngineCollector`): running / waiting requests, KV-cache
   usage (1 - free blocks / blocks), prefix-cache queries and hits (in tokens, as vLLM counts them),
-  preemptions.
+  preemptions, and what is served: ``engine_info{kv_codec, weight_format}`` and the KV cache's
+  compression ratio against fp16 (16 / the codec's stored bits per coordinate).
 """
 from __future__ import annotations
 
@@ -37,7 +38,15 @@ class _EngineCollector(Collector):
     """Reads the engine's queues and block manager at scrape time (plain reads, safe under the GIL)."""
 
     def __init__(self, async_engine, model_name: str) -> None:
+        from ..kvcache import get_kv_codec
+
         self.async_engine, self.labels = async_engine, [model_name]
+        engine = async_engine.engine
+        config = engine.model.config
+        codec = get_kv_codec(engine.config.cache.kv_cache_dtype, engine.model.dtype)
+        self.kv_codec = codec.describe(config.head_dim)
+        self.compression = 16.0 / codec.bits_per_coordinate(config.num_kv_heads, config.head_dim)
+        self.weight_format = ",".join(engine.model.weight_formats())
 
     def _gauge(self, name: str, doc: str, value: float) -> GaugeMetricFamily:
         g = GaugeMetricFamily(PREFIX + name, doc, labels=["model_name"])
@@ -63,6 +72,12 @@ class _EngineCollector(Collector):
                             bm.prefix_hits * bm.block_size)
         yield self._counter("num_preemptions", "Requests preempted to free KV blocks.",
                             engine.scheduler.num_preemptions)
+        info = GaugeMetricFamily(PREFIX + "engine_info", "What is served (value 1): KV codec and weight format.",
+                                 labels=["model_name", "kv_codec", "weight_format"])
+        info.add_metric(self.labels + [self.kv_codec, self.weight_format], 1.0)
+        yield info
+        yield self._gauge("kv_cache_compression_ratio", "KV-cache bytes at fp16 / bytes as stored by the codec.",
+                          self.compression)
 
 
 class ServerMetrics:

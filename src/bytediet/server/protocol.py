@@ -8,14 +8,31 @@ plus vLLM's extensions (``top_k``, ``min_p``, ``repetition_penalty``, ``ignore_e
 """
 from __future__ import annotations
 
-from typing import Literal, Optional, Union
+import json
+from typing import Annotated, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from ..engine.params import SamplingParams
 from ..errors import ConfigError
 
 MAX_LOGPROBS = 20  # most top log-probabilities a request may ask for (vLLM's default max_logprobs)
+MAX_N = 128  # most choices per prompt (OpenAI's own limit on ``n``)
+
+
+def _utf8(text: str) -> str:
+    """JSON may spell a lone UTF-16 surrogate (``"\\ud800"``); it is not a character, so no tokenizer takes it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = text[exc.start]
+        raise ValueError(f"holds a lone UTF-16 surrogate (\\u{ord(bad):04x}) at character {exc.start}, "
+                         "which is not valid Unicode; send the full surrogate pair or the character itself") from None
+    return text
+
+
+# Every string a request carries into the tokenizer or back into a message is valid Unicode.
+Text = Annotated[str, AfterValidator(_utf8)]
 
 
 class _Schema(BaseModel):
@@ -34,8 +51,8 @@ class StreamOptions(_Schema):
 class _SamplingRequest(_Schema):
     """Fields shared by /v1/completions and /v1/chat/completions. ``None`` means the default."""
 
-    model: Optional[str] = None
-    n: int = 1
+    model: Optional[Text] = None
+    n: int = Field(1, le=MAX_N)
     temperature: Optional[float] = None  # OpenAI's default is 1.0
     top_p: Optional[float] = None
     top_k: Optional[int] = None
@@ -44,7 +61,7 @@ class _SamplingRequest(_Schema):
     frequency_penalty: Optional[float] = None
     repetition_penalty: Optional[float] = None
     seed: Optional[int] = None
-    stop: Optional[Union[str, list[str]]] = None
+    stop: Optional[Union[Text, list[Text]]] = None
     stop_token_ids: Optional[list[int]] = None
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
@@ -52,6 +69,13 @@ class _SamplingRequest(_Schema):
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
     logit_bias: Optional[dict[str, float]] = None
+
+    @field_validator("stream_options")
+    @classmethod
+    def _stream_options_need_stream(cls, value, info: ValidationInfo):
+        if value is not None and not info.data.get("stream"):  # as OpenAI and vLLM (``stream`` is validated first)
+            raise ValueError("only allowed when stream is true; leave it out or set stream to true")
+        return value
 
     def sampling_params(self, max_tokens: Optional[int], logprobs: Optional[int]) -> SamplingParams:
         """The engine's parameters; raises ``ConfigError`` naming the field for a bad value."""
@@ -74,15 +98,40 @@ class _SamplingRequest(_Schema):
 
 
 # ---------------------------------------------------------------------------------------- requests
+class JSONSchemaFormat(_Schema):
+    """OpenAI's ``response_format.json_schema``: a named JSON Schema the output must match."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    name: Text = "response"
+    description: Optional[Text] = None
+    json_schema: dict = Field(default_factory=dict, alias="schema")
+    strict: Optional[bool] = None
+
+
+class ResponseFormat(_Schema):
+    """``{"type": "text"}``, ``{"type": "json_object"}`` or ``{"type": "json_schema", "json_schema": {...}}``."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: Optional[JSONSchemaFormat] = None
+
+    @field_validator("json_schema")
+    @classmethod
+    def _schema_needs_its_type(cls, value, info: ValidationInfo):
+        if value is not None and info.data.get("type") != "json_schema":
+            raise ValueError("only allowed with type json_schema")
+        return value
+
+
 class CompletionRequest(_SamplingRequest):
     """POST /v1/completions. ``prompt``: text, token ids, or a batch of either."""
 
-    prompt: Union[str, list[int], list[str], list[list[int]]]
+    prompt: Union[Text, list[int], list[Text], list[list[int]]]
     max_tokens: Optional[int] = 16
     logprobs: Optional[int] = Field(None, ge=0, le=MAX_LOGPROBS)
     echo: bool = False
     best_of: Optional[int] = None
     suffix: Optional[str] = None
+    response_format: Optional[ResponseFormat] = None  # vLLM's extension: constrained completions too
 
     def unsupported(self) -> Optional[str]:
         """The first field set to a value this server cannot honour, or None."""
@@ -100,23 +149,39 @@ class CompletionRequest(_SamplingRequest):
 
 class ContentPart(_Schema):
     type: str
-    text: Optional[str] = None
+    text: Optional[Text] = None
 
 
 class ChatMessage(_Schema):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: Optional[Union[str, list[ContentPart]]] = None
+    content: Optional[Union[Text, list[ContentPart]]] = None
+    tool_calls: Optional[list[dict]] = None  # an assistant's earlier calls
+    tool_call_id: Optional[Text] = None  # a tool message: the call it answers
 
     def template_dict(self, index: int) -> dict:
-        """The ``{"role", "content"}`` dict a chat template expects (text parts joined by newlines)."""
+        """The ``{"role", "content"}`` dict a chat template expects (text parts joined by newlines).
+
+        An assistant's earlier tool calls are written as the JSON the model was constrained to produce.
+        """
         content = self.content
         if isinstance(content, list):
             other = [p.type for p in content if p.type != "text"]
             if other:
                 raise ConfigError(f"messages: message {index} has a {other[0]!r} part; only text parts are supported")
             content = "\n".join(p.text or "" for p in content)
+        if not content and self.tool_calls:
+            content = "\n".join(json.dumps({"name": c.get("function", {}).get("name"),
+                                            "arguments": _arguments(c.get("function", {}).get("arguments"))})
+                                 for c in self.tool_calls)
         role = "system" if self.role == "developer" else self.role  # OpenAI's new name for the system role
         return {"role": role, "content": content or ""}
+
+
+def _arguments(text):
+    try:
+        return json.loads(text) if isinstance(text, str) else text
+    except ValueError:
+        return text
 
 
 class ChatCompletionRequest(_SamplingRequest):
@@ -127,17 +192,14 @@ class ChatCompletionRequest(_SamplingRequest):
     max_completion_tokens: Optional[int] = None
     logprobs: bool = False
     top_logprobs: Optional[int] = Field(None, ge=0, le=MAX_LOGPROBS)
-    tools: Optional[list[dict]] = None
+    tools: Optional[list[dict]] = None  # validated in server/tools.py
     tool_choice: Optional[Union[str, dict]] = None
-    response_format: Optional[dict] = None
+    parallel_tool_calls: Optional[bool] = None
+    response_format: Optional[ResponseFormat] = None
 
     def unsupported(self) -> Optional[str]:
-        if self.tools:
-            return "tools"
-        if self.tool_choice not in (None, "none", "auto"):
-            return "tool_choice"
-        if self.response_format and self.response_format.get("type") not in (None, "text"):
-            return "response_format"
+        if self.parallel_tool_calls:
+            return "parallel_tool_calls"
         return None
 
     def to_sampling_params(self) -> SamplingParams:
@@ -199,7 +261,8 @@ class ChatLogprobs(_Schema):
 
 class AssistantMessage(_Schema):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: Optional[str]
+    tool_calls: Optional[list[dict]] = Field(None, exclude_if=_omit_none)
 
 
 class ChatChoice(_Schema):
@@ -221,6 +284,7 @@ class ChatCompletionResponse(_Schema):
 class DeltaMessage(_Schema):
     role: Optional[Literal["assistant"]] = Field(None, exclude_if=_omit_none)
     content: Optional[str] = Field(None, exclude_if=_omit_none)
+    tool_calls: Optional[list[dict]] = Field(None, exclude_if=_omit_none)
 
 
 class ChatChunkChoice(_Schema):

@@ -12,8 +12,8 @@ import json
 import time
 import uuid
 from contextlib import aclosing
-from dataclasses import dataclass, field
-from typing import AsyncIterator, Awaitable, Optional, Sequence, TypeVar
+from dataclasses import dataclass, field, replace
+from typing import AsyncIterator, Awaitable, Callable, Optional, Sequence, TypeVar
 
 from fastapi import Request
 from pydantic import BaseModel
@@ -24,9 +24,12 @@ from ..engine.engine import StepOutput
 from ..engine.params import SamplingParams
 from ..engine.sampling import TokenLogprobs
 from ..errors import ConfigError
+from .config import ServerConfig
 from .errors import APIError
 from .metrics import ServerMetrics
 from .protocol import Usage
+from .shutdown import Drain
+from .structured import Grammars
 
 T = TypeVar("T")
 DONE = "data: [DONE]\n\n"
@@ -34,20 +37,41 @@ DONE = "data: [DONE]\n\n"
 
 @dataclass
 class ServerState:
-    """What every endpoint needs: the engine, the names it answers to, the metrics."""
+    """What every endpoint needs: the engine, the names it answers to, the metrics, limits and shutdown state.
+
+    ``max_model_len`` is the context length served (``config.served_model_len``), never more than one
+    sequence's worth of KV cache; ``sequences`` counts engine sequences in flight (for the waiting-queue bound).
+    """
 
     engine: AsyncEngine
     model_names: list[str]
     metrics: ServerMetrics
+    max_model_len: int
+    config: ServerConfig = field(default_factory=ServerConfig)
+    drain: Drain = field(default_factory=Drain)
     created: int = field(default_factory=lambda: int(time.time()))
+    sequences: int = 0
+    grammars: Grammars = None  # set in __post_init__
+
+    def __post_init__(self) -> None:
+        self.grammars = Grammars(self.engine.engine)
 
     @property
     def tokenizer(self):
         return self.engine.engine.tokenizer
 
     @property
-    def max_model_len(self) -> int:
-        return self.engine.engine.max_model_len
+    def num_waiting(self) -> int:
+        """Sequences accepted but not yet running (queued in the engine, or on their way to it)."""
+        return max(self.sequences - self.engine.num_running, 0)
+
+    def admit(self, num_sequences: int) -> None:
+        """503 with ``Retry-After`` when the waiting queue cannot take ``num_sequences`` more."""
+        limit = self.config.max_waiting_sequences
+        if self.num_waiting + num_sequences > limit:
+            raise APIError(503, f"the server is busy: {self.num_waiting} sequences are waiting (limit {limit}); "
+                           "retry after a few seconds", type="server_error", code="server_busy",
+                           headers={"Retry-After": str(self.config.retry_after)})
 
     def model_name(self, requested: Optional[str]) -> str:
         """The name to answer with; an unknown name is a 404 (as OpenAI's ``model_not_found``)."""
@@ -96,29 +120,48 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
-def make_jobs(state: ServerState, prompts: Sequence[list[int]], params: SamplingParams) -> list[Job]:
+def make_jobs(state: ServerState, prompts: Sequence[list[int]], params: SamplingParams,
+              new_mask: Optional[Callable[[], Callable]] = None) -> list[Job]:
     """Validate every sequence before any is queued (so a bad one fails the request with nothing running).
 
-    As vLLM and OpenAI do, ``max_tokens`` that cannot fit after the prompt is an error, not a silent cut.
+    As vLLM and OpenAI do, ``max_tokens`` that cannot fit after the prompt is an error, not a silent cut;
+    no ``max_tokens`` means up to the served context length. ``new_mask`` makes each sequence's own
+    grammar mask (structured output).
     """
+    limit = state.config.max_prompts_per_request
+    if len(prompts) > limit:
+        raise ConfigError(f"prompt: {len(prompts)} prompts in one request exceed the server's limit of {limit}; "
+                          "split the batch over several requests")
     jobs = []
     for p, ids in enumerate(prompts):
+        if len(ids) >= state.max_model_len:
+            raise ConfigError(f"prompt: {len(ids)} tokens do not fit the served context of {state.max_model_len} "
+                              "tokens (at least one token must be generated); shorten the prompt")
         for i in range(params.n):
             sub = params.for_completion(i)
             ids = state.engine.engine.validate(ids, sub)
             room = state.max_model_len - len(ids)
-            if sub.max_tokens is not None and sub.max_tokens > room:
+            if sub.max_tokens is None:
+                sub = replace(sub, max_tokens=room)
+            elif sub.max_tokens > room:
                 raise ConfigError(
                     f"max_tokens: {sub.max_tokens} new tokens after a {len(ids)}-token prompt exceed the context "
                     f"window of {state.max_model_len} tokens; ask for at most {room}")
+            if new_mask is not None:
+                sub = replace(sub, logits_processors=(new_mask(),))
             jobs.append(Job(p * params.n + i, ids, sub))
     return jobs
 
 
 async def run_jobs(state: ServerState, jobs: list[Job], request_id: str) -> AsyncIterator[tuple[int, StepOutput]]:
-    """Stream every job's outputs, interleaved as the engine produces them, until all have finished."""
+    """Stream every job's outputs, interleaved as the engine produces them, until all have finished.
+
+    Raises :class:`~.shutdown.ShuttingDown` when the server's shutdown timeout ends first.
+    """
     arrival = time.perf_counter()
     outputs: asyncio.Queue = asyncio.Queue()
+    state.drain.register(outputs)
+    state.sequences += len(jobs)
 
     async def pump(job: Job) -> None:
         stream = state.engine.generate(job.prompt_ids, job.params, f"{request_id}-{job.index}")
@@ -139,6 +182,8 @@ async def run_jobs(state: ServerState, jobs: list[Job], request_id: str) -> Asyn
             yield index, item
             pending -= int(item.finished)
     finally:
+        state.drain.unregister(outputs)
+        state.sequences -= len(jobs)
         for task in tasks:  # cancelling a job aborts its engine request (AsyncEngine.generate's finally)
             task.cancel()
 
@@ -206,5 +251,7 @@ class EventStream(StreamingResponse):
 
 def error_event(exc: Exception) -> str:
     """A failure after the stream started: OpenAI's error object as one more event."""
+    if isinstance(exc, APIError):
+        return sse({"error": {"message": exc.message, "type": exc.type, "param": exc.param, "code": exc.code}})
     kind = "invalid_request_error" if isinstance(exc, ConfigError) else "server_error"
     return sse({"error": {"message": f"{type(exc).__name__}: {exc}", "type": kind, "param": None, "code": None}})
