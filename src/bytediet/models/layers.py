@@ -101,6 +101,7 @@ class RotaryEmbedding(nn.Module):
         inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
         inv_freq = _scale_frequencies(inv_freq, scaling)
         self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
+        self._cached: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """x: (T, H, D), positions: (T,) → rotated x."""
@@ -110,9 +111,18 @@ class RotaryEmbedding(nn.Module):
         """Undo :meth:`forward` (rotate by −θ): the pre-RoPE vectors of ``x`` (T, H, D) at ``positions`` (T,)."""
         return self._rotate(x, positions, -1.0)
 
+    def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin of positions (T,) × inv_freq: (T, 1, D/2) each, computed once per step: every layer (and q
+        and k) of a step passes the same ``positions`` tensor, so the last one is kept (by identity — a new
+        step's tensor is a new object)."""
+        if self._cached is None or self._cached[0] is not positions:
+            freqs = positions.float()[:, None] * self.inv_freq[None, :]  # (T, D/2)
+            self._cached = (positions, freqs.cos()[:, None, :], freqs.sin()[:, None, :])
+        return self._cached[1], self._cached[2]
+
     def _rotate(self, x: torch.Tensor, positions: torch.Tensor, sign: float) -> torch.Tensor:
-        freqs = positions.float()[:, None] * self.inv_freq[None, :]  # (T, D/2)
-        cos, sin = freqs.cos()[:, None, :], sign * freqs.sin()[:, None, :]
+        cos, sin = self.cos_sin(positions)
+        sin = sin if sign > 0 else -sin
         xf = x.float()
         x1, x2 = xf.chunk(2, dim=-1)
         return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
