@@ -68,8 +68,9 @@ class GGUFCheckpoint:
         try:
             self.arch: Architecture = ARCHITECTURES.get(arch_name)()
         except KeyError:
+            kind = "MoE family" if self.field(f"{arch_name}.expert_count", 0) else "architecture"
             raise CheckpointError(
-                f"{self.path}: unsupported architecture {arch_name!r}; bytediet loads {', '.join(ARCHITECTURES.names())}"
+                f"{self.path}: unsupported {kind} {arch_name!r}; bytediet loads {', '.join(ARCHITECTURES.names())}"
             ) from None
         self.config = self._read_config()
 
@@ -118,6 +119,11 @@ class GGUFCheckpoint:
             if name is None:
                 continue
             shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+            if "{e}" in name:  # all experts stacked (n_expert, out, in): blocks run along `in`, so slice rows
+                data = t.data.reshape(shape[0], -1, t.data.shape[-1])
+                for e in range(shape[0]):
+                    yield GGUFTensor(t.name, name.format(e=e), shape[1:], t.tensor_type, data[e])
+                continue
             yield GGUFTensor(t.name, name, shape, t.tensor_type, t.data)
 
     def tensor_types(self) -> dict[str, str]:
