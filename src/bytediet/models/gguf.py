@@ -92,7 +92,7 @@ class GGUFCheckpoint:
                 )
 
     def _read_config(self) -> ModelConfig:
-        arch = self.arch.name
+        arch = self.field("general.architecture")  # the key prefix (qwen2moe for the qwen2_moe adapter)
         names = {t.name for t in self.reader.tensors}
         extra = {
             "__has_output": "output.weight" in names,
