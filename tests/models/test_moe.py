@@ -216,3 +216,13 @@ def test_dense_mlp_is_untouched_by_moe_fields():
     model = model_from_state(tiny_config("llama"), random_state(tiny_config("llama")))
     assert type(model.model.layers[0].mlp).__name__ == "MLP"
     assert F.silu is model.model.layers[0].mlp.act
+
+
+def test_scale_folding_refuses_an_moe_layer_by_name():
+    from bytediet.calibrate.folding import scale_groups
+
+    config = moe_config()
+    model = model_from_state(config, random_state(config))
+    with pytest.raises(ConfigError, match=r"model.layers.0: scale folding .* mixture of experts"):
+        scale_groups(model.model.layers[0], "model.layers.0")
+    assert len(scale_groups(model.model.layers[0], "model.layers.0", ("o", "qkv"))) == 2

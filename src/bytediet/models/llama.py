@@ -26,8 +26,9 @@ class Llama(Architecture):
     def config_from_gguf(self, meta) -> ModelConfig:
         hidden = int(meta("embedding_length"))
         heads = int(meta("attention.head_count"))
+        moe = self.moe_from_gguf(meta)
         return ModelConfig(
-            architecture=self.name, vocab_size=int(meta("vocab_size", 0)) or int(meta("__vocab_from_tokens", 0)),
+            architecture="mixtral" if moe and self.name == "llama" else self.name, vocab_size=int(meta("vocab_size", 0)) or int(meta("__vocab_from_tokens", 0)),
             hidden_size=hidden, intermediate_size=int(meta("feed_forward_length")),
             num_layers=int(meta("block_count")), num_heads=heads,
             num_kv_heads=int(meta("attention.head_count_kv", heads)),
@@ -36,7 +37,7 @@ class Llama(Architecture):
             rope_theta=float(meta("rope.freq_base", 10000.0)), rope_scaling=_rope_scaling_from_gguf(meta),
             max_position_embeddings=int(meta("context_length", 2048)),
             tie_word_embeddings=not meta("__has_output", False), attention_bias=bool(meta("__has_qkv_bias", False)),
-            name=str(meta("__name", "")), **self.moe_from_gguf(meta),
+            name=str(meta("__name", "")), **moe,
         )
 
     def moe_from_gguf(self, meta) -> dict:
