@@ -37,7 +37,9 @@ def _qwen2_moe(**kw):
 def _olmoe(**kw):
     from transformers import OlmoeConfig
 
-    return OlmoeConfig(**{**COMMON, "intermediate_size": 32, "num_experts": 8, "num_experts_per_tok": 3, **kw})
+    # no GQA by default, as in OLMoE-1B-7B: llama.cpp's olmoe sizes attn_k_norm by n_embd
+    return OlmoeConfig(**{**COMMON, "intermediate_size": 32, "num_experts": 8, "num_experts_per_tok": 3,
+                          "num_key_value_heads": 4, **kw})
 
 
 # variant name → HF config: each family, and each gating / attention option it has
@@ -46,7 +48,8 @@ VARIANTS = {
     "qwen2_moe": lambda: _qwen2_moe(),
     "qwen2_moe-dense-layer-norm-topk": lambda: _qwen2_moe(num_hidden_layers=3, mlp_only_layers=[1], norm_topk_prob=True),
     "olmoe": lambda: _olmoe(),
-    "olmoe-clip-bias-norm-topk": lambda: _olmoe(clip_qkv=1.0, attention_bias=True, norm_topk_prob=True),
+    "olmoe-gqa-clip-bias-norm-topk": lambda: _olmoe(num_key_value_heads=2, clip_qkv=1.0, attention_bias=True,
+                                                    norm_topk_prob=True),
 }
 GGUF_VARIANTS = ("mixtral", "qwen2_moe", "olmoe")
 
@@ -127,6 +130,11 @@ def write_gguf(hf_dir: Path, out: Path, qtype=None) -> None:
         w.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
     if kind == "olmoe" and cfg.get("clip_qkv"):
         w.add_clamp_kqv(cfg["clip_qkv"])
+    n = cfg["vocab_size"]  # a placeholder SentencePiece vocabulary: llama.cpp refuses a file without one
+    w.add_tokenizer_model("llama")
+    w.add_token_list([f"t{i}" for i in range(n)])
+    w.add_token_scores([0.0] * n)
+    w.add_token_types([int(gguf.TokenType.NORMAL)] * n)
     experts: dict[tuple[int, str], dict[int, np.ndarray]] = {}
     tensors: dict[str, np.ndarray] = {}
     for name, a in state.items():

@@ -7,6 +7,7 @@ logits must equal transformers' on the same weights, and 32 greedy tokens throug
 from __future__ import annotations
 
 import gguf
+import numpy as np
 import pytest
 import torch
 
@@ -64,6 +65,20 @@ def test_gguf_logits_equal_transformers(checkpoints, variant, tmp_path):
     assert model.config.num_experts and model.config.moe_gating
     for ids in PROMPTS:
         assert_logits_equal(model.score(torch.tensor(ids)), hf_logits(ref, ids))
+
+
+@pytest.mark.parametrize("variant", GGUF_VARIANTS)
+def test_llama_cpp_reads_the_test_gguf_like_transformers(checkpoints, variant, tmp_path):
+    """The GGUF writer above follows llama.cpp's conventions (expert stacking, Mixtral's q/k permutation,
+    1-D shared-expert gate, OLMoE's whole-projection q/k norm): llama.cpp itself agrees with transformers."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    path, ref = checkpoints[variant]
+    write_gguf(path, tmp_path / "tiny.gguf")
+    ids = PROMPTS[0]
+    llm = llama_cpp.Llama(str(tmp_path / "tiny.gguf"), n_ctx=64, logits_all=True, verbose=False, n_threads=1)
+    llm.eval(ids)
+    got = torch.tensor(np.array(llm.scores[: len(ids)]))
+    assert (got - hf_logits(ref, ids)).abs().max() < 1e-2  # llama.cpp rounds some intermediates to f16
 
 
 @pytest.mark.parametrize("variant", GGUF_VARIANTS)
