@@ -45,6 +45,7 @@ def _olmoe(**kw):
 # variant name → HF config: each family, and each gating / attention option it has
 VARIANTS = {
     "mixtral": lambda: _mixtral(),
+    "mixtral-sliding-window": lambda: _mixtral(sliding_window=6),
     "qwen2_moe": lambda: _qwen2_moe(),
     "qwen2_moe-dense-layer-norm-topk": lambda: _qwen2_moe(num_hidden_layers=3, mlp_only_layers=[1], norm_topk_prob=True),
     "olmoe": lambda: _olmoe(),
@@ -106,8 +107,9 @@ _EXPERT = re.compile(r"model\.layers\.(\d+)\.(?:mlp|block_sparse_moe)\.experts\.
 ARCH = {"mixtral": "llama", "qwen2_moe": "qwen2moe", "olmoe": "olmoe"}
 
 
-def write_gguf(hf_dir: Path, out: Path, qtype=None) -> None:
-    """The HF checkpoint in ``hf_dir`` as a llama.cpp-style GGUF (``qtype``: quantize the linear weights)."""
+def write_gguf(hf_dir: Path, out: Path, qtype=None, stacked: bool = True) -> None:
+    """The HF checkpoint in ``hf_dir`` as a llama.cpp-style GGUF (``qtype``: quantize the linear weights;
+    ``stacked`` False: one tensor per expert, ``blk.N.ffn_gate.E.weight``, as in Mixtral GGUFs before 2024)."""
     from safetensors.torch import load_file
 
     cfg = json.loads((hf_dir / "config.json").read_text())
@@ -156,7 +158,11 @@ def write_gguf(hf_dir: Path, out: Path, qtype=None) -> None:
             a = a.reshape(-1)
         tensors[f"blk.{idx}.{LAYER_NAMES[module]}.{kind_}"] = a
     for (idx, gname), per_expert in experts.items():
-        tensors[f"blk.{idx}.{gname}.weight"] = np.stack([per_expert[e] for e in sorted(per_expert)])
+        if stacked:
+            tensors[f"blk.{idx}.{gname}.weight"] = np.stack([per_expert[e] for e in sorted(per_expert)])
+        else:
+            for e, a in per_expert.items():
+                tensors[f"blk.{idx}.{gname.removesuffix('_exps')}.{e}.weight"] = a
     for gname, a in tensors.items():
         quantize = qtype is not None and a.ndim >= 2 and "ffn_gate_inp" not in gname and "token_embd" not in gname
         if quantize:

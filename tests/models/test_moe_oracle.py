@@ -67,6 +67,15 @@ def test_gguf_logits_equal_transformers(checkpoints, variant, tmp_path):
         assert_logits_equal(model.score(torch.tensor(ids)), hf_logits(ref, ids))
 
 
+def test_gguf_with_one_tensor_per_expert(checkpoints, tmp_path):
+    """Mixtral GGUFs converted before llama.cpp stacked the experts name them ``ffn_gate.E`` etc."""
+    path, ref = checkpoints["mixtral"]
+    write_gguf(path, tmp_path / "old.gguf", stacked=False)
+    model, _ = load_model(tmp_path / "old.gguf", load_tokenizer=False)
+    assert model.config.architecture == "mixtral"
+    assert_logits_equal(model.score(torch.tensor(PROMPTS[0])), hf_logits(ref, PROMPTS[0]))
+
+
 @pytest.mark.parametrize("variant", GGUF_VARIANTS)
 def test_llama_cpp_reads_the_test_gguf_like_transformers(checkpoints, variant, tmp_path):
     """The GGUF writer above follows llama.cpp's conventions (expert stacking, Mixtral's q/k permutation,
