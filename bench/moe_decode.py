@@ -95,11 +95,7 @@ def decode_rows(config: ModelConfig, formats: list[str], tokens: int) -> list[di
         model = random_model(config)
         if fmt != "fp32":
             quantize(model, QuantizeConfig(format=fmt, output_policy="same"))
-        total = model.weight_bytes()
-        expert = sum(t.numel() * t.element_size() for m in model.model.layers[0].mlp.experts[0].modules()
-                     if hasattr(m, "packed") for t in m.packed.values())
-        moe_layers = config.num_moe_layers
-        active = total - moe_layers * (config.num_experts - config.num_experts_per_tok) * expert
+        total, active = model.weight_bytes(), model.decode_weight_bytes()
         llm = LLM("random-moe", loaded=(model, None), kv_cache_memory="64MiB")
         out = llm.generate([list(range(1, 17))], SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True))[0]
         decode_s = out.finish_time - out.first_token_time

@@ -226,3 +226,12 @@ def test_scale_folding_refuses_an_moe_layer_by_name():
     with pytest.raises(ConfigError, match=r"model.layers.0: scale folding .* mixture of experts"):
         scale_groups(model.model.layers[0], "model.layers.0")
     assert len(scale_groups(model.model.layers[0], "model.layers.0", ("o", "qkv"))) == 2
+
+
+def test_decode_weight_bytes_count_only_the_top_k_experts():
+    config = moe_config(dense_layers=(1,))
+    model = model_from_state(config, random_state(config))
+    expert = 3 * config.hidden_size * config.moe_intermediate_size * 4  # fp32
+    assert model.weight_bytes() - model.decode_weight_bytes() == (6 - 2) * expert  # one MoE layer
+    dense = model_from_state(tiny_config("llama"), random_state(tiny_config("llama")))
+    assert dense.decode_weight_bytes() == dense.weight_bytes()

@@ -133,6 +133,18 @@ class CausalLM(nn.Module):
             total += t.numel() * t.element_size()
         return total
 
+    def decode_weight_bytes(self) -> int:
+        """Bytes of weights one single-token step reads: :meth:`weight_bytes` less, in each MoE layer, the
+        E − k experts the token is not routed to (each expert's bytes averaged: formats may differ per
+        expert). Equal to :meth:`weight_bytes` for a dense model; the numerator of achieved GB/s."""
+        total = float(self.weight_bytes())
+        for layer in self.model.layers:
+            if isinstance(layer.mlp, SparseMoE):
+                sizes = [sum(t.numel() * t.element_size() for t in (*e.parameters(), *e.buffers()))
+                         for e in layer.mlp.experts]
+                total -= (len(sizes) - layer.mlp.top_k) * sum(sizes) / len(sizes)
+        return int(total)
+
     def new_caches(self, num_blocks: int, block_size: int = 16, kv_codec: str = "auto") -> list[LayerKVCache]:
         """Allocate one paged cache per layer with the named codec."""
         codec = get_kv_codec(kv_codec, self.dtype)
