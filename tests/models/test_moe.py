@@ -186,7 +186,8 @@ def test_unknown_gating_variant_in_hf_config(tmp_path):
 
 def write_gguf_header(path, arch: str, **extra) -> None:
     w = gguf.GGUFWriter(str(path), arch)
-    for key, value in dict(block_count=1, embedding_length=8, feed_forward_length=8, **{"attention.head_count": 2},
+    for key, value in dict(block_count=1, embedding_length=8, feed_forward_length=8, vocab_size=8,
+                           **{"attention.head_count": 2},
                            expert_count=4, expert_used_count=2).items():
         w.add_uint32(f"{arch}.{key}", value)
     for key, value in extra.items():
@@ -235,3 +236,13 @@ def test_decode_weight_bytes_count_only_the_top_k_experts():
     assert model.weight_bytes() - model.decode_weight_bytes() == (6 - 2) * expert  # one MoE layer
     dense = model_from_state(tiny_config("llama"), random_state(tiny_config("llama")))
     assert dense.decode_weight_bytes() == dense.weight_bytes()
+
+
+def test_experts_in_a_dense_family_are_refused(tmp_path):
+    write_gguf_header(tmp_path / "x.gguf", "qwen2")
+    with pytest.raises(CheckpointError, match=r"qwen2 with 4 experts is not an MoE family"):
+        load_model(tmp_path / "x.gguf")
+    write_hf_config(tmp_path / "q", {"model_type": "qwen2", "num_experts": 8, "vocab_size": 8, "hidden_size": 8,
+                                     "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2})
+    with pytest.raises(CheckpointError, match=r"model_type 'qwen2' with 8 experts is not an MoE family"):
+        load_model(tmp_path / "q")

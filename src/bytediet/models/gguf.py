@@ -108,9 +108,14 @@ class GGUFCheckpoint:
             return self.field(f"{arch}.{key}", default)
 
         try:
-            return self.arch.config_from_gguf(meta)
+            config = self.arch.config_from_gguf(meta)
         except (KeyError, TypeError, ValueError) as exc:
             raise CheckpointError(f"{self.path}: cannot read the {arch} configuration: {exc}") from exc
+        experts = int(self.field(f"{arch}.expert_count", 0) or 0)
+        if experts and not config.num_experts:
+            raise CheckpointError(f"{self.path}: {arch} with {experts} experts is not an MoE family bytediet "
+                                  f"loads (MoE families: mixtral as llama, qwen2moe, olmoe)")
+        return config
 
     def tensors(self) -> Iterator[GGUFTensor]:
         """Tensors in file order, with HF-style names; tensors the model does not use are skipped."""

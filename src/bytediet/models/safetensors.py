@@ -55,6 +55,10 @@ class HFCheckpoint:
             self.config: ModelConfig = self.arch.config_from_hf(self.hf_config)
         except KeyError as exc:
             raise CheckpointError(f"{cfg_path}: missing key {exc}") from exc
+        experts = max(int(self.hf_config.get(k) or 0) for k in ("num_experts", "num_local_experts", "n_routed_experts"))
+        if experts and not self.config.num_experts:
+            raise CheckpointError(f"{cfg_path}: model_type {model_type!r} with {experts} experts is not an MoE family "
+                                  f"bytediet loads (MoE families: mixtral, qwen2_moe, olmoe)")
         self.files = self._weight_files()
 
     def _weight_files(self) -> list[Path]:
