@@ -80,8 +80,10 @@ def block_rows(config: ModelConfig, tokens: list[int], repeats: int) -> list[dic
         x = torch.randn(t, config.hidden_size, generator=torch.Generator().manual_seed(t))
         touched = int(block.route(x)[1].unique().numel())
         torch.testing.assert_close(block(x), all_experts(block, x), atol=1e-4, rtol=1e-4)
-        for name, fn, reads in (("grouped", block, touched), ("per-token", lambda v: per_token(block, v), t * config.num_experts_per_tok),
-                                ("all-experts", lambda v: all_experts(block, v), config.num_experts)):
+        methods = (("grouped", block, touched),
+                   ("per-token", lambda v: per_token(block, v), t * config.num_experts_per_tok),
+                   ("all-experts", lambda v: all_experts(block, v), config.num_experts))
+        for name, fn, reads in methods:
             s = median_s(lambda: fn(x), repeats)
             rows.append({"tokens": t, "method": name, "ms": s * 1e3, "expert_weight_mb": reads * expert_bytes / 1e6,
                          "gb_per_s": reads * expert_bytes / s / 1e9})

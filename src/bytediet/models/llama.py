@@ -28,7 +28,8 @@ class Llama(Architecture):
         heads = int(meta("attention.head_count"))
         moe = self.moe_from_gguf(meta)
         return ModelConfig(
-            architecture="mixtral" if moe and self.name == "llama" else self.name, vocab_size=int(meta("vocab_size", 0)) or int(meta("__vocab_from_tokens", 0)),
+            architecture="mixtral" if moe and self.name == "llama" else self.name,
+            vocab_size=int(meta("vocab_size", 0)) or int(meta("__vocab_from_tokens", 0)),
             hidden_size=hidden, intermediate_size=int(meta("feed_forward_length")),
             num_layers=int(meta("block_count")), num_heads=heads,
             num_kv_heads=int(meta("attention.head_count_kv", heads)),
