@@ -59,7 +59,7 @@ class Architecture:
             target = self.gguf_layer_names.get(part) or GGUF_MOE_NAMES.get(part)
             single = _GGUF_SINGLE_EXPERT.match(part)
             if single:
-                target = f"{GGUF_MOE_NAMES[single.group(1) + '_exps'].format(e=single.group(2))}"
+                target = GGUF_MOE_NAMES[single.group(1) + "_exps"].format(e=single.group(2))
             return f"model.layers.{idx}.{target}.{kind}" if target else None
         target = GGUF_GLOBAL_NAMES.get(stem)
         return f"{target}.{kind}" if target else None
@@ -103,7 +103,7 @@ def moe_from_gguf(meta: Callable[[str, Any], Any], family: str, gating: str, nor
     if func is not None and GGUF_GATING_FUNCS.get(int(func)) != "softmax":
         raise CheckpointError(
             f"{family} MoE: expert_gating_func {GGUF_GATING_FUNCS.get(int(func), func)!r} is not a gating variant "
-            f"bytediet loads (softmax only; rules: {', '.join(_gatings())})")
+            f"bytediet loads (softmax only; rules: {', '.join(GATINGS.names())})")
     return dict(num_experts=experts, num_experts_per_tok=int(meta("expert_used_count")),
                 moe_intermediate_size=int(meta("expert_feed_forward_length", 0) or 0),
                 shared_expert_intermediate_size=int(meta("expert_shared_feed_forward_length", 0) or 0),
@@ -115,11 +115,7 @@ def check_hf_gating(cfg: dict, family: str) -> None:
     scoring = cfg.get("scoring_func", "softmax")
     if scoring != "softmax":
         raise CheckpointError(f"{family} MoE: scoring_func {scoring!r} is not a gating variant bytediet loads "
-                              f"(softmax only; rules: {', '.join(_gatings())})")
-
-
-def _gatings() -> list[str]:
-    return GATINGS.names()
+                              f"(softmax only; rules: {', '.join(GATINGS.names())})")
 
 
 def unpermute_rope(w: np.ndarray, n_heads: int) -> np.ndarray:
