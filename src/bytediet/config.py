@@ -15,10 +15,17 @@ from .errors import ConfigError
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Architecture hyper-parameters of a decoder-only transformer (llama, qwen2 and gemma3 families).
+    """Architecture hyper-parameters of a decoder-only transformer (llama, qwen2, gemma3 and the MoE families).
 
     ``layer_types[i]`` is ``"full"`` or ``"sliding"``; sliding layers attend to the last
     ``sliding_window`` tokens and use ``rope_local_theta`` (gemma3).
+
+    Mixture of experts (mixtral, qwen2_moe, olmoe; ``num_experts > 0``): every layer not in
+    ``dense_layers`` replaces its MLP by ``num_experts`` experts of width ``moe_intermediate_size``, of
+    which a router picks ``num_experts_per_tok`` per token with the gating rule named by ``moe_gating``
+    (``norm_topk_prob``: renormalize the picked weights to sum 1); ``shared_expert_intermediate_size > 0``
+    adds an always-on expert scaled by a sigmoid gate (qwen2_moe). ``qk_norm_per_head`` False normalizes
+    q and k over the whole projection instead of per head (olmoe); ``clip_qkv`` clamps q, k and v (olmoe).
     """
 
     architecture: str
@@ -43,6 +50,16 @@ class ModelConfig:
     qk_norm: bool = False
     sandwich_norm: bool = False  # gemma3: post-attention and post-feed-forward norms
     embedding_scale: float = 1.0
+    qk_norm_per_head: bool = True
+    clip_qkv: Optional[float] = None
+    attention_out_bias: bool = False
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0
+    moe_gating: str = ""
+    norm_topk_prob: bool = False
+    dense_layers: tuple[int, ...] = ()
     name: str = ""
 
     def __post_init__(self) -> None:
@@ -61,6 +78,26 @@ class ModelConfig:
             raise ConfigError("model config: layer_types must name one type per layer")
         if any(t == "sliding" for t in self.layer_types) and not self.sliding_window:
             raise ConfigError("model config: sliding layers need sliding_window")
+        object.__setattr__(self, "dense_layers", tuple(int(i) for i in self.dense_layers))  # JSON gives lists
+        if self.num_experts:
+            self._check_moe()
+
+    def _check_moe(self) -> None:
+        if not 1 <= self.num_experts_per_tok <= self.num_experts:
+            raise ConfigError(f"model config: num_experts_per_tok ({self.num_experts_per_tok}) must be between 1 and "
+                              f"num_experts ({self.num_experts})")
+        if not self.moe_gating:
+            raise ConfigError("model config: a mixture-of-experts model must name its moe_gating rule")
+        if self.moe_intermediate_size <= 0:
+            object.__setattr__(self, "moe_intermediate_size", self.intermediate_size)
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether ``layer``'s feed-forward block is a mixture of experts."""
+        return self.num_experts > 0 and layer not in self.dense_layers
+
+    @property
+    def num_moe_layers(self) -> int:
+        return sum(self.is_moe_layer(i) for i in range(self.num_layers))
 
     @property
     def attention_scale(self) -> float:
@@ -76,15 +113,32 @@ class ModelConfig:
 
     @property
     def num_parameters(self) -> int:
-        """Parameter count (embeddings counted once when tied)."""
+        """Parameter count (embeddings counted once when tied); every expert of a MoE model counts."""
+        return self._parameters(self.num_experts)
+
+    @property
+    def num_active_parameters(self) -> int:
+        """Parameters one token reads: attention, router, its ``num_experts_per_tok`` experts, the shared expert.
+
+        Equal to :attr:`num_parameters` for a dense model (Mixtral-8x7B: 46.7 B total, 12.9 B active).
+        """
+        return self._parameters(self.num_experts_per_tok)
+
+    def _parameters(self, experts: int) -> int:
         h, i, d = self.hidden_size, self.intermediate_size, self.head_dim
         attn = h * d * (self.num_heads * 2 + self.num_kv_heads * 2)
         if self.attention_bias:
             attn += d * (self.num_heads + 2 * self.num_kv_heads)
-        mlp = 3 * h * i
-        norms = h * (4 if self.sandwich_norm else 2) + (2 * d if self.qk_norm else 0)
+        if self.attention_out_bias:
+            attn += h
+        qk = (self.num_heads + self.num_kv_heads) * d if not self.qk_norm_per_head else 2 * d
+        norms = h * (4 if self.sandwich_norm else 2) + (qk if self.qk_norm else 0)
+        moe = self.num_moe_layers
+        moe_mlp = (experts * 3 * h * self.moe_intermediate_size + self.num_experts * h
+                   + (3 * h * self.shared_expert_intermediate_size + h if self.shared_expert_intermediate_size else 0))
         emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
-        return self.num_layers * (attn + mlp + norms) + emb + h
+        return (self.num_layers * (attn + norms) + (self.num_layers - moe) * 3 * h * i + moe * moe_mlp
+                + emb + h)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -9,7 +9,9 @@ from bytediet.perf.models_catalog import MODELS, get_model_config
 PUBLISHED = {  # parameters, from each model card / paper
     "llama-2-7b": 6.74e9, "llama-2-13b": 13.0e9, "llama-2-70b": 69.0e9, "llama-3-8b": 8.03e9,
     "llama-3-70b": 70.6e9, "smollm2-135m": 134.5e6, "gemma-3-270m": 268e6,
+    "mixtral-8x7b": 46.7e9, "qwen1.5-moe-a2.7b": 14.3e9, "olmoe-1b-7b": 6.9e9,
 }
+ACTIVE = {"mixtral-8x7b": 12.9e9, "qwen1.5-moe-a2.7b": 2.7e9, "olmoe-1b-7b": 1.3e9}  # per token, same sources
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
@@ -17,6 +19,13 @@ def test_parameter_counts(name):
     cfg = get_model_config(name)
     assert cfg.name == name
     assert cfg.num_parameters == pytest.approx(PUBLISHED[name], rel=0.01)
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_active_parameter_counts(name):
+    """MoE models read only the top-k experts per token; a dense model reads every parameter."""
+    cfg = get_model_config(name)
+    assert cfg.num_active_parameters == pytest.approx(ACTIVE.get(name, PUBLISHED[name]), rel=0.02)
 
 
 def test_gqa_and_gemma_layout():

@@ -181,3 +181,49 @@ def test_compare_with_measurement():
     assert r["within_20pct"] and r["error_pct"] == pytest.approx(-10)
     assert r["achieved_bandwidth"] == pytest.approx(0.9 * p.decode.bytes / p.decode.time)
     assert not compare_with_measurement(p, 0.5 * p.decode_tokens_per_s)["within_20pct"]
+
+
+# ------------------------------------------------ mixture of experts: active against total parameters
+TINY_MOE = ModelConfig("qwen2_moe", 10, 4, 8, 1, 2, 1, 2, num_experts=4, num_experts_per_tok=2,
+                       moe_intermediate_size=6, shared_expert_intermediate_size=2, moe_gating="softmax-topk")
+
+
+def test_experts_touched_is_k_for_one_token_and_all_for_many():
+    from bytediet.perf.roofline import experts_touched
+
+    assert experts_touched(8, 2, 1) == pytest.approx(2)
+    assert experts_touched(8, 8, 1) == pytest.approx(8)
+    assert experts_touched(64, 8, 512) == pytest.approx(64)
+    assert 2 < experts_touched(8, 2, 4) < 8
+
+
+def test_tiny_moe_decode_by_hand():
+    """One token reads the router, 2 of 4 experts and the shared expert, never all four experts."""
+    p = analyze(TINY_MOE, FAST, weights=8, kv=16, batch=1, context=3)
+    names = [o.name for o in p.decode.ops]
+    assert "mlp_gate" not in names and {"router", "experts", "shared_expert"} <= set(names)
+    expected = {  # a = 2 bytes, weights 1 byte; h = 4, E = 4, k = 2, I_e = 6, I_s = 2
+        "router": (2 * 4 * 4, 4 * 4 * 2 + 4 * 2 + 4 * 2),
+        "experts": (2 * 2 * 3 * 4 * 6, 2 * 3 * 4 * 6 + 2 * (3 * 4 + 3 * 6) * 2),
+        "shared_expert": (2 * (3 * 4 * 2 + 4), 3 * 4 * 2 + 4 * 2 + (3 * 4 + 3 * 2) * 2),
+    }
+    for name, (flops, nbytes) in expected.items():
+        op = p.decode.op(name)
+        assert (op.flops, op.bytes) == (flops, nbytes), name
+    # a long prefill touches every expert: 4 experts' weights, not 2
+    long = analyze(TINY_MOE, FAST, weights=8, kv=16, batch=1, context=200).prefill.op("experts")
+    assert long.bytes == pytest.approx(4 * 3 * 4 * 6 + 200 * 2 * (3 * 4 + 3 * 6) * 2, rel=1e-6)
+
+
+def test_mixtral_decode_reads_active_not_total_weights():
+    cfg = get_model_config("mixtral-8x7b")
+    p = analyze(cfg, get_hardware("h100-sxm"), weights=16, kv=16, batch=1, context=1)
+    weight_ops = ("qkv", "o_proj", "router", "experts", "lm_head")
+    moved = sum(p.decode.op(n).bytes for n in weight_ops)
+    table = cfg.vocab_size * cfg.hidden_size  # the untied embedding table: only one row is read
+    norms = cfg.num_layers * 2 * cfg.hidden_size + cfg.hidden_size
+    assert moved == pytest.approx(2 * (cfg.num_active_parameters - table - norms), rel=1e-3)
+    assert p.weights_bytes == pytest.approx(2 * cfg.num_parameters, rel=1e-3)  # memory holds every expert
+    assert p.to_dict()["num_active_parameters"] == cfg.num_active_parameters
+    dense_like = analyze(cfg, get_hardware("h100-sxm"), weights=16, kv=16, batch=1024, context=1)
+    assert dense_like.decode.op("experts").bytes > 3.5 * p.decode.op("experts").bytes  # all 8 experts at batch 1024

@@ -71,6 +71,9 @@ def scale_groups(block: nn.Module, prefix: str, which: tuple[str, ...] = ("o", "
     """The foldable groups of one decoder block, in ``which`` order (o before qkv and down before gate_up:
     a group whose scales touch another group's weights is searched first)."""
     attn, mlp = block.self_attn, block.mlp
+    if not hasattr(mlp, "up_proj") and {"down", "gate_up"} & set(which):
+        raise ConfigError(f"{prefix}: scale folding (AWQ, SmoothQuant) covers a dense MLP and this layer is a mixture "
+                          f"of experts; quantize it without --calibrate (round to nearest)")
     mlp_norm, mlp_norm_name = ((block.pre_feedforward_layernorm, "pre_feedforward_layernorm") if block.sandwich
                                else (block.post_attention_layernorm, "post_attention_layernorm"))
     a, m = f"{prefix}.self_attn", f"{prefix}.mlp"
@@ -79,10 +82,11 @@ def scale_groups(block: nn.Module, prefix: str, which: tuple[str, ...] = ("o", "
                         attn.num_heads // attn.num_kv_heads, attn.head_dim),
         "qkv": ScaleGroup(f"{prefix}.qkv", f"{prefix}.input_layernorm", block.input_layernorm,
                           [(f"{a}.q_proj", attn.q_proj), (f"{a}.k_proj", attn.k_proj), (f"{a}.v_proj", attn.v_proj)]),
-        "down": ScaleGroup(f"{prefix}.down", f"{m}.up_proj", mlp.up_proj, [(f"{m}.down_proj", mlp.down_proj)]),
-        "gate_up": ScaleGroup(f"{prefix}.gate_up", f"{prefix}.{mlp_norm_name}", mlp_norm,
-                              [(f"{m}.gate_proj", mlp.gate_proj), (f"{m}.up_proj", mlp.up_proj)]),
     }
+    if hasattr(mlp, "up_proj"):  # a dense MLP (a mixture of experts has none to fold into)
+        groups["down"] = ScaleGroup(f"{prefix}.down", f"{m}.up_proj", mlp.up_proj, [(f"{m}.down_proj", mlp.down_proj)])
+        groups["gate_up"] = ScaleGroup(f"{prefix}.gate_up", f"{prefix}.{mlp_norm_name}", mlp_norm,
+                                       [(f"{m}.gate_proj", mlp.gate_proj), (f"{m}.up_proj", mlp.up_proj)])
     unknown = set(which) - set(groups)
     if unknown:
         raise ConfigError(f"unknown scale groups {sorted(unknown)}; choose from {', '.join(groups)}")

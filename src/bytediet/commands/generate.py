@@ -74,7 +74,8 @@ def generation_summary(llm, n_prompt: int, n_out: int, ttft: float, total: float
     decode_time = max(total - ttft, 1e-9)
     decode_tps = (n_out - 1) / decode_time if n_out > 1 else 0.0
     weight_bytes = llm.model.weight_bytes()
-    achieved = weight_bytes * decode_tps  # batch 1: every decode step reads every weight once
+    # batch 1: every decode step reads every weight once (a MoE model: only the top-k experts)
+    achieved = llm.model.decode_weight_bytes() * decode_tps
     peak = this_machine(measure_if_missing=True, threads=llm.config.num_threads or 2).memory_bandwidth
     return {
         "prompt_tokens": n_prompt, "generated_tokens": n_out, "ttft_s": ttft, "total_s": total,

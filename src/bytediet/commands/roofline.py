@@ -93,7 +93,8 @@ def run(args: argparse.Namespace) -> int:
                      prompt_len=args.prompt_len, tp=args.tp, compute_dtype=args.compute)
              for hw in hardware.values() for b in batches]
     result: dict[str, Any] = {
-        "model": config.to_dict() | {"num_parameters": config.num_parameters},
+        "model": config.to_dict() | {"num_parameters": config.num_parameters,
+                                     "num_active_parameters": config.num_active_parameters},
         "weights": w_label, "kv": kv_label, "context": args.context, "tp": args.tp,
         "hardware": {i: hw.to_dict() for i, hw in hardware.items()},
         "predictions": [p.to_dict() for p in preds],
@@ -141,7 +142,9 @@ def _print_tables(result: dict, preds: list, args: argparse.Namespace) -> None:
 
     console = Console(width=None if Console().is_terminal else 150)
     cfg = result["model"]
-    console.print(f"[bold]{cfg['name'] or args.model}[/]: {cfg['num_parameters'] / 1e9:.2f} B parameters, "
+    active = cfg.get("num_active_parameters", cfg["num_parameters"])
+    moe = f" ({active / 1e9:.2f} B active per token)" if active != cfg["num_parameters"] else ""
+    console.print(f"[bold]{cfg['name'] or args.model}[/]: {cfg['num_parameters'] / 1e9:.2f} B parameters{moe}, "
                   f"weights {result['weights']}, KV {result['kv']}, context {args.context}, tp {args.tp}")
     t = Table(title="roofline prediction (per device, per batch)")
     for col in ("hardware", "batch", "weights GB", "KV GB", "fits", "max batch", "chips needed", "TTFT ms",

@@ -203,8 +203,8 @@ class SpeedTask(EvalTask):
         weight_bytes = subject.model.weight_bytes()
         kv_per_token = get_kv_codec(subject.kv_cache_dtype, subject.model.dtype).bytes_per_token(
             c.num_kv_heads, c.head_dim) * c.num_layers
-        # per decode step: all weights + the KV of the (average) context
-        step_bytes = weight_bytes + kv_per_token * (len(prompt) + s.speed_new_tokens / 2)
+        # per decode step: all weights (a MoE model: its top-k experts) + the KV of the (average) context
+        step_bytes = subject.model.decode_weight_bytes() + kv_per_token * (len(prompt) + s.speed_new_tokens / 2)
         peak, current = _rss_bytes()
         ceiling = _measured_read_bandwidth()
         achieved = step_bytes * decode_tps

@@ -68,8 +68,9 @@ class GGUFCheckpoint:
         try:
             self.arch: Architecture = ARCHITECTURES.get(arch_name)()
         except KeyError:
+            kind = "MoE family" if self.field(f"{arch_name}.expert_count", 0) else "architecture"
             raise CheckpointError(
-                f"{self.path}: unsupported architecture {arch_name!r}; bytediet loads {', '.join(ARCHITECTURES.names())}"
+                f"{self.path}: unsupported {kind} {arch_name!r}; bytediet loads {', '.join(ARCHITECTURES.names())}"
             ) from None
         self.config = self._read_config()
 
@@ -91,7 +92,7 @@ class GGUFCheckpoint:
                 )
 
     def _read_config(self) -> ModelConfig:
-        arch = self.arch.name
+        arch = self.field("general.architecture")  # the key prefix (qwen2moe for the qwen2_moe adapter)
         names = {t.name for t in self.reader.tensors}
         extra = {
             "__has_output": "output.weight" in names,
@@ -107,9 +108,14 @@ class GGUFCheckpoint:
             return self.field(f"{arch}.{key}", default)
 
         try:
-            return self.arch.config_from_gguf(meta)
+            config = self.arch.config_from_gguf(meta)
         except (KeyError, TypeError, ValueError) as exc:
             raise CheckpointError(f"{self.path}: cannot read the {arch} configuration: {exc}") from exc
+        experts = int(self.field(f"{arch}.expert_count", 0) or 0)
+        if experts and not config.num_experts:
+            raise CheckpointError(f"{self.path}: {arch} with {experts} experts is not an MoE family bytediet "
+                                  f"loads (MoE families: mixtral as llama, qwen2moe, olmoe)")
+        return config
 
     def tensors(self) -> Iterator[GGUFTensor]:
         """Tensors in file order, with HF-style names; tensors the model does not use are skipped."""
@@ -118,6 +124,11 @@ class GGUFCheckpoint:
             if name is None:
                 continue
             shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+            if "{e}" in name:  # all experts stacked (n_expert, out, in): blocks run along `in`, so slice rows
+                data = t.data.reshape(shape[0], -1, t.data.shape[-1])
+                for e in range(shape[0]):
+                    yield GGUFTensor(t.name, name.format(e=e), shape[1:], t.tensor_type, data[e])
+                continue
             yield GGUFTensor(t.name, name, shape, t.tensor_type, t.data)
 
     def tensor_types(self) -> dict[str, str]:

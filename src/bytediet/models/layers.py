@@ -149,26 +149,36 @@ def _scale_frequencies(inv_freq: torch.Tensor, scaling: Optional[dict]) -> torch
 
 
 class Attention(nn.Module):
-    """Grouped-query attention over a paged KV cache; optional q/k RMSNorm (gemma3) and q/k/v bias (qwen2)."""
+    """Grouped-query attention over a paged KV cache; optional q/k RMSNorm per head (gemma3) or over the
+    whole projection (``qk_norm_per_head=False``, olmoe), q/k/v bias (qwen2), output bias and a q/k/v
+    clamp (``clip``, olmoe)."""
 
     def __init__(self, hidden: int, num_heads: int, num_kv_heads: int, head_dim: int, *, bias: bool,
-                 qk_norm_eps: Optional[float], rope: RotaryEmbedding, scale: float, window: Optional[int]) -> None:
+                 qk_norm_eps: Optional[float], rope: RotaryEmbedding, scale: float, window: Optional[int],
+                 qk_norm_per_head: bool = True, clip: Optional[float] = None, out_bias: bool = False) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.q_proj = Linear(hidden, num_heads * head_dim, bias)
         self.k_proj = Linear(hidden, num_kv_heads * head_dim, bias)
         self.v_proj = Linear(hidden, num_kv_heads * head_dim, bias)
-        self.o_proj = Linear(num_heads * head_dim, hidden, False)
-        self.q_norm = RMSNorm(head_dim, qk_norm_eps) if qk_norm_eps is not None else None
-        self.k_norm = RMSNorm(head_dim, qk_norm_eps) if qk_norm_eps is not None else None
+        self.o_proj = Linear(num_heads * head_dim, hidden, out_bias)
+        q_dim, k_dim = (head_dim, head_dim) if qk_norm_per_head else (num_heads * head_dim, num_kv_heads * head_dim)
+        self.q_norm = RMSNorm(q_dim, qk_norm_eps) if qk_norm_eps is not None else None
+        self.k_norm = RMSNorm(k_dim, qk_norm_eps) if qk_norm_eps is not None else None
+        self.qk_norm_per_head, self.clip = qk_norm_per_head, clip
         self.rope, self.scale, self.window = rope, scale, window
 
     def forward(self, x: torch.Tensor, meta: AttentionMetadata, cache: LayerKVCache) -> torch.Tensor:
         t = x.shape[0]  # x: (T, hidden)
-        q = self.q_proj(x).view(t, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)  # (T, H·D), (T, KV·D), (T, KV·D)
+        if self.q_norm is not None and not self.qk_norm_per_head:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if self.clip is not None:
+            q, k, v = (a.clamp(-self.clip, self.clip) for a in (q, k, v))
+        q = q.view(t, self.num_heads, self.head_dim)
+        k = k.view(t, self.num_kv_heads, self.head_dim)
+        v = v.view(t, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.qk_norm_per_head:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rope(q, meta.positions), self.rope(k, meta.positions)
         cache.write(k, v, meta.slot_mapping, meta.positions)

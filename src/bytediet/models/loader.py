@@ -257,6 +257,8 @@ def _assign_plain(module: torch.nn.Module, kind: str, tensor: torch.Tensor, name
     current = getattr(module, kind, None)
     if current is None:
         raise CheckpointError(f"{source}: module for {name!r} has no {kind!r}")
+    if tuple(current.shape) != tuple(tensor.shape) and current.squeeze().shape == tensor.squeeze().shape:
+        tensor = tensor.reshape(current.shape)  # llama.cpp stores qwen2moe's (1, hidden) shared-expert gate as (hidden,)
     if tuple(current.shape) != tuple(tensor.shape):
         raise CheckpointError(f"{source}: tensor {name!r} has shape {tuple(tensor.shape)}, expected {tuple(current.shape)}")
     setattr(module, kind, torch.nn.Parameter(tensor, requires_grad=False))

@@ -60,6 +60,12 @@ def why_not_native(model: CausalLM, caches: list) -> Optional[str]:
     """None when the native decode step covers this model and these caches, else the reason it does not."""
     if getattr(model, "tensor_parallel", None):
         return "tensor parallel (the native step has no collectives)"
+    c = model.config
+    if c.num_experts:
+        return (f"mixture-of-experts model ({c.architecture}, {c.num_experts} experts, top-{c.num_experts_per_tok}): "
+                "the native step has no router, so experts run token-grouped on the module path")
+    if c.qk_norm and not c.qk_norm_per_head or c.clip_qkv is not None or c.attention_out_bias:
+        return "q/k norm over the whole projection, q/k/v clamp or output bias (olmoe attention): module path only"
     if ops.native_library() is None:
         return "no native kernels on this machine"
     if model.dtype != torch.float32:

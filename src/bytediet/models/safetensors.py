@@ -46,13 +46,19 @@ class HFCheckpoint:
         try:
             self.arch: Architecture = ARCHITECTURES.get(model_type)()
         except KeyError:
+            moe = any(self.hf_config.get(k) for k in ("num_experts", "num_local_experts", "n_routed_experts"))
             raise CheckpointError(
-                f"{cfg_path}: unsupported model_type {model_type!r}; bytediet loads {', '.join(ARCHITECTURES.names())}"
+                f"{cfg_path}: unsupported {'MoE family' if moe else 'model_type'} {model_type!r}; "
+                f"bytediet loads {', '.join(ARCHITECTURES.names())}"
             ) from None
         try:
             self.config: ModelConfig = self.arch.config_from_hf(self.hf_config)
         except KeyError as exc:
             raise CheckpointError(f"{cfg_path}: missing key {exc}") from exc
+        experts = max(int(self.hf_config.get(k) or 0) for k in ("num_experts", "num_local_experts", "n_routed_experts"))
+        if experts and not self.config.num_experts:
+            raise CheckpointError(f"{cfg_path}: model_type {model_type!r} with {experts} experts is not an MoE family "
+                                  f"bytediet loads (MoE families: mixtral, qwen2_moe, olmoe)")
         self.files = self._weight_files()
 
     def _weight_files(self) -> list[Path]:
@@ -79,6 +85,7 @@ class HFCheckpoint:
             with handle:
                 for name in handle.keys():
                     hf_name = name[len("language_model."):] if name.startswith("language_model.") else name
+                    hf_name = self.arch.hf_name_to_module(hf_name)
                     if "rotary_emb" in hf_name:
                         continue
                     t = handle.get_tensor(name)

@@ -1,4 +1,4 @@
-"""The decoder-only transformer shared by the llama, qwen2 and gemma3 families.
+"""The decoder-only transformer shared by the llama, qwen2, gemma3 and mixture-of-experts families.
 
 Module names follow Hugging Face (``model.layers.3.self_attn.q_proj``) so HF checkpoints map 1:1
 and per-module overrides read naturally. The forward pass works on a flat ragged batch of tokens
@@ -15,6 +15,7 @@ import torch.nn as nn
 from ..config import ModelConfig
 from ..kvcache.base import AttentionMetadata, LayerKVCache, default_block_size, get_kv_codec
 from .layers import MLP, Attention, Linear, RMSNorm, RotaryEmbedding
+from .moe import SparseMoE
 
 
 class DecoderLayer(nn.Module):
@@ -28,8 +29,12 @@ class DecoderLayer(nn.Module):
             config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim,
             bias=config.attention_bias, qk_norm_eps=config.rms_norm_eps if config.qk_norm else None,
             rope=rope, scale=config.attention_scale, window=config.window_for(layer),
+            qk_norm_per_head=config.qk_norm_per_head, clip=config.clip_qkv, out_bias=config.attention_out_bias,
         )
-        self.mlp = MLP(config.hidden_size, config.intermediate_size, config.hidden_act)
+        if config.is_moe_layer(layer):
+            self.mlp = SparseMoE(config)
+        else:
+            self.mlp = MLP(config.hidden_size, config.intermediate_size, config.hidden_act)
         eps = config.rms_norm_eps
         self.input_layernorm = RMSNorm(config.hidden_size, eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps)
@@ -130,6 +135,18 @@ class CausalLM(nn.Module):
             seen.add(t.data_ptr())
             total += t.numel() * t.element_size()
         return total
+
+    def decode_weight_bytes(self) -> int:
+        """Bytes of weights one single-token step reads: :meth:`weight_bytes` less, in each MoE layer, the
+        E − k experts the token is not routed to (each expert's bytes averaged: formats may differ per
+        expert). Equal to :meth:`weight_bytes` for a dense model; the numerator of achieved GB/s."""
+        total = float(self.weight_bytes())
+        for layer in self.model.layers:
+            if isinstance(layer.mlp, SparseMoE):
+                sizes = [sum(t.numel() * t.element_size() for t in (*e.parameters(), *e.buffers()))
+                         for e in layer.mlp.experts]
+                total -= (len(sizes) - layer.mlp.top_k) * sum(sizes) / len(sizes)
+        return int(total)
 
     def new_caches(self, num_blocks: int, block_size: int = 16, kv_codec: str = "auto") -> list[LayerKVCache]:
         """Allocate one paged cache per layer with the named codec."""

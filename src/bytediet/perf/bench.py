@@ -226,9 +226,10 @@ def measure_single(system: System, ctx: BenchContext) -> dict:
     out = {"prefill_tokens": c.prefill_len, "prefill_ttft_s": ttft, "prefill_tokens_per_s": c.prefill_len / ttft,
            "decode_prompt_tokens": c.decode_prompt_len, "decode_tokens": run.output_tokens,
            "decode_ttft_s": run.ttft_s, "decode_tokens_per_s": decode_tps}
-    weight_bytes = system.info().get("weight_bytes")
+    info = system.info()
+    weight_bytes = info.get("decode_weight_bytes") or info.get("weight_bytes")
     if weight_bytes:
-        achieved = weight_bytes * decode_tps  # batch 1: each decode step reads every weight once
+        achieved = weight_bytes * decode_tps  # batch 1: each decode step reads every weight once (MoE: top-k experts)
         out["achieved_weight_gb_per_s"] = achieved / 1e9
         if ctx.read_bandwidth:
             out["fraction_of_read_bandwidth"] = achieved / ctx.read_bandwidth

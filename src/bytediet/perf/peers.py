@@ -62,7 +62,8 @@ class BytedietSystem:
     def info(self) -> dict:
         formats = self.model.weight_formats()
         return {"system": "bytediet", "source": getattr(self.model, "source_path", None), "weights": ",".join(formats),
-                "weight_bytes": self.model.weight_bytes(), "kv_cache_dtype": self.kv_codec().describe(self.model.config.head_dim),
+                "weight_bytes": self.model.weight_bytes(), "decode_weight_bytes": self.model.decode_weight_bytes(),
+                "kv_cache_dtype": self.kv_codec().describe(self.model.config.head_dim),
                 "threads": self.threads, "max_num_batched_tokens": self.max_num_batched_tokens,
                 "concurrency_mode": "continuous batching (max_num_seqs = concurrency)", "kernels": self.kernels()}
 

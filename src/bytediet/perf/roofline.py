@@ -20,6 +20,21 @@ embedding  0                            T·h·bpw/8 (rows gathered) + T·h·a
 norms      4·T·h per norm               2·T·h·a per norm (+ its weight)
 =========  ===========================  =======================================================
 
+Mixture-of-experts layers (``num_experts`` E > 0, top-k, expert width I_e, shared width I_s) replace the
+three mlp operators by:
+
+=============  ====================  ==========================================================
+router         2·T·h·E               E·h·a (kept in the compute dtype) + T·h·a + T·E·a
+experts        2·T·k·3·h·I_e         U(T)·3·h·I_e·bpw/8 + T·k·(3h + 3I_e)·a
+shared_expert  2·T·(3·h·I_s + h)     3·h·I_s·bpw/8 + h·a + T·(3h + 3I_s)·a
+=============  ====================  ==========================================================
+
+U(T) = E·(1 − (1 − k/E)^T) is the expected number of distinct experts that T tokens touch when each
+picks k of E uniformly (balls into bins): k at a single-token decode step, all E for a long prefill.
+The engine runs each touched expert once per step for all its tokens, so a decode step moves
+attention + router + k experts + the shared expert, not all E experts (``active`` against ``total``
+parameters: :attr:`~bytediet.config.ModelConfig.num_active_parameters`).
+
 P is the number of (query, key) pairs per sequence: C at decode (the context, new token included),
 L(L+1)/2 for a causal prefill, both clipped by a sliding window. Residual adds and the gated
 activation are assumed fused into the neighbouring GEMMs. ``a`` = activation bytes (4 for fp32
@@ -78,16 +93,44 @@ def causal_pairs(length: int, window: Optional[int]) -> int:
     return w * (w + 1) // 2 + (length - w) * w
 
 
+def _mlp_shapes(hidden: int, inter: int) -> list[tuple[int, int]]:
+    return [(inter, hidden), (inter, hidden), (hidden, inter)] if inter else []
+
+
+def linear_shapes(config: ModelConfig, experts: Optional[int] = None) -> list[tuple[tuple[int, int], int]]:
+    """``((out, in), count)`` of every quantizable linear weight of the layer stack (not the embeddings).
+
+    ``experts``: how many experts of each MoE layer to count (all of them by default).
+    """
+    h, d = config.hidden_size, config.head_dim
+    attn = [(config.num_heads * d, h), (config.num_kv_heads * d, h), (config.num_kv_heads * d, h),
+            (h, config.num_heads * d)]
+    moe = config.num_moe_layers
+    out = [(s, config.num_layers) for s in attn] + [(s, config.num_layers - moe)
+                                                    for s in _mlp_shapes(h, config.intermediate_size)]
+    if moe:
+        e = config.num_experts if experts is None else experts
+        out += [(s, moe * e) for s in _mlp_shapes(h, config.moe_intermediate_size)]
+        out += [(s, moe) for s in _mlp_shapes(h, config.shared_expert_intermediate_size)]
+    return out
+
+
 def weights_bytes(config: ModelConfig, weights: WeightsLike, norm_bytes: float = 2.0) -> float:
-    """Bytes of every stored weight: linear layers and embeddings at the format's bits, norms at ``norm_bytes``."""
-    h, d, i, v = config.hidden_size, config.head_dim, config.intermediate_size, config.vocab_size
-    shapes = [(config.num_heads * d, h), (config.num_kv_heads * d, h), (config.num_kv_heads * d, h),
-              (h, config.num_heads * d), (i, h), (i, h), (h, i)]
-    per_layer = sum(o * n * weight_bits(weights, o, n) / 8 for o, n in shapes)
+    """Bytes of every stored weight: linear layers (every expert) and embeddings at the format's bits; norms,
+    routers and shared-expert gates at ``norm_bytes``."""
+    h, v = config.hidden_size, config.vocab_size
+    shapes = linear_shapes(config)
+    linear = sum(count * o * n * weight_bits(weights, o, n) / 8 for (o, n), count in shapes)
     emb = v * h * weight_bits(weights, v, h) / 8 * (1 if config.tie_word_embeddings else 2)
-    norm_params = config.num_parameters - config.num_layers * sum(o * n for o, n in shapes) \
+    norm_params = config.num_parameters - sum(count * o * n for (o, n), count in shapes) \
         - v * h * (1 if config.tie_word_embeddings else 2)
-    return config.num_layers * per_layer + emb + norm_params * norm_bytes
+    return linear + emb + norm_params * norm_bytes
+
+
+def experts_touched(num_experts: int, top_k: int, tokens: int) -> float:
+    """Expected distinct experts that ``tokens`` tokens route to, each picking ``top_k`` of ``num_experts``
+    uniformly: E·(1 − (1 − k/E)^T) (k for one token, → E as T grows)."""
+    return num_experts * (1.0 - (1.0 - top_k / num_experts) ** tokens)
 
 
 @dataclass(frozen=True)
@@ -251,9 +294,8 @@ def _phase(ctx: _Ctx, phase: str, batch: int, q_per_seq: int, pairs: list[int], 
         ctx.linear("qkv", t, h, (c.num_heads + 2 * c.num_kv_heads) * d, nl, column=True),
         ctx.attention(batch, q_per_seq, pairs, kv_read, kv_written=q_per_seq),
         ctx.linear("o_proj", t, c.num_heads * d, h, nl, column=False),
-        ctx.linear("mlp_gate", t, h, i, nl, column=True),
-        ctx.linear("mlp_up", t, h, i, nl, column=True),
-        ctx.linear("mlp_down", t, i, h, nl, column=False),
+        *_mlp_ops(ctx, t, nl - c.num_moe_layers),
+        *(_moe_ops(ctx, t) if c.num_moe_layers else ()),
         ctx.cost("norms", (nl * norms_per_layer + 1) * 4 * t * h, norm_bytes),
         ctx.linear("lm_head", batch, h, v, 1, column=True),
     )
@@ -264,6 +306,31 @@ def _phase(ctx: _Ctx, phase: str, batch: int, q_per_seq: int, pairs: list[int], 
             raise ConfigError(f"{ctx.hw.id} has no interconnect bandwidth in the catalogue; use --tp 1")
         allreduce = nl * 2 * (2 * (ctx.tp - 1) / ctx.tp) * t * h * ctx.act / link
     return PhaseCost(phase, t, ops, allreduce)
+
+
+def _mlp_ops(ctx: _Ctx, t: int, layers: int) -> tuple[OpCost, ...]:
+    """The dense gated MLP of ``layers`` layers (none in an all-MoE model)."""
+    h, i = ctx.cfg.hidden_size, ctx.cfg.intermediate_size
+    if not layers:
+        return ()
+    return (ctx.linear("mlp_gate", t, h, i, layers, column=True), ctx.linear("mlp_up", t, h, i, layers, column=True),
+            ctx.linear("mlp_down", t, i, h, layers, column=False))
+
+
+def _moe_ops(ctx: _Ctx, t: int) -> tuple[OpCost, ...]:
+    """Router, routed experts and shared expert of every MoE layer for a step of ``t`` tokens (table above)."""
+    c, n, a = ctx.cfg, ctx.tp, ctx.act
+    h, e, k, ie, layers = c.hidden_size, c.num_experts, c.num_experts_per_tok, c.moe_intermediate_size, c.num_moe_layers
+    router = ctx.cost("router", layers * 2 * t * h * e, layers * (e * h * a + t * h * a + t * e * a))
+    expert_w = 3 * h * ie * weight_bits(ctx.weights, ie, h) / 8 / n
+    ops = [router, ctx.cost("experts", layers * 2 * t * k * 3 * h * ie / n,
+                            layers * (experts_touched(e, k, t) * expert_w + t * k * (3 * h + 3 * ie / n) * a))]
+    i_s = c.shared_expert_intermediate_size
+    if i_s:
+        w = 3 * h * i_s * weight_bits(ctx.weights, i_s, h) / 8 / n + h * a
+        ops.append(ctx.cost("shared_expert", layers * 2 * t * (3 * h * i_s / n + h),
+                            layers * (w + t * (3 * h + 3 * i_s / n) * a)))
+    return tuple(ops)
 
 
 def analyze(config: ModelConfig, hardware: HardwareSpec, *, weights: WeightsLike = 16.0, kv: KVLike = 16.0,
@@ -297,6 +364,7 @@ def analyze(config: ModelConfig, hardware: HardwareSpec, *, weights: WeightsLike
         kv_bytes_per_token=kv_token_layer * config.num_layers, kv_bytes=batch * kv_per_seq,
         capacity_bytes=capacity, max_batch=max(0, int((capacity - w_bytes) // kv_per_seq)),
         chips_to_hold=hardware.chips_to_hold(w_bytes + batch * kv_per_seq), prefill=prefill, decode=decode,
+        extra={"num_parameters": config.num_parameters, "num_active_parameters": config.num_active_parameters},
     )
 
 
