@@ -13,7 +13,7 @@ from . import awq  # noqa: E402,F401  isort: skip
 from . import gptq  # noqa: E402,F401  isort: skip
 from . import smoothquant  # noqa: E402,F401  isort: skip
 from . import wanda  # noqa: E402,F401  isort: skip
-from . import sparsegpt  # noqa: E402,F401  isort: skip  (after wanda: `optimize --quick` keeps the first per family)
+from . import sparsegpt  # noqa: E402,F401  isort: skip
 
 __all__ = ["CALIBRATION_METHODS", "CalibrationConfig", "calibrate_and_quantize", "calibration_method_names",
            "get_calibration_method"]
