@@ -2,10 +2,11 @@
 
 A *progress function* ``progress(items, desc) → iterator`` wraps a loop: :func:`no_progress` iterates
 silently, :func:`rich_progress` shows one transient bar (calibration, evaluation). :class:`Bars` keeps
-one bar per step of a longer run (``bytediet optimize``).
+one bar per step of a longer run (``bytediet optimize``). :func:`rich_meter` is a bar with figures (training).
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import Callable, Iterator, Sequence
 
 Progress = Callable[[Sequence, str], Iterator]
@@ -74,3 +75,37 @@ class _Spin:
     def __exit__(self, *exc) -> None:
         if self.bars.enabled and exc[0] is None:
             self.bars.bar.update(self.task, completed=1)
+
+
+class Meter:
+    """A counted loop whose bar also shows a line of figures (training: loss, tokens seen)."""
+
+    def advance(self, info: str = "") -> None:
+        """One more step done; ``info`` replaces the figures shown after the description."""
+
+
+class _RichMeter(Meter):
+    def __init__(self, bar, task, desc: str) -> None:
+        self.bar, self.task, self.desc = bar, task, desc
+
+    def advance(self, info: str = "") -> None:
+        self.bar.update(self.task, advance=1, description=f"{self.desc} {info}".rstrip())
+
+
+@contextmanager
+def rich_meter(total: int, desc: str, completed: int = 0) -> Iterator[Meter]:
+    """A rich bar on stderr from ``completed`` to ``total`` whose text :meth:`Meter.advance` updates."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, \
+        TimeElapsedColumn, TimeRemainingColumn
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TimeRemainingColumn())
+    with RichProgress(*columns, console=Console(stderr=True)) as bar:
+        yield _RichMeter(bar, bar.add_task(desc, total=total, completed=completed), desc)
+
+
+@contextmanager
+def no_meter(total: int, desc: str, completed: int = 0) -> Iterator[Meter]:
+    """No display."""
+    yield Meter()

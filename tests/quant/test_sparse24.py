@@ -11,6 +11,7 @@ from bytediet.calibrate.wanda import wanda_model
 from bytediet.errors import ConfigError
 from bytediet.models.quantize import QuantizeConfig, quantize
 from bytediet.quant import get_weight_format
+from bytediet.kernels.reference import sparse24_matmul
 from bytediet.quant.sparse24 import densify, keep_mask, pack_positions, unpack_positions
 from tests.conftest import model_from_state, random_state, tiny_config
 
@@ -48,6 +49,51 @@ def test_positions_round_trip_every_pattern():
     assert torch.equal(dense[mask].reshape(6, 12), values)
 
 
+@settings(max_examples=25, deadline=None)
+@given(rows=st.integers(1, 7), groups=st.integers(1, 9), seed=st.integers(0, 2**16))
+def test_compressed_layout_round_trip_is_exact_and_every_group_has_two_zeros(rows, groups, seed):
+    """Any k = 4·groups (odd group counts leave half a byte of padding): values + index give back the weight."""
+    gen = torch.Generator().manual_seed(seed)
+    w = torch.randn(rows, 4 * groups, generator=gen).half().float()  # fp16-exact values
+    for spec in ("sparse24", "sparse24-int8"):
+        fmt = get_weight_format(spec)
+        packed = fmt.quantize(w)
+        assert packed["values"].shape == (rows, 2 * groups) and packed["index"].shape == (rows, (groups + 1) // 2)
+        mask = fmt.mask(packed)
+        assert (mask.reshape(rows, groups, 4).sum(-1) == 2).all()  # exactly 2 kept, 2 zeros, in every group
+        again = fmt.pack(fmt.dequantize(packed), mask)  # repacking the decoded weight is the identity
+        assert all(torch.equal(packed[key], again[key]) for key in packed)
+        if spec == "sparse24":
+            assert torch.equal(fmt.dequantize(packed), torch.where(mask, w, torch.zeros_like(w)))
+
+
+@pytest.mark.parametrize("spec", ["sparse24", "sparse24-int8"])
+@pytest.mark.parametrize("k", [8, 12, 576])
+def test_reference_matmul_from_the_compressed_layout_equals_the_dense_masked_matmul(spec, k):
+    gen = torch.Generator().manual_seed(k)
+    w, x = torch.randn(24, k, generator=gen), torch.randn(5, k, generator=gen)
+    fmt = get_weight_format(spec)
+    packed = fmt.quantize(w)
+    dense = fmt.dequantize(packed)  # the masked weight: zeros outside the kept positions
+    got = sparse24_matmul(x, packed["values"], packed["index"], packed.get("scale"))
+    assert torch.allclose(got, x @ dense.t(), rtol=1e-5, atol=1e-5)
+    assert torch.allclose(fmt.apply(x, packed), got, rtol=1e-5, atol=1e-5)
+
+
+def test_unstructured_half_keeps_the_larger_half_of_each_row_in_9_bits():
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(6, 20, generator=gen)
+    fmt = get_weight_format("sparse50")
+    packed = fmt.quantize(w)
+    mask = fmt.mask(packed)
+    assert (mask.sum(1) == 10).all()
+    kept_min = torch.where(mask, w.abs(), torch.full_like(w, 1e9)).amin(1)
+    dropped_max = torch.where(mask, torch.zeros_like(w), w.abs()).amax(1)
+    assert (dropped_max <= kept_min).all()
+    assert torch.equal(fmt.dequantize(packed), torch.where(mask, w.half().float(), torch.zeros_like(w)))
+    assert fmt.bits_per_weight(6, 20) == 9.0
+
+
 def test_wanda_metric_weighs_by_the_input_norm():
     w = torch.tensor([[1.0, 0.9, 0.2, 0.1, 1.0, 0.9, 0.2, 0.1]])
     norms = torch.tensor([1.0, 1.0, 10.0, 10.0, 1.0, 1.0, 1.0, 1.0])
@@ -56,8 +102,11 @@ def test_wanda_metric_weighs_by_the_input_norm():
 
 
 def test_bad_shapes_and_settings():
-    with pytest.raises(ConfigError, match="does not divide"):
-        get_weight_format("sparse24").quantize(torch.randn(4, 12))
+    for spec in ("sparse24", "sparse24-int8"):
+        with pytest.raises(ConfigError, match=f"{spec} needs in_features divisible by 4, got 10.*--skip"):
+            get_weight_format(spec).quantize(torch.randn(4, 10))
+    with pytest.raises(ConfigError, match="sparse50 needs in_features divisible by 2, got 7"):
+        get_weight_format("sparse50").quantize(torch.randn(4, 7))
     with pytest.raises(ConfigError, match="no parameters"):
         get_weight_format("sparse24-g8")
 

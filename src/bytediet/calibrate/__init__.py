@@ -1,5 +1,5 @@
 """Tools that change a model, above the model and the engine: weight calibration (AWQ, GPTQ, SmoothQuant,
-Wanda), scale folding, mixed precision, KV-codec calibration and GGUF export.
+Wanda, SparseGPT), scale folding, mixed precision, KV-codec calibration and GGUF export.
 
 Calibration methods are chosen by name from :data:`CALIBRATION_METHODS`; each registers itself when this
 package is imported. Methods take token windows; the caller cuts them from a corpus
@@ -13,6 +13,7 @@ from . import awq  # noqa: E402,F401  isort: skip
 from . import gptq  # noqa: E402,F401  isort: skip
 from . import smoothquant  # noqa: E402,F401  isort: skip
 from . import wanda  # noqa: E402,F401  isort: skip
+from . import sparsegpt  # noqa: E402,F401  isort: skip
 
 __all__ = ["CALIBRATION_METHODS", "CalibrationConfig", "calibrate_and_quantize", "calibration_method_names",
            "get_calibration_method"]

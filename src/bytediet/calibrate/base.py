@@ -169,6 +169,14 @@ def block_linears(block: nn.Module, prefix: str) -> dict[str, nn.Module]:
     return {f"{prefix}.{n}": m for n, m in block.named_modules() if isinstance(m, Linear)}
 
 
+def require_windows(windows: Optional[torch.Tensor], method: str) -> None:
+    """Raise unless ``windows`` holds calibration tokens: ``method`` chooses from data and has none without it."""
+    if windows is None or windows.numel() == 0:
+        raise ConfigError(f"{method} needs calibration data: pass calibration windows (bytediet quantize "
+                          f"--calibrate {method} --calib-samples N --calib-len L, N ≥ 1); without calibration, "
+                          "a sparse format prunes by magnitude")
+
+
 def pack_blocks_in_order(model: nn.Module, config, windows: torch.Tensor, progress: Progress, desc: str,
                          wants_stats: Callable[[object], bool],
                          pack: Callable[[torch.Tensor, object, Optional[LinearStats]], dict]) -> dict[str, dict]:
@@ -192,7 +200,10 @@ def pack_blocks_in_order(model: nn.Module, config, windows: torch.Tensor, progre
                 runner.run_block(i, hidden)
             for name, fmt in fmts.items():
                 layer = linears[name]
-                packed = pack(layer.dequantized_weight(), fmt, stats.get(name))
+                try:
+                    packed = pack(layer.dequantized_weight(), fmt, stats.get(name))
+                except ConfigError as exc:
+                    raise ConfigError(f"layer {name} ({layer.out_features}×{layer.in_features}): {exc}") from None
                 originals[name] = (layer, layer.format, layer.packed)
                 layer.set_packed(fmt, packed)
                 result[name] = packed

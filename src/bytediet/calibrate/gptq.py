@@ -71,15 +71,15 @@ class GroupQuantizer:
         return q * scale.double() + offset.double()
 
 
-def inverse_hessian_factor(h: torch.Tensor, damp: float) -> torch.Tensor:
+def inverse_hessian_factor(h: torch.Tensor, damp: float, method: str = "GPTQ") -> torch.Tensor:
     """Upper Cholesky factor U of (H + λI)⁻¹ (so U_ii² = [H⁻¹]_ii of the remaining columns), λ = damp·mean diag H."""
     h = h.clone()
     h.diagonal().add_(damp * h.diagonal().mean())
     try:
         lower = torch.linalg.cholesky(h)
     except RuntimeError:
-        raise ConfigError("GPTQ: the Hessian is not positive definite even after damping; raise the damping "
-                          "(GPTQConfig.damp) or use more calibration tokens") from None
+        raise ConfigError(f"{method}: the Hessian is not positive definite even after damping; raise the damping "
+                          f"({method}Config.damp) or use more calibration tokens") from None
     return torch.linalg.cholesky(torch.cholesky_inverse(lower), upper=True)
 
 

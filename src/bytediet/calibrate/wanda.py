@@ -1,6 +1,6 @@
 """Wanda: prune by |weight| × input-activation norm, calibrated block by block (Sun et al. 2023, arXiv 2306.11695).
 
-For every 2:4-sparse layer (:mod:`bytediet.quant.sparse24`) inside the decoder blocks, the calibration
+For every pruned layer (2:4, :mod:`bytediet.quant.sparse24`; 50 %, :mod:`bytediet.quant.unstructured`) inside the decoder blocks, the calibration
 windows give ‖X_j‖₂ per input channel, and each group of four keeps the two weights of largest
 |w_ij| · ‖X_j‖₂ (the paper's metric, compared per output row — here per group of 4 along the row, the
 2:4 constraint). As in the paper's code, blocks are pruned in order: block i's statistics come from the
@@ -14,8 +14,8 @@ import torch
 from ..errors import ConfigError
 from ..models.quantize import QuantizeConfig, build_format
 from ..quant import Packed
-from ..quant.sparse24 import Sparse24
-from .base import CALIBRATION_METHODS, Progress, no_progress, pack_blocks_in_order
+from ..quant.pruning import PrunedFormat
+from .base import CALIBRATION_METHODS, Progress, no_progress, pack_blocks_in_order, require_windows
 
 
 def wanda_model(model, config: QuantizeConfig, windows: torch.Tensor,
@@ -26,12 +26,13 @@ def wanda_model(model, config: QuantizeConfig, windows: torch.Tensor,
     model as it will run. The model's weights are restored afterwards: install the result with
     ``quantize(model, config, prepacked=result)``.
     """
+    require_windows(windows, "wanda")
     specs = {config.spec_for(name) for name, _ in model.linear_layers()} - {None}
-    if not any(isinstance(build_format(s), Sparse24) for s in specs):
-        raise ConfigError("wanda prunes 2:4-sparse layers: use --format sparse24 or sparse24-int8 "
+    if not any(isinstance(build_format(s), PrunedFormat) for s in specs):
+        raise ConfigError("wanda prunes sparse layers: use --format sparse24, sparse24-int8 or sparse50 "
                           f"(this config has {', '.join(sorted(specs))})")
     result = pack_blocks_in_order(model, config, windows, progress, "Wanda: pruning blocks",
-                                  lambda fmt: isinstance(fmt, Sparse24), lambda w, fmt, stats: fmt.quantize(w, stats))
+                                  lambda fmt: isinstance(fmt, PrunedFormat), lambda w, fmt, stats: fmt.quantize(w, stats))
     return result, {"method": "wanda"}
 
 

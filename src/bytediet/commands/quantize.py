@@ -1,10 +1,11 @@
 """``bytediet quantize``: quantize a checkpoint (optionally calibrated / mixed precision) and save it.
 
-    bytediet quantize --model M --format F [--calibrate awq|gptq|smoothquant] [--calib-samples N --calib-len L]
+    bytediet quantize --model M --format F [--calibrate awq|gptq|smoothquant|wanda|sparsegpt] [--calib-samples N --calib-len L]
                       [--overrides 'pattern=fmt,…'] [--max-kl X | --max-ppl-increase P] --out DIR
                       [--export-gguf FILE --gguf-type q8_0] [--json]
 
-The output directory is written atomically by :func:`bytediet.models.checkpoint.save_quantized`
+A pruned checkpoint (sparse24, sparse24-int8, sparse50) is fine-tuned back towards the dense model by
+``bytediet recover`` (:mod:`bytediet.commands.recover`). The output directory is written atomically by :func:`bytediet.models.checkpoint.save_quantized`
 (nothing is left behind on error); ``bytediet generate --model DIR`` loads it.
 """
 from __future__ import annotations
@@ -25,7 +26,7 @@ def register(sub) -> None:
                                    "budget) and save a bytediet checkpoint.")
     p.add_argument("--model", default="default", help="GGUF file, Hugging Face directory, or 'default' / 'gemma3-270m'")
     p.add_argument("--format", required=True, help="weight format, e.g. int8, int4-g128, int8-w8a8, nvfp4")
-    p.add_argument("--calibrate", choices=["awq", "gptq", "smoothquant", "wanda"], default=None,
+    p.add_argument("--calibrate", choices=["awq", "gptq", "smoothquant", "wanda", "sparsegpt"], default=None,
                    help="calibration method (default: round to nearest)")
     p.add_argument("--calib-samples", type=int, default=128, help="calibration windows (default 128)")
     p.add_argument("--calib-len", type=int, default=512, help="tokens per calibration window (default 512)")

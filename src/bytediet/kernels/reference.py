@@ -354,3 +354,28 @@ def decode_step(spec: DecoderSpec, x: torch.Tensor, positions: torch.Tensor, slo
     for layer in spec.layers:
         x = _decode_layer(spec, layer, x, positions, slots, block_tables, block_size)
     return x
+
+
+def sparse24_positions(index: torch.Tensor, groups: int) -> torch.Tensor:
+    """The compressed 2:4 layout's positions: index (out, ⌈groups/2⌉) uint8 → (out, groups, 2) int64.
+
+    One 4-bit code per group of 4 input columns, two groups per byte (even group in the low nibble);
+    a code holds the first kept position in bits 0–1 and the second in bits 2–3 (first < second).
+    """
+    codes = torch.stack([index & 15, index >> 4], dim=-1).reshape(index.shape[0], -1)[:, :groups]
+    return torch.stack([codes & 3, (codes >> 2) & 3], dim=-1).long()
+
+
+def sparse24_matmul(x: torch.Tensor, values: torch.Tensor, index: torch.Tensor,
+                    scale: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """y = x Wᵀ read straight from the compressed 2:4 layout (no dense weight is formed).
+
+    x: (T, k); values: (out, k/2) kept weights in column order (float, or int8 with ``scale`` (out,));
+    index: (out, ⌈k/8⌉) uint8 positions (:func:`sparse24_positions`) → (T, out) float32.
+    Each output gathers, per group g, the two inputs x[4g + p] its positions p name.
+    """
+    out, kept = values.shape
+    pos = sparse24_positions(index, kept // 2)  # (out, k/4, 2)
+    cols = (pos + 4 * torch.arange(kept // 2)[None, :, None]).reshape(out, kept)  # (out, k/2) input columns
+    w = values.float() if scale is None else values.float() * scale.float()[:, None]
+    return torch.einsum("tok,ok->to", x.float()[:, cols], w)

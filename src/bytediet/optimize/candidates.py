@@ -10,7 +10,7 @@ a cache page for the model's heads at the engine's block size.
 
 Calibrated weight candidates come from :data:`bytediet.calibrate.base.CALIBRATION_METHODS` the
 same way: a method lists the weight-format families it calibrates (its ``candidate_formats``
-attribute; AWQ and GPTQ: int4, SmoothQuant: int8-w8a8, Wanda: sparse24), and each family is tried
+attribute; AWQ and GPTQ: int4, SmoothQuant: int8-w8a8, SparseGPT and Wanda: sparse24), and each family is tried
 at the same spec its round-to-nearest candidate uses, so the two compare on one grid. A calibrated
 spec is written ``FORMAT+METHOD`` (``int4-g64+awq``).
 """

@@ -10,5 +10,6 @@ from . import mxfp4  # noqa: E402,F401  isort: skip
 from . import nvfp4  # noqa: E402,F401  isort: skip
 from . import gguf_blocks  # noqa: E402,F401  isort: skip
 from . import sparse24  # noqa: E402,F401  isort: skip
+from . import unstructured  # noqa: E402,F401  isort: skip
 
 __all__ = ["WEIGHT_FORMATS", "Packed", "WeightFormat", "build_format", "get_weight_format"]
