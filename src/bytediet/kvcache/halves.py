@@ -19,6 +19,8 @@ from typing import Any, Optional
 
 import torch
 
+from ..errors import ConfigError
+
 
 class HalfPages(ABC):
     """The pages of K (or V) of one layer: ``num_blocks * block_size`` slots × H heads × D.
@@ -86,6 +88,14 @@ class HalfCodec(ABC):
 
     def check(self, num_heads: int, head_dim: int, block_size: int) -> None:  # noqa: B027 - optional hook
         """Raise ConfigError if this half cannot store vectors of this shape."""
+
+    def calibration_state(self) -> Optional[dict]:
+        """Plain data of what calibration taught this half (None: nothing); see :meth:`KVCodec.calibration_state`."""
+        return None
+
+    def load_calibration_state(self, state: dict, rope=None) -> None:
+        if state:
+            raise ConfigError(f"{self.name} takes no calibration state")
 
 
 class FullPages(HalfPages):

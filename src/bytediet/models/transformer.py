@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 
 from ..config import ModelConfig
-from ..kvcache.base import AttentionMetadata, LayerKVCache, default_block_size, get_kv_codec
+from ..kvcache.base import AttentionMetadata, KVCodec, LayerKVCache, default_block_size, get_kv_codec
 from .layers import MLP, Attention, Linear, RMSNorm, RotaryEmbedding
 
 
@@ -128,8 +128,8 @@ class CausalLM(nn.Module):
             total += t.numel() * t.element_size()
         return total
 
-    def new_caches(self, num_blocks: int, block_size: int = 16, kv_codec: str = "auto") -> list[LayerKVCache]:
-        """Allocate one paged cache per layer with the named codec."""
+    def new_caches(self, num_blocks: int, block_size: int = 16, kv_codec: "str | KVCodec" = "auto") -> list[LayerKVCache]:
+        """Allocate one paged cache per layer with the named codec (or the codec object the engine built)."""
         codec = get_kv_codec(kv_codec, self.dtype)
         c = self.config
         return [codec.create_cache(i, num_blocks, block_size, c.num_kv_heads, c.head_dim, self.dtype, self.device)
