@@ -48,6 +48,8 @@ def run(args: argparse.Namespace) -> int:
     from ..eval.harness import evaluate
 
     kv_calibration = None
+    if args.kv_cache_dtype and args.kv_cache_dtype.strip().lower().startswith("auto:") and args.kv_calib_windows <= 0:
+        args.kv_calib_windows = 2   # a budget needs its plan: the default calibration
     if args.kv_calib_windows > 0:
         kv_calibration = {"corpus": args.corpus, "windows": args.kv_calib_windows, "window_len": args.kv_calib_len,
                           "seed": args.seed}
@@ -63,6 +65,8 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     Console(file=sys.stdout, width=120).print(render_table(result))
+    if result["config"].get("kv_plan"):
+        print(result["config"]["kv_plan_table"])
     for path in result.get("plots", []):
         print(f"wrote {path}")
     return 0
