@@ -130,27 +130,44 @@ def allocate(errors: list[dict], nbytes: dict[str, dict[str, float]], budget: fl
     return [{"k": pick[(i, "k")], "v": pick[(i, "v")]} for i in range(len(errors))]
 
 
-def plan_kv_budget(model, windows: Sequence[torch.Tensor], budget: float,
-                   candidates: Sequence[str] = DEFAULT_CANDIDATES, progress: Progress = no_progress) -> KVPlan:
-    """Measure every layer × side × candidate on ``windows`` (1-D token tensors) and choose the plan."""
-    cfg = model.config
-    h, d = cfg.num_kv_heads, cfg.head_dim
-    nbytes = {role: {} for role in ("k", "v")}
-    for spec in candidates:
-        for role in ("k", "v"):
-            half = half_of(get_kv_codec(spec), role)
-            nbytes[role][spec] = half.bytes_per_token(h, d)
-    cheapest = min(nbytes["k"].values()) + min(nbytes["v"].values())
-    if cheapest * 8 / (2 * h * d) > budget + 1e-12:   # fail before the forward passes
+def candidate_bytes(candidates: Sequence[str], num_kv_heads: int, head_dim: int) -> dict[str, dict[str, float]]:
+    """{"k": {spec: bytes per token of its key half}, "v": {...}} (one layer)."""
+    return {role: {s: half_of(get_kv_codec(s), role).bytes_per_token(num_kv_heads, head_dim) for s in candidates}
+            for role in ("k", "v")}
+
+
+def _check_budget(budget: float, nbytes: dict, h: int, d: int) -> None:
+    cheapest = (min(nbytes["k"].values()) + min(nbytes["v"].values())) * 8 / (2 * h * d)
+    if cheapest > budget + 1e-12:
         raise ConfigError(f"the KV budget auto:{budget:g} is below what any codec reaches on this model "
-                          f"({cheapest * 8 / (2 * h * d):.3f} bits per coordinate all-in at least); raise the budget")
+                          f"({cheapest:.3f} bits per coordinate all-in at least); raise the budget")
+
+
+def measure_errors(model, windows: Sequence[torch.Tensor], candidates: Sequence[str] = DEFAULT_CANDIDATES,
+                   progress: Progress = no_progress) -> list[dict]:
+    """Per layer {"k": {spec: error}, "v": {...}}: the sensitivity tables (one pass serves every budget)."""
     samples = capture_kv(model, windows)
     lengths = [len(w) for w in windows]
     errors = []
-    for i in progress(range(cfg.num_layers), "KV budget: attention error per layer and codec"):
+    for i in progress(range(model.config.num_layers), "KV budget: attention error per layer and codec"):
         attn = model.model.layers[i].self_attn
         errors.append(layer_errors(samples[i], lengths, candidates, i, attn.scale, attn.window))
-    plan = allocate(errors, nbytes, budget, h, d)
-    bits = sum(nbytes["k"][p["k"]] + nbytes["v"][p["v"]] for p in plan) * 8 / (2 * h * d * len(plan))
+    return errors
+
+
+def plan_from_errors(errors: list[dict], budget: float, num_kv_heads: int, head_dim: int,
+                     candidates: Sequence[str] = DEFAULT_CANDIDATES) -> KVPlan:
+    """The plan for ``budget`` from measured tables (:func:`measure_errors`)."""
+    nbytes = candidate_bytes(candidates, num_kv_heads, head_dim)
+    plan = allocate(errors, nbytes, budget, num_kv_heads, head_dim)
+    bits = sum(nbytes["k"][p["k"]] + nbytes["v"][p["v"]] for p in plan) * 8 / (2 * num_kv_heads * head_dim * len(plan))
     est = sum(errors[i]["k"][p["k"]] + errors[i]["v"][p["v"]] for i, p in enumerate(plan))
     return KVPlan(budget, plan, bits, errors, est)
+
+
+def plan_kv_budget(model, windows: Sequence[torch.Tensor], budget: float,
+                   candidates: Sequence[str] = DEFAULT_CANDIDATES, progress: Progress = no_progress) -> KVPlan:
+    """Measure every layer × side × candidate on ``windows`` (1-D token tensors) and choose the plan."""
+    h, d = model.config.num_kv_heads, model.config.head_dim
+    _check_budget(budget, candidate_bytes(candidates, h, d), h, d)      # fail before the forward passes
+    return plan_from_errors(measure_errors(model, windows, candidates, progress), budget, h, d, candidates)
