@@ -15,6 +15,5 @@ from . import q5_0  # noqa: E402,F401  isort: skip
 from . import q4_1  # noqa: E402,F401  isort: skip
 from . import q4_0  # noqa: E402,F401  isort: skip
 from . import hfquant  # noqa: E402,F401  isort: skip
-from . import auto  # noqa: E402,F401  isort: skip
 
 __all__ = ["KV_CODECS", "AttentionMetadata", "KVCodec", "LayerKVCache", "default_block_size", "get_kv_codec"]

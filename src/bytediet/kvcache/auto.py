@@ -11,6 +11,9 @@ run configs (issue 15)::
 Layer ``i`` is stored by ``k=<plan[i].k>,v=<plan[i].v>`` (:mod:`bytediet.kvcache.split`). The block pool is sized
 by the mean bytes per token over the layers, so the whole cache is exactly the plan's size. Without a plan the
 codec cannot size anything and says how to get one; a plan over the budget is refused, never rounded.
+
+Like ``k=…,v=…``, ``auto:<bits>`` is spec syntax (:func:`bytediet.kvcache.base.get_kv_codec`), not a registered
+codec: it names no storage of its own, so the codec matrix does not run it (its layers are registered codecs).
 """
 from __future__ import annotations
 
@@ -18,13 +21,12 @@ import re
 from typing import Optional
 
 from ..errors import ConfigError
-from .base import KV_CODECS, KVCodec, LayerKVCache
+from .base import KVCodec, LayerKVCache
 from .split import split_codec
 
 _SPEC = re.compile(r"^:(\d+(?:\.\d+)?)$")
 
 
-@KV_CODECS.register("auto")
 class BudgetCodec(KVCodec):
     def __init__(self, budget: float) -> None:
         if budget <= 0:

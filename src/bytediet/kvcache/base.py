@@ -181,7 +181,8 @@ def get_kv_codec(spec: "str | KVCodec", model_dtype: torch.dtype = torch.float32
     """Build a codec from a spec such as ``"bf16"``, ``"int8"``, ``"turboquant3.5"`` or ``"auto"``.
 
     A registered factory is called with the spec's trailing parameters (:meth:`Registry.build`); see each
-    codec's module. ``k=<spec>,v=<spec>`` stores keys and values with different codecs. A :class:`KVCodec`
+    codec's module. ``k=<spec>,v=<spec>`` stores keys and values with different codecs; ``auto:<bits>`` is a
+    byte budget (:mod:`bytediet.kvcache.auto`). A :class:`KVCodec`
     instance is returned as is.
     """
     if isinstance(spec, KVCodec):
@@ -191,6 +192,10 @@ def get_kv_codec(spec: "str | KVCodec", model_dtype: torch.dtype = torch.float32
         from .split import split_codec
 
         return split_codec(spec, lambda sub: get_kv_codec(sub, model_dtype))
+    if spec.startswith("auto:"):  # a byte budget; its per-layer plan comes from calibration
+        from .auto import BudgetCodec
+
+        return BudgetCodec.from_spec(spec[len("auto"):])
     if spec in ("auto", ""):
         spec = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[model_dtype]
     return KV_CODECS.build(spec)
