@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _specs(text, default):
-    return default if text is None else tuple(s.strip() for s in text.split(";" if "=" in text else ",") if s.strip())
+    return default if text is None else tuple(s.strip() for s in text.split(";" if ";" in text else ",") if s.strip())
 
 
 def run_kv_pareto(args: argparse.Namespace) -> int:
@@ -102,7 +102,7 @@ def run_kv_pareto(args: argparse.Namespace) -> int:
                           seed=args.seed, anchors=_specs(args.kv_pareto_anchors, kp.ANCHORS),
                           ours=_specs(args.kv_pareto_codecs, kp.OURS), budgets=budgets,
                           calib_windows=max(args.kv_calib_windows, 1), calib_len=args.kv_calib_len,
-                          progress=no_progress if args.no_progress or args.json else rich_progress)
+                          progress=no_progress if args.no_progress else rich_progress)  # bars go to stderr
     if args.plot:
         result["plots"] = [str(kp.plot_kv_pareto(result, f"{args.plot}/kv_pareto.png"))]
     if args.json:
