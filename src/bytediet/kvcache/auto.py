@@ -96,7 +96,8 @@ class BudgetCodec(KVCodec):
         bits = self.layer_bits(num_kv_heads, head_dim)
         mean = sum(bits) / len(bits)
         lines = [f"KV plan for {self.name}: {mean:.3f} bits per coordinate all-in"]
-        lines += [f"  layer {i:2d}: k={p['k']:<14} v={p['v']:<14} {b:.3f} bits" for i, (p, b) in enumerate(zip(self.plan, bits))]
+        lines += [f"  layer {i:2d}: k={p['k']:<14} v={p['v']:<14} {b:.3f} bits"
+                  for i, (p, b) in enumerate(zip(self.plan, bits))]
         return "\n".join(lines)
 
     def describe(self, head_dim: Optional[int] = None) -> str:

@@ -87,7 +87,8 @@ class BytedietSystem:
         if self._key is None or self._key[0] != concurrency or self._key[1] < tokens:
             self._llm = None  # free the old pool first
             self._llm = LLM(str(getattr(self.model, "source_path", "model")), loaded=(self.model, self.tokenizer),
-                            kv_cache_dtype=self.kv_cache_dtype, kv_calibration_state=self.kv_state, kv_cache_memory=int(per_token * tokens) + 1,
+                            kv_cache_dtype=self.kv_cache_dtype, kv_calibration_state=self.kv_state,
+                            kv_cache_memory=int(per_token * tokens) + 1,
                             block_size=self.block_size, max_num_batched_tokens=self.max_num_batched_tokens,
                             max_num_seqs=concurrency, enable_prefix_caching=False, num_threads=self.threads)
             self._key = (concurrency, tokens)
