@@ -106,3 +106,17 @@ def test_bad_input_exits_2_with_a_message(ckpt, capsys, extra, match):
     assert main(argv(ckpt, "--json", *extra)) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and re.search(match, captured.err)
+
+
+def test_kv_pareto_json_is_one_object_and_the_table_marks_the_frontier(ckpt, capsys, tmp_path):
+    extra = ("--kv-pareto", "--kv-pareto-anchors", "k=bf16,v=int8;kivi4", "--kv-pareto-codecs", "int8,bf16",
+             "--kv-pareto-budgets", "none")
+    assert main(argv(ckpt, *extra, "--json", progress=True)) == 0
+    out = capsys.readouterr().out
+    obj = json.loads(out)
+    assert out.strip().count("\n") == 0
+    assert [r["spec"] for r in obj["records"]] == ["k=bf16,v=int8", "kivi4", "int8", "bf16"]
+    assert obj["reference"]["kv_cache_dtype"] == "bf16" and obj["frontier"]
+    assert main(argv(ckpt, *extra, "--plot", str(tmp_path))) == 0
+    table = capsys.readouterr().out
+    assert "* " in table and "kivi4" in table and (tmp_path / "kv_pareto.png").exists()

@@ -190,10 +190,19 @@ def test_stream_yields_deltas_and_aborting_the_stream_frees_blocks(tiny_model):
     assert not llm.engine.has_unfinished_requests()
 
 
-def test_engine_accepts_a_codec_object(tiny_model):
+def test_engine_accepts_a_codec_as_name_plus_state(tiny_model):
+    """Configs hold names (issue 15): a calibrated codec travels as its name and calibration state; the engine
+    builds the object once and owns it. A codec object is refused with the way to pass it."""
     from bytediet.kvcache import get_kv_codec
 
-    codec = get_kv_codec("bf16")
-    llm = make_llm(tiny_model, kv_cache_dtype=codec)
-    assert llm.engine.runner.codec is codec
+    codec = get_kv_codec("fp8")
+    for layer in range(tiny_model.config.num_layers):
+        codec.calibrate(torch.randn(8, tiny_model.config.num_kv_heads, tiny_model.config.head_dim),
+                        torch.randn(8, tiny_model.config.num_kv_heads, tiny_model.config.head_dim), layer)
+    with pytest.raises(ConfigError, match="kv_calibration_state"):
+        make_llm(tiny_model, kv_cache_dtype=codec)
+    llm = make_llm(tiny_model, kv_cache_dtype=codec.name, kv_calibration_state=codec.calibration_state())
+    built = llm.engine.runner.codec
+    assert built is not codec and built.calibrated
+    assert all(torch.equal(built.key_half.scales[i], codec.key_half.scales[i]) for i in codec.key_half.scales)
     assert llm.generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=3))[0].outputs[0].token_ids

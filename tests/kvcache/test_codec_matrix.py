@@ -21,7 +21,8 @@ from bytediet.kvcache.compressed import CompressedCache, CompressedCodec
 get_kv_codec("fp32")
 EXTRA = ["turboquant1.5", "turboquant2.5", "turboquant3", "turboquant4", "turboquant3.5:qr",
          "turboquant_prod3", "kivi4", "kivi2g16", "qjl4",
-         "k=turboquant_prod3,v=turboquant3", "k=bf16,v=kivi2", "k=int8,v=polarquant"]
+         "k=turboquant_prod3,v=turboquant3", "k=bf16,v=kivi2", "k=int8,v=polarquant",
+         "k=q8_0,v=q4_0", "hf2", "hf4r64"]
 
 
 def _available(spec: str) -> bool:
@@ -79,9 +80,10 @@ def run_steps(spec: str, *, seed: int, hq=6, hkv=2, d=64, block_size=32, window=
     """
     rng = random.Random(seed)
     torch.manual_seed(seed)
-    num_blocks = 64
-    plan = random_batch_plan(rng, num_blocks, block_size, num_seqs, 150)
     codec = get_kv_codec(spec)
+    block_size = max(block_size, codec.min_block_size())  # the HF window pages 128-token chunks
+    num_blocks = 64 * max(1, block_size // 32)            # the same cache tokens (windowed codecs stage per 2048)
+    plan = random_batch_plan(rng, num_blocks, block_size, num_seqs, 150)
     cache = codec.create_cache(0, num_blocks, block_size, hkv, d, torch.float32, "cpu")
     k_true = [torch.randn(n, hkv, d) + 0.5 * torch.randn(1, hkv, d) for _, n in plan]
     v_true = [torch.randn(n, hkv, d) for _, n in plan]
@@ -160,6 +162,8 @@ def test_gqa_shapes_and_single_kv_head(spec):
 def test_nbytes_matches_bytes_per_token(spec):
     codec = get_kv_codec(spec)
     for hkv, d, nb, bs in [(3, 64, 64, 32), (1, 256, 16, 64)]:
+        bs = max(bs, codec.min_block_size())
+        nb = max(nb, 2048 // bs)   # whole staging periods (KIVI: 512 tokens, the fp16 windows: 2048)
         cache = codec.create_cache(0, nb, bs, hkv, d, torch.float32, "cpu")
         expected = nb * bs * codec.bytes_per_token(hkv, d)
         assert cache.nbytes() == pytest.approx(expected, rel=1e-9), spec

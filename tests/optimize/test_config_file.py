@@ -83,15 +83,15 @@ def test_kv_calibration_calibrates_the_codec_on_the_same_windows_every_time(tmp_
     path = RunConfig(model=str(ckpt), kv_cache_dtype="turboquant3.5", kv_calibration=cal).write(tmp_path / "run.json")
     assert read_run_config(path).kv_calibration == cal
     first, second = load_run_config(path), load_run_config(path)
-    codec = first["kv_cache_dtype"]
-    assert not isinstance(codec, str) and first["loaded"][0] is not None
-    means = codec.key_half.rope_means     # keys: the pre-RoPE mean of each layer
+    # the calibrated codec travels as data: its name plus its calibration state, never the object
+    assert first["kv_cache_dtype"] == "turboquant3.5" and first["loaded"][0] is not None
+    means = first["kv_calibration_state"]["k"]["rope_means"]     # keys: the pre-RoPE mean of each layer
     assert set(means) == set(range(first["loaded"][0].config.num_layers))
-    assert all(torch.equal(means[i][0], second["kv_cache_dtype"].key_half.rope_means[i][0]) for i in means)
+    assert all(torch.equal(means[i], second["kv_calibration_state"]["k"]["rope_means"][i]) for i in means)
     # a codec without calibration hooks is left as it is: its spec, which the engine builds
     plain = load_run_config(RunConfig(model=str(ckpt), kv_cache_dtype="int8", kv_calibration=cal)
                             .write(tmp_path / "int8.json"))
-    assert plain["kv_cache_dtype"] == "int8"
+    assert plain["kv_cache_dtype"] == "int8" and "kv_calibration_state" not in plain
 
 
 def test_a_model_handed_over_quantized_carries_its_true_weight_spec(tmp_path, ckpt):
@@ -100,3 +100,23 @@ def test_a_model_handed_over_quantized_carries_its_true_weight_spec(tmp_path, ck
 
     llm = LLM(**load_run_config(path))
     assert llm.config.weights == "int4-g32" and llm.config.weight_overrides == {"lm_head": "int8"}
+
+
+def test_a_calibration_state_in_the_file_is_built_by_the_engine_without_recalibrating(tmp_path, ckpt):
+    import torch
+
+    from bytediet import LLM
+    from bytediet.kvcache.state import to_plain
+
+    cal = {"corpus": str(ckpt / "corpus.txt"), "windows": 1, "window_len": 32, "seed": 0}
+    state = load_run_config(RunConfig(model=str(ckpt), kv_cache_dtype="turboquant3.5", kv_calibration=cal)
+                            .write(tmp_path / "cal.json"))["kv_calibration_state"]
+    path = RunConfig(model=str(ckpt), kv_cache_dtype="turboquant3.5",
+                     kv_calibration_state=to_plain(state)).write(tmp_path / "run.json")
+    kwargs = load_run_config(path)
+    assert "loaded" not in kwargs and kwargs["kv_cache_dtype"] == "turboquant3.5"   # no calibration pass
+    llm = LLM(**kwargs)
+    assert llm.config.cache.kv_cache_dtype == "turboquant3.5"                         # the config holds the name
+    built = llm.engine.runner.codec.key_half.rope_means                               # the engine owns the object
+    assert all(torch.equal(built[i][0], state["k"]["rope_means"][i]) for i in state["k"]["rope_means"])
+    assert built[0][1] is llm.model.rope(0)

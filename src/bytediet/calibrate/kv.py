@@ -25,6 +25,7 @@ import torch
 
 from ..errors import ConfigError
 from ..kvcache import AttentionMetadata, KVCodec, LayerKVCache
+from ..kvcache.auto import BudgetCodec
 from ..kvcache.full import FullPrecisionCache
 
 
@@ -107,8 +108,8 @@ def calibrate_from_samples(codec: KVCodec, samples: list[dict]) -> KVCodec:
 
 
 def has_calibration(codec: KVCodec) -> bool:
-    """Whether ``codec`` (or one of its key/value halves) has a calibration hook."""
-    return hasattr(codec, "calibrate") or any(
+    """Whether ``codec`` (or one of its key/value halves) has a calibration hook, or is a budget to plan."""
+    return isinstance(codec, BudgetCodec) or hasattr(codec, "calibrate") or any(
         hasattr(getattr(codec, h, None), "calibrate") for h in ("key_half", "value_half"))
 
 
@@ -116,8 +117,14 @@ def calibrate_codec(codec: KVCodec, model, windows: Sequence[torch.Tensor],
                     max_samples: Optional[int] = 8192) -> KVCodec:
     """Capture K/V/Q on ``windows`` and calibrate ``codec`` in place (returned for chaining).
 
-    Codecs without any calibration hook are returned unchanged.
+    Codecs without any calibration hook are returned unchanged. A budget (``auto:<bits>``) gets its per-layer
+    plan (:func:`bytediet.calibrate.kv_budget.plan_kv_budget`, on the same windows).
     """
+    if isinstance(codec, BudgetCodec):
+        from .kv_budget import plan_kv_budget
+
+        codec.load_calibration_state(plan_kv_budget(model, windows, codec.budget).state())
+        return codec
     if not has_calibration(codec):
         return codec
     return calibrate_from_samples(codec, capture_kv(model, windows, max_samples))

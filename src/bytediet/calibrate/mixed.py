@@ -151,6 +151,32 @@ def choose(sensitivity: dict[str, dict[str, float]], nbytes: dict[str, dict[str,
     return pick
 
 
+def choose_within_bytes(damage: dict[str, dict[str, float]], nbytes: dict[str, dict[str, float]],
+                        max_bytes: float) -> dict[str, str]:
+    """The dual of :func:`choose`: the least total damage whose bytes fit ``max_bytes``.
+
+    Greedy knapsack: cheapest candidate everywhere, then, while an upgrade fits, apply the one with the largest
+    damage reduction per extra byte. Never exceeds ``max_bytes``; a budget below the cheapest choice is an error.
+    """
+    order = {u: sorted(c, key=lambda s: (nbytes[u][s], damage[u][s])) for u, c in damage.items()}
+    pick = {u: cands[0] for u, cands in order.items()}
+    spent = sum(nbytes[u][s] for u, s in pick.items())
+    if spent > max_bytes:
+        raise ConfigError(f"the budget ({max_bytes:g} bytes) is below the cheapest choice ({spent:g} bytes)")
+    while True:
+        best = None
+        for u, cur in pick.items():
+            for s in order[u][order[u].index(cur) + 1:]:
+                extra = nbytes[u][s] - nbytes[u][cur]
+                gain = damage[u][cur] - damage[u][s]
+                if gain > 0 and spent + extra <= max_bytes and (best is None or gain / max(extra, 1e-12) > best[0]):
+                    best = (gain / max(extra, 1e-12), u, s, extra)
+        if best is None:
+            return pick
+        pick[best[1]] = best[2]
+        spent += best[3]
+
+
 def mixed_precision(model, windows: torch.Tensor, config: MixedPrecisionConfig,
                     progress: Progress = no_progress) -> MixedResult:
     """Measure per-unit sensitivity on ``windows`` (N, L), choose formats, verify; the model is left unchanged."""

@@ -23,7 +23,17 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="how native GGUF blocks multiply: q16 (default) as two int8 planes per activation block "
                         "(int16-like precision), q8 as one (llama.cpp's method: fastest, a measured accuracy cost, "
                         "see bench/RESULTS.md), f32 with float activations")
-    g.add_argument("--kv-cache-dtype", default="auto", metavar="CODEC", help="KV-cache codec (auto, fp32, bf16, int8, ...)")
+    g.add_argument("--kv-cache-dtype", default="auto", metavar="CODEC",
+                   help="KV-cache codec (auto, fp32, bf16, int8, q8_0, k=q8_0,v=q4_0, turboquant3.5, ...) or a budget "
+                        "auto:<bits> (e.g. auto:4.5): per layer and for K and V, the codecs of least measured "
+                        "attention error within that many bits per coordinate all-in, chosen by a calibration pass")
+    g.add_argument("--kv-calib-windows", type=int, default=1, metavar="N",
+                   help="calibration windows (corpus calibration split) for a KV budget (default 1)")
+    g.add_argument("--kv-calib-len", type=int, default=512, help="tokens per KV calibration window (default 512)")
+    g.add_argument("--save-config", default=None, metavar="FILE",
+                   help="write what ran as a run config (model, weights, KV codec with its calibration state or "
+                        "plan, engine settings), reusable with --config")
+    g.add_argument("--kv-calib-corpus", default="prideprejudice", help="corpus of the KV calibration (default prideprejudice)")
     g.add_argument("--kv-cache-memory", default="1GiB", help="memory budget of the KV cache (e.g. 512MiB, 2GiB)")
     g.add_argument("--block-size", type=int, default=None,
                    help="tokens per KV block (default 16, or the codec's minimum if larger: kivi's group of 32)")
@@ -74,10 +84,53 @@ def build_llm(args: argparse.Namespace):
         if args.tensor_parallel_size > 1:
             kwargs["tensor_parallel_size"] = args.tensor_parallel_size
         return LLM(**kwargs)
-    return LLM(
+    kv_kwargs = {"kv_cache_dtype": args.kv_cache_dtype}
+    if args.kv_cache_dtype.strip().lower().startswith("auto:"):
+        kv_kwargs = plan_kv_budget_for(args)
+    llm = LLM(
         args.model, dtype=args.dtype, weights=args.weights, keep_packed=args.keep_packed, activations=args.activations,
-        kv_cache_dtype=args.kv_cache_dtype, kv_cache_memory=args.kv_cache_memory, block_size=args.block_size,
+        kv_cache_memory=args.kv_cache_memory, block_size=args.block_size,
         max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
-        enable_prefix_caching=not args.no_prefix_caching, num_threads=args.threads,
+        enable_prefix_caching=not args.no_prefix_caching, num_threads=args.threads, **kv_kwargs,
         tensor_parallel_size=args.tensor_parallel_size,
     )
+    if getattr(args, "save_config", None):
+        save_run_config(llm, args)
+    return llm
+
+
+def save_run_config(llm, args: argparse.Namespace):
+    """``--save-config FILE``: the engine's configuration as a run config (names and plain data only)."""
+    import sys
+
+    from ..kvcache.state import to_plain
+    from ..optimize.run_config import RunConfig
+
+    cache, sched = llm.config.cache, llm.config.scheduler
+    path = RunConfig(model=args.model, dtype=args.dtype, weights=llm.config.weights,
+                     weight_overrides=llm.config.weight_overrides, kv_cache_dtype=cache.kv_cache_dtype,
+                     kv_calibration_state=to_plain(cache.kv_calibration_state),
+                     engine={"kv_cache_memory": cache.kv_cache_memory, "block_size": cache.block_size,
+                             "max_num_batched_tokens": sched.max_num_batched_tokens, "max_num_seqs": sched.max_num_seqs,
+                             "enable_prefix_caching": cache.enable_prefix_caching},
+                     notes={"source": "bytediet --save-config"}).write(args.save_config)
+    print(f"wrote {path}", file=sys.stderr)
+    return path
+
+
+def plan_kv_budget_for(args: argparse.Namespace) -> dict:
+    """A KV budget (``--kv-cache-dtype auto:<bits>``): load the model as it will run, choose the per-layer plan on
+    the calibration windows, print it (stderr) and hand over ``loaded``, the budget's name and the plan (its state)."""
+    import sys
+
+    from ..eval.harness import calibrated_kv_codec
+    from ..models.loader import load_model
+
+    model, tokenizer = load_model(args.model, dtype=args.dtype, weights=args.weights, keep_packed=args.keep_packed,
+                                  activations=args.activations)
+    calibration = {"corpus": args.kv_calib_corpus, "windows": args.kv_calib_windows, "window_len": args.kv_calib_len,
+                   "seed": 0}
+    codec = calibrated_kv_codec(args.kv_cache_dtype, model, tokenizer, calibration)
+    print(codec.plan_table(model.config.num_kv_heads, model.config.head_dim), file=sys.stderr, flush=True)
+    return {"kv_cache_dtype": codec.name, "kv_calibration_state": codec.calibration_state(),
+            "loaded": (model, tokenizer)}

@@ -28,6 +28,15 @@ def register(subparsers) -> None:
     p.add_argument("--passkey-depths", default="0,0.25,0.5,0.75,1", help="needle depths, fractions of the filler")
     p.add_argument("--passkey-trials", type=int, default=1, help="trials per (length, depth)")
     p.add_argument("--speed-tokens", type=int, default=32, help="tokens generated for the speed measurement")
+    p.add_argument("--kv-pareto", action="store_true",
+                   help="instead of one configuration: every KV anchor (llama.cpp q8_0/q5_0/q4_1/q4_0 and k=q8_0,v=q4_0, "
+                        "vLLM fp8, HF QuantizedCache hf4/hf2, KIVI), bytediet's codecs and budgets auto:<bits>, on the "
+                        "same windows against bf16 KV: perplexity change, mean/p99 token KL, bytes per token, frontier")
+    p.add_argument("--kv-pareto-anchors", default=None,
+                   help="anchor specs, comma-separated (semicolons when a spec holds a comma: q8_0;k=q8_0,v=q4_0)")
+    p.add_argument("--kv-pareto-codecs", default=None, help="bytediet codec specs, separated as the anchors")
+    p.add_argument("--kv-pareto-budgets", default=None,
+                   help="comma-separated budgets in bits per coordinate (default 8.5,6,4.5,3.5; 'none' for none)")
     p.add_argument("--plot", metavar="DIR", default=None, help="write PNG figures into DIR")
     p.add_argument("--json", action="store_true", help="print one JSON object with every number")
     p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
@@ -45,9 +54,13 @@ def settings_from_args(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.kv_pareto:
+        return run_kv_pareto(args)
     from ..eval.harness import evaluate
 
     kv_calibration = None
+    if args.kv_cache_dtype and args.kv_cache_dtype.strip().lower().startswith("auto:") and args.kv_calib_windows <= 0:
+        args.kv_calib_windows = 2   # a budget needs its plan: the default calibration
     if args.kv_calib_windows > 0:
         kv_calibration = {"corpus": args.corpus, "windows": args.kv_calib_windows, "window_len": args.kv_calib_len,
                           "seed": args.seed}
@@ -63,6 +76,54 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     Console(file=sys.stdout, width=120).print(render_table(result))
+    if result["config"].get("kv_plan"):
+        print(result["config"]["kv_plan_table"])
+    for path in result.get("plots", []):
+        print(f"wrote {path}")
+    return 0
+
+
+def _specs(text, default):
+    return default if text is None else tuple(s.strip() for s in text.split(";" if ";" in text else ",") if s.strip())
+
+
+def run_kv_pareto(args: argparse.Namespace) -> int:
+    """``--kv-pareto``: the table (or one JSON object) and, with ``--plot DIR``, ``DIR/kv_pareto.png``."""
+    import torch
+
+    from ..eval import kv_pareto as kp
+    from ..models.loader import load_model
+    from ..progress import no_progress, rich_progress
+
+    model, tokenizer = load_model(args.model, dtype=torch.float32, weights=args.weights)
+    budgets = kp.BUDGETS if args.kv_pareto_budgets is None else (
+        () if args.kv_pareto_budgets.strip().lower() == "none" else floats(args.kv_pareto_budgets))
+    result = kp.kv_pareto(model, tokenizer, corpus=args.corpus, windows=args.windows, window_len=args.window_len,
+                          seed=args.seed, anchors=_specs(args.kv_pareto_anchors, kp.ANCHORS),
+                          ours=_specs(args.kv_pareto_codecs, kp.OURS), budgets=budgets,
+                          calib_windows=max(args.kv_calib_windows, 1), calib_len=args.kv_calib_len,
+                          progress=no_progress if args.no_progress else rich_progress)  # bars go to stderr
+    if args.plot:
+        result["plots"] = [str(kp.plot_kv_pareto(result, f"{args.plot}/kv_pareto.png"))]
+    if args.json:
+        print(json.dumps(result, default=float))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    ref = result["reference"]
+    table = Table(title=f"{result['model_name']}: KV codecs vs bf16 KV (ppl {ref['ppl']:.4f}, "
+                        f"{ref['bytes_per_token']:.0f} B/token); * = frontier")
+    for col in ("codec", "kind", "bits/coord", "bytes/token", "ppl Δ %", "KL mean", "KL p99", "seq@4096"):
+        table.add_column(col, justify="left" if col in ("codec", "kind") else "right", no_wrap=True)
+    for r in sorted(result["records"], key=lambda r: r.get("bytes_per_token", 0)):
+        if "error" in r:
+            table.add_row(r["spec"], r["kind"], "", "", r["error"][:60], "", "", "")
+            continue
+        table.add_row(("* " if r.get("frontier") else "  ") + r["spec"], r["kind"], f"{r['bits_per_coordinate']:.3f}",
+                      f"{r['bytes_per_token']:.0f}", f"{r['ppl_change_pct']:+.3f}", f"{r['kl_mean']:.2e}",
+                      f"{r['kl_p99']:.2e}", str(r["sequences_4096"]))
+    Console(file=sys.stdout, width=140).print(table)
     for path in result.get("plots", []):
         print(f"wrote {path}")
     return 0

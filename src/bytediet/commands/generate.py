@@ -56,13 +56,11 @@ def run(args: argparse.Namespace) -> int:
 
 def engine_description(llm) -> dict:
     """What ran: the weight formats actually in the model, the KV codec (with its halves) and the KV block size."""
-    from ..kvcache import get_kv_codec
-
-    cache = llm.config.cache
     from ..kernels.cpu.dispatch import describe
 
+    cache = llm.config.cache
     return {"weights": ",".join(llm.model.weight_formats()),
-            "kv_cache_dtype": get_kv_codec(cache.kv_cache_dtype, llm.model.dtype).describe(llm.model.config.head_dim),
+            "kv_cache_dtype": llm.engine.runner.codec.describe(llm.model.config.head_dim),  # the codec that ran
             "block_size": cache.block_size,
             "kernels": {**describe(), "decode_step": llm.engine.runner.decode_path}}
 

@@ -51,6 +51,8 @@ class LLM:
     ``max_num_seqs``, ``enable_prefix_caching``, ``enable_chunked_prefill``, ``seed``, ``num_threads``;
     ``keep_packed`` (default True: a GGUF runs on its native blocks; ``weights="fp32"`` is the dequantized
     reference) and ``activations`` (``q16``, ``q8`` or ``f32``: how those blocks multiply).
+    ``kv_calibration_state``: what calibration taught the ``kv_cache_dtype`` codec (plain data or a file path;
+    see :class:`~bytediet.kvcache.config.CacheConfig`).
     ``loaded=(model, tokenizer)`` uses a model already loaded (and perhaps quantized); ``config.weights`` and
     ``config.weight_overrides`` then record the model's own quantization. ``tensor_parallel_size=N`` splits
     the model across N processes (:mod:`bytediet.distributed`; this one is rank 0): call :meth:`shutdown`
@@ -62,7 +64,7 @@ class LLM:
                  num_blocks: Optional[int] = None, max_num_batched_tokens: int = 512, max_num_seqs: int = 64,
                  enable_prefix_caching: bool = True, enable_chunked_prefill: bool = True, seed: int = 0,
                  num_threads: Optional[int] = None, keep_packed: bool = True, activations: str = "q16",
-                 tensor_parallel_size: int = 1, loaded=None) -> None:
+                 tensor_parallel_size: int = 1, loaded=None, kv_calibration_state=None) -> None:
         from ..models.loader import load_model
 
         set_threads(num_threads)
@@ -76,7 +78,8 @@ class LLM:
             model=str(model), dtype=dtype, weights=weights, weight_overrides=overrides, seed=seed,
             num_threads=num_threads, tensor_parallel_size=tensor_parallel_size,
             cache=CacheConfig(block_size=block_size, kv_cache_memory=kv_cache_memory, kv_cache_dtype=kv_cache_dtype,
-                              enable_prefix_caching=enable_prefix_caching, num_blocks=num_blocks),
+                              enable_prefix_caching=enable_prefix_caching, num_blocks=num_blocks,
+                              kv_calibration_state=kv_calibration_state),
             scheduler=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
                                       enable_chunked_prefill=enable_chunked_prefill),
         )

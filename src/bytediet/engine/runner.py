@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from ..kvcache.base import AttentionMetadata, KVCodec, get_kv_codec
+from ..kvcache.base import AttentionMetadata, KVCodec
 from ..kvcache.config import CacheConfig
 from ..models.native_decode import native_decoder, why_not_native
 from ..models.transformer import CausalLM
@@ -24,9 +24,9 @@ class ModelRunner:
     def __init__(self, model: CausalLM, cache: CacheConfig, workers=None) -> None:
         self.model = model
         self.block_size = cache.block_size
-        self.codec = get_kv_codec(cache.kv_cache_dtype, model.dtype)
+        self.codec = cache.build_codec(model.dtype, getattr(model, "rope", None))  # built once, from name + state
         self.num_blocks = cache.num_blocks or num_blocks_for_budget(self.codec, model, cache)
-        self.caches = model.new_caches(self.num_blocks, self.block_size, cache.kv_cache_dtype)
+        self.caches = model.new_caches(self.num_blocks, self.block_size, self.codec)
         c = model.config
         self.bytes_per_token = self.codec.bytes_per_token(c.num_kv_heads, c.head_dim) * c.num_layers
         limits = [n for n in (cache.max_sequences() for cache in self.caches) if n is not None]

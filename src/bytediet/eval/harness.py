@@ -198,6 +198,10 @@ def evaluate(model_spec: str, *, weights: Optional[str] = None, kv_cache_dtype: 
     result = evaluate_loaded(model, tokenizer, weights=weights, kv_cache_dtype=kv, settings=settings,
                              reference=reference, progress=progress, model_label=str(model_spec))
     result["config"]["kv_calibration"] = kv_calibration if kv is not kv_cache_dtype else None
+    if hasattr(kv, "plan_table"):   # a budget: the per-layer plan calibration chose
+        c = model.config
+        result["config"].update(kv_plan=kv.calibration_state()["plan"], kv_plan_table=kv.plan_table(c.num_kv_heads,
+                                                                                                    c.head_dim))
     result["elapsed_s"] = time.perf_counter() - t0
     return result
 

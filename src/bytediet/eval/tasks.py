@@ -110,8 +110,10 @@ class FidelityTask(EvalTask):
 # ----------------------------------------------------------------------------------- passkey
 def _engine(subject, **kwargs):
     from ..engine.llm import LLM
+    from ..kvcache.base import codec_config
 
-    return LLM(subject.label, loaded=(subject.model, subject.tokenizer), kv_cache_dtype=subject.kv_cache_dtype,
+    name, state = codec_config(subject.kv_cache_dtype)   # a calibrated codec travels as name + state
+    return LLM(subject.label, loaded=(subject.model, subject.tokenizer), kv_cache_dtype=name, kv_calibration_state=state,
                enable_prefix_caching=False, **kwargs)
 
 

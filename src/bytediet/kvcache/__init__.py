@@ -6,8 +6,14 @@ from . import full  # noqa: E402,F401  isort: skip
 from . import int8  # noqa: E402,F401  isort: skip
 from . import turboquant  # noqa: E402,F401  isort: skip
 from . import fp8  # noqa: E402,F401  isort: skip
+from . import fp8_vllm  # noqa: E402,F401  isort: skip
 from . import qjl  # noqa: E402,F401  isort: skip
 from . import kivi  # noqa: E402,F401  isort: skip
 from . import polarquant  # noqa: E402,F401  isort: skip
+from . import q8_0  # noqa: E402,F401  isort: skip
+from . import q5_0  # noqa: E402,F401  isort: skip
+from . import q4_1  # noqa: E402,F401  isort: skip
+from . import q4_0  # noqa: E402,F401  isort: skip
+from . import hfquant  # noqa: E402,F401  isort: skip
 
 __all__ = ["KV_CODECS", "AttentionMetadata", "KVCodec", "LayerKVCache", "default_block_size", "get_kv_codec"]

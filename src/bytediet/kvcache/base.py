@@ -20,6 +20,7 @@ from typing import Optional
 
 import torch
 
+from ..errors import ConfigError
 from ..registry import Registry
 
 
@@ -153,6 +154,19 @@ class KVCodec(ABC):
         """Average stored bits per K or V coordinate, everything included."""
         return self.bytes_per_token(num_kv_heads, head_dim) * 8 / (2 * num_kv_heads * head_dim)
 
+    def calibration_state(self) -> Optional[dict]:
+        """What calibration taught this codec, as plain data (dicts, lists, numbers, tensors); None if nothing.
+
+        A calibrated codec travels as ``(name, state)``: :func:`build_kv_codec` rebuilds the same codec from
+        them, so configs never hold codec objects (see :class:`~bytediet.kvcache.config.CacheConfig`)."""
+        return None
+
+    def load_calibration_state(self, state: dict, rope=None) -> None:
+        """Restore :meth:`calibration_state`'s ``state``. ``rope(layer)``: the model's rotary embedding of a layer,
+        for codecs whose state is defined before RoPE (TurboQuant's pre-RoPE key mean)."""
+        if state:
+            raise ConfigError(f"KV codec {self.name!r} takes no calibration state; drop kv_calibration_state")
+
     def describe(self, head_dim: Optional[int] = None) -> str:
         """The codec's name; given the model's ``head_dim``, codecs whose layout depends on it also say which
         layout (and which fallbacks, e.g. a QR rotation where a Hadamard needs a power of two) they use."""
@@ -172,7 +186,8 @@ def get_kv_codec(spec: "str | KVCodec", model_dtype: torch.dtype = torch.float32
     """Build a codec from a spec such as ``"bf16"``, ``"int8"``, ``"turboquant3.5"`` or ``"auto"``.
 
     A registered factory is called with the spec's trailing parameters (:meth:`Registry.build`); see each
-    codec's module. ``k=<spec>,v=<spec>`` stores keys and values with different codecs. A :class:`KVCodec`
+    codec's module. ``k=<spec>,v=<spec>`` stores keys and values with different codecs; ``auto:<bits>`` is a
+    byte budget (:mod:`bytediet.kvcache.auto`). A :class:`KVCodec`
     instance is returned as is.
     """
     if isinstance(spec, KVCodec):
@@ -182,6 +197,33 @@ def get_kv_codec(spec: "str | KVCodec", model_dtype: torch.dtype = torch.float32
         from .split import split_codec
 
         return split_codec(spec, lambda sub: get_kv_codec(sub, model_dtype))
+    if spec.startswith("auto:"):  # a byte budget; its per-layer plan comes from calibration
+        from .auto import BudgetCodec
+
+        return BudgetCodec.from_spec(spec[len("auto"):])
     if spec in ("auto", ""):
         spec = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[model_dtype]
     return KV_CODECS.build(spec)
+
+
+def build_kv_codec(spec: str, state=None, model_dtype: torch.dtype = torch.float32, rope=None) -> KVCodec:
+    """The one place a configured codec becomes an object: ``spec`` (a name) plus its calibration ``state``
+    (plain data, or the path of a ``torch.save``'d / JSON file of it; see :mod:`bytediet.kvcache.state`)."""
+    from .state import read_state
+
+    if not isinstance(spec, str):
+        raise ConfigError(f"a KV codec is configured by name (and calibration state), got {type(spec).__name__}; "
+                          "pass codec.name and codec.calibration_state()")
+    codec = get_kv_codec(spec, model_dtype)
+    state = read_state(state)
+    if state is not None:
+        codec.load_calibration_state(state, rope=rope)
+    return codec
+
+
+def codec_config(spec: "str | KVCodec") -> tuple[str, Optional[dict]]:
+    """``(name, calibration state)``: how a codec (or a name) is written into a config; the inverse of
+    :func:`build_kv_codec`."""
+    if isinstance(spec, KVCodec):
+        return spec.name, spec.calibration_state()
+    return spec, None

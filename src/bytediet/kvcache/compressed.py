@@ -16,6 +16,7 @@ from typing import Optional
 
 import torch
 
+from ..errors import ConfigError
 from ..kernels.reference import sequence_slots
 from .base import AttentionMetadata, KVCodec, LayerKVCache
 from .halves import HalfCodec, HalfPages
@@ -130,6 +131,20 @@ class CompressedCodec(KVCodec):
         keys = self.key_half.create(layer, "k", num_blocks, block_size, num_kv_heads, head_dim, device)
         values = self.value_half.create(layer, "v", num_blocks, block_size, num_kv_heads, head_dim, device)
         return CompressedCache(keys, values, num_blocks, block_size)
+
+    def calibration_state(self) -> Optional[dict]:
+        """{"k": the key half's state, "v": the value half's}, or None when neither half was calibrated."""
+        k, v = self.key_half.calibration_state(), self.value_half.calibration_state()
+        return None if k is None and v is None else {"k": k, "v": v}
+
+    def load_calibration_state(self, state: dict, rope=None) -> None:
+        unknown = set(state) - {"k", "v"}
+        if unknown:
+            raise ConfigError(f"KV codec {self.name!r}: calibration state has unknown parts {sorted(unknown)} "
+                              "(expected 'k' and 'v')")
+        for half, role in ((self.key_half, "k"), (self.value_half, "v")):
+            if state.get(role) is not None:
+                half.load_calibration_state(state[role], rope=rope)
 
     def describe(self, head_dim: Optional[int] = None) -> str:
         return f"{self.name} (k: {self.key_half.describe(head_dim)}, v: {self.value_half.describe(head_dim)})"

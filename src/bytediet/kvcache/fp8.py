@@ -18,6 +18,7 @@ from ..errors import ConfigError
 from .base import KV_CODECS
 from .compressed import CompressedCodec
 from .halves import HalfCodec, HalfPages
+from .state import layer_map
 
 E4M3_MAX = 448.0
 
@@ -72,6 +73,12 @@ class FP8Half(HalfCodec):
     def calibrate(self, samples: torch.Tensor, layer: int) -> None:
         amax = samples.float().abs().reshape(-1, *samples.shape[-2:]).amax(dim=(0, 2))   # (H,)
         self.scales[layer] = (amax / E4M3_MAX).clamp(min=1e-6)
+
+    def calibration_state(self):
+        return {"scales": dict(self.scales)} if self.scales else None
+
+    def load_calibration_state(self, state, rope=None):
+        self.scales = layer_map(state["scales"])
 
 
 @KV_CODECS.register("fp8")

@@ -20,6 +20,8 @@ from typing import Any, Optional
 
 import torch
 
+from ..errors import ConfigError
+
 
 class HalfPages(ABC):
     """The pages of K (or V) of one layer: ``num_blocks * block_size`` slots × H heads × D.
@@ -100,6 +102,14 @@ class HalfCodec(ABC):
         for attr in self.head_state:
             setattr(out, attr, {layer: _head_slice(v, lo, hi) for layer, v in getattr(self, attr).items()})
         return out
+
+    def calibration_state(self) -> Optional[dict]:
+        """Plain data of what calibration taught this half (None: nothing); see :meth:`KVCodec.calibration_state`."""
+        return None
+
+    def load_calibration_state(self, state: dict, rope=None) -> None:
+        if state:
+            raise ConfigError(f"{self.name} takes no calibration state")
 
 
 class FullPages(HalfPages):

@@ -28,6 +28,7 @@ from .base import KV_CODECS
 from .compressed import CompressedCodec
 from .halves import HalfCodec, HalfPages
 from .rotation import gaussian_sketch
+from .state import layer_map
 from .tokenwise import TokenwiseHalf
 
 
@@ -89,6 +90,12 @@ class QJLKeyHalf(HalfCodec):
     def calibrate(self, samples: torch.Tensor, layer: int) -> None:
         """samples (N, H, D): this layer's keys on calibration text → their channel mean."""
         self.means[layer] = samples.float().reshape(-1, *samples.shape[-2:]).mean(0)
+
+    def calibration_state(self):
+        return {"means": dict(self.means)} if self.means else None
+
+    def load_calibration_state(self, state, rope=None):
+        self.means = layer_map(state["means"])
 
 
 @KV_CODECS.register("qjl")

@@ -12,7 +12,8 @@ from .compressed import CompressedCodec
 from .halves import FullHalf, HalfCodec
 
 
-def _half(codec, role: str) -> HalfCodec:
+def half_of(codec, role: str) -> HalfCodec:
+    """The key (``role`` "k") or value ("v") half of a codec; a full-precision codec gives a :class:`FullHalf`."""
     if isinstance(codec, CompressedCodec):
         return codec.key_half if role == "k" else codec.value_half
     dtype = getattr(codec, "storage_dtype", None)
@@ -29,7 +30,7 @@ def split_codec(spec: str, build) -> CompressedCodec:
         role = role.strip()
         if not sep or role not in ("k", "v") or role in sides or not sub.strip():
             raise ConfigError(f"bad split KV spec {spec!r}: expected k=<codec>,v=<codec>, e.g. k=turboquant3,v=turboquant4")
-        sides[role] = _half(build(sub.strip()), role)
+        sides[role] = half_of(build(sub.strip()), role)
     if set(sides) != {"k", "v"}:
         raise ConfigError(f"split KV spec {spec!r} must name both k= and v=")
     return CompressedCodec(spec, sides["k"], sides["v"])

@@ -32,6 +32,7 @@ from .base import KV_CODECS
 from .compressed import CompressedCodec
 from .halves import HalfCodec, HalfPages
 from .rotation import rotation_kind
+from .state import layer_map
 from .turboquant_core import TQCodes, TurboQuantizer
 from .turboquant_layout import choose_layout, layout_bits, resolve_layout  # noqa: F401 (re-exported)
 
@@ -251,6 +252,24 @@ class TurboQuantHalf(HalfCodec):
         self.ranking[layer] = torch.argsort(importance, dim=-1, descending=True)
         frac = importance.sort(-1, descending=True).values
         self.profiles[layer] = (frac / frac.sum(-1, keepdim=True).clamp(min=1e-30)).mean(0)
+
+    def calibration_state(self):
+        """Per layer: channel ranking, importance profile, and the channel mean (post-RoPE) or the pre-RoPE mean
+        (its RoPE is the model's own, handed back to :meth:`load_calibration_state` as ``rope``)."""
+        if not self.profiles:
+            return None
+        return {"ranking": dict(self.ranking), "profiles": dict(self.profiles), "means": dict(self.means),
+                "rope_means": {layer: mu for layer, (mu, _) in self.rope_means.items()}}
+
+    def load_calibration_state(self, state, rope=None):
+        self.ranking = layer_map(state["ranking"], lambda x: torch.as_tensor(x, dtype=torch.long))
+        self.profiles = layer_map(state["profiles"])
+        self.means = layer_map(state.get("means", {}))
+        rope_means = layer_map(state.get("rope_means", {}))
+        if rope_means and rope is None:
+            raise ConfigError(f"{self.name}: the calibration state holds pre-RoPE key means; load it with the "
+                              "model's rotary embeddings (rope=model.rope)")
+        self.rope_means = {layer: (mu, rope(layer)) for layer, mu in rope_means.items()}
 
 
 _SPEC = re.compile(r"^(\d+(?:\.\d+)?)(?::(hadamard|qr))?$")

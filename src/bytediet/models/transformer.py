@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 
 from ..config import ModelConfig
-from ..kvcache.base import AttentionMetadata, LayerKVCache, default_block_size, get_kv_codec
+from ..kvcache.base import AttentionMetadata, KVCodec, LayerKVCache, default_block_size, get_kv_codec
 from .layers import MLP, Attention, Linear, RMSNorm, RotaryEmbedding
 from .moe import SparseMoE
 
@@ -148,8 +148,8 @@ class CausalLM(nn.Module):
                 total -= (len(sizes) - layer.mlp.top_k) * sum(sizes) / len(sizes)
         return int(total)
 
-    def new_caches(self, num_blocks: int, block_size: int = 16, kv_codec: str = "auto") -> list[LayerKVCache]:
-        """Allocate one paged cache per layer with the named codec."""
+    def new_caches(self, num_blocks: int, block_size: int = 16, kv_codec: "str | KVCodec" = "auto") -> list[LayerKVCache]:
+        """Allocate one paged cache per layer with the named codec (or the codec object the engine built)."""
         codec = get_kv_codec(kv_codec, self.dtype)
         if self.kv_head_range is not None:  # a tensor-parallel shard: per-head codec state for its heads only
             codec = codec.for_heads(*self.kv_head_range)

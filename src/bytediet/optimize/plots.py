@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from ..eval.kv_pareto import clip_limit, pareto_front  # noqa: F401 (pareto_front re-exported)
 from ..eval.plots import save_figure
 
 STEP_STYLE = {"baseline": ("#333333", "s"), "weights": ("#4878d0", "o"), "kv": ("#ee854a", "^"),
@@ -19,20 +20,15 @@ def _pyplot():
     return plt
 
 
-def pareto_front(points: list[tuple[float, float]]) -> list[int]:
-    """Indices of the points no other point beats on both coordinates (both minimised), by x."""
-    order = sorted(range(len(points)), key=lambda i: (points[i][0], points[i][1]))
-    front, best_y = [], float("inf")
-    for i in order:
-        if points[i][1] < best_y:
-            front.append(i)
-            best_y = points[i][1]
-    return front
-
-
 def _panel(ax, records: list[dict], x_key: str, maximize_x: bool, budget: dict, chosen: str) -> None:
     xs = [r[x_key] for r in records]
-    ys = [r["ppl_increase_pct"] for r in records]
+    raw = [r["ppl_increase_pct"] for r in records]
+    top = max(clip_limit(raw), 1.5 * budget["max_ppl_increase"])   # one +3884 % point must not flatten the rest
+    ys = [min(y, top) for y in raw]
+    off = [f"{r['label']}: {y:+.0f} %" for r, y in zip(records, raw) if y > top]
+    if off:
+        ax.text(0.01, 0.99, "off scale: " + "; ".join(off), transform=ax.transAxes, fontsize=6, va="top")
+    ax.set_ylim(top=top * 1.05)
     for step, (color, marker) in STEP_STYLE.items():
         idx = [i for i, r in enumerate(records) if r["step"] == step]
         if idx:
@@ -44,7 +40,7 @@ def _panel(ax, records: list[dict], x_key: str, maximize_x: bool, budget: dict, 
         if r["label"] == chosen:
             ax.scatter([x], [y], s=260, facecolors="none", edgecolors="#d62728", linewidths=2, zorder=4,
                        label="recommended")
-    front = pareto_front([(-x if maximize_x else x, y) for x, y in zip(xs, ys)])
+    front = pareto_front([(-x if maximize_x else x, y) for x, y in zip(xs, raw)])
     ax.plot([xs[i] for i in front], [ys[i] for i in front], color="#999999", linestyle="--", zorder=1,
             label="Pareto front")
     ax.axhline(budget["max_ppl_increase"], color="#d62728", linestyle=":", label="budget")

@@ -19,6 +19,7 @@ def verify(out_dir: str | Path) -> dict:
     from ..eval.corpus import make_windows
     from ..eval.fidelity import kl_per_position, next_token_pairs, token_nll
     from ..eval.harness import tokenize_corpus
+    from ..kvcache.base import build_kv_codec
     from ..models.loader import load_model
     from .budget import Budget, within
     from .run_config import load_run_config
@@ -32,10 +33,13 @@ def verify(out_dir: str | Path) -> dict:
     model = kwargs["loaded"][0] if "loaded" in kwargs else load_model(kwargs["model"], weights=kwargs["weights"])[0]
     ids = tokenize_corpus(tokenizer, s["corpus"])
     bos = torch.tensor(tokenizer.encode("", add_special_tokens=True), dtype=torch.long)
+    # the codec the engine would build: its name plus the calibration state the run config produced
+    test_kv = build_kv_codec(kwargs["kv_cache_dtype"], kwargs.get("kv_calibration_state"), model.dtype,
+                             getattr(model, "rope", None))
     totals, kl = {"ref": [0.0, 0], "test": [0.0, 0]}, []
     for w in make_windows(ids, s["window_len"], s["windows"], split="eval", seed=s["seed"]):
         seq, logits = torch.cat([bos, w.ids]), {}
-        for name, m, kv in (("ref", reference, "auto"), ("test", model, kwargs["kv_cache_dtype"])):
+        for name, m, kv in (("ref", reference, "auto"), ("test", model, test_kv)):
             logits[name], targets = next_token_pairs(m.score(seq, kv_codec=kv)[len(bos):], w.ids)
             totals[name][0] += float(token_nll(logits[name], targets).sum())
             totals[name][1] += len(targets)

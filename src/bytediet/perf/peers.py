@@ -40,9 +40,10 @@ class BytedietSystem:
                  block_size: Optional[int] = None) -> None:
         from ..engine.llm import LLM
 
+        self.kv_state = None  # the calibration state of a calibrated codec (it travels with the name)
         if isinstance(source, LLM):
             self.model, self.tokenizer = source.model, source.tokenizer
-            kv_cache_dtype = source.config.cache.kv_cache_dtype
+            kv_cache_dtype, self.kv_state = source.config.cache.kv_cache_dtype, source.config.cache.kv_calibration_state
             max_num_batched_tokens = source.config.scheduler.max_num_batched_tokens
             block_size = source.config.cache.block_size
         else:
@@ -55,9 +56,9 @@ class BytedietSystem:
         self._llm, self._key = None, None
 
     def kv_codec(self):
-        from ..kvcache import get_kv_codec
+        from ..kvcache.base import build_kv_codec
 
-        return get_kv_codec(self.kv_cache_dtype, self.model.dtype)
+        return build_kv_codec(self.kv_cache_dtype, self.kv_state, self.model.dtype, getattr(self.model, "rope", None))
 
     def info(self) -> dict:
         formats = self.model.weight_formats()
@@ -72,7 +73,7 @@ class BytedietSystem:
         from ..kernels.cpu.dispatch import describe
         from ..models.native_decode import why_not_native
 
-        reason = why_not_native(self.model, self.model.new_caches(1, self.block_size, self.kv_cache_dtype))
+        reason = why_not_native(self.model, self.model.new_caches(1, self.block_size, self.kv_codec()))
         return {**describe(), "decode_step": "native" if reason is None else f"modules ({reason})"}
 
     def engine(self, concurrency: int, lengths: Sequence[int]):
@@ -87,7 +88,8 @@ class BytedietSystem:
         if self._key is None or self._key[0] != concurrency or self._key[1] < tokens:
             self._llm = None  # free the old pool first
             self._llm = LLM(str(getattr(self.model, "source_path", "model")), loaded=(self.model, self.tokenizer),
-                            kv_cache_dtype=self.kv_cache_dtype, kv_cache_memory=int(per_token * tokens) + 1,
+                            kv_cache_dtype=self.kv_cache_dtype, kv_calibration_state=self.kv_state,
+                            kv_cache_memory=int(per_token * tokens) + 1,
                             block_size=self.block_size, max_num_batched_tokens=self.max_num_batched_tokens,
                             max_num_seqs=concurrency, enable_prefix_caching=False, num_threads=self.threads)
             self._key = (concurrency, tokens)

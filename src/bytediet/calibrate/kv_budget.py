@@ -1,0 +1,173 @@
+"""``auto:<bits>``: choose, per layer and separately for K and V, the KV codec that minimises attention error
+under a byte budget (the plan of :class:`bytediet.kvcache.auto.BudgetCodec`).
+
+The machinery of weight mixed precision (:mod:`bytediet.calibrate.mixed`), applied to the KV cache:
+
+1. **Sensitivity by measurement.** Capture every layer's post-RoPE K, V and Q on calibration windows
+   (:func:`~bytediet.calibrate.kv.capture_kv`). For each layer, side (K or V) and candidate, store that side
+   alone with the candidate (the other side exact), run the layer's causal attention (its own scale and
+   sliding window) and measure the relative output error ‖o − ô‖² / ‖o‖², pooled over the windows.
+2. **Allocation.** Units are (layer, side); a unit's cost is its candidate's all-in bytes per token. The
+   greedy knapsack :func:`~bytediet.calibrate.mixed.choose_within_bytes` starts at the cheapest candidate
+   everywhere and buys the upgrade with the largest error reduction per byte while the total fits
+   ``bits × 2 × H × D × layers / 8`` bytes per token. The error is summed over layers and sides (additive
+   approximation, as for the weights; HAWQ, arXiv 1905.03696).
+
+Candidates are per-token codecs that page 16-token blocks, uncalibrated (their state would have to travel
+with the plan): bf16 and llama.cpp's block types (8.5 … 4.5 bits) and TurboQuant (4 … 2 bits). A candidate
+that cannot take the model's head dimension is skipped; a budget below the cheapest candidate is an error
+naming the budget.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import ConfigError
+from ..kvcache.base import get_kv_codec
+from ..kvcache.split import half_of
+from .base import Progress, no_progress
+from .kv import capture_kv
+from .mixed import choose_within_bytes
+
+DEFAULT_CANDIDATES = ("bf16", "q8_0", "q5_0", "q4_1", "q4_0", "turboquant4", "turboquant3.5", "turboquant3",
+                      "turboquant2.5", "turboquant2")
+
+
+@dataclass
+class KVPlan:
+    budget: float
+    plan: list[dict]                          # per layer {"k": spec, "v": spec}
+    bits: float                               # achieved all-in bits per coordinate
+    errors: list[dict]                        # per layer {"k": {spec: err}, "v": {spec: err}}
+    estimated_error: float                    # Σ of the chosen units' errors
+
+    def state(self) -> dict:
+        """The :class:`~bytediet.kvcache.auto.BudgetCodec` calibration state."""
+        return {"budget": self.budget, "plan": self.plan}
+
+    def to_dict(self) -> dict:
+        return {"budget": self.budget, "bits": self.bits, "plan": self.plan, "estimated_error": self.estimated_error,
+                "errors": self.errors}
+
+    def summary(self) -> str:
+        """One line per layer: ``layer 3: k=q8_0 (err 1.2e-04) v=q4_0 (err 3.1e-03)``."""
+        lines = [f"KV plan for auto:{self.budget:g}: {self.bits:.3f} bits per coordinate all-in"]
+        for i, (p, e) in enumerate(zip(self.plan, self.errors)):
+            lines.append(f"  layer {i:2d}: k={p['k']:<14} (err {e['k'][p['k']]:.2e})  v={p['v']:<14} "
+                         f"(err {e['v'][p['v']]:.2e})")
+        return "\n".join(lines)
+
+
+def _causal_attention(q, k, v, scale: float, window: Optional[int]) -> torch.Tensor:
+    """q (L, Hq, D), k/v (L, Hkv, D) → (L, Hq, D), causal (and sliding-window) attention in float32."""
+    n, hq, _ = q.shape
+    group = hq // k.shape[1]
+    k, v = (t.repeat_interleave(group, dim=1).transpose(0, 1) for t in (k, v))    # (Hq, L, D)
+    pos = torch.arange(n)
+    mask = pos[None, :] <= pos[:, None]
+    if window is not None:
+        mask &= pos[None, :] > pos[:, None] - window
+    return F.scaled_dot_product_attention(q.transpose(0, 1), k, v, attn_mask=mask, scale=scale).transpose(0, 1)
+
+
+def _stored(spec: str, role: str, x: torch.Tensor, layer: int) -> Optional[torch.Tensor]:
+    """x (N, H, D) written into ``spec``'s K or V half and read back; None if the half cannot take this shape."""
+    half = half_of(get_kv_codec(spec), role)
+    n, h, d = x.shape
+    block = 16
+    try:
+        half.check(h, d, block)
+        pages = half.create(layer, role, math.ceil(n / block), block, h, d, "cpu")
+    except ConfigError:
+        return None
+    slots = torch.arange(n)
+    pages.write(x.float(), slots)
+    return pages.decode(slots)
+
+
+def layer_errors(sample: dict, lengths: Sequence[int], candidates: Sequence[str], layer: int, scale: float,
+                 window: Optional[int]) -> dict:
+    """{"k": {spec: relative attention-output error}, "v": {...}} of one layer (candidates that fit)."""
+    k, v, q = sample["k"], sample["v"], sample["q"]
+    bounds = [0] + list(torch.tensor(list(lengths)).cumsum(0).tolist())
+    ref = [_causal_attention(q[a:b], k[a:b], v[a:b], scale, window) for a, b in zip(bounds, bounds[1:])]
+    den = sum(float(o.pow(2).sum()) for o in ref)
+    out: dict = {"k": {}, "v": {}}
+    for spec in candidates:
+        for role in ("k", "v"):
+            stored = _stored(spec, role, k if role == "k" else v, layer)
+            if stored is None:
+                continue
+            num = 0.0
+            for (a, b), o in zip(zip(bounds, bounds[1:]), ref):
+                kk, vv = (stored[a:b], v[a:b]) if role == "k" else (k[a:b], stored[a:b])
+                num += float((_causal_attention(q[a:b], kk, vv, scale, window) - o).pow(2).sum())
+            out[role][spec] = num / max(den, 1e-30)
+    return out
+
+
+def allocate(errors: list[dict], nbytes: dict[str, dict[str, float]], budget: float, num_kv_heads: int,
+             head_dim: int) -> list[dict]:
+    """Per layer {"k": spec, "v": spec} minimising Σ error with mean all-in bits ≤ ``budget``.
+
+    ``errors[i][role][spec]``: measured damage; ``nbytes[role][spec]``: bytes per token of that half."""
+    units = {(i, role): dict(e[role]) for i, e in enumerate(errors) for role in ("k", "v")}
+    for (i, role), table in units.items():
+        if not table:
+            raise ConfigError(f"no KV candidate can store layer {i}'s {role.upper()} (head_dim {head_dim})")
+    cost = {u: {s: nbytes[u[1]][s] for s in units[u]} for u in units}
+    max_bytes = budget * 2 * num_kv_heads * head_dim * len(errors) / 8
+    cheapest = sum(min(c.values()) for c in cost.values()) * 8 / (2 * num_kv_heads * head_dim * len(errors))
+    if cheapest > budget + 1e-12:
+        raise ConfigError(f"the KV budget auto:{budget:g} is below what any codec reaches on this model "
+                          f"({cheapest:.3f} bits per coordinate all-in at least); raise the budget")
+    pick = choose_within_bytes(units, cost, max_bytes * (1 + 1e-12))
+    return [{"k": pick[(i, "k")], "v": pick[(i, "v")]} for i in range(len(errors))]
+
+
+def candidate_bytes(candidates: Sequence[str], num_kv_heads: int, head_dim: int) -> dict[str, dict[str, float]]:
+    """{"k": {spec: bytes per token of its key half}, "v": {...}} (one layer)."""
+    return {role: {s: half_of(get_kv_codec(s), role).bytes_per_token(num_kv_heads, head_dim) for s in candidates}
+            for role in ("k", "v")}
+
+
+def _check_budget(budget: float, nbytes: dict, h: int, d: int) -> None:
+    cheapest = (min(nbytes["k"].values()) + min(nbytes["v"].values())) * 8 / (2 * h * d)
+    if cheapest > budget + 1e-12:
+        raise ConfigError(f"the KV budget auto:{budget:g} is below what any codec reaches on this model "
+                          f"({cheapest:.3f} bits per coordinate all-in at least); raise the budget")
+
+
+def measure_errors(model, windows: Sequence[torch.Tensor], candidates: Sequence[str] = DEFAULT_CANDIDATES,
+                   progress: Progress = no_progress) -> list[dict]:
+    """Per layer {"k": {spec: error}, "v": {...}}: the sensitivity tables (one pass serves every budget)."""
+    samples = capture_kv(model, windows)
+    lengths = [len(w) for w in windows]
+    errors = []
+    for i in progress(range(model.config.num_layers), "KV budget: attention error per layer and codec"):
+        attn = model.model.layers[i].self_attn
+        errors.append(layer_errors(samples[i], lengths, candidates, i, attn.scale, attn.window))
+    return errors
+
+
+def plan_from_errors(errors: list[dict], budget: float, num_kv_heads: int, head_dim: int,
+                     candidates: Sequence[str] = DEFAULT_CANDIDATES) -> KVPlan:
+    """The plan for ``budget`` from measured tables (:func:`measure_errors`)."""
+    nbytes = candidate_bytes(candidates, num_kv_heads, head_dim)
+    plan = allocate(errors, nbytes, budget, num_kv_heads, head_dim)
+    bits = sum(nbytes["k"][p["k"]] + nbytes["v"][p["v"]] for p in plan) * 8 / (2 * num_kv_heads * head_dim * len(plan))
+    est = sum(errors[i]["k"][p["k"]] + errors[i]["v"][p["v"]] for i, p in enumerate(plan))
+    return KVPlan(budget, plan, bits, errors, est)
+
+
+def plan_kv_budget(model, windows: Sequence[torch.Tensor], budget: float,
+                   candidates: Sequence[str] = DEFAULT_CANDIDATES, progress: Progress = no_progress) -> KVPlan:
+    """Measure every layer × side × candidate on ``windows`` (1-D token tensors) and choose the plan."""
+    h, d = model.config.num_kv_heads, model.config.head_dim
+    _check_budget(budget, candidate_bytes(candidates, h, d), h, d)      # fail before the forward passes
+    return plan_from_errors(measure_errors(model, windows, candidates, progress), budget, h, d, candidates)

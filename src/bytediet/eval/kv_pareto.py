@@ -1,0 +1,178 @@
+"""``bytediet eval --kv-pareto``: every KV codec and budget on the same windows, against bf16 KV, and the frontier.
+
+For each entry — the **anchors** (the KV formats of llama.cpp, vLLM, Hugging Face and KIVI, as registered codecs),
+bytediet's **codecs**, and **budgets** ``auto:<bits>`` (plans chosen on the calibration split, one sensitivity pass
+for all budgets, :mod:`bytediet.calibrate.kv_budget`) — the model scores the evaluation windows through the paged
+path with that codec, and is compared position by position with the same model on bf16 KV:
+
+* perplexity and its change [%], mean and p99 of the per-token KL(bf16 ‖ codec);
+* all-in bits per coordinate and bytes per token (all layers), the numbers that size the block pool;
+* capacity: concurrent 4096-token sequences in the KV memory that holds ``reference_sequences`` of them in bf16.
+
+The **frontier** is the set of entries no other entry beats on both bytes and perplexity change.
+"""
+from __future__ import annotations
+
+import math
+import time
+from typing import Optional, Sequence
+
+import torch
+
+from ..errors import ConfigError
+from .corpus import make_windows, tokenize_corpus
+from .fidelity import kl_per_position, next_token_pairs, token_nll
+
+ANCHORS = ("q8_0", "fp8_vllm", "k=q8_0,v=q4_0", "q5_0", "q4_1", "q4_0", "hf4", "hf2", "kivi4", "kivi2")
+OURS = ("int8", "fp8", "turboquant4", "turboquant3.5", "turboquant3", "turboquant2.5", "turboquant_prod3.5")
+BUDGETS = (8.5, 6.0, 4.5, 3.5)
+SEQ_LEN = 4096
+
+
+def pareto_front(points: list[tuple[float, float]]) -> list[int]:
+    """Indices of the points no other point beats on both coordinates (both minimised), by x."""
+    order = sorted(range(len(points)), key=lambda i: (points[i][0], points[i][1]))
+    front, best_y = [], float("inf")
+    for i in order:
+        if points[i][1] < best_y:
+            front.append(i)
+            best_y = points[i][1]
+    return front
+
+
+def _score(model, seq: torch.Tensor, codec) -> torch.Tensor:
+    return model.score(seq, kv_codec=codec, block_size=max(16, codec.min_block_size()))
+
+
+def _measure(model, codec, spec, kind, wins, bos, reference, n_tok, ref_nll, memory) -> dict:
+    """One entry's record: perplexity change, per-token KL tail, sizes and capacity."""
+    c = model.config
+    bpt = codec.bytes_per_token(c.num_kv_heads, c.head_dim) * c.num_layers
+    nll, kls = 0.0, []
+    for w, (ref_logits, targets) in zip(wins, reference):
+        logits, _ = next_token_pairs(_score(model, torch.cat([bos, w.ids]), codec)[len(bos):], w.ids)
+        nll += float(token_nll(logits, targets).sum())
+        kls.append(kl_per_position(ref_logits, logits))
+    kl = torch.cat(kls).double()
+    ppl, ppl_ref = math.exp(nll / n_tok), math.exp(ref_nll / n_tok)
+    rec = {"spec": spec, "kind": kind, "codec": codec.describe(c.head_dim),
+           "bits_per_coordinate": bpt * 8 / (2 * c.num_kv_heads * c.head_dim * c.num_layers),
+           "bytes_per_token": bpt, "ppl": ppl, "ppl_change_pct": 100 * (ppl / ppl_ref - 1),
+           "kl_mean": float(kl.mean()), "kl_p99": float(torch.quantile(kl, 0.99)),
+           "sequences_4096": int(memory // (bpt * SEQ_LEN))}
+    if kind == "budget":
+        rec["plan"] = codec.calibration_state()["plan"]
+    return rec
+
+
+def kv_pareto(model, tokenizer, *, corpus: str = "prideprejudice", windows: int = 4, window_len: int = 2048,
+              seed: int = 0, anchors: Sequence[str] = ANCHORS, ours: Sequence[str] = OURS,
+              budgets: Sequence[float] = BUDGETS, calib_windows: int = 1, calib_len: int = 512,
+              reference_sequences: int = 16, progress=None) -> dict:
+    """Measure every entry; returns a JSON-ready dict (``records``, ``frontier``, ``reference``, ``settings``)."""
+    from ..kvcache import get_kv_codec
+
+    progress = progress or (lambda xs, desc: xs)
+    t0 = time.perf_counter()
+    c = model.config
+    if window_len + 1 > c.max_position_embeddings:
+        raise ConfigError(f"window_len {window_len} exceeds the model's context ({c.max_position_embeddings})")
+    ids = tokenize_corpus(tokenizer, corpus)
+    wins = make_windows(ids, window_len, windows, split="eval", seed=seed)
+    bos = torch.tensor(tokenizer.encode("", add_special_tokens=True), dtype=torch.long)
+    ref_codec = get_kv_codec("bf16")
+    reference, ref_nll, n_tok = [], 0.0, 0
+    for w in progress(wins, "bf16 KV reference"):
+        logits, targets = next_token_pairs(_score(model, torch.cat([bos, w.ids]), ref_codec)[len(bos):], w.ids)
+        reference.append((logits, targets))
+        ref_nll += float(token_nll(logits, targets).sum())
+        n_tok += len(targets)
+    ref_bpt = ref_codec.bytes_per_token(c.num_kv_heads, c.head_dim) * c.num_layers
+    memory = ref_bpt * SEQ_LEN * reference_sequences
+
+    entries = [(s, "anchor", get_kv_codec(s)) for s in anchors] + [(s, "bytediet", get_kv_codec(s)) for s in ours]
+    plan_errors = None
+    if budgets:
+        from ..calibrate.base import CalibrationConfig
+        from ..calibrate.kv_budget import measure_errors, plan_from_errors
+        from .corpus import calibration_windows
+
+        cal = calibration_windows(tokenizer, CalibrationConfig(samples=calib_windows, seq_len=calib_len, corpus=corpus,
+                                                               seed=seed), bos=False)
+        plan_errors = measure_errors(model, cal, progress=progress)
+    records = []
+    for b in budgets or ():
+        codec = get_kv_codec(f"auto:{b:g}")
+        try:
+            codec.load_calibration_state(plan_from_errors(plan_errors, b, c.num_kv_heads, c.head_dim).state())
+        except ConfigError as exc:          # a budget below every candidate: listed with its reason
+            records.append({"spec": codec.name, "kind": "budget", "error": str(exc)})
+            continue
+        entries.append((codec.name, "budget", codec))
+    for spec, kind, codec in progress(entries, "KV codecs"):
+        try:
+            records.append(_measure(model, codec, spec, kind, wins, bos, reference, n_tok, ref_nll, memory))
+        except ConfigError as exc:          # e.g. a head dim the codec cannot take: listed, not fatal
+            records.append({"spec": spec, "kind": kind, "error": str(exc)})
+    ok = [r for r in records if "error" not in r]
+    for i in pareto_front([(r["bytes_per_token"], r["ppl_change_pct"]) for r in ok]):
+        ok[i]["frontier"] = True
+    return {"model": getattr(model, "source_path", "") or c.name, "model_name": c.name,
+            "reference": {"kv_cache_dtype": "bf16", "ppl": math.exp(ref_nll / n_tok), "tokens": n_tok,
+                          "bytes_per_token": ref_bpt, "sequences_4096": reference_sequences},
+            "settings": {"corpus": corpus, "windows": windows, "window_len": window_len, "seed": seed,
+                         "calib_windows": calib_windows, "calib_len": calib_len, "budgets": list(budgets)},
+            "window_starts": [w.start for w in wins], "records": records,
+            "frontier": [r["spec"] for r in sorted(ok, key=lambda r: r["bytes_per_token"]) if r.get("frontier")],
+            "elapsed_s": time.perf_counter() - t0}
+
+
+def clip_limit(values: Sequence[float], floor: float = 5.0) -> float:
+    """A y-axis top that keeps the frontier readable: 3× the median magnitude, at least ``floor``; points above
+    it are drawn on the edge and listed (a +3884 % point no longer flattens the rest)."""
+    mags = sorted(abs(v) for v in values)
+    if not mags:
+        return floor
+    return max(floor, 3 * mags[len(mags) // 2])
+
+
+def off_scale(records: Sequence[dict], top: float) -> list[str]:
+    """``"spec: +x.x %"`` for every entry whose perplexity change lies above the axis top ``top``."""
+    return [f"{r['spec']}: {r['ppl_change_pct']:+.1f} %" for r in records if r["ppl_change_pct"] > top]
+
+
+def plot_kv_pareto(result: dict, path, clip: Optional[float] = None):
+    """Perplexity change [%] against bytes per token: frontier dashed, anchors orange, bytediet blue, budgets green;
+    x on a log axis, y clipped at :func:`clip_limit` with off-scale points listed under the plot."""
+    from .plots import _pyplot, save_figure
+
+    plt = _pyplot()
+    recs = [r for r in result["records"] if "error" not in r]
+    top = clip if clip is not None else clip_limit([r["ppl_change_pct"] for r in recs])
+    style = {"anchor": ("#ee854a", "s", "anchors (llama.cpp, vLLM, HF, KIVI)"),
+             "bytediet": ("#4878d0", "o", "bytediet codecs"), "budget": ("#6acc64", "D", "bytediet auto:<bits>")}
+    fig, ax = plt.subplots(figsize=(10, 6))
+    off = off_scale(recs, top)
+    for kind, (color, marker, label) in style.items():
+        pts = [r for r in recs if r["kind"] == kind]
+        if pts:
+            ax.scatter([r["bytes_per_token"] for r in pts], [min(r["ppl_change_pct"], top) for r in pts], c=color,
+                       marker=marker, s=50, label=label, zorder=3)
+        for r in pts:
+            y = min(r["ppl_change_pct"], top)
+            ax.annotate(r["spec"], (r["bytes_per_token"], y), fontsize=7, xytext=(4, 3), textcoords="offset points")
+    front = sorted((r for r in recs if r.get("frontier")), key=lambda r: r["bytes_per_token"])
+    ax.plot([r["bytes_per_token"] for r in front], [min(r["ppl_change_pct"], top) for r in front], "--",
+            color="#999999", zorder=1, label="frontier")
+    ax.axhline(0, color="#333333", linewidth=0.8)
+    ax.set_xscale("log")
+    ax.set_ylim(top=top * 1.05)
+    ax.set_xlabel("KV bytes per token (all layers, all-in), log scale")
+    ax.set_ylabel(f"perplexity change vs bf16 KV [%] (clipped at {top:.3g} %)")
+    ax.set_title(f"{result['model_name']}: KV accuracy per byte ({result['settings']['windows']} × "
+                 f"{result['settings']['window_len']} tokens)")
+    if off:
+        ax.text(0.01, 0.01, "off scale: " + "; ".join(off), transform=ax.transAxes, fontsize=7, va="bottom")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    return save_figure(fig, plt, path)

@@ -1,0 +1,69 @@
+"""``bytediet eval --kv-pareto``: every entry against bf16 KV on the same windows, the frontier, the clipped plot."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bytediet.eval.kv_pareto import clip_limit, kv_pareto, off_scale, pareto_front, plot_kv_pareto
+from bytediet.models.loader import load_model
+from tests.conftest import model_from_state, random_state, tiny_config
+from tests.eval.test_harness import write_tiny_checkpoint
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny-ckpt"))
+
+
+@pytest.fixture(scope="module")
+def result(ckpt):
+    _, tokenizer = load_model(str(ckpt))
+    cfg = tiny_config("llama", vocab_size=tokenizer.vocab_size if hasattr(tokenizer, "vocab_size") else 300,
+                      hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=32)
+    model = model_from_state(cfg, random_state(cfg, seed=5))
+    return kv_pareto(model, tokenizer, corpus=str(ckpt / "corpus.txt"), windows=2, window_len=48,
+                     anchors=("q8_0", "k=q8_0,v=q4_0", "q4_0"), ours=("bf16", "turboquant2"), budgets=(6.0, 0.5),
+                     calib_windows=1, calib_len=48)
+
+
+def test_every_entry_is_measured_against_bf16(result):
+    recs = {r["spec"]: r for r in result["records"]}
+    assert recs["bf16"]["ppl_change_pct"] == 0 and recs["bf16"]["kl_mean"] == pytest.approx(0, abs=1e-9)
+    assert recs["q8_0"]["bits_per_coordinate"] == 8.5 and recs["k=q8_0,v=q4_0"]["bits_per_coordinate"] == 6.5
+    assert recs["q8_0"]["bytes_per_token"] == 8.5 / 8 * 2 * 2 * 32 * 2             # 2 KV heads × 32 × 2 layers
+    assert recs["turboquant2"]["kl_mean"] > recs["q8_0"]["kl_mean"] > 0
+    assert recs["q8_0"]["kl_p99"] >= recs["q8_0"]["kl_mean"]
+    assert recs["q8_0"]["sequences_4096"] == int(16 * 16 / 8.5)                     # equal memory: 16 bf16 sequences
+    assert recs["auto:6"]["bits_per_coordinate"] <= 6 and len(recs["auto:6"]["plan"]) == 2
+    assert "auto:0.5 is below what any codec reaches" in recs["auto:0.5"]["error"]   # listed, named
+
+
+def test_the_frontier_is_exactly_the_undominated_entries(result):
+    ok = [r for r in result["records"] if "error" not in r]
+    for r in ok:
+        dominated = any(o["bytes_per_token"] <= r["bytes_per_token"] and o["ppl_change_pct"] < r["ppl_change_pct"]
+                        or o["bytes_per_token"] < r["bytes_per_token"] and o["ppl_change_pct"] <= r["ppl_change_pct"]
+                        for o in ok)
+        assert r.get("frontier", False) == (not dominated), r["spec"]
+    assert result["frontier"] == [r["spec"] for r in sorted(ok, key=lambda r: r["bytes_per_token"]) if r.get("frontier")]
+    assert pareto_front([(1, 5), (2, 3), (3, 4), (4, 1)]) == [0, 1, 3]
+
+
+def test_a_head_dim_a_codec_cannot_take_is_listed_with_the_layer(ckpt):
+    model, tokenizer = load_model(str(ckpt))                                          # head_dim 8
+    out = kv_pareto(model, tokenizer, corpus=str(ckpt / "corpus.txt"), windows=1, window_len=32, anchors=("q8_0",),
+                    ours=("bf16",), budgets=())
+    err = {r["spec"]: r.get("error") for r in out["records"]}
+    assert "layer 0 has head_dim 8" in err["q8_0"] and err["bf16"] is None
+
+
+def test_the_plot_clips_and_lists_off_scale_points(tmp_path, result):
+    fake = json.loads(json.dumps(result))
+    fake["records"].append({"spec": "broken", "kind": "bytediet", "bytes_per_token": 100.0, "ppl_change_pct": 3884.0,
+                            "bits_per_coordinate": 1.0})
+    assert clip_limit([0.1, 0.5, 1.0, 3884.0]) == 5.0 and clip_limit([10, 20, 30]) == 60
+    top = clip_limit([r["ppl_change_pct"] for r in fake["records"] if "error" not in r])
+    assert off_scale([r for r in fake["records"] if "error" not in r], top)[-1] == "broken: +3884.0 %"
+    path = plot_kv_pareto(fake, tmp_path / "kv_pareto.png")
+    assert path.stat().st_size > 10_000

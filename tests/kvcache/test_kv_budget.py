@@ -1,0 +1,87 @@
+"""``auto:<bits>``: the budget allocator (never over budget, bits to sensitive layers) and the plan end to end."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from bytediet.calibrate.kv_budget import DEFAULT_CANDIDATES, allocate, plan_kv_budget
+from bytediet.errors import ConfigError
+from bytediet.kvcache import get_kv_codec
+from bytediet.kvcache.split import half_of
+from tests.conftest import model_from_state, random_state, tiny_config
+
+H, D = 2, 64
+NBYTES = {role: {s: half_of(get_kv_codec(s), role).bytes_per_token(H, D) for s in DEFAULT_CANDIDATES}
+          for role in ("k", "v")}
+
+
+def _bits(plan) -> float:
+    return sum(NBYTES["k"][p["k"]] + NBYTES["v"][p["v"]] for p in plan) * 8 / (2 * H * D * len(plan))
+
+
+def _errors(sensitivity: list[float], rng: random.Random) -> list[dict]:
+    """Error tables shaped like measured ones: ~4^-bits (a bit quarters the MSE), times each layer's sensitivity."""
+    out = []
+    for s in sensitivity:
+        out.append({role: {spec: s * 4.0 ** -(NBYTES[role][spec] * 8 / (H * D)) * rng.uniform(0.8, 1.2)
+                           for spec in DEFAULT_CANDIDATES} for role in ("k", "v")})
+    return out
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_allocator_never_exceeds_the_budget(seed):
+    rng = random.Random(seed)
+    errors = _errors([rng.uniform(0.1, 10) for _ in range(12)], rng)
+    previous = None
+    for budget in (2.25, 2.6, 3.0, 3.5, 4.5, 5.0, 6.0, 8.5, 12.0, 16.0, 20.0):
+        plan = allocate(errors, NBYTES, budget, H, D)
+        assert _bits(plan) <= budget + 1e-9
+        total = sum(errors[i]["k"][p["k"]] + errors[i]["v"][p["v"]] for i, p in enumerate(plan))
+        assert previous is None or total <= previous + 1e-12       # more bytes never cost accuracy
+        previous = total
+
+
+def test_sensitive_layers_get_more_bits():
+    rng = random.Random(0)
+    sens = [1.0, 100.0, 1.0, 100.0, 1.0, 1.0]               # layers 1 and 3 are 100× as sensitive
+    errors = _errors(sens, rng)
+    errors[2]["k"] = {s: 50 * e for s, e in errors[2]["k"].items()}   # and layer 2's keys alone (outlier channels)
+    plan = allocate(errors, NBYTES, 4.5, H, D)
+    bits = lambda i, role: NBYTES[role][plan[i][role]] * 8 / (H * D)  # noqa: E731
+    calm = max(bits(i, r) for i in (0, 4, 5) for r in ("k", "v"))
+    assert min(bits(i, r) for i in (1, 3) for r in ("k", "v")) > calm
+    assert bits(2, "k") > bits(2, "v")
+
+
+def test_a_budget_below_every_codec_is_an_error_naming_it():
+    errors = _errors([1.0, 1.0], random.Random(0))
+    with pytest.raises(ConfigError, match=r"auto:1\.5 is below what any codec reaches"):
+        allocate(errors, NBYTES, 1.5, H, D)
+    cfg = tiny_config("llama", hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=64)
+    with pytest.raises(ConfigError, match=r"auto:1 is below"):
+        plan_kv_budget(model_from_state(cfg, random_state(cfg, seed=0)), [torch.arange(8)], 1.0)
+
+
+def test_the_plan_runs_in_the_engine_and_travels_as_data():
+    from bytediet import LLM
+    from bytediet.calibrate.kv import calibrate_codec
+
+    cfg = tiny_config("llama", hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=64)
+    model = model_from_state(cfg, random_state(cfg, seed=4))
+    windows = [torch.randint(0, cfg.vocab_size, (64,)) for _ in range(2)]
+    plan = plan_kv_budget(model, windows, 5.0)
+    assert plan.bits <= 5.0 and len(plan.plan) == cfg.num_layers
+    assert all(set(e["k"]) == set(DEFAULT_CANDIDATES) for e in plan.errors)
+    assert all(e["k"]["bf16"] < e["k"]["turboquant2"] for e in plan.errors)   # errors measured, not guessed
+    codec = calibrate_codec(get_kv_codec("auto:5"), model, windows)
+    assert codec.calibration_state() == plan.state()
+    llm = LLM("tiny", loaded=(model, None), kv_cache_dtype="auto:5", kv_calibration_state=plan.state(),
+              num_blocks=8, block_size=16)
+    runner = llm.engine.runner
+    assert runner.codec.plan == plan.plan and "KV plan for auto:5" in runner.codec.plan_table(2, 64)
+    assert runner.kv_cache_bytes() == pytest.approx(8 * 16 * runner.bytes_per_token)
+    assert len(llm.generate([[1, 2, 3, 4]])[0].outputs[0].token_ids) > 0
+    with pytest.raises(ConfigError, match="auto:5 is a byte budget"):
+        LLM("tiny", loaded=(model, None), kv_cache_dtype="auto:5", num_blocks=8)
