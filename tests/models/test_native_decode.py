@@ -82,7 +82,7 @@ def test_native_decode_step_over_other_kv_pages_equals_module_path(arch, kv):
 
 
 @pytest.mark.parametrize("arch,fmt", [(a, "gguf-q4_1") for a in ("llama", "qwen2", "gemma3")] + [
-    ("llama", "int8"), ("qwen2", "int4-g32"), ("gemma3", "int4-g32-sym"), ("llama", "mxfp4"), ("qwen2", "nvfp4")])  # bytediet's formats: repacked layouts
+    ("llama", "int8"), ("qwen2", "int4-g32"), ("gemma3", "int4-g32-sym"), ("llama", "mxfp4"), ("qwen2", "nvfp4"), ("llama", "sparse24-int8")])  # bytediet's formats: repacked layouts
 @pytest.mark.parametrize("activations", ["q16", "q8", "f32"])
 def test_native_decode_step_equals_module_path(arch, fmt, activations):
     model = packed_model(arch, fmt=fmt)

@@ -28,8 +28,9 @@ from typing import Optional
 import torch
 
 from ..kernels.reference import sparse24_positions
+from ..kernels import native_layouts
 from .base import WEIGHT_FORMATS, Packed
-from .common import no_parameters
+from .common import NativeActivations, no_parameters
 from .int8 import quantize_rows_int8
 from .pruning import PrunedFormat, channel_norms, kept_values, top_half  # noqa: F401 (channel_norms re-exported)
 
@@ -91,11 +92,21 @@ class Sparse24(PrunedFormat):
 
 
 @WEIGHT_FORMATS.register("sparse24-int8")
-class Sparse24Int8(Sparse24):
-    """2:4 sparse weight, the kept values int8 with one float32 scale per row (5 bits/weight + scale)."""
+class Sparse24Int8(NativeActivations, Sparse24):
+    """2:4 sparse weight, the kept values int8 with one float32 scale per row (5 bits/weight + scale).
+
+    Where the native kernels exist, a layer multiplies through :meth:`native_layout`: the same 5 bits per weight
+    (kernels/native_layouts.py ``SPARSE24_INT8``), the kept values expanded into their positions in registers.
+    """
 
     name = "sparse24-int8"
     value_bits = 8
+
+    def native_layout(self, packed: Packed):
+        if packed["values"].shape[1] % 16:  # whole blocks of 32 weights per row only
+            return None
+        return native_layouts.SPARSE24_INT8, native_layouts.pack_sparse24_int8(packed["values"], packed["index"],
+                                                                               packed["scale"])
 
     def bits_per_weight(self, out_features: int, in_features: int) -> float:
         return super().bits_per_weight(out_features, in_features) + 32.0 / in_features
