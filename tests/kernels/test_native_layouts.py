@@ -126,3 +126,23 @@ def test_native_layout_extreme_inputs(variant):
                 y = ops.gemm_blocks(t, rows, x, None, activations, variant=variant)
                 check_close(y, reference.gemm_blocks(t, rows, x, None, activations), x,
                             reference.dequantize_blocks(t, rows))
+
+
+@needs_native
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_native_dequantize_equals_the_reference_decoders(variant):
+    """The float decode behind the compute-bound path (ops.dequantize_blocks), for GGML and bytediet layouts."""
+    from gguf import GGMLQuantizationType as T
+
+    from .test_ops_gemm_blocks import K_TYPES, SMALL_BLOCK_TYPES, random_blocks
+
+    gen = torch.Generator().manual_seed(4)
+    cases = [(int(t), random_blocks(t, 5, 512, gen)) for t in SMALL_BLOCK_TYPES + list(K_TYPES)]
+    cases += [(t, rows) for *_, rows, t in (int8_rows(5, 512, gen), int4_rows(5, 512, 128, False, gen),
+                                            int4_rows(5, 512, 32, True, gen), fp4_rows(MXFP4(), 5, 512, gen),
+                                            fp4_rows(NVFP4(), 5, 512, gen), sparse24_rows(5, 512, gen))]
+    for t, rows in cases:
+        got = ops.dequantize_blocks(t, rows, variant=variant)
+        want = reference.dequantize_blocks(t, rows)
+        assert got.shape == want.shape == (5, 512)
+        assert torch.allclose(got, want, rtol=1e-6, atol=1e-7), t  # one rounding (fma) against two

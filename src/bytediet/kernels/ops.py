@@ -129,6 +129,33 @@ def gemm_blocks(ggml_type: int, blocks: torch.Tensor, x: torch.Tensor, bias: Opt
     return _like_input(y, x)
 
 
+def row_weights(ggml_type: int, row_bytes: int) -> int:
+    """K of a weight row of ``row_bytes`` bytes in this block type (GGML or bytediet layout)."""
+    if native_layouts.is_native_layout(ggml_type):
+        return native_layouts.row_weights(ggml_type, row_bytes)
+    return row_bytes // reference.block_bytes(ggml_type) * block_size_of(ggml_type)
+
+
+def dequantize_blocks(ggml_type: int, blocks: torch.Tensor, variant: Optional[str] = None) -> torch.Tensor:
+    """See :func:`bytediet.kernels.reference.dequantize_blocks` (the native decoder fuses and parallelises it)."""
+    lib = _library(variant)
+    if lib is None or int(ggml_type) not in NATIVE_GEMM_TYPES or blocks.device.type != "cpu":
+        return reference.dequantize_blocks(ggml_type, blocks)
+    n, k = blocks.shape[0], row_weights(ggml_type, blocks.shape[1])
+    blocks = blocks if blocks.is_contiguous() else blocks.contiguous()
+    out = torch.empty(n, k, dtype=torch.float32)
+    if lib.bd_dequantize_blocks(int(ggml_type), blocks.data_ptr(), n, k, out.data_ptr()) != 0:
+        return reference.dequantize_blocks(ggml_type, blocks)
+    return out
+
+
+# Products with at least this many activation rows (prefill chunks, scoring) decode the weight to float32 once
+# and run PyTorch's float GEMM (MKL/oneDNN) in the q16 and f32 activation modes (models/layers.py): compute-bound,
+# where that GEMM beats the integer row kernels
+# (measured on a Zen 3 VM: 420 against 272 tok/s prefill for SmolLM2; bench/RESULTS.md, Recording 4).
+DENSE_GEMM_MIN_ROWS = 64
+
+
 # --- row-interleaved (x4) weights ----------------------------------------------------------------------------
 
 X4_TYPES = frozenset({2, 3, 6, 8})  # Q4_0, Q4_1, Q5_0, Q8_0

@@ -68,9 +68,16 @@ class Linear(nn.Module):
         return getattr(self, "packed_" + self._packed_keys[0]).device if self._packed_keys else torch.device("cpu")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        native = self.native_weight() if x.device.type == "cpu" else None
+        if (native is not None and x.numel() >= ops.DENSE_GEMM_MIN_ROWS * self.in_features
+                and self.format.activations != "q8"):
+            # compute-bound (a prefill chunk): decode the weight once, then the float GEMM. Exact activations,
+            # so only for q16 (int16-like already) and f32; q8 keeps its integer kernel, whose measured cost
+            # the user chose.
+            w = ops.dequantize_blocks(native[0], native[1]).to(x.dtype)
+            return F.linear(x, w, None if self.bias is None else self.bias.to(x.dtype))
         if self.interleaved is not None:  # the same weight, laid out for the native kernels (ops.repack_x4)
             return ops.gemm_x4(self.format.ggml_type, self.interleaved, x, self.bias, self.format.activations)
-        native = self.native_weight() if x.device.type == "cpu" else None
         if native is not None:
             return ops.gemm_blocks(native[0], native[1], x, self.bias, self.format.activations)
         return self.format.apply(x, self.packed, self.bias)

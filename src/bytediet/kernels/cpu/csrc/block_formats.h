@@ -192,19 +192,37 @@ inline __m256i e2m1_codes(const uint8_t* qs) {
     return _mm256_shuffle_epi8(lut, nibbles_halves(qs));
 }
 
-inline float e4m3_to_f32(uint8_t b) {  // OCP FP8 E4M3 (fn: no infinities; 0x7F/0xFF are NaN)
+inline float e4m3_to_f32_slow(uint8_t b) {  // OCP FP8 E4M3 (fn: no infinities; 0x7F/0xFF are NaN)
     const int e = (b >> 3) & 15, mnt = b & 7;
     float v = e == 0 ? std::ldexp(static_cast<float>(mnt), -9) : std::ldexp(static_cast<float>(8 + mnt), e - 10);
     if ((b & 0x7F) == 0x7F) v = NAN;
     return b & 0x80 ? -v : v;
 }
 
+// 256-entry tables, built once: a libm ldexp per 32 weights cost more than the dot product itself.
+struct ScaleTables {
+    float e4m3[256], e8m0_half[256];  // E4M3 → float; E8M0 byte e → 2^(e − 128) (the E2M1 ½ folded in)
+    ScaleTables() {
+        for (int b = 0; b < 256; ++b) {
+            e4m3[b] = e4m3_to_f32_slow(static_cast<uint8_t>(b));
+            e8m0_half[b] = b == 255 ? NAN : std::ldexp(1.0f, b - 128);
+        }
+    }
+};
+
+inline const ScaleTables& scale_tables() {
+    static const ScaleTables tables;
+    return tables;
+}
+
+inline float e4m3_to_f32(uint8_t b) { return scale_tables().e4m3[b]; }
+
 // mxfp4: per 32 weights [E8M0 scale][16 bytes of E2M1 codes]; weight = 2^(e − 127) · v = (2^(e − 128)) · (2v).
 struct MXFP4Blocks : NoRowHeader {
     static constexpr int SUB = 1, BYTES = 17;
     static constexpr bool SIGNED = true, SPLIT = false;
     static void scales(const uint8_t* b, SubScales& s) {
-        s.d_lo[0] = s.d_hi[0] = b[0] == 255 ? NAN : std::ldexp(1.0f, static_cast<int>(b[0]) - 128);
+        s.d_lo[0] = s.d_hi[0] = scale_tables().e8m0_half[b[0]];
         s.m[0] = 0.0f;
     }
     static __m256i codes(const uint8_t* b, int) { return e2m1_codes(b + 1); }

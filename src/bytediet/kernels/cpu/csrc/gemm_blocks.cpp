@@ -306,6 +306,43 @@ int gemm_blocks_f32(int ggml_type, const uint8_t* w, long N, long K, const Float
     return with_format(ggml_type, [&](auto f) { gemm_f32<decltype(f)>(w, N, K, x, M, y, ldy, bias); });
 }
 
+// Rows [0, N) of W decoded to float32 (N, K): codes widened, times the sub-block scale, plus its term, times
+// the row scale — the reference decoders' values, for the compute-bound path (large batches) that multiplies
+// with a float GEMM.
+template <class F>
+void dequantize_rows(const uint8_t* w, long N, long K, float* out) {
+    const long nsuper = K / (32 * F::SUB), row_bytes = F::HEADER + nsuper * F::BYTES;
+    parallel_run([&](int t, int nt) {
+        long b, e;
+        split_range(N, nt, t, 1, &b, &e);
+        SubScales sc;
+        for (long n = b; n < e; ++n) {
+            const uint8_t* row = w + n * row_bytes;
+            const float rs = F::row_scale(row);
+            float* o = out + n * K;
+            for (long i = 0; i < nsuper; ++i) {
+                const uint8_t* blk = row + F::HEADER + i * F::BYTES;
+                F::scales(blk, sc);
+                for (int j = 0; j < F::SUB; ++j) {
+                    __m256 q[4];
+                    widen_codes<F>(F::codes(blk, j), q);
+                    const __m256 m = _mm256_set1_ps(sc.m[j]);
+                    for (int k = 0; k < 4; ++k) {
+                        const __m256 d = _mm256_set1_ps(k < 2 ? sc.d_lo[j] : sc.d_hi[j]);
+                        __m256 v = _mm256_fmadd_ps(q[k], d, m);
+                        if constexpr (F::HEADER != 0) v = _mm256_mul_ps(v, _mm256_set1_ps(rs));
+                        _mm256_storeu_ps(o + (i * F::SUB + j) * 32 + 8 * k, v);
+                    }
+                }
+            }
+        }
+    });
+}
+
+int dequantize_blocks(int ggml_type, const uint8_t* w, long N, long K, float* out) {
+    return with_format(ggml_type, [&](auto f) { dequantize_rows<decltype(f)>(w, N, K, out); });
+}
+
 int super_block_weights(int ggml_type) {
     int n = 0;
     with_format(ggml_type, [&](auto f) { n = 32 * decltype(f)::SUB; });
@@ -334,6 +371,14 @@ int bd_gemm_blocks(int ggml_type, const uint8_t* w, long N, long K, const float*
     bd::block_sums(x, M, K, t_sums.data());
     bd::FloatRows rows{x, t_sums.data(), K, nb};
     return bd::gemm_blocks_f32(ggml_type, w, N, K, rows, M, y, N, bias);
+}
+
+// W (N, K) in a block layout → float32 out (N, K). Returns 0, -1 for an unknown type, -2 for K not whole blocks.
+int bd_dequantize_blocks(int ggml_type, const uint8_t* w, long N, long K, float* out) {
+    const int sb = bd::super_block_weights(ggml_type);
+    if (sb == 0) return -1;
+    if (K % sb) return -2;
+    return bd::dequantize_blocks(ggml_type, w, N, K, out);
 }
 
 void bd_quantize_rows_q8(const float* x, long M, long K, int8_t* q, float* d, float* s) {

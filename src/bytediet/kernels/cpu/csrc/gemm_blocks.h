@@ -35,6 +35,7 @@ int gemm_blocks_q8(int ggml_type, const uint8_t* w, long N, long K, const Quanti
 int gemm_blocks_f32(int ggml_type, const uint8_t* w, long N, long K, const FloatRows& x, long M, float* y,
                     long ldy, const float* bias);
 int super_block_weights(int ggml_type);
+int dequantize_blocks(int ggml_type, const uint8_t* w, long N, long K, float* out);
 
 }  // namespace bd
 

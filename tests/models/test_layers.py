@@ -1,0 +1,37 @@
+"""Linear's three ways to multiply a packed weight: the float GEMM on the decoded weight for compute-bound
+inputs (q16/f32 activations), the native integer kernels below that, and the format's own apply otherwise."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from bytediet.kernels import ops
+from bytediet.kernels.cpu import build
+from bytediet.models.layers import Linear
+from bytediet.quant import get_weight_format
+
+pytestmark = pytest.mark.skipif(build.find_compiler() is None or not build.runnable_variants(),
+                                reason="no native kernels on this machine")
+
+
+@pytest.mark.parametrize("spec", ["gguf-q4_1", "int8", "int4-g64", "mxfp4", "sparse24-int8"])
+def test_large_inputs_use_the_float_gemm_on_the_decoded_weight(spec):
+    gen = torch.Generator().manual_seed(1)
+    lin = Linear(256, 48, bias=True)
+    lin.set_weight(torch.randn(48, 256, generator=gen), get_weight_format(spec))
+    lin.bias.copy_(torch.randn(48, generator=gen))
+    w = lin.dequantized_weight()
+    big = torch.randn(ops.DENSE_GEMM_MIN_ROWS, 256, generator=gen)
+    assert torch.allclose(lin(big), F.linear(big, w, lin.bias), rtol=1e-5, atol=1e-4)  # exact activations
+    small = big[:3]
+    exact = F.linear(small, w, lin.bias)
+    y = lin(small)  # the integer kernel with q16 activations: int16-like, not bit-exact
+    assert torch.allclose(y, exact, rtol=1e-3, atol=1e-2) and not torch.equal(y, exact)
+
+
+def test_q8_keeps_its_integer_kernel_for_large_inputs():
+    gen = torch.Generator().manual_seed(2)
+    lin = Linear(256, 48)
+    lin.set_weight(torch.randn(48, 256, generator=gen), get_weight_format("int8-a8"))
+    x = torch.randn(ops.DENSE_GEMM_MIN_ROWS, 256, generator=gen)
+    exact = F.linear(x, lin.dequantized_weight())
+    assert (lin(x) - exact).abs().max() > 1e-3  # q8 rounding: the cost the user chose stays measurable
