@@ -129,6 +129,7 @@ class LLMEngine:
         """One engine iteration: schedule, run the model, sample, update; returns per-request deltas."""
         if self.runner.decoder is None:
             return self._step()
+        self.runner.prefill_threads = torch.get_num_threads()  # prefill steps run torch's float GEMMs, SDPA
         with torch_threads(1):
             return self._step()
 
@@ -228,7 +229,9 @@ def torch_threads(n: int):
 
     When every linear layer runs on the native kernels' own pool, torch's OpenMP threads only spin after each
     of its (small) parallel regions and take the core the pool's worker needs: with both at 2 threads a
-    512-token prefill took 3.5 s instead of 2.6 s. Scoped to the step, so code after the engine keeps its threads.
+    512-token prefill took 3.5 s instead of 2.6 s. Scoped to the step, so code after the engine keeps its threads;
+    the runner gives torch its threads back for the forward pass of a step with prefill chunks (its attention
+    and the float GEMMs of layers without an interleaved copy are torch's).
     """
     before = torch.get_num_threads()
     torch.set_num_threads(n)

@@ -32,6 +32,7 @@ class ModelRunner:
         limits = [n for n in (cache.max_sequences() for cache in self.caches) if n is not None]
         self.max_sequences = min(limits) if limits else None  # the codec's per-sequence state (KIVI's staging)
         self.decoder = native_decoder(model, self.caches)  # None: every step runs the module path
+        self.prefill_threads = 1  # torch threads for steps with prefill chunks (the engine sets it)
         self.decode_path = "native" if self.decoder is not None else f"modules ({why_not_native(model, self.caches)})"
         # tensor parallel (bytediet.distributed.launch.Workers): ranks 1..N-1 mirror each forward on their shards
         self.workers = workers
@@ -86,6 +87,13 @@ class ModelRunner:
         input_ids, meta, logit_rows = self.prepare(out)
         if self.decoder is not None and all(n == 1 for n in meta.query_lens_list):
             return self.decoder.logits(input_ids, meta, logit_rows)
+        if self.decoder is not None and self.workers is None and self.prefill_threads > torch.get_num_threads():
+            before = torch.get_num_threads()  # the engine lowered it for the native decode step
+            torch.set_num_threads(self.prefill_threads)
+            try:
+                return self.model(input_ids, meta, self.caches, logit_rows)
+            finally:
+                torch.set_num_threads(before)
         if self.workers is not None:
             return self.workers.run(input_ids, meta, logit_rows,
                                     lambda: self.model(input_ids, meta, self.caches, logit_rows))

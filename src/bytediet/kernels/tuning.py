@@ -40,16 +40,6 @@ def cache_dir() -> Path:
     return Path(root)
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
-
-
 def machine_key(library_path: str, threads: int) -> dict:
     """What a tuning result is valid for."""
     from importlib.metadata import PackageNotFoundError, version
@@ -58,7 +48,7 @@ def machine_key(library_path: str, threads: int) -> dict:
         __version__ = version("bytediet")
     except PackageNotFoundError:  # run from a source tree
         __version__ = "source"
-    return {"cpu": _cpu_model(), "flags": hashlib.sha256(" ".join(sorted(build.cpu_flags())).encode()).hexdigest()[:16],
+    return {"cpu": build.cpu_model(), "flags": hashlib.sha256(" ".join(sorted(build.cpu_flags())).encode()).hexdigest()[:16],
             "library": Path(library_path).name, "bytediet": __version__, "threads": int(threads)}
 
 

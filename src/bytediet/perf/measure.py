@@ -18,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import platform
 import socket
 import time
 from pathlib import Path
@@ -28,6 +27,7 @@ import torch
 
 from ..errors import BytedietError
 from .hardware import HardwareSpec
+from ..kernels.cpu.build import cpu_model  # noqa: F401 (one reader of /proc/cpuinfo, re-exported)
 
 CACHE_VERSION = 1
 
@@ -36,14 +36,6 @@ def cache_dir() -> Path:
     return Path(os.environ.get("BYTEDIET_CACHE") or Path.home() / ".cache" / "bytediet")
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def machine_key(threads: int) -> str:

@@ -67,6 +67,19 @@ def cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
+def cpu_model() -> str:
+    """This CPU's model name (``/proc/cpuinfo``), or the platform's processor string."""
+    import platform
+
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def runnable_variants(flags: Optional[frozenset[str]] = None) -> list[Variant]:
     flags = cpu_flags() if flags is None else flags
     return [v for v in VARIANTS if v.cpu_flags <= flags]

@@ -23,6 +23,15 @@ struct NoRowHeader {
     static float row_scale(const uint8_t*) { return 1.0f; }
 };
 
+struct Float32RowHeader {  // a row starts with a float32 scale of the whole row
+    static constexpr int HEADER = 4;
+    static float row_scale(const uint8_t* row) {
+        float s;
+        std::memcpy(&s, row, 4);
+        return s;
+    }
+};
+
 // Formats whose 32-weight sub-blocks have two scales (Q6_K) set SPLIT; the others use d_lo only.
 
 struct Q4_0 : NoRowHeader {
@@ -170,14 +179,9 @@ struct Int4Groups : NoRowHeader {
 };
 
 // int8 with one float32 scale per output channel: a row is [scale f32][K int8 codes].
-struct Int8Row {
-    static constexpr int HEADER = 4, SUB = 1, BYTES = 32;
+struct Int8Row : Float32RowHeader {
+    static constexpr int SUB = 1, BYTES = 32;
     static constexpr bool SIGNED = true, SPLIT = false;
-    static float row_scale(const uint8_t* row) {
-        float s;
-        std::memcpy(&s, row, 4);
-        return s;
-    }
     static void scales(const uint8_t*, SubScales& s) {
         s.d_lo[0] = s.d_hi[0] = 1.0f;
         s.m[0] = 0.0f;
@@ -229,14 +233,9 @@ struct MXFP4Blocks : NoRowHeader {
 };
 
 // nvfp4: a row starts with the tensor's f32 scale; per 32 weights [E4M3 scale 0..15][E4M3 scale 16..31][codes].
-struct NVFP4Blocks {
-    static constexpr int HEADER = 4, SUB = 1, BYTES = 18;
+struct NVFP4Blocks : Float32RowHeader {
+    static constexpr int SUB = 1, BYTES = 18;
     static constexpr bool SIGNED = true, SPLIT = true;
-    static float row_scale(const uint8_t* row) {
-        float s;
-        std::memcpy(&s, row, 4);
-        return s;
-    }
     static void scales(const uint8_t* b, SubScales& s) {
         s.d_lo[0] = 0.5f * e4m3_to_f32(b[0]);
         s.d_hi[0] = 0.5f * e4m3_to_f32(b[1]);
@@ -247,14 +246,9 @@ struct NVFP4Blocks {
 
 // sparse24-int8 (2:4): a row is [scale f32], then per 32 weights [16 int8 kept values][8 group codes, 4 bits
 // each: p0 | p1 << 2]. The codes become a byte-shuffle index that scatters the values into their positions.
-struct Sparse24Int8 {
-    static constexpr int HEADER = 4, SUB = 1, BYTES = 20;
+struct Sparse24Int8 : Float32RowHeader {
+    static constexpr int SUB = 1, BYTES = 20;
     static constexpr bool SIGNED = true, SPLIT = false;
-    static float row_scale(const uint8_t* row) {
-        float s;
-        std::memcpy(&s, row, 4);
-        return s;
-    }
     static void scales(const uint8_t*, SubScales& s) {
         s.d_lo[0] = s.d_hi[0] = 1.0f;
         s.m[0] = 0.0f;
