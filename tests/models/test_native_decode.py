@@ -103,7 +103,10 @@ def test_native_decode_step_equals_module_path(arch, fmt, activations):
         c.k.copy_(k)
         c.v.copy_(v)
     got = decoder.logits(ids, meta, torch.arange(3))
-    assert torch.allclose(got, want, atol=1e-3 * want.abs().max().item(), rtol=0)
+    # q8 rounds each activation block to 8 bits: a one-ulp difference upstream (the step sums attention in
+    # another order) can move a code by one, which the next layers amplify more than q16's or f32's
+    tol = 5e-3 if activations == "q8" else 1e-3
+    assert torch.allclose(got, want, atol=tol * want.abs().max().item(), rtol=0)
 
 
 def test_what_the_native_step_does_not_cover_is_said():
