@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import itertools
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional, Sequence
 
@@ -19,7 +18,7 @@ from .block_manager import BlockManager
 from .config import EngineConfig
 from .params import SamplingParams
 from .request import FinishReason, Request
-from .runner import ModelRunner
+from .runner import ModelRunner, torch_threads
 from .sampling import Sampler, TokenLogprobs
 from .scheduler import Scheduler
 from .stop import StopStringDetector
@@ -221,24 +220,6 @@ class LLMEngine:
         """Why the engine can no longer step (a tensor-parallel worker died or hung), else None."""
         workers = self.runner.workers
         return None if workers is None else workers.problem()
-
-
-@contextmanager
-def torch_threads(n: int):
-    """torch's intra-op threads set to ``n`` inside the block, restored after it.
-
-    When every linear layer runs on the native kernels' own pool, torch's OpenMP threads only spin after each
-    of its (small) parallel regions and take the core the pool's worker needs: with both at 2 threads a
-    512-token prefill took 3.5 s instead of 2.6 s. Scoped to the step, so code after the engine keeps its threads;
-    the runner gives torch its threads back for the forward pass of a step with prefill chunks (its attention
-    and the float GEMMs of layers without an interleaved copy are torch's).
-    """
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def set_threads(num_threads: Optional[int]) -> None:

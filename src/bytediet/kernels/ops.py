@@ -51,11 +51,7 @@ def has_native_gemm(ggml_type: int, variant: Optional[str] = None, k: Optional[i
     whether rows of k weights are whole blocks of it (a tensor-parallel slice may not be)."""
     if int(ggml_type) not in NATIVE_GEMM_TYPES or _library(variant) is None:
         return False
-    if k is None:
-        return True
-    per_block = native_layouts.block_weights(ggml_type) if native_layouts.is_native_layout(ggml_type) \
-        else block_size_of(ggml_type)
-    return k % per_block == 0 and k % reference.ACTIVATION_BLOCK == 0
+    return k is None or (k % _block_weights(ggml_type) == 0 and k % reference.ACTIVATION_BLOCK == 0)
 
 
 @functools.lru_cache(maxsize=None)
@@ -129,11 +125,18 @@ def gemm_blocks(ggml_type: int, blocks: torch.Tensor, x: torch.Tensor, bias: Opt
     return _like_input(y, x)
 
 
+def _block_weights(ggml_type: int) -> int:
+    """Weights per block (super-block) of a GGML type or a bytediet layout."""
+    if native_layouts.is_native_layout(ggml_type):
+        return native_layouts.block_weights(ggml_type)
+    return block_size_of(ggml_type)
+
+
 def row_weights(ggml_type: int, row_bytes: int) -> int:
     """K of a weight row of ``row_bytes`` bytes in this block type (GGML or bytediet layout)."""
     if native_layouts.is_native_layout(ggml_type):
         return native_layouts.row_weights(ggml_type, row_bytes)
-    return row_bytes // reference.block_bytes(ggml_type) * block_size_of(ggml_type)
+    return row_bytes // reference.block_bytes(ggml_type) * _block_weights(ggml_type)
 
 
 def dequantize_blocks(ggml_type: int, blocks: torch.Tensor, variant: Optional[str] = None) -> torch.Tensor:
@@ -172,7 +175,7 @@ def repack_x4(ggml_type: int, blocks: torch.Tensor, variant: Optional[str] = Non
     if lib is None:
         return reference.repack_x4(ggml_type, blocks)
     n = blocks.shape[0]
-    k = blocks.shape[1] // reference.block_bytes(ggml_type) * block_size_of(ggml_type)
+    k = row_weights(ggml_type, blocks.shape[1])
     blocks = blocks.contiguous()
     out = torch.empty(blocks.numel(), dtype=torch.uint8)
     rc = lib.bd_repack_x4(int(ggml_type), blocks.data_ptr(), n, k, out.data_ptr())

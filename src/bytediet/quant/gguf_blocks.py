@@ -24,7 +24,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from ..errors import CheckpointError, ConfigError
 from ..kernels import ops
 from .base import WEIGHT_FORMATS, Packed, WeightFormat
-from .common import ACTIVATION_MODES, NativeActivations, check_weight  # noqa: F401 (ACTIVATION_MODES re-exported)
+from .common import ACTIVATION_MODES, NativeActivations, activations_only, check_weight  # noqa: F401 (ACTIVATION_MODES re-exported)
 from ..kernels.ggml_codecs import DECODERS, ENCODERS
 
 
@@ -33,15 +33,8 @@ class GGUFBlocks(NativeActivations, WeightFormat):
 
     ggml_type: GGMLQuantizationType
 
-    @classmethod
-    def from_spec(cls, rest: str) -> "GGUFBlocks":
-        """The activation precision: ``""``/``"-a16"`` two int8 planes (the default), ``"-a8"`` one int8 plane
-        (llama.cpp's method), ``"-af32"`` float activations."""
-        modes = {"": "q16", "-a16": "q16", "-a8": "q8", "-af32": "f32"}
-        if rest not in modes:
-            raise ConfigError(f"{cls.name}{rest}: the only option is the activation precision: {cls.name} "
-                              f"(int16-like, default), {cls.name}-a8 (int8) or {cls.name}-af32 (float)")
-        return cls().with_activations(modes[rest])
+    # the only option is the activation precision: "-a8" one int8 plane (llama.cpp's method), "-af32" float
+    from_spec = classmethod(activations_only)
 
     def spec(self) -> str:
         return self.name + self.activation_suffix()
