@@ -30,6 +30,8 @@ def random_pages(gen, slots, kv_heads, head_dim, kv_dtype):
     x = torch.randn(slots, kv_heads, head_dim, generator=gen)
     if kv_dtype == "int8":
         return reference.quantize_int8_rows(x)
+    if kv_dtype == "fp8":
+        return reference.quantize_fp8_rows(x)
     return x.to({"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[kv_dtype]), None
 
 
@@ -120,7 +122,7 @@ def test_decode_step_equals_reference(variant, case, activations, interleave):
 
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("case", sorted(CASES))
-@pytest.mark.parametrize("kv_dtype", ["bf16", "fp16", "int8"])
+@pytest.mark.parametrize("kv_dtype", ["bf16", "fp16", "int8", "fp8"])
 def test_decode_step_over_stored_page_types_equals_reference(variant, case, kv_dtype):
     """Pages read in place in their stored type and the new token's k, v written the way the torch codec
     rounds them (bf16/fp16: round to nearest even; int8: the int8 codec's per-token scale and codes)."""
@@ -141,7 +143,7 @@ def test_decode_step_over_stored_page_types_equals_reference(variant, case, kv_d
         for f in w:
             mine, ref = getattr(layer, f), w[f]
             assert torch.equal(mine[untouched], b[f][untouched])  # no other slot changed
-            if f.endswith("cache") and kv_dtype == "int8":  # a code may differ by one where x/s sits on .5
+            if f.endswith("cache") and kv_dtype in ("int8", "fp8"):  # a code may differ by one where x/s sits on .5
                 assert ((mine[slots].int() - ref[slots].int()).abs() <= 1).all()
                 assert ((mine[slots].int() - ref[slots].int()).abs() == 0).float().mean() > 0.95
             else:  # the values of k, v agree within float rounding: equal after rounding, or one ulp apart

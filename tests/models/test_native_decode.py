@@ -57,7 +57,7 @@ def restore(caches, saved):
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])
-@pytest.mark.parametrize("kv", ["bf16", "fp16", "int8"])
+@pytest.mark.parametrize("kv", ["bf16", "fp16", "int8", "fp8"])
 def test_native_decode_step_over_other_kv_pages_equals_module_path(arch, kv):
     """bf16/fp16 pages and the int8 codec's codes are read in place by the native step, and the new token's
     key and value are written as the torch codec writes them."""

@@ -26,7 +26,7 @@ class LinearSpec:
     interleaved: bool = False
 
 
-KV_PAGE_TYPES = ("fp32", "bf16", "fp16", "int8")  # the page types the native step reads and writes (ids 0..3)
+KV_PAGE_TYPES = ("fp32", "bf16", "fp16", "int8", "fp8")  # the page types the native step reads and writes (ids 0..4)
 
 
 @dataclass
@@ -34,7 +34,8 @@ class LayerSpec:
     """One decoder layer. Norm weights (hidden,) or (head_dim,) float32.
 
     Caches: (slots, Hkv, D) pages of ``kv_dtype``: float32, bfloat16 or float16 values, or (int8) uint8 codes
-    q + 128 with ``k_scale``/``v_scale`` (slots, Hkv, 1) float16 (x = q · scale: kvcache's ``int8`` codec).
+    q + 128 with ``k_scale``/``v_scale`` (slots, Hkv, 1) float16 (x = q · scale: kvcache's ``int8`` codec), or
+    (fp8) uint8 E4M3 codes with the same scales (x = e4m3(code) · scale: the uncalibrated ``fp8`` codec).
     """
 
     attn_norm: torch.Tensor
@@ -55,7 +56,7 @@ class LayerSpec:
     q_norm: Optional[torch.Tensor] = None  # per-head q/k RMSNorm (gemma3)
     k_norm: Optional[torch.Tensor] = None
     kv_dtype: str = "fp32"  # one of KV_PAGE_TYPES
-    k_scale: Optional[torch.Tensor] = None  # int8 pages only
+    k_scale: Optional[torch.Tensor] = None  # int8 and fp8 pages only
     v_scale: Optional[torch.Tensor] = None
 
 

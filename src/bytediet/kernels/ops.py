@@ -252,6 +252,20 @@ def _model_desc(spec: DecoderSpec) -> _Model:
     return model
 
 
+def read_kv_rows(kv_dtype: str, pages: torch.Tensor, scales: Optional[torch.Tensor] = None,
+                 variant: Optional[str] = None) -> torch.Tensor:
+    """See :func:`bytediet.kernels.reference.read_kv_rows` (the page decoding of the native attention)."""
+    lib = _library(variant)
+    if lib is None or pages.shape[-1] % 8:
+        return reference.read_kv_rows(kv_dtype, pages, scales)
+    pages = pages.contiguous()
+    scales = None if scales is None else scales.contiguous()
+    out = torch.empty(pages.shape, dtype=torch.float32)
+    lib.bd_read_kv_rows(KV_PAGE_TYPES.index(kv_dtype), pages.data_ptr(), _ptr(scales), pages[..., 0].numel(),
+                        pages.shape[-1], out.data_ptr())
+    return out
+
+
 def decode_step(spec: DecoderSpec, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
                 block_tables: torch.Tensor, block_size: int, variant: Optional[str] = None) -> torch.Tensor:
     """See :func:`bytediet.kernels.reference.decode_step`."""

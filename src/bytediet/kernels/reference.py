@@ -298,21 +298,41 @@ def quantize_int8_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q.to(torch.uint8), scale
 
 
+def quantize_fp8_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """KV fp8 pages: x (..., D) → E4M3 codes (..., D) uint8 of x / s and s (..., 1) float16, where
+    s = fp16(max(amax / 448, 1e-6)) (the uncalibrated ``fp8`` KV codec's per-token, per-head rounding)."""
+    scale = (x.abs().amax(-1, keepdim=True) / 448.0).clamp(min=1e-6).to(torch.float16)
+    codes = (x / scale.float()).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).view(torch.uint8)
+    return codes, scale
+
+
+_ROW_QUANTIZERS = {"int8": quantize_int8_rows, "fp8": quantize_fp8_rows}
+
+
 def _write_pages(layer: LayerSpec, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    if layer.kv_dtype == "int8":
+    if layer.kv_dtype in _ROW_QUANTIZERS:
         for pages, scales, x in ((layer.k_cache, layer.k_scale, k), (layer.v_cache, layer.v_scale, v)):
-            codes, scale = quantize_int8_rows(x)
+            codes, scale = _ROW_QUANTIZERS[layer.kv_dtype](x)
             pages[slots], scales[slots] = codes, scale.reshape(scales[slots].shape)
     else:
         layer.k_cache[slots], layer.v_cache[slots] = k.to(layer.k_cache.dtype), v.to(layer.v_cache.dtype)
 
 
+def read_kv_rows(kv_dtype: str, pages: torch.Tensor, scales: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """KV page rows (..., D) of ``kv_dtype`` (one of ``decoder_spec.KV_PAGE_TYPES``; int8/fp8 with their
+    float16 ``scales`` (..., 1)) → float32 (..., D): the values attention reads."""
+    if kv_dtype == "int8":
+        return (pages.float() - 128) * scales.float()
+    if kv_dtype == "fp8":
+        return pages.view(torch.float8_e4m3fn).float() * scales.float()
+    return pages.float()
+
+
 def _read_pages(layer: LayerSpec, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """float32 (k, v) of ``slots`` (any shape) → slots.shape + (Hkv, D)."""
-    if layer.kv_dtype == "int8":
-        return tuple((pages[slots].float() - 128) * scales[slots].float().reshape(*slots.shape, -1, 1)
-                     for pages, scales in ((layer.k_cache, layer.k_scale), (layer.v_cache, layer.v_scale)))
-    return layer.k_cache[slots].float(), layer.v_cache[slots].float()
+    return tuple(read_kv_rows(layer.kv_dtype, pages[slots],
+                              None if scales is None else scales[slots].reshape(*slots.shape, -1, 1))
+                 for pages, scales in ((layer.k_cache, layer.k_scale), (layer.v_cache, layer.v_scale)))
 
 
 def _decode_layer(spec: DecoderSpec, layer: LayerSpec, x: torch.Tensor, positions, slots, block_tables,

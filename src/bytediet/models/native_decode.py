@@ -17,6 +17,7 @@ import torch
 from ..kernels import ops
 from ..kernels.decoder_spec import DecoderSpec, LayerSpec, LinearSpec
 from ..kvcache.compressed import CompressedCache
+from ..kvcache.fp8 import FP8Pages
 from ..kvcache.full import FullPrecisionCache
 from ..kvcache.tokenwise import TokenwisePages
 from .layers import Linear
@@ -45,7 +46,9 @@ _PAGE_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "f
 
 def _pages(cache) -> Optional[dict]:
     """The cache's pages as the native step reads them (LayerSpec fields), or None for a codec it cannot read:
-    full-precision pages (fp32, bf16, fp16) and the ``int8`` codec's per-token codes and fp16 scales."""
+    full-precision pages (fp32, bf16, fp16), the ``int8`` codec's per-token codes and fp16 scales, and the
+    uncalibrated ``fp8`` codec's E4M3 codes and fp16 scales (calibrated fp8's static per-head scales are not
+    read natively: the module path runs them)."""
     if isinstance(cache, FullPrecisionCache) and cache.k.dtype in _PAGE_DTYPES:
         return dict(kv_dtype=_PAGE_DTYPES[cache.k.dtype], k_cache=cache.k, v_cache=cache.v)
     if isinstance(cache, CompressedCache):
@@ -53,6 +56,8 @@ def _pages(cache) -> Optional[dict]:
         if all(isinstance(h, TokenwisePages) and h.bits == 8 and h.symmetric and h.group == h.head_dim
                for h in (k, v)):
             return dict(kv_dtype="int8", k_cache=k.codes, v_cache=v.codes, k_scale=k.scale, v_scale=v.scale)
+        if all(isinstance(h, FP8Pages) and h.scale is not None for h in (k, v)):
+            return dict(kv_dtype="fp8", k_cache=k.codes, v_cache=v.codes, k_scale=k.scale, v_scale=v.scale)
     return None
 
 
@@ -82,7 +87,7 @@ def why_not_native(model: CausalLM, caches: list) -> Optional[str]:
     for cache in caches:
         if _pages(cache) is None:
             return (f"KV cache {type(cache).__name__} ({getattr(getattr(cache, 'k', None), 'dtype', '?')}) has no native "
-                    f"step (fp32, bf16, fp16 and int8 pages have)")
+                    f"step (fp32, bf16, fp16, int8 and uncalibrated fp8 pages have)")
     return None
 
 

@@ -198,6 +198,54 @@ class Input {
 
 // Rows of keys or values as float32 for the block kernels below: fp32 pages are read in place, other page
 // types are widened once per row into an L1 tile (not once per query head, as a per-head dot would).
+// kvcache fp8 (uncalibrated): per token and head, scale = fp16(max(amax / 448, 1e-6)), code = E4M3(x / scale)
+// (sign, 4 exponent bits with bias 7, 3 mantissa bits; no infinity; torch.float8_e4m3fn's rounding: to nearest
+// even, after the codec's clamp to ±448).
+struct PagesFP8 {
+    using T = uint8_t;
+    static constexpr bool SCALED = true;
+    static __m256 load8(const T* r, long j) {
+        const __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(r + j)));
+        const __m256i mag = _mm256_and_si256(c, _mm256_set1_epi32(0x7F));
+        // normals: exponent and mantissa shifted into float32's fields, the bias moved from 7 to 127
+        const __m256 normal = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_slli_epi32(mag, 20), _mm256_set1_epi32(120 << 23)));
+        // subnormals (exponent field 0): mantissa · 2⁻⁹, computed in integers (the pool runs with DAZ)
+        const __m256 sub = _mm256_mul_ps(_mm256_cvtepi32_ps(mag), _mm256_set1_ps(1.0f / 512.0f));
+        const __m256 is_sub = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(8), mag));
+        const __m256 v = _mm256_blendv_ps(normal, sub, is_sub);
+        const __m256 sign = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_and_si256(c, _mm256_set1_epi32(0x80)), 24));
+        return _mm256_or_ps(v, sign);
+    }
+    static uint8_t encode(float v) {  // |v| ≤ 448
+        const uint8_t sign = std::signbit(v) ? 0x80 : 0;
+        const float a = std::fabs(v);
+        if (a < 1.0f / 64.0f)  // below the smallest normal: steps of 2⁻⁹, round half to even
+            return sign | static_cast<uint8_t>(std::nearbyint(a * 512.0f));
+        uint32_t b;
+        std::memcpy(&b, &a, 4);
+        int e = static_cast<int>(b >> 23) - 127;
+        uint32_t m = (b & 0x7FFFFF) >> 20;
+        const uint32_t rest = b & 0xFFFFF;
+        if (rest > 0x80000 || (rest == 0x80000 && (m & 1))) ++m;
+        if (m == 8) { m = 0; ++e; }
+        return sign | static_cast<uint8_t>(((e + 7) << 3) | m);
+    }
+    static void write(const float* x, long d, T* r, uint16_t* scale) {
+        float amax = 0.0f;
+        for (long i = 0; i < d; ++i) amax = std::fabs(x[i]) > amax ? std::fabs(x[i]) : amax;
+        float s = amax / 448.0f;
+        s = s > 1e-6f ? s : 1e-6f;
+        const uint16_t h = _cvtss_sh(s, _MM_FROUND_TO_NEAREST_INT);
+        *scale = h;
+        const float sf = _cvtsh_ss(h);
+        for (long i = 0; i < d; ++i) {
+            float q = x[i] / sf;
+            q = q < -448.0f ? -448.0f : (q > 448.0f ? 448.0f : q);
+            r[i] = encode(q);
+        }
+    }
+};
+
 template <class P>
 inline const float* widen_row(const typename P::T* r, long d, float* tile) {
     if constexpr (std::is_same_v<typename P::T, float>) {
@@ -404,6 +452,7 @@ void with_pages(int kv_dtype, Fn fn) {
         case 1: fn(PagesBF16{}); break;
         case 2: fn(PagesF16{}); break;
         case 3: fn(PagesInt8{}); break;
+        case 4: fn(PagesFP8{}); break;
         default: fn(PagesF32{}); break;
     }
 }
@@ -481,6 +530,22 @@ void layer_step(const ModelDesc& m, const LayerDesc& L, float* x, long T, const 
 }  // namespace bd
 
 extern "C" {
+
+// rows (rows, d) KV page rows of kv_dtype (and their fp16 scales for int8/fp8) → out (rows, d) float32, as the
+// attention reads them. d a multiple of 8. Returns 0, -1 for an unknown kv_dtype.
+int bd_read_kv_rows(int kv_dtype, const void* pages, const void* scales, long rows, long d, float* out) {
+    if (kv_dtype < 0 || kv_dtype > 4) return -1;
+    bd::with_pages(kv_dtype, [&](auto p) {
+        using P = decltype(p);
+        const typename P::T* r = static_cast<const typename P::T*>(pages);
+        for (long i = 0; i < rows; ++i) {
+            const float s = P::SCALED ? bd::row_scale(scales, i) : 1.0f;
+            for (long j = 0; j < d; j += 8)
+                _mm256_storeu_ps(out + i * d + j, _mm256_mul_ps(P::load8(r + i * d, j), _mm256_set1_ps(s)));
+        }
+    });
+    return 0;
+}
 
 // x: (T, hidden) float32 embeddings in, hidden states after the last layer out (before the final norm).
 // Token t is the one new token of a sequence: positions[t], slots[t] (its cache slot), block table row t

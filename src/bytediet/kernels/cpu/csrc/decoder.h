@@ -25,9 +25,10 @@ struct LayerDesc {
     void* v_cache;
     LinearDesc q, k, v, o, gate, up, down;
     int64_t window;             // sliding window in tokens, 0 = full causal attention
-    void* k_scale;              // int8 pages: (slots, num_kv_heads) fp16 scales; null otherwise
+    void* k_scale;              // int8 and fp8 pages: (slots, num_kv_heads) fp16 scales; null otherwise
     void* v_scale;
-    int32_t kv_dtype;           // 0 fp32, 1 bf16, 2 fp16, 3 int8 (code = round(x / scale) + 128, scale = amax/127)
+    int32_t kv_dtype;           // 0 fp32, 1 bf16, 2 fp16, 3 int8 (code = round(x / scale) + 128, scale = amax/127),
+                                // 4 fp8 (code = E4M3(x / scale), scale = amax/448)
     int32_t pad;
 };
 
