@@ -252,6 +252,31 @@ def _model_desc(spec: DecoderSpec) -> _Model:
     return model
 
 
+def attention_over_pages(q: torch.Tensor, positions: torch.Tensor, token_rows: torch.Tensor,
+                         block_tables: torch.Tensor, block_size: int, scale: float, window: Optional[int],
+                         kv_dtype: str, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                         k_scale: Optional[torch.Tensor] = None, v_scale: Optional[torch.Tensor] = None,
+                         variant: Optional[str] = None) -> torch.Tensor:
+    """See :func:`bytediet.kernels.reference.attention_over_pages` (native: flash-decoding over the pages in
+    place, every token of a ragged batch in one call)."""
+    lib = _library(variant)
+    t, hq, d = q.shape
+    if lib is None or d % 8 or q.dtype != torch.float32:
+        return reference.attention_over_pages(q, positions, token_rows, block_tables, block_size, scale, window,
+                                              kv_dtype, k_cache, v_cache, k_scale, v_scale)
+    q = q.contiguous()
+    positions, token_rows, block_tables = (x.to(torch.int64).contiguous() for x in (positions, token_rows, block_tables))
+    out = torch.empty_like(q)
+    rc = lib.bd_paged_attention(KV_PAGE_TYPES.index(kv_dtype), q.data_ptr(), out.data_ptr(), t, hq, k_cache.shape[1], d,
+                                scale, window or 0, positions.data_ptr(), token_rows.data_ptr(), block_tables.data_ptr(),
+                                block_tables.shape[1], block_size, k_cache.data_ptr(), v_cache.data_ptr(),
+                                _ptr(k_scale), _ptr(v_scale))
+    if rc != 0:
+        raise ValueError(f"native paged attention refused kv_dtype {kv_dtype!r}, {hq} heads over {k_cache.shape[1]} "
+                         f"KV heads of dim {d}")
+    return out
+
+
 def read_kv_rows(kv_dtype: str, pages: torch.Tensor, scales: Optional[torch.Tensor] = None,
                  variant: Optional[str] = None) -> torch.Tensor:
     """See :func:`bytediet.kernels.reference.read_kv_rows` (the page decoding of the native attention)."""

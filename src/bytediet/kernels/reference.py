@@ -103,6 +103,25 @@ def paged_attention(q: torch.Tensor, meta, scale: float, window: Optional[int],
     return out
 
 
+def attention_over_pages(q: torch.Tensor, positions: torch.Tensor, token_rows: torch.Tensor,
+                         block_tables: torch.Tensor, block_size: int, scale: float, window: Optional[int],
+                         kv_dtype: str, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                         k_scale: Optional[torch.Tensor] = None, v_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Twin of the native paged attention: q (T, Hq, D); token t at ``positions[t]`` attends causally (and within
+    ``window``) over the pages of block table row ``token_rows[t]``; pages (slots, Hkv, D) of ``kv_dtype``
+    (int8/fp8 with float16 scales (slots, Hkv[, 1])). One token at a time, plainly. → (T, Hq, D) float32."""
+    out = torch.empty(q.shape, dtype=torch.float32)
+    for t in range(q.shape[0]):
+        pos = int(positions[t])
+        slots = sequence_slots(block_tables[int(token_rows[t])], pos + 1, block_size)
+        if window:
+            slots = slots[max(0, pos + 1 - window):]
+        k, v = (read_kv_rows(kv_dtype, pages[slots], None if s is None else s[slots].reshape(len(slots), -1, 1))
+                for pages, s in ((k_cache, k_scale), (v_cache, v_scale)))
+        out[t] = decode_attention(q[t:t + 1].float(), k[None], v[None], torch.tensor([k.shape[0]]), scale)[0]
+    return out
+
+
 # --- low-bit linear layers (twins of kernels/cpu/csrc/gemm_blocks.cpp) --------------------------------------
 
 ACTIVATION_BLOCK = 32  # activations are quantized in blocks of 32 values, one scale each

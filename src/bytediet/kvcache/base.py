@@ -16,11 +16,13 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Optional
 
 import torch
 
 from ..errors import ConfigError
+from ..kernels import ops
 from ..registry import Registry
 
 
@@ -50,6 +52,12 @@ class AttentionMetadata:
     query_lens_list: list[int]
     context_lens_list: list[int]
     seq_ids: Optional[list[int]] = None
+
+    @cached_property
+    def token_rows(self) -> torch.Tensor:
+        """(T,) int64: the sequence (block table row) of each new token, built once per step."""
+        lens = torch.tensor(self.query_lens_list, dtype=torch.int64, device=self.positions.device)
+        return torch.repeat_interleave(torch.arange(len(self.query_lens_list), device=self.positions.device), lens)
 
     @property
     def num_seqs(self) -> int:
@@ -110,6 +118,25 @@ class LayerKVCache(ABC):
         q: (T, num_heads, head_dim) → output (T, num_heads, head_dim) in q's dtype.
         ``window``: if set, a query at position p sees keys at positions > p - window only.
         """
+
+    def native_pages(self) -> Optional[dict]:
+        """The pages as the native attention reads them in place — ``kv_dtype`` (one of
+        ``kernels.decoder_spec.KV_PAGE_TYPES``), ``k_cache``/``v_cache`` (slots, H, D) and for int8/fp8
+        ``k_scale``/``v_scale`` (slots, H, 1) float16 — or None for pages only the codec's own read understands."""
+        return None
+
+    def attend_natively(self, q: torch.Tensor, meta: AttentionMetadata, scale: float,
+                        window: Optional[int]) -> Optional[torch.Tensor]:
+        """Attention of a pure-decode step (one new token per sequence) by the native kernel over the pages in
+        place (no gather), or None where it does not apply: no native kernels, pages it cannot read, a non-float32
+        query or a step with prefill chunks (those keep the codec's read, whose SDPA is faster for many queries)."""
+        if q.dtype != torch.float32 or self.head_dim % 8 or any(n != 1 for n in meta.query_lens_list):
+            return None
+        pages = self.native_pages()
+        if pages is None or ops.native_library() is None:
+            return None
+        return ops.attention_over_pages(q, meta.positions, meta.token_rows, meta.block_tables, meta.block_size,
+                                        scale, window, **pages)
 
     def free_sequence(self, seq_id: int) -> None:  # noqa: B027 - optional hook
         """Forget per-sequence state (codecs that keep some); called when a request's blocks are freed."""

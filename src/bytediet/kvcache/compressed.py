@@ -61,8 +61,17 @@ class CompressedCache(LayerKVCache):
         return tuple(h.decode(slots, positions) if h.uses_positions else h.decode(slots)
                      for h in (self.keys, self.values))
 
+    def native_pages(self) -> Optional[dict]:
+        k, v = self.keys.native_pages(), self.values.native_pages()
+        if k is None or v is None or k[0] != v[0]:
+            return None
+        return dict(kv_dtype=k[0], k_cache=k[1], v_cache=v[1], k_scale=k[2], v_scale=v[2])
+
     def attend(self, q: torch.Tensor, meta: AttentionMetadata, scale: float,
                window: Optional[int] = None) -> torch.Tensor:
+        out = self.attend_natively(q, meta, scale, window)
+        if out is not None:
+            return out
         for half in (self.keys, self.values):
             if hasattr(half, "track_sequences"):      # halves with per-sequence state (KIVI's open groups)
                 half.track_sequences(meta)

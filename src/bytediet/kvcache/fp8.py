@@ -50,6 +50,9 @@ class FP8Pages(HalfPages):
     def decode(self, slots):
         return self.codes[slots].view(torch.float8_e4m3fn).float() * self._scales(slots)
 
+    def native_pages(self):
+        return None if self.scale is None else ("fp8", self.codes, self.scale)   # static scales: module path
+
     def tensors(self):
         return [self.codes] + ([] if self.scale is None else [self.scale])
 

@@ -9,6 +9,9 @@ from ..kernels.reference import paged_attention
 from .base import KV_CODECS, AttentionMetadata, KVCodec, LayerKVCache
 
 
+_PAGE_TYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
 class FullPrecisionCache(LayerKVCache):
     """Pages as two tensors of shape (num_blocks * block_size, num_kv_heads, head_dim)."""
 
@@ -25,8 +28,15 @@ class FullPrecisionCache(LayerKVCache):
         self.k.index_copy_(0, slot_mapping, k.to(self.k.dtype))
         self.v.index_copy_(0, slot_mapping, v.to(self.v.dtype))
 
+    def native_pages(self) -> Optional[dict]:
+        kv_dtype = _PAGE_TYPES.get(self.k.dtype)
+        return None if kv_dtype is None else dict(kv_dtype=kv_dtype, k_cache=self.k, v_cache=self.v)
+
     def attend(self, q: torch.Tensor, meta: AttentionMetadata, scale: float,
                window: Optional[int] = None) -> torch.Tensor:
+        out = self.attend_natively(q, meta, scale, window)
+        if out is not None:
+            return out
         return paged_attention(q, meta, scale, window, lambda slots: (self.k[slots], self.v[slots]))
 
     def tensors(self) -> list[torch.Tensor]:

@@ -51,6 +51,11 @@ class HalfPages(ABC):
         """See :meth:`bytediet.kvcache.base.LayerKVCache.max_sequences`."""
         return None
 
+    def native_pages(self) -> Optional[tuple[str, torch.Tensor, Optional[torch.Tensor]]]:
+        """(page type, codes (slots, H, D), scales (slots, H, 1) float16 or None) when the native attention reads
+        these pages as they are stored (see ``LayerKVCache.native_pages``), else None."""
+        return None
+
     def prepare_query(self, qg: torch.Tensor) -> Any:
         return qg
 

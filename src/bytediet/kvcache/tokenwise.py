@@ -28,6 +28,11 @@ class TokenwisePages(HalfPages):
         self.scale = torch.zeros(num_slots, num_heads, ngroups, dtype=torch.float16, device=device)
         self.zero = None if symmetric else torch.zeros_like(self.scale)
 
+    def native_pages(self):
+        if self.bits == 8 and self.symmetric and self.group == self.head_dim:   # the ``int8`` codec: code = q + 128
+            return "int8", self.codes, self.scale
+        return None
+
     def write(self, x, slots):
         t, h, d = x.shape
         xg = x.reshape(t, h, d // self.group, self.group)

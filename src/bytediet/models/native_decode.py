@@ -16,10 +16,6 @@ import torch
 
 from ..kernels import ops
 from ..kernels.decoder_spec import DecoderSpec, LayerSpec, LinearSpec
-from ..kvcache.compressed import CompressedCache
-from ..kvcache.fp8 import FP8Pages
-from ..kvcache.full import FullPrecisionCache
-from ..kvcache.tokenwise import TokenwisePages
 from .layers import Linear
 from .transformer import CausalLM
 
@@ -39,26 +35,6 @@ def _linear(lin: Linear, interleave: bool = False) -> Optional[LinearSpec]:
             lin.interleaved = ops.repack_x4(int(gtype), blocks)
         blocks = lin.interleaved
     return LinearSpec(blocks, int(gtype), lin.out_features, lin.in_features, bias, interleaved=x4)
-
-
-_PAGE_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
-
-
-def _pages(cache) -> Optional[dict]:
-    """The cache's pages as the native step reads them (LayerSpec fields), or None for a codec it cannot read:
-    full-precision pages (fp32, bf16, fp16), the ``int8`` codec's per-token codes and fp16 scales, and the
-    uncalibrated ``fp8`` codec's E4M3 codes and fp16 scales (calibrated fp8's static per-head scales are not
-    read natively: the module path runs them)."""
-    if isinstance(cache, FullPrecisionCache) and cache.k.dtype in _PAGE_DTYPES:
-        return dict(kv_dtype=_PAGE_DTYPES[cache.k.dtype], k_cache=cache.k, v_cache=cache.v)
-    if isinstance(cache, CompressedCache):
-        k, v = cache.keys, cache.values
-        if all(isinstance(h, TokenwisePages) and h.bits == 8 and h.symmetric and h.group == h.head_dim
-               for h in (k, v)):
-            return dict(kv_dtype="int8", k_cache=k.codes, v_cache=v.codes, k_scale=k.scale, v_scale=v.scale)
-        if all(isinstance(h, FP8Pages) and h.scale is not None for h in (k, v)):
-            return dict(kv_dtype="fp8", k_cache=k.codes, v_cache=v.codes, k_scale=k.scale, v_scale=v.scale)
-    return None
 
 
 def why_not_native(model: CausalLM, caches: list) -> Optional[str]:
@@ -85,7 +61,7 @@ def why_not_native(model: CausalLM, caches: list) -> Optional[str]:
     if model.config.head_dim % 8:
         return f"head_dim {model.config.head_dim} is not a multiple of 8"
     for cache in caches:
-        if _pages(cache) is None:
+        if cache.native_pages() is None:
             return (f"KV cache {type(cache).__name__} ({getattr(getattr(cache, 'k', None), 'dtype', '?')}) has no native "
                     f"step (fp32, bf16, fp16, int8 and uncalibrated fp8 pages have)")
     return None
@@ -122,7 +98,7 @@ def native_decoder(model: CausalLM, caches: list) -> Optional[NativeDecoder]:
         lin = lambda m: _linear(m, x4)  # noqa: E731
         layers.append(LayerSpec(
             attn_norm=norm(layer.input_layernorm), post_attn_norm=norm(layer.post_attention_layernorm),
-            inv_freq=attn.rope.inv_freq.float().contiguous(), **_pages(cache),
+            inv_freq=attn.rope.inv_freq.float().contiguous(), **cache.native_pages(),
             q=lin(attn.q_proj), k=lin(attn.k_proj), v=lin(attn.v_proj), o=lin(attn.o_proj),
             gate=lin(mlp.gate_proj), up=lin(mlp.up_proj), down=lin(mlp.down_proj),
             window=attn.window or 0,

@@ -7,6 +7,7 @@
 // The reference is the module path of bytediet.models (layers.py) that runs every other step.
 #include "decoder.h"
 
+#include <atomic>
 #include <cmath>
 #include <initializer_list>
 #include <type_traits>
@@ -319,9 +320,12 @@ inline void weighted_sum(const float* w, const float* const* v, long n, long d, 
 // reduction per 8 scores) and values 16 at a time (weighted_sum: the head's output in registers).
 // Page rows are read in place in their stored type (P) and widened once per row; int8 rows' scales multiply
 // the row's score and its softmax weight. head_dim is a multiple of 8 (checked by the caller).
+// Token t reads block table row token_rows[t] (null: row t) — the tokens of a prefill chunk share their
+// sequence's row. Items are taken from a shared counter, so a prefill's long late rows do not all land on
+// one thread.
 template <class P>
 void attend(const ModelDesc& m, const LayerDesc& L, const float* q, float* out, long T, const int64_t* positions,
-            const int64_t* block_tables, long bt_stride, long block_size, Scratch& s) {
+            const int64_t* token_rows, const int64_t* block_tables, long bt_stride, long block_size, Scratch& s) {
     using E = typename P::T;
     constexpr long kRowBlock = 16;  // positions per block (rows gathered, and for narrow pages widened)
     const E* k_pages = static_cast<const E*>(L.k_cache);
@@ -339,21 +343,20 @@ void attend(const ModelDesc& m, const LayerDesc& L, const float* q, float* out, 
     std::vector<Partial>& parts = s.chunk_parts;
     acc.resize(T * hq * chunks * d);
     parts.resize(T * hq * chunks);
-    parallel_run([&](int t, int nthreads) {
-        long b, e;
-        split_range(T * chunks, nthreads, t, 1, &b, &e);
+    std::atomic<long> next_item{0};
+    parallel_run([&](int, int) {
         std::vector<float> scores, tile(kRowBlock * d), weights(kRowBlock);
         const float* rows[kRowBlock];
         long slots[kRowBlock];
         float row_scales[kRowBlock];
-        for (long item = b; item < e; ++item) {
+        for (long item = next_item++; item < T * chunks; item = next_item++) {
             const long tok = item / chunks, c = item % chunks;
             const long pos = positions[tok];
             const long first_pos = L.window > 0 && pos - L.window + 1 > 0 ? pos - L.window + 1 : 0;
             const long lo = c * chunk_len > first_pos ? c * chunk_len : first_pos;
             const long hi = (c + 1) * chunk_len < pos + 1 ? (c + 1) * chunk_len : pos + 1;
             const long n = hi > lo ? hi - lo : 0;
-            const int64_t* table = block_tables + tok * bt_stride;
+            const int64_t* table = block_tables + (token_rows ? token_rows[tok] : tok) * bt_stride;
             const long ns = (n + 7) / 8 * 8;  // a head's row of scores, padded for the 8-wide stores
             scores.resize(hq * ns);
             // Positions [lo, hi) a block at a time: fn(first position, count) with slots[0 .. count) filled.
@@ -502,7 +505,8 @@ void layer_step(const ModelDesc& m, const LayerDesc& L, float* x, long T, const 
         });
     }
     with_pages(L.kv_dtype, [&](auto pages) {
-        attend<decltype(pages)>(m, L, s.q.data(), s.att.data(), T, positions, block_tables, bt_stride, block_size, s);
+        attend<decltype(pages)>(m, L, s.q.data(), s.att.data(), T, positions, nullptr, block_tables, bt_stride,
+                                block_size, s);
     });
     {
         Input in(s.att.data(), T, hq * d, m.activations, s);
@@ -530,6 +534,27 @@ void layer_step(const ModelDesc& m, const LayerDesc& L, float* x, long T, const 
 }  // namespace bd
 
 extern "C" {
+
+// Paged attention of T tokens over their sequences' pages (the module path's attention: prefill chunks, and
+// decodes of models the one-call step does not cover): q, out (T, hq, d) float32; token t at positions[t]
+// reads block table row token_rows[t] of block_tables (bt_stride entries per row); pages (slots, hkv, d) of
+// kv_dtype (int8/fp8: fp16 scales (slots, hkv)); window 0 = full causal. Returns 0, -1 for a bad kv_dtype
+// or head_dim.
+int bd_paged_attention(int kv_dtype, const float* q, float* out, long T, long hq, long hkv, long d, float scale,
+                       long window, const int64_t* positions, const int64_t* token_rows, const int64_t* block_tables,
+                       long bt_stride, long block_size, void* k_pages, void* v_pages, void* k_scale, void* v_scale) {
+    if (kv_dtype < 0 || kv_dtype > 4 || d % 8 || hq % hkv) return -1;
+    static thread_local bd::Scratch scratch;
+    bd::ModelDesc m{};
+    m.num_heads = hq, m.num_kv_heads = hkv, m.head_dim = d, m.attention_scale = scale;
+    bd::LayerDesc L{};
+    L.k_cache = k_pages, L.v_cache = v_pages, L.k_scale = k_scale, L.v_scale = v_scale, L.window = window;
+    bd::with_pages(kv_dtype, [&](auto pages) {
+        bd::attend<decltype(pages)>(m, L, q, out, T, positions, token_rows, block_tables, bt_stride, block_size,
+                                    scratch);
+    });
+    return 0;
+}
 
 // rows (rows, d) KV page rows of kv_dtype (and their fp16 scales for int8/fp8) → out (rows, d) float32, as the
 // attention reads them. d a multiple of 8. Returns 0, -1 for an unknown kv_dtype.
