@@ -93,11 +93,14 @@ def run_steps(spec: str, *, seed: int, hq=6, hkv=2, d=64, block_size=32, window=
     scale = d ** -0.5
     step = 0
     while any(dn < n for dn, (_, n) in zip(done, plan)):
-        # a prefill chunk, three small decode steps, then the rest as one more prefill chunk
+        # a prefill chunk, three small mixed steps, two pure decode steps (the native attention's, where the
+        # codec's pages have one), then the rest as one more prefill chunk
         if step == 0:
             new = [rng.randint(min(5, n), n) for _, n in plan]
         elif step < 4:
             new = [min(n - dn, rng.randint(0, 3)) for dn, (_, n) in zip(done, plan)]
+        elif step < 6:
+            new = [min(n - dn, 1) for dn, (_, n) in zip(done, plan)]
         else:
             new = [n - dn for dn, (_, n) in zip(done, plan)]
         step += 1

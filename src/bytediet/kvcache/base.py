@@ -130,7 +130,7 @@ class LayerKVCache(ABC):
         """Attention of a pure-decode step (one new token per sequence) by the native kernel over the pages in
         place (no gather), or None where it does not apply: no native kernels, pages it cannot read, a non-float32
         query or a step with prefill chunks (those keep the codec's read, whose SDPA is faster for many queries)."""
-        if q.dtype != torch.float32 or self.head_dim % 8 or any(n != 1 for n in meta.query_lens_list):
+        if q.dtype != torch.float32 or self.head_dim % 8 or any(n > 1 for n in meta.query_lens_list):
             return None
         pages = self.native_pages()
         if pages is None or ops.native_library() is None:
