@@ -315,6 +315,12 @@ def test_cli_table_and_bad_flags(ckpt, fake_machine, capsys):
                  "--parts", "single,context", "--contexts", "20,30"]) == 0
     out = capsys.readouterr().out
     assert "bytes down" in out and "bytediet int8" in out and "context scaling" in out
+    assert main(["bench", "--model", str(ckpt), "--quick", "--threads", "1", "--peers", "none", "--parts", "roofline",
+                 "--roofline-batches", "2", "--roofline-context", "12", "--json"]) == 0
+    obj = json.loads(capsys.readouterr().out)  # the batch's decode steps run after 12-token prompts
+    assert obj["config"]["roofline_prompt_len"] == 12 and "--roofline-context 12" in obj["command"]
+    assert [row["context"] for row in obj["roofline"]["rows"]] == [12 + 1 + 3 // 2]
+    assert main(["bench", "--model", str(ckpt), "--quick", "--roofline-context", "0"]) == 2
     assert main(["bench", "--model", str(ckpt), "--quick", "--formats", "int8:zip9"]) == 2
     assert "zip9" in capsys.readouterr().err
     assert main(["bench", "--model", str(ckpt), "--quick", "--formats", "int9"]) == 2

@@ -21,6 +21,8 @@ def register(sub) -> None:
     p.add_argument("--peers", default="llama.cpp,transformers", help="comma-separated peers, or 'none'")
     p.add_argument("--concurrency", default=None, help="concurrent requests per level (default 1,4,16,32,64)")
     p.add_argument("--roofline-batches", default=None, help="batch sizes of the predicted-vs-measured check (default 1,16)")
+    p.add_argument("--roofline-context", type=int, default=None, metavar="N",
+                   help="prompt tokens before the roofline check's decode steps (default 64): its context")
     p.add_argument("--prompt-lens", default=None, metavar="LO,HI", help="prompt length range of the sweep (default 64,512)")
     p.add_argument("--output-lens", default=None, metavar="LO,HI", help="output length range of the sweep (default 32,128)")
     p.add_argument("--requests-per-level", type=int, default=None,
@@ -65,6 +67,8 @@ def bench_config(args: argparse.Namespace):
             overrides[key] = pair
     if args.requests_per_level is not None:
         overrides["min_requests"] = args.requests_per_level
+    if args.roofline_context is not None:
+        overrides["roofline_prompt_len"] = args.roofline_context
     if args.contexts:
         overrides["contexts"] = positive_ints(args.contexts, "--contexts")
     return BenchConfig.quick(**overrides) if args.quick else BenchConfig(**overrides)
@@ -178,7 +182,8 @@ def command_line(args: argparse.Namespace) -> str:
     for flag, value in (("--weights", args.weights), ("--formats", args.formats), ("--contexts", args.contexts),
                         ("--activations", args.activations),
                         ("--concurrency", args.concurrency),
-                        ("--roofline-batches", args.roofline_batches), ("--prompt-lens", args.prompt_lens),
+                        ("--roofline-batches", args.roofline_batches), ("--roofline-context", args.roofline_context),
+                        ("--prompt-lens", args.prompt_lens),
                         ("--output-lens", args.output_lens), ("--requests-per-level", args.requests_per_level)):
         if value:
             flags.append(f"{flag} {value}")
