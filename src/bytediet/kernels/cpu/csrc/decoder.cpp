@@ -28,6 +28,7 @@ struct Partial {
 struct Scratch {
     std::vector<float> h, q, k, v, att, o, gate, up, chunk_acc;
     std::vector<Partial> chunk_parts;
+    std::vector<long> tiles;  // attention: first token of each query tile, then T
     QuantizedActivations act;
     std::vector<float> sums;  // f32 mode: the sum of each activation block
 };
@@ -312,30 +313,40 @@ inline void weighted_sum(const float* w, const float* const* v, long n, long d, 
 }
 
 // Attention of each token's query heads over its sequence's pages (flash-decoding, Dao et al. 2023):
-// work items are (token, context chunk); an item walks its chunk's positions in order, 16 at a time, and
-// for every KV head reads the rows once for all the query heads that share it (GQA), leaving a partial
-// (max, Σexp, Σexp·v) per head; a second pass merges the chunks. q, out: (T, Hq, D).
+// work items are (query tile, context chunk). A tile is one token, or up to kQueryTile consecutive tokens of
+// one sequence (a prefill chunk: token_rows[t] names each token's block table row, null = row t), which
+// share every key and value row read — a prefill reads its context once per tile, not once per token.
+// An item walks its chunk's positions in order, 16 at a time, and for every KV head reads the rows once
+// for all the query heads that share it (GQA), leaving a partial (max, Σexp, Σexp·v) per (token, head);
+// a second pass merges the chunks. q, out: (T, Hq, D).
 // Walking positions (not heads) outermost reads each page front to back — a head-major walk touched every
 // third row group of a page and ran at a quarter of the read bandwidth. Keys go 8 at a time (dot8: one
 // reduction per 8 scores) and values 16 at a time (weighted_sum: the head's output in registers).
-// Page rows are read in place in their stored type (P) and widened once per row; int8 rows' scales multiply
-// the row's score and its softmax weight. head_dim is a multiple of 8 (checked by the caller).
-// Token t reads block table row token_rows[t] (null: row t) — the tokens of a prefill chunk share their
-// sequence's row. Items are taken from a shared counter, so a prefill's long late rows do not all land on
-// one thread.
+// Page rows are read in place in their stored type (P) and widened once per row; int8/fp8 rows' scales
+// multiply the row's score and its softmax weight. Items come from a shared counter (a prefill's late,
+// long tiles do not all land on one thread). head_dim is a multiple of 8 (checked by the caller).
 template <class P>
 void attend(const ModelDesc& m, const LayerDesc& L, const float* q, float* out, long T, const int64_t* positions,
             const int64_t* token_rows, const int64_t* block_tables, long bt_stride, long block_size, Scratch& s) {
     using E = typename P::T;
     constexpr long kRowBlock = 16;  // positions per block (rows gathered, and for narrow pages widened)
+    constexpr long kQueryTile = 8;  // tokens of one prefill chunk sharing the row reads
     const E* k_pages = static_cast<const E*>(L.k_cache);
     const E* v_pages = static_cast<const E*>(L.v_cache);
     const long hq = m.num_heads, hkv = m.num_kv_heads, d = m.head_dim, group = hq / hkv;
     const int nt = num_threads();
+    std::vector<long>& tiles = s.tiles;
+    tiles.clear();
+    for (long t = 0; t < T; ++t)
+        if (t == 0 || !token_rows || token_rows[t] != token_rows[t - 1] || positions[t] != positions[t - 1] + 1 ||
+            t - tiles.back() == kQueryTile)
+            tiles.push_back(t);
+    const long ntiles = static_cast<long>(tiles.size());
+    tiles.push_back(T);
     long longest = 1;
     for (long t = 0; t < T; ++t) longest = positions[t] + 1 > longest ? positions[t] + 1 : longest;
     // two chunks per thread (an uneven split costs half a chunk), none shorter than 128 positions
-    long chunks = (2 * nt + T - 1) / T;
+    long chunks = (2 * nt + ntiles - 1) / ntiles;
     if (chunks > (longest + 127) / 128) chunks = (longest + 127) / 128;
     if (chunks < 1) chunks = 1;
     const long chunk_len = (longest + chunks - 1) / chunks;
@@ -343,22 +354,23 @@ void attend(const ModelDesc& m, const LayerDesc& L, const float* q, float* out, 
     std::vector<Partial>& parts = s.chunk_parts;
     acc.resize(T * hq * chunks * d);
     parts.resize(T * hq * chunks);
+    auto window_start = [&](long pos) { return L.window > 0 && pos - L.window + 1 > 0 ? pos - L.window + 1 : 0L; };
     std::atomic<long> next_item{0};
     parallel_run([&](int, int) {
         std::vector<float> scores, tile(kRowBlock * d), weights(kRowBlock);
         const float* rows[kRowBlock];
         long slots[kRowBlock];
         float row_scales[kRowBlock];
-        for (long item = next_item++; item < T * chunks; item = next_item++) {
-            const long tok = item / chunks, c = item % chunks;
-            const long pos = positions[tok];
-            const long first_pos = L.window > 0 && pos - L.window + 1 > 0 ? pos - L.window + 1 : 0;
-            const long lo = c * chunk_len > first_pos ? c * chunk_len : first_pos;
-            const long hi = (c + 1) * chunk_len < pos + 1 ? (c + 1) * chunk_len : pos + 1;
+        for (long item = next_item++; item < ntiles * chunks; item = next_item++) {
+            const long ti = item / chunks, c = item % chunks;
+            const long t0 = tiles[ti], qn = tiles[ti + 1] - t0;
+            const long ws = window_start(positions[t0]), last = positions[t0 + qn - 1];
+            const long lo = c * chunk_len > ws ? c * chunk_len : ws;
+            const long hi = (c + 1) * chunk_len < last + 1 ? (c + 1) * chunk_len : last + 1;
             const long n = hi > lo ? hi - lo : 0;
-            const int64_t* table = block_tables + (token_rows ? token_rows[tok] : tok) * bt_stride;
-            const long ns = (n + 7) / 8 * 8;  // a head's row of scores, padded for the 8-wide stores
-            scores.resize(hq * ns);
+            const int64_t* table = block_tables + (token_rows ? token_rows[t0] : t0) * bt_stride;
+            const long ns = (n + 7) / 8 * 8;  // a (token, head) row of scores, padded for the 8-wide stores
+            scores.resize(qn * hq * ns);
             // Positions [lo, hi) a block at a time: fn(first position, count) with slots[0 .. count) filled.
             auto for_each_block = [&](const E* pages, auto fn) {
                 long filled = 0, first = lo;
@@ -371,7 +383,7 @@ void attend(const ModelDesc& m, const LayerDesc& L, const float* q, float* out, 
                 });
                 if (filled) fn(first, filled);
             };
-            // The rows of KV head kvh at the block's slots, as floats; their scales (int8 pages) in row_scales.
+            // The rows of KV head kvh at the block's slots, as floats; their scales (int8/fp8) in row_scales.
             auto gather = [&](const E* pages, const void* scale_pages, long kvh, long count) {
                 for (long j = 0; j < count; ++j) {
                     const long idx = slots[j] * hkv + kvh;
@@ -379,53 +391,63 @@ void attend(const ModelDesc& m, const LayerDesc& L, const float* q, float* out, 
                     row_scales[j] = P::SCALED ? row_scale(scale_pages, idx) : 1.0f;
                 }
             };
-            for_each_block(k_pages, [&](long first, long count) {  // scores: (hq, ns)
+            for_each_block(k_pages, [&](long first, long count) {  // scores: (qn, hq, ns)
                 for (long kvh = 0; kvh < hkv; ++kvh) {
                     gather(k_pages, L.k_scale, kvh, count);
                     for (long j = count; j < kRowBlock; ++j) rows[j] = rows[0];  // pad: scores past n are unused
                     for (long j0 = 0; j0 < count; j0 += 8) {
                         const __m256 sc = _mm256_mul_ps(_mm256_set1_ps(m.attention_scale),
                                                         _mm256_loadu_ps(row_scales + j0));
-                        for (long g = 0; g < group; ++g) {
-                            const long h = kvh * group + g;
-                            _mm256_storeu_ps(scores.data() + h * ns + (first - lo) + j0,
-                                             _mm256_mul_ps(dot8(q + (tok * hq + h) * d, rows + j0, d), sc));
-                        }
+                        for (long tt = 0; tt < qn; ++tt)
+                            for (long g = 0; g < group; ++g) {
+                                const long h = kvh * group + g;
+                                _mm256_storeu_ps(scores.data() + (tt * hq + h) * ns + (first - lo) + j0,
+                                                 _mm256_mul_ps(dot8(q + ((t0 + tt) * hq + h) * d, rows + j0, d), sc));
+                            }
                     }
                 }
             });
-            for (long h = 0; h < hq; ++h) {
-                float* sg = scores.data() + h * ns;
-                float mx = -INFINITY;
-                for (long i = 0; i < n; ++i) mx = sg[i] > mx ? sg[i] : mx;
-                float sum = 0.0f;
-                long i = 0;
-                const __m256 vmx = _mm256_set1_ps(mx);
-                __m256 vsum = _mm256_setzero_ps();
-                for (; i + 8 <= n; i += 8) {
-                    __m256 ex = exp8(_mm256_sub_ps(_mm256_loadu_ps(sg + i), vmx));
-                    _mm256_storeu_ps(sg + i, ex);
-                    vsum = _mm256_add_ps(vsum, ex);
+            for (long tt = 0; tt < qn; ++tt) {
+                // this token's keys: [vlo, vhi) of the chunk (a tile's later tokens see more, earlier fewer)
+                const long pos = positions[t0 + tt], from = window_start(pos);
+                const long vlo = (from > lo ? from : lo) - lo, vhi = (pos + 1 < hi ? pos + 1 : hi) - lo;
+                for (long h = 0; h < hq; ++h) {
+                    float* sg = scores.data() + (tt * hq + h) * ns;
+                    float mx = -INFINITY, sum = 0.0f;
+                    for (long i = vlo; i < vhi; ++i) mx = sg[i] > mx ? sg[i] : mx;
+                    for (long i = 0; i < vlo && i < n; ++i) sg[i] = 0.0f;
+                    long i = vlo;
+                    if (vhi > vlo) {
+                        const __m256 vmx = _mm256_set1_ps(mx);
+                        __m256 vsum = _mm256_setzero_ps();
+                        for (; i + 8 <= vhi; i += 8) {
+                            __m256 ex = exp8(_mm256_sub_ps(_mm256_loadu_ps(sg + i), vmx));
+                            _mm256_storeu_ps(sg + i, ex);
+                            vsum = _mm256_add_ps(vsum, ex);
+                        }
+                        sum = hsum(vsum);
+                        for (; i < vhi; ++i) { sg[i] = std::exp(sg[i] - mx); sum += sg[i]; }
+                    }
+                    for (i = vhi > vlo ? vhi : vlo; i < n; ++i) sg[i] = 0.0f;
+                    const long slot_index = ((t0 + tt) * hq + h) * chunks + c;
+                    parts[slot_index] = Partial{mx, sum};
+                    float* o = acc.data() + slot_index * d;
+                    for (long j = 0; j < d; ++j) o[j] = 0.0f;
                 }
-                sum = hsum(vsum);
-                for (; i < n; ++i) { sg[i] = std::exp(sg[i] - mx); sum += sg[i]; }
-                const long slot_index = (tok * hq + h) * chunks + c;
-                parts[slot_index] = Partial{mx, sum};
-                float* o = acc.data() + slot_index * d;
-                for (long j = 0; j < d; ++j) o[j] = 0.0f;
             }
             for_each_block(v_pages, [&](long first, long count) {
                 for (long kvh = 0; kvh < hkv; ++kvh) {
                     gather(v_pages, L.v_scale, kvh, count);
-                    for (long g = 0; g < group; ++g) {
-                        const long h = kvh * group + g;
-                        const float* w = scores.data() + h * ns + (first - lo);
-                        if (P::SCALED) {
-                            for (long j = 0; j < count; ++j) weights[j] = w[j] * row_scales[j];
-                            w = weights.data();
+                    for (long tt = 0; tt < qn; ++tt)
+                        for (long g = 0; g < group; ++g) {
+                            const long h = kvh * group + g;
+                            const float* w = scores.data() + (tt * hq + h) * ns + (first - lo);
+                            if (P::SCALED) {
+                                for (long j = 0; j < count; ++j) weights[j] = w[j] * row_scales[j];
+                                w = weights.data();
+                            }
+                            weighted_sum(w, rows, count, d, acc.data() + (((t0 + tt) * hq + h) * chunks + c) * d);
                         }
-                        weighted_sum(w, rows, count, d, acc.data() + ((tok * hq + h) * chunks + c) * d);
-                    }
                 }
             });
         }
