@@ -30,7 +30,7 @@ import torch
 from ..kernels.reference import sparse24_positions
 from ..kernels import native_layouts
 from .base import WEIGHT_FORMATS, Packed
-from .common import NativeActivations, no_parameters
+from .common import NativeActivations, activations_only, no_parameters
 from .int8 import quantize_rows_int8
 from .pruning import PrunedFormat, channel_norms, kept_values, top_half  # noqa: F401 (channel_norms re-exported)
 
@@ -112,6 +112,12 @@ class Sparse24Int8(NativeActivations, Sparse24):
 
     name = "sparse24-int8"
     value_bits = 8
+
+    # the only option is the native kernel's activation precision: sparse24-int8-a8, sparse24-int8-af32
+    from_spec = classmethod(activations_only)
+
+    def spec(self) -> str:
+        return self.name + self.activation_suffix()
 
     def native_layout(self, packed: Packed):
         if packed["values"].shape[1] % 16:  # whole blocks of 32 weights per row only
