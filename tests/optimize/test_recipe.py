@@ -172,9 +172,11 @@ def test_a_killed_run_resumes_without_recomputing_finished_steps(ckpt, tmp_path,
     monkeypatch.setattr(tasks.FidelityTask, "measure_reference",
                         lambda *a, **k: pytest.fail("the reference was recomputed"))
     report = Recipe(options(ckpt), tmp_path, progress=False).run()
-    # weights (int8, int4-g32) and the baseline came from the cache; the KV step and later were measured
-    assert sorted(measured[:2]) == ["int8", "turboquant3.5"]
-    assert all(k != "auto" for k in measured[:2])
+    # weights (int8, int4-g32) and the baseline came from the cache; the activation step (weights only, the KV
+    # cache as loaded), the KV step and later were measured
+    acts = len(report["steps"]["activations"]["records"])
+    assert measured[:acts] == ["auto"] * acts
+    assert sorted(measured[acts:acts + 2]) == ["int8", "turboquant3.5"]
     assert len(report["steps"]["weights"]["records"]) == 2
 
 
@@ -328,3 +330,20 @@ def test_activation_step_tries_the_best_weight_formats_other_precisions(ckpt, tm
     monkeypatch.setattr(ops, "native_library", lambda: None)
     with Bars(False) as bars:
         assert "no native kernels" in recipe._activations(bars, report)["note"]
+
+
+def test_the_activation_step_measures_real_variants(run):
+    """End to end: the best weight format's other activation precisions are measured and costed against it."""
+    from bytediet.kernels import ops
+
+    acts = run[0]["steps"]["activations"]
+    if ops.native_library() is None:
+        assert "no native kernels" in acts["note"]
+        return
+    assert acts["records"] and len(acts["parents"]) == 1  # --quick: the best weight format only
+    parent = next(r for r in run[0]["steps"]["weights"]["records"] if r["label"] == acts["parents"][0])
+    assert {r["weights"] for r in acts["records"]} == {parent["weights"] + "-a8", parent["weights"] + "-af32"}
+    for r in acts["records"]:
+        assert r["activation_ppl_cost"] == pytest.approx(r["ppl_increase_pct"] - parent["ppl_increase_pct"])
+        assert r["within_budget"] == (r["ppl_increase_pct"] <= 2.0 and r["activation_ppl_cost"] <= 0.3 + 1e-9
+                                      and r["activation_top1_drop"] <= 0.01 + 1e-9)
