@@ -327,12 +327,51 @@ struct FP8Row : Float32RowHeader {
     static __m256i codes(const uint8_t*, int) { return _mm256_setzero_si256(); }  // unused (FLOAT)
 };
 
+// Formats that set GATHER multiply float activations without forming the dense weight: prepare(b, j) reads
+// sub-block j once per weight row, dot(p, x) gives 8 lanes whose sum is Σ weight·x over its 32 positions.
+template <class F, class = void>
+struct is_gather_format : std::false_type {};
+template <class F>
+struct is_gather_format<F, std::void_t<decltype(F::GATHER)>> : std::bool_constant<F::GATHER> {};
+
 // sparse24 (2:4, fp16 kept values): per 32 weights [16 f16 kept values][8 group codes, 4 bits each: p0 | p1 << 2,
-// two per byte, even group low]: 36 bytes, 9 bits per weight. The 16 values are widened (two cvtph) and each
-// 8 positions (two groups) take theirs with one lane permute, indexed by the two groups' code byte.
+// two per byte, even group low]: 36 bytes, 9 bits per weight. Against float activations (GATHER) the kept
+// values multiply the activations at their positions, gathered by lane permutes (16 products per 32 weights,
+// no zeros); values() (the dense decode, for the compute-bound path) places each value with one permute per 8.
 struct Sparse24F16 : NoRowHeader {
     static constexpr int SUB = 1, BYTES = 36;
-    static constexpr bool SIGNED = true, SPLIT = false, FLOAT = true;
+    static constexpr bool SIGNED = true, SPLIT = false, FLOAT = true, GATHER = true;
+    struct Gather {  // code byte of groups (a, b) → positions of their 4 kept values inside their 8 activations
+        alignas(16) int32_t pos[256][4];
+        Gather() {
+            for (int c = 0; c < 256; ++c)
+                for (int g = 0; g < 2; ++g) {
+                    const int code = (c >> (4 * g)) & 15;
+                    pos[c][2 * g] = 4 * g + (code & 3);
+                    pos[c][2 * g + 1] = 4 * g + (code >> 2);
+                }
+        }
+    };
+    static inline const Gather kGather{};
+    struct Prepared {
+        __m256 v0, v1;        // kept values 0..7 (groups 0..3), 8..15 (groups 4..7)
+        __m256i idx0, idx1;   // lanes 0..3: positions in activations 0..7 (resp. 16..23), lanes 4..7: in 8..15 (24..31)
+    };
+    __attribute__((always_inline)) static Prepared prepare(const uint8_t* b, int) {
+        const auto quad = [](const uint8_t c) {
+            return _mm_load_si128(reinterpret_cast<const __m128i*>(kGather.pos[c]));
+        };
+        return Prepared{_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b))),
+                        _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 16))),
+                        _mm256_set_m128i(quad(b[33]), quad(b[32])), _mm256_set_m128i(quad(b[35]), quad(b[34]))};
+    }
+    __attribute__((always_inline)) static __m256 dot(const Prepared& p, const float* x) {
+        const __m256 g0 = _mm256_blend_ps(_mm256_permutevar8x32_ps(_mm256_loadu_ps(x), p.idx0),
+                                          _mm256_permutevar8x32_ps(_mm256_loadu_ps(x + 8), p.idx0), 0xF0);
+        const __m256 g1 = _mm256_blend_ps(_mm256_permutevar8x32_ps(_mm256_loadu_ps(x + 16), p.idx1),
+                                          _mm256_permutevar8x32_ps(_mm256_loadu_ps(x + 24), p.idx1), 0xF0);
+        return _mm256_fmadd_ps(p.v1, g1, _mm256_mul_ps(p.v0, g0));
+    }
     struct Table {  // code byte of groups (a, b) → lane index per position (kept value 0..3 of the pair), mask
         alignas(32) int32_t idx[256][8];
         alignas(32) int32_t keep[256][8];
@@ -348,16 +387,13 @@ struct Sparse24F16 : NoRowHeader {
                 }
         }
     };
-    static const Table& table() {
-        static const Table t;
-        return t;
-    }
+    static inline const Table kTable{};  // built when the library loads: no guard in the inner loop
     static void scales(const uint8_t*, SubScales& s) {
         s.d_lo[0] = s.d_hi[0] = 1.0f;
         s.m[0] = 0.0f;
     }
-    static void values(const uint8_t* b, int, __m256 out[4]) {
-        const Table& t = table();
+    __attribute__((always_inline)) static void values(const uint8_t* b, int, __m256 out[4]) {
+        const Table& t = kTable;
         const __m256 v0 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b)));       // values 0..7
         const __m256 v1 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 16)));  // values 8..15
         for (int k = 0; k < 4; ++k) {  // positions 8k..8k+7 = groups 2k, 2k+1 = kept values 4k..4k+3

@@ -113,6 +113,15 @@ void tile_f32(const uint8_t* w, long row_bytes, long nsuper, const FloatRows& x,
         for (int j = 0; j < F::SUB; ++j) {
             const long blk = i * F::SUB + j;
             for (int r = 0; r < NR; ++r) {
+                if constexpr (is_gather_format<F>::value) {  // products of the stored values only (2:4)
+                    const auto p = F::prepare(w + r * row_bytes + F::HEADER + i * F::BYTES, j);
+                    for (int c = 0; c < NC; ++c) {
+                        const __m256 d = F::dot(p, x.x + (m0 + c) * x.k + blk * 32);
+                        acc[r][c] = _mm256_fmadd_ps(_mm256_set1_ps(sc[r].d_lo[j]), d, acc[r][c]);
+                        zero_term[r][c] += sc[r].m[j] * x.s[(m0 + c) * x.nblocks + blk];
+                    }
+                    continue;
+                }
                 __m256 q[4];
                 weights_f32<F>(w + r * row_bytes + F::HEADER + i * F::BYTES, j, q);
                 for (int c = 0; c < NC; ++c) {
