@@ -243,3 +243,12 @@ def test_fixed_activation_extreme_inputs(variant, spec):
         for x in (torch.zeros(2, k), torch.randn(2, k, generator=gen) * 1e4, torch.randn(2, k, generator=gen) * 1e-6):
             y = ops.gemm_blocks(t, rows, x, None, activations, variant=variant)
             check_close(y, reference.gemm_blocks(t, rows, x, None, activations), x, w)
+
+
+@needs_native
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("spec", ["fp8", "sparse24"])
+def test_float_layouts_dense_decode_equals_the_reference(variant, spec):
+    """The decode behind the compute-bound path (values(): the 2:4 placement by lane permutes, E4M3 widening)."""
+    _, packed, rows, t = fixed_rows(spec, 7, 416, torch.Generator().manual_seed(17))
+    assert torch.equal(ops.dequantize_blocks(t, rows, variant=variant), reference.dequantize_blocks(t, rows))
