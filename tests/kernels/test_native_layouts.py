@@ -146,3 +146,109 @@ def test_native_dequantize_equals_the_reference_decoders(variant):
         want = reference.dequantize_blocks(t, rows)
         assert got.shape == want.shape == (5, 512)
         assert torch.allclose(got, want, rtol=1e-6, atol=1e-7), t  # one rounding (fma) against two
+
+
+# --- fp8, 2:4 sparse fp16, int8-w8a8: the formats whose activations are fixed by the format ------------------
+
+FIXED_ACTIVATION_FORMATS = {"fp8": "f32", "sparse24": "f32", "int8-w8a8": "q8-token"}
+
+
+def fixed_rows(spec: str, n: int, k: int, gen: torch.Generator, scale: float = 1.0):
+    fmt = get_weight_format(spec)
+    packed = fmt.quantize(torch.randn(n, k, generator=gen) * scale)
+    t, rows = fmt.native_layout(packed)
+    return fmt, packed, rows, t
+
+
+@pytest.mark.parametrize("spec,layout,bits", [("fp8", nl.FP8_ROW, None), ("sparse24", nl.SPARSE24_F16, 9.0),
+                                              ("int8-w8a8", nl.INT8_ROW, None)])
+def test_fixed_activation_repacks_are_bit_identical_and_keep_the_bytes(spec, layout, bits):
+    gen = torch.Generator().manual_seed(21)
+    fmt, packed, rows, t = fixed_rows(spec, 6, 320, gen)
+    assert t == layout and fmt.activations == FIXED_ACTIVATION_FORMATS[spec]
+    assert torch.equal(reference.dequantize_blocks(t, rows), fmt.dequantize(packed))
+    assert rows.numel() * 8 / (6 * 320) == pytest.approx(bits or fmt.bits_per_weight(6, 320))
+    assert nl.row_weights(t, rows.shape[1]) == 320
+
+
+def test_fp8_layout_decodes_every_finite_e4m3_code():
+    """All 254 finite E4M3 codes (subnormals, ±0, ±448) through the native decoder, against torch's cast."""
+    codes = torch.arange(256, dtype=torch.uint8)
+    codes = codes[(codes & 0x7F) != 0x7F].reshape(2, 127)  # drop the two NaN codes (the quantizer never writes them)
+    codes = torch.cat((codes, codes[:, :1]), dim=1)  # 128 per row: whole blocks of 32
+    rows = nl.pack_fp8_rows(codes.view(torch.float8_e4m3fn), torch.tensor([1.0, 3.5]))
+    want = codes.view(torch.float8_e4m3fn).float() * torch.tensor([[1.0], [3.5]])
+    assert torch.equal(reference.dequantize_blocks(nl.FP8_ROW, rows), want)
+    for variant in VARIANTS:
+        assert torch.equal(ops.dequantize_blocks(nl.FP8_ROW, rows, variant=variant), want)
+
+
+def test_float_layouts_refuse_integer_activations():
+    gen = torch.Generator().manual_seed(2)
+    for spec in ("fp8", "sparse24"):
+        _, _, rows, t = fixed_rows(spec, 4, 64, gen)
+        with pytest.raises(ValueError, match="f32 activations"):
+            reference.gemm_blocks(t, rows, torch.randn(1, 64), None, "q8")
+        if VARIANTS:
+            with pytest.raises(ValueError, match="f32 activations"):
+                ops.gemm_blocks(t, rows, torch.randn(1, 64), None, "q16", variant=VARIANTS[0])
+
+
+def test_per_token_activations_are_smoothquants_rounding():
+    """reference.quantize_rows_per_token is the rounding int8-w8a8's apply() defines (quant/int8.py)."""
+    from bytediet.quant.int8 import quantize_rows_int8
+
+    x = torch.randn(5, 96, generator=torch.Generator().manual_seed(8)) * torch.logspace(-3, 3, 5)[:, None]
+    x[2] = 0.0
+    q, d = reference.quantize_rows_per_token(x)
+    q_ref, d_ref = quantize_rows_int8(x)
+    assert torch.equal(q, q_ref) and torch.equal(d, d_ref)
+    for variant in VARIANTS:
+        qn, dn = ops.quantize_rows_per_token(x, variant=variant)
+        assert torch.equal(qn, q) and torch.equal(dn, d)
+
+
+@needs_native
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("spec", list(FIXED_ACTIVATION_FORMATS))
+def test_fixed_activation_gemm_equals_reference(variant, spec):
+    gen = torch.Generator().manual_seed(len(spec) * 13)
+    activations = FIXED_ACTIVATION_FORMATS[spec]
+    for k in (64, 416):  # 416: an odd number (13) of 32-weight blocks
+        for n in (1, 3, 37):  # rows not a multiple of the 4-row tile
+            fmt, packed, rows, t = fixed_rows(spec, n, k, gen)
+            w = reference.dequantize_blocks(t, rows)
+            for m in (1, 2, 5, 17):
+                x = torch.randn(m, k, generator=gen)
+                bias = torch.randn(n, generator=gen) if m == 2 else None
+                y = ops.gemm_blocks(t, rows, x, bias, activations, variant=variant)
+                ref = reference.gemm_blocks(t, rows, x, bias, activations)
+                assert y.shape == (m, n)
+                check_close(y, ref, x, w)
+                check_close(y, fmt.apply(x, packed, bias), x, w)  # and the format's own (reference-path) product
+
+
+@needs_native
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("spec", list(FIXED_ACTIVATION_FORMATS))
+def test_fixed_activation_extreme_inputs(variant, spec):
+    gen = torch.Generator().manual_seed(5)
+    k, activations = 256, FIXED_ACTIVATION_FORMATS[spec]
+    _, _, zero_rows, t = fixed_rows(spec, 5, k, gen, 0.0)  # all-zero weights (fp8, int8: scale 1 or 0)
+    assert torch.equal(ops.gemm_blocks(t, zero_rows, torch.randn(2, k, generator=gen), None, activations,
+                                       variant=variant), torch.zeros(2, 5))
+    for scale in (1e-30, 1e4):  # fp8: tiny per-row scales; large weights
+        _, _, rows, t = fixed_rows(spec, 5, k, gen, scale)
+        w = reference.dequantize_blocks(t, rows)
+        for x in (torch.zeros(2, k), torch.randn(2, k, generator=gen) * 1e4, torch.randn(2, k, generator=gen) * 1e-6):
+            y = ops.gemm_blocks(t, rows, x, None, activations, variant=variant)
+            check_close(y, reference.gemm_blocks(t, rows, x, None, activations), x, w)
+
+
+@needs_native
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("spec", ["fp8", "sparse24"])
+def test_float_layouts_dense_decode_equals_the_reference(variant, spec):
+    """The decode behind the compute-bound path (values(): the 2:4 placement by lane permutes, E4M3 widening)."""
+    _, packed, rows, t = fixed_rows(spec, 7, 416, torch.Generator().manual_seed(17))
+    assert torch.equal(ops.dequantize_blocks(t, rows, variant=variant), reference.dequantize_blocks(t, rows))

@@ -109,14 +109,37 @@ def test_native_decode_step_equals_module_path(arch, fmt, activations):
     assert torch.allclose(got, want, atol=tol * want.abs().max().item(), rtol=0)
 
 
+@pytest.mark.parametrize("arch,fmt", [("llama", "fp8"), ("gemma3", "fp8"), ("qwen2", "sparse24"),
+                                      ("llama", "int8-w8a8"), ("gemma3", "int8-w8a8")])
+def test_native_decode_step_with_fixed_activation_formats_equals_module_path(arch, fmt):
+    """fp8 and 2:4 fp16 (float activations) and int8-w8a8 (int8 per token): the activations are the format's."""
+    model = packed_model(arch, fmt=fmt)
+    contexts = [5, 17, 40]
+    meta, blocks = decode_metadata(contexts)
+    caches = model.new_caches(blocks, 16)
+    fill_pages(caches, torch.Generator().manual_seed(1))
+    assert why_not_native(model, caches) is None
+    decoder = native_decoder(model, caches)
+    assert decoder.spec.activations == model.model.layers[0].mlp.down_proj.format.activations
+    ids = torch.tensor([3, 50, 7])
+    saved = snapshot(caches)
+    want = model(ids, meta, caches)
+    restore(caches, saved)
+    got = decoder.logits(ids, meta, torch.arange(3))
+    tol = 5e-3 if fmt == "int8-w8a8" else 1e-3  # 8-bit activations: one-code flips amplified, as q8's
+    assert torch.allclose(got, want, atol=tol * want.abs().max().item(), rtol=0)
+
+
 def test_what_the_native_step_does_not_cover_is_said():
     model = packed_model("llama")
     assert why_not_native(model, model.new_caches(2, 16, "bf16")) is None
     assert why_not_native(model, model.new_caches(2, 16, "int8")) is None
     assert why_not_native(model, model.new_caches(2, 128, "turboquant3.5")).startswith("KV cache")
     assert why_not_native(packed_model("llama", fmt="int8"), model.new_caches(2, 16)) is None
-    w8a8 = packed_model("llama", fmt="int8-w8a8")
-    assert "int8-w8a8" in why_not_native(w8a8, w8a8.new_caches(2, 16))
+    mixed = packed_model("llama", fmt="int8-w8a8")  # per-token int8 activations, and one layer with float ones
+    mixed.model.layers[0].mlp.down_proj.set_weight(mixed.model.layers[0].mlp.down_proj.dequantized_weight(),
+                                                   get_weight_format("fp8"))
+    assert "mixed activation modes" in why_not_native(mixed, mixed.new_caches(2, 16))
     fp32 = packed_model("llama", fmt="fp32")
     assert "has no native kernel" in why_not_native(fp32, fp32.new_caches(2, 16))
     assert native_decoder(fp32, fp32.new_caches(2, 16)) is None

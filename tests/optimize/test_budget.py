@@ -101,3 +101,40 @@ def test_passkey_drop_limit(drop, budget, inside, worst):
     assert overshoot(r, budget) == pytest.approx(worst, rel=1e-6)
     with pytest.raises(ConfigError, match="passkey"):
         Budget(2.0, max_passkey_drop=1.5)
+
+
+def act(label, parent, ppl_pct, top1, tok_s):
+    """An activation-precision record of ``parent`` (the same weights at another activation precision)."""
+    from bytediet.optimize.budget import activation_cost
+
+    r = {**rec(label, ppl_pct, 0.01, tok_s=tok_s), "top1": top1}
+    return {**r, **activation_cost(r, parent)}
+
+
+PARENT = {**rec("int4-g64", 1.0, 0.01, tok_s=10.0), "top1": 0.95}
+
+
+@pytest.mark.parametrize("ppl_pct, top1, chosen", [
+    (1.2, 0.945, "int4-g64-a8"),  # +0.2 points, −0.5 % top-1: the faster path is taken
+    (1.3, 0.95, "int4-g64-a8"),  # exactly +0.3 points: the limit itself is inside
+    (1.5, 0.95, "int4-g64"),  # +0.5 points: within the 2 % budget, but not the activation rule
+    (1.1, 0.935, "int4-g64"),  # −1.5 % top-1 agreement
+])
+def test_activation_precision_is_taken_only_within_its_own_rule(ppl_pct, top1, chosen):
+    a8 = act("int4-g64-a8", PARENT, ppl_pct, top1, tok_s=14.0)
+    assert a8["activation_ppl_cost"] == pytest.approx(ppl_pct - 1.0)
+    assert a8["activation_top1_drop"] == pytest.approx(0.95 - top1) and a8["activation_speedup"] == 1.4
+    choice = choose([PARENT, a8], Budget(2.0), "throughput")
+    assert choice.record["label"] == chosen and choice.within_budget
+    assert within(a8, Budget(2.0)) is (chosen == "int4-g64-a8")
+    # the issue's rule as the default budget, and a looser one the user may set
+    assert within(a8, Budget(2.0, max_activation_ppl_cost=1.0, max_activation_top1_drop=0.02))
+
+
+def test_activation_overshoot_and_bad_limits():
+    a8 = act("int4-g64-a8", PARENT, 1.6, 0.95, tok_s=14.0)  # +0.6 points: 2x the activation limit
+    assert overshoot(a8, Budget(2.0)) == pytest.approx(2.0)
+    assert overshoot(PARENT, Budget(2.0)) == pytest.approx(0.5)  # records of other steps: no activation limit
+    with pytest.raises(ConfigError, match="activation-precision"):
+        Budget(max_activation_top1_drop=2.0)
+    assert "activation precision" in Budget().describe()

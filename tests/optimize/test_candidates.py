@@ -116,3 +116,19 @@ def test_explicit_calibrated_specs_are_checked(model):
     assert "unknown calibration method" in out.skipped["x+nope"]
     cand = Candidate.for_weights("weights", "int4-g32+gptq")
     assert (cand.weights, cand.method, cand.label) == ("int4-g32", "gptq", "w=int4-g32+gptq kv=auto")
+
+
+@pytest.mark.parametrize("spec, variants", [
+    ("int4-g32", ["int4-g32-a8", "int4-g32-af32"]),
+    ("int8", ["int8-a8", "int8-af32"]),
+    ("gguf-q4_1-a8", ["gguf-q4_1", "gguf-q4_1-af32"]),
+    ("sparse24-int8", ["sparse24-int8-a8", "sparse24-int8-af32"]),
+    ("int4-g64+awq", ["int4-g64-a8+awq", "int4-g64-af32+awq"]),  # the calibration method stays
+    ("fp8", []), ("sparse24", []),  # float values: float activations only
+    ("int8-w8a8", []),  # per-token int8 activations are the format
+    ("fp32", []), ("no-such-format", []),
+])
+def test_activation_variants_of_a_weight_spec(spec, variants):
+    from bytediet.optimize.candidates import activation_specs
+
+    assert activation_specs(spec) == variants

@@ -172,9 +172,11 @@ def test_a_killed_run_resumes_without_recomputing_finished_steps(ckpt, tmp_path,
     monkeypatch.setattr(tasks.FidelityTask, "measure_reference",
                         lambda *a, **k: pytest.fail("the reference was recomputed"))
     report = Recipe(options(ckpt), tmp_path, progress=False).run()
-    # weights (int8, int4-g32) and the baseline came from the cache; the KV step and later were measured
-    assert sorted(measured[:2]) == ["int8", "turboquant3.5"]
-    assert all(k != "auto" for k in measured[:2])
+    # weights (int8, int4-g32) and the baseline came from the cache; the activation step (weights only, the KV
+    # cache as loaded), the KV step and later were measured
+    acts = len(report["steps"]["activations"]["records"])
+    assert measured[:acts] == ["auto"] * acts
+    assert sorted(measured[acts:acts + 2]) == ["int8", "turboquant3.5"]
     assert len(report["steps"]["weights"]["records"]) == 2
 
 
@@ -286,3 +288,62 @@ def test_a_calibrated_kv_recommendation_reproduces_in_a_fresh_process(run, tmp_p
     write_outputs(report, tmp_path)
     assert json.loads((tmp_path / "recommended.json").read_text())["kv_calibration"] == report["kv_calibration"]
     assert verify_in_fresh_process(tmp_path)["ppl"] == pytest.approx(tq["ppl"], rel=1e-4)
+
+
+def _stub_record(cand, ppl_pct: float, top1: float, tok_s: float) -> dict:
+    return {**cand.to_dict(), "ppl_increase_pct": ppl_pct, "kl_mean": 0.01, "top1": top1, "decode_tok_s": tok_s,
+            "memory_bytes": 100}
+
+
+def test_activation_step_tries_the_best_weight_formats_other_precisions(ckpt, tmp_path, monkeypatch):
+    """The step, with stubbed measurements: which candidates it generates, the cost it records, the choice."""
+    from bytediet.kernels import ops
+    from bytediet.optimize.budget import choose
+    from bytediet.optimize.candidates import Candidate
+    from bytediet.optimize.recipe import weight_records
+    from bytediet.progress import Bars
+
+    monkeypatch.setattr(ops, "native_library", lambda: object())  # as on a machine with the native kernels
+    recipe = Recipe(options(ckpt, budget=Budget(2.0)), tmp_path, progress=False)
+    int8 = _stub_record(Candidate("weights", "int8"), 0.5, 0.97, 10.0)
+    int4 = _stub_record(Candidate("weights", "int4-g32"), 3.0, 0.90, 16.0)  # outside the 2 % budget: no parent
+    stubs = {"int8-a8": (0.7, 0.965, 14.0), "int8-af32": (0.5, 0.97, 8.0)}
+    measured = []
+
+    def measure(cand, use_cache=True):
+        measured.append(cand.weight_spec)
+        return _stub_record(cand, *stubs[cand.weights])
+
+    monkeypatch.setattr(recipe, "measure", measure)
+    report = {"steps": {"weights": {"records": [int8, int4]}}}
+    with Bars(False) as bars:
+        report["steps"]["activations"] = recipe._activations(bars, report)
+    assert measured == ["int8-a8", "int8-af32"] and report["steps"]["activations"]["parents"] == [int8["label"]]
+    a8, af32 = report["steps"]["activations"]["records"]
+    assert a8["activation_parent"] == int8["label"] and a8["step"] == "activations"
+    assert a8["activation_ppl_cost"] == pytest.approx(0.2) and a8["activation_top1_drop"] == pytest.approx(0.005)
+    assert choose(weight_records(report), recipe.opt.budget).record is a8  # fastest, +0.2 points, −0.5 % top-1
+    stubs["int8-a8"] = (0.9, 0.965, 14.0)  # +0.4 points: over the activation rule, though within the 2 % budget
+    with Bars(False) as bars:
+        report["steps"]["activations"] = recipe._activations(bars, report)
+    assert choose(weight_records(report), recipe.opt.budget).record is int8
+    monkeypatch.setattr(ops, "native_library", lambda: None)
+    with Bars(False) as bars:
+        assert "no native kernels" in recipe._activations(bars, report)["note"]
+
+
+def test_the_activation_step_measures_real_variants(run):
+    """End to end: the best weight format's other activation precisions are measured and costed against it."""
+    from bytediet.kernels import ops
+
+    acts = run[0]["steps"]["activations"]
+    if ops.native_library() is None:
+        assert "no native kernels" in acts["note"]
+        return
+    assert acts["records"] and len(acts["parents"]) == 1  # --quick: the best weight format only
+    parent = next(r for r in run[0]["steps"]["weights"]["records"] if r["label"] == acts["parents"][0])
+    assert {r["weights"] for r in acts["records"]} == {parent["weights"] + "-a8", parent["weights"] + "-af32"}
+    for r in acts["records"]:
+        assert r["activation_ppl_cost"] == pytest.approx(r["ppl_increase_pct"] - parent["ppl_increase_pct"])
+        assert r["within_budget"] == (r["ppl_increase_pct"] <= 2.0 and r["activation_ppl_cost"] <= 0.3 + 1e-9
+                                      and r["activation_top1_drop"] <= 0.01 + 1e-9)

@@ -167,3 +167,14 @@ def test_calibration_stats_give_channel_norms():
     from bytediet.quant.sparse24 import channel_norms
 
     assert torch.allclose(channel_norms(stats["model.layers.0.mlp.down_proj"]), x.norm(dim=0), rtol=1e-4)
+
+
+def test_sparse24_int8_spec_carries_its_activation_precision():
+    """A run config names the activation precision in the spec (optimize recommends sparse24-int8-a8)."""
+    from bytediet.errors import ConfigError
+
+    for spec, mode in (("sparse24-int8", "q16"), ("sparse24-int8-a8", "q8"), ("sparse24-int8-af32", "f32")):
+        fmt = get_weight_format(spec)
+        assert fmt.activations == mode and fmt.spec() == spec
+    with pytest.raises(ConfigError, match="activation precision"):
+        get_weight_format("sparse24-int8-g64")

@@ -50,6 +50,11 @@ def register(subparsers) -> None:
     p.add_argument("--max-passkey-drop", type=float, default=0.0, metavar="FRACTION",
                    help="accuracy budget: passkey retrieval accuracy a configuration may lose against the "
                         "unmodified model (default 0: retrieve all it retrieves; -1: no limit)")
+    p.add_argument("--max-activation-ppl-cost", type=float, default=0.3, metavar="POINTS",
+                   help="a faster activation precision (e.g. int4-g64-a8 over int4-g64) may add at most this many "
+                        "percentage points of perplexity to the same weights (default 0.3)")
+    p.add_argument("--max-activation-top1-drop", type=float, default=0.01, metavar="FRACTION",
+                   help="... and lose at most this much top-1 agreement (default 0.01)")
     p.add_argument("--passkey-lengths", default=None,
                    help="passkey prompt lengths in tokens (quick 1024, full 1024,2048,4096; 'none' to skip)")
     p.add_argument("--weights", default=None,
@@ -82,7 +87,9 @@ def options_from_args(args: argparse.Namespace):
 
     return OptimizeOptions(model=args.model, quick=args.quick, objective=args.objective,
                            budget=Budget(args.max_ppl_increase, args.max_kl,
-                                         None if args.max_passkey_drop < 0 else args.max_passkey_drop), corpus=args.corpus, seed=args.seed,
+                                         None if args.max_passkey_drop < 0 else args.max_passkey_drop,
+                                         args.max_activation_ppl_cost, args.max_activation_top1_drop),
+                           corpus=args.corpus, seed=args.seed,
                            context=args.context, windows=args.windows, window_len=args.window_len,
                            weights=_specs(args.weights), kv=_specs(args.kv), threads=args.threads,
                            methods=() if (args.methods or "").strip().lower() == "none" else _specs(args.methods),

@@ -72,5 +72,5 @@ class DecoderSpec:
     attention_scale: float
     gelu: bool  # GELU (tanh) instead of SiLU
     sandwich: bool  # gemma3: x += norm(attn(norm(x))), x += norm(mlp(norm(x)))
-    activations: str = "q8"  # "q8", "q16" or "f32", as in ops.gemm_blocks
+    activations: str = "q8"  # "q8", "q16", "f32" or "q8-token" (int8-w8a8), as in ops.gemm_blocks
     native: Any = field(default=None, repr=False)  # the C structs built from this spec (kernels/ops.py)

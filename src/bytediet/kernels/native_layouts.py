@@ -22,6 +22,16 @@ bytes added; the numbers it stands for are bit-identical):
   group low): 5 bits per weight, and the kernel expands the 16 values into their 32 positions in registers
   (byte shuffles), so a 2:4 weight moves 5/8 of int8's bytes.
 
+* ``FP8_ROW`` (fp8, E4M3 with one float32 scale per output channel): each row is its float32 scale, then its
+  K E4M3 bytes: the format's bytes as they are. The kernel widens the codes to float in registers (a bit move
+  makes each byte an f16 of value/2⁸, then one conversion instruction per 8 weights).
+* ``SPARSE24_F16`` (sparse24, 2:4 with fp16 kept values): per 32 weights ``[16 f16 kept values][4 bytes: the
+  8 groups' position codes]`` (36 bytes: 9 bits per weight, as the format); the kernel widens the 16 values and
+  places them with one lane permute per 8 positions.
+
+These two hold non-integer values, so they have no integer dot product: they multiply float activations only
+(:data:`FLOAT_TYPES`, the ``f32`` activation mode).
+
 The kernels multiply E2M1 codes as the int8 values 2·v ∈ {0, ±1, ±2, ±3, ±4, ±6, ±8, ±12} (a byte shuffle)
 and fold the ½ into the block scale, so the FP4 formats use the same integer dot products as int4.
 
@@ -38,8 +48,13 @@ _INT4_BY_TYPE = {t: key for key, t in INT4_GROUPS.items()}
 MXFP4_BLOCKS = 107
 NVFP4_BLOCKS = 108
 SPARSE24_INT8 = 109
-TYPES = frozenset({INT8_ROW, *INT4_GROUPS.values(), MXFP4_BLOCKS, NVFP4_BLOCKS, SPARSE24_INT8})
-_BLOCK32 = {INT8_ROW: 32, MXFP4_BLOCKS: 17, NVFP4_BLOCKS: 18, SPARSE24_INT8: 20}  # bytes per 32 weights
+FP8_ROW = 110
+SPARSE24_F16 = 111
+TYPES = frozenset({INT8_ROW, *INT4_GROUPS.values(), MXFP4_BLOCKS, NVFP4_BLOCKS, SPARSE24_INT8, FP8_ROW, SPARSE24_F16})
+#: layouts of non-integer values: multiplied with float activations only (no integer dot product)
+FLOAT_TYPES = frozenset({FP8_ROW, SPARSE24_F16})
+_BLOCK32 = {INT8_ROW: 32, MXFP4_BLOCKS: 17, NVFP4_BLOCKS: 18, SPARSE24_INT8: 20, FP8_ROW: 32,
+            SPARSE24_F16: 36}  # bytes per 32 weights
 #: E2M1 code (0..15) → value (OCP MX v1.0 §5.3.3); codes 8..15 are the negatives
 E2M1_VALUES = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
 
@@ -51,7 +66,7 @@ def is_native_layout(type_id: int) -> bool:
 
 def row_header_bytes(type_id: int) -> int:
     """Bytes before a row's first block (INT8_ROW: its float32 scale; NVFP4: the tensor's float32 scale)."""
-    return 4 if int(type_id) in (INT8_ROW, NVFP4_BLOCKS, SPARSE24_INT8) else 0
+    return 4 if int(type_id) in (INT8_ROW, NVFP4_BLOCKS, SPARSE24_INT8, FP8_ROW) else 0
 
 
 def block_weights(type_id: int) -> int:
@@ -135,6 +150,28 @@ def pack_sparse24_int8(values: torch.Tensor, index: torch.Tensor, scale: torch.T
     return torch.cat((head, body.reshape(n, -1)), dim=1)
 
 
+def pack_fp8_rows(qweight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """fp8 planes: qweight (N, K) float8_e4m3fn, scale (N,) float32 → FP8_ROW rows (N, 4 + K) uint8."""
+    return pack_int8_rows(qweight.contiguous().view(torch.int8), scale)
+
+
+def pack_sparse24_f16(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """sparse24 planes: values (N, K/2) float16, index (N, K/8) uint8 (two group codes per byte) →
+    SPARSE24_F16 rows (N, K/32 · 36). K must be a multiple of 32."""
+    n = values.shape[0]
+    vals = values.to(torch.float16).contiguous().view(torch.uint8).reshape(n, -1, 32)
+    return torch.cat((vals, index.reshape(n, -1, 4)), dim=-1).reshape(n, -1)
+
+
+def _sparse24_dense(vals: torch.Tensor, codes_bytes: torch.Tensor) -> torch.Tensor:
+    """Per 32 weights: vals (N, B, 16) float, codes_bytes (N, B, 4) uint8 → dense (N, B·32) float32."""
+    n = vals.shape[0]
+    codes = torch.stack((codes_bytes & 15, codes_bytes >> 4), dim=-1).reshape(n, -1, 8).long()
+    pos = torch.stack((codes & 3, codes >> 2), dim=-1)  # (N, B, 8, 2)
+    dense = torch.zeros(n, vals.shape[1], 8, 4).scatter_(-1, pos, vals.float().reshape(n, -1, 8, 2))
+    return dense.reshape(n, -1)
+
+
 def dequantize(type_id: int, rows: torch.Tensor) -> torch.Tensor:
     """The reference decoder: rows (N, bytes per row) uint8 in layout ``type_id`` → weight (N, K) float32."""
     t = int(type_id)
@@ -152,11 +189,13 @@ def dequantize(type_id: int, rows: torch.Tensor) -> torch.Tensor:
     if t == SPARSE24_INT8:
         scale = rows[:, :4].contiguous().view(torch.float32)  # (N, 1)
         b = rows[:, 4:].reshape(n, -1, 20)
-        vals = b[..., :16].contiguous().view(torch.int8).float().reshape(n, -1, 8, 2)  # (N, K/32, group, 2)
-        codes = torch.stack((b[..., 16:] & 15, b[..., 16:] >> 4), dim=-1).reshape(n, -1, 8).long()
-        pos = torch.stack((codes & 3, codes >> 2), dim=-1)  # (N, K/32, 8, 2)
-        dense = torch.zeros(n, vals.shape[1], 8, 4).scatter_(-1, pos, vals)
-        return dense.reshape(n, -1) * scale
+        return _sparse24_dense(b[..., :16].contiguous().view(torch.int8), b[..., 16:]) * scale
+    if t == SPARSE24_F16:
+        b = rows.reshape(n, -1, 36)
+        return _sparse24_dense(b[..., :32].contiguous().view(torch.float16), b[..., 32:])
+    if t == FP8_ROW:
+        scale = rows[:, :4].contiguous().view(torch.float32)  # (N, 1)
+        return rows[:, 4:].contiguous().view(torch.float8_e4m3fn).float() * scale
     if t == INT8_ROW:
         scale = rows[:, :4].contiguous().view(torch.float32)  # (N, 1)
         return rows[:, 4:].contiguous().view(torch.int8).float() * scale

@@ -20,7 +20,7 @@ from .ggml_codecs import block_size_of
 
 # GGML Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q4_K Q5_K Q6_K, and bytediet's int8/int4 layouts (native_layouts.TYPES)
 NATIVE_GEMM_TYPES = frozenset({2, 3, 6, 7, 8, 12, 13, 14}) | native_layouts.TYPES
-_ACTIVATION_MODES = {"q8": 0, "f32": 1, "q16": 2}
+_ACTIVATION_MODES = {"q8": 0, "f32": 1, "q16": 2, "q8-token": 3}  # q8-token: one int8 scale per row (int8-w8a8)
 
 
 def _library(variant: Optional[str]) -> Optional[NativeLibrary]:
@@ -87,6 +87,19 @@ def quantize_rows_q8(x: torch.Tensor, variant: Optional[str] = None):
     return q, d, s
 
 
+def quantize_rows_per_token(x: torch.Tensor, variant: Optional[str] = None):
+    """See :func:`bytediet.kernels.reference.quantize_rows_per_token`."""
+    lib = _library(variant)
+    m, k = x.shape
+    if lib is None or k % reference.ACTIVATION_BLOCK:
+        return reference.quantize_rows_per_token(x)
+    x = x.to(torch.float32).contiguous()
+    q = torch.empty(m, k, dtype=torch.int8)
+    d, s = torch.empty(m, k // reference.ACTIVATION_BLOCK), torch.empty(m, k // reference.ACTIVATION_BLOCK)
+    lib.bd_quantize_rows_per_token(x.data_ptr(), m, k, q.data_ptr(), d.data_ptr(), s.data_ptr())
+    return q, d[:, 0].contiguous() if k else torch.zeros(m)
+
+
 def quantize_rows_q16(x: torch.Tensor, variant: Optional[str] = None):
     """See :func:`bytediet.kernels.reference.quantize_rows_q16`."""
     lib = _library(variant)
@@ -111,6 +124,8 @@ def gemm_blocks(ggml_type: int, blocks: torch.Tensor, x: torch.Tensor, bias: Opt
     mode = _ACTIVATION_MODES.get(activations)
     if mode is None:
         raise ValueError(f"activations must be one of {', '.join(_ACTIVATION_MODES)}, got {activations!r}")
+    if int(ggml_type) in native_layouts.FLOAT_TYPES and mode != 1:
+        raise ValueError(f"layout {int(ggml_type)} holds float values: it multiplies f32 activations, not {activations!r}")
     x2 = _float_rows(x)
     n, m, k = blocks.shape[0], x2.shape[0], x2.shape[1]
     y = torch.empty(m, n, dtype=torch.float32)

@@ -156,6 +156,18 @@ def quantize_rows_q16(x: torch.Tensor):
     return q, d, q2, d2, s + s2
 
 
+def quantize_rows_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 quantization with one scale per row (SmoothQuant's per-token W8A8, arXiv 2211.10438).
+
+    x: (M, K) float → codes (M, K) int8 and d (M,) float32: d = amax(row)/127, codes = round-half-even(x · (1/d)),
+    all in float32 (a zero row: d = 0, codes 0).
+    """
+    xf = x.float()
+    d = xf.abs().amax(dim=1) / 127
+    inv = torch.where(d != 0, 1.0 / d, torch.zeros_like(d))
+    return torch.round(xf * inv[:, None]).clamp_(-127, 127).to(torch.int8), d
+
+
 def dequantize_rows_q8(q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
     """The float values the int8 activation codes stand for: (M, K) int8, (M, K/32) → (M, K) float32."""
     m, k = q.shape
@@ -187,9 +199,14 @@ def gemm_blocks(ggml_type: int, blocks: torch.Tensor, x: torch.Tensor, bias: Opt
 
     blocks: (N, bytes per row) uint8; x: (..., K) → y: (..., N) in x's dtype. ``activations``: ``"q8"``
     multiplies W with x as :func:`quantize_rows_q8` rounds it (the integer-dot-product path), ``"f32"``
-    with x itself, ``"q16"`` with the two int8 planes of :func:`quantize_rows_q16`. Computed in float64, so a fast kernel differs from this only by its float32 rounding.
+    with x itself, ``"q16"`` with the two int8 planes of :func:`quantize_rows_q16`, ``"q8-token"`` with x as
+    :func:`quantize_rows_per_token` rounds it (one scale per row: int8-w8a8). Layouts of non-integer values
+    (:data:`~bytediet.kernels.native_layouts.FLOAT_TYPES`) take ``"f32"`` only. Computed in float64, so a fast
+    kernel differs from this only by its float32 rounding.
     """
     k = x.shape[-1]
+    if int(ggml_type) in native_layouts.FLOAT_TYPES and activations != "f32":
+        raise ValueError(f"layout {int(ggml_type)} holds float values: it multiplies f32 activations, not {activations!r}")
     w = dequantize_blocks(ggml_type, blocks)
     if w.shape[1] != k:
         raise ValueError(f"weight rows hold {w.shape[1]} values, activations {k}")
@@ -200,8 +217,11 @@ def gemm_blocks(ggml_type: int, blocks: torch.Tensor, x: torch.Tensor, bias: Opt
     elif activations == "q16":
         q, d, q2, d2, _ = quantize_rows_q16(x2)
         x2 = dequantize_rows_q8(q, d).double() + dequantize_rows_q8(q2, d2).double()
+    elif activations == "q8-token":
+        q, d = quantize_rows_per_token(x2)
+        x2 = q.float() * d[:, None]
     elif activations != "f32":
-        raise ValueError(f"activations must be 'q8', 'q16' or 'f32', got {activations!r}")
+        raise ValueError(f"activations must be 'q8', 'q16', 'f32' or 'q8-token', got {activations!r}")
     y = x2.double() @ w.double().T
     if bias is not None:
         y = y + bias.double()

@@ -8,6 +8,11 @@ sequence at the planning context).
 * Within budget: ``ppl_increase_pct <= max_ppl_increase``, (when set) ``kl_mean <= max_kl``, and (when
   set and the record measured passkey retrieval) ``passkey_drop <= max_passkey_drop``: the fraction of
   passkey trials the reference retrieved and the configuration lost.
+* Activation precision (a record measured by the ``activations`` step, with ``activation_ppl_cost`` and
+  ``activation_top1_drop`` set): its cost *against the same weights at the default precision* must also stay
+  within ``max_activation_ppl_cost`` percentage points of perplexity and ``max_activation_top1_drop`` of top-1
+  agreement — issue 12's rule for a default ("within +0.3 % perplexity and ≥ 99 % top-1 agreement"), so a faster
+  activation path is taken only when it costs almost nothing on top of the weight format chosen.
 * Objective ``throughput``: the highest decode tok/s; ``memory``: the fewest bytes. Ties go to the
   smaller KL.
 * Nothing within budget: the *closest* configuration is the one whose worst budget overshoot,
@@ -32,8 +37,14 @@ class Budget:
     max_ppl_increase: float = 2.0
     max_kl: Optional[float] = None
     max_passkey_drop: Optional[float] = 0.0
+    max_activation_ppl_cost: float = 0.3  # percentage points of PPL an activation precision may add
+    max_activation_top1_drop: float = 0.01  # top-1 agreement it may lose (fraction)
 
     def __post_init__(self) -> None:
+        if not self.max_activation_ppl_cost >= 0 or not 0.0 <= self.max_activation_top1_drop <= 1.0:
+            raise ConfigError("the activation-precision limits are a PPL cost in percentage points >= 0 and a "
+                              f"top-1 drop in [0, 1], got {self.max_activation_ppl_cost}, "
+                              f"{self.max_activation_top1_drop}")
         if not self.max_ppl_increase >= 0:
             raise ConfigError(f"--max-ppl-increase is a percentage >= 0, got {self.max_ppl_increase}")
         if self.max_kl is not None and not self.max_kl >= 0:
@@ -49,6 +60,8 @@ class Budget:
         text += f", mean KL <= {self.max_kl:g} nats" if self.max_kl is not None else ""
         if self.max_passkey_drop is not None:
             text += f", passkey retrieval drop <= {self.max_passkey_drop:g}"
+        text += (f"; a non-default activation precision adds <= {self.max_activation_ppl_cost:g} points of PPL "
+                 f"and loses <= {100 * self.max_activation_top1_drop:g}% top-1")
         return text
 
 
@@ -63,7 +76,27 @@ def within(record: dict, budget: Budget) -> bool:
     drop = _passkey_drop(record)
     if budget.max_passkey_drop is not None and drop is not None and drop > budget.max_passkey_drop + 1e-9:
         return False
+    if not activation_cost_within(record, budget):
+        return False
     return budget.max_kl is None or record["kl_mean"] <= budget.max_kl
+
+
+def activation_cost_within(record: dict, budget: Budget) -> bool:
+    """Whether an activation-precision record costs no more than the budget's activation limits over its parent
+    (the same weights at the default precision); True for every other record."""
+    cost, drop = record.get("activation_ppl_cost"), record.get("activation_top1_drop")
+    if cost is None or drop is None:
+        return True
+    return cost <= budget.max_activation_ppl_cost + 1e-9 and drop <= budget.max_activation_top1_drop + 1e-9
+
+
+def activation_cost(record: dict, parent: dict) -> dict:
+    """The fields that make ``record`` (the weights of ``parent`` at another activation precision) an
+    activation-precision record: its PPL cost in points and its top-1 loss against ``parent``."""
+    return {"activation_parent": parent["label"],
+            "activation_ppl_cost": record["ppl_increase_pct"] - parent["ppl_increase_pct"],
+            "activation_top1_drop": parent["top1"] - record["top1"],
+            "activation_speedup": record["decode_tok_s"] / parent["decode_tok_s"] if parent["decode_tok_s"] else None}
 
 
 def overshoot(record: dict, budget: Budget) -> float:
@@ -81,6 +114,9 @@ def overshoot(record: dict, budget: Budget) -> float:
     drop = _passkey_drop(record)
     if budget.max_passkey_drop is not None and drop is not None:
         ratios.append(ratio(drop - 1e-9, budget.max_passkey_drop))
+    if record.get("activation_ppl_cost") is not None:
+        ratios.append(ratio(record["activation_ppl_cost"] - 1e-9, budget.max_activation_ppl_cost))
+        ratios.append(ratio(record["activation_top1_drop"] - 1e-9, budget.max_activation_top1_drop))
     return max(ratios)
 
 

@@ -216,6 +216,38 @@ def calibrated_specs(model, rtn: Enumeration, quick: bool = False, methods: Opti
     return out
 
 
+def activation_specs(spec: str) -> list[str]:
+    """The other activation precisions of a weight spec (``FORMAT[+METHOD]``) that its native kernel offers.
+
+    ``int4-g64`` → ``["int4-g64-a8", "int4-g64-af32"]`` (int8 activations as llama.cpp's, float activations;
+    the spec itself is the q16 default), ``gguf-q4_1-a8`` → ``["gguf-q4_1", "gguf-q4_1-af32"]``. Formats
+    without the choice (fp8 and 2:4 fp16 multiply float activations, int8-w8a8 rounds per token by definition,
+    the float formats have no native kernel) give ``[]``. Each spec is checked to read back as the mode it names.
+    """
+    from ..models.quantize import build_format
+    from ..quant.common import ACTIVATION_MODES, NativeActivations
+
+    fmt_spec, method = split_method(spec)
+    try:
+        fmt = build_format(fmt_spec)
+    except (ConfigError, KeyError, ValueError):
+        return []
+    if not isinstance(fmt, NativeActivations) or fmt.activations not in ACTIVATION_MODES:
+        return []
+    out = []
+    for mode in ACTIVATION_MODES:
+        if mode == fmt.activations:
+            continue
+        variant = build_format(fmt_spec).with_activations(mode).spec()
+        try:
+            if build_format(variant).activations != mode:
+                continue
+        except (ConfigError, KeyError, ValueError):
+            continue  # a format whose spec cannot name the mode
+        out.append(f"{variant}+{method}" if method else variant)
+    return out
+
+
 def _method_families(method: str) -> tuple[str, ...]:
     from ..calibrate import get_calibration_method
 

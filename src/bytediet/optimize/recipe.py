@@ -2,7 +2,10 @@
 
 1. **Measure first** (:mod:`.profile`): prefill vs decode through the engine, on this machine's roofline.
 2. **One technique at a time**: every weight format (rounded to nearest, then calibrated by every
-   registered method — AWQ, GPTQ, SmoothQuant, Wanda 2:4), then every KV codec the registries hold
+   registered method — AWQ, GPTQ, SmoothQuant, Wanda 2:4); the activation precision of the native kernels
+   for the best weight formats (``int4-g64`` against ``int4-g64-a8`` and ``-af32``: int8 activations with
+   integer dot products are faster and cost a little accuracy, :func:`.candidates.activation_specs`,
+   :func:`.budget.activation_cost`); then every KV codec the registries hold
    (:mod:`.candidates`), each measured alone against the unmodified model — perplexity, KL mean/p99,
    top-1 agreement (one shared :class:`~bytediet.eval.harness.ReferenceCache`), weight bytes, KV bytes
    per token, decode tok/s.
@@ -31,11 +34,12 @@ import torch
 
 from ..errors import BytedietError
 from ..progress import Bars
-from .budget import Budget, best_of_step, compounding, objective_key, within
-from .candidates import Candidate, calibrated_specs, kv_specs, weight_specs
+from .budget import Budget, activation_cost, best_of_step, compounding, objective_key, within
+from .candidates import Candidate, activation_specs, calibrated_specs, kv_specs, weight_specs
 from .state import StepCache, model_identity, run_key
 
-STEPS = ("profile", "baseline", "weights", "kv", "combined", "sensitive")
+STEPS = ("profile", "baseline", "weights", "activations", "kv", "combined", "sensitive")
+ACTIVATION_PARENTS = {"quick": 1, "full": 3}  # weight formats (the best within budget) whose activations are tried
 PRESETS = {  # eval windows × len, speed and profile prompt/new tokens, calibration windows × len, passkey trials
     "quick": dict(windows=4, window_len=512, speed_prompt_len=32, speed_new_tokens=16,
                   profile_prompt_len=256, profile_new_tokens=32, calib_samples=8, calib_len=256,
@@ -253,11 +257,38 @@ class Recipe:
                 records.append(rec)
         return records
 
+    def _activations(self, bars, report: dict) -> dict:
+        """The best weight formats within budget at their other activation precisions, each record annotated
+        with its cost against the same weights at the spec's own precision (:func:`.budget.activation_cost`)."""
+        from ..kernels import ops
+
+        if ops.native_library() is None:
+            return {"records": [], "note": "no native kernels on this machine: the activation precision only "
+                                           "changes the reference path's rounding, not its speed"}
+        b, objective = self.opt.budget, self.opt.objective
+        inside = sorted((r for r in report["steps"]["weights"]["records"] if within(r, b) and not r["overrides"]),
+                        key=lambda r: objective_key(r, objective))
+        parents = inside[:ACTIVATION_PARENTS["quick" if self.opt.quick else "full"]]
+        if not parents:
+            return {"records": [], "note": "no weight format is within the budget, so no activation precision "
+                                           "is tried"}
+        plan = [(Candidate.for_weights("activations", spec), p) for p in parents
+                for spec in activation_specs(_weight_spec(p))]
+        if not plan:
+            return {"records": [], "note": "the best weight formats offer no choice of activation precision"}
+        records = []
+        for cand, parent in bars.track(plan, "step 2/5: activation precision of the best weight formats"):
+            rec = self.measure(cand)
+            if rec is not None:
+                records.append({**rec, **activation_cost(rec, parent)})
+        return {"records": records, "parents": [p["label"] for p in parents]}
+
     def _sensitive(self, bars, report: dict, pool: list[dict]) -> list[dict]:
         """Retry the best failing weight configuration with its sensitive layers at higher precision."""
         b, objective = self.opt.budget, self.opt.objective
         incumbent = best_of_step(pool, b, objective)
         failing = [r for r in pool if r["weights"] and not r["overrides"] and not within(r, b)
+                   and r["step"] != "activations"  # an activation precision over its own limit is not retried
                    and (incumbent is None or objective_key(r, objective) < objective_key(incumbent, objective))]
         if not failing:
             return []
@@ -299,6 +330,8 @@ class Recipe:
                                 [Candidate.for_weights("weights", s) for s in c.specs])
             report["steps"]["weights"] = {"records": recs, "skipped": {**w.skipped, **c.skipped}}
             self.on_step("weights", report)
+            report["steps"]["activations"] = self._activations(bars, report)
+            self.on_step("activations", report)
             k = kv_specs(self.model, quick=o.quick, only=o.kv)
             recs = self._sweep(bars, "step 2/5: KV-cache codecs", [Candidate("kv", kv=s) for s in k.specs])
             report["steps"]["kv"] = {"records": recs, "skipped": k.skipped}
@@ -313,7 +346,7 @@ class Recipe:
 
     def _combine(self, bars, report: dict) -> dict:
         b, objective = self.opt.budget, self.opt.objective
-        best_w = best_of_step(report["steps"]["weights"]["records"], b, objective)
+        best_w = best_of_step(weight_records(report), b, objective)
         best_kv = best_of_step(report["steps"]["kv"]["records"], b, objective)
         if best_w is None or best_kv is None:
             missing = "weight format" if best_w is None else "KV codec"
@@ -326,8 +359,18 @@ class Recipe:
 
 def compressed_records(report: dict) -> list[dict]:
     """Every measured configuration except the unmodified baseline, in step order."""
-    return [r for step in ("weights", "kv", "combined", "sensitive")
+    return [r for step in ("weights", "activations", "kv", "combined", "sensitive")
             for r in report["steps"].get(step, {}).get("records", [])]
+
+
+def weight_records(report: dict) -> list[dict]:
+    """The weight-only configurations: every weight format, and the activation precisions tried on the best."""
+    return [r for step in ("weights", "activations") for r in report["steps"].get(step, {}).get("records", [])]
+
+
+def _weight_spec(record: dict) -> str:
+    """A record's weight spec with its calibration method (``int4-g64+awq``)."""
+    return f"{record['weights']}+{record['method']}" if record.get("method") else record["weights"]
 
 
 def override_plans(model, weights: str, high: str) -> list[tuple[tuple[str, str], ...]]:

@@ -14,8 +14,10 @@ from .run_config import RunConfig
 COLUMNS = (("configuration", "label"), ("in budget", "within_budget"), ("PPL", "ppl"),
            ("ΔPPL %", "ppl_increase_pct"), ("KL mean", "kl_mean"), ("KL p99", "kl_p99"), ("top-1", "top1"),
            ("passkey", "passkey"), ("weight bytes", "weight_bytes"), ("KV B/token", "kv_bytes_per_token"),
-           ("memory bytes", "memory_bytes"), ("decode tok/s", "decode_tok_s"), ("speedup", "decode_speedup"))
+           ("memory bytes", "memory_bytes"), ("decode tok/s", "decode_tok_s"), ("speedup", "decode_speedup"),
+           ("act. ΔPPL pts", "activation_ppl_cost"), ("act. top-1 drop", "activation_top1_drop"))
 STEP_TITLES = {"baseline": "unmodified model (the reference)", "weights": "weight formats, one at a time",
+               "activations": "activation precision of the best weight formats (cost against the same weights)",
                "kv": "KV-cache codecs, one at a time", "combined": "the winners combined",
                "sensitive": "sensitive layers kept at higher precision"}
 
@@ -127,6 +129,7 @@ def summary_markdown(report: dict) -> str:
         parts.append(f"{len(recs)} {noun} measured, {len(ok)} within budget{smallest}")
     lines.append(f"2. **One technique at a time:** {'. '.join(parts)}.")
     lines += [f"   - {sentence}" for sentence in calibration_comparisons(steps["weights"]["records"])]
+    lines.append(f"   - {activation_sentence(steps.get('activations', {}))}")
     comb = steps["combined"]
     if comb.get("compounding"):
         c = comb["compounding"]
@@ -154,6 +157,17 @@ def _passkey_clause(r: dict) -> str:
     if r.get("passkey") is None:
         return ""
     return f"; passkey retrieval {100 * r['passkey']:.0f}% (unmodified {100 * r['passkey_ref']:.0f}%)"
+
+
+def activation_sentence(step: dict) -> str:
+    """What the activation-precision step tried and what each variant cost and gained against its parent."""
+    recs = step.get("records", [])
+    if not recs:
+        return f"Activation precision: {step.get('note', 'not measured')}."
+    parts = [f"`{r['weights']}` {r['activation_ppl_cost']:+.2f} PPL points, top-1 "
+             f"{-100 * r['activation_top1_drop']:+.1f}%, decode {r['activation_speedup']:.2f}x "
+             f"({'accepted' if r['within_budget'] else 'rejected'})" for r in recs]
+    return "Activation precision (against the same weights): " + "; ".join(parts) + "."
 
 
 def calibration_comparisons(records: list[dict]) -> list[str]:

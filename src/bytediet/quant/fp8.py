@@ -11,6 +11,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from ..kernels import native_layouts
 from .base import WEIGHT_FORMATS, Packed, WeightFormat
 from .common import check_weight, no_parameters
 
@@ -19,11 +20,20 @@ E4M3_MAX = 448.0
 
 @WEIGHT_FORMATS.register("fp8")
 class FP8(WeightFormat):
-    """packed = qweight (out, in) float8_e4m3fn, scale (out,) float32; w ≈ qweight · scale."""
+    """packed = qweight (out, in) float8_e4m3fn, scale (out,) float32; w ≈ qweight · scale.
+
+    Where the native kernels exist, a layer multiplies through :meth:`native_layout` (the same bytes, each row
+    its scale then its codes, ``kernels/native_layouts.py`` ``FP8_ROW``), widening the codes to float in
+    registers: FP8 values are not integers, so the activations stay float (``activations = "f32"``).
+    """
 
     name = "fp8"
+    activations = "f32"  # how the native kernel multiplies (no integer path for E4M3 codes)
 
     from_spec = classmethod(no_parameters)
+
+    def native_layout(self, packed: Packed):
+        return native_layouts.FP8_ROW, native_layouts.pack_fp8_rows(packed["qweight"], packed["scale"])
 
     def bits_per_weight(self, out_features: int, in_features: int) -> float:
         return 8.0 + 32.0 / in_features

@@ -81,17 +81,25 @@ class Int8(NativeActivations, WeightFormat):
 
 @WEIGHT_FORMATS.register("int8-w8a8")
 class Int8W8A8(Int8):
-    """W8A8: the int8 weight of :class:`Int8`, and activations quantized per token at run time."""
+    """W8A8: the int8 weight of :class:`Int8`, and activations quantized per token at run time.
+
+    Natively it is the int8 row kernel (``INT8_ROW``) with each activation row rounded to int8 with its own scale
+    (``activations = "q8-token"``, :func:`bytediet.kernels.reference.quantize_rows_per_token`): the numbers of
+    :meth:`apply`, up to float32 summation order. SmoothQuant's smoothing factors are folded into the preceding
+    norms and into these weights at calibration time, so nothing extra runs here.
+    """
 
     name = "int8-w8a8"
     activation_bits = 8  # tells callers (and the test matrix) that apply() also rounds the activations
+    activations = "q8-token"
     from_spec = classmethod(no_parameters)
 
     def spec(self) -> str:
         return self.name
 
-    def native_layout(self, packed: Packed):
-        return None  # per-token activation scales (SmoothQuant's scheme) run on apply()
+    def with_activations(self, activations: str):
+        """The per-token int8 activations are this format's definition: a model-wide mode leaves them as they are."""
+        return self
 
     def apply(self, x: torch.Tensor, packed: Packed, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
         lead, k = x.shape[:-1], x.shape[-1]

@@ -17,9 +17,9 @@ Packed tensors (out = out_features, k = in_features, a multiple of 4):
   of the second in bits 2–3 (first < second) — :func:`bytediet.kernels.reference.sparse24_positions`;
 * ``scale``: (out,) float32 per-row absmax / 127 (``sparse24-int8`` only).
 
-:func:`bytediet.kernels.reference.sparse24_matmul` multiplies straight from ``values`` + ``index``
-(the reference for a native kernel). :meth:`apply` multiplies the re-densified weight with BLAS: on a
-CPU without a sparse matrix unit the format saves bytes, not time, until a native kernel reads it.
+:func:`bytediet.kernels.reference.sparse24_matmul` multiplies straight from ``values`` + ``index``.
+:meth:`apply` multiplies the re-densified weight with BLAS (the reference path); where the native kernels
+exist both formats are repacked once into block layouts of the same bytes and read in place.
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ import torch
 from ..kernels.reference import sparse24_positions
 from ..kernels import native_layouts
 from .base import WEIGHT_FORMATS, Packed
-from .common import NativeActivations, no_parameters
+from .common import NativeActivations, activations_only, no_parameters
 from .int8 import quantize_rows_int8
 from .pruning import PrunedFormat, channel_norms, kept_values, top_half  # noqa: F401 (channel_norms re-exported)
 
@@ -70,13 +70,24 @@ def densify(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 
 @WEIGHT_FORMATS.register("sparse24")
 class Sparse24(PrunedFormat):
-    """2:4 sparse weight, the kept values in float16 (9 bits/weight)."""
+    """2:4 sparse weight, the kept values in float16 (9 bits/weight).
+
+    Where the native kernels exist, a layer multiplies through :meth:`native_layout` (kernels/native_layouts.py
+    ``SPARSE24_F16``: the same 9 bits per weight, the kept values placed in registers); fp16 values are not
+    integers, so the activations stay float (``activations = "f32"``).
+    """
 
     name = "sparse24"
     value_bits = 16
     span = GROUP
+    activations = "f32"  # how the native kernel multiplies (sparse24-int8 takes the activation option)
 
     from_spec = classmethod(no_parameters)
+
+    def native_layout(self, packed: Packed):
+        if packed["values"].shape[1] % 16:  # whole blocks of 32 weights per row only
+            return None
+        return native_layouts.SPARSE24_F16, native_layouts.pack_sparse24_f16(packed["values"], packed["index"])
 
     def bits_per_weight(self, out_features: int, in_features: int) -> float:
         return (KEEP * self.value_bits + KEEP * 2) / GROUP
@@ -101,6 +112,12 @@ class Sparse24Int8(NativeActivations, Sparse24):
 
     name = "sparse24-int8"
     value_bits = 8
+
+    # the only option is the native kernel's activation precision: sparse24-int8-a8, sparse24-int8-af32
+    from_spec = classmethod(activations_only)
+
+    def spec(self) -> str:
+        return self.name + self.activation_suffix()
 
     def native_layout(self, packed: Packed):
         if packed["values"].shape[1] % 16:  # whole blocks of 32 weights per row only

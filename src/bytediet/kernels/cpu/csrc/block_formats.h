@@ -9,6 +9,7 @@
 // (kernels/native_layouts.py) use that for int8's per-channel scale; the GGML formats have none.
 #pragma once
 #include <cmath>
+#include <type_traits>
 
 #include "isa.h"
 
@@ -285,6 +286,125 @@ struct Sparse24Int8 : Float32RowHeader {
         const __m256i vals = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b)));
         return _mm256_shuffle_epi8(vals, idx);
     }
+};
+
+}  // namespace bd
+
+namespace bd {
+
+// Formats whose stored values are not integers (FP8 codes, fp16 kept values) have no integer dot product:
+// they set FLOAT and give values(b, j, out): sub-block j's 32 weights as floats before d_lo/d_hi and the row
+// scale (codes() is not used). The kernels multiply them with float activations only (act mode f32).
+template <class F, class = void>
+struct is_float_format : std::false_type {};
+template <class F>
+struct is_float_format<F, std::void_t<decltype(F::FLOAT)>> : std::bool_constant<F::FLOAT> {};
+
+// 16 E4M3 bytes → 16 f16 bit patterns (sign to bit 15, exponent and mantissa to bits 13..7): as f16 that is the
+// E4M3 value / 2^8 exactly, subnormals included (E4M3 bias 7, f16 bias 15; an E4M3 subnormal m·2^-9 becomes
+// the f16 subnormal m·2^-17). The 2^8 is folded into the block scale. 0x7F/0xFF (NaN) decode as ±480 / 2^8:
+// the fp8 format never stores them (its quantizer saturates at ±448).
+inline void e4m3_to_f32x16(__m128i b, __m256 out[2]) {
+    const __m128i keep = _mm_set1_epi16(static_cast<short>(0xBFFF));  // srai copied the sign into bit 14 too
+    const __m128i lo = _mm_and_si128(_mm_srai_epi16(_mm_unpacklo_epi8(_mm_setzero_si128(), b), 1), keep);
+    const __m128i hi = _mm_and_si128(_mm_srai_epi16(_mm_unpackhi_epi8(_mm_setzero_si128(), b), 1), keep);
+    out[0] = _mm256_cvtph_ps(lo);
+    out[1] = _mm256_cvtph_ps(hi);
+}
+
+// fp8: a row is [scale f32][K E4M3 codes]; weight = scale · e4m3(code).
+struct FP8Row : Float32RowHeader {
+    static constexpr int SUB = 1, BYTES = 32;
+    static constexpr bool SIGNED = true, SPLIT = false, FLOAT = true;
+    static void scales(const uint8_t*, SubScales& s) {
+        s.d_lo[0] = s.d_hi[0] = 256.0f;  // the 2^8 of e4m3_to_f32x16
+        s.m[0] = 0.0f;
+    }
+    static void values(const uint8_t* b, int, __m256 out[4]) {
+        e4m3_to_f32x16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b)), out);
+        e4m3_to_f32x16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 16)), out + 2);
+    }
+    static __m256i codes(const uint8_t*, int) { return _mm256_setzero_si256(); }  // unused (FLOAT)
+};
+
+// Formats that set GATHER multiply float activations without forming the dense weight: prepare(b, j) reads
+// sub-block j once per weight row, dot(p, x) gives 8 lanes whose sum is Σ weight·x over its 32 positions.
+template <class F, class = void>
+struct is_gather_format : std::false_type {};
+template <class F>
+struct is_gather_format<F, std::void_t<decltype(F::GATHER)>> : std::bool_constant<F::GATHER> {};
+
+// sparse24 (2:4, fp16 kept values): per 32 weights [16 f16 kept values][8 group codes, 4 bits each: p0 | p1 << 2,
+// two per byte, even group low]: 36 bytes, 9 bits per weight. Against float activations (GATHER) the kept
+// values multiply the activations at their positions, gathered by lane permutes (16 products per 32 weights,
+// no zeros); values() (the dense decode, for the compute-bound path) places each value with one permute per 8.
+struct Sparse24F16 : NoRowHeader {
+    static constexpr int SUB = 1, BYTES = 36;
+    static constexpr bool SIGNED = true, SPLIT = false, FLOAT = true, GATHER = true;
+    struct Gather {  // code byte of groups (a, b) → positions of their 4 kept values inside their 8 activations
+        alignas(16) int32_t pos[256][4];
+        Gather() {
+            for (int c = 0; c < 256; ++c)
+                for (int g = 0; g < 2; ++g) {
+                    const int code = (c >> (4 * g)) & 15;
+                    pos[c][2 * g] = 4 * g + (code & 3);
+                    pos[c][2 * g + 1] = 4 * g + (code >> 2);
+                }
+        }
+    };
+    static inline const Gather kGather{};
+    struct Prepared {
+        __m256 v0, v1;        // kept values 0..7 (groups 0..3), 8..15 (groups 4..7)
+        __m256i idx0, idx1;   // lanes 0..3: positions in activations 0..7 (resp. 16..23), lanes 4..7: in 8..15 (24..31)
+    };
+    __attribute__((always_inline)) static Prepared prepare(const uint8_t* b, int) {
+        const auto quad = [](const uint8_t c) {
+            return _mm_load_si128(reinterpret_cast<const __m128i*>(kGather.pos[c]));
+        };
+        return Prepared{_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b))),
+                        _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 16))),
+                        _mm256_set_m128i(quad(b[33]), quad(b[32])), _mm256_set_m128i(quad(b[35]), quad(b[34]))};
+    }
+    __attribute__((always_inline)) static __m256 dot(const Prepared& p, const float* x) {
+        const __m256 g0 = _mm256_blend_ps(_mm256_permutevar8x32_ps(_mm256_loadu_ps(x), p.idx0),
+                                          _mm256_permutevar8x32_ps(_mm256_loadu_ps(x + 8), p.idx0), 0xF0);
+        const __m256 g1 = _mm256_blend_ps(_mm256_permutevar8x32_ps(_mm256_loadu_ps(x + 16), p.idx1),
+                                          _mm256_permutevar8x32_ps(_mm256_loadu_ps(x + 24), p.idx1), 0xF0);
+        return _mm256_fmadd_ps(p.v1, g1, _mm256_mul_ps(p.v0, g0));
+    }
+    struct Table {  // code byte of groups (a, b) → lane index per position (kept value 0..3 of the pair), mask
+        alignas(32) int32_t idx[256][8];
+        alignas(32) int32_t keep[256][8];
+        Table() {
+            for (int c = 0; c < 256; ++c)
+                for (int g = 0; g < 2; ++g) {
+                    const int code = (c >> (4 * g)) & 15, p0 = code & 3, p1 = code >> 2;
+                    for (int p = 0; p < 4; ++p) {
+                        const bool first = p == p0, second = p == p1 && p1 != p0;
+                        idx[c][4 * g + p] = 2 * g + (second ? 1 : 0);
+                        keep[c][4 * g + p] = first || second ? -1 : 0;
+                    }
+                }
+        }
+    };
+    static inline const Table kTable{};  // built when the library loads: no guard in the inner loop
+    static void scales(const uint8_t*, SubScales& s) {
+        s.d_lo[0] = s.d_hi[0] = 1.0f;
+        s.m[0] = 0.0f;
+    }
+    __attribute__((always_inline)) static void values(const uint8_t* b, int, __m256 out[4]) {
+        const Table& t = kTable;
+        const __m256 v0 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b)));       // values 0..7
+        const __m256 v1 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 16)));  // values 8..15
+        for (int k = 0; k < 4; ++k) {  // positions 8k..8k+7 = groups 2k, 2k+1 = kept values 4k..4k+3
+            const int c = b[32 + k];
+            const __m256i idx = _mm256_add_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(t.idx[c])),
+                                                 _mm256_set1_epi32(4 * (k & 1)));  // odd k: lanes 4..7
+            const __m256 v = _mm256_permutevar8x32_ps(k < 2 ? v0 : v1, idx);
+            out[k] = _mm256_and_ps(v, _mm256_castsi256_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(t.keep[c]))));
+        }
+    }
+    static __m256i codes(const uint8_t*, int) { return _mm256_setzero_si256(); }  // unused (FLOAT)
 };
 
 }  // namespace bd

@@ -162,7 +162,7 @@ class Input {
             s.sums.resize(m * (k / 32));
             block_sums(x, m, k, s.sums.data());
         } else {
-            rows_ = s.act.quantize(x, m, k, act_ == 2);
+            rows_ = act_ == 3 ? s.act.quantize_per_token(x, m, k) : s.act.quantize(x, m, k, act_ == 2);
         }
     }
     void apply(const LinearDesc& l, float* y) const {

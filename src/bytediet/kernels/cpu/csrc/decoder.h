@@ -38,7 +38,7 @@ struct ModelDesc {
     float eps, attention_scale;
     int32_t gelu;               // 0: SiLU, 1: GELU (tanh)
     int32_t sandwich;           // gemma3's norms after attention and after the MLP
-    int32_t activations;        // 0: q8, 1: f32, 2: q16 (see gemm_blocks.cpp)
+    int32_t activations;        // 0: q8, 1: f32, 2: q16, 3: int8 per token (see gemm_blocks.cpp)
     int32_t pad;
 };
 

@@ -93,6 +93,13 @@ inline void widen_codes(__m256i codes, __m256 out[4]) {
     for (int k = 0; k < 4; ++k) out[k] = F::SIGNED ? load_s8_as_f32(bytes + 8 * k) : load_u8_as_f32(bytes + 8 * k);
 }
 
+// Sub-block j of the block at b as 32 floats before its scales: integer codes widened, or a FLOAT format's values.
+template <class F>
+inline void weights_f32(const uint8_t* b, int j, __m256 out[4]) {
+    if constexpr (is_float_format<F>::value) F::values(b, j, out);
+    else widen_codes<F>(F::codes(b, j), out);
+}
+
 template <class F, int NR, int NC>
 void tile_f32(const uint8_t* w, long row_bytes, long nsuper, const FloatRows& x, long m0, float* y, long ldy,
               long n0, const float* bias) {
@@ -106,8 +113,17 @@ void tile_f32(const uint8_t* w, long row_bytes, long nsuper, const FloatRows& x,
         for (int j = 0; j < F::SUB; ++j) {
             const long blk = i * F::SUB + j;
             for (int r = 0; r < NR; ++r) {
+                if constexpr (is_gather_format<F>::value) {  // products of the stored values only (2:4)
+                    const auto p = F::prepare(w + r * row_bytes + F::HEADER + i * F::BYTES, j);
+                    for (int c = 0; c < NC; ++c) {
+                        const __m256 d = F::dot(p, x.x + (m0 + c) * x.k + blk * 32);
+                        acc[r][c] = _mm256_fmadd_ps(_mm256_set1_ps(sc[r].d_lo[j]), d, acc[r][c]);
+                        zero_term[r][c] += sc[r].m[j] * x.s[(m0 + c) * x.nblocks + blk];
+                    }
+                    continue;
+                }
                 __m256 q[4];
-                widen_codes<F>(F::codes(w + r * row_bytes + F::HEADER + i * F::BYTES, j), q);
+                weights_f32<F>(w + r * row_bytes + F::HEADER + i * F::BYTES, j, q);
                 for (int c = 0; c < NC; ++c) {
                     const float* xp = x.x + (m0 + c) * x.k + blk * 32;
                     __m256 lo = _mm256_fmadd_ps(q[1], _mm256_loadu_ps(xp + 8), _mm256_mul_ps(q[0], _mm256_loadu_ps(xp)));
@@ -205,6 +221,8 @@ int with_format(int ggml_type, Fn fn) {
         case 107: fn(MXFP4Blocks{}); return 0;
         case 108: fn(NVFP4Blocks{}); return 0;
         case 109: fn(Sparse24Int8{}); return 0;
+        case 110: fn(FP8Row{}); return 0;
+        case 111: fn(Sparse24F16{}); return 0;
         default: return -1;
     }
 }
@@ -270,6 +288,48 @@ void quantize_rows_q16(const float* x, long M, long K, int8_t* q, float* d, int8
     });
 }
 
+// One scale per row (SmoothQuant's per-token W8A8): d = amax(row)/127, codes = round-half-even(x · (1/d)) for the
+// whole row, and every block of the row carries that d (so the block kernels multiply it unchanged).
+void quantize_rows_per_token(const float* x, long M, long K, int8_t* q, float* d, float* s) {
+    const long nb = K / 32;
+    parallel_run([&](int t, int nt) {
+        long b, e;
+        split_range(M, nt, t, 1, &b, &e);
+        const __m256 sign = _mm256_set1_ps(-0.0f);
+        for (long m = b; m < e; ++m) {
+            const float* xr = x + m * K;
+            __m256 amax = _mm256_setzero_ps();
+            for (long i = 0; i < K; i += 8) amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, _mm256_loadu_ps(xr + i)));
+            const float dv = hmax(amax) / 127.0f;
+            const __m256 id = _mm256_set1_ps(dv != 0.0f ? 1.0f / dv : 0.0f);
+            for (long blk = 0; blk < nb; ++blk) {
+                __m256i qi[4];
+                for (int k = 0; k < 4; ++k)
+                    qi[k] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(xr + blk * 32 + 8 * k), id),
+                                                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+                __m256i sum = _mm256_add_epi32(_mm256_add_epi32(qi[0], qi[1]), _mm256_add_epi32(qi[2], qi[3]));
+                __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]), _mm256_packs_epi32(qi[2], qi[3]));
+                p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+                _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + m * K + blk * 32), p);
+                __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+                s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+                s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+                d[m * nb + blk] = dv;
+                s[m * nb + blk] = dv * static_cast<float>(_mm_cvtsi128_si32(s4));
+            }
+        }
+    });
+}
+
+QuantizedRows QuantizedActivations::quantize_per_token(const float* x, long M, long K) {
+    const long nb = K / 32;
+    q.resize(M * K);
+    d.resize(M * nb);
+    s.resize(M * nb);
+    quantize_rows_per_token(x, M, K, q.data(), d.data(), s.data());
+    return QuantizedRows{q.data(), d.data(), s.data(), K, nb};
+}
+
 QuantizedRows QuantizedActivations::quantize(const float* x, long M, long K, bool two_planes) {
     const long nb = K / 32, planes = two_planes ? 2 : 1;
     q.resize(planes * M * K);
@@ -296,10 +356,18 @@ void block_sums(const float* x, long M, long K, float* s) {
     }
 }
 
+// Returns 0, -1 for an unknown type, -3 for a FLOAT format (no integer kernel: multiply it with f32 activations).
 int gemm_blocks_q8(int ggml_type, const uint8_t* w, long N, long K, const QuantizedRows& x, long M, float* y,
                    long ldy, const float* bias) {
-    return with_format(ggml_type, [&](auto f) { gemm_q8<decltype(f)>(w, N, K, x, M, y, ldy, bias); });
+    int rc = 0;
+    const int found = with_format(ggml_type, [&](auto f) {
+        using F = decltype(f);
+        if constexpr (is_float_format<F>::value) rc = -3;
+        else gemm_q8<F>(w, N, K, x, M, y, ldy, bias);
+    });
+    return found != 0 ? found : rc;
 }
+
 
 int gemm_blocks_f32(int ggml_type, const uint8_t* w, long N, long K, const FloatRows& x, long M, float* y,
                     long ldy, const float* bias) {
@@ -325,7 +393,7 @@ void dequantize_rows(const uint8_t* w, long N, long K, float* out) {
                 F::scales(blk, sc);
                 for (int j = 0; j < F::SUB; ++j) {
                     __m256 q[4];
-                    widen_codes<F>(F::codes(blk, j), q);
+                    weights_f32<F>(blk, j, q);
                     const __m256 m = _mm256_set1_ps(sc.m[j]);
                     for (int k = 0; k < 4; ++k) {
                         const __m256 d = _mm256_set1_ps(k < 2 ? sc.d_lo[j] : sc.d_hi[j]);
@@ -358,7 +426,8 @@ thread_local std::vector<float> t_sums;
 
 extern "C" {
 
-// Returns 0, or -1 for a block type without a kernel, -2 for K not a multiple of the super-block.
+// act_mode: 0 q8, 1 f32, 2 q16, 3 int8 per token. Returns 0, or -1 for a block type without a kernel, -2 for
+// K not a multiple of the super-block, -3 for integer activations on a FLOAT format (fp8, sparse24 fp16).
 int bd_gemm_blocks(int ggml_type, const uint8_t* w, long N, long K, const float* x, long M, float* y,
                    const float* bias, int act_mode) {
     const int sb = bd::super_block_weights(ggml_type);
@@ -367,6 +436,8 @@ int bd_gemm_blocks(int ggml_type, const uint8_t* w, long N, long K, const float*
     const long nb = K / 32;
     if (act_mode == 0 || act_mode == 2)
         return bd::gemm_blocks_q8(ggml_type, w, N, K, t_act.quantize(x, M, K, act_mode == 2), M, y, N, bias);
+    if (act_mode == 3)  // int8 per token (int8-w8a8)
+        return bd::gemm_blocks_q8(ggml_type, w, N, K, t_act.quantize_per_token(x, M, K), M, y, N, bias);
     t_sums.resize(M * nb);
     bd::block_sums(x, M, K, t_sums.data());
     bd::FloatRows rows{x, t_sums.data(), K, nb};
@@ -383,6 +454,10 @@ int bd_dequantize_blocks(int ggml_type, const uint8_t* w, long N, long K, float*
 
 void bd_quantize_rows_q8(const float* x, long M, long K, int8_t* q, float* d, float* s) {
     bd::quantize_rows_q8(x, M, K, q, d, s);
+}
+
+void bd_quantize_rows_per_token(const float* x, long M, long K, int8_t* q, float* d, float* s) {
+    bd::quantize_rows_per_token(x, M, K, q, d, s);
 }
 
 void bd_quantize_rows_q16(const float* x, long M, long K, int8_t* q, float* d, int8_t* q2, float* d2, float* s) {

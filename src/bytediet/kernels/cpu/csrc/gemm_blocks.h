@@ -25,9 +25,11 @@ struct QuantizedActivations {
     std::vector<int8_t> q;
     std::vector<float> d, s;
     QuantizedRows quantize(const float* x, long M, long K, bool two_planes);
+    QuantizedRows quantize_per_token(const float* x, long M, long K);  // one scale per row (int8-w8a8)
 };
 
 void quantize_rows_q8(const float* x, long M, long K, int8_t* q, float* d, float* s);
+void quantize_rows_per_token(const float* x, long M, long K, int8_t* q, float* d, float* s);
 void quantize_rows_q16(const float* x, long M, long K, int8_t* q, float* d, int8_t* q2, float* d2, float* s);
 void block_sums(const float* x, long M, long K, float* s);
 int gemm_blocks_q8(int ggml_type, const uint8_t* w, long N, long K, const QuantizedRows& x, long M, float* y,
