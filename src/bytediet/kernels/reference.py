@@ -6,8 +6,8 @@ from typing import Callable, Optional
 import torch
 import torch.nn.functional as F
 
-from .decoder_spec import DecoderSpec, LayerSpec
-from . import native_layouts
+from .decoder_spec import DecoderSpec, LayerSpec, TurboQuantPageSpec
+from . import native_layouts, turboquant_pages
 from .ggml_codecs import DECODERS
 
 
@@ -298,8 +298,16 @@ def quantize_int8_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q.to(torch.uint8), scale
 
 
+def turboquant_write(pages: TurboQuantPageSpec, x: torch.Tensor, slots: torch.Tensor) -> None:
+    """TurboQuant pages: quantize x (T, Hkv, D) into ``slots`` (T,) (:func:`turboquant_pages.write`)."""
+    turboquant_pages.write(pages, x, slots)
+
+
 def _write_pages(layer: LayerSpec, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    if layer.kv_dtype == "int8":
+    if layer.kv_dtype == "turboquant":
+        turboquant_pages.write(layer.k_tq, k, slots)
+        turboquant_pages.write(layer.v_tq, v, slots)
+    elif layer.kv_dtype == "int8":
         for pages, scales, x in ((layer.k_cache, layer.k_scale, k), (layer.v_cache, layer.v_scale, v)):
             codes, scale = quantize_int8_rows(x)
             pages[slots], scales[slots] = codes, scale.reshape(scales[slots].shape)
@@ -309,6 +317,8 @@ def _write_pages(layer: LayerSpec, slots: torch.Tensor, k: torch.Tensor, v: torc
 
 def _read_pages(layer: LayerSpec, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """float32 (k, v) of ``slots`` (any shape) → slots.shape + (Hkv, D)."""
+    if layer.kv_dtype == "turboquant":
+        return turboquant_pages.read(layer.k_tq, slots), turboquant_pages.read(layer.v_tq, slots)
     if layer.kv_dtype == "int8":
         return tuple((pages[slots].float() - 128) * scales[slots].float().reshape(*slots.shape, -1, 1)
                      for pages, scales in ((layer.k_cache, layer.k_scale), (layer.v_cache, layer.v_scale)))

@@ -15,10 +15,11 @@ from typing import Optional
 import torch
 
 from ..kernels import ops
-from ..kernels.decoder_spec import DecoderSpec, LayerSpec, LinearSpec
+from ..kernels.decoder_spec import DecoderSpec, LayerSpec, LinearSpec, TurboQuantPageSpec, TurboQuantPart
 from ..kvcache.compressed import CompressedCache
 from ..kvcache.full import FullPrecisionCache
 from ..kvcache.tokenwise import TokenwisePages
+from ..kvcache.turboquant import TurboQuantPages
 from .layers import Linear
 from .transformer import CausalLM
 
@@ -41,19 +42,54 @@ def _linear(lin: Linear, interleave: bool = False) -> Optional[LinearSpec]:
 
 
 _PAGE_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+MAX_GQA_GROUP = 64  # query heads per KV head the native TurboQuant attention takes (csrc/turboquant_pages.cpp)
 
 
-def _pages(cache) -> Optional[dict]:
-    """The cache's pages as the native step reads them (LayerSpec fields), or None for a codec it cannot read:
-    full-precision pages (fp32, bf16, fp16) and the ``int8`` codec's per-token codes and fp16 scales."""
+def _turboquant_objection(half) -> Optional[str]:
+    """None when the native step reads these TurboQuant pages, else why not."""
+    if half.rope_mean is not None:
+        return ("TurboQuant keys calibrated with a pre-RoPE mean (q·RoPE(μ, p) per key position) have no native "
+                "step; calibrate without the model's rope, or accept the module path")
+    if any(p.variant != "mse" for p in half.parts):
+        return "turboquant_prod keys (1-bit QJL residual) have no native step; the MSE variant (turboquant) has"
+    if len(half.parts) > 2:
+        return f"TurboQuant pages of {len(half.parts)} parts (the native step reads 1 or 2)"
+    return None
+
+
+def _turboquant_spec(half) -> TurboQuantPageSpec:
+    parts = [TurboQuantPart(p.dim, p.mse_bits, p.R.float().contiguous(), p.codebook.float().contiguous(),
+                            s["norm"], s["idx"]) for p, s in zip(half.parts, half.store)]
+    mean = None if half.mean is None else half.mean.float().contiguous()
+    return TurboQuantPageSpec(parts, half.channels, mean)
+
+
+def _pages_or_objection(cache) -> tuple[Optional[dict], str]:
+    """(the cache's pages as LayerSpec fields, "") or (None, why the native step cannot read them). It reads
+    full-precision pages (fp32, bf16, fp16), the ``int8`` codec's per-token codes and fp16 scales, and
+    ``turboquant`` (MSE variant) codes on both sides."""
     if isinstance(cache, FullPrecisionCache) and cache.k.dtype in _PAGE_DTYPES:
-        return dict(kv_dtype=_PAGE_DTYPES[cache.k.dtype], k_cache=cache.k, v_cache=cache.v)
+        return dict(kv_dtype=_PAGE_DTYPES[cache.k.dtype], k_cache=cache.k, v_cache=cache.v), ""
     if isinstance(cache, CompressedCache):
         k, v = cache.keys, cache.values
         if all(isinstance(h, TokenwisePages) and h.bits == 8 and h.symmetric and h.group == h.head_dim
                for h in (k, v)):
-            return dict(kv_dtype="int8", k_cache=k.codes, v_cache=v.codes, k_scale=k.scale, v_scale=v.scale)
-    return None
+            return dict(kv_dtype="int8", k_cache=k.codes, v_cache=v.codes, k_scale=k.scale, v_scale=v.scale), ""
+        if all(isinstance(h, TurboQuantPages) for h in (k, v)):
+            objection = _turboquant_objection(k) or _turboquant_objection(v)
+            if objection:
+                return None, objection
+            return dict(kv_dtype="turboquant", k_cache=None, v_cache=None, k_tq=_turboquant_spec(k),
+                        v_tq=_turboquant_spec(v)), ""
+        kinds = f"{type(k).__name__} keys, {type(v).__name__} values"
+    else:
+        kinds = f"{type(cache).__name__} ({getattr(getattr(cache, 'k', None), 'dtype', '?')})"
+    return None, (f"KV cache {kinds} has no native step (fp32, bf16, fp16, int8 and turboquant pages have)")
+
+
+def _pages(cache) -> Optional[dict]:
+    """The cache's pages as the native step reads them (LayerSpec fields), or None (see _pages_or_objection)."""
+    return _pages_or_objection(cache)[0]
 
 
 def why_not_native(model: CausalLM, caches: list) -> Optional[str]:
@@ -80,10 +116,20 @@ def why_not_native(model: CausalLM, caches: list) -> Optional[str]:
     if model.config.head_dim % 8:
         return f"head_dim {model.config.head_dim} is not a multiple of 8"
     for cache in caches:
-        if _pages(cache) is None:
-            return (f"KV cache {type(cache).__name__} ({getattr(getattr(cache, 'k', None), 'dtype', '?')}) has no native "
-                    f"step (fp32, bf16, fp16 and int8 pages have)")
+        pages, objection = _pages_or_objection(cache)
+        if pages is None:
+            return objection
+        if pages["kv_dtype"] == "turboquant" and c.num_heads // c.num_kv_heads > MAX_GQA_GROUP:
+            return f"{c.num_heads // c.num_kv_heads} query heads per KV head (TurboQuant pages: at most {MAX_GQA_GROUP})"
     return None
+
+
+def _pending_channels(caches: list) -> list[int]:
+    """Layers whose TurboQuant pages have two parts but no channel order yet: the uncalibrated codec picks the
+    outlier channels on its first write (a prefill on the module path, ``TurboQuantPages.write``)."""
+    return [i for i, cache in enumerate(caches) if isinstance(cache, CompressedCache)
+            and any(isinstance(h, TurboQuantPages) and len(h.parts) > 1 and h.channels is None
+                    for h in (cache.keys, cache.values))]
 
 
 class NativeDecoder:
@@ -93,11 +139,29 @@ class NativeDecoder:
     which every sequence has exactly one new token.
     """
 
-    def __init__(self, model: CausalLM, spec: DecoderSpec, lm_head: Optional[LinearSpec]) -> None:
-        self.model, self.spec, self.lm_head = model, spec, lm_head
+    def __init__(self, model: CausalLM, spec: DecoderSpec, lm_head: Optional[LinearSpec], caches: list) -> None:
+        self.model, self.spec, self.lm_head, self.caches = model, spec, lm_head, caches
+        self.pending = _pending_channels(caches)
+
+    def ready(self) -> bool:
+        """Whether the step can run now: False while a layer's TurboQuant pages still wait for the channel order
+        that their first write chooses (the caller runs that step on the module path, which writes it). Once
+        chosen, the layer's spec takes them (the order is frozen from then on)."""
+        for i in list(self.pending):
+            cache = self.caches[i]
+            if _pending_channels([cache]):
+                continue
+            layer = self.spec.layers[i]
+            layer.k_tq.channels, layer.v_tq.channels = cache.keys.channels, cache.values.channels
+            self.spec.native = None  # the C structs point at the channel orders: build them again
+            self.pending.remove(i)
+        return not self.pending
 
     def logits(self, input_ids: torch.Tensor, meta, logit_rows: torch.Tensor) -> torch.Tensor:
         """input_ids (T,), one per sequence → float32 logits (N, vocab) of ``logit_rows``."""
+        if not self.ready():
+            raise RuntimeError("the native decode step ran before the first write chose the TurboQuant outlier "
+                               "channels; run that step on the module path (check NativeDecoder.ready())")
         hidden = ops.decode_step(self.spec, self.model.embed(input_ids), meta.positions, meta.slot_mapping,
                                  meta.block_tables, meta.block_size)[logit_rows]
         return self.model.head(hidden)  # lm_head multiplies with its interleaved copy when it has one
@@ -131,4 +195,4 @@ def native_decoder(model: CausalLM, caches: list) -> Optional[NativeDecoder]:
                        sandwich=c.sandwich_norm, activations=activations)
     head = model.lm_head
     lm_head = _linear(head, getattr(head.format, "activations", None) in ("q8", "q16"))
-    return NativeDecoder(model, spec, lm_head)
+    return NativeDecoder(model, spec, lm_head, caches)

@@ -28,6 +28,7 @@ SIGNATURES = {  # C ABI of csrc/*.cpp: name → (restype, argtypes)
     "bd_gemm_x4": (_INT, [_INT, _VOID_P, _LONG, _LONG, _VOID_P, _LONG, _VOID_P, _VOID_P, _INT]),
     "bd_quantize_rows_q16": (None, [_VOID_P, _LONG, _LONG, _VOID_P, _VOID_P, _VOID_P, _VOID_P, _VOID_P]),
     "bd_decode_step": (_INT, [_VOID_P, _VOID_P, _LONG, _VOID_P, _VOID_P, _VOID_P, _LONG, _LONG]),
+    "bd_turboquant_write": (_INT, [_VOID_P, _VOID_P, _LONG, _VOID_P, _LONG, _LONG]),
 }
 
 

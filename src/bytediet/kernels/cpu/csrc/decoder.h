@@ -3,6 +3,8 @@
 #pragma once
 #include <cstdint>
 
+#include "turboquant_pages.h"
+
 namespace bd {
 
 struct LinearDesc {
@@ -27,8 +29,11 @@ struct LayerDesc {
     int64_t window;             // sliding window in tokens, 0 = full causal attention
     void* k_scale;              // int8 pages: (slots, num_kv_heads) fp16 scales; null otherwise
     void* v_scale;
-    int32_t kv_dtype;           // 0 fp32, 1 bf16, 2 fp16, 3 int8 (code = round(x / scale) + 128, scale = amax/127)
+    int32_t kv_dtype;           // 0 fp32, 1 bf16, 2 fp16, 3 int8 (code = round(x / scale) + 128, scale = amax/127),
+                                // 4 TurboQuant (k_tq, v_tq; k_cache, v_cache unused)
     int32_t pad;
+    const TQPagesDesc* k_tq;    // TurboQuant pages (turboquant_pages.h), null otherwise
+    const TQPagesDesc* v_tq;
 };
 
 struct ModelDesc {
