@@ -58,6 +58,14 @@ inline void axpy(float a, const float* x, float* y, long n) {
     for (; i < n; ++i) y[i] += a * x[i];
 }
 
+// 8 codes of B ≤ 4 bits in the low 8·B bits of the 32-bit little-endian word w.
+template <int B>
+inline __m256i codes8_word(uint32_t w) {
+    const __m256i shifts = _mm256_setr_epi32(0, B, 2 * B, 3 * B, 4 * B, 5 * B, 6 * B, 7 * B);
+    return _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(w)), shifts),
+                            _mm256_set1_epi32((1 << B) - 1));
+}
+
 // The 8 codes of one word (B bytes of the stream) → 8 int32 lanes.
 template <int B>
 inline __m256i codes8(const uint8_t* p) {
@@ -66,9 +74,7 @@ inline __m256i codes8(const uint8_t* p) {
     } else if constexpr (B <= 4) {
         uint32_t w = 0;
         std::memcpy(&w, p, B);
-        const __m256i shifts = _mm256_setr_epi32(0, B, 2 * B, 3 * B, 4 * B, 5 * B, 6 * B, 7 * B);
-        return _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(w)), shifts),
-                                _mm256_set1_epi32((1 << B) - 1));
+        return codes8_word<B>(w);
     } else {  // 5–7 bits: 40–56 bits per word, shifted as four 64-bit lanes twice
         uint64_t w = 0;
         std::memcpy(&w, p, B);
@@ -80,6 +86,19 @@ inline __m256i codes8(const uint8_t* p) {
                                              _mm256_permutevar8x32_epi32(hi, even), 0xF0);
         return _mm256_and_si256(c, _mm256_set1_epi32((1 << B) - 1));
     }
+}
+
+// Word w of a row of `row` bytes: a plain 4-byte load where the row has 4 bytes left (B ≤ 4), else exact.
+template <int B>
+inline __m256i row_codes8(const uint8_t* codes, long w, long row) {
+    if constexpr (B <= 4) {
+        if (w * B + 4 <= row) {
+            uint32_t word;
+            std::memcpy(&word, codes + w * B, 4);
+            return codes8_word<B>(word);
+        }
+    }
+    return codes8<B>(codes + w * B);
 }
 
 // Codes → centroids: one permute for ≤ 8 centroids, two and a blend on bit 3 for 16, a gather above.
@@ -126,44 +145,65 @@ struct Span {
 };
 
 // scores (group, n) += ‖k_p‖ · (R_p q)·c[idx] for part P, whose rotated query coordinates start at `off` of the
-// (group, d) rotated queries qr.
-template <int B>
+// (group, d) rotated queries qr. G: the group size when known at compile time (accumulators in registers), else 0.
+template <int B, int G>
 void part_scores(const TQPartDesc& P, long off, const float* qr, long d, const Span& s, float* scores) {
-    const long words = P.dim / 8, row = P.dim * B / 8, n = s.hi - s.lo;
+    const long words = P.dim / 8, row = P.dim * B / 8, n = s.hi - s.lo, group = G ? G : s.group;
     const Centroids<B> cb(P.codebook);
-    __m256 acc[kMaxGroup];
     for_each_slot(s.table, s.block_size, s.lo, s.hi, [&](long p, long slot) {
         const long r = slot * s.hkv + s.kvh;
         const uint8_t* codes = P.idx + r * row;
-        for (long g = 0; g < s.group; ++g) acc[g] = _mm256_setzero_ps();
+        __m256 acc[G ? G : kMaxGroup];
+        for (long g = 0; g < group; ++g) acc[g] = _mm256_setzero_ps();
         for (long w = 0; w < words; ++w) {
-            const __m256 c = cb(codes8<B>(codes + w * B));
-            for (long g = 0; g < s.group; ++g)
+            const __m256 c = cb(row_codes8<B>(codes, w, row));
+            for (long g = 0; g < group; ++g)
                 acc[g] = _mm256_fmadd_ps(_mm256_loadu_ps(qr + g * d + off + 8 * w), c, acc[g]);
         }
         const float nrm = _cvtsh_ss(P.norm[r]);
-        for (long g = 0; g < s.group; ++g) scores[g * n + (p - s.lo)] += nrm * hsum(acc[g]);
+        for (long g = 0; g < group; ++g) scores[g * n + (p - s.lo)] += nrm * hsum(acc[g]);
     });
 }
 
 // acc[g][off …] += p_g · ‖v_p‖ · c[idx] for part P: the values summed in rotated coordinates.
-template <int B>
+template <int B, int G>
 void part_values(const TQPartDesc& P, long off, const float* probs, const Span& s, float* const* acc) {
-    const long words = P.dim / 8, row = P.dim * B / 8, n = s.hi - s.lo;
+    const long words = P.dim / 8, row = P.dim * B / 8, n = s.hi - s.lo, group = G ? G : s.group;
     const Centroids<B> cb(P.codebook);
     for_each_slot(s.table, s.block_size, s.lo, s.hi, [&](long p, long slot) {
         const long r = slot * s.hkv + s.kvh;
         const uint8_t* codes = P.idx + r * row;
         const float nrm = _cvtsh_ss(P.norm[r]);
-        __m256 wg[kMaxGroup];
-        for (long g = 0; g < s.group; ++g) wg[g] = _mm256_set1_ps(probs[g * n + (p - s.lo)] * nrm);
+        __m256 wg[G ? G : kMaxGroup];
+        for (long g = 0; g < group; ++g) wg[g] = _mm256_set1_ps(probs[g * n + (p - s.lo)] * nrm);
         for (long w = 0; w < words; ++w) {
-            const __m256 c = cb(codes8<B>(codes + w * B));
-            for (long g = 0; g < s.group; ++g) {
+            const __m256 c = cb(row_codes8<B>(codes, w, row));
+            for (long g = 0; g < group; ++g) {
                 float* a = acc[g] + off + 8 * w;
                 _mm256_storeu_ps(a, _mm256_fmadd_ps(wg[g], c, _mm256_loadu_ps(a)));
             }
         }
+    });
+}
+
+// fn(bits, group) with both as compile-time constants for the common cases: widths 1–4 (the uncalibrated layouts
+// and most parts) × GQA groups 1–8; wider outlier parts and larger groups take the runtime group (G = 0).
+template <class Fn>
+void with_kernel(int bits, long group, Fn fn) {
+    with_bits(bits, [&](auto b) {
+        constexpr int B = decltype(b)::value;
+        if constexpr (B <= 4) {
+            switch (group) {
+                case 1: fn(b, std::integral_constant<int, 1>{}); return;
+                case 2: fn(b, std::integral_constant<int, 2>{}); return;
+                case 3: fn(b, std::integral_constant<int, 3>{}); return;
+                case 4: fn(b, std::integral_constant<int, 4>{}); return;
+                case 6: fn(b, std::integral_constant<int, 6>{}); return;
+                case 8: fn(b, std::integral_constant<int, 8>{}); return;
+                default: break;
+            }
+        }
+        fn(b, std::integral_constant<int, 0>{});
     });
 }
 
@@ -298,7 +338,9 @@ void turboquant_attend(const ModelDesc& m, const LayerDesc& L, const float* q, f
             scores.assign(group * n + 8, 0.0f);
             long off = 0;
             for (int i = 0; i < K.num_parts; ++i) {
-                with_bits(K.parts[i].bits, [&](auto bits) { part_scores<decltype(bits)::value>(K.parts[i], off, qg, d, span, scores.data()); });
+                with_kernel(K.parts[i].bits, group, [&](auto b, auto g) {
+                    part_scores<decltype(b)::value, decltype(g)::value>(K.parts[i], off, qg, d, span, scores.data());
+                });
                 off += K.parts[i].dim;
             }
             float* heads[kMaxGroup];
@@ -310,7 +352,9 @@ void turboquant_attend(const ModelDesc& m, const LayerDesc& L, const float* q, f
             }
             off = 0;
             for (int i = 0; i < V.num_parts; ++i) {
-                with_bits(V.parts[i].bits, [&](auto bits) { part_values<decltype(bits)::value>(V.parts[i], off, scores.data(), span, heads); });
+                with_kernel(V.parts[i].bits, group, [&](auto b, auto g) {
+                    part_values<decltype(b)::value, decltype(g)::value>(V.parts[i], off, scores.data(), span, heads);
+                });
                 off += V.parts[i].dim;
             }
         }
