@@ -43,22 +43,25 @@ def _linear(lin: Linear, interleave: bool = False) -> Optional[LinearSpec]:
 
 _PAGE_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 MAX_GQA_GROUP = 64  # query heads per KV head the native TurboQuant attention takes (csrc/turboquant_pages.cpp)
+MAX_TQ_HEAD_DIM = 512  # its kMaxHeadDim
 
 
 def _turboquant_objection(half) -> Optional[str]:
     """None when the native step reads these TurboQuant pages, else why not."""
     if half.rope_mean is not None:
-        return ("TurboQuant keys calibrated with a pre-RoPE mean (q·RoPE(μ, p) per key position) have no native "
-                "step; calibrate without the model's rope, or accept the module path")
+        return ("TurboQuant keys calibrated with a pre-RoPE mean have no native step (it has no per-position score "
+                "term q·RoPE(μ, p) yet): decode runs on the module path; an uncalibrated turboquant codec runs natively")
     if any(p.variant != "mse" for p in half.parts):
         return "turboquant_prod keys (1-bit QJL residual) have no native step; the MSE variant (turboquant) has"
+    if half.head_dim > MAX_TQ_HEAD_DIM:
+        return f"TurboQuant pages of head dim {half.head_dim} (the native step reads up to {MAX_TQ_HEAD_DIM})"
     if len(half.parts) > 2:
         return f"TurboQuant pages of {len(half.parts)} parts (the native step reads 1 or 2)"
     return None
 
 
 def _turboquant_spec(half) -> TurboQuantPageSpec:
-    parts = [TurboQuantPart(p.dim, p.mse_bits, p.R.float().contiguous(), p.codebook.float().contiguous(),
+    parts = [TurboQuantPart(p.dim, p.mse_bits, p.R, p.codebook,
                             s["norm"], s["idx"]) for p, s in zip(half.parts, half.store)]
     mean = None if half.mean is None else half.mean.float().contiguous()
     return TurboQuantPageSpec(parts, half.channels, mean)
