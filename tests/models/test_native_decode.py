@@ -265,3 +265,18 @@ def test_native_turboquant_step_on_the_default_model_equals_module_path(smollm2_
         pre.seq_ids = [s]
         model(torch.tensor(ids[:n - 1]), pre, caches)
     compare_native_with_module_path(model, caches, meta, decoder, torch.tensor([ids[300], ids[156]]), tol=5e-3)
+
+
+def test_engine_decodes_natively_on_turboquant_after_a_one_token_prompt():
+    """A one-token prompt is a step where every sequence has one token: with uncalibrated 2-part pages and no
+    channel order yet, the runner sends it down the module path (which picks the order), then decodes natively."""
+    from bytediet.engine.llm import LLM
+    from bytediet.engine.params import SamplingParams
+
+    model = tq_model("llama")
+    llm = LLM(loaded=(model, None), num_blocks=32, block_size=16, kv_cache_dtype="turboquant3")
+    runner = llm.engine.runner
+    assert runner.decode_path == "native" and not runner.decoder.ready()
+    out = llm.generate([[5]], SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))[0]
+    assert len(out.outputs[0].token_ids) == 6 and runner.decoder.ready()
+    assert runner.decoder.spec.layers[0].k_tq.channels is runner.caches[0].keys.channels is not None
