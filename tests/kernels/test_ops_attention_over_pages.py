@@ -9,7 +9,7 @@ import torch
 
 from bytediet.kernels import ops, reference
 from bytediet.kernels.cpu import build
-from bytediet.kernels.decoder_spec import KV_PAGE_TYPES
+from bytediet.kernels.decoder_spec import ROW_PAGE_TYPES
 
 VARIANTS = [v.name for v in build.runnable_variants()] if build.find_compiler() else []
 pytestmark = pytest.mark.skipif(not VARIANTS, reason="no native kernels on this machine")
@@ -36,7 +36,7 @@ CASES = {  # name: (hq, hkv, d, window, [(tokens, context) per sequence])
 
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("case", sorted(CASES))
-@pytest.mark.parametrize("kv_dtype", KV_PAGE_TYPES)
+@pytest.mark.parametrize("kv_dtype", ROW_PAGE_TYPES)
 def test_native_attention_over_pages_equals_reference(variant, case, kv_dtype):
     hq, hkv, d, window, seqs = CASES[case]
     gen = torch.Generator().manual_seed(zlib.crc32((case + kv_dtype).encode()))

@@ -5,7 +5,7 @@ import torch
 
 from bytediet.kernels import ops, reference
 from bytediet.kernels.cpu import build
-from bytediet.kernels.decoder_spec import KV_PAGE_TYPES
+from bytediet.kernels.decoder_spec import ROW_PAGE_TYPES
 
 VARIANTS = [v.name for v in build.runnable_variants()] if build.find_compiler() else []
 pytestmark = pytest.mark.skipif(not VARIANTS, reason="no native kernels on this machine")
@@ -21,9 +21,9 @@ def random_rows(kv_dtype, rows, d, gen):
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("kv_dtype", KV_PAGE_TYPES)
+@pytest.mark.parametrize("kv_dtype", ROW_PAGE_TYPES)
 def test_page_rows_read_as_the_reference(variant, kv_dtype):
-    gen = torch.Generator().manual_seed(KV_PAGE_TYPES.index(kv_dtype))
+    gen = torch.Generator().manual_seed(ROW_PAGE_TYPES.index(kv_dtype))
     pages, scales = random_rows(kv_dtype, 37, 72, gen)
     got = ops.read_kv_rows(kv_dtype, pages, scales, variant=variant)
     assert torch.equal(got, reference.read_kv_rows(kv_dtype, pages, scales))

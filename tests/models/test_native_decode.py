@@ -1,9 +1,12 @@
 """The native decode step (one C++ call for all layers) against the module path of the same model."""
+from unittest import mock
+
 import pytest
 import torch
 
 from bytediet.kernels.cpu import build
 from bytediet.kvcache.base import AttentionMetadata
+from bytediet.kvcache.turboquant import TurboQuantPages
 from bytediet.models.native_decode import native_decoder, why_not_native
 from bytediet.quant import get_weight_format
 from tests.conftest import model_from_state, random_state, tiny_config
@@ -134,7 +137,7 @@ def test_what_the_native_step_does_not_cover_is_said():
     model = packed_model("llama")
     assert why_not_native(model, model.new_caches(2, 16, "bf16")) is None
     assert why_not_native(model, model.new_caches(2, 16, "int8")) is None
-    assert why_not_native(model, model.new_caches(2, 128, "turboquant3.5")).startswith("KV cache")
+    assert why_not_native(model, model.new_caches(2, 128, "kivi4")).startswith("KV cache")
     assert why_not_native(packed_model("llama", fmt="int8"), model.new_caches(2, 16)) is None
     mixed = packed_model("llama", fmt="int8-w8a8")  # per-token int8 activations, and one layer with float ones
     mixed.model.layers[0].mlp.down_proj.set_weight(mixed.model.layers[0].mlp.down_proj.dequantized_weight(),
@@ -143,3 +146,160 @@ def test_what_the_native_step_does_not_cover_is_said():
     fp32 = packed_model("llama", fmt="fp32")
     assert "has no native kernel" in why_not_native(fp32, fp32.new_caches(2, 16))
     assert native_decoder(fp32, fp32.new_caches(2, 16)) is None
+
+
+# --- TurboQuant pages: attention on codes ----------------------------------------------------------------
+
+def tq_model(arch, **overrides):
+    """A tiny model at head dim 64 (TurboQuant's layouts at the real models' head dims)."""
+    config = tiny_config(arch, head_dim=64, **overrides)
+    model = model_from_state(config, random_state(config))
+    for name, lin in model.linear_layers():
+        lin.set_weight(lin.dequantized_weight(), get_weight_format("gguf-q8_0"))
+        lin.format.with_activations("f32")
+    return model
+
+
+def calibrated_codec(spec, model, gen):
+    """``spec`` calibrated on random keys/values with a per-channel offset: a constant mean, outliers, a layout."""
+    from bytediet.kvcache import get_kv_codec
+
+    codec = get_kv_codec(spec, torch.float32)
+    c = model.config
+    for layer in range(c.num_layers):
+        scale = 1 + 4 * torch.rand(c.num_kv_heads, c.head_dim, generator=gen)
+        offset = torch.randn(c.num_kv_heads, c.head_dim, generator=gen)
+        k, v = (torch.randn(256, c.num_kv_heads, c.head_dim, generator=gen) * scale + offset for _ in range(2))
+        codec.calibrate(k, v, layer)
+    return codec
+
+
+def compare_native_with_module_path(model, caches, meta, decoder, ids, tol=2e-3):
+    """The native step against the module path on the same pages. TurboQuant's nearest-centroid write is
+    discontinuous: k and v that differ in their last float bits (another GEMM summation order) flip a code where
+    a coordinate sits on a cell boundary, and a deep model amplifies that. So: (1) the codes each path writes
+    for the new tokens agree but for such flips; (2) with the native step's codes in place (the module path's
+    write skipped), both paths' attention over identical pages agrees to float rounding."""
+    saved = snapshot(caches)
+    assert decoder.ready()
+    got = decoder.logits(ids, meta, torch.arange(len(ids)))
+    native_pages = snapshot(caches)
+    restore(caches, saved)
+    model(ids, meta, caches)
+    slots = meta.slot_mapping
+    others = ~torch.isin(torch.arange(caches[0].tensors()[0].shape[0]), slots)
+    for layer, (c, w) in enumerate(zip(caches, native_pages)):
+        for t, ref in zip(c.tensors(), w):
+            assert torch.equal(t[others], ref[others])  # nothing but the new tokens' slots written
+            if t.dtype == torch.uint8:  # layer 0: float ties only; deeper, a flip upstream moves k, v more
+                assert (t[slots] != ref[slots]).sum().item() <= 2 if layer == 0 else \
+                    (t[slots] != ref[slots]).float().mean().item() <= 0.2
+            else:
+                assert torch.allclose(t[slots].float(), ref[slots].float(), rtol=2e-3 if layer == 0 else 5e-2, atol=0)
+    restore(caches, native_pages)
+    with mock.patch.object(TurboQuantPages, "write", lambda self, x, slots, positions=None: None):
+        want = model(ids, meta, caches)
+    assert torch.allclose(got, want, atol=tol * want.abs().max().item(), rtol=0)
+    return got
+
+
+TQ_CASES = {  # name: (arch, config overrides) — the GQA ratios of the three families and 1:1
+    "llama-gqa-3": ("llama", dict(num_heads=6, num_kv_heads=2)),
+    "gemma3-gqa-4-window": ("gemma3", dict(num_heads=4, num_kv_heads=1)),
+    "qwen2-mha": ("qwen2", dict(num_heads=2, num_kv_heads=2)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TQ_CASES))
+@pytest.mark.parametrize("kv", ["turboquant3.5", "turboquant3", "turboquant4.5", "cal:turboquant3.5",
+                                "cal:turboquant2.5"])
+def test_native_decode_step_on_turboquant_pages_equals_module_path(case, kv):
+    """turboquant KV read on codes by the native step: 1 part (3.5 = 3 bits at head dim 64, 4.5 = 4 bits) and
+    2 parts (3 = 32 ch × 3 b + 32 × 2 b, outliers chosen by the first write), calibrated (mean, channel order,
+    chosen layout) or not; odd contexts across page boundaries, several sequences, gemma3's window of 8."""
+    arch, overrides = TQ_CASES[case]
+    model = tq_model(arch, **overrides)
+    gen = torch.Generator().manual_seed(1)
+    codec = calibrated_codec(kv[4:], model, gen) if kv.startswith("cal:") else kv
+    contexts = [5, 17, 40]
+    meta, blocks = decode_metadata(contexts)
+    caches = model.new_caches(blocks, 16, codec)
+    decoder = native_decoder(model, caches)  # built before the first write, as the runner builds it
+    assert decoder is not None and decoder.spec.layers[0].kv_dtype == "turboquant"
+    fill_pages(caches, gen)
+    compare_native_with_module_path(model, caches, meta, decoder, torch.tensor([3, 50, 7]))
+
+
+def test_turboquant_channels_chosen_by_the_first_write_reach_the_native_step():
+    """Uncalibrated 2-part pages choose their outlier channels on the first write (module path): the decoder
+    built before it is not ready until then, and then reads the chosen order, not identity."""
+    model = tq_model("llama")
+    meta, blocks = decode_metadata([9, 30])
+    caches = model.new_caches(blocks, 16, "turboquant3")
+    decoder = native_decoder(model, caches)
+    assert len(caches[0].keys.parts) == 2 and caches[0].keys.channels is None
+    assert not decoder.ready()
+    with pytest.raises(RuntimeError, match="outlier"):
+        decoder.logits(torch.tensor([1, 2]), meta, torch.arange(2))
+    gen = torch.Generator().manual_seed(2)
+    fill_pages(caches, gen)
+    assert decoder.ready() and decoder.spec.layers[1].k_tq.channels is caches[1].keys.channels
+    assert not torch.equal(caches[1].keys.channels, torch.arange(64).expand(2, -1))
+    compare_native_with_module_path(model, caches, meta, decoder, torch.tensor([4, 5]))
+
+
+def test_turboquant_variants_without_a_native_step_say_why():
+    model = tq_model("llama")
+    assert why_not_native(model, model.new_caches(2, 16, "turboquant3.5")) is None
+    assert why_not_native(model, model.new_caches(2, 16, "k=turboquant3,v=turboquant4")) is None
+    assert "turboquant_prod" in why_not_native(model, model.new_caches(2, 16, "turboquant_prod3.5"))
+    assert "KV cache" in why_not_native(model, model.new_caches(2, 16, "k=turboquant3.5,v=int8"))
+    from bytediet.kvcache import get_kv_codec
+
+    codec = get_kv_codec("turboquant3.5", torch.float32)
+    k = torch.randn(64, 2, 64)
+    codec.key_half.calibrate(k, 0, positions=torch.arange(64), rope=model.model.layers[0].self_attn.rope)
+    codec.key_half.calibrate(k, 1, positions=torch.arange(64), rope=model.model.layers[1].self_attn.rope)
+    assert "pre-RoPE" in why_not_native(model, model.new_caches(2, 16, codec))
+
+
+@pytest.fixture(scope="module")
+def smollm2_packed():
+    from bytediet.models.loader import load_model
+
+    model, tokenizer = load_model("default", keep_packed=True)
+    return model, tokenizer
+
+
+def test_native_turboquant_step_on_the_default_model_equals_module_path(smollm2_packed):
+    """SmolLM2-135M (30 layers, 9:3 heads, head dim 64) with turboquant3.5 KV: a 300-token prefill of real text on
+    the module path, then one decode step of two sequences natively and on the module path."""
+    from bytediet.eval.corpus import load_corpus
+
+    model, tokenizer = smollm2_packed
+    ids = tokenizer.encode(load_corpus("prideprejudice")[5000:9000])[:301]
+    contexts = [301, 157]
+    meta, blocks = decode_metadata(contexts)
+    caches = model.new_caches(blocks, 16, "turboquant3.5")
+    decoder = native_decoder(model, caches)
+    assert decoder is not None
+    for s, n in enumerate(contexts):  # each sequence's prompt, prefilled on the module path into its own pages
+        pre = AttentionMetadata.for_single_sequence(n - 1, 16, first_block=int(meta.block_tables[s, 0]))
+        pre.seq_ids = [s]
+        model(torch.tensor(ids[:n - 1]), pre, caches)
+    compare_native_with_module_path(model, caches, meta, decoder, torch.tensor([ids[300], ids[156]]), tol=5e-3)
+
+
+def test_engine_decodes_natively_on_turboquant_after_a_one_token_prompt():
+    """A one-token prompt is a step where every sequence has one token: with uncalibrated 2-part pages and no
+    channel order yet, the runner sends it down the module path (which picks the order), then decodes natively."""
+    from bytediet.engine.llm import LLM
+    from bytediet.engine.params import SamplingParams
+
+    model = tq_model("llama")
+    llm = LLM(loaded=(model, None), num_blocks=32, block_size=16, kv_cache_dtype="turboquant3")
+    runner = llm.engine.runner
+    assert runner.decode_path == "native" and not runner.decoder.ready()
+    out = llm.generate([[5]], SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))[0]
+    assert len(out.outputs[0].token_ids) == 6 and runner.decoder.ready()
+    assert runner.decoder.spec.layers[0].k_tq.channels is runner.caches[0].keys.channels is not None

@@ -87,7 +87,7 @@ class ModelRunner:
     def run(self, out: SchedulerOutput) -> torch.Tensor:
         """Logits (N, vocab) float32 for the scheduled requests that sample, in schedule order."""
         input_ids, meta, logit_rows = self.prepare(out)
-        if self.decoder is not None and all(n == 1 for n in meta.query_lens_list):
+        if self.decoder is not None and all(n == 1 for n in meta.query_lens_list) and self.decoder.ready():
             return self.decoder.logits(input_ids, meta, logit_rows)
         if self.decoder is not None and self.workers is None and self.prefill_threads > torch.get_num_threads():
             with torch_threads(self.prefill_threads):  # the engine lowered them for the native decode step

@@ -26,7 +26,42 @@ class LinearSpec:
     interleaved: bool = False
 
 
-KV_PAGE_TYPES = ("fp32", "bf16", "fp16", "int8", "fp8")  # the page types the native step reads and writes (ids 0..4)
+ROW_PAGE_TYPES = ("fp32", "bf16", "fp16", "int8", "fp8")  # pages stored as (slots, H, D) rows (ids 0..4)
+KV_PAGE_TYPES = ROW_PAGE_TYPES + ("turboquant",)  # the page types the native step reads and writes (id 5: codes)
+
+
+@dataclass
+class TurboQuantPart:
+    """One part of TurboQuant pages (arXiv 2504.19874, MSE variant): ``dim`` channels at ``bits`` (1…8) bits.
+
+    rotation (dim, dim) float32 R (a part x is stored as u = x Rᵀ / ‖x‖); codebook (2**bits,) float32 sorted
+    centroids; norm (slots, Hkv) float16 ‖x‖; idx (slots, Hkv, dim·bits/8) uint8, the nearest centroid of each
+    coordinate of u packed little-endian (code j of each 8-code word in bits j·b … j·b + b − 1).
+    """
+
+    dim: int
+    bits: int
+    rotation: torch.Tensor
+    codebook: torch.Tensor
+    norm: torch.Tensor
+    idx: torch.Tensor
+
+    def __post_init__(self) -> None:
+        # constants: copied to the layout the kernel reads (a Haar rotation from torch.linalg.qr is column-major)
+        self.rotation = self.rotation.float().contiguous()
+        self.codebook = self.codebook.float().contiguous()
+        if not (self.norm.is_contiguous() and self.idx.is_contiguous()):
+            raise ValueError("TurboQuant pages (norm, idx) must be contiguous: the native step writes them in place")
+
+
+@dataclass
+class TurboQuantPageSpec:
+    """K (or V) pages of kvcache's ``turboquant`` codec: x − mean, channels reordered (``channels`` (Hkv, D) int64,
+    outliers first; None = identity), cut into 1 or 2 :class:`TurboQuantPart` s in that order."""
+
+    parts: list[TurboQuantPart]
+    channels: Optional[torch.Tensor] = None
+    mean: Optional[torch.Tensor] = None  # (Hkv, D) float32, a calibrated constant
 
 
 @dataclass
@@ -35,14 +70,15 @@ class LayerSpec:
 
     Caches: (slots, Hkv, D) pages of ``kv_dtype``: float32, bfloat16 or float16 values, or (int8) uint8 codes
     q + 128 with ``k_scale``/``v_scale`` (slots, Hkv, 1) float16 (x = q · scale: kvcache's ``int8`` codec), or
-    (fp8) uint8 E4M3 codes with the same scales (x = e4m3(code) · scale: the uncalibrated ``fp8`` codec).
+    (fp8) uint8 E4M3 codes with the same scales (x = e4m3(code) · scale: the uncalibrated ``fp8`` codec), or
+    (turboquant) the codes, norms and constants of ``k_tq``/``v_tq``.
     """
 
     attn_norm: torch.Tensor
     post_attn_norm: torch.Tensor
     inv_freq: torch.Tensor  # (head_dim / 2,)
-    k_cache: torch.Tensor
-    v_cache: torch.Tensor
+    k_cache: Optional[torch.Tensor]
+    v_cache: Optional[torch.Tensor]
     q: LinearSpec
     k: LinearSpec
     v: LinearSpec
@@ -58,6 +94,8 @@ class LayerSpec:
     kv_dtype: str = "fp32"  # one of KV_PAGE_TYPES
     k_scale: Optional[torch.Tensor] = None  # int8 and fp8 pages only
     v_scale: Optional[torch.Tensor] = None
+    k_tq: Optional[TurboQuantPageSpec] = None  # turboquant pages only (k_cache, v_cache are then None)
+    v_tq: Optional[TurboQuantPageSpec] = None
 
 
 @dataclass

@@ -15,7 +15,7 @@ import torch
 
 from . import native_layouts, reference, tuning
 from .cpu.dispatch import NativeLibrary, native
-from .decoder_spec import KV_PAGE_TYPES, DecoderSpec, LinearSpec
+from .decoder_spec import KV_PAGE_TYPES, ROW_PAGE_TYPES, DecoderSpec, LinearSpec, TurboQuantPageSpec
 from .ggml_codecs import block_size_of
 
 # GGML Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q4_K Q5_K Q6_K, and bytediet's int8/int4 layouts (native_layouts.TYPES)
@@ -230,7 +230,17 @@ class _Layer(ctypes.Structure):  # mirrors bd::LayerDesc
         "attn_norm", "post_attn_norm", "pre_ffn_norm", "post_ffn_norm", "q_norm", "k_norm", "inv_freq",
         "k_cache", "v_cache")] + [(name, _Linear) for name in ("q", "k", "v", "o", "gate", "up", "down")] + [
         ("window", ctypes.c_int64), ("k_scale", ctypes.c_void_p), ("v_scale", ctypes.c_void_p),
-        ("kv_dtype", ctypes.c_int32), ("pad", ctypes.c_int32)]
+        ("kv_dtype", ctypes.c_int32), ("pad", ctypes.c_int32), ("k_tq", ctypes.c_void_p), ("v_tq", ctypes.c_void_p)]
+
+
+class _TQPart(ctypes.Structure):  # mirrors bd::TQPartDesc in csrc/turboquant_pages.h
+    _fields_ = [(name, ctypes.c_void_p) for name in ("rotation", "codebook", "norm", "idx")] + [
+        ("dim", ctypes.c_int64), ("bits", ctypes.c_int32), ("pad", ctypes.c_int32)]
+
+
+class _TQPages(ctypes.Structure):  # mirrors bd::TQPagesDesc
+    _fields_ = [("parts", _TQPart * 2), ("channels", ctypes.c_void_p), ("mean", ctypes.c_void_p),
+                ("num_parts", ctypes.c_int32), ("pad", ctypes.c_int32)]
 
 
 class _Model(ctypes.Structure):  # mirrors bd::ModelDesc
@@ -248,8 +258,18 @@ def _linear_desc(lin: LinearSpec) -> _Linear:
     return _Linear(_ptr(lin.blocks), _ptr(lin.bias), lin.n, lin.k, lin.ggml_type, int(lin.interleaved))
 
 
+def _tq_desc(pages: TurboQuantPageSpec) -> _TQPages:
+    if not 1 <= len(pages.parts) <= 2:
+        raise ValueError(f"the native step reads TurboQuant pages of 1 or 2 parts, got {len(pages.parts)}")
+    desc = _TQPages(channels=_ptr(pages.channels), mean=_ptr(pages.mean), num_parts=len(pages.parts))
+    for i, p in enumerate(pages.parts):
+        desc.parts[i] = _TQPart(_ptr(p.rotation), _ptr(p.codebook), _ptr(p.norm), _ptr(p.idx), p.dim, p.bits, 0)
+    return desc
+
+
 def _model_desc(spec: DecoderSpec) -> _Model:
     layers = (_Layer * len(spec.layers))()
+    keep = []  # the TurboQuant descriptors the layers point at
     for i, ls in enumerate(spec.layers):
         layer = layers[i]
         for name in ("attn_norm", "post_attn_norm", "pre_ffn_norm", "post_ffn_norm", "q_norm", "k_norm", "inv_freq",
@@ -260,10 +280,13 @@ def _model_desc(spec: DecoderSpec) -> _Model:
         layer.window = ls.window
         layer.k_scale, layer.v_scale = _ptr(ls.k_scale), _ptr(ls.v_scale)
         layer.kv_dtype = KV_PAGE_TYPES.index(ls.kv_dtype)
+        if ls.kv_dtype == "turboquant":
+            keep += [_tq_desc(ls.k_tq), _tq_desc(ls.v_tq)]
+            layer.k_tq, layer.v_tq = ctypes.addressof(keep[-2]), ctypes.addressof(keep[-1])
     model = _Model(ctypes.cast(layers, ctypes.POINTER(_Layer)), len(spec.layers), spec.hidden, spec.intermediate,
                    spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.eps, spec.attention_scale, int(spec.gelu),
                    int(spec.sandwich), _ACTIVATION_MODES[spec.activations], 0)
-    model._layers = layers  # keep the array alive with the struct that points at it
+    model._layers, model._tq = layers, keep  # keep what the struct points at alive with it
     return model
 
 
@@ -276,7 +299,7 @@ def attention_over_pages(q: torch.Tensor, positions: torch.Tensor, token_rows: t
     place, every token of a ragged batch in one call)."""
     lib = _library(variant)
     t, hq, d = q.shape
-    if lib is None or d % 8 or q.dtype != torch.float32:
+    if lib is None or d % 8 or q.dtype != torch.float32 or kv_dtype not in ROW_PAGE_TYPES:
         return reference.attention_over_pages(q, positions, token_rows, block_tables, block_size, scale, window,
                                               kv_dtype, k_cache, v_cache, k_scale, v_scale)
     q = q.contiguous()
@@ -296,7 +319,7 @@ def read_kv_rows(kv_dtype: str, pages: torch.Tensor, scales: Optional[torch.Tens
                  variant: Optional[str] = None) -> torch.Tensor:
     """See :func:`bytediet.kernels.reference.read_kv_rows` (the page decoding of the native attention)."""
     lib = _library(variant)
-    if lib is None or pages.shape[-1] % 8:
+    if lib is None or pages.shape[-1] % 8 or kv_dtype not in ROW_PAGE_TYPES:
         return reference.read_kv_rows(kv_dtype, pages, scales)
     pages = pages.contiguous()
     scales = None if scales is None else scales.contiguous()
@@ -320,3 +343,15 @@ def decode_step(spec: DecoderSpec, x: torch.Tensor, positions: torch.Tensor, slo
     lib.bd_decode_step(ctypes.addressof(spec.native), x.data_ptr(), x.shape[0], positions.data_ptr(), slots.data_ptr(),
                        block_tables.data_ptr(), block_tables.shape[1], block_size)
     return x
+
+
+def turboquant_write(pages: TurboQuantPageSpec, x: torch.Tensor, slots: torch.Tensor,
+                     variant: Optional[str] = None) -> None:
+    """See :func:`bytediet.kernels.reference.turboquant_write` (the decode step's write of the new token)."""
+    lib = _library(variant)
+    if lib is None:
+        return reference.turboquant_write(pages, x, slots)
+    x = x.to(torch.float32).contiguous()
+    slots = slots.to(torch.int64).contiguous()
+    desc = _tq_desc(pages)
+    lib.bd_turboquant_write(ctypes.addressof(desc), x.data_ptr(), x.shape[0], slots.data_ptr(), x.shape[1], x.shape[2])

@@ -6,8 +6,8 @@ from typing import Callable, Optional
 import torch
 import torch.nn.functional as F
 
-from .decoder_spec import DecoderSpec, LayerSpec
-from . import native_layouts
+from .decoder_spec import DecoderSpec, LayerSpec, TurboQuantPageSpec
+from . import native_layouts, turboquant_pages
 from .ggml_codecs import DECODERS
 
 
@@ -348,8 +348,16 @@ def quantize_fp8_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 _ROW_QUANTIZERS = {"int8": quantize_int8_rows, "fp8": quantize_fp8_rows}
 
 
+def turboquant_write(pages: TurboQuantPageSpec, x: torch.Tensor, slots: torch.Tensor) -> None:
+    """TurboQuant pages: quantize x (T, Hkv, D) into ``slots`` (T,) (:func:`turboquant_pages.write`)."""
+    turboquant_pages.write(pages, x, slots)
+
+
 def _write_pages(layer: LayerSpec, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    if layer.kv_dtype in _ROW_QUANTIZERS:
+    if layer.kv_dtype == "turboquant":
+        turboquant_pages.write(layer.k_tq, k, slots)
+        turboquant_pages.write(layer.v_tq, v, slots)
+    elif layer.kv_dtype in _ROW_QUANTIZERS:
         for pages, scales, x in ((layer.k_cache, layer.k_scale, k), (layer.v_cache, layer.v_scale, v)):
             codes, scale = _ROW_QUANTIZERS[layer.kv_dtype](x)
             pages[slots], scales[slots] = codes, scale.reshape(scales[slots].shape)
@@ -369,6 +377,8 @@ def read_kv_rows(kv_dtype: str, pages: torch.Tensor, scales: Optional[torch.Tens
 
 def _read_pages(layer: LayerSpec, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """float32 (k, v) of ``slots`` (any shape) → slots.shape + (Hkv, D)."""
+    if layer.kv_dtype == "turboquant":
+        return turboquant_pages.read(layer.k_tq, slots), turboquant_pages.read(layer.v_tq, slots)
     return tuple(read_kv_rows(layer.kv_dtype, pages[slots],
                               None if scales is None else scales[slots].reshape(*slots.shape, -1, 1))
                  for pages, scales in ((layer.k_cache, layer.k_scale), (layer.v_cache, layer.v_scale)))

@@ -15,7 +15,9 @@ from typing import Optional
 import torch
 
 from ..kernels import ops
-from ..kernels.decoder_spec import DecoderSpec, LayerSpec, LinearSpec
+from ..kernels.decoder_spec import DecoderSpec, LayerSpec, LinearSpec, TurboQuantPageSpec, TurboQuantPart
+from ..kvcache.compressed import CompressedCache
+from ..kvcache.turboquant import TurboQuantPages
 from .layers import Linear
 from .transformer import CausalLM
 
@@ -35,6 +37,58 @@ def _linear(lin: Linear, interleave: bool = False) -> Optional[LinearSpec]:
             lin.interleaved = ops.repack_x4(int(gtype), blocks)
         blocks = lin.interleaved
     return LinearSpec(blocks, int(gtype), lin.out_features, lin.in_features, bias, interleaved=x4)
+
+
+MAX_GQA_GROUP = 64  # query heads per KV head the native TurboQuant attention takes (csrc/turboquant_pages.cpp)
+MAX_TQ_HEAD_DIM = 512  # its kMaxHeadDim
+
+
+def _turboquant_objection(half) -> Optional[str]:
+    """None when the native step reads these TurboQuant pages, else why not."""
+    if half.rope_mean is not None:
+        return ("TurboQuant keys calibrated with a pre-RoPE mean have no native step (it has no per-position score "
+                "term q·RoPE(μ, p) yet): decode runs on the module path; an uncalibrated turboquant codec runs natively")
+    if any(p.variant != "mse" for p in half.parts):
+        return "turboquant_prod keys (1-bit QJL residual) have no native step; the MSE variant (turboquant) has"
+    if half.head_dim > MAX_TQ_HEAD_DIM:
+        return f"TurboQuant pages of head dim {half.head_dim} (the native step reads up to {MAX_TQ_HEAD_DIM})"
+    if len(half.parts) > 2:
+        return f"TurboQuant pages of {len(half.parts)} parts (the native step reads 1 or 2)"
+    return None
+
+
+def _turboquant_spec(half) -> TurboQuantPageSpec:
+    parts = [TurboQuantPart(p.dim, p.mse_bits, p.R, p.codebook,
+                            s["norm"], s["idx"]) for p, s in zip(half.parts, half.store)]
+    mean = None if half.mean is None else half.mean.float().contiguous()
+    return TurboQuantPageSpec(parts, half.channels, mean)
+
+
+def _pages_or_objection(cache) -> tuple[Optional[dict], str]:
+    """(the cache's pages as LayerSpec fields, "") or (None, why the native step cannot read them). It reads the
+    pages ``LayerKVCache.native_pages`` describes (fp32, bf16, fp16, the ``int8`` codec's codes and fp16 scales,
+    the uncalibrated ``fp8`` codec's) and ``turboquant`` (MSE variant) codes on both sides."""
+    pages = cache.native_pages()
+    if pages is not None:
+        return pages, ""
+    if isinstance(cache, CompressedCache):
+        k, v = cache.keys, cache.values
+        if all(isinstance(h, TurboQuantPages) for h in (k, v)):
+            objection = _turboquant_objection(k) or _turboquant_objection(v)
+            if objection:
+                return None, objection
+            return dict(kv_dtype="turboquant", k_cache=None, v_cache=None, k_tq=_turboquant_spec(k),
+                        v_tq=_turboquant_spec(v)), ""
+        kinds = f"{type(k).__name__} keys, {type(v).__name__} values"
+    else:
+        kinds = f"{type(cache).__name__} ({getattr(getattr(cache, 'k', None), 'dtype', '?')})"
+    return None, (f"KV cache {kinds} has no native step (fp32, bf16, fp16, int8, uncalibrated fp8 and turboquant "
+                  "pages have)")
+
+
+def _pages(cache) -> Optional[dict]:
+    """The cache's pages as the native step reads them (LayerSpec fields), or None (see _pages_or_objection)."""
+    return _pages_or_objection(cache)[0]
 
 
 def why_not_native(model: CausalLM, caches: list) -> Optional[str]:
@@ -61,10 +115,20 @@ def why_not_native(model: CausalLM, caches: list) -> Optional[str]:
     if model.config.head_dim % 8:
         return f"head_dim {model.config.head_dim} is not a multiple of 8"
     for cache in caches:
-        if cache.native_pages() is None:
-            return (f"KV cache {type(cache).__name__} ({getattr(getattr(cache, 'k', None), 'dtype', '?')}) has no native "
-                    f"step (fp32, bf16, fp16, int8 and uncalibrated fp8 pages have)")
+        pages, objection = _pages_or_objection(cache)
+        if pages is None:
+            return objection
+        if pages["kv_dtype"] == "turboquant" and c.num_heads // c.num_kv_heads > MAX_GQA_GROUP:
+            return f"{c.num_heads // c.num_kv_heads} query heads per KV head (TurboQuant pages: at most {MAX_GQA_GROUP})"
     return None
+
+
+def _pending_channels(caches: list) -> list[int]:
+    """Layers whose TurboQuant pages have two parts but no channel order yet: the uncalibrated codec picks the
+    outlier channels on its first write (a prefill on the module path, ``TurboQuantPages.write``)."""
+    return [i for i, cache in enumerate(caches) if isinstance(cache, CompressedCache)
+            and any(isinstance(h, TurboQuantPages) and len(h.parts) > 1 and h.channels is None
+                    for h in (cache.keys, cache.values))]
 
 
 class NativeDecoder:
@@ -74,11 +138,29 @@ class NativeDecoder:
     which every sequence has exactly one new token.
     """
 
-    def __init__(self, model: CausalLM, spec: DecoderSpec, lm_head: Optional[LinearSpec]) -> None:
-        self.model, self.spec, self.lm_head = model, spec, lm_head
+    def __init__(self, model: CausalLM, spec: DecoderSpec, lm_head: Optional[LinearSpec], caches: list) -> None:
+        self.model, self.spec, self.lm_head, self.caches = model, spec, lm_head, caches
+        self.pending = _pending_channels(caches)
+
+    def ready(self) -> bool:
+        """Whether the step can run now: False while a layer's TurboQuant pages still wait for the channel order
+        that their first write chooses (the caller runs that step on the module path, which writes it). Once
+        chosen, the layer's spec takes them (the order is frozen from then on)."""
+        for i in list(self.pending):
+            cache = self.caches[i]
+            if _pending_channels([cache]):
+                continue
+            layer = self.spec.layers[i]
+            layer.k_tq.channels, layer.v_tq.channels = cache.keys.channels, cache.values.channels
+            self.spec.native = None  # the C structs point at the channel orders: build them again
+            self.pending.remove(i)
+        return not self.pending
 
     def logits(self, input_ids: torch.Tensor, meta, logit_rows: torch.Tensor) -> torch.Tensor:
         """input_ids (T,), one per sequence → float32 logits (N, vocab) of ``logit_rows``."""
+        if not self.ready():
+            raise RuntimeError("the native decode step ran before the first write chose the TurboQuant outlier "
+                               "channels; run that step on the module path (check NativeDecoder.ready())")
         hidden = ops.decode_step(self.spec, self.model.embed(input_ids), meta.positions, meta.slot_mapping,
                                  meta.block_tables, meta.block_size)[logit_rows]
         return self.model.head(hidden)  # lm_head multiplies with its interleaved copy when it has one
@@ -98,7 +180,7 @@ def native_decoder(model: CausalLM, caches: list) -> Optional[NativeDecoder]:
         lin = lambda m: _linear(m, x4)  # noqa: E731
         layers.append(LayerSpec(
             attn_norm=norm(layer.input_layernorm), post_attn_norm=norm(layer.post_attention_layernorm),
-            inv_freq=attn.rope.inv_freq.float().contiguous(), **cache.native_pages(),
+            inv_freq=attn.rope.inv_freq.float().contiguous(), **_pages(cache),
             q=lin(attn.q_proj), k=lin(attn.k_proj), v=lin(attn.v_proj), o=lin(attn.o_proj),
             gate=lin(mlp.gate_proj), up=lin(mlp.up_proj), down=lin(mlp.down_proj),
             window=attn.window or 0,
@@ -112,4 +194,4 @@ def native_decoder(model: CausalLM, caches: list) -> Optional[NativeDecoder]:
                        sandwich=c.sandwich_norm, activations=activations)
     head = model.lm_head
     lm_head = _linear(head, getattr(head.format, "activations", None) in ("q8", "q16"))
-    return NativeDecoder(model, spec, lm_head)
+    return NativeDecoder(model, spec, lm_head, caches)

@@ -515,6 +515,11 @@ void layer_step(const ModelDesc& m, const LayerDesc& L, float* x, long T, const 
         }
         rope(qt, hq, d, L.inv_freq, positions[t]);
         rope(kt, hkv, d, L.inv_freq, positions[t]);
+        if (L.kv_dtype == kTurboQuantPages) {
+            turboquant_write(*L.k_tq, kt, slots[t], hkv, d);
+            turboquant_write(*L.v_tq, s.v.data() + t * hkv * d, slots[t], hkv, d);
+            continue;
+        }
         with_pages(L.kv_dtype, [&](auto pages) {
             using P = decltype(pages);
             using E = typename P::T;
@@ -526,7 +531,9 @@ void layer_step(const ModelDesc& m, const LayerDesc& L, float* x, long T, const 
             }
         });
     }
-    with_pages(L.kv_dtype, [&](auto pages) {
+    if (L.kv_dtype == kTurboQuantPages)
+        turboquant_attend(m, L, s.q.data(), s.att.data(), T, positions, block_tables, bt_stride, block_size);
+    else with_pages(L.kv_dtype, [&](auto pages) {
         attend<decltype(pages)>(m, L, s.q.data(), s.att.data(), T, positions, nullptr, block_tables, bt_stride,
                                 block_size, s);
     });

@@ -3,6 +3,8 @@
 #pragma once
 #include <cstdint>
 
+#include "turboquant_pages.h"
+
 namespace bd {
 
 struct LinearDesc {
@@ -28,8 +30,11 @@ struct LayerDesc {
     void* k_scale;              // int8 and fp8 pages: (slots, num_kv_heads) fp16 scales; null otherwise
     void* v_scale;
     int32_t kv_dtype;           // 0 fp32, 1 bf16, 2 fp16, 3 int8 (code = round(x / scale) + 128, scale = amax/127),
-                                // 4 fp8 (code = E4M3(x / scale), scale = amax/448)
+                                // 4 fp8 (code = E4M3(x / scale), scale = amax/448),
+                                // 5 TurboQuant (k_tq, v_tq; k_cache, v_cache unused)
     int32_t pad;
+    const TQPagesDesc* k_tq;    // TurboQuant pages (turboquant_pages.h), null otherwise
+    const TQPagesDesc* v_tq;
 };
 
 struct ModelDesc {

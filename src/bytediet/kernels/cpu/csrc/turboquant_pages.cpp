@@ -1,0 +1,392 @@
+// TurboQuant pages in the native decode step (see turboquant_pages.h): the write of a new token and
+// flash-decoding attention on the codes, with the work split of decoder.cpp's attend<P>:
+// work items are (token, KV head, context chunk); an item scores the chunk's keys for all the query heads of
+// its GQA group from codes unpacked in registers (8 codes: one broadcast word, a variable shift and a mask;
+// centroids by an in-register permute for b ≤ 4, a gather above), keeps a partial (max, Σexp, Σexp·norm·c)
+// per head in rotated coordinates, and a final pass merges the chunks and rotates back once per head.
+#include "turboquant_pages.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#include "decoder.h"
+#include "isa.h"
+#include "threadpool.h"
+
+namespace bd {
+namespace {
+
+constexpr long kMaxHeadDim = 512;
+constexpr long kMaxGroup = 64;  // query heads per KV head (checked on the Python side)
+
+struct Partial {
+    float max, sum;
+};
+
+// Positions [lo, hi) of a sequence in page order: fn(position, slot) (as decoder.cpp's for_each_slot).
+template <class Fn>
+inline void for_each_slot(const int64_t* table, long block_size, long lo, long hi, Fn fn) {
+    long p = lo;
+    while (p < hi) {
+        const long blk = p / block_size;
+        const long base = table[blk] * block_size - blk * block_size;
+        const long end = (blk + 1) * block_size < hi ? (blk + 1) * block_size : hi;
+        for (; p < end; ++p) fn(p, base + p);
+    }
+}
+
+inline float dot(const float* a, const float* b, long n) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    long i = 0;
+    for (; i + 16 <= n; i += 16) {
+        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
+    }
+    for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+    float s = hsum(_mm256_add_ps(acc0, acc1));
+    for (; i < n; ++i) s += a[i] * b[i];
+    return s;
+}
+
+inline void axpy(float a, const float* x, float* y, long n) {
+    const __m256 va = _mm256_set1_ps(a);
+    long i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; ++i) y[i] += a * x[i];
+}
+
+// 8 codes of B ≤ 4 bits in the low 8·B bits of the 32-bit little-endian word w.
+template <int B>
+inline __m256i codes8_word(uint32_t w) {
+    const __m256i shifts = _mm256_setr_epi32(0, B, 2 * B, 3 * B, 4 * B, 5 * B, 6 * B, 7 * B);
+    return _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(w)), shifts),
+                            _mm256_set1_epi32((1 << B) - 1));
+}
+
+// The 8 codes of one word (B bytes of the stream) → 8 int32 lanes.
+template <int B>
+inline __m256i codes8(const uint8_t* p) {
+    if constexpr (B == 8) {
+        return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    } else if constexpr (B <= 4) {
+        uint32_t w = 0;
+        std::memcpy(&w, p, B);
+        return codes8_word<B>(w);
+    } else {  // 5–7 bits: 40–56 bits per word, shifted as four 64-bit lanes twice
+        uint64_t w = 0;
+        std::memcpy(&w, p, B);
+        const __m256i all = _mm256_set1_epi64x(static_cast<long long>(w));
+        const __m256i lo = _mm256_srlv_epi64(all, _mm256_setr_epi64x(0, B, 2 * B, 3 * B));
+        const __m256i hi = _mm256_srlv_epi64(all, _mm256_setr_epi64x(4 * B, 5 * B, 6 * B, 7 * B));
+        const __m256i even = _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6);
+        const __m256i c = _mm256_blend_epi32(_mm256_permutevar8x32_epi32(lo, even),
+                                             _mm256_permutevar8x32_epi32(hi, even), 0xF0);
+        return _mm256_and_si256(c, _mm256_set1_epi32((1 << B) - 1));
+    }
+}
+
+// Word w of a row of `row` bytes: a plain 4-byte load where the row has 4 bytes left (B ≤ 4), else exact.
+template <int B>
+inline __m256i row_codes8(const uint8_t* codes, long w, long row) {
+    if constexpr (B <= 4) {
+        if (w * B + 4 <= row) {
+            uint32_t word;
+            std::memcpy(&word, codes + w * B, 4);
+            return codes8_word<B>(word);
+        }
+    }
+    return codes8<B>(codes + w * B);
+}
+
+// Codes → centroids: one permute for ≤ 8 centroids, two and a blend on bit 3 for 16, a gather above.
+template <int B>
+struct Centroids {
+    __m256 lo, hi;
+    const float* table;
+    explicit Centroids(const float* cb) : table(cb) {
+        alignas(32) float t[16] = {0};
+        for (int i = 0; i < (1 << B) && i < 16; ++i) t[i] = cb[i];
+        lo = _mm256_load_ps(t);
+        hi = _mm256_load_ps(t + 8);
+    }
+    __m256 operator()(__m256i c) const {
+        if constexpr (B <= 3) {
+            return _mm256_permutevar8x32_ps(lo, c);
+        } else if constexpr (B == 4) {
+            return _mm256_blendv_ps(_mm256_permutevar8x32_ps(lo, c), _mm256_permutevar8x32_ps(hi, c),
+                                    _mm256_castsi256_ps(_mm256_slli_epi32(c, 28)));
+        } else {
+            return _mm256_i32gather_ps(table, c, 4);
+        }
+    }
+};
+
+template <class Fn>
+void with_bits(int bits, Fn fn) {
+    switch (bits) {
+        case 1: fn(std::integral_constant<int, 1>{}); break;
+        case 2: fn(std::integral_constant<int, 2>{}); break;
+        case 3: fn(std::integral_constant<int, 3>{}); break;
+        case 4: fn(std::integral_constant<int, 4>{}); break;
+        case 5: fn(std::integral_constant<int, 5>{}); break;
+        case 6: fn(std::integral_constant<int, 6>{}); break;
+        case 7: fn(std::integral_constant<int, 7>{}); break;
+        default: fn(std::integral_constant<int, 8>{}); break;
+    }
+}
+
+// The chunk [lo, hi) of one sequence and KV head, for the `group` query heads that read it.
+struct Span {
+    const int64_t* table;
+    long block_size, lo, hi, hkv, kvh, group;
+};
+
+// scores (group, n) += ‖k_p‖ · (R_p q)·c[idx] for part P, whose rotated query coordinates start at `off` of the
+// (group, d) rotated queries qr. G: the group size when known at compile time (accumulators in registers), else 0.
+template <int B, int G>
+void part_scores(const TQPartDesc& P, long off, const float* qr, long d, const Span& s, float* scores) {
+    const long words = P.dim / 8, row = P.dim * B / 8, n = s.hi - s.lo, group = G ? G : s.group;
+    const Centroids<B> cb(P.codebook);
+    for_each_slot(s.table, s.block_size, s.lo, s.hi, [&](long p, long slot) {
+        const long r = slot * s.hkv + s.kvh;
+        const uint8_t* codes = P.idx + r * row;
+        __m256 acc[G ? G : kMaxGroup];
+        for (long g = 0; g < group; ++g) acc[g] = _mm256_setzero_ps();
+        for (long w = 0; w < words; ++w) {
+            const __m256 c = cb(row_codes8<B>(codes, w, row));
+            for (long g = 0; g < group; ++g)
+                acc[g] = _mm256_fmadd_ps(_mm256_loadu_ps(qr + g * d + off + 8 * w), c, acc[g]);
+        }
+        const float nrm = _cvtsh_ss(P.norm[r]);
+        for (long g = 0; g < group; ++g) scores[g * n + (p - s.lo)] += nrm * hsum(acc[g]);
+    });
+}
+
+// acc[g][off …] += p_g · ‖v_p‖ · c[idx] for part P: the values summed in rotated coordinates.
+template <int B, int G>
+void part_values(const TQPartDesc& P, long off, const float* probs, const Span& s, float* const* acc) {
+    const long words = P.dim / 8, row = P.dim * B / 8, n = s.hi - s.lo, group = G ? G : s.group;
+    const Centroids<B> cb(P.codebook);
+    for_each_slot(s.table, s.block_size, s.lo, s.hi, [&](long p, long slot) {
+        const long r = slot * s.hkv + s.kvh;
+        const uint8_t* codes = P.idx + r * row;
+        const float nrm = _cvtsh_ss(P.norm[r]);
+        __m256 wg[G ? G : kMaxGroup];
+        for (long g = 0; g < group; ++g) wg[g] = _mm256_set1_ps(probs[g * n + (p - s.lo)] * nrm);
+        for (long w = 0; w < words; ++w) {
+            const __m256 c = cb(row_codes8<B>(codes, w, row));
+            for (long g = 0; g < group; ++g) {
+                float* a = acc[g] + off + 8 * w;
+                _mm256_storeu_ps(a, _mm256_fmadd_ps(wg[g], c, _mm256_loadu_ps(a)));
+            }
+        }
+    });
+}
+
+// fn(bits, group) with both as compile-time constants for the common cases: widths 1–4 (the uncalibrated layouts
+// and most parts) × GQA groups 1–8; wider outlier parts and larger groups take the runtime group (G = 0).
+template <class Fn>
+void with_kernel(int bits, long group, Fn fn) {
+    with_bits(bits, [&](auto b) {
+        constexpr int B = decltype(b)::value;
+        if constexpr (B <= 4) {
+            switch (group) {
+                case 1: fn(b, std::integral_constant<int, 1>{}); return;
+                case 2: fn(b, std::integral_constant<int, 2>{}); return;
+                case 3: fn(b, std::integral_constant<int, 3>{}); return;
+                case 4: fn(b, std::integral_constant<int, 4>{}); return;
+                case 6: fn(b, std::integral_constant<int, 6>{}); return;
+                case 8: fn(b, std::integral_constant<int, 8>{}); return;
+                default: break;
+            }
+        }
+        fn(b, std::integral_constant<int, 0>{});
+    });
+}
+
+// A query head's q (d,) in the key pages' coordinates: channel order, then per part y_p = R_p · q_p.
+void rotate_query(const TQPagesDesc& K, long kvh, const float* q, float* y, long d) {
+    float qc[kMaxHeadDim];
+    const int64_t* ch = K.channels ? K.channels + kvh * d : nullptr;
+    for (long k = 0; k < d; ++k) qc[k] = q[ch ? ch[k] : k];
+    long off = 0;
+    for (int i = 0; i < K.num_parts; ++i) {
+        const TQPartDesc& P = K.parts[i];
+        for (long r = 0; r < P.dim; ++r) y[off + r] = dot(P.rotation + r * P.dim, qc + off, P.dim);
+        off += P.dim;
+    }
+}
+
+// The merged output in the value pages' rotated coordinates → (d,): per part a_p · R_p, channels put back,
+// plus the mean (the softmax weights sum to one).
+void rotate_back(const TQPagesDesc& V, long kvh, const float* a, float* out, long d) {
+    float t[kMaxHeadDim] = {0};
+    long off = 0;
+    for (int i = 0; i < V.num_parts; ++i) {
+        const TQPartDesc& P = V.parts[i];
+        for (long r = 0; r < P.dim; ++r) axpy(a[off + r], P.rotation + r * P.dim, t + off, P.dim);
+        off += P.dim;
+    }
+    const int64_t* ch = V.channels ? V.channels + kvh * d : nullptr;
+    const float* mu = V.mean ? V.mean + kvh * d : nullptr;
+    for (long k = 0; k < d; ++k) {
+        const long c = ch ? ch[k] : k;
+        out[c] = t[k] + (mu ? mu[c] : 0.0f);
+    }
+}
+
+// Softmax numerators of one head's scores in place → (max, Σ exp).
+Partial softmax_row(float* sg, long n, float scale) {
+    float mx = -INFINITY;
+    for (long i = 0; i < n; ++i) {
+        sg[i] *= scale;
+        mx = sg[i] > mx ? sg[i] : mx;
+    }
+    long i = 0;
+    const __m256 vmx = _mm256_set1_ps(mx);
+    __m256 vsum = _mm256_setzero_ps();
+    for (; i + 8 <= n; i += 8) {
+        __m256 ex = exp8(_mm256_sub_ps(_mm256_loadu_ps(sg + i), vmx));
+        _mm256_storeu_ps(sg + i, ex);
+        vsum = _mm256_add_ps(vsum, ex);
+    }
+    float sum = hsum(vsum);
+    for (; i < n; ++i) {
+        sg[i] = std::exp(sg[i] - mx);
+        sum += sg[i];
+    }
+    return Partial{mx, sum};
+}
+
+}  // namespace
+
+void turboquant_write(const TQPagesDesc& pg, const float* x, long slot, long num_heads, long d) {
+    float xc[kMaxHeadDim], xn[kMaxHeadDim], bounds[256];
+    for (long h = 0; h < num_heads; ++h) {
+        const float* xh = x + h * d;
+        const int64_t* ch = pg.channels ? pg.channels + h * d : nullptr;
+        const float* mu = pg.mean ? pg.mean + h * d : nullptr;
+        for (long k = 0; k < d; ++k) {
+            const long c = ch ? ch[k] : k;
+            xc[k] = mu ? xh[c] - mu[c] : xh[c];
+        }
+        long off = 0;
+        for (int i = 0; i < pg.num_parts; ++i) {
+            const TQPartDesc& P = pg.parts[i];
+            const long dp = P.dim, bits = P.bits, levels = 1L << bits;
+            float ss = 0.0f;
+            for (long j = 0; j < dp; ++j) ss += xc[off + j] * xc[off + j];
+            const float nrm = std::sqrt(ss), den = nrm > 1e-12f ? nrm : 1e-12f;
+            for (long j = 0; j < dp; ++j) xn[j] = xc[off + j] / den;
+            for (long k = 0; k + 1 < levels; ++k) bounds[k] = (P.codebook[k + 1] + P.codebook[k]) / 2.0f;
+            uint8_t* dst = P.idx + (slot * num_heads + h) * (dp * bits / 8);
+            for (long w = 0; w < dp / 8; ++w) {
+                uint64_t word = 0;
+                for (long j = 0; j < 8; ++j) {
+                    const float u = dot(P.rotation + (8 * w + j) * dp, xn, dp);
+                    // the nearest centroid: the number of cell boundaries strictly below u (torch.bucketize)
+                    const uint64_t code = static_cast<uint64_t>(std::lower_bound(bounds, bounds + levels - 1, u) - bounds);
+                    word |= code << (j * bits);
+                }
+                std::memcpy(dst + w * bits, &word, bits);  // little-endian: code j in bits j·b … j·b + b − 1
+            }
+            P.norm[slot * num_heads + h] = _cvtss_sh(nrm, _MM_FROUND_TO_NEAREST_INT);
+            off += dp;
+        }
+    }
+}
+
+void turboquant_attend(const ModelDesc& m, const LayerDesc& L, const float* q, float* out, long T,
+                       const int64_t* positions, const int64_t* block_tables, long bt_stride, long block_size) {
+    const TQPagesDesc& K = *L.k_tq;
+    const TQPagesDesc& V = *L.v_tq;
+    const long hq = m.num_heads, hkv = m.num_kv_heads, d = m.head_dim, group = hq / hkv;
+    // the calling thread's buffers, captured by reference: the pool's threads read and write them (a
+    // thread_local named inside the lambda would be each worker's own, empty, instance)
+    static thread_local std::vector<float> qr_buf, acc_buf, merged;
+    static thread_local std::vector<Partial> parts_buf;
+    std::vector<float>& qr = qr_buf;
+    std::vector<float>& acc = acc_buf;
+    std::vector<Partial>& parts = parts_buf;
+    qr.resize(T * hq * d);
+    for (long th = 0; th < T * hq; ++th) rotate_query(K, (th % hq) / group, q + th * d, qr.data() + th * d, d);
+    const int nt = num_threads();
+    long longest = 1;
+    for (long t = 0; t < T; ++t) longest = positions[t] + 1 > longest ? positions[t] + 1 : longest;
+    long chunks = (2 * nt + T * hkv - 1) / (T * hkv);  // as attend<P>: work for every thread, chunks ≥ 128
+    if (chunks > (longest + 127) / 128) chunks = (longest + 127) / 128;
+    if (chunks < 1) chunks = 1;
+    const long chunk_len = (longest + chunks - 1) / chunks;
+    acc.resize(T * hq * chunks * d);
+    parts.resize(T * hq * chunks);
+    parallel_run([&](int t, int nthreads) {
+        long b, e;
+        split_range(T * hkv * chunks, nthreads, t, 1, &b, &e);
+        std::vector<float> scores;
+        for (long item = b; item < e; ++item) {
+            const long tok = item / (hkv * chunks), kvh = (item / chunks) % hkv, c = item % chunks;
+            const long pos = positions[tok];
+            const long first_pos = L.window > 0 && pos - L.window + 1 > 0 ? pos - L.window + 1 : 0;
+            const long lo = c * chunk_len > first_pos ? c * chunk_len : first_pos;
+            const long hi = (c + 1) * chunk_len < pos + 1 ? (c + 1) * chunk_len : pos + 1;
+            const long n = hi > lo ? hi - lo : 0;
+            const Span span{block_tables + tok * bt_stride, block_size, lo, lo + n, hkv, kvh, group};
+            const float* qg = qr.data() + (tok * hq + kvh * group) * d;
+            scores.assign(group * n + 8, 0.0f);
+            long off = 0;
+            for (int i = 0; i < K.num_parts; ++i) {
+                with_kernel(K.parts[i].bits, group, [&](auto b, auto g) {
+                    part_scores<decltype(b)::value, decltype(g)::value>(K.parts[i], off, qg, d, span, scores.data());
+                });
+                off += K.parts[i].dim;
+            }
+            float* heads[kMaxGroup];
+            for (long g = 0; g < group; ++g) {
+                const long slot_index = (tok * hq + kvh * group + g) * chunks + c;
+                parts[slot_index] = softmax_row(scores.data() + g * n, n, m.attention_scale);
+                heads[g] = acc.data() + slot_index * d;
+                std::fill(heads[g], heads[g] + d, 0.0f);
+            }
+            off = 0;
+            for (int i = 0; i < V.num_parts; ++i) {
+                with_kernel(V.parts[i].bits, group, [&](auto b, auto g) {
+                    part_values<decltype(b)::value, decltype(g)::value>(V.parts[i], off, scores.data(), span, heads);
+                });
+                off += V.parts[i].dim;
+            }
+        }
+    });
+    merged.resize(d);
+    for (long th = 0; th < T * hq; ++th) {  // merge the chunks of each (token, head), then rotate back
+        float mx = -INFINITY;
+        for (long c = 0; c < chunks; ++c)
+            if (parts[th * chunks + c].sum > 0.0f && parts[th * chunks + c].max > mx) mx = parts[th * chunks + c].max;
+        std::fill(merged.begin(), merged.end(), 0.0f);
+        float total = 0.0f;
+        for (long c = 0; c < chunks; ++c) {
+            const Partial& pc = parts[th * chunks + c];
+            if (pc.sum <= 0.0f) continue;
+            const float w = std::exp(pc.max - mx);
+            total += w * pc.sum;
+            axpy(w, acc.data() + (th * chunks + c) * d, merged.data(), d);
+        }
+        const float inv = 1.0f / total;
+        for (long j = 0; j < d; ++j) merged[j] *= inv;
+        rotate_back(V, (th % hq) / group, merged.data(), out + th * d, d);
+    }
+}
+
+}  // namespace bd
+
+extern "C" {
+
+// The write alone, for tests against the codec: x (T, num_heads, head_dim) float32 into slots (T,). Returns 0.
+int bd_turboquant_write(const bd::TQPagesDesc* pages, const float* x, long T, const int64_t* slots, long num_heads,
+                        long head_dim) {
+    for (long t = 0; t < T; ++t) bd::turboquant_write(*pages, x + t * num_heads * head_dim, slots[t], num_heads, head_dim);
+    return 0;
+}
+}

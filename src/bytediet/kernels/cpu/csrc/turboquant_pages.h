@@ -1,0 +1,46 @@
+// TurboQuant KV pages (arXiv 2504.19874, the MSE variant) read and written inside the native decode step:
+// attention computed on the stored codes, no float key or value is materialised. The torch codec that owns
+// these pages is kvcache/turboquant.py; its twin here is kernels/reference.py (_write_pages / _read_pages).
+//
+// One token's K (or V) of one KV head, x (D,), is stored as: x − mean (a calibrated constant, optional), its
+// channels reordered (outliers first, optional), cut in 1 or 2 parts; each part p of d_p channels keeps
+//   norm_p = ‖x_p‖ (fp16) and idx_p = nearest centroid of u = R_p · x_p / ‖x_p‖ per coordinate,
+// b_p bits per code, packed little-endian (kvcache/bitpack.py: code j of a word of 8 codes in bits j·b…j·b+b−1).
+// Attention on codes: q·x_p = norm_p · (R_p q_p)·c[idx_p], so the query is rotated once per head and part;
+// values are summed in rotated coordinates, Σ w·norm·c[idx], and rotated back (· R_p) once per head.
+#pragma once
+#include <cstdint>
+
+namespace bd {
+
+constexpr int32_t kTurboQuantPages = 5;  // LayerDesc::kv_dtype of TurboQuant pages (k_tq, v_tq)
+
+struct TQPartDesc {
+    const float* rotation;  // (dim, dim) R, row-major: the stored unit vector is u = R · x / ‖x‖
+    const float* codebook;  // (2^bits,) sorted centroids
+    uint16_t* norm;         // (slots, num_kv_heads) fp16 norms ‖x_p‖
+    uint8_t* idx;           // (slots, num_kv_heads, dim · bits / 8) packed codes
+    int64_t dim;            // channels in this part, a multiple of 8
+    int32_t bits;           // 1 … 8
+    int32_t pad;
+};
+
+struct TQPagesDesc {
+    TQPartDesc parts[2];
+    const int64_t* channels;  // (num_kv_heads, head_dim) stored channel order, null = identity
+    const float* mean;        // (num_kv_heads, head_dim) subtracted before quantizing, null = none
+    int32_t num_parts;        // 1 or 2
+    int32_t pad;
+};
+
+struct ModelDesc;
+struct LayerDesc;
+
+// Quantize one token's (num_heads, head_dim) rows x into slot ``slot`` of the pages.
+void turboquant_write(const TQPagesDesc& pages, const float* x, long slot, long num_heads, long head_dim);
+
+// attend<P> of decoder.cpp on TurboQuant pages (L.k_tq, L.v_tq): q, out (T, Hq, D).
+void turboquant_attend(const ModelDesc& m, const LayerDesc& L, const float* q, float* out, long T,
+                       const int64_t* positions, const int64_t* block_tables, long bt_stride, long block_size);
+
+}  // namespace bd
