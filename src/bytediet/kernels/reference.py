@@ -39,6 +39,8 @@ def attention_over_context(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sc
     """
     n = q.shape[0]
     ctx = k.shape[0]
+    if window is not None and ctx <= window:  # every key is inside every query's window: plain causal attention,
+        window = None  # whose fused kernel skips the blocks above the diagonal (a mask makes it compute them all)
     mask = None if window is None and n == ctx else causal_window_mask(torch.arange(ctx - n, ctx, device=q.device),
                                                                         ctx, window)
     out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
