@@ -43,13 +43,15 @@ void rmsnorm(const float* x, const float* w, long n, float eps, float* y) {
     for (long j = 0; j < n; ++j) y[j] = x[j] * r * w[j];
 }
 
-void rope(float* x, long heads, long d, const float* inv_freq, long pos) {
+// RoPE of a token's query heads q (hq, d) and key heads k (hkv, d) at one position: one cos/sin per frequency
+// for both (libm's sincos is most of the cost at head_dim 256).
+void rope(float* q, long hq, float* k, long hkv, long d, const float* inv_freq, long pos) {
     const long half = d / 2;
     for (long i = 0; i < half; ++i) {
         const float f = static_cast<float>(pos) * inv_freq[i];
         const float c = std::cos(f), s = std::sin(f);
-        for (long h = 0; h < heads; ++h) {
-            float* p = x + h * d;
+        for (long h = 0; h < hq + hkv; ++h) {
+            float* p = h < hq ? q + h * d : k + (h - hq) * d;
             const float a = p[i], b = p[i + half];
             p[i] = a * c - b * s;
             p[i + half] = b * c + a * s;
@@ -348,8 +350,7 @@ void layer_step(const ModelDesc& m, const LayerDesc& L, float* x, long T, const 
             for (long h = 0; h < hq; ++h) rmsnorm(qt + h * d, L.q_norm, d, m.eps, qt + h * d);
             for (long h = 0; h < hkv; ++h) rmsnorm(kt + h * d, L.k_norm, d, m.eps, kt + h * d);
         }
-        rope(qt, hq, d, L.inv_freq, positions[t]);
-        rope(kt, hkv, d, L.inv_freq, positions[t]);
+        rope(qt, hq, kt, hkv, d, L.inv_freq, positions[t]);
         with_pages(L.kv_dtype, [&](auto pages) {
             using P = decltype(pages);
             using E = typename P::T;
