@@ -71,6 +71,18 @@ def _like_input(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return y if x.dtype == torch.float32 else y.to(x.dtype)
 
 
+def gelu_tanh_mul(gate: torch.Tensor, up: torch.Tensor, variant: Optional[str] = None) -> torch.Tensor:
+    """See :func:`bytediet.kernels.reference.gelu_tanh_mul` (one native pass over float32 CPU tensors)."""
+    lib = _library(variant)
+    if (lib is None or gate.device.type != "cpu" or gate.dtype != torch.float32 or up.dtype != torch.float32
+            or gate.shape != up.shape):
+        return reference.gelu_tanh_mul(gate, up)
+    gate, up = gate.contiguous(), up.contiguous()
+    out = torch.empty_like(gate)
+    lib.bd_gelu_tanh_mul(gate.data_ptr(), up.data_ptr(), gate.numel(), out.data_ptr())
+    return out
+
+
 def quantize_rows_q8(x: torch.Tensor, variant: Optional[str] = None):
     """See :func:`bytediet.kernels.reference.quantize_rows_q8`."""
     lib = _library(variant)

@@ -110,6 +110,12 @@ def paged_attention(q: torch.Tensor, meta, scale: float, window: Optional[int],
 ACTIVATION_BLOCK = 32  # activations are quantized in blocks of 32 values, one scale each
 
 
+def gelu_tanh_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """GELU with the tanh approximation (Hendrycks & Gimpel 2016, arXiv 1606.08415) of ``gate``, times ``up``:
+    the gated MLP's activation (gemma3). gate, up: (..., I) → (..., I)."""
+    return F.gelu(gate, approximate="tanh") * up
+
+
 def quantize_rows_q8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Symmetric int8 quantization of activation rows in blocks of 32 (llama.cpp's ``quantize_row_q8_1``).
 
