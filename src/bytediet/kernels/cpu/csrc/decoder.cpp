@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "activations.h"
 #include "gemm_blocks.h"
 #include "isa.h"
 #include "threadpool.h"
@@ -319,10 +320,6 @@ void with_pages(int kv_dtype, Fn fn) {
     }
 }
 
-inline float gelu_tanh(float x) {
-    return 0.5f * x * (1.0f + std::tanh(0.7978845608028654f * (x + 0.044715f * x * x * x)));
-}
-
 // x += out for T rows of hidden size; gemma3 (sandwich) normalises out first with its post-norm weight.
 void add_residual(const ModelDesc& m, float* x, float* out, long T, const float* post_norm) {
     const long H = m.hidden;
@@ -376,10 +373,10 @@ void layer_step(const ModelDesc& m, const LayerDesc& L, float* x, long T, const 
         Input in(s.h.data(), T, H, m.activations, s);
         in.apply_all({{&L.gate, s.gate.data()}, {&L.up, s.up.data()}});
     }
-    for (long i = 0; i < T * I; ++i) {
-        const float g = s.gate[i];
-        s.gate[i] = (m.gelu ? gelu_tanh(g) : g / (1.0f + std::exp(-g))) * s.up[i];
-    }
+    if (m.gelu)  // vectorised: a libm tanh/exp per element cost ~0.7 ms of a Gemma-3 step (36 864 of them)
+        gated_range<true>(s.gate.data(), s.up.data(), s.gate.data(), 0, T * I);
+    else
+        gated_range<false>(s.gate.data(), s.up.data(), s.gate.data(), 0, T * I);
     {
         Input in(s.gate.data(), T, I, m.activations, s);
         in.apply(L.down, s.o.data());
