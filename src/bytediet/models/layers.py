@@ -201,8 +201,9 @@ class MLP(nn.Module):
         self.gate_proj = Linear(hidden, intermediate)
         self.up_proj = Linear(hidden, intermediate)
         self.down_proj = Linear(intermediate, hidden)
-        self.gelu = act != "silu"  # GELU-tanh (gemma3): the fused native pass ops.gelu_tanh_mul
+        self.act = F.silu if act == "silu" else (lambda t: F.gelu(t, approximate="tanh"))
+        self.gelu = act != "silu"  # GELU-tanh (gemma3): act(gate) · up as one native pass, ops.gelu_tanh_mul
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_proj(x), self.up_proj(x)
-        return self.down_proj(ops.gelu_tanh_mul(gate, up) if self.gelu else F.silu(gate) * up)
+        return self.down_proj(ops.gelu_tanh_mul(gate, up) if self.gelu else self.act(gate) * up)
