@@ -246,9 +246,7 @@ int bd_gemm_x4(int ggml_type, const uint8_t* w, long N, long K, const float* x, 
     static thread_local bd::QuantizedActivations act;
     return bd::gemm_x4_q8(ggml_type, w, N, K, act.quantize(x, M, K, act_mode == 2), M, y, N, bias);
 }
-}
 
-extern "C" {
 // Bytes per row of the interleaved copy of a weight of this type with K weights per row (0: no x4 layout).
 long bd_x4_row_bytes(int ggml_type, long K) {
     if (bd::has_kx4(ggml_type)) return K / 256 * bd::kx4_group_bytes(ggml_type) / 4;
