@@ -156,3 +156,35 @@ def test_the_reference_twin_runs_without_native_kernels():
     positions, slots, bt = batch(gen, [9])
     out = reference.decode_step(spec, torch.randn(1, spec.hidden, generator=gen), positions, slots, bt, BLOCK)
     assert out.shape == (1, spec.hidden) and torch.isfinite(out).all()
+
+
+def k_quant_linear(gtype, n, k, gen, interleave):
+    """Random Q4_K / Q6_K blocks with small f16 super-block scales (d, dmin), x4-interleaved or not."""
+    size, scale_at = {T.Q4_K: (144, (0, 2)), T.Q6_K: (210, (208,))}[gtype]
+    b = torch.randint(0, 256, (n * k // 256, size), generator=gen, dtype=torch.uint8)
+    for at in scale_at:
+        b[:, at:at + 2] = torch.tensor([0.002], dtype=torch.float16).view(torch.uint8)
+    blocks = b.reshape(n, -1)
+    if interleave:
+        return LinearSpec(ops.repack_x4(int(gtype), blocks), int(gtype), n, k, None, interleaved=True)
+    return LinearSpec(blocks, int(gtype), n, k, None)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("activations,interleave", [("q8", True), ("q16", True), ("q16", False)])
+def test_decode_step_with_k_quant_layers_equals_reference(variant, activations, interleave):
+    """Gemma-3's Q4_K_M mix: o_proj and down_proj in Q4_K / Q6_K (interleaved when the step runs x4)."""
+    gen = torch.Generator().manual_seed(12)
+    spec = random_spec(gen, heads=4, kv_heads=1, head_dim=64, hidden=256, inter=512, gemma=True, window=20,
+                       activations=activations, interleave=interleave)
+    for i, layer in enumerate(spec.layers):
+        o_type, down_type = (T.Q4_K, T.Q6_K) if i == 0 else (T.Q6_K, T.Q4_K)
+        layer.o = k_quant_linear(o_type, 256, 256, gen, interleave)
+        layer.down = k_quant_linear(down_type, 256, 512, gen, interleave)
+    positions, slots, bt = batch(gen, [16, 47, 130])
+    x = torch.randn(3, spec.hidden, generator=gen)
+    before = clone_caches(spec)
+    want = reference.decode_step(spec, x, positions, slots, bt, BLOCK)
+    restore_caches(spec, before)
+    got = ops.decode_step(spec, x, positions, slots, bt, BLOCK, variant=variant)
+    assert (got - want).abs().max().item() <= 1e-3 * want.abs().max().item()

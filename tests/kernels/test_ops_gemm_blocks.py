@@ -114,10 +114,11 @@ def test_reference_rejects_bad_activation_mode():
 
 @needs_native
 @pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("gtype", [T.Q4_0, T.Q4_1, T.Q5_0, T.Q8_0])
+@pytest.mark.parametrize("gtype", [T.Q4_0, T.Q4_1, T.Q5_0, T.Q8_0, T.Q4_K, T.Q6_K])
 def test_interleaved_layout_and_product_equal_reference(variant, gtype):
     gen = torch.Generator().manual_seed(int(gtype))
-    for n, k in ((4, 32), (12, 96), (36, 160)):
+    shapes = ((4, 256), (12, 512), (36, 768)) if gtype in K_TYPES else ((4, 32), (12, 96), (36, 160))
+    for n, k in shapes:
         blocks = random_blocks(gtype, n, k, gen)
         packed = ops.repack_x4(int(gtype), blocks, variant=variant)
         assert torch.equal(packed, reference.repack_x4(int(gtype), blocks))
@@ -129,6 +130,31 @@ def test_interleaved_layout_and_product_equal_reference(variant, gtype):
             for activations in ("q8", "q16"):
                 y = ops.gemm_x4(int(gtype), packed, x, bias, activations, variant=variant)
                 check_close(y, reference.gemm_x4(int(gtype), packed, x, bias, activations), x, w)
+
+
+@needs_native
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("gtype", [T.Q4_K, T.Q6_K])
+def test_interleaved_k_quants_extreme_inputs(variant, gtype):
+    """All-zero weights, large scales, activation rows of zeros and of 1e4 (the int16 sums of the Q6_K kernel's
+    unsigned 6-bit codes must not saturate: every code 63 against ±127 activations)."""
+    gen = torch.Generator().manual_seed(11)
+    k = 512
+    zero = ops.repack_x4(int(gtype), torch.zeros_like(random_blocks(gtype, 8, k, gen)), variant=variant)
+    for activations in ("q8", "q16"):
+        assert torch.equal(ops.gemm_x4(int(gtype), zero, torch.randn(3, k, generator=gen), None, activations,
+                                       variant=variant), torch.zeros(3, 8))
+    blocks = random_blocks(gtype, 8, k, gen, scale=100.0)
+    if gtype == T.Q6_K:
+        blocks.reshape(-1, 210)[:4, :192] = 0xFF  # codes 63 in the first rows' super-blocks
+    packed = ops.repack_x4(int(gtype), blocks, variant=variant)
+    w = reference.dequantize_blocks(int(gtype), blocks)
+    sign = torch.where(torch.rand(1, k, generator=gen) > 0.5, 1.0, -1.0)
+    for x in (torch.zeros(2, k), torch.randn(2, k, generator=gen) * 1e4, torch.ones(2, k) * sign * 3.0,
+              torch.cat([torch.zeros(1, k), torch.randn(1, k, generator=gen)])):
+        for activations in ("q8", "q16"):
+            y = ops.gemm_x4(int(gtype), packed, x, None, activations, variant=variant)
+            check_close(y, reference.gemm_x4(int(gtype), packed, x, None, activations), x, w)
 
 
 def test_interleaving_rejects_rows_not_a_multiple_of_four():

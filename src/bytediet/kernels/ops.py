@@ -71,6 +71,18 @@ def _like_input(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return y if x.dtype == torch.float32 else y.to(x.dtype)
 
 
+def gelu_tanh_mul(gate: torch.Tensor, up: torch.Tensor, variant: Optional[str] = None) -> torch.Tensor:
+    """See :func:`bytediet.kernels.reference.gelu_tanh_mul` (one native pass over float32 CPU tensors)."""
+    lib = _library(variant)
+    if (lib is None or gate.device.type != "cpu" or gate.dtype != torch.float32 or up.dtype != torch.float32
+            or gate.shape != up.shape):
+        return reference.gelu_tanh_mul(gate, up)
+    gate, up = gate.contiguous(), up.contiguous()
+    out = torch.empty_like(gate)
+    lib.bd_gelu_tanh_mul(gate.data_ptr(), up.data_ptr(), gate.numel(), out.data_ptr())
+    return out
+
+
 def quantize_rows_q8(x: torch.Tensor, variant: Optional[str] = None):
     """See :func:`bytediet.kernels.reference.quantize_rows_q8`."""
     lib = _library(variant)
@@ -176,12 +188,13 @@ DENSE_GEMM_MIN_ROWS = 64
 
 # --- row-interleaved (x4) weights ----------------------------------------------------------------------------
 
-X4_TYPES = frozenset({2, 3, 6, 8})  # Q4_0, Q4_1, Q5_0, Q8_0
+X4_TYPES = reference.X4_TYPES  # Q4_0, Q4_1, Q5_0, Q8_0 (gemm_x4.cpp), Q4_K, Q6_K (gemm_kx4.cpp)
 
 
 def can_interleave(ggml_type: int, n: int, k: int) -> bool:
     """Whether ``repack_x4`` takes this weight (and a native library is here to use it)."""
-    return int(ggml_type) in X4_TYPES and n % 4 == 0 and k % 32 == 0 and _library(None) is not None
+    return (int(ggml_type) in X4_TYPES and n % 4 == 0 and k % block_size_of(int(ggml_type)) == 0
+            and _library(None) is not None)
 
 
 def repack_x4(ggml_type: int, blocks: torch.Tensor, variant: Optional[str] = None) -> torch.Tensor:
@@ -192,10 +205,12 @@ def repack_x4(ggml_type: int, blocks: torch.Tensor, variant: Optional[str] = Non
     n = blocks.shape[0]
     k = row_weights(ggml_type, blocks.shape[1])
     blocks = blocks.contiguous()
-    out = torch.empty(blocks.numel(), dtype=torch.uint8)
-    rc = lib.bd_repack_x4(int(ggml_type), blocks.data_ptr(), n, k, out.data_ptr())
+    row_bytes = lib.bd_x4_row_bytes(int(ggml_type), k)
+    out = torch.empty(n * row_bytes, dtype=torch.uint8)
+    rc = lib.bd_repack_x4(int(ggml_type), blocks.data_ptr(), n, k, out.data_ptr()) if row_bytes else -1
     if rc != 0:
-        raise ValueError(f"GGML type {int(ggml_type)} ({n}×{k}) does not interleave (Q4_0, Q4_1, Q5_0, Q8_0 with rows % 4 == 0)")
+        raise ValueError(f"GGML type {int(ggml_type)} ({n}×{k}) does not interleave (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, "
+                         "Q6_K with rows % 4 == 0)")
     return out.reshape(n, -1)
 
 
@@ -209,6 +224,8 @@ def gemm_x4(ggml_type: int, packed: torch.Tensor, x: torch.Tensor, bias: Optiona
         raise ValueError(f"the interleaved kernels take q8 or q16 activations, got {activations!r}")
     x2 = _float_rows(x)
     n, m, k = packed.shape[0], x2.shape[0], x2.shape[1]
+    if packed.shape[1] != lib.bd_x4_row_bytes(int(ggml_type), k):
+        raise ValueError(f"interleaved GGML type {int(ggml_type)} rows of {packed.shape[1]} bytes do not hold {k} weights")
     y = torch.empty(m, n, dtype=torch.float32)
     b = None if bias is None else bias.float().contiguous()
     rc = lib.bd_gemm_x4(int(ggml_type), packed.data_ptr(), n, k, x2.data_ptr(), m, y.data_ptr(), _ptr(b),

@@ -39,6 +39,8 @@ def attention_over_context(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sc
     """
     n = q.shape[0]
     ctx = k.shape[0]
+    if window is not None and ctx <= window:  # every key is inside every query's window: plain causal attention,
+        window = None  # whose fused kernel skips the blocks above the diagonal (a mask makes it compute them all)
     mask = None if window is None and n == ctx else causal_window_mask(torch.arange(ctx - n, ctx, device=q.device),
                                                                         ctx, window)
     out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
@@ -125,6 +127,12 @@ def attention_over_pages(q: torch.Tensor, positions: torch.Tensor, token_rows: t
 # --- low-bit linear layers (twins of kernels/cpu/csrc/gemm_blocks.cpp) --------------------------------------
 
 ACTIVATION_BLOCK = 32  # activations are quantized in blocks of 32 values, one scale each
+
+
+def gelu_tanh_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """GELU with the tanh approximation (Hendrycks & Gimpel 2016, arXiv 1606.08415) of ``gate``, times ``up``:
+    the gated MLP's activation (gemma3). gate, up: (..., I) → (..., I)."""
+    return F.gelu(gate, approximate="tanh") * up
 
 
 def quantize_rows_q8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -231,6 +239,8 @@ def gemm_blocks(ggml_type: int, blocks: torch.Tensor, x: torch.Tensor, bias: Opt
 # --- row-interleaved (x4) weights (twins of kernels/cpu/csrc/gemm_x4.cpp) ------------------------------------
 
 _X4_SCALES = {2: 1, 3: 2, 6: 1, 8: 1}  # f16 scales per block: Q4_0 d; Q4_1 d, m; Q5_0 d; Q8_0 d
+_KX4_BYTES = {12: 592, 14: 840}  # bytes per 4 rows × 256 weights: Q4_K (its 6-bit scales as bytes), Q6_K
+X4_TYPES = frozenset(_X4_SCALES) | frozenset(_KX4_BYTES)
 
 
 def _codes(ggml_type: int, blocks: torch.Tensor) -> torch.Tensor:
@@ -254,7 +264,9 @@ def _bit_masks(u: torch.Tensor) -> torch.Tensor:
 
 
 def repack_x4(ggml_type: int, blocks: torch.Tensor) -> torch.Tensor:
-    """Interleave four rows at a time, block by block: (n, bytes per row) → same shape, n % 4 == 0.
+    """Interleave four rows at a time (Q4_K and Q6_K: :func:`repack_kx4`), or for the 32-weight formats:
+
+    Interleave four rows at a time, block by block: (n, bytes per row) → same shape, n % 4 == 0.
 
     Per group of 4 rows and block: the 4 rows' f16 scales (d, then Q4_1's m), then the codes as
     U_k[8r + e] = code 8k + e of row r (k = 0..3): Q4 packs U0 | U1 << 4 and U2 | U3 << 4 (64 bytes), Q5_0
@@ -262,8 +274,11 @@ def repack_x4(ggml_type: int, blocks: torch.Tensor) -> torch.Tensor:
     U0..U3 (128 bytes). The layout of llama.cpp's repack.cpp, made for one 32-byte load to serve four rows.
     """
     n = blocks.shape[0]
-    if ggml_type not in _X4_SCALES or n % 4:
-        raise ValueError(f"GGML type {ggml_type} ({n} rows) does not interleave (Q4_0, Q4_1, Q5_0, Q8_0 with rows % 4 == 0)")
+    if ggml_type not in X4_TYPES or n % 4:
+        raise ValueError(f"GGML type {ggml_type} ({n} rows) does not interleave (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K "
+                         "with rows % 4 == 0)")
+    if ggml_type in _KX4_BYTES:
+        return repack_kx4(ggml_type, blocks)
     ts, ns = block_bytes(ggml_type), _X4_SCALES[ggml_type]
     b = blocks.reshape(n // 4, 4, -1, ts)  # (G, 4, nb, ts)
     scales = b[..., :2 * ns].reshape(n // 4, 4, -1, ns, 2).permute(0, 2, 3, 1, 4).reshape(n // 4, -1, 8 * ns)
@@ -283,6 +298,8 @@ def repack_x4(ggml_type: int, blocks: torch.Tensor) -> torch.Tensor:
 
 def unpack_x4(ggml_type: int, packed: torch.Tensor) -> torch.Tensor:
     """The inverse of :func:`repack_x4`."""
+    if ggml_type in _KX4_BYTES:
+        return unpack_kx4(ggml_type, packed)
     n = packed.shape[0]
     ts, ns = block_bytes(ggml_type), _X4_SCALES[ggml_type]
     g = packed.reshape(n // 4, -1, 4 * ts)  # (G, nb, 4·ts)
@@ -305,6 +322,96 @@ def unpack_x4(ggml_type: int, packed: torch.Tensor) -> torch.Tensor:
     elif ggml_type != 8:
         codes = codes[..., :16] | (codes[..., 16:] << 4)
     return torch.cat((scales, codes), dim=-1).reshape(n, -1)
+
+
+def _k_codes(ggml_type: int, sb: torch.Tensor) -> torch.Tensor:
+    """Super-blocks (..., 144 | 210) → (..., 8, 32) unsigned codes of sub-block j, element e (Q6_K: 0..63)."""
+    lead = sb.shape[:-1]
+    if ggml_type == 12:  # sub-block j: nibble j % 2 of qs[32·(j // 2) + e]
+        qs = sb[..., 16:144].reshape(*lead, 4, 1, 32)
+        return torch.cat((qs & 0x0F, qs >> 4), dim=-2).reshape(*lead, 8, 32)
+    ql = sb[..., :128].reshape(*lead, 2, 1, 2, 32)  # (half, ·, j & 1, e)
+    lo = torch.cat((ql & 0x0F, ql >> 4), dim=-3)  # (half, (j >> 1) & 1, j & 1, e)
+    qh = sb[..., 128:192].reshape(*lead, 2, 1, 32)
+    hi = ((qh >> (2 * torch.arange(4, dtype=torch.uint8))[:, None]) & 3).reshape(*lead, 2, 2, 2, 32)
+    return (lo | (hi << 4)).reshape(*lead, 8, 32)
+
+
+def _k_blocks(ggml_type: int, codes: torch.Tensor) -> torch.Tensor:
+    """The inverse of :func:`_k_codes` for the code bytes: (..., 8, 32) → Q4_K qs (..., 128) or Q6_K ql + qh (..., 192)."""
+    lead = codes.shape[:-2]
+    if ggml_type == 12:
+        c = codes.reshape(*lead, 4, 2, 32)
+        return (c[..., 0, :] | (c[..., 1, :] << 4)).reshape(*lead, 128)
+    c = codes.reshape(*lead, 2, 2, 2, 32)  # (half, b1, b0, e)
+    ql = (c[..., 0, :, :] & 0x0F) | ((c[..., 1, :, :] & 0x0F) << 4)  # (half, b0, e)
+    t = (c >> 4).reshape(*lead, 2, 4, 32).to(torch.int64) << (2 * torch.arange(4))[:, None]
+    return torch.cat((ql.reshape(*lead, 128), t.sum(-2).to(torch.uint8).reshape(*lead, 64)), dim=-1)
+
+
+def _q4k_scales(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q4_K's 12 packed bytes (..., 12) → the 6-bit scales and mins (..., 8) each (ggml's get_scale_min_k4)."""
+    sc = torch.cat((q[..., 0:4] & 63, (q[..., 8:12] & 0x0F) | ((q[..., 0:4] >> 6) << 4)), dim=-1)
+    mn = torch.cat((q[..., 4:8] & 63, (q[..., 8:12] >> 4) | ((q[..., 4:8] >> 6) << 4)), dim=-1)
+    return sc, mn
+
+
+def _q4k_pack_scales(sc: torch.Tensor, mn: torch.Tensor) -> torch.Tensor:
+    """The inverse of :func:`_q4k_scales`."""
+    return torch.cat(((sc[..., :4] & 63) | ((sc[..., 4:] >> 4) << 6), (mn[..., :4] & 63) | ((mn[..., 4:] >> 4) << 6),
+                      (sc[..., 4:] & 0x0F) | ((mn[..., 4:] & 0x0F) << 4)), dim=-1)
+
+
+def repack_kx4(ggml_type: int, blocks: torch.Tensor) -> torch.Tensor:
+    """Q4_K or Q6_K rows (n, bytes per row), n % 4 == 0 → the interleaved layout of csrc/gemm_kx4.cpp:
+    (n, 148 per 256 weights) for Q4_K, (n, 210 per 256) for Q6_K.
+
+    Per group of 4 rows and super-block: Q4_K d[4], dmin[4] (f16), its 6-bit scales and mins as bytes sc[8][4],
+    mn[8][4], then per sub-block j the codes U_k[8r + e] = code 8k + e of row r as U0 | U1 << 4, U2 | U3 << 4;
+    Q6_K d[4], its int8 scales sc[16][4], then per sub-block those 64 bytes of the low 4 bits and 32 bytes of the
+    high 2 bits U0 >> 4 | (U1 >> 4) << 2 | (U2 >> 4) << 4 | (U3 >> 4) << 6.
+    """
+    n = blocks.shape[0]
+    ts = block_bytes(ggml_type)
+    sb = blocks.reshape(n // 4, 4, -1, ts).permute(0, 2, 1, 3)  # (G, ns, r, ts)
+    g, ns = sb.shape[0], sb.shape[1]
+    u = _k_codes(ggml_type, sb).reshape(g, ns, 4, 8, 4, 8).permute(0, 1, 3, 4, 2, 5).reshape(g, ns, 8, 4, 32)
+    low = u & 0x0F  # (G, ns, j, k, 8r + e)
+    codes = [low[..., 0, :] | (low[..., 1, :] << 4), low[..., 2, :] | (low[..., 3, :] << 4)]
+    if ggml_type == 12:
+        sc, mn = _q4k_scales(sb[..., 4:16])  # (G, ns, r, 8)
+        head = [sb[..., 0:2].reshape(g, ns, 8), sb[..., 2:4].reshape(g, ns, 8),
+                sc.transpose(-1, -2).reshape(g, ns, 32), mn.transpose(-1, -2).reshape(g, ns, 32)]
+    else:
+        head = [sb[..., 208:210].reshape(g, ns, 8), sb[..., 192:208].transpose(-1, -2).reshape(g, ns, 64)]
+        hb = u >> 4
+        codes.append(hb[..., 0, :] | (hb[..., 1, :] << 2) | (hb[..., 2, :] << 4) | (hb[..., 3, :] << 6))
+    body = torch.cat(codes, dim=-1).reshape(g, ns, -1)  # (G, ns, j · (64 | 96))
+    return torch.cat(head + [body], dim=-1).reshape(n, -1)  # group g's super-blocks fill its 4 rows' bytes
+
+
+def unpack_kx4(ggml_type: int, packed: torch.Tensor) -> torch.Tensor:
+    """The inverse of :func:`repack_kx4`."""
+    n = packed.shape[0]
+    gb = _KX4_BYTES[ggml_type]
+    p = packed.reshape(n // 4, -1, gb)  # (G, ns, bytes)
+    g, ns = p.shape[0], p.shape[1]
+    step, at = (64, 80) if ggml_type == 12 else (96, 72)
+    c = p[..., at:].reshape(g, ns, 8, step)
+    u = torch.stack((c[..., 0:32] & 0x0F, c[..., 0:32] >> 4, c[..., 32:64] & 0x0F, c[..., 32:64] >> 4), dim=3)
+    if ggml_type == 14:
+        hb = c[..., 64:96]
+        u = u | torch.stack([((hb >> (2 * k)) & 3) << 4 for k in range(4)], dim=3)
+    codes = u.reshape(g, ns, 8, 4, 4, 8).permute(0, 1, 4, 2, 3, 5).reshape(g, ns, 4, 8, 32)  # (G, ns, r, j, e)
+    body = _k_blocks(ggml_type, codes)  # (G, ns, r, 128 | 192)
+    if ggml_type == 12:
+        sc = p[..., 16:48].reshape(g, ns, 8, 4).transpose(-1, -2)
+        mn = p[..., 48:80].reshape(g, ns, 8, 4).transpose(-1, -2)
+        sb = torch.cat((p[..., 0:8].reshape(g, ns, 4, 2), p[..., 8:16].reshape(g, ns, 4, 2), _q4k_pack_scales(sc, mn), body), -1)
+    else:
+        sc = p[..., 8:72].reshape(g, ns, 16, 4).transpose(-1, -2)
+        sb = torch.cat((body, sc, p[..., 0:8].reshape(g, ns, 4, 2)), dim=-1)
+    return sb.permute(0, 2, 1, 3).reshape(n, -1)
 
 
 def gemm_x4(ggml_type: int, packed: torch.Tensor, x: torch.Tensor, bias: Optional[torch.Tensor] = None,

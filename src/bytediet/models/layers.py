@@ -202,6 +202,8 @@ class MLP(nn.Module):
         self.up_proj = Linear(hidden, intermediate)
         self.down_proj = Linear(intermediate, hidden)
         self.act = F.silu if act == "silu" else (lambda t: F.gelu(t, approximate="tanh"))
+        self.gelu = act != "silu"  # GELU-tanh (gemma3): act(gate) · up as one native pass, ops.gelu_tanh_mul
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj(ops.gelu_tanh_mul(gate, up) if self.gelu else self.act(gate) * up)

@@ -25,6 +25,8 @@ SIGNATURES = {  # C ABI of csrc/*.cpp: name → (restype, argtypes)
     "bd_dequantize_blocks": (_INT, [_INT, _VOID_P, _LONG, _LONG, _VOID_P]),
     "bd_quantize_rows_q8": (None, [_VOID_P, _LONG, _LONG, _VOID_P, _VOID_P, _VOID_P]),
     "bd_repack_x4": (_INT, [_INT, _VOID_P, _LONG, _LONG, _VOID_P]),
+    "bd_x4_row_bytes": (_LONG, [_INT, _LONG]),
+    "bd_gelu_tanh_mul": (None, [_VOID_P, _VOID_P, _LONG, _VOID_P]),
     "bd_gemm_x4": (_INT, [_INT, _VOID_P, _LONG, _LONG, _VOID_P, _LONG, _VOID_P, _VOID_P, _INT]),
     "bd_quantize_rows_per_token": (None, [_VOID_P, _LONG, _LONG, _VOID_P, _VOID_P, _VOID_P]),
     "bd_quantize_rows_q16": (None, [_VOID_P, _LONG, _LONG, _VOID_P, _VOID_P, _VOID_P, _VOID_P, _VOID_P]),

@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "activations.h"
 #include "gemm_blocks.h"
 #include "isa.h"
 #include "threadpool.h"
@@ -46,13 +47,15 @@ void rmsnorm(const float* x, const float* w, long n, float eps, float* y) {
     for (long j = 0; j < n; ++j) y[j] = x[j] * r * w[j];
 }
 
-void rope(float* x, long heads, long d, const float* inv_freq, long pos) {
+// RoPE of a token's query heads q (hq, d) and key heads k (hkv, d) at one position: one cos/sin per frequency
+// for both (libm's sincos is most of the cost at head_dim 256).
+void rope(float* q, long hq, float* k, long hkv, long d, const float* inv_freq, long pos) {
     const long half = d / 2;
     for (long i = 0; i < half; ++i) {
         const float f = static_cast<float>(pos) * inv_freq[i];
         const float c = std::cos(f), s = std::sin(f);
-        for (long h = 0; h < heads; ++h) {
-            float* p = x + h * d;
+        for (long h = 0; h < hq + hkv; ++h) {
+            float* p = h < hq ? q + h * d : k + (h - hq) * d;
             const float a = p[i], b = p[i + half];
             p[i] = a * c - b * s;
             p[i + half] = b * c + a * s;
@@ -482,10 +485,6 @@ void with_pages(int kv_dtype, Fn fn) {
     }
 }
 
-inline float gelu_tanh(float x) {
-    return 0.5f * x * (1.0f + std::tanh(0.7978845608028654f * (x + 0.044715f * x * x * x)));
-}
-
 // x += out for T rows of hidden size; gemma3 (sandwich) normalises out first with its post-norm weight.
 void add_residual(const ModelDesc& m, float* x, float* out, long T, const float* post_norm) {
     const long H = m.hidden;
@@ -513,8 +512,7 @@ void layer_step(const ModelDesc& m, const LayerDesc& L, float* x, long T, const 
             for (long h = 0; h < hq; ++h) rmsnorm(qt + h * d, L.q_norm, d, m.eps, qt + h * d);
             for (long h = 0; h < hkv; ++h) rmsnorm(kt + h * d, L.k_norm, d, m.eps, kt + h * d);
         }
-        rope(qt, hq, d, L.inv_freq, positions[t]);
-        rope(kt, hkv, d, L.inv_freq, positions[t]);
+        rope(qt, hq, kt, hkv, d, L.inv_freq, positions[t]);
         if (L.kv_dtype == kTurboQuantPages) {
             turboquant_write(*L.k_tq, kt, slots[t], hkv, d);
             turboquant_write(*L.v_tq, s.v.data() + t * hkv * d, slots[t], hkv, d);
@@ -548,10 +546,10 @@ void layer_step(const ModelDesc& m, const LayerDesc& L, float* x, long T, const 
         Input in(s.h.data(), T, H, m.activations, s);
         in.apply_all({{&L.gate, s.gate.data()}, {&L.up, s.up.data()}});
     }
-    for (long i = 0; i < T * I; ++i) {
-        const float g = s.gate[i];
-        s.gate[i] = (m.gelu ? gelu_tanh(g) : g / (1.0f + std::exp(-g))) * s.up[i];
-    }
+    if (m.gelu)  // vectorised: a libm tanh/exp per element cost ~0.7 ms of a Gemma-3 step (36 864 of them)
+        gated_range<true>(s.gate.data(), s.up.data(), s.gate.data(), 0, T * I);
+    else
+        gated_range<false>(s.gate.data(), s.up.data(), s.gate.data(), 0, T * I);
     {
         Input in(s.gate.data(), T, I, m.activations, s);
         in.apply(L.down, s.o.data());

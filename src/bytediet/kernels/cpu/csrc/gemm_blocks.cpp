@@ -251,9 +251,13 @@ inline int quantize_block(const __m256 v[4], int8_t* q, float* d) {
     return _mm_cvtsi128_si32(s4);
 }
 
+// Fewer activation blocks than this are quantized on the caller's thread: a decode row (20–64 blocks, ~1 µs)
+// costs less than one parallel region's synchronisation, and a decode step quantizes four rows per layer.
+constexpr long kParallelQuantizeBlocks = 256;
+
 void quantize_rows_q8(const float* x, long M, long K, int8_t* q, float* d, float* s) {
     const long nb = K / 32;
-    parallel_run([&](int t, int nt) {
+    (M * nb >= kParallelQuantizeBlocks ? parallel_run : run_here)([&](int t, int nt) {
         long b, e;
         split_range(M * nb, nt, t, 1, &b, &e);
         for (long blk = b; blk < e; ++blk) {  // rows are contiguous, so block index = row * nb + block
@@ -269,7 +273,7 @@ void quantize_rows_q8(const float* x, long M, long K, int8_t* q, float* d, float
 // difference: two float32 roundings, as the reference). The error left is ≤ amax/64516 per block, int16-like.
 void quantize_rows_q16(const float* x, long M, long K, int8_t* q, float* d, int8_t* q2, float* d2, float* s) {
     const long nb = K / 32;
-    parallel_run([&](int t, int nt) {
+    (M * nb >= kParallelQuantizeBlocks ? parallel_run : run_here)([&](int t, int nt) {
         long b, e;
         split_range(M * nb, nt, t, 1, &b, &e);
         for (long blk = b; blk < e; ++blk) {

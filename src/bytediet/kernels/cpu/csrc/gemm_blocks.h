@@ -51,6 +51,12 @@ struct X4Product {  // one row-interleaved weight (n % 4 == 0) and where its pro
 };
 void gemm_x4_many(const X4Product* products, int count, const QuantizedRows& x, long M);
 bool has_x4(int ggml_type);
+long x4_block_bytes_of(int ggml_type);  // the 32-weight formats: bytes per 4 rows × 32 weights
+// The K-quant interleaved layouts (gemm_kx4.cpp): bytes per group of 4 rows and super-block, 0 for another type.
+bool has_kx4(int ggml_type);
+long kx4_group_bytes(int ggml_type);
+void repack_kx4(int ggml_type, const uint8_t* src, long N, long K, uint8_t* dst);
+void rows_kx4(const X4Product& p, const QuantizedRows& x, long M, long b, long e);
 int gemm_x4_q8(int ggml_type, const uint8_t* w, long N, long K, const QuantizedRows& x, long M, float* y, long ldy,
                const float* bias);
 }  // namespace bd

@@ -143,6 +143,7 @@ void rows_x4(const uint8_t* w, long K, const QuantizedRows& x, long M, float* y,
 }
 
 void rows_any(const X4Product& p, const QuantizedRows& x, long M, long b, long e) {
+    if (has_kx4(p.ggml_type)) return rows_kx4(p, x, M, b, e);
     switch (p.ggml_type) {
         case kQ4_0: rows_x4<kQ4_0>(p.w, p.k, x, M, p.y, p.n, p.bias, b, e); break;
         case kQ4_1: rows_x4<kQ4_1>(p.w, p.k, x, M, p.y, p.n, p.bias, b, e); break;
@@ -153,7 +154,9 @@ void rows_any(const X4Product& p, const QuantizedRows& x, long M, long b, long e
 
 }  // namespace
 
-bool has_x4(int type) { return x4_block_bytes(type) != 0; }
+long x4_block_bytes_of(int type) { return x4_block_bytes(type); }
+
+bool has_x4(int type) { return x4_block_bytes(type) != 0 || has_kx4(type); }
 
 void repack_x4(int type, const uint8_t* src, long N, long K, uint8_t* dst) {
     const int sb = type == kQ4_0 ? 18 : type == kQ4_1 ? 20 : type == kQ5_0 ? 22 : 34, scales = type == kQ4_1 ? 2 : 1;
@@ -192,7 +195,7 @@ void repack_x4(int type, const uint8_t* src, long N, long K, uint8_t* dst) {
 
 int gemm_x4_q8(int type, const uint8_t* w, long N, long K, const QuantizedRows& x, long M, float* y, long ldy,
                const float* bias) {
-    if (N % 4 || K % 32) return -2;
+    if (N % 4 || K % (has_kx4(type) ? 256 : 32)) return -2;
     if (!has_x4(type)) return -1;
     if (ldy != N) return -2;  // outputs are dense (M, N)
     X4Product p{type, w, N, K, y, bias};
@@ -221,12 +224,16 @@ void gemm_x4_many(const X4Product* products, int count, const QuantizedRows& x, 
 
 extern "C" {
 
-// Row-interleaved copy of a Q4_0/Q4_1/Q5_0/Q8_0 weight (N % 4 == 0, K % 32 == 0) into dst (same byte size).
+// Row-interleaved copy of a Q4_0/Q4_1/Q5_0/Q8_0 weight (N % 4 == 0, K % 32 == 0) into dst (same byte size),
+// or of a Q4_K/Q6_K weight (K % 256 == 0; dst of bd_x4_row_bytes(type, K) bytes per row, gemm_kx4.cpp).
 // Returns 0, -1 for another block type, -2 for a shape that does not interleave.
 int bd_repack_x4(int ggml_type, const uint8_t* src, long N, long K, uint8_t* dst) {
     if (!bd::has_x4(ggml_type)) return -1;
-    if (N % 4 || K % 32) return -2;
-    bd::repack_x4(ggml_type, src, N, K, dst);
+    if (N % 4 || K % (bd::has_kx4(ggml_type) ? 256 : 32)) return -2;
+    if (bd::has_kx4(ggml_type))
+        bd::repack_kx4(ggml_type, src, N, K, dst);
+    else
+        bd::repack_x4(ggml_type, src, N, K, dst);
     return 0;
 }
 
@@ -235,8 +242,14 @@ int bd_repack_x4(int ggml_type, const uint8_t* src, long N, long K, uint8_t* dst
 int bd_gemm_x4(int ggml_type, const uint8_t* w, long N, long K, const float* x, long M, float* y, const float* bias,
                int act_mode) {
     if (!bd::has_x4(ggml_type)) return -1;
-    if (N % 4 || K % 32) return -2;
+    if (N % 4 || K % (bd::has_kx4(ggml_type) ? 256 : 32)) return -2;
     static thread_local bd::QuantizedActivations act;
     return bd::gemm_x4_q8(ggml_type, w, N, K, act.quantize(x, M, K, act_mode == 2), M, y, N, bias);
+}
+
+// Bytes per row of the interleaved copy of a weight of this type with K weights per row (0: no x4 layout).
+long bd_x4_row_bytes(int ggml_type, long K) {
+    if (bd::has_kx4(ggml_type)) return K / 256 * bd::kx4_group_bytes(ggml_type) / 4;
+    return bd::has_x4(ggml_type) ? K / 32 * bd::x4_block_bytes_of(ggml_type) / 4 : 0;
 }
 }

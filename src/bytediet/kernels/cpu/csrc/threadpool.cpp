@@ -119,6 +119,11 @@ Pool& pool() {
 }  // namespace
 
 void parallel_run(const std::function<void(int, int)>& fn) { pool().run(fn); }
+
+void run_here(const std::function<void(int, int)>& fn) {
+    DenormalsAreZero ftz;
+    fn(0, 1);
+}
 int num_threads() { return pool().size(); }
 void set_num_threads(int n) { pool().resize(n); }
 void set_spin_us(int us) { pool().set_spin(us); }

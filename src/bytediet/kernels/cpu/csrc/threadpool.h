@@ -9,6 +9,8 @@ namespace bd {
 
 // Run fn(thread_index, num_threads) on every thread of the pool (the caller is thread 0) and wait for all.
 void parallel_run(const std::function<void(int, int)>& fn);
+// fn(0, 1) on the caller's thread alone (with the regions' float mode): for work smaller than a region's cost.
+void run_here(const std::function<void(int, int)>& fn);
 int num_threads();
 void set_num_threads(int n);
 void set_spin_us(int us);
