@@ -286,32 +286,36 @@ inline __m256 dot8(const float* q, const float* const* k, long d) {
     return hsum8(a0, a1, a2, a3, a4, a5, a6, a7);
 }
 
-// acc[0 .. 8·NV) += Σ_j w[j] · v[j][0 .. 8·NV) over n rows, the accumulator held in registers.
-template <int NV>
-inline void weighted_rows(const float* w, const float* const* v, long n, long offset, float* acc) {
-    __m256 a[NV];
-    for (int k = 0; k < NV; ++k) a[k] = _mm256_loadu_ps(acc + 8 * k);
-    for (long j = 0; j < n; ++j) {
-        const __m256 wj = _mm256_set1_ps(w[j]);
-        const float* vj = v[j] + offset;
-        for (int k = 0; k < NV; ++k) a[k] = _mm256_fmadd_ps(wj, _mm256_loadu_ps(vj + 8 * k), a[k]);
-    }
-    for (int k = 0; k < NV; ++k) _mm256_storeu_ps(acc + 8 * k, a[k]);
-}
-
-// acc (d floats) += Σ_j w[j] · v[j] over n rows, d a multiple of 8: 64 columns (8 registers) at a time.
+// acc (d floats) += Σ_j w[j] · v[j] over n rows, d a multiple of 8: 64 columns at a time in eight named
+// accumulators (eight independent FMA chains; GCC kept an array of __m256 on the stack, a load and a store
+// around every FMA: 2.3× slower), then the remaining columns 8 at a time.
 inline void weighted_sum(const float* w, const float* const* v, long n, long d, float* acc) {
     long c = 0;
-    for (; c + 64 <= d; c += 64) weighted_rows<8>(w, v, n, c, acc + c);
-    switch ((d - c) / 8) {
-        case 1: weighted_rows<1>(w, v, n, c, acc + c); break;
-        case 2: weighted_rows<2>(w, v, n, c, acc + c); break;
-        case 3: weighted_rows<3>(w, v, n, c, acc + c); break;
-        case 4: weighted_rows<4>(w, v, n, c, acc + c); break;
-        case 5: weighted_rows<5>(w, v, n, c, acc + c); break;
-        case 6: weighted_rows<6>(w, v, n, c, acc + c); break;
-        case 7: weighted_rows<7>(w, v, n, c, acc + c); break;
-        default: break;
+    for (; c + 64 <= d; c += 64) {
+        float* o = acc + c;
+        __m256 a0 = _mm256_loadu_ps(o), a1 = _mm256_loadu_ps(o + 8), a2 = _mm256_loadu_ps(o + 16),
+               a3 = _mm256_loadu_ps(o + 24), a4 = _mm256_loadu_ps(o + 32), a5 = _mm256_loadu_ps(o + 40),
+               a6 = _mm256_loadu_ps(o + 48), a7 = _mm256_loadu_ps(o + 56);
+        for (long j = 0; j < n; ++j) {
+            const __m256 wj = _mm256_set1_ps(w[j]);
+            const float* r = v[j] + c;
+            a0 = _mm256_fmadd_ps(wj, _mm256_loadu_ps(r), a0);
+            a1 = _mm256_fmadd_ps(wj, _mm256_loadu_ps(r + 8), a1);
+            a2 = _mm256_fmadd_ps(wj, _mm256_loadu_ps(r + 16), a2);
+            a3 = _mm256_fmadd_ps(wj, _mm256_loadu_ps(r + 24), a3);
+            a4 = _mm256_fmadd_ps(wj, _mm256_loadu_ps(r + 32), a4);
+            a5 = _mm256_fmadd_ps(wj, _mm256_loadu_ps(r + 40), a5);
+            a6 = _mm256_fmadd_ps(wj, _mm256_loadu_ps(r + 48), a6);
+            a7 = _mm256_fmadd_ps(wj, _mm256_loadu_ps(r + 56), a7);
+        }
+        _mm256_storeu_ps(o, a0), _mm256_storeu_ps(o + 8, a1), _mm256_storeu_ps(o + 16, a2);
+        _mm256_storeu_ps(o + 24, a3), _mm256_storeu_ps(o + 32, a4), _mm256_storeu_ps(o + 40, a5);
+        _mm256_storeu_ps(o + 48, a6), _mm256_storeu_ps(o + 56, a7);
+    }
+    for (; c < d; c += 8) {
+        __m256 a = _mm256_loadu_ps(acc + c);
+        for (long j = 0; j < n; ++j) a = _mm256_fmadd_ps(_mm256_set1_ps(w[j]), _mm256_loadu_ps(v[j] + c), a);
+        _mm256_storeu_ps(acc + c, a);
     }
 }
 
