@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "activations.h"
+#include "attention.h"
 #include "gemm_blocks.h"
 #include "isa.h"
 #include "threadpool.h"
@@ -22,9 +23,8 @@
 namespace bd {
 namespace {
 
-struct Partial {
-    float max, sum;
-};
+using attention::Partial;
+using attention::for_each_slot;
 
 struct Scratch {
     std::vector<float> h, q, k, v, att, o, gate, up, chunk_acc;
@@ -73,25 +73,6 @@ inline void prefetch_row(const E* p, long words) {  // the cache lines of ``word
     for (long i = 0; i < words * 4; i += 64) _mm_prefetch(c + i, _MM_HINT_T0);
 }
 
-// Visit positions [lo, hi) of a sequence in page order: fn(position, slot), no division per position.
-template <class Fn>
-inline void for_each_slot(const int64_t* table, long block_size, long lo, long hi, Fn fn) {
-    long p = lo;
-    while (p < hi) {
-        const long blk = p / block_size;
-        const long base = table[blk] * block_size - blk * block_size;  // slot = base + p within this page
-        const long end = (blk + 1) * block_size < hi ? (blk + 1) * block_size : hi;
-        for (; p < end; ++p) fn(p, base + p);
-    }
-}
-
-inline void axpy(float a, const float* x, float* y, long n) {
-    const __m256 va = _mm256_set1_ps(a);
-    long i = 0;
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
-    for (; i < n; ++i) y[i] += a * x[i];
-}
-
 // KV page element types: each gives a row's 8 values at j as floats (times the row's scale, applied once per
 // row by the caller), and the write of a new row. The torch codecs that own these pages (kvcache/full.py,
 // kvcache/tokenwise.py) round the same way, so the module path and this step leave identical pages.
@@ -130,6 +111,17 @@ struct PagesF16 {
     }
 };
 
+// The per-token, per-head scale of the int8 and fp8 KV codecs: fp16(max(amax / qmax, 1e-6)), stored at *scale;
+// returns it as float (what the codes are divided by).
+inline float store_row_scale(const float* x, long d, float qmax, uint16_t* scale) {
+    float amax = 0.0f;
+    for (long i = 0; i < d; ++i) amax = std::fabs(x[i]) > amax ? std::fabs(x[i]) : amax;
+    float s = amax / qmax;
+    s = s > 1e-6f ? s : 1e-6f;
+    *scale = _cvtss_sh(s, _MM_FROUND_TO_NEAREST_INT);
+    return _cvtsh_ss(*scale);
+}
+
 struct PagesInt8 {  // kvcache int8: per token and head, scale = fp16(max(amax / 127, 1e-6)), code = q + 128
     using T = uint8_t;
     static constexpr bool SCALED = true;
@@ -138,13 +130,7 @@ struct PagesInt8 {  // kvcache int8: per token and head, scale = fp16(max(amax /
         return _mm256_cvtepi32_ps(_mm256_sub_epi32(c, _mm256_set1_epi32(128)));
     }
     static void write(const float* x, long d, T* r, uint16_t* scale) {
-        float amax = 0.0f;
-        for (long i = 0; i < d; ++i) amax = std::fabs(x[i]) > amax ? std::fabs(x[i]) : amax;
-        float s = amax / 127.0f;
-        s = s > 1e-6f ? s : 1e-6f;
-        const uint16_t h = _cvtss_sh(s, _MM_FROUND_TO_NEAREST_INT);
-        *scale = h;
-        const float sf = _cvtsh_ss(h);
+        const float sf = store_row_scale(x, d, 127.0f, scale);
         for (long i = 0; i < d; ++i) {
             float q = std::nearbyint(x[i] / sf);  // round half to even (the default rounding mode), as torch.round
             q = q < -127.0f ? -127.0f : (q > 127.0f ? 127.0f : q);
@@ -236,13 +222,7 @@ struct PagesFP8 {
         return sign | static_cast<uint8_t>(((e + 7) << 3) | m);
     }
     static void write(const float* x, long d, T* r, uint16_t* scale) {
-        float amax = 0.0f;
-        for (long i = 0; i < d; ++i) amax = std::fabs(x[i]) > amax ? std::fabs(x[i]) : amax;
-        float s = amax / 448.0f;
-        s = s > 1e-6f ? s : 1e-6f;
-        const uint16_t h = _cvtss_sh(s, _MM_FROUND_TO_NEAREST_INT);
-        *scale = h;
-        const float sf = _cvtsh_ss(h);
+        const float sf = store_row_scale(x, d, 448.0f, scale);
         for (long i = 0; i < d; ++i) {
             float q = x[i] / sf;
             q = q < -448.0f ? -448.0f : (q > 448.0f ? 448.0f : q);
@@ -420,24 +400,8 @@ void attend(const ModelDesc& m, const LayerDesc& L, const float* q, float* out, 
                 const long vlo = (from > lo ? from : lo) - lo, vhi = (pos + 1 < hi ? pos + 1 : hi) - lo;
                 for (long h = 0; h < hq; ++h) {
                     float* sg = scores.data() + (tt * hq + h) * ns;
-                    float mx = -INFINITY, sum = 0.0f;
-                    for (long i = vlo; i < vhi; ++i) mx = sg[i] > mx ? sg[i] : mx;
-                    for (long i = 0; i < vlo && i < n; ++i) sg[i] = 0.0f;
-                    long i = vlo;
-                    if (vhi > vlo) {
-                        const __m256 vmx = _mm256_set1_ps(mx);
-                        __m256 vsum = _mm256_setzero_ps();
-                        for (; i + 8 <= vhi; i += 8) {
-                            __m256 ex = exp8(_mm256_sub_ps(_mm256_loadu_ps(sg + i), vmx));
-                            _mm256_storeu_ps(sg + i, ex);
-                            vsum = _mm256_add_ps(vsum, ex);
-                        }
-                        sum = hsum(vsum);
-                        for (; i < vhi; ++i) { sg[i] = std::exp(sg[i] - mx); sum += sg[i]; }
-                    }
-                    for (i = vhi > vlo ? vhi : vlo; i < n; ++i) sg[i] = 0.0f;
                     const long slot_index = ((t0 + tt) * hq + h) * chunks + c;
-                    parts[slot_index] = Partial{mx, sum};
+                    parts[slot_index] = attention::softmax_span(sg, vlo, vhi, n);
                     float* o = acc.data() + slot_index * d;
                     for (long j = 0; j < d; ++j) o[j] = 0.0f;
                 }
@@ -459,23 +423,8 @@ void attend(const ModelDesc& m, const LayerDesc& L, const float* q, float* out, 
             });
         }
     });
-    for (long th = 0; th < T * hq; ++th) {  // merge the chunks of each (token, head)
-        float mx = -INFINITY;
-        for (long c = 0; c < chunks; ++c)
-            if (parts[th * chunks + c].sum > 0.0f && parts[th * chunks + c].max > mx) mx = parts[th * chunks + c].max;
-        float* o = out + th * d;
-        for (long j = 0; j < d; ++j) o[j] = 0.0f;
-        float total = 0.0f;
-        for (long c = 0; c < chunks; ++c) {
-            const Partial& pc = parts[th * chunks + c];
-            if (pc.sum <= 0.0f) continue;
-            const float w = std::exp(pc.max - mx);
-            total += w * pc.sum;
-            axpy(w, acc.data() + (th * chunks + c) * d, o, d);
-        }
-        const float inv = 1.0f / total;
-        for (long j = 0; j < d; ++j) o[j] *= inv;
-    }
+    for (long th = 0; th < T * hq; ++th)  // merge the chunks of each (token, head)
+        attention::merge_chunks(parts.data() + th * chunks, acc.data() + th * chunks * d, chunks, d, out + th * d);
 }
 
 template <class Fn>

@@ -12,6 +12,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "attention.h"
 #include "decoder.h"
 #include "isa.h"
 #include "threadpool.h"
@@ -22,21 +23,9 @@ namespace {
 constexpr long kMaxHeadDim = 512;
 constexpr long kMaxGroup = 64;  // query heads per KV head (checked on the Python side)
 
-struct Partial {
-    float max, sum;
-};
-
-// Positions [lo, hi) of a sequence in page order: fn(position, slot) (as decoder.cpp's for_each_slot).
-template <class Fn>
-inline void for_each_slot(const int64_t* table, long block_size, long lo, long hi, Fn fn) {
-    long p = lo;
-    while (p < hi) {
-        const long blk = p / block_size;
-        const long base = table[blk] * block_size - blk * block_size;
-        const long end = (blk + 1) * block_size < hi ? (blk + 1) * block_size : hi;
-        for (; p < end; ++p) fn(p, base + p);
-    }
-}
+using attention::Partial;
+using attention::axpy;
+using attention::for_each_slot;
 
 inline float dot(const float* a, const float* b, long n) {
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
@@ -49,13 +38,6 @@ inline float dot(const float* a, const float* b, long n) {
     float s = hsum(_mm256_add_ps(acc0, acc1));
     for (; i < n; ++i) s += a[i] * b[i];
     return s;
-}
-
-inline void axpy(float a, const float* x, float* y, long n) {
-    const __m256 va = _mm256_set1_ps(a);
-    long i = 0;
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
-    for (; i < n; ++i) y[i] += a * x[i];
 }
 
 // 8 codes of B ≤ 4 bits in the low 8·B bits of the 32-bit little-endian word w.
@@ -238,27 +220,10 @@ void rotate_back(const TQPagesDesc& V, long kvh, const float* a, float* out, lon
     }
 }
 
-// Softmax numerators of one head's scores in place → (max, Σ exp).
+// Softmax numerators of one head's scores in place, after the attention scale → (max, Σ exp).
 Partial softmax_row(float* sg, long n, float scale) {
-    float mx = -INFINITY;
-    for (long i = 0; i < n; ++i) {
-        sg[i] *= scale;
-        mx = sg[i] > mx ? sg[i] : mx;
-    }
-    long i = 0;
-    const __m256 vmx = _mm256_set1_ps(mx);
-    __m256 vsum = _mm256_setzero_ps();
-    for (; i + 8 <= n; i += 8) {
-        __m256 ex = exp8(_mm256_sub_ps(_mm256_loadu_ps(sg + i), vmx));
-        _mm256_storeu_ps(sg + i, ex);
-        vsum = _mm256_add_ps(vsum, ex);
-    }
-    float sum = hsum(vsum);
-    for (; i < n; ++i) {
-        sg[i] = std::exp(sg[i] - mx);
-        sum += sg[i];
-    }
-    return Partial{mx, sum};
+    for (long i = 0; i < n; ++i) sg[i] *= scale;
+    return attention::softmax_span(sg, 0, n, n);
 }
 
 }  // namespace
@@ -361,20 +326,7 @@ void turboquant_attend(const ModelDesc& m, const LayerDesc& L, const float* q, f
     });
     merged.resize(d);
     for (long th = 0; th < T * hq; ++th) {  // merge the chunks of each (token, head), then rotate back
-        float mx = -INFINITY;
-        for (long c = 0; c < chunks; ++c)
-            if (parts[th * chunks + c].sum > 0.0f && parts[th * chunks + c].max > mx) mx = parts[th * chunks + c].max;
-        std::fill(merged.begin(), merged.end(), 0.0f);
-        float total = 0.0f;
-        for (long c = 0; c < chunks; ++c) {
-            const Partial& pc = parts[th * chunks + c];
-            if (pc.sum <= 0.0f) continue;
-            const float w = std::exp(pc.max - mx);
-            total += w * pc.sum;
-            axpy(w, acc.data() + (th * chunks + c) * d, merged.data(), d);
-        }
-        const float inv = 1.0f / total;
-        for (long j = 0; j < d; ++j) merged[j] *= inv;
+        attention::merge_chunks(parts.data() + th * chunks, acc.data() + th * chunks * d, chunks, d, merged.data());
         rotate_back(V, (th % hq) / group, merged.data(), out + th * d, d);
     }
 }

@@ -1,0 +1,82 @@
+// Pieces of paged decode attention shared by the float/int8/fp8 pages (decoder.cpp: attend) and the TurboQuant
+// pages (turboquant_pages.cpp): the walk over a sequence's pages, the softmax of one head's scores, and the
+// merge of the per-chunk partials of flash-decoding (Dao et al. 2023).
+#pragma once
+#include <cmath>
+#include <cstdint>
+
+#include "isa.h"
+
+namespace bd {
+namespace attention {
+
+// One chunk's softmax state of one (token, head): its max score and Σ exp(score − max).
+struct Partial {
+    float max, sum;
+};
+
+// Visit positions [lo, hi) of a sequence in page order: fn(position, slot), no division per position.
+template <class Fn>
+inline void for_each_slot(const int64_t* table, long block_size, long lo, long hi, Fn fn) {
+    long p = lo;
+    while (p < hi) {
+        const long blk = p / block_size;
+        const long base = table[blk] * block_size - blk * block_size;  // slot = base + p within this page
+        const long end = (blk + 1) * block_size < hi ? (blk + 1) * block_size : hi;
+        for (; p < end; ++p) fn(p, base + p);
+    }
+}
+
+inline void axpy(float a, const float* x, float* y, long n) {
+    const __m256 va = _mm256_set1_ps(a);
+    long i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; ++i) y[i] += a * x[i];
+}
+
+// Scores s[0 .. n) of one head in a chunk → softmax numerators exp(s − max) over the allowed span [lo, hi),
+// zeros elsewhere (a query tile's token sees less than the tile's span); returns (max, Σ). An empty span
+// returns sum 0, which merge_chunks skips.
+inline Partial softmax_span(float* s, long lo, long hi, long n) {
+    float mx = -INFINITY, sum = 0.0f;
+    long i = lo;
+    __m256 vmax = _mm256_set1_ps(-INFINITY);
+    for (; i + 8 <= hi; i += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(s + i));
+    mx = hmax(vmax);
+    for (; i < hi; ++i) mx = s[i] > mx ? s[i] : mx;
+    for (i = 0; i < lo && i < n; ++i) s[i] = 0.0f;
+    if (hi > lo) {
+        const __m256 vmx = _mm256_set1_ps(mx);
+        __m256 vsum = _mm256_setzero_ps();
+        for (i = lo; i + 8 <= hi; i += 8) {
+            const __m256 ex = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + i), vmx));
+            _mm256_storeu_ps(s + i, ex);
+            vsum = _mm256_add_ps(vsum, ex);
+        }
+        sum = hsum(vsum);
+        for (; i < hi; ++i) { s[i] = std::exp(s[i] - mx); sum += s[i]; }
+    }
+    for (i = hi > lo ? hi : lo; i < n; ++i) s[i] = 0.0f;
+    return Partial{mx, sum};
+}
+
+// One (token, head)'s output from its chunks: out (d) = Σ_c e^(max_c − max) acc_c / Σ_c e^(max_c − max) sum_c,
+// where parts (chunks) and acc (chunks, d) are the chunks' partials and unnormalised Σ p·v.
+inline void merge_chunks(const Partial* parts, const float* acc, long chunks, long d, float* out) {
+    float mx = -INFINITY;
+    for (long c = 0; c < chunks; ++c)
+        if (parts[c].sum > 0.0f && parts[c].max > mx) mx = parts[c].max;
+    for (long j = 0; j < d; ++j) out[j] = 0.0f;
+    float total = 0.0f;
+    for (long c = 0; c < chunks; ++c) {
+        if (parts[c].sum <= 0.0f) continue;
+        const float w = std::exp(parts[c].max - mx);
+        total += w * parts[c].sum;
+        axpy(w, acc + c * d, out, d);
+    }
+    const float inv = 1.0f / total;
+    for (long j = 0; j < d; ++j) out[j] *= inv;
+}
+
+}  // namespace attention
+}  // namespace bd
