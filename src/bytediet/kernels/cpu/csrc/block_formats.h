@@ -33,6 +33,13 @@ struct Float32RowHeader {  // a row starts with a float32 scale of the whole row
     }
 };
 
+struct UnitSubScales {  // blocks without scales of their own (a row scale or none): unit scales, no offset
+    static void scales(const uint8_t*, SubScales& s) {
+        s.d_lo[0] = s.d_hi[0] = 1.0f;
+        s.m[0] = 0.0f;
+    }
+};
+
 // Formats whose 32-weight sub-blocks have two scales (Q6_K) set SPLIT; the others use d_lo only.
 
 struct Q4_0 : NoRowHeader {
@@ -180,13 +187,9 @@ struct Int4Groups : NoRowHeader {
 };
 
 // int8 with one float32 scale per output channel: a row is [scale f32][K int8 codes].
-struct Int8Row : Float32RowHeader {
+struct Int8Row : Float32RowHeader, UnitSubScales {
     static constexpr int SUB = 1, BYTES = 32;
     static constexpr bool SIGNED = true, SPLIT = false;
-    static void scales(const uint8_t*, SubScales& s) {
-        s.d_lo[0] = s.d_hi[0] = 1.0f;
-        s.m[0] = 0.0f;
-    }
     static __m256i codes(const uint8_t* b, int) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b)); }
 };
 
@@ -247,13 +250,9 @@ struct NVFP4Blocks : Float32RowHeader {
 
 // sparse24-int8 (2:4): a row is [scale f32], then per 32 weights [16 int8 kept values][8 group codes, 4 bits
 // each: p0 | p1 << 2]. The codes become a byte-shuffle index that scatters the values into their positions.
-struct Sparse24Int8 : Float32RowHeader {
+struct Sparse24Int8 : Float32RowHeader, UnitSubScales {
     static constexpr int SUB = 1, BYTES = 20;
     static constexpr bool SIGNED = true, SPLIT = false;
-    static void scales(const uint8_t*, SubScales& s) {
-        s.d_lo[0] = s.d_hi[0] = 1.0f;
-        s.m[0] = 0.0f;
-    }
     // T_k[c] (both 128-bit lanes): where position k of a group with code c takes its value from: 0 the first
     // kept value, 1 the second, -128 (0x80) nothing (a zero).
     static __m256i table(int k) {
@@ -338,7 +337,7 @@ struct is_gather_format<F, std::void_t<decltype(F::GATHER)>> : std::bool_constan
 // two per byte, even group low]: 36 bytes, 9 bits per weight. Against float activations (GATHER) the kept
 // values multiply the activations at their positions, gathered by lane permutes (16 products per 32 weights,
 // no zeros); values() (the dense decode, for the compute-bound path) places each value with one permute per 8.
-struct Sparse24F16 : NoRowHeader {
+struct Sparse24F16 : NoRowHeader, UnitSubScales {
     static constexpr int SUB = 1, BYTES = 36;
     static constexpr bool SIGNED = true, SPLIT = false, FLOAT = true, GATHER = true;
     struct Gather {  // code byte of groups (a, b) → positions of their 4 kept values inside their 8 activations
@@ -388,10 +387,6 @@ struct Sparse24F16 : NoRowHeader {
         }
     };
     static inline const Table kTable{};  // built when the library loads: no guard in the inner loop
-    static void scales(const uint8_t*, SubScales& s) {
-        s.d_lo[0] = s.d_hi[0] = 1.0f;
-        s.m[0] = 0.0f;
-    }
     __attribute__((always_inline)) static void values(const uint8_t* b, int, __m256 out[4]) {
         const Table& t = kTable;
         const __m256 v0 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b)));       // values 0..7
