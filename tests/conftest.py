@@ -102,3 +102,19 @@ def gemma3():
     from bytediet.models.loader import load_model
 
     return load_model("gemma3-270m")
+
+
+def hf_checkpoint_parts(config, state: dict, arch: str) -> tuple[dict, dict]:
+    """(config.json as a dict, the state dict in Hugging Face's convention) of a tiny model: gemma3 stores its
+    RMSNorm weights as w − 1."""
+    hf_state = {k: (v - 1.0 if arch == "gemma3" and k.endswith("norm.weight") else v) for k, v in state.items()}
+    cfg = {"model_type": arch, "vocab_size": config.vocab_size, "hidden_size": config.hidden_size,
+           "intermediate_size": config.intermediate_size, "num_hidden_layers": config.num_layers,
+           "num_attention_heads": config.num_heads, "num_key_value_heads": config.num_kv_heads,
+           "head_dim": config.head_dim, "rms_norm_eps": config.rms_norm_eps, "rope_theta": config.rope_theta,
+           "max_position_embeddings": config.max_position_embeddings,
+           "tie_word_embeddings": config.tie_word_embeddings}
+    if arch == "gemma3":
+        cfg.update(sliding_window=config.sliding_window, rope_local_base_freq=config.rope_local_theta,
+                   query_pre_attn_scalar=config.query_pre_attn_scalar, sliding_window_pattern=6)
+    return cfg, hf_state

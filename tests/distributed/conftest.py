@@ -7,7 +7,7 @@ import pytest
 import tokenizers
 from safetensors.torch import save_file
 
-from tests.conftest import model_from_state, random_state, tiny_config
+from tests.conftest import hf_checkpoint_parts, model_from_state, random_state, tiny_config
 
 # GQA shapes of the real models, at toy size: SmolLM2 (9 query heads over 3 KV heads) and Gemma-3 (one KV head)
 TINY = {
@@ -21,16 +21,7 @@ def write_hf_checkpoint(path, arch: str, seed: int = 0):
     """A Hugging Face directory (config.json, model.safetensors, a word-level tokenizer.json) → the model."""
     config = tiny_config(arch, **TINY[arch])
     state = random_state(config, seed=seed)
-    hf_state = {k: (v - 1.0 if arch == "gemma3" and k.endswith("norm.weight") else v) for k, v in state.items()}
-    cfg = {"model_type": arch, "vocab_size": config.vocab_size, "hidden_size": config.hidden_size,
-           "intermediate_size": config.intermediate_size, "num_hidden_layers": config.num_layers,
-           "num_attention_heads": config.num_heads, "num_key_value_heads": config.num_kv_heads,
-           "head_dim": config.head_dim, "rms_norm_eps": config.rms_norm_eps, "rope_theta": config.rope_theta,
-           "max_position_embeddings": config.max_position_embeddings,
-           "tie_word_embeddings": config.tie_word_embeddings}
-    if arch == "gemma3":
-        cfg.update(sliding_window=config.sliding_window, rope_local_base_freq=config.rope_local_theta,
-                   query_pre_attn_scalar=config.query_pre_attn_scalar, sliding_window_pattern=6)
+    cfg, hf_state = hf_checkpoint_parts(config, state, arch)
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.json").write_text(json.dumps(cfg))
     save_file({k: v.contiguous() for k, v in hf_state.items()}, str(path / "model.safetensors"))

@@ -81,6 +81,21 @@ def test_int8_repack_is_bit_identical():
     assert nl.row_weights(t, rows.shape[1]) == 96
 
 
+def check_products(t, rows, activations, variant, gen, own=None):
+    """The native product of layout ``t`` rows with 1, 2 (with a bias), 5 and 17 activation rows against
+    ``reference.gemm_blocks`` (and, given ``own(x, bias)``, against the format's own product)."""
+    n, k = rows.shape[0], nl.row_weights(t, rows.shape[1])
+    w = reference.dequantize_blocks(t, rows)
+    for m in (1, 2, 5, 17):
+        x = torch.randn(m, k, generator=gen)
+        bias = torch.randn(n, generator=gen) if m == 2 else None
+        y = ops.gemm_blocks(t, rows, x, bias, activations, variant=variant)
+        assert y.shape == (m, n)
+        check_close(y, reference.gemm_blocks(t, rows, x, bias, activations), x, w)
+        if own is not None:
+            check_close(y, own(x, bias), x, w)
+
+
 @needs_native
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("case", ["int8", "mxfp4", "nvfp4", "sparse24-int8"] + [f"int4-g{g}{'-sym' if s else ''}" for g, s in INT4_CASES])
@@ -98,14 +113,7 @@ def test_native_layout_gemm_equals_reference(variant, case, activations):
         else:
             g = int(case.split("-g")[1].split("-")[0])
             _, _, rows, t = int4_rows(n, k, g, case.endswith("sym"), gen)
-        w = reference.dequantize_blocks(t, rows)
-        for m in (1, 2, 5, 17):
-            x = torch.randn(m, k, generator=gen)
-            bias = torch.randn(n, generator=gen) if m == 2 else None
-            y = ops.gemm_blocks(t, rows, x, bias, activations, variant=variant)
-            ref = reference.gemm_blocks(t, rows, x, bias, activations)
-            assert y.shape == (m, n)
-            check_close(y, ref, x, w)
+        check_products(t, rows, activations, variant, gen)
 
 
 @needs_native
@@ -217,15 +225,8 @@ def test_fixed_activation_gemm_equals_reference(variant, spec):
     for k in (64, 416):  # 416: an odd number (13) of 32-weight blocks
         for n in (1, 3, 37):  # rows not a multiple of the 4-row tile
             fmt, packed, rows, t = fixed_rows(spec, n, k, gen)
-            w = reference.dequantize_blocks(t, rows)
-            for m in (1, 2, 5, 17):
-                x = torch.randn(m, k, generator=gen)
-                bias = torch.randn(n, generator=gen) if m == 2 else None
-                y = ops.gemm_blocks(t, rows, x, bias, activations, variant=variant)
-                ref = reference.gemm_blocks(t, rows, x, bias, activations)
-                assert y.shape == (m, n)
-                check_close(y, ref, x, w)
-                check_close(y, fmt.apply(x, packed, bias), x, w)  # and the format's own (reference-path) product
+            # and the format's own (reference-path) product
+            check_products(t, rows, activations, variant, gen, own=lambda x, bias: fmt.apply(x, packed, bias))
 
 
 @needs_native

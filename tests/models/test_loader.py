@@ -14,7 +14,7 @@ from safetensors.torch import save_file
 from bytediet.errors import CheckpointError
 from bytediet.models.arch import unpermute_rope
 from bytediet.models.loader import load_model
-from tests.conftest import model_from_state, random_state, tiny_config
+from tests.conftest import hf_checkpoint_parts, model_from_state, random_state, tiny_config
 
 HF_TO_GGUF = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
               "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
@@ -103,16 +103,7 @@ def test_hf_directory_loads_single_and_sharded(tmp_path, arch):
     config = tiny_config(arch)
     state = random_state(config, seed=12)
     model = model_from_state(config, state)
-    hf_state = {k: (v - 1.0 if arch == "gemma3" and k.endswith("norm.weight") else v) for k, v in state.items()}
-    cfg = {"model_type": arch, "vocab_size": config.vocab_size, "hidden_size": config.hidden_size,
-           "intermediate_size": config.intermediate_size, "num_hidden_layers": config.num_layers,
-           "num_attention_heads": config.num_heads, "num_key_value_heads": config.num_kv_heads,
-           "head_dim": config.head_dim, "rms_norm_eps": config.rms_norm_eps, "rope_theta": config.rope_theta,
-           "max_position_embeddings": config.max_position_embeddings,
-           "tie_word_embeddings": config.tie_word_embeddings}
-    if arch == "gemma3":
-        cfg.update(sliding_window=config.sliding_window, rope_local_base_freq=config.rope_local_theta,
-                   query_pre_attn_scalar=config.query_pre_attn_scalar, sliding_window_pattern=6)
+    cfg, hf_state = hf_checkpoint_parts(config, state, arch)
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     names = sorted(hf_state)
     half = len(names) // 2
