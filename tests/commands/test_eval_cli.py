@@ -30,7 +30,7 @@ def test_json_prints_exactly_one_object_with_every_task(ckpt, capsys):
     assert out.strip().count("\n") == 0  # ... on one line
     assert set(obj["tasks"]) == {"ppl", "passkey", "speed"}
     assert obj["config"] == {"weights": "int8", "kv_cache_dtype": "int8", "kv_codec": obj["config"]["kv_codec"],
-                             "kv_calibration": None}
+                             "kv_calibration": None, "native_blocks": {}}
     assert obj["tasks"]["ppl"]["kl"]["mean"] > 0
     assert len(obj["tasks"]["passkey"]["test"]["cells"]) == 2
 

@@ -199,3 +199,14 @@ def test_real_model_int8_weights_two_windows():
     assert 5 < fid["reference"]["ppl"] < 100  # a 135M model on Austen
     assert 0 < fid["kl"]["mean"] < 0.05 and fid["top1_agreement"] > 0.85
     assert abs(math.log(fid["ppl_ratio"])) < 0.05
+
+
+def test_real_gguf_as_loaded_runs_its_native_blocks():
+    """Without --weights, the test is the GGUF as the engine runs it (Q4_1 blocks natively, Q8_0 head), not its
+    fp32 dequantization: same values within the activation rounding, the bytes and the speed of the blocks."""
+    r = evaluate("default", windows=1, window_len=64, tasks=("ppl", "speed"), progress=False,
+                 settings=EvalSettings(windows=1, window_len=64, tasks=("ppl", "speed"), speed_new_tokens=4))
+    assert set(r["config"]["native_blocks"]) >= {"Q4_1"} and r["config"]["weights"] is None
+    fid, speed = r["tasks"]["ppl"], r["tasks"]["speed"]
+    assert 0 <= fid["kl"]["mean"] < 1e-3 and fid["top1_agreement"] > 0.95  # q16 activations: near exact
+    assert speed["weight_ratio"] < 0.3  # 4.5-bit blocks against the fp32 reference

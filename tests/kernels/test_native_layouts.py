@@ -154,6 +154,11 @@ def test_native_dequantize_equals_the_reference_decoders(variant):
         want = reference.dequantize_blocks(t, rows)
         assert got.shape == want.shape == (5, 512)
         assert torch.allclose(got, want, rtol=1e-6, atol=1e-7), t  # one rounding (fma) against two
+        # bf16 (the prefill GEMM on CPUs that multiply bf16 fast): the same values rounded to nearest even
+        got16 = ops.dequantize_blocks(t, rows, dtype=torch.bfloat16, variant=variant)
+        assert got16.dtype == torch.bfloat16 and torch.equal(got16, got.to(torch.bfloat16)), t
+        want16 = reference.dequantize_blocks(t, rows, torch.bfloat16)
+        assert torch.allclose(got16.float(), want16.float(), rtol=2 ** -7, atol=0), t  # at most one bf16 step
 
 
 # --- fp8, 2:4 sparse fp16, int8-w8a8: the formats whose activations are fixed by the format ------------------

@@ -199,3 +199,22 @@ def test_tensor_type_that_cannot_be_dequantized_names_tensor_and_type(tmp_path, 
     w.close()
     with pytest.raises(CheckpointError, match="blk.0.ffn_up.weight.*Q8_1"):
         load_model(tmp_path / "q81b.gguf", load_tokenizer=False)
+
+
+def test_load_as_engine_runs_keeps_quantized_blocks_only(tmp_path, tiny_llama):
+    from bytediet.models.loader import load_as_engine_runs, native_block_types
+
+    config, state, _ = tiny_llama
+    quantized, plain = tmp_path / "q4_1.gguf", tmp_path / "f32.gguf"
+    write_tiny_llama_gguf(quantized, config, state, qtype=gguf.GGMLQuantizationType.Q4_1)
+    write_tiny_llama_gguf(plain, config, state)
+    packed = load_as_engine_runs(quantized)
+    linears = len(list(packed.linear_layers()))
+    assert native_block_types(packed) == {"Q4_1": linears - 1}  # the tied lm_head is no checkpoint tensor
+    assert {lin.format.spec() for name, lin in packed.linear_layers() if name != "lm_head"} == {"gguf-q4_1"}
+    dequantized, _ = load_model(quantized, load_tokenizer=False)
+    assert native_block_types(dequantized) == {"Q4_1": linears - 1}  # what it ships, whatever this load made
+    assert {lin.format.spec() for _, lin in dequantized.linear_layers()} == {"fp32"}
+    ids = torch.tensor([1, 5, 9, 2])
+    torch.testing.assert_close(packed.score(ids), dequantized.score(ids), rtol=0.05, atol=0.05)
+    assert load_as_engine_runs(plain) is None  # float blocks: the fp32 load is how the engine runs it

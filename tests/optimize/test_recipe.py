@@ -82,8 +82,8 @@ def test_combined_step_says_whether_errors_compound(run):
         c = comb["compounding"]
         assert set(c) == {"kl_mean", "ppl_increase_pct", "compounds"}
         assert c["kl_mean"]["combined"] == comb["records"][0]["kl_mean"]
-    else:
-        assert "within the budget" in comb["note"]
+    else:  # nothing within budget alone, or the checkpoint's own weights won the weight step
+        assert "within the budget" in comb["note"] or "is already the combination" in comb["note"]
 
 
 def test_files_are_written_and_plots_are_not_empty(run):
@@ -108,16 +108,28 @@ def test_json_numbers_equal_the_table(run):
         for column, (_, key) in zip(table.columns, COLUMNS):
             assert list(column._cells) == [format_value(r.get(key)) for r in records], (step, key)
     assert report["recommendation"]["record"] == next(
-        r for s in STEPS[2:] for r in report["steps"][s]["records"] if r["label"] == report["recommendation"]["label"])
+        r for s in STEPS[1:] for r in report["steps"][s]["records"] if r["label"] == report["recommendation"]["label"])
+
+
+def test_a_budget_only_the_checkpoint_meets_recommends_it_as_loaded(run, tmp_path):
+    report = copy.deepcopy(run[0])
+    report["budget"] = {"max_ppl_increase": 100.0, "max_kl": 1e-12}  # only the unmodified model (KL 0) fits
+    rec = recommend(report)
+    assert rec["within_budget"] is True and rec["label"] == "w=as loaded kv=auto"
+    assert rec["run_config"]["weights"] is None and rec["run_config"]["kv_cache_dtype"] == "auto"
+    write_outputs(report, tmp_path)
+    assert "already the best" in (tmp_path / "summary.md").read_text()
 
 
 def test_impossible_budget_reports_the_closest(run, tmp_path):
     report = copy.deepcopy(run[0])
+    # as for a GGUF on its native blocks, the checkpoint as loaded differs a little from its float reference
+    report["steps"]["baseline"]["records"][0]["kl_mean"] = 1e-6
     report["budget"] = {"max_ppl_increase": 100.0, "max_kl": 1e-12}  # only KL binds: closest = least KL
     rec = recommend(report)
     assert rec["within_budget"] is False
     assert "no configuration meets the budget" in rec["reason"] and "closest" in rec["reason"]
-    closest = min((r for s in STEPS[2:] for r in report["steps"][s]["records"]), key=lambda r: r["kl_mean"])
+    closest = min((r for s in STEPS[1:] for r in report["steps"][s]["records"]), key=lambda r: r["kl_mean"])
     assert rec["label"] == closest["label"]
     write_outputs(report, tmp_path)
     assert "does NOT meet" in (tmp_path / "summary.md").read_text()
@@ -172,9 +184,9 @@ def test_a_killed_run_resumes_without_recomputing_finished_steps(ckpt, tmp_path,
     monkeypatch.setattr(tasks.FidelityTask, "measure_reference",
                         lambda *a, **k: pytest.fail("the reference was recomputed"))
     report = Recipe(options(ckpt), tmp_path, progress=False).run()
-    # weights (int8, int4-g32) and the baseline came from the cache; the activation step (weights only, the KV
-    # cache as loaded), the KV step and later were measured
-    acts = len(report["steps"]["activations"]["records"])
+    # weights (int8, int4-g32) and the baseline came from the cache; the activation step (its parents' speed
+    # again, then their variants: weights only, the KV cache as loaded), the KV step and later were measured
+    acts = len(report["steps"]["activations"]["records"]) + len(report["steps"]["activations"].get("parents", []))
     assert measured[:acts] == ["auto"] * acts
     assert sorted(measured[acts:acts + 2]) == ["int8", "turboquant3.5"]
     assert len(report["steps"]["weights"]["records"]) == 2
@@ -305,22 +317,32 @@ def test_activation_step_tries_the_best_weight_formats_other_precisions(ckpt, tm
 
     monkeypatch.setattr(ops, "native_library", lambda: object())  # as on a machine with the native kernels
     recipe = Recipe(options(ckpt, budget=Budget(2.0)), tmp_path, progress=False)
+    base = _stub_record(Candidate("baseline"), 0.0, 1.0, 4.0)  # an fp32 checkpoint: no native blocks to vary
     int8 = _stub_record(Candidate("weights", "int8"), 0.5, 0.97, 10.0)
     int4 = _stub_record(Candidate("weights", "int4-g32"), 3.0, 0.90, 16.0)  # outside the 2 % budget: no parent
     stubs = {"int8-a8": (0.7, 0.965, 14.0), "int8-af32": (0.5, 0.97, 8.0)}
-    measured = []
+    measured, again = [], []
 
     def measure(cand, use_cache=True):
         measured.append(cand.weight_spec)
         return _stub_record(cand, *stubs[cand.weights])
 
+    def speed_again(cand):  # the parent, measured again just before its variants: a little faster this time
+        again.append(cand.weight_spec)
+        return {"decode_tok_s": 12.5, "prefill_tok_s": 100.0}
+
     monkeypatch.setattr(recipe, "measure", measure)
-    report = {"steps": {"weights": {"records": [int8, int4]}}}
+    monkeypatch.setattr(recipe, "speed_again", speed_again)
+    report = {"steps": {"baseline": {"records": [base]}, "weights": {"records": [int8, int4]}}}
     with Bars(False) as bars:
         report["steps"]["activations"] = recipe._activations(bars, report)
     assert measured == ["int8-a8", "int8-af32"] and report["steps"]["activations"]["parents"] == [int8["label"]]
+    assert again == ["int8"]
+    assert report["steps"]["activations"]["parents_remeasured"] == [
+        {"label": int8["label"], "decode_tok_s": 12.5, "earlier_decode_tok_s": 10.0}]
     a8, af32 = report["steps"]["activations"]["records"]
     assert a8["activation_parent"] == int8["label"] and a8["step"] == "activations"
+    assert a8["activation_speedup"] == pytest.approx(14.0 / 12.5)  # against the parent of the same moment
     assert a8["activation_ppl_cost"] == pytest.approx(0.2) and a8["activation_top1_drop"] == pytest.approx(0.005)
     assert choose(weight_records(report), recipe.opt.budget).record is a8  # fastest, +0.2 points, −0.5 % top-1
     stubs["int8-a8"] = (0.9, 0.965, 14.0)  # +0.4 points: over the activation rule, though within the 2 % budget

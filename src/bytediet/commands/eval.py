@@ -153,7 +153,9 @@ def render_table(result: dict):
     from rich.table import Table
 
     cfg, ref = result["config"], result["reference_config"]
-    table = Table(title=f"{result['model_name']}: weights={cfg['weights'] or 'as loaded'}, kv={cfg['kv_codec']} "
+    blocks = cfg.get("native_blocks") or {}
+    weights = cfg["weights"] or ("as loaded" + (f" ({'/'.join(blocks)} blocks, native)" if blocks else ""))
+    table = Table(title=f"{result['model_name']}: weights={weights}, kv={cfg['kv_codec']} "
                         f"vs unmodified ({ref['dtype']}, kv={ref['kv_codec']})")
     for column, justify in (("task", "left"), ("metric", "left"), ("reference", "right"), ("test", "right")):
         table.add_column(column, justify=justify, no_wrap=True)

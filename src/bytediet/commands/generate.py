@@ -56,13 +56,15 @@ def run(args: argparse.Namespace) -> int:
 
 def engine_description(llm) -> dict:
     """What ran: the weight formats actually in the model, the KV codec (with its halves) and the KV block size."""
+    from ..kernels import dense_gemm
     from ..kernels.cpu.dispatch import describe
 
     cache = llm.config.cache
     return {"weights": ",".join(llm.model.weight_formats()),
             "kv_cache_dtype": llm.engine.runner.codec.describe(llm.model.config.head_dim),  # the codec that ran
             "block_size": cache.block_size,
-            "kernels": {**describe(), "decode_step": llm.engine.runner.decode_path}}
+            "kernels": {**describe(), "decode_step": llm.engine.runner.decode_path,
+                        "prefill_gemm": dense_gemm.describe()}}
 
 
 def generation_summary(llm, n_prompt: int, n_out: int, ttft: float, total: float) -> dict:

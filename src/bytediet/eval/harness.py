@@ -180,11 +180,15 @@ def evaluate(model_spec: str, *, weights: Optional[str] = None, kv_cache_dtype: 
     ``kv_calibration`` ({corpus, windows, window_len, seed}, as in a run config) calibrates a codec with
     calibration hooks on the unmodified model first (:func:`calibrated_kv_codec`).
 
+    The reference is the checkpoint's exact float values (a GGUF dequantized to fp32). Without ``weights`` the
+    test runs the checkpoint *as the engine loads it*: a GGUF's quantized blocks on the native kernels
+    (``config.native_blocks`` names them), so its speed is the speed ``generate`` and ``bench`` give.
+
     Returns a JSON-ready dict: ``model``, ``config``, ``reference_config``, ``settings`` and
     ``tasks[name]`` with each task's numbers (see :mod:`bytediet.eval.tasks`).  Pass a
     :class:`ReferenceCache` from an earlier call on the same model and settings to skip the reference.
     """
-    from ..models.loader import load_model
+    from ..models.loader import load_as_engine_runs, load_model
 
     settings = settings or EvalSettings(corpus=corpus, windows=windows, window_len=window_len, seed=seed,
                                         tasks=tuple(tasks))
@@ -192,11 +196,13 @@ def evaluate(model_spec: str, *, weights: Optional[str] = None, kv_cache_dtype: 
     reference = reference_cache(str(model_spec), settings, reference)
     t0 = time.perf_counter()
     model, tokenizer = load_model(model_spec, dtype=torch.float32)
+    as_loaded = None if weights else load_as_engine_runs(model_spec)
     kv = kv_cache_dtype
     if kv_calibration and kv_cache_dtype:
-        kv = calibrated_kv_codec(kv_cache_dtype, model, tokenizer, kv_calibration)
+        kv = calibrated_kv_codec(kv_cache_dtype, as_loaded or model, tokenizer, kv_calibration)
     result = evaluate_loaded(model, tokenizer, weights=weights, kv_cache_dtype=kv, settings=settings,
-                             reference=reference, progress=progress, model_label=str(model_spec))
+                             reference=reference, progress=progress, model_label=str(model_spec),
+                             test_model=as_loaded)
     result["config"]["kv_calibration"] = kv_calibration if kv is not kv_cache_dtype else None
     if hasattr(kv, "plan_table"):   # a budget: the per-layer plan calibration chose
         c = model.config
@@ -209,12 +215,16 @@ def evaluate(model_spec: str, *, weights: Optional[str] = None, kv_cache_dtype: 
 def evaluate_loaded(model, tokenizer, *, settings: EvalSettings, weights: Optional[str] = None,
                     kv_cache_dtype: Optional[str] = None, reference: Optional[ReferenceCache] = None,
                     corpus_ids: Optional[torch.Tensor] = None, progress: bool = True,
-                    model_label: str = "") -> dict:
+                    model_label: str = "", test_model=None) -> dict:
     """:func:`evaluate` on a model already loaded *unmodified* (it is quantized in place afterwards).
 
     ``corpus_ids`` (N,) replaces the tokenized ``settings.corpus`` (tests, pre-tokenized text).
+    ``test_model``: what the test runs instead of ``model`` quantized to ``weights`` (which must then be None) —
+    the checkpoint as the engine loads it (:func:`bytediet.models.loader.load_as_engine_runs`), or a
+    configuration built by the caller (``optimize``); ``model`` stays the reference.
     """
     from ..kvcache import get_kv_codec
+    from ..models.loader import native_block_types
 
     _check_tasks(settings.tasks)
     label = model_label or getattr(model, "source_path", "") or model.config.name
@@ -229,10 +239,14 @@ def evaluate_loaded(model, tokenizer, *, settings: EvalSettings, weights: Option
     if weights:
         from ..models.quantize import QuantizeConfig
 
+        if test_model is not None:
+            raise ValueError("evaluate_loaded: give either weights (to quantize model) or test_model, not both")
         QuantizeConfig(format=weights)  # fails early on an unknown weight format
     ref_subject = Subject("reference", model, tokenizer, "auto", None)
 
     def make_test() -> Subject:
+        if test_model is not None:
+            return Subject("test", test_model, tokenizer, kv, None)
         apply_weights(model, weights)  # the reference is done with the model: quantize it in place
         return Subject("test", model, tokenizer, kv, weights)
 
@@ -240,7 +254,8 @@ def evaluate_loaded(model, tokenizer, *, settings: EvalSettings, weights: Option
     return {
         "model": label,
         "model_name": model.config.name or label,
-        "config": {"weights": weights, "kv_cache_dtype": kv if isinstance(kv, str) else kv.name, "kv_codec": kv_name},
+        "config": {"weights": weights, "kv_cache_dtype": kv if isinstance(kv, str) else kv.name, "kv_codec": kv_name,
+                   "native_blocks": native_block_types(test_model) if test_model is not None else {}},
         "reference_config": {"weights": None, "kv_cache_dtype": "auto",
                              "kv_codec": get_kv_codec("auto", model.dtype).describe(),
                              "dtype": str(model.dtype).removeprefix("torch.")},

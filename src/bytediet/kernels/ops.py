@@ -166,17 +166,21 @@ def row_weights(ggml_type: int, row_bytes: int) -> int:
     return row_bytes // reference.block_bytes(ggml_type) * _block_weights(ggml_type)
 
 
-def dequantize_blocks(ggml_type: int, blocks: torch.Tensor, variant: Optional[str] = None) -> torch.Tensor:
-    """See :func:`bytediet.kernels.reference.dequantize_blocks` (the native decoder fuses and parallelises it)."""
+def dequantize_blocks(ggml_type: int, blocks: torch.Tensor, dtype: torch.dtype = torch.float32,
+                      variant: Optional[str] = None) -> torch.Tensor:
+    """See :func:`bytediet.kernels.reference.dequantize_blocks` (the native decoder fuses and parallelises it;
+    float32 and bfloat16 are written directly, other dtypes converted from float32)."""
     lib = _library(variant)
     if lib is None or int(ggml_type) not in NATIVE_GEMM_TYPES or blocks.device.type != "cpu":
-        return reference.dequantize_blocks(ggml_type, blocks)
+        return reference.dequantize_blocks(ggml_type, blocks, dtype)
     n, k = blocks.shape[0], row_weights(ggml_type, blocks.shape[1])
     blocks = blocks if blocks.is_contiguous() else blocks.contiguous()
-    out = torch.empty(n, k, dtype=torch.float32)
-    if lib.bd_dequantize_blocks(int(ggml_type), blocks.data_ptr(), n, k, out.data_ptr()) != 0:
-        return reference.dequantize_blocks(ggml_type, blocks)
-    return out
+    direct = dtype if dtype in (torch.float32, torch.bfloat16) else torch.float32
+    out = torch.empty(n, k, dtype=direct)
+    decode = lib.bd_dequantize_blocks_bf16 if direct == torch.bfloat16 else lib.bd_dequantize_blocks
+    if decode(int(ggml_type), blocks.data_ptr(), n, k, out.data_ptr()) != 0:
+        return reference.dequantize_blocks(ggml_type, blocks, dtype)
+    return out.to(dtype)
 
 
 # Products with at least this many activation rows (prefill chunks, scoring) decode the weight to float32 once

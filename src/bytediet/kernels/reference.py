@@ -182,16 +182,17 @@ def dequantize_rows_q8(q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
     return (q.float().reshape(m, -1, ACTIVATION_BLOCK) * d[..., None]).reshape(m, k)
 
 
-def dequantize_blocks(ggml_type: int, blocks: torch.Tensor) -> torch.Tensor:
-    """GGML blocks (N, bytes per row) uint8 → weight (N, K) float32 (bit-identical to ``gguf.quants``).
+def dequantize_blocks(ggml_type: int, blocks: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """GGML blocks (N, bytes per row) uint8 → weight (N, K) float32 (bit-identical to ``gguf.quants``), then
+    rounded to ``dtype`` (bfloat16: to nearest even, for a bf16 GEMM).
 
     Also takes bytediet's own layouts (:mod:`bytediet.kernels.native_layouts`, type ids ≥ 100)."""
     if native_layouts.is_native_layout(ggml_type):
-        return native_layouts.dequantize(ggml_type, blocks)
+        return native_layouts.dequantize(ggml_type, blocks).to(dtype)
     decode = DECODERS[ggml_type]
     n = blocks.shape[0]
     values = decode(blocks.reshape(-1, block_bytes(ggml_type)))
-    return values.reshape(n, -1)
+    return values.reshape(n, -1).to(dtype)
 
 
 def block_bytes(ggml_type: int) -> int:

@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..kernels import ops
+from ..kernels import dense_gemm, ops
 from ..kvcache.base import AttentionMetadata, LayerKVCache
 from ..quant.base import Packed, WeightFormat
 
@@ -71,11 +71,16 @@ class Linear(nn.Module):
         native = self.native_weight() if x.device.type == "cpu" else None
         if (native is not None and x.numel() >= ops.DENSE_GEMM_MIN_ROWS * self.in_features
                 and self.format.activations in ("q16", "f32")):
-            # compute-bound (a prefill chunk): decode the weight once, then the float GEMM. Exact activations,
-            # so only for q16 (int16-like already) and f32; q8 keeps its integer kernel, whose measured cost
-            # the user chose, and q8-token (int8-w8a8) the rounding that defines the format.
-            w = ops.dequantize_blocks(native[0], native[1]).to(x.dtype)
-            return F.linear(x, w, None if self.bias is None else self.bias.to(x.dtype))
+            # compute-bound (a prefill chunk): decode the weight once, then the float GEMM — in bf16 for q16 where
+            # this CPU multiplies bf16 measurably faster (kernels/dense_gemm.py), exact fp32 for f32. q8 keeps
+            # its integer kernel, whose measured cost the user chose, and q8-token (int8-w8a8) the rounding that
+            # defines the format.
+            gemm = x.dtype
+            if x.dtype == torch.float32 and self.format.activations == "q16":
+                gemm = dense_gemm.dtype()
+            w = ops.dequantize_blocks(native[0], native[1], dtype=gemm)
+            y = F.linear(x.to(gemm), w).to(x.dtype)
+            return y if self.bias is None else y + self.bias.to(x.dtype)
         if self.interleaved is not None:  # the same weight, laid out for the native kernels (ops.repack_x4)
             return ops.gemm_x4(self.format.ggml_type, self.interleaved, x, self.bias, self.format.activations)
         if native is not None:

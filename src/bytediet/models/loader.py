@@ -130,6 +130,32 @@ def load_model(spec: str | os.PathLike = "default", dtype: str | torch.dtype = t
     return model, tokenizer
 
 
+FLOAT_TYPES = ("F32", "F16", "BF16")
+
+
+def native_block_types(model: CausalLM) -> dict[str, int]:
+    """{GGUF block type: linear layers} of the quantized blocks ``model``'s checkpoint ships for its linear layers
+    (``{"Q4_1": 210}``); empty for a float or Hugging Face checkpoint. Non-empty means the engine runs this
+    checkpoint on those blocks by default (``keep_packed``), not on the float dequantization an fp32 load gives."""
+    linear = {f"{name}.weight" for name, _ in model.linear_layers()}
+    types: dict[str, int] = {}
+    for name, kind in getattr(model, "source_types", {}).items():
+        if name in linear and kind not in FLOAT_TYPES:
+            types[kind] = types.get(kind, 0) + 1
+    return dict(sorted(types.items()))
+
+
+def load_as_engine_runs(spec: str | os.PathLike, dtype: str | torch.dtype = torch.float32,
+                        activations: str = "q16") -> Optional[CausalLM]:
+    """The checkpoint ``spec`` as ``LLM(spec)`` runs it — GGUF blocks packed — when that differs from its
+    dequantized ``load_model(spec)``; None for a checkpoint without quantized blocks (the two are the same)."""
+    path = resolve_model_path(spec)
+    if path.is_dir():
+        return None
+    model, _ = load_model(path, dtype=dtype, keep_packed=True, load_tokenizer=False, activations=activations)
+    return model if native_block_types(model) else None
+
+
 def _bare_format(spec: str) -> str:
     """A weight spec without an explicit activation part (``int4-g64-a8`` → ``int4-g64``)."""
     return "-".join(p for p in spec.split("-") if p not in ("a8", "a16", "af32"))

@@ -56,6 +56,7 @@ class Candidate:
     kv: str = "auto"
     overrides: tuple[tuple[str, str], ...] = ()  # (fnmatch pattern, weight spec), first match wins
     method: Optional[str] = None  # calibration method (bytediet.calibrate.base.CALIBRATION_METHODS)
+    activations: Optional[str] = None  # the checkpoint's own blocks at this activation precision (weights None)
 
     @classmethod
     def for_weights(cls, step: str, spec: str, kv: str = "auto",
@@ -72,13 +73,14 @@ class Candidate:
     @property
     def label(self) -> str:
         parts = [f"w={self.weight_spec or 'as loaded'}"]
+        parts += [f"act={self.activations}"] if self.activations else []
         parts += [f"{pattern}={spec}" for pattern, spec in self.overrides]
         parts.append(f"kv={self.kv}")
         return " ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
         return {"step": self.step, "label": self.label, "weights": self.weights, "method": self.method,
-                "kv": self.kv, "overrides": dict(self.overrides)}
+                "kv": self.kv, "overrides": dict(self.overrides), "activations": self.activations}
 
 
 @dataclass
@@ -246,6 +248,18 @@ def activation_specs(spec: str) -> list[str]:
             continue  # a format whose spec cannot name the mode
         out.append(f"{variant}+{method}" if method else variant)
     return out
+
+
+def as_loaded_activation_modes(model) -> list[str]:
+    """The activation precisions other than the default (``q16``) that ``model``'s native block layers offer —
+    the checkpoint's own blocks (a GGUF's Q4_1, say) at llama.cpp's int8 activations or float ones; ``[]`` when
+    no linear layer has a native kernel with the choice."""
+    from ..quant.common import ACTIVATION_MODES, NativeActivations
+
+    native = [lin.format for _, lin in model.linear_layers() if isinstance(lin.format, NativeActivations)]
+    if not native:
+        return []
+    return [mode for mode in ACTIVATION_MODES if mode != native[0].activations]
 
 
 def _method_families(method: str) -> tuple[str, ...]:

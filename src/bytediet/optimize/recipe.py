@@ -35,7 +35,8 @@ import torch
 from ..errors import BytedietError
 from ..progress import Bars
 from .budget import Budget, activation_cost, best_of_step, compounding, objective_key, within
-from .candidates import Candidate, activation_specs, calibrated_specs, kv_specs, weight_specs
+from .candidates import (Candidate, activation_specs, as_loaded_activation_modes, calibrated_specs, kv_specs,
+                         weight_specs)
 from .state import StepCache, model_identity, run_key
 
 STEPS = ("profile", "baseline", "weights", "activations", "kv", "combined", "sensitive")
@@ -91,6 +92,7 @@ def record(cand: Candidate, result: dict, context: int) -> dict:
     test = speed["test"]
     return {
         **cand.to_dict(), "kv_codec": result["config"]["kv_codec"],
+        "native_blocks": result["config"].get("native_blocks") or {},
         "ppl_ref": fid["reference"]["ppl"], "ppl": fid["test"]["ppl"],
         "ppl_increase_pct": 100.0 * (fid["ppl_ratio"] - 1.0),
         "kl_mean": fid["kl"]["mean"], "kl_p99": fid["kl"]["p99"], "kl_max": fid["kl"]["max"],
@@ -120,14 +122,18 @@ class Recipe:
         self.out = Path(out_dir)
         self.on_step = on_step or (lambda name, report: None)
         self.progress = progress
+        self.as_loaded = None  # the checkpoint as the engine runs it, when that is not its float values (_load)
 
     # ------------------------------------------------------------------ set-up
     def _load(self) -> None:
         from ..eval.harness import EvalSettings, reference_cache
-        from ..models.loader import load_model
+        from ..models.loader import load_as_engine_runs, load_model
 
         o = self.opt
+        # the reference and the source every weight format is quantized from: the checkpoint's float values;
+        # "as loaded" (the baseline and the KV candidates): how the engine runs it — a GGUF on its native blocks
         self.model, self.tokenizer = load_model(o.model, dtype=torch.float32)
+        self.as_loaded = load_as_engine_runs(o.model)
         self.label = getattr(self.model, "source_path", "") or str(o.model)
         self.corpus_ids = _tokenize_corpus(self.tokenizer, o.corpus)
         passkey = {"passkey_lengths": o.passkey_lengths, "passkey_depths": o.passkey_depths} if o.passkey_lengths else {}
@@ -148,6 +154,23 @@ class Recipe:
         return self.reference.has_logits(self.settings.windows) and set(self.settings.tasks) <= set(
             self.reference.results)
 
+    def speed_again(self, cand: Candidate) -> dict:
+        """``cand``'s decode and prefill tok/s measured once more (the speed task alone), cached apart from its
+        record so that a resumed run reuses it."""
+        from ..eval.harness import evaluate_loaded
+
+        hit = self.cache.get("speed_again", cand.label)
+        if hit is not None:
+            return hit
+        model = self.build(cand)
+        result = evaluate_loaded(self.model, self.tokenizer, settings=replace(self.settings, tasks=("speed",)),
+                                 kv_cache_dtype=self.kv_codec(cand.kv, model), reference=self.reference,
+                                 corpus_ids=self.corpus_ids, progress=False, model_label=self.label, test_model=model)
+        test = result["tasks"]["speed"]["test"]
+        again = {"decode_tok_s": test["decode_tok_s"], "prefill_tok_s": test["prefill_tok_s"]}
+        self.cache.put("speed_again", cand.label, again)
+        return again
+
     def measure(self, cand: Candidate, use_cache: bool = True) -> Optional[dict]:
         """The record of ``cand`` (from the cache, else measured now); None if the model cannot take it."""
         from ..eval.harness import evaluate_loaded
@@ -163,9 +186,9 @@ class Recipe:
             self.cache.put("configs", cand.label, {"error": str(exc)})
             return None
         kv = self.kv_codec(cand.kv, model)
-        result = evaluate_loaded(model, self.tokenizer, settings=self.settings, kv_cache_dtype=kv,
+        result = evaluate_loaded(self.model, self.tokenizer, settings=self.settings, kv_cache_dtype=kv,
                                  reference=self.reference, corpus_ids=self.corpus_ids, progress=False,
-                                 model_label=self.label)
+                                 model_label=self.label, test_model=model)
         rec = record(cand, result, self.opt.context)
         rec["kv_calibrated"] = not isinstance(kv, str)
         self.cache.put("configs", cand.label, rec)
@@ -195,11 +218,15 @@ class Recipe:
         return calib, self._calib_windows
 
     def build(self, cand: Candidate):
-        """A copy of the loaded model with ``cand``'s weights (rounded, or calibrated by ``cand.method``)."""
+        """A copy of the loaded model with ``cand``'s weights (rounded, or calibrated by ``cand.method``); without
+        weights, the checkpoint as the engine runs it (a GGUF's native blocks, at ``cand.activations``)."""
         from ..calibrate import calibrate_and_quantize
+        from ..models.loader import set_activations
         from ..models.quantize import QuantizeConfig, quantize
 
-        model = copy.deepcopy(self.model)
+        model = copy.deepcopy(self.model if cand.weights or self.as_loaded is None else self.as_loaded)
+        if cand.activations:
+            set_activations(model, cand.activations)
         if cand.weights:
             config = QuantizeConfig(format=cand.weights, overrides=dict(cand.overrides))
             if cand.method:
@@ -223,7 +250,7 @@ class Recipe:
             if out.is_dir():  # left by an earlier run whose recommendation was calibrated
                 shutil.rmtree(out)
             return None
-        cand = Candidate(rec["step"], rec["weights"], rec["kv"], tuple(rec["overrides"].items()), rec["method"])
+        cand = self._candidate_of(rec)
         save_quantized(self.build(cand), self.label, out, overwrite=True)
         config = report["recommendation"]["run_config"]
         config["notes"] = {**config["notes"], "reference_model": config["model"], "calibration": rec["method"]}
@@ -237,7 +264,8 @@ class Recipe:
         hit = self.cache.get("steps", "profile")
         if hit is None:
             with bars.spin("step 1/5: profiling prefill and decode on this machine"):
-                hit = profile(self.model, self.tokenizer, self.corpus_ids, prompt_len=self.opt.profile_prompt_len,
+                hit = profile(self.as_loaded or self.model, self.tokenizer, self.corpus_ids,
+                              prompt_len=self.opt.profile_prompt_len,
                               new_tokens=self.opt.profile_new_tokens, threads=self.opt.threads)
             self.cache.put("steps", "profile", hit)
         return hit
@@ -258,30 +286,46 @@ class Recipe:
         return records
 
     def _activations(self, bars, report: dict) -> dict:
-        """The best weight formats within budget at their other activation precisions, each record annotated
-        with its cost against the same weights at the spec's own precision (:func:`.budget.activation_cost`)."""
+        """The best weight configurations within budget — the checkpoint as loaded (a GGUF's own blocks) among
+        them — at their other activation precisions, each record annotated with its cost against the same weights
+        at their default precision (:func:`.budget.activation_cost`). Each parent is measured again here, just
+        before its variants, so the speed-ups compare runs of one moment, not of minutes apart on a shared machine."""
         from ..kernels import ops
 
         if ops.native_library() is None:
             return {"records": [], "note": "no native kernels on this machine: the activation precision only "
                                            "changes the reference path's rounding, not its speed"}
         b, objective = self.opt.budget, self.opt.objective
-        inside = sorted((r for r in report["steps"]["weights"]["records"] if within(r, b) and not r["overrides"]),
-                        key=lambda r: objective_key(r, objective))
-        parents = inside[:ACTIVATION_PARENTS["quick" if self.opt.quick else "full"]]
+        pool = report["steps"].get("baseline", {}).get("records", []) + report["steps"]["weights"]["records"]
+        inside = sorted((r for r in pool if within(r, b) and not r["overrides"]), key=lambda r: objective_key(r, objective))
+        parents = [p for p in inside if self._activation_variants(p)][:ACTIVATION_PARENTS["quick" if self.opt.quick
+                                                                                           else "full"]]
         if not parents:
-            return {"records": [], "note": "no weight format is within the budget, so no activation precision "
-                                           "is tried"}
-        plan = [(Candidate.for_weights("activations", spec), p) for p in parents
-                for spec in activation_specs(_weight_spec(p))]
-        if not plan:
-            return {"records": [], "note": "the best weight formats offer no choice of activation precision"}
-        records = []
-        for cand, parent in bars.track(plan, "step 2/5: activation precision of the best weight formats"):
-            rec = self.measure(cand)
-            if rec is not None:
-                records.append({**rec, **activation_cost(rec, parent)})
-        return {"records": records, "parents": [p["label"] for p in parents]}
+            return {"records": [], "note": "no weight configuration within the budget offers a choice of "
+                                           "activation precision"}
+        records, remeasured = [], []
+        for parent in bars.track(parents, "step 2/5: activation precision of the best weight configurations"):
+            fresh = {**parent, **self.speed_again(self._candidate_of(parent))}
+            remeasured.append({"label": parent["label"], "decode_tok_s": fresh["decode_tok_s"],
+                               "earlier_decode_tok_s": parent["decode_tok_s"]})
+            for cand in self._activation_variants(parent):
+                rec = self.measure(cand)
+                if rec is not None:
+                    records.append({**rec, **activation_cost(rec, fresh)})
+        return {"records": records, "parents": [p["label"] for p in parents], "parents_remeasured": remeasured}
+
+    def _activation_variants(self, parent: dict) -> list[Candidate]:
+        """``parent``'s weights at the activation precisions its native kernels offer besides its own."""
+        if parent["weights"]:
+            return [Candidate.for_weights("activations", spec) for spec in activation_specs(_weight_spec(parent))]
+        if self.as_loaded is None or parent.get("activations"):
+            return []
+        return [Candidate("activations", activations=mode) for mode in as_loaded_activation_modes(self.as_loaded)]
+
+    @staticmethod
+    def _candidate_of(record: dict) -> Candidate:
+        return Candidate(record["step"], record["weights"], record["kv"], tuple(record["overrides"].items()),
+                         record.get("method"), record.get("activations"))
 
     def _sensitive(self, bars, report: dict, pool: list[dict]) -> list[dict]:
         """Retry the best failing weight configuration with its sensitive layers at higher precision."""
@@ -351,7 +395,11 @@ class Recipe:
         if best_w is None or best_kv is None:
             missing = "weight format" if best_w is None else "KV codec"
             return {"records": [], "note": f"no {missing} is within the budget alone, so there is nothing to combine"}
-        cand = Candidate("combined", best_w["weights"], best_kv["kv"], method=best_w.get("method"))
+        if not best_w["weights"] and not best_w.get("activations"):
+            return {"records": [], "note": "the checkpoint's own weights beat every weight format: the KV step's "
+                                           f"winner ({best_kv['label']}) is already the combination"}
+        cand = Candidate("combined", best_w["weights"], best_kv["kv"], method=best_w.get("method"),
+                         activations=best_w.get("activations"))
         recs = self._sweep(bars, "step 3/5: combining the winners", [cand])
         return {"records": recs, "parts": [best_w["label"], best_kv["label"]],
                 "compounding": compounding(best_w, best_kv, recs[0]) if recs else None}
@@ -363,9 +411,16 @@ def compressed_records(report: dict) -> list[dict]:
             for r in report["steps"].get(step, {}).get("records", [])]
 
 
+def candidate_records(report: dict) -> list[dict]:
+    """What the recommendation chooses from: the checkpoint as loaded (a GGUF's own blocks may already beat every
+    re-quantization: then the answer is to keep them) and every measured configuration."""
+    return report["steps"].get("baseline", {}).get("records", []) + compressed_records(report)
+
+
 def weight_records(report: dict) -> list[dict]:
-    """The weight-only configurations: every weight format, and the activation precisions tried on the best."""
-    return [r for step in ("weights", "activations") for r in report["steps"].get(step, {}).get("records", [])]
+    """The weight-only configurations: the checkpoint as loaded, every weight format, and the activation
+    precisions tried on the best."""
+    return [r for step in ("baseline", "weights", "activations") for r in report["steps"].get(step, {}).get("records", [])]
 
 
 def _weight_spec(record: dict) -> str:

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from .budget import Budget, choose, within
-from .recipe import STEPS, compressed_records
+from .recipe import STEPS, candidate_records
 from .run_config import RunConfig
 
 # (column title, record key): the table shows exactly these JSON values, formatted by format_value
@@ -42,10 +42,10 @@ def recommend(report: dict) -> dict:
         for r in report["steps"].get(step, {}).get("records", []):
             r["within_budget"] = within(r, budget)
     base = report["steps"]["baseline"]["records"][0]
-    choice = choose(compressed_records(report), budget, report["objective"])
+    choice = choose(candidate_records(report), budget, report["objective"])
     rec = choice.record or base
     config = RunConfig(model=report["model"], weights=rec["weights"], weight_overrides=rec["overrides"],
-                       kv_cache_dtype=rec["kv"],
+                       kv_cache_dtype=rec["kv"], engine={"activations": rec["activations"]} if rec.get("activations") else {},
                        kv_calibration=report.get("kv_calibration") if rec.get("kv_calibrated") else None, notes={
                            "source": "bytediet optimize", "objective": report["objective"],
                            "budget": report["budget"], "within_budget": choice.within_budget,
@@ -117,9 +117,14 @@ def summary_markdown(report: dict) -> str:
     if notes.get("calibration"):
         lines += [f"The {notes['calibration']}-calibrated weights are saved in `{rec['run_config']['model']}/` "
                   f"(recommended.json loads them; no calibration at load time).", ""]
-    if vs["decode_ratio"] < 1 and report["objective"] == "throughput":
-        lines += ["On this machine no compressed configuration decodes faster than the unmodified model "
-                  "(the formats dequantize in PyTorch before each matmul); the gain is memory.", ""]
+    blocks = steps["baseline"]["records"][0].get("native_blocks") or {}
+    if not r["weights"] and not r.get("activations") and r["kv"] == "auto":
+        own = f"its own {'/'.join(blocks)} blocks" if blocks else "its own weights"
+        lines += [f"The checkpoint as loaded ({own}, run natively) is already the best on {report['objective']} "
+                  "within the budget: no weight format, activation precision or KV codec measured here beats it.", ""]
+    elif vs["decode_ratio"] < 1 and report["objective"] == "throughput":
+        lines += ["On this machine the recommendation decodes slower than the checkpoint as loaded; it is chosen "
+                  "for what it saves in memory within the budget.", ""]
     lines += ["## What was measured", "", f"1. **Measure first.** {steps['profile']['sentence']}"]
     parts = []
     for step, noun in (("weights", "weight formats"), ("kv", "KV-cache codecs")):
@@ -164,7 +169,7 @@ def activation_sentence(step: dict) -> str:
     recs = step.get("records", [])
     if not recs:
         return f"Activation precision: {step.get('note', 'not measured')}."
-    parts = [f"`{r['weights']}` {r['activation_ppl_cost']:+.2f} PPL points, top-1 "
+    parts = [f"`{r['label']}` {r['activation_ppl_cost']:+.2f} PPL points, top-1 "
              f"{-100 * r['activation_top1_drop']:+.1f}%, decode {r['activation_speedup']:.2f}x "
              f"({'accepted' if r['within_budget'] else 'rejected'})" for r in recs]
     return "Activation precision (against the same weights): " + "; ".join(parts) + "."

@@ -39,7 +39,7 @@ from ..errors import ConfigError
 
 VERSION = 1
 ENGINE_KEYS = ("kv_cache_memory", "block_size", "num_blocks", "max_num_batched_tokens", "max_num_seqs",
-               "enable_prefix_caching", "enable_chunked_prefill", "seed", "num_threads", "keep_packed")
+               "enable_prefix_caching", "enable_chunked_prefill", "seed", "num_threads", "keep_packed", "activations")
 DTYPES = ("float32", "bfloat16", "float16")
 _KEYS = ("bytediet_run_config", "model", "dtype", "weights", "weight_overrides", "kv_cache_dtype", "kv_calibration",
          "kv_calibration_state", "engine", "notes")
@@ -74,6 +74,11 @@ class RunConfig:
         unknown = sorted(set(self.engine) - set(ENGINE_KEYS))
         if unknown:
             raise ConfigError(f"run config: unknown engine setting(s) {unknown}; known: {', '.join(ENGINE_KEYS)}")
+        from ..quant.common import ACTIVATION_MODES
+
+        if self.engine.get("activations", "q16") not in ACTIVATION_MODES:
+            raise ConfigError(f"run config: engine.activations must be one of {', '.join(ACTIVATION_MODES)}, got "
+                              f"{self.engine['activations']!r}")
         from ..kvcache import get_kv_codec
 
         try:
@@ -167,7 +172,10 @@ def load_run_config(path: str | Path) -> dict[str, Any]:
         from ..models.loader import load_model
         from ..models.quantize import quantize
 
-        model, tokenizer = load_model(config.model, dtype=config.dtype)
+        # as LLM(model) would load it: a GGUF's own blocks stay packed unless weights re-quantize them
+        model, tokenizer = load_model(config.model, dtype=config.dtype, weights=None,
+                                      keep_packed=not config.weights and config.engine.get("keep_packed", True),
+                                      activations=config.engine.get("activations", "q16"))
         if config.weights:
             quantize(model, config.quantize_config())
         kwargs.update(weights=None, loaded=(model, tokenizer))

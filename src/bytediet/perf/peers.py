@@ -73,8 +73,11 @@ class BytedietSystem:
         from ..kernels.cpu.dispatch import describe
         from ..models.native_decode import why_not_native
 
+        from ..kernels import dense_gemm
+
         reason = why_not_native(self.model, self.model.new_caches(1, self.block_size, self.kv_codec()))
-        return {**describe(), "decode_step": "native" if reason is None else f"modules ({reason})"}
+        return {**describe(), "decode_step": "native" if reason is None else f"modules ({reason})",
+                "prefill_gemm": dense_gemm.describe()}
 
     def engine(self, concurrency: int, lengths: Sequence[int]):
         """An LLM with ``max_num_seqs = concurrency`` and a KV pool that holds the longest requests at once

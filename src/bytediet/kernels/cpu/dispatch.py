@@ -23,6 +23,7 @@ SIGNATURES = {  # C ABI of csrc/*.cpp: name → (restype, argtypes)
     "bd_isa": (ctypes.c_char_p, []),
     "bd_gemm_blocks": (_INT, [_INT, _VOID_P, _LONG, _LONG, _VOID_P, _LONG, _VOID_P, _VOID_P, _INT]),
     "bd_dequantize_blocks": (_INT, [_INT, _VOID_P, _LONG, _LONG, _VOID_P]),
+    "bd_dequantize_blocks_bf16": (_INT, [_INT, _VOID_P, _LONG, _LONG, _VOID_P]),
     "bd_quantize_rows_q8": (None, [_VOID_P, _LONG, _LONG, _VOID_P, _VOID_P, _VOID_P]),
     "bd_repack_x4": (_INT, [_INT, _VOID_P, _LONG, _LONG, _VOID_P]),
     "bd_x4_row_bytes": (_LONG, [_INT, _LONG]),

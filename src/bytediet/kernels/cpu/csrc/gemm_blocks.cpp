@@ -381,8 +381,19 @@ int gemm_blocks_f32(int ggml_type, const uint8_t* w, long N, long K, const Float
 // Rows [0, N) of W decoded to float32 (N, K): codes widened, times the sub-block scale, plus its term, times
 // the row scale — the reference decoders' values, for the compute-bound path (large batches) that multiplies
 // with a float GEMM.
-template <class F>
-void dequantize_rows(const uint8_t* w, long N, long K, float* out) {
+// 8 floats stored as float32, or as bfloat16 rounded to nearest even (torch's .to(torch.bfloat16) for finite values).
+inline void store8(float* o, __m256 v) { _mm256_storeu_ps(o, v); }
+
+inline void store8(uint16_t* o, __m256 v) {
+    const __m256i b = _mm256_castps_si256(v);
+    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+    const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(b, _mm256_add_epi32(_mm256_set1_epi32(0x7FFF), odd)), 16);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(o),
+                     _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1)));
+}
+
+template <class F, class Out>
+void dequantize_rows(const uint8_t* w, long N, long K, Out* out) {
     const long nsuper = K / (32 * F::SUB), row_bytes = F::HEADER + nsuper * F::BYTES;
     parallel_run([&](int t, int nt) {
         long b, e;
@@ -391,7 +402,7 @@ void dequantize_rows(const uint8_t* w, long N, long K, float* out) {
         for (long n = b; n < e; ++n) {
             const uint8_t* row = w + n * row_bytes;
             const float rs = F::row_scale(row);
-            float* o = out + n * K;
+            Out* o = out + n * K;
             for (long i = 0; i < nsuper; ++i) {
                 const uint8_t* blk = row + F::HEADER + i * F::BYTES;
                 F::scales(blk, sc);
@@ -403,7 +414,7 @@ void dequantize_rows(const uint8_t* w, long N, long K, float* out) {
                         const __m256 d = _mm256_set1_ps(k < 2 ? sc.d_lo[j] : sc.d_hi[j]);
                         __m256 v = _mm256_fmadd_ps(q[k], d, m);
                         if constexpr (F::HEADER != 0) v = _mm256_mul_ps(v, _mm256_set1_ps(rs));
-                        _mm256_storeu_ps(o + (i * F::SUB + j) * 32 + 8 * k, v);
+                        store8(o + (i * F::SUB + j) * 32 + 8 * k, v);
                     }
                 }
             }
@@ -412,6 +423,10 @@ void dequantize_rows(const uint8_t* w, long N, long K, float* out) {
 }
 
 int dequantize_blocks(int ggml_type, const uint8_t* w, long N, long K, float* out) {
+    return with_format(ggml_type, [&](auto f) { dequantize_rows<decltype(f)>(w, N, K, out); });
+}
+
+int dequantize_blocks_bf16(int ggml_type, const uint8_t* w, long N, long K, uint16_t* out) {
     return with_format(ggml_type, [&](auto f) { dequantize_rows<decltype(f)>(w, N, K, out); });
 }
 
@@ -454,6 +469,14 @@ int bd_dequantize_blocks(int ggml_type, const uint8_t* w, long N, long K, float*
     if (sb == 0) return -1;
     if (K % sb) return -2;
     return bd::dequantize_blocks(ggml_type, w, N, K, out);
+}
+
+// The same values rounded to bfloat16 (for a bf16 GEMM on CPUs that multiply bf16 fast).
+int bd_dequantize_blocks_bf16(int ggml_type, const uint8_t* w, long N, long K, uint16_t* out) {
+    const int sb = bd::super_block_weights(ggml_type);
+    if (sb == 0) return -1;
+    if (K % sb) return -2;
+    return bd::dequantize_blocks_bf16(ggml_type, w, N, K, out);
 }
 
 void bd_quantize_rows_q8(const float* x, long M, long K, int8_t* q, float* d, float* s) {

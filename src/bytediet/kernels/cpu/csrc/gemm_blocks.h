@@ -38,6 +38,7 @@ int gemm_blocks_f32(int ggml_type, const uint8_t* w, long N, long K, const Float
                     long ldy, const float* bias);
 int super_block_weights(int ggml_type);
 int dequantize_blocks(int ggml_type, const uint8_t* w, long N, long K, float* out);
+int dequantize_blocks_bf16(int ggml_type, const uint8_t* w, long N, long K, uint16_t* out);
 
 }  // namespace bd
 
