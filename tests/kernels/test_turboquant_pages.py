@@ -16,20 +16,24 @@ from tests.kernels.test_ops_decode_step import BLOCK, VARIANTS, batch, random_sp
 pytestmark = pytest.mark.skipif(not VARIANTS, reason="no native kernels on this machine")
 
 
-def tq_pages(gen, slots, kv_heads, head_dim, layout, calibrated, seed):
-    """Random earlier tokens written into TurboQuant pages of ``layout`` [(channels, bits), …]."""
+def tq_pages(gen, slots, kv_heads, head_dim, layout, calibrated, seed, inv_freq=None):
+    """Random earlier tokens written into TurboQuant pages of ``layout`` [(channels, bits), …]; ``calibrated``:
+    False, True (channel order and a constant mean) or "rope" (channel order and, given the layer's ``inv_freq``,
+    a pre-RoPE mean: calibrated keys)."""
     parts = []
     for i, (n, b) in enumerate(layout):
         q = TurboQuantizer(n, b, "mse", "hadamard" if i == 0 else "qr", seed + 17 * i)
         parts.append(TurboQuantPart(n, b, q.R, q.codebook, torch.zeros(slots, kv_heads, dtype=torch.float16),
                                     torch.zeros(slots, kv_heads, n * b // 8, dtype=torch.uint8)))
-    channels = mean = None
+    channels = mean = rope_mean = None
     if calibrated:
         channels = torch.stack([torch.randperm(head_dim, generator=gen) for _ in range(kv_heads)])
-        mean = torch.randn(kv_heads, head_dim, generator=gen)
-    pages = TurboQuantPageSpec(parts, channels, mean)
+        mu = torch.randn(kv_heads, head_dim, generator=gen) * 2
+        mean, rope_mean = (None, mu) if calibrated == "rope" and inv_freq is not None else (mu, None)
+    pages = TurboQuantPageSpec(parts, channels, mean, rope_mean, None if rope_mean is None else inv_freq)
     x = torch.randn(slots, kv_heads, head_dim, generator=gen) * (1 + torch.rand(head_dim, generator=gen) * 3)
-    turboquant_pages.write(pages, x + (0 if mean is None else mean), torch.arange(slots))
+    positions = torch.randperm(slots, generator=gen)  # any position per slot: reads add RoPE(μ, p) of theirs
+    turboquant_pages.write(pages, x + (0 if mean is None else mean), torch.arange(slots), positions)
     return pages
 
 
@@ -37,7 +41,7 @@ def tq_spec(gen, layout, calibrated, **kwargs):
     spec = random_spec(gen, **kwargs)
     for i, layer in enumerate(spec.layers):
         layer.kv_dtype, layer.k_cache, layer.v_cache = "turboquant", None, None
-        layer.k_tq = tq_pages(gen, 512, spec.num_kv_heads, spec.head_dim, layout, calibrated, 100 * i)
+        layer.k_tq = tq_pages(gen, 512, spec.num_kv_heads, spec.head_dim, layout, calibrated, 100 * i, layer.inv_freq)
         layer.v_tq = tq_pages(gen, 512, spec.num_kv_heads, spec.head_dim, layout[::-1], calibrated, 100 * i + 7)
     return spec
 
@@ -63,13 +67,15 @@ LAYOUTS = {  # head dim 32 / 64: plain b bits, and outlier splits covering 1–8
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("case", sorted(CASES))
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
-@pytest.mark.parametrize("calibrated", [False, True])
+@pytest.mark.parametrize("calibrated", [False, True, "rope"])
 def test_decode_step_on_turboquant_pages_equals_reference(variant, case, layout, calibrated):
     kwargs, contexts = CASES[case]
     gen = torch.Generator().manual_seed(zlib.crc32(f"{case}{layout}{calibrated}".encode()))
     lay = LAYOUTS[layout][kwargs.get("head_dim", 32) == 64]
     if not calibrated and len(lay) > 1 and case != "mha":
         pytest.skip("two parts without a channel order: covered by the calibrated run and the mha case")
+    if calibrated == "rope" and layout not in ("3", "4+3"):
+        pytest.skip("the pre-RoPE mean's score term does not depend on the layout: two layouts are enough")
     spec = tq_spec(gen, lay, calibrated, **kwargs)
     positions, slots, bt = batch(gen, contexts)
     x = torch.randn(len(contexts), spec.hidden, generator=gen)
@@ -98,15 +104,17 @@ def assert_same_codes(got: TurboQuantPageSpec, want: TurboQuantPageSpec, slots) 
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("layout", [[(64, 3)], [(32, 4), (32, 3)], [(16, 8), (48, 2)], [(8, 5), (56, 1)],
                                     [(24, 6), (40, 7)]])
-@pytest.mark.parametrize("calibrated", [False, True])
+@pytest.mark.parametrize("calibrated", [False, True, "rope"])
 def test_native_write_equals_reference(variant, layout, calibrated):
     gen = torch.Generator().manual_seed(zlib.crc32(f"{layout}{calibrated}".encode()))
-    pages = tq_pages(gen, 64, 3, 64, layout, calibrated, 5)
+    inv_freq = 1.0 / 10000 ** (torch.arange(0, 64, 2).float() / 64)
+    pages = tq_pages(gen, 64, 3, 64, layout, calibrated, 5, inv_freq)
     twin = TurboQuantPageSpec([TurboQuantPart(p.dim, p.bits, p.rotation, p.codebook, p.norm.clone(), p.idx.clone())
-                               for p in pages.parts], pages.channels, pages.mean)
+                               for p in pages.parts], pages.channels, pages.mean, pages.rope_mean, pages.inv_freq)
     x = torch.randn(40, 3, 64, generator=gen) * torch.logspace(-3, 3, 40)[:, None, None]  # extreme scales
     x[0] = 0.0  # a zero vector: norm 0, u = 0
     slots = torch.randperm(64, generator=gen)[:40]
-    ops.turboquant_write(pages, x, slots, variant=variant)
-    reference.turboquant_write(twin, x, slots)
+    positions = torch.randint(0, 9000, (40,), generator=gen)  # up to long contexts: the angles p·θ_i grow
+    ops.turboquant_write(pages, x, slots, positions, variant=variant)
+    reference.turboquant_write(twin, x, slots, positions)
     assert_same_codes(pages, twin, slots)

@@ -160,8 +160,10 @@ def tq_model(arch, **overrides):
     return model
 
 
-def calibrated_codec(spec, model, gen):
-    """``spec`` calibrated on random keys/values with a per-channel offset: a constant mean, outliers, a layout."""
+def calibrated_codec(spec, model, gen, pre_rope: bool = False):
+    """``spec`` calibrated on random keys/values with a per-channel offset: a constant mean, outliers, a layout;
+    ``pre_rope``: keys RoPE(offset + noise, p) at their positions, calibrated as the engine's calibration does
+    (with the layer's RoPE: a pre-RoPE key mean)."""
     from bytediet.kvcache import get_kv_codec
 
     codec = get_kv_codec(spec, torch.float32)
@@ -170,7 +172,13 @@ def calibrated_codec(spec, model, gen):
         scale = 1 + 4 * torch.rand(c.num_kv_heads, c.head_dim, generator=gen)
         offset = torch.randn(c.num_kv_heads, c.head_dim, generator=gen)
         k, v = (torch.randn(256, c.num_kv_heads, c.head_dim, generator=gen) * scale + offset for _ in range(2))
-        codec.calibrate(k, v, layer)
+        if pre_rope:
+            rope, positions = model.model.layers[layer].self_attn.rope, torch.arange(256)
+            codec.key_half.calibrate(rope(k, positions), layer, positions=positions, rope=rope)
+            codec.value_half.calibrate(v, layer)
+            assert layer in codec.key_half.rope_means
+        else:
+            codec.calibrate(k, v, layer)
     return codec
 
 
@@ -212,15 +220,17 @@ TQ_CASES = {  # name: (arch, config overrides) — the GQA ratios of the three f
 
 @pytest.mark.parametrize("case", sorted(TQ_CASES))
 @pytest.mark.parametrize("kv", ["turboquant3.5", "turboquant3", "turboquant4.5", "cal:turboquant3.5",
-                                "cal:turboquant2.5"])
+                                "cal:turboquant2.5", "rope:turboquant3.5", "rope:turboquant2.5"])
 def test_native_decode_step_on_turboquant_pages_equals_module_path(case, kv):
     """turboquant KV read on codes by the native step: 1 part (3.5 = 3 bits at head dim 64, 4.5 = 4 bits) and
     2 parts (3 = 32 ch × 3 b + 32 × 2 b, outliers chosen by the first write), calibrated (mean, channel order,
-    chosen layout) or not; odd contexts across page boundaries, several sequences, gemma3's window of 8."""
+    chosen layout) or not, keys with a pre-RoPE mean (``rope:``, as the engine's calibration leaves them); odd
+    contexts across page boundaries, several sequences, gemma3's window of 8."""
     arch, overrides = TQ_CASES[case]
     model = tq_model(arch, **overrides)
     gen = torch.Generator().manual_seed(1)
-    codec = calibrated_codec(kv[4:], model, gen) if kv.startswith("cal:") else kv
+    kind, _, spec = kv.rpartition(":")
+    codec = calibrated_codec(spec, model, gen, pre_rope=kind == "rope") if kind else kv
     contexts = [5, 17, 40]
     meta, blocks = decode_metadata(contexts)
     caches = model.new_caches(blocks, 16, codec)
@@ -260,7 +270,7 @@ def test_turboquant_variants_without_a_native_step_say_why():
     k = torch.randn(64, 2, 64)
     codec.key_half.calibrate(k, 0, positions=torch.arange(64), rope=model.model.layers[0].self_attn.rope)
     codec.key_half.calibrate(k, 1, positions=torch.arange(64), rope=model.model.layers[1].self_attn.rope)
-    assert "pre-RoPE" in why_not_native(model, model.new_caches(2, 16, codec))
+    assert why_not_native(model, model.new_caches(2, 16, codec)) is None  # a pre-RoPE key mean runs natively
 
 
 @pytest.fixture(scope="module")
@@ -271,16 +281,24 @@ def smollm2_packed():
     return model, tokenizer
 
 
-def test_native_turboquant_step_on_the_default_model_equals_module_path(smollm2_packed):
-    """SmolLM2-135M (30 layers, 9:3 heads, head dim 64) with turboquant3.5 KV: a 300-token prefill of real text on
-    the module path, then one decode step of two sequences natively and on the module path."""
+@pytest.mark.parametrize("calibrated", [False, True])
+def test_native_turboquant_step_on_the_default_model_equals_module_path(smollm2_packed, calibrated):
+    """SmolLM2-135M (30 layers, 9:3 heads, head dim 64) with turboquant3.5 KV, uncalibrated or calibrated on real
+    text as ``optimize`` and run configs do (pre-RoPE key means, value means, outliers): a 300-token prefill of
+    real text on the module path, then one decode step of two sequences natively and on the module path."""
     from bytediet.eval.corpus import load_corpus
+    from bytediet.eval.harness import calibrated_kv_codec
 
     model, tokenizer = smollm2_packed
     ids = tokenizer.encode(load_corpus("prideprejudice")[5000:9000])[:301]
     contexts = [301, 157]
     meta, blocks = decode_metadata(contexts)
-    caches = model.new_caches(blocks, 16, "turboquant3.5")
+    codec = "turboquant3.5"
+    if calibrated:
+        codec = calibrated_kv_codec(codec, model, tokenizer, {"corpus": "prideprejudice", "windows": 1,
+                                                              "window_len": 256, "seed": 0})
+        assert codec.key_half.rope_means  # the case that used to fall back to the module path
+    caches = model.new_caches(blocks, 16, codec)
     decoder = native_decoder(model, caches)
     assert decoder is not None
     for s, n in enumerate(contexts):  # each sequence's prompt, prefilled on the module path into its own pages

@@ -57,11 +57,16 @@ class TurboQuantPart:
 @dataclass
 class TurboQuantPageSpec:
     """K (or V) pages of kvcache's ``turboquant`` codec: x − mean, channels reordered (``channels`` (Hkv, D) int64,
-    outliers first; None = identity), cut into 1 or 2 :class:`TurboQuantPart` s in that order."""
+    outliers first; None = identity), cut into 1 or 2 :class:`TurboQuantPart` s in that order.
+
+    Keys calibrated with a pre-RoPE mean μ store x − RoPE(μ, p) at position p instead (``rope_mean`` (Hkv, D),
+    rotated by the layer's ``inv_freq`` (D/2,), rotate-half RoPE); their scores gain q·RoPE(μ, p)."""
 
     parts: list[TurboQuantPart]
     channels: Optional[torch.Tensor] = None
     mean: Optional[torch.Tensor] = None  # (Hkv, D) float32, a calibrated constant
+    rope_mean: Optional[torch.Tensor] = None  # (Hkv, D) float32, a calibrated pre-RoPE key mean
+    inv_freq: Optional[torch.Tensor] = None  # (D/2,) float32, with rope_mean
 
 
 @dataclass

@@ -261,6 +261,7 @@ class _TQPart(ctypes.Structure):  # mirrors bd::TQPartDesc in csrc/turboquant_pa
 
 class _TQPages(ctypes.Structure):  # mirrors bd::TQPagesDesc
     _fields_ = [("parts", _TQPart * 2), ("channels", ctypes.c_void_p), ("mean", ctypes.c_void_p),
+                ("rope_mean", ctypes.c_void_p), ("inv_freq", ctypes.c_void_p),
                 ("num_parts", ctypes.c_int32), ("pad", ctypes.c_int32)]
 
 
@@ -282,7 +283,10 @@ def _linear_desc(lin: LinearSpec) -> _Linear:
 def _tq_desc(pages: TurboQuantPageSpec) -> _TQPages:
     if not 1 <= len(pages.parts) <= 2:
         raise ValueError(f"the native step reads TurboQuant pages of 1 or 2 parts, got {len(pages.parts)}")
-    desc = _TQPages(channels=_ptr(pages.channels), mean=_ptr(pages.mean), num_parts=len(pages.parts))
+    if (pages.rope_mean is None) != (pages.inv_freq is None):
+        raise ValueError("TurboQuant pages with a pre-RoPE mean need the layer's inv_freq, and only they do")
+    desc = _TQPages(channels=_ptr(pages.channels), mean=_ptr(pages.mean), rope_mean=_ptr(pages.rope_mean),
+                    inv_freq=_ptr(pages.inv_freq), num_parts=len(pages.parts))
     for i, p in enumerate(pages.parts):
         desc.parts[i] = _TQPart(_ptr(p.rotation), _ptr(p.codebook), _ptr(p.norm), _ptr(p.idx), p.dim, p.bits, 0)
     return desc
@@ -367,12 +371,16 @@ def decode_step(spec: DecoderSpec, x: torch.Tensor, positions: torch.Tensor, slo
 
 
 def turboquant_write(pages: TurboQuantPageSpec, x: torch.Tensor, slots: torch.Tensor,
-                     variant: Optional[str] = None) -> None:
+                     positions: Optional[torch.Tensor] = None, variant: Optional[str] = None) -> None:
     """See :func:`bytediet.kernels.reference.turboquant_write` (the decode step's write of the new token)."""
     lib = _library(variant)
     if lib is None:
-        return reference.turboquant_write(pages, x, slots)
+        return reference.turboquant_write(pages, x, slots, positions)
+    if pages.rope_mean is not None and positions is None:
+        raise ValueError("keys calibrated with a pre-RoPE mean are written at their positions: pass positions")
     x = x.to(torch.float32).contiguous()
     slots = slots.to(torch.int64).contiguous()
+    pos = (torch.zeros_like(slots) if positions is None else positions).to(torch.int64).contiguous()
     desc = _tq_desc(pages)
-    lib.bd_turboquant_write(ctypes.addressof(desc), x.data_ptr(), x.shape[0], slots.data_ptr(), x.shape[1], x.shape[2])
+    lib.bd_turboquant_write(ctypes.addressof(desc), x.data_ptr(), x.shape[0], slots.data_ptr(), pos.data_ptr(),
+                            x.shape[1], x.shape[2])

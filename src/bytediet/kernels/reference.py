@@ -456,15 +456,18 @@ def quantize_fp8_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 _ROW_QUANTIZERS = {"int8": quantize_int8_rows, "fp8": quantize_fp8_rows}
 
 
-def turboquant_write(pages: TurboQuantPageSpec, x: torch.Tensor, slots: torch.Tensor) -> None:
-    """TurboQuant pages: quantize x (T, Hkv, D) into ``slots`` (T,) (:func:`turboquant_pages.write`)."""
-    turboquant_pages.write(pages, x, slots)
+def turboquant_write(pages: TurboQuantPageSpec, x: torch.Tensor, slots: torch.Tensor,
+                     positions: Optional[torch.Tensor] = None) -> None:
+    """TurboQuant pages: quantize x (T, Hkv, D) into ``slots`` (T,) (:func:`turboquant_pages.write`); ``positions``
+    (T,) for keys calibrated with a pre-RoPE mean."""
+    turboquant_pages.write(pages, x, slots, positions)
 
 
-def _write_pages(layer: LayerSpec, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+def _write_pages(layer: LayerSpec, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 positions: torch.Tensor) -> None:
     if layer.kv_dtype == "turboquant":
-        turboquant_pages.write(layer.k_tq, k, slots)
-        turboquant_pages.write(layer.v_tq, v, slots)
+        turboquant_pages.write(layer.k_tq, k, slots, positions)
+        turboquant_pages.write(layer.v_tq, v, slots, positions)
     elif layer.kv_dtype in _ROW_QUANTIZERS:
         for pages, scales, x in ((layer.k_cache, layer.k_scale, k), (layer.v_cache, layer.v_scale, v)):
             codes, scale = _ROW_QUANTIZERS[layer.kv_dtype](x)
@@ -484,9 +487,11 @@ def read_kv_rows(kv_dtype: str, pages: torch.Tensor, scales: Optional[torch.Tens
 
 
 def _read_pages(layer: LayerSpec, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """float32 (k, v) of ``slots`` (any shape) → slots.shape + (Hkv, D)."""
+    """float32 (k, v) of ``slots`` (T, L): row t's context, column j at position j → (T, L, Hkv, D)."""
     if layer.kv_dtype == "turboquant":
-        return turboquant_pages.read(layer.k_tq, slots), turboquant_pages.read(layer.v_tq, slots)
+        positions = torch.arange(slots.shape[-1]).expand(slots.shape)
+        return (turboquant_pages.read(layer.k_tq, slots, positions),
+                turboquant_pages.read(layer.v_tq, slots, positions))
     return tuple(read_kv_rows(layer.kv_dtype, pages[slots],
                               None if scales is None else scales[slots].reshape(*slots.shape, -1, 1))
                  for pages, scales in ((layer.k_cache, layer.k_scale), (layer.v_cache, layer.v_scale)))
@@ -507,7 +512,7 @@ def _decode_layer(spec: DecoderSpec, layer: LayerSpec, x: torch.Tensor, position
     if layer.q_norm is not None:
         q, k = _rms(q, layer.q_norm, spec.eps), _rms(k, layer.k_norm, spec.eps)
     q, k = _rope(q, positions, layer.inv_freq), _rope(k, positions, layer.inv_freq)
-    _write_pages(layer, slots, k, v)
+    _write_pages(layer, slots, k, v, positions)
     context_lens = positions + 1
     kk, vv = _read_pages(layer, batch_slots(block_tables, context_lens, block_size))
     att = decode_attention(q, kk, vv, context_lens, spec.attention_scale, layer.window or None)

@@ -8,6 +8,8 @@ of every coordinate of u = x_p R_pᵀ / ‖x_p‖, b bits per code, packed littl
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 from .decoder_spec import TurboQuantPageSpec
@@ -27,8 +29,19 @@ def unpack_codes(packed: torch.Tensor, bits: int, n: int) -> torch.Tensor:
     return (stream << torch.arange(bits)).sum(-1)
 
 
-def _split(pages: TurboQuantPageSpec, x: torch.Tensor) -> list[torch.Tensor]:
+def rotated_mean(pages: TurboQuantPageSpec, positions: torch.Tensor) -> torch.Tensor:
+    """RoPE(μ, p) of the pre-RoPE key mean at ``positions`` (any shape) → positions.shape + (H, D) float32
+    (rotate-half RoPE with the layer's frequencies, angles p·θ_i in float32 as the model's RotaryEmbedding)."""
+    freqs = positions.float()[..., None] * pages.inv_freq                                  # (..., D/2)
+    cos, sin = freqs.cos()[..., None, :], freqs.sin()[..., None, :]                        # (..., 1, D/2)
+    m1, m2 = pages.rope_mean.chunk(2, dim=-1)                                               # (H, D/2)
+    return torch.cat((m1 * cos - m2 * sin, m2 * cos + m1 * sin), dim=-1)
+
+
+def _split(pages: TurboQuantPageSpec, x: torch.Tensor, positions=None) -> list[torch.Tensor]:
     """(T, H, D) → per part (T, H, d_part), mean removed, in the stored channel order."""
+    if pages.rope_mean is not None:
+        x = x - rotated_mean(pages, positions)
     if pages.mean is not None:
         x = x - pages.mean
     if pages.channels is not None:
@@ -36,9 +49,10 @@ def _split(pages: TurboQuantPageSpec, x: torch.Tensor) -> list[torch.Tensor]:
     return list(torch.split(x, [p.dim for p in pages.parts], dim=-1))
 
 
-def write(pages: TurboQuantPageSpec, x: torch.Tensor, slots: torch.Tensor) -> None:
-    """Quantize x (T, H, D) into ``slots`` (T,)."""
-    for p, xp in zip(pages.parts, _split(pages, x.float())):
+def write(pages: TurboQuantPageSpec, x: torch.Tensor, slots: torch.Tensor,
+          positions: Optional[torch.Tensor] = None) -> None:
+    """Quantize x (T, H, D) into ``slots`` (T,); ``positions`` (T,) for keys with a pre-RoPE mean."""
+    for p, xp in zip(pages.parts, _split(pages, x.float(), positions)):
         norm = xp.norm(dim=-1)                                                            # (T, H)
         u = (xp / norm.clamp(min=1e-12)[..., None]) @ p.rotation.T
         idx = torch.bucketize(u.contiguous(), (p.codebook[1:] + p.codebook[:-1]) / 2)    # nearest centroid
@@ -46,8 +60,9 @@ def write(pages: TurboQuantPageSpec, x: torch.Tensor, slots: torch.Tensor) -> No
         p.idx[slots] = pack_codes(idx, p.bits)
 
 
-def read(pages: TurboQuantPageSpec, slots: torch.Tensor) -> torch.Tensor:
-    """float32 reconstruction of ``slots`` (any shape) → slots.shape + (H, D)."""
+def read(pages: TurboQuantPageSpec, slots: torch.Tensor, positions: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """float32 reconstruction of ``slots`` (any shape) → slots.shape + (H, D); ``positions`` (slots' shape) for keys
+    with a pre-RoPE mean."""
     out = []
     for p in pages.parts:
         u = p.codebook[unpack_codes(p.idx[slots], p.bits, p.dim)] * p.norm[slots].float()[..., None]
@@ -55,4 +70,6 @@ def read(pages: TurboQuantPageSpec, slots: torch.Tensor) -> torch.Tensor:
     x = torch.cat(out, dim=-1)
     if pages.channels is not None:
         x = torch.empty_like(x).scatter_(-1, pages.channels.expand(*x.shape[:-2], -1, -1), x)
+    if pages.rope_mean is not None:
+        x = x + rotated_mean(pages, positions)
     return x if pages.mean is None else x + pages.mean

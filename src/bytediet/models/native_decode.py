@@ -45,9 +45,6 @@ MAX_TQ_HEAD_DIM = 512  # its kMaxHeadDim
 
 def _turboquant_objection(half) -> Optional[str]:
     """None when the native step reads these TurboQuant pages, else why not."""
-    if half.rope_mean is not None:
-        return ("TurboQuant keys calibrated with a pre-RoPE mean have no native step (it has no per-position score "
-                "term q·RoPE(μ, p) yet): decode runs on the module path; an uncalibrated turboquant codec runs natively")
     if any(p.variant != "mse" for p in half.parts):
         return "turboquant_prod keys (1-bit QJL residual) have no native step; the MSE variant (turboquant) has"
     if half.head_dim > MAX_TQ_HEAD_DIM:
@@ -61,7 +58,11 @@ def _turboquant_spec(half) -> TurboQuantPageSpec:
     parts = [TurboQuantPart(p.dim, p.mse_bits, p.R, p.codebook,
                             s["norm"], s["idx"]) for p, s in zip(half.parts, half.store)]
     mean = None if half.mean is None else half.mean.float().contiguous()
-    return TurboQuantPageSpec(parts, half.channels, mean)
+    rope_mean = inv_freq = None
+    if half.rope_mean is not None:   # keys calibrated with a pre-RoPE mean (rotated by the layer's own RoPE)
+        mu, rope = half.rope_mean
+        rope_mean, inv_freq = mu.float().contiguous(), rope.inv_freq.float().contiguous()
+    return TurboQuantPageSpec(parts, half.channels, mean, rope_mean, inv_freq)
 
 
 def _pages_or_objection(cache) -> tuple[Optional[dict], str]:

@@ -467,8 +467,8 @@ void layer_step(const ModelDesc& m, const LayerDesc& L, float* x, long T, const 
         }
         rope(qt, hq, kt, hkv, d, L.inv_freq, positions[t]);
         if (L.kv_dtype == kTurboQuantPages) {
-            turboquant_write(*L.k_tq, kt, slots[t], hkv, d);
-            turboquant_write(*L.v_tq, s.v.data() + t * hkv * d, slots[t], hkv, d);
+            turboquant_write(*L.k_tq, kt, slots[t], positions[t], hkv, d);
+            turboquant_write(*L.v_tq, s.v.data() + t * hkv * d, slots[t], positions[t], hkv, d);
             continue;
         }
         with_pages(L.kv_dtype, [&](auto pages) {

@@ -220,6 +220,53 @@ void rotate_back(const TQPagesDesc& V, long kvh, const float* a, float* out, lon
     }
 }
 
+// RoPE(μ, p) of a pre-RoPE mean μ (d,) at position p → r (d,): rotate-half, angles p·θ_i in float32 as the model's
+// RotaryEmbedding computes them.
+void rotated_mean(const float* mu, const float* inv_freq, long pos, long d, float* r) {
+    const long half = d / 2;
+    for (long i = 0; i < half; ++i) {
+        const float a = static_cast<float>(pos) * inv_freq[i], c = std::cos(a), s = std::sin(a);
+        r[i] = mu[i] * c - mu[i + half] * s;
+        r[i + half] = mu[i + half] * c + mu[i] * s;
+    }
+}
+
+constexpr long kRopeAnchor = 32;  // positions between exact cos/sin; the angle-addition recurrence in between
+
+// scores (group, n) += q_g·RoPE(μ, p) for the keys at positions lo … lo + n − 1 (the span's positions): with
+// a = q1 μ1 + q2 μ2 and b = q2 μ1 − q1 μ2 per query head (group, d/2), the term is Σ_i a_i cos(p θ_i) + b_i sin(p θ_i).
+// cos/sin of p θ_i are exact every kRopeAnchor positions and advanced by one rotation of θ_i in between.
+void rope_mean_scores(const float* a, const float* b, long group, long half, const float* inv_freq, long lo, long n,
+                      float* scores) {
+    alignas(32) float c[kMaxHeadDim / 2], s[kMaxHeadDim / 2], dc[kMaxHeadDim / 2], ds[kMaxHeadDim / 2];
+    for (long i = 0; i < half; ++i) {
+        dc[i] = std::cos(inv_freq[i]);
+        ds[i] = std::sin(inv_freq[i]);
+    }
+    for (long j = 0; j < n; ++j) {
+        if (j % kRopeAnchor == 0) {
+            for (long i = 0; i < half; ++i) {
+                const float ang = static_cast<float>(lo + j) * inv_freq[i];
+                c[i] = std::cos(ang);
+                s[i] = std::sin(ang);
+            }
+        }
+        for (long g = 0; g < group; ++g) scores[g * n + j] += dot(a + g * half, c, half) + dot(b + g * half, s, half);
+        long i = 0;
+        for (; i + 8 <= half; i += 8) {  // (c, s) ← (c·dc − s·ds, s·dc + c·ds): one more position
+            const __m256 cv = _mm256_load_ps(c + i), sv = _mm256_load_ps(s + i);
+            const __m256 dcv = _mm256_load_ps(dc + i), dsv = _mm256_load_ps(ds + i);
+            _mm256_store_ps(c + i, _mm256_fmsub_ps(cv, dcv, _mm256_mul_ps(sv, dsv)));
+            _mm256_store_ps(s + i, _mm256_fmadd_ps(sv, dcv, _mm256_mul_ps(cv, dsv)));
+        }
+        for (; i < half; ++i) {
+            const float cn = c[i] * dc[i] - s[i] * ds[i];
+            s[i] = s[i] * dc[i] + c[i] * ds[i];
+            c[i] = cn;
+        }
+    }
+}
+
 // Softmax numerators of one head's scores in place, after the attention scale → (max, Σ exp).
 Partial softmax_row(float* sg, long n, float scale) {
     for (long i = 0; i < n; ++i) sg[i] *= scale;
@@ -228,10 +275,15 @@ Partial softmax_row(float* sg, long n, float scale) {
 
 }  // namespace
 
-void turboquant_write(const TQPagesDesc& pg, const float* x, long slot, long num_heads, long d) {
-    float xc[kMaxHeadDim], xn[kMaxHeadDim], bounds[256];
+void turboquant_write(const TQPagesDesc& pg, const float* x, long slot, long pos, long num_heads, long d) {
+    float xc[kMaxHeadDim], xn[kMaxHeadDim], bounds[256], centred[kMaxHeadDim];
     for (long h = 0; h < num_heads; ++h) {
         const float* xh = x + h * d;
+        if (pg.rope_mean) {  // keys calibrated with a pre-RoPE mean: x − RoPE(μ, p)
+            rotated_mean(pg.rope_mean + h * d, pg.inv_freq, pos, d, centred);
+            for (long k = 0; k < d; ++k) centred[k] = xh[k] - centred[k];
+            xh = centred;
+        }
         const int64_t* ch = pg.channels ? pg.channels + h * d : nullptr;
         const float* mu = pg.mean ? pg.mean + h * d : nullptr;
         for (long k = 0; k < d; ++k) {
@@ -290,7 +342,7 @@ void turboquant_attend(const ModelDesc& m, const LayerDesc& L, const float* q, f
     parallel_run([&](int t, int nthreads) {
         long b, e;
         split_range(T * hkv * chunks, nthreads, t, 1, &b, &e);
-        std::vector<float> scores;
+        std::vector<float> scores, rope_terms;
         for (long item = b; item < e; ++item) {
             const long tok = item / (hkv * chunks), kvh = (item / chunks) % hkv, c = item % chunks;
             const long pos = positions[tok];
@@ -301,6 +353,21 @@ void turboquant_attend(const ModelDesc& m, const LayerDesc& L, const float* q, f
             const Span span{block_tables + tok * bt_stride, block_size, lo, lo + n, hkv, kvh, group};
             const float* qg = qr.data() + (tok * hq + kvh * group) * d;
             scores.assign(group * n + 8, 0.0f);
+            if (K.rope_mean && n > 0) {  // the pre-RoPE mean's share of each score, at each key's position
+                const long half = d / 2;
+                const float* mu = K.rope_mean + kvh * d;
+                rope_terms.resize(2 * group * half);
+                float* a = rope_terms.data();
+                float* bq = a + group * half;
+                for (long g = 0; g < group; ++g) {
+                    const float* qh = q + (tok * hq + kvh * group + g) * d;
+                    for (long i = 0; i < half; ++i) {
+                        a[g * half + i] = qh[i] * mu[i] + qh[i + half] * mu[i + half];
+                        bq[g * half + i] = qh[i + half] * mu[i] - qh[i] * mu[i + half];
+                    }
+                }
+                rope_mean_scores(a, bq, group, half, K.inv_freq, lo, n, scores.data());
+            }
             long off = 0;
             for (int i = 0; i < K.num_parts; ++i) {
                 with_kernel(K.parts[i].bits, group, [&](auto b, auto g) {
@@ -336,9 +403,10 @@ void turboquant_attend(const ModelDesc& m, const LayerDesc& L, const float* q, f
 extern "C" {
 
 // The write alone, for tests against the codec: x (T, num_heads, head_dim) float32 into slots (T,). Returns 0.
-int bd_turboquant_write(const bd::TQPagesDesc* pages, const float* x, long T, const int64_t* slots, long num_heads,
-                        long head_dim) {
-    for (long t = 0; t < T; ++t) bd::turboquant_write(*pages, x + t * num_heads * head_dim, slots[t], num_heads, head_dim);
+int bd_turboquant_write(const bd::TQPagesDesc* pages, const float* x, long T, const int64_t* slots,
+                        const int64_t* positions, long num_heads, long head_dim) {
+    for (long t = 0; t < T; ++t)
+        bd::turboquant_write(*pages, x + t * num_heads * head_dim, slots[t], positions[t], num_heads, head_dim);
     return 0;
 }
 }

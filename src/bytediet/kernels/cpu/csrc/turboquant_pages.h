@@ -2,12 +2,15 @@
 // attention computed on the stored codes, no float key or value is materialised. The torch codec that owns
 // these pages is kvcache/turboquant.py; its twin here is kernels/reference.py (_write_pages / _read_pages).
 //
-// One token's K (or V) of one KV head, x (D,), is stored as: x − mean (a calibrated constant, optional), its
+// One token's K (or V) of one KV head, x (D,), is stored as: x − mean (a calibrated constant, optional; for keys
+// calibrated with a pre-RoPE mean μ, x − RoPE(μ, p) at the token's position p instead), its
 // channels reordered (outliers first, optional), cut in 1 or 2 parts; each part p of d_p channels keeps
 //   norm_p = ‖x_p‖ (fp16) and idx_p = nearest centroid of u = R_p · x_p / ‖x_p‖ per coordinate,
 // b_p bits per code, packed little-endian (kvcache/bitpack.py: code j of a word of 8 codes in bits j·b…j·b+b−1).
 // Attention on codes: q·x_p = norm_p · (R_p q_p)·c[idx_p], so the query is rotated once per head and part;
-// values are summed in rotated coordinates, Σ w·norm·c[idx], and rotated back (· R_p) once per head.
+// values are summed in rotated coordinates, Σ w·norm·c[idx], and rotated back (· R_p) once per head. A constant
+// key mean adds q·μ to every score of a head (softmax ignores it); a pre-RoPE mean adds
+// q·RoPE(μ, p) = Σ_i cos(p θ_i)(q1 μ1 + q2 μ2)_i + sin(p θ_i)(q2 μ1 − q1 μ2)_i, computed per key position.
 #pragma once
 #include <cstdint>
 
@@ -29,6 +32,8 @@ struct TQPagesDesc {
     TQPartDesc parts[2];
     const int64_t* channels;  // (num_kv_heads, head_dim) stored channel order, null = identity
     const float* mean;        // (num_kv_heads, head_dim) subtracted before quantizing, null = none
+    const float* rope_mean;   // (num_kv_heads, head_dim) pre-RoPE mean: RoPE(μ, p) subtracted, null = none
+    const float* inv_freq;    // (head_dim / 2) the layer's RoPE frequencies θ_i (with rope_mean)
     int32_t num_parts;        // 1 or 2
     int32_t pad;
 };
@@ -36,8 +41,8 @@ struct TQPagesDesc {
 struct ModelDesc;
 struct LayerDesc;
 
-// Quantize one token's (num_heads, head_dim) rows x into slot ``slot`` of the pages.
-void turboquant_write(const TQPagesDesc& pages, const float* x, long slot, long num_heads, long head_dim);
+// Quantize one token's (num_heads, head_dim) rows x, at position ``pos``, into slot ``slot`` of the pages.
+void turboquant_write(const TQPagesDesc& pages, const float* x, long slot, long pos, long num_heads, long head_dim);
 
 // attend<P> of decoder.cpp on TurboQuant pages (L.k_tq, L.v_tq): q, out (T, Hq, D).
 void turboquant_attend(const ModelDesc& m, const LayerDesc& L, const float* q, float* out, long T,
