@@ -4,6 +4,7 @@ bit width 1–8, with and without a calibrated mean and channel order, every GQA
 (1:1, SmolLM2's 3:1, Gemma-3's 4:1 with a sliding window, Qwen2's 7:1), odd contexts across page boundaries,
 several sequences at once; and the codes the step writes for the new token."""
 import zlib
+from unittest import mock
 
 import pytest
 import torch
@@ -85,7 +86,13 @@ def test_decode_step_on_turboquant_pages_equals_reference(variant, case, layout,
     for t, b in zip(page_tensors(spec), before):
         t.copy_(b)
     got = ops.decode_step(spec, x, positions, slots, bt, BLOCK, variant=variant)
-    assert (got - want).abs().max().item() <= 1e-3 * want.abs().max().item()
+    # the twin over the pages exactly as the native step left them: a code of the new token that flipped on a
+    # cell boundary (k, v differ in their last float bits: another GEMM summation order) moves the output by more
+    # than rounding, so attention is compared on identical pages and the codes are compared apart, below
+    with mock.patch.object(turboquant_pages, "write", lambda *args, **kwargs: None):
+        same_pages = reference.decode_step(spec, x, positions, slots, bt, BLOCK)
+    assert (got - same_pages).abs().max().item() <= 1e-3 * same_pages.abs().max().item()
+    assert (got - want).abs().max().item() <= 1e-2 * want.abs().max().item()
     for t, w in zip(page_tensors(spec), written):  # the new token's norms and codes
         if t.dtype == torch.float16:  # k and v themselves differ in the last float bits (GEMM summation order)
             assert torch.allclose(t.float(), w.float(), rtol=1e-3, atol=0)

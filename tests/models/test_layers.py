@@ -26,13 +26,19 @@ def prefill_gemm(monkeypatch):
     dense_gemm._choice.cache_clear()
 
 
+def packed_linear(spec: str, gen: torch.Generator) -> Linear:
+    """A 256 → 48 layer with a random weight in format ``spec`` and a random bias."""
+    lin = Linear(256, 48, bias=True)
+    lin.set_weight(torch.randn(48, 256, generator=gen), get_weight_format(spec))
+    lin.bias.copy_(torch.randn(48, generator=gen))
+    return lin
+
+
 @pytest.mark.parametrize("spec", ["gguf-q4_1", "int8", "int4-g64", "mxfp4", "sparse24-int8"])
 def test_large_inputs_use_the_float_gemm_on_the_decoded_weight(spec, prefill_gemm):
     prefill_gemm("fp32")
     gen = torch.Generator().manual_seed(1)
-    lin = Linear(256, 48, bias=True)
-    lin.set_weight(torch.randn(48, 256, generator=gen), get_weight_format(spec))
-    lin.bias.copy_(torch.randn(48, generator=gen))
+    lin = packed_linear(spec, gen)
     w = lin.dequantized_weight()
     big = torch.randn(ops.DENSE_GEMM_MIN_ROWS, 256, generator=gen)
     assert torch.allclose(lin(big), F.linear(big, w, lin.bias), rtol=1e-5, atol=1e-4)  # exact activations
@@ -55,9 +61,7 @@ def test_q8_keeps_its_integer_kernel_for_large_inputs():
 def test_a_bf16_prefill_gemm_rounds_to_bf16_and_f32_activations_stay_exact(spec, prefill_gemm):
     prefill_gemm("bf16")
     gen = torch.Generator().manual_seed(3)
-    lin = Linear(256, 48, bias=True)
-    lin.set_weight(torch.randn(48, 256, generator=gen), get_weight_format(spec))
-    lin.bias.copy_(torch.randn(48, generator=gen))
+    lin = packed_linear(spec, gen)
     w = lin.dequantized_weight()
     x = torch.randn(ops.DENSE_GEMM_MIN_ROWS, 256, generator=gen)
     y = lin(x)
@@ -65,9 +69,7 @@ def test_a_bf16_prefill_gemm_rounds_to_bf16_and_f32_activations_stay_exact(spec,
     assert y.dtype == torch.float32 and torch.allclose(y, want, rtol=1e-2, atol=1e-2)
     exact = F.linear(x, w, lin.bias)
     assert (y - exact).abs().max() > 1e-4  # the bf16 rounding is there (and measured in bench/RESULTS.md)
-    exact_lin = Linear(256, 48, bias=True)
-    exact_lin.set_weight(torch.randn(48, 256, generator=gen), get_weight_format(spec + "-af32"))
-    exact_lin.bias.copy_(lin.bias)
+    exact_lin = packed_linear(spec + "-af32", gen)
     x = torch.randn(ops.DENSE_GEMM_MIN_ROWS, 256, generator=gen)
     assert torch.allclose(exact_lin(x), F.linear(x, exact_lin.dequantized_weight(), exact_lin.bias), rtol=1e-5,
                           atol=1e-4)
