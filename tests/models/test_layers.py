@@ -73,3 +73,17 @@ def test_a_bf16_prefill_gemm_rounds_to_bf16_and_f32_activations_stay_exact(spec,
     x = torch.randn(ops.DENSE_GEMM_MIN_ROWS, 256, generator=gen)
     assert torch.allclose(exact_lin(x), F.linear(x, exact_lin.dequantized_weight(), exact_lin.bias), rtol=1e-5,
                           atol=1e-4)
+
+
+def test_a_layer_switched_to_f32_activations_after_its_x4_repack_reads_its_blocks():
+    """optimize copies a loaded model whose layers the native decode step already repacked (x4) and sets f32
+    activations on the copy: the module path must not hand f32 to the interleaved kernel."""
+    gen = torch.Generator().manual_seed(4)
+    lin = packed_linear("gguf-q4_1", gen)
+    gtype, blocks = lin.native_weight()
+    if not ops.can_interleave(gtype, lin.out_features, lin.in_features):
+        pytest.skip("no x4 layout for this shape here")
+    lin.interleaved = ops.repack_x4(gtype, blocks)
+    x = torch.randn(3, 256, generator=gen)
+    lin.format.with_activations("f32")
+    assert torch.allclose(lin(x), F.linear(x, lin.dequantized_weight(), lin.bias), rtol=1e-4, atol=1e-4)

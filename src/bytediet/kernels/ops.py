@@ -218,13 +218,16 @@ def repack_x4(ggml_type: int, blocks: torch.Tensor, variant: Optional[str] = Non
     return out.reshape(n, -1)
 
 
+X4_ACTIVATIONS = ("q8", "q16")  # the activation modes the interleaved (x4) kernels multiply
+
+
 def gemm_x4(ggml_type: int, packed: torch.Tensor, x: torch.Tensor, bias: Optional[torch.Tensor] = None,
             activations: str = "q8", variant: Optional[str] = None) -> torch.Tensor:
     """See :func:`bytediet.kernels.reference.gemm_x4`."""
     lib = _library(variant)
     if lib is None:
         return reference.gemm_x4(ggml_type, packed, x, bias, activations)
-    if activations not in ("q8", "q16"):
+    if activations not in X4_ACTIVATIONS:
         raise ValueError(f"the interleaved kernels take q8 or q16 activations, got {activations!r}")
     x2 = _float_rows(x)
     n, m, k = packed.shape[0], x2.shape[0], x2.shape[1]

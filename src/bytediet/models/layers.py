@@ -81,7 +81,9 @@ class Linear(nn.Module):
             w = ops.dequantize_blocks(native[0], native[1], dtype=gemm)
             y = F.linear(x.to(gemm), w).to(x.dtype)
             return y if self.bias is None else y + self.bias.to(x.dtype)
-        if self.interleaved is not None:  # the same weight, laid out for the native kernels (ops.repack_x4)
+        if self.interleaved is not None and self.format.activations in ops.X4_ACTIVATIONS:
+            # the same weight, laid out for the native kernels (ops.repack_x4); a layer switched to another
+            # activation mode since (optimize varies a copy of the loaded model) reads its blocks below
             return ops.gemm_x4(self.format.ggml_type, self.interleaved, x, self.bias, self.format.activations)
         if native is not None:
             return ops.gemm_blocks(native[0], native[1], x, self.bias, self.format.activations)
