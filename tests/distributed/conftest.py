@@ -17,9 +17,14 @@ TINY = {
 }
 
 
-def write_hf_checkpoint(path, arch: str, seed: int = 0):
-    """A Hugging Face directory (config.json, model.safetensors, a word-level tokenizer.json) → the model."""
-    config = tiny_config(arch, **TINY[arch])
+# Whole blocks of 32 on every tensor-parallel cut at size 2 (heads of 32, intermediate 128): the packed formats
+BLOCKY = dict(num_heads=4, num_kv_heads=2, head_dim=32, hidden_size=64, intermediate_size=128, vocab_size=96)
+
+
+def write_hf_checkpoint(path, arch: str, seed: int = 0, shape: dict | None = None):
+    """A Hugging Face directory (config.json, model.safetensors, a word-level tokenizer.json) → the model.
+    ``shape``: the config's sizes (default ``TINY[arch]``)."""
+    config = tiny_config(arch, **(TINY[arch] if shape is None else shape))
     state = random_state(config, seed=seed)
     cfg, hf_state = hf_checkpoint_parts(config, state, arch)
     path.mkdir(parents=True, exist_ok=True)
@@ -36,6 +41,13 @@ def write_hf_checkpoint(path, arch: str, seed: int = 0):
 def tiny_checkpoints(tmp_path_factory):
     root = tmp_path_factory.mktemp("tp-checkpoints")
     return {arch: (root / arch, write_hf_checkpoint(root / arch, arch, seed=3)) for arch in TINY}
+
+
+@pytest.fixture(scope="session")
+def blocky_checkpoint(tmp_path_factory):
+    """(path, model) of a llama whose every TP = 2 cut falls on whole blocks of 32."""
+    path = tmp_path_factory.mktemp("tp-blocky") / "llama"
+    return path, write_hf_checkpoint(path, "llama", seed=5, shape=BLOCKY)
 
 
 def run_batch(llm, prompts, params) -> tuple[list[list[int]], int]:

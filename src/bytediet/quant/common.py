@@ -1,6 +1,8 @@
 """Helpers shared by the quantized weight formats: input checks, spec-suffix parsing, activation modes."""
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 from ..errors import ConfigError
@@ -84,3 +86,34 @@ def activations_only(cls, suffix: str):
         raise ConfigError(f"weight format {cls.name!r} takes only an activation precision: {cls.name}, {cls.name}-a8 "
                           f"or {cls.name}-af32, got {cls.name + suffix!r}")
     return cls().with_activations(mode)
+
+
+def shard_columns_in_units(packed: dict[str, torch.Tensor], dim: int, start: int, stop: int, fmt_name: str, *,
+                           columns: Optional[dict[str, int]] = None, block: int = 1,
+                           whole: tuple[str, ...] = ()) -> dict[str, torch.Tensor]:
+    """The slice ``[start, stop)`` along ``dim`` of a format whose tensors are per output row (tensor parallelism,
+    :meth:`bytediet.quant.base.WeightFormat.shard`).
+
+    ``columns``: tensors that run along the input dimension, each with the input columns one of its elements
+    covers (2 for nibble-packed codes, the group size for group scales); ``whole``: per-tensor state kept as is
+    (e.g. NVFP4's tensor scale); any other tensor is per output row (cut with the rows, kept whole by a column
+    slice: it was computed over the whole row, so the ranks' partial products still sum to the unsplit layer's).
+    A column slice must fall on the format's ``block`` boundaries, else :class:`ConfigError` says what to do.
+    """
+    if dim == 1 and (start % block or stop % block):
+        raise ConfigError(
+            f"{fmt_name}: columns [{start}, {stop}) do not fall on its blocks of {block}; load with --weights int8 "
+            "or fp32 for this tensor-parallel size, or choose a size that splits the layer on whole blocks"
+        )
+    out = {}
+    for name, t in packed.items():
+        if name in whole:
+            out[name] = t
+        elif dim == 0:
+            out[name] = t[start:stop].contiguous()
+        elif columns and name in columns:
+            unit = columns[name]
+            out[name] = t[:, start // unit:stop // unit].contiguous()
+        else:
+            out[name] = t
+    return out

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from ..kernels import native_layouts
 from .base import WEIGHT_FORMATS, Packed, WeightFormat
-from .common import check_weight, no_parameters
+from .common import check_weight, no_parameters, shard_columns_in_units
 
 E4M3_MAX = 448.0
 
@@ -47,6 +47,10 @@ class FP8(WeightFormat):
 
     def dequantize(self, packed: Packed) -> torch.Tensor:
         return packed["qweight"].float() * packed["scale"][:, None]
+
+    def shard(self, packed: Packed, dim: int, start: int, stop: int) -> Packed:
+        """Rows keep their scales; a column slice keeps every row's scale (set by the whole row's absmax)."""
+        return shard_columns_in_units(packed, dim, start, stop, self.name, columns={"qweight": 1})
 
     def apply(self, x: torch.Tensor, packed: Packed, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
         y = F.linear(x, packed["qweight"].to(x.dtype)) * packed["scale"].to(x.dtype)

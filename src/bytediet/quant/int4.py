@@ -17,7 +17,7 @@ import torch
 from ..errors import ConfigError
 from ..kernels import native_layouts
 from .base import WEIGHT_FORMATS, Packed, WeightFormat
-from .common import ACTIVATION_SUFFIXES, NativeActivations, check_weight, split_spec
+from .common import ACTIVATION_SUFFIXES, NativeActivations, check_weight, shard_columns_in_units, split_spec
 from .fp4 import pack_nibbles, unpack_nibbles
 
 GROUP_SIZES = (32, 64, 128)
@@ -91,6 +91,12 @@ class Int4(NativeActivations, WeightFormat):
         else:
             w = q * scale[..., None] + packed["offset"].float()[..., None]
         return w.view(out, -1)
+
+    def shard(self, packed: Packed, dim: int, start: int, stop: int) -> Packed:
+        """Rows keep their groups; columns are cut on whole groups (codes two per byte, one scale [+ offset] each)."""
+        g = self.group_size
+        return shard_columns_in_units(packed, dim, start, stop, self.spec(), block=g,
+                                      columns={"qweight": 2, "scale": g, "offset": g})
 
 
 def _safe_inv(scale: torch.Tensor) -> torch.Tensor:

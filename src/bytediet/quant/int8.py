@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from ..kernels import native_layouts
 from .base import WEIGHT_FORMATS, Packed, WeightFormat
-from .common import NativeActivations, activations_only, check_weight, no_parameters
+from .common import NativeActivations, activations_only, check_weight, no_parameters, shard_columns_in_units
 
 QMAX = 127
 
@@ -70,9 +70,7 @@ class Int8(NativeActivations, WeightFormat):
     def shard(self, packed: Packed, dim: int, start: int, stop: int) -> Packed:
         """Rows keep their own scales; a column slice keeps every row's scale (computed over the whole row,
         so the ranks' partial products sum to exactly the unsplit layer's)."""
-        q = packed["qweight"].narrow(dim, start, stop - start).contiguous()
-        scale = packed["scale"][start:stop].contiguous() if dim == 0 else packed["scale"]
-        return {"qweight": q, "scale": scale}
+        return shard_columns_in_units(packed, dim, start, stop, self.spec(), columns={"qweight": 1})
 
     def apply(self, x: torch.Tensor, packed: Packed, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
         y = F.linear(x, packed["qweight"].to(x.dtype)) * packed["scale"].to(x.dtype)

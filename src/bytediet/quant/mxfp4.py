@@ -14,7 +14,7 @@ import torch
 
 from ..kernels import native_layouts
 from .base import WEIGHT_FORMATS, Packed, WeightFormat
-from .common import NativeActivations, activations_only, check_weight
+from .common import NativeActivations, activations_only, check_weight, shard_columns_in_units
 from .fp4 import E2M1_EMAX, decode_e2m1, encode_e2m1, pack_nibbles, unpack_nibbles
 
 BLOCK = 32
@@ -71,3 +71,8 @@ class MXFP4(NativeActivations, WeightFormat):
         out, nblocks = scale.shape
         values = decode_e2m1(unpack_nibbles(packed["qweight"])).view(out, nblocks, BLOCK)
         return (values * scale[..., None]).view(out, -1)
+
+    def shard(self, packed: Packed, dim: int, start: int, stop: int) -> Packed:
+        """Columns are cut on whole blocks of 32 (codes two per byte, one E8M0 scale per block)."""
+        return shard_columns_in_units(packed, dim, start, stop, self.spec(), block=BLOCK,
+                                      columns={"qweight": 2, "scale": BLOCK})

@@ -16,7 +16,7 @@ import torch
 
 from ..kernels import native_layouts
 from .base import WEIGHT_FORMATS, Packed, WeightFormat
-from .common import NativeActivations, activations_only, check_weight
+from .common import NativeActivations, activations_only, check_weight, shard_columns_in_units
 from .fp4 import E2M1_MAX, decode_e2m1, encode_e2m1, pack_nibbles, unpack_nibbles
 from .fp8 import E4M3_MAX
 
@@ -64,3 +64,9 @@ class NVFP4(NativeActivations, WeightFormat):
         out, nblocks = step.shape
         values = decode_e2m1(unpack_nibbles(packed["qweight"])).view(out, nblocks, BLOCK)
         return (values * step[..., None]).view(out, -1)
+
+    def shard(self, packed: Packed, dim: int, start: int, stop: int) -> Packed:
+        """Columns are cut on whole blocks of 16; every shard keeps the tensor scale of the whole weight (each
+        rank's blocks were scaled by it, so the shards decode to exactly the unsplit weight's slices)."""
+        return shard_columns_in_units(packed, dim, start, stop, self.spec(), block=BLOCK,
+                                      columns={"qweight": 2, "scale": BLOCK}, whole=("tensor_scale",))

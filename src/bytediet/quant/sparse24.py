@@ -30,7 +30,7 @@ import torch
 from ..kernels.reference import sparse24_positions
 from ..kernels import native_layouts
 from .base import WEIGHT_FORMATS, Packed
-from .common import NativeActivations, activations_only, no_parameters
+from .common import NativeActivations, activations_only, no_parameters, shard_columns_in_units
 from .int8 import quantize_rows_int8
 from .pruning import PrunedFormat, channel_norms, kept_values, top_half  # noqa: F401 (channel_norms re-exported)
 
@@ -100,6 +100,20 @@ class Sparse24(PrunedFormat):
 
     def dequantize(self, packed: Packed) -> torch.Tensor:
         return densify(packed["values"], packed["index"])
+
+    def shard(self, packed: Packed, dim: int, start: int, stop: int) -> Packed:
+        """Rows keep their groups; columns are cut on whole groups of 4 (two kept values each), and the slice's
+        group codes are packed again two per byte (a cut between the two groups of a byte moves every code)."""
+        if dim == 0:
+            return shard_columns_in_units(packed, 0, start, stop, self.spec())
+        rest = {k: v for k, v in packed.items() if k != "index"}
+        out = shard_columns_in_units(rest, 1, start, stop, self.spec(), block=GROUP, columns={"values": KEEP})
+        groups = packed["values"].shape[1] // KEEP
+        positions = unpack_positions(packed["index"], groups)[:, start // GROUP:stop // GROUP]  # (out, g', 2)
+        mask = torch.zeros(positions.shape[0], positions.shape[1], GROUP, dtype=torch.bool)
+        mask.scatter_(-1, positions, True)
+        out["index"] = pack_positions(mask.reshape(positions.shape[0], -1))
+        return out
 
 
 @WEIGHT_FORMATS.register("sparse24-int8")

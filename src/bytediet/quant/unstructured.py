@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import torch
 
+from ..errors import ConfigError
+
 from .base import WEIGHT_FORMATS, Packed
-from .common import no_parameters
+from .common import no_parameters, shard_columns_in_units
 from .pruning import PrunedFormat, kept_values
 
 _BITS = 2 ** torch.arange(8, dtype=torch.int32)
@@ -58,6 +60,17 @@ class Sparse50(PrunedFormat):
 
     def mask(self, packed: Packed) -> torch.Tensor:
         return unpack_bitmap(packed["bitmap"], 2 * packed["values"].shape[1])
+
+    def shard(self, packed: Packed, dim: int, start: int, stop: int) -> Packed:
+        """Rows only: a row keeps half of its weights anywhere along it, so a column slice holds a different count
+        per row and cannot be stored as this layout."""
+        if dim == 1:
+            raise ConfigError(
+                f"{self.spec()}: unstructured sparsity keeps a different number of weights per row in a column "
+                "slice, so a row-parallel layer (o_proj, down_proj) cannot be split; use sparse24 (2:4), "
+                "or --tensor-parallel-size 1"
+            )
+        return shard_columns_in_units(packed, 0, start, stop, self.spec())
 
     def dequantize(self, packed: Packed) -> torch.Tensor:
         mask = self.mask(packed)
