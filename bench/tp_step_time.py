@@ -8,9 +8,10 @@ all-reduces (two per layer + the embedding's), the logits' all-gather and the st
 That time includes waiting for the slower rank (SmolLM2's 3 KV heads split 2 + 1).
 
 The link the roofline needs is measured here too: a ring all-reduce between two gloo processes on
-loopback, at the decode step's message size (batch · hidden · 4 bytes) and at 4 MiB (bus bandwidth).
-The roofline models an all-reduce as bytes / bandwidth; the per-call latency it leaves out is what the
-small decode messages pay.
+loopback, at the decode step's message size (batch · hidden · 4 bytes) and at 4 MiB. The 4 MiB one gives the
+bus bandwidth; the small one, less its bytes over that bandwidth, gives the per-hop latency α (a ring
+all-reduce over 2 ranks is 2 hops). The roofline is shown twice: bandwidth only, and with α per hop of each
+collective (``HardwareSpec.interconnect_latency``) — the latency is what the small decode messages pay.
 
     PYTHONPATH=src .venv/bin/python bench/tp_step_time.py [--model default] [--weights fp32] [--batch 4]
         [--context 128] [--steps 16] [--threads 2] [--json]
@@ -111,7 +112,7 @@ def decode_steps(tp: int, args) -> dict:
         llm.shutdown()
 
 
-def roofline(args, link_bandwidth: float) -> dict:
+def roofline(args, link_bandwidth: float, hop_latency: float) -> dict:
     from bytediet.models.loader import load_config
     from bytediet.perf.measure import this_machine
     from bytediet.perf.roofline import analyze
@@ -125,7 +126,11 @@ def roofline(args, link_bandwidth: float) -> dict:
     for tp in (1, 2):
         p = analyze(config, hw, weights=get_weight_format(args.weights), kv=32.0, batch=args.batch,
                     context=args.context + 1, tp=tp)
-        out[tp] = {"decode_s": p.decode.time, "allreduce_s": p.decode.allreduce_s}
+        q = analyze(config, replace(hw, interconnect_latency=hop_latency), weights=get_weight_format(args.weights),
+                    kv=32.0, batch=args.batch, context=args.context + 1, tp=tp)
+        out[tp] = {"decode_s": p.decode.time, "allreduce_s": p.decode.allreduce_s,
+                   "with_latency": {"decode_s": q.decode.time, "allreduce_s": q.decode.allreduce_s,
+                                    "allreduce_latency_s": q.decode.allreduce_latency_s}}
     return out
 
 
@@ -145,23 +150,27 @@ def main() -> int:
     small, big = args.batch * hidden * 4, 4 << 20
     ring = measure_allreduce([small, big])
     bus = 2 * (2 - 1) / 2 * big / ring[big]  # ring all-reduce bus bandwidth (Patarasuk & Yuan 2009)
+    hop = max(0.0, ring[small] - 2 * (2 - 1) / 2 * small / bus) / (2 * (2 - 1))  # 2 hops at 2 ranks
     runs = [decode_steps(tp, args) for tp in (1, 2)]
     result = {"model": args.model, "weights": args.weights, "batch": args.batch, "context": args.context,
               "tp1_threads": args.threads,
               "steps": args.steps, "cores": os.cpu_count(), "load_average": os.getloadavg(),
               "allreduce_small_bytes": small, "allreduce_small_s": ring[small], "allreduce_4MiB_s": ring[big],
-              "bus_bandwidth_Bps": bus, "runs": runs, "roofline": roofline(args, bus)}
+              "bus_bandwidth_Bps": bus, "hop_latency_s": hop, "runs": runs, "roofline": roofline(args, bus, hop)}
     if args.json:
         print(json.dumps(result))
         return 0
     print(f"{args.model} {args.weights}, batch {args.batch}, context {args.context}, {os.cpu_count()} cores, "
           f"load {result['load_average'][0]:.1f}")
     print(f"gloo all-reduce: {small} B in {ring[small] * 1e6:.0f} µs; 4 MiB in {ring[big] * 1e3:.2f} ms "
-          f"(bus {bus / 1e9:.2f} GB/s)")
+          f"(bus {bus / 1e9:.2f} GB/s, {hop * 1e6:.0f} µs per hop)")
     for r in runs:
         pred = result["roofline"][r["tp"]]
+        lat = pred["with_latency"]
         print(f"TP={r['tp']}: step {r['step_s'] * 1e3:.1f} ms, in collectives {r['collectives_s'] * 1e3:.1f} ms; "
-              f"roofline {pred['decode_s'] * 1e3:.1f} ms of which all-reduce {pred['allreduce_s'] * 1e3:.3f} ms")
+              f"roofline {pred['decode_s'] * 1e3:.1f} ms of which collectives {pred['allreduce_s'] * 1e3:.3f} ms; "
+              f"with the hop latency {lat['decode_s'] * 1e3:.1f} ms of which collectives "
+              f"{lat['allreduce_s'] * 1e3:.2f} ms")
     return 0
 
 

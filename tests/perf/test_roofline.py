@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -148,12 +149,25 @@ def test_tensor_parallel_splits_weights_and_adds_ring_allreduce():
     one = analyze(cfg, h100, weights=16, kv=16, batch=1, context=256, tp=1)
     four = analyze(cfg, h100, weights=16, kv=16, batch=1, context=256, tp=4)
     assert four.decode.op("mlp_up").bytes == pytest.approx(one.decode.op("mlp_up").bytes / 4, rel=1e-3)
-    msg = 1 * cfg.hidden_size * 2  # T·h·a bytes per all-reduce
-    expected = cfg.num_layers * 2 * (2 * 3 / 4) * msg / (900e9 / 2)
+    msg = 1 * cfg.hidden_size * 2  # T·h·a bytes per all-reduce: 2 per layer + the embedding's
+    logits = 1 * cfg.vocab_size * 2  # B·V·a bytes all-gathered
+    expected = ((2 * cfg.num_layers + 1) * (2 * 3 / 4) * msg + 3 / 4 * logits) / (900e9 / 2)
     assert four.decode.allreduce_s == pytest.approx(expected)
+    assert four.decode.allreduce_latency_s == 0.0  # the catalogue does not know NVLink's per-hop latency
     assert four.fits and four.capacity_bytes == 4 * 80e9
     with pytest.raises(ConfigError):
         analyze(cfg, HardwareSpec("cpu", "cpu", {"fp32": 1e9}, 1e9, 1e9), tp=2)
+
+
+def test_the_link_latency_is_paid_per_hop_of_every_collective():
+    cfg = get_model_config("llama-2-70b")
+    slow = replace(get_hardware("h100-sxm"), interconnect_latency=10e-6)
+    base = analyze(cfg, get_hardware("h100-sxm"), weights=16, kv=16, batch=1, context=256, tp=4)
+    lat = analyze(cfg, slow, weights=16, kv=16, batch=1, context=256, tp=4)
+    hops = (2 * cfg.num_layers + 1) * 2 * 3 + 3  # 2(N−1) per all-reduce, N−1 for the logits' all-gather
+    assert lat.decode.allreduce_latency_s == pytest.approx(hops * 10e-6)
+    assert lat.decode.allreduce_s - base.decode.allreduce_s == pytest.approx(hops * 10e-6)
+    assert lat.decode.time - base.decode.time == pytest.approx(hops * 10e-6)
 
 
 def test_max_batch_and_chips_to_hold():

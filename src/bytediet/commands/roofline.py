@@ -61,6 +61,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--context", type=int, default=4096, help="tokens in each sequence's cache at decode")
     p.add_argument("--prompt-len", type=int, default=None, help="prefill length L (default: --context)")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel chips")
+    p.add_argument("--link-bandwidth", type=float, default=None, metavar="GB/S",
+                   help="the chips' link, bidirectional GB/s (overrides the catalogue; needed for --tp on this-machine)")
+    p.add_argument("--link-latency-us", type=float, default=None, metavar="US",
+                   help="fixed cost of one hop of a ring collective, µs (default: unknown, counted as 0; "
+                        "bench/tp_step_time.py measures it for gloo on this machine)")
     p.add_argument("--compute", default="auto", help="compute dtype (auto: bf16; fp32 on this-machine)")
     p.add_argument("--json", action="store_true", help="print one JSON object with every number")
     p.add_argument("--plot", default=None, metavar="PNG", help="write a roofline figure")
@@ -84,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
         measured = this_machine(remeasure=True)
         if "this-machine" not in ids:
             ids.append("this-machine")
-    hardware = {i: (measured if i == "this-machine" and measured else get_hardware(i)) for i in ids}
+    hardware = {i: _with_link(measured if i == "this-machine" and measured else get_hardware(i), args) for i in ids}
     config = get_model_config(args.model)
     w_label, weights = resolve_weights(args.weights)
     kv_label, kv = resolve_kv(args.kv)
@@ -115,6 +120,20 @@ def run(args: argparse.Namespace) -> int:
     else:
         _print_tables(result, preds, args)
     return 0
+
+
+def _with_link(hw, args: argparse.Namespace):
+    """``hw`` with the link given on the command line (bandwidth in GB/s both directions, latency in µs)."""
+    from dataclasses import replace
+
+    for flag, value in (("--link-bandwidth", args.link_bandwidth), ("--link-latency-us", args.link_latency_us)):
+        if value is not None and value < 0:
+            raise ConfigError(f"{flag} must not be negative, got {value:g}")
+    if args.link_bandwidth is not None:
+        hw = replace(hw, interconnect_bandwidth=args.link_bandwidth * 1e9)
+    if args.link_latency_us is not None:
+        hw = replace(hw, interconnect_latency=args.link_latency_us * 1e-6)
+    return hw
 
 
 def _dataflow(args: argparse.Namespace, hardware: dict) -> dict:
@@ -164,7 +183,9 @@ def _print_tables(result: dict, preds: list, args: argparse.Namespace) -> None:
             ops.add_row(o.name, f"{o.flops / 1e9:,.2f}", f"{o.bytes / 1e6:,.1f}", f"{o.intensity:,.2f}",
                         f"{o.time * 1e3:,.3f}", o.bound)
         if p.decode.allreduce_s:
-            ops.add_row("all-reduce", "", "", "", f"{p.decode.allreduce_s * 1e3:,.3f}", "interconnect")
+            ops.add_row("collectives (of which latency)", "", "", "",
+                        f"{p.decode.allreduce_s * 1e3:,.3f} ({p.decode.allreduce_latency_s * 1e3:,.3f})",
+                        "interconnect")
         console.print(ops)
     if "compare" in result:
         c = Table(title="hardware portfolio (fewest chips that hold the model)")

@@ -7,7 +7,10 @@ Integer peaks are in OP/s and stored under the same dict (``int8``).
 
 Units: FLOP/s, bytes, bytes/s (decimal: 1 TB/s = 1e12 B/s). ``interconnect_bandwidth`` is the
 vendor's per-chip *bidirectional* figure (NVLink 900 GB/s, ICI 1200 GB/s); the roofline uses half
-of it, the per-direction bandwidth, as the ring all-reduce bus bandwidth.
+of it, the per-direction bandwidth, as the ring all-reduce bus bandwidth. ``interconnect_latency`` is the
+fixed cost of one hop of a ring collective (link latency + the library's per-call overhead); the catalogue leaves
+it unknown (0 in the roofline) unless measured — ``bytediet roofline --link-latency-us`` sets it, and
+``bench/tp_step_time.py`` measures it for processes on this machine.
 
 A new device is one more ``@HARDWARE.register("id")`` factory below; ``this-machine`` is measured
 (:mod:`bytediet.perf.measure`).
@@ -39,6 +42,7 @@ class HardwareSpec:
     memory_bytes: float
     memory_bandwidth: float
     interconnect_bandwidth: Optional[float] = None
+    interconnect_latency: Optional[float] = None  # seconds per hop of a ring collective, whatever its size
     onchip_bytes: Optional[float] = None
     onchip_bandwidth: Optional[float] = None
     chips: int = 1
@@ -91,6 +95,7 @@ class HardwareSpec:
             "id": self.id, "name": self.name, "peak_flops": dict(self.peak_flops),
             "sparse_peak_flops": dict(self.sparse_peak_flops), "memory_bytes": self.memory_bytes,
             "memory_bandwidth": self.memory_bandwidth, "interconnect_bandwidth": self.interconnect_bandwidth,
+            "interconnect_latency": self.interconnect_latency,
             "onchip_bytes": self.onchip_bytes, "onchip_bandwidth": self.onchip_bandwidth, "chips": self.chips,
             "measured": self.measured, "notes": self.notes, "sources": dict(self.sources),
         }

@@ -42,8 +42,12 @@ compute, else 2). KV-cache size is the source document's formula
 2 × layers × kv_heads × head_dim × seq_len × batch × bytes (``kv_cache_bytes``).
 
 Tensor parallel over N chips (Megatron-LM, Shoeybi et al. 2019): GEMM weights, FLOPs and heads
-split N ways, norms/embedding replicated, two all-reduces of T·h·a bytes per layer, each costing
-2·(N−1)/N · bytes / link bandwidth (ring all-reduce, Patarasuk & Yuan 2009).
+split N ways, norms replicated; the collectives of one step are two all-reduces of T·h·a bytes per layer,
+one more for the vocabulary-parallel embedding, and the all-gather of the B·V·a logits. A ring all-reduce
+is 2(N−1) hops of bytes/N each, an all-gather N−1 (Patarasuk & Yuan 2009); each hop costs the link's
+latency α (:attr:`~bytediet.perf.hardware.HardwareSpec.interconnect_latency`) plus its bytes over the
+per-direction bandwidth: the α·hops term is what small decode messages pay (on a CPU's loopback gloo
+it is most of the cost, ``bench/tp_step_time.py``).
 """
 from __future__ import annotations
 
@@ -166,7 +170,8 @@ class PhaseCost:
     phase: str
     tokens: int
     ops: tuple[OpCost, ...]
-    allreduce_s: float = 0.0
+    allreduce_s: float = 0.0  # the step's collectives (tensor parallel), latency included
+    allreduce_latency_s: float = 0.0  # of which the links' per-hop latency
 
     @property
     def flops(self) -> float:
@@ -193,7 +198,8 @@ class PhaseCost:
 
     def to_dict(self) -> dict[str, Any]:
         return {"phase": self.phase, "tokens": self.tokens, "flops": self.flops, "bytes": self.bytes,
-                "intensity": self.flops / self.bytes, "allreduce_s": self.allreduce_s, "time": self.time,
+                "intensity": self.flops / self.bytes, "allreduce_s": self.allreduce_s,
+                "allreduce_latency_s": self.allreduce_latency_s, "time": self.time,
                 "bound": self.bound, "ops": [o.to_dict() for o in self.ops]}
 
 
@@ -299,13 +305,22 @@ def _phase(ctx: _Ctx, phase: str, batch: int, q_per_seq: int, pairs: list[int], 
         ctx.cost("norms", (nl * norms_per_layer + 1) * 4 * t * h, norm_bytes),
         ctx.linear("lm_head", batch, h, v, 1, column=True),
     )
-    allreduce = 0.0
-    if ctx.tp > 1:
-        link = ctx.hw.link_bandwidth
-        if not link:
-            raise ConfigError(f"{ctx.hw.id} has no interconnect bandwidth in the catalogue; use --tp 1")
-        allreduce = nl * 2 * (2 * (ctx.tp - 1) / ctx.tp) * t * h * ctx.act / link
-    return PhaseCost(phase, t, ops, allreduce)
+    allreduce, latency = _collectives(ctx, t, batch) if ctx.tp > 1 else (0.0, 0.0)
+    return PhaseCost(phase, t, ops, allreduce, latency)
+
+
+def _collectives(ctx: _Ctx, t: int, logit_rows: int) -> tuple[float, float]:
+    """(seconds, of which latency) of one step's collectives at tensor-parallel size N (module docstring)."""
+    n, c = ctx.tp, ctx.cfg
+    link = ctx.hw.link_bandwidth
+    if not link:
+        raise ConfigError(f"{ctx.hw.id} has no interconnect bandwidth in the catalogue; use --tp 1 "
+                          "(or give the link with bytediet roofline --link-bandwidth)")
+    reduces = 2 * c.num_layers + 1  # o_proj and down_proj per layer, and the embedding
+    hops = reduces * 2 * (n - 1) + (n - 1)  # ... and the logits' all-gather
+    data = reduces * 2 * (n - 1) / n * t * c.hidden_size * ctx.act + (n - 1) / n * logit_rows * c.vocab_size * ctx.act
+    latency = hops * (ctx.hw.interconnect_latency or 0.0)
+    return latency + data / link, latency
 
 
 def _mlp_ops(ctx: _Ctx, t: int, layers: int) -> tuple[OpCost, ...]:
