@@ -51,3 +51,12 @@ def test_tokenize_and_detokenize_round_trip(server):
     assert detok.json() == {"prompt": "hello"}
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
     assert neither.status_code == 400 and neither.json()["error"]["param"] == "prompt"
+
+
+def test_tokenizer_info_gives_the_special_tokens_as_text(server):
+    async def go():
+        async with client(server.app) as c:
+            return await c.get("/tokenizer_info")
+    info = run(go()).json()
+    assert info == {"tokenizer_class": "CharTokenizer", "bos_token": "<s>", "eos_token": "</s>", "pad_token": None,
+                    "chat_template": None, "model_max_length": 256}

@@ -20,7 +20,7 @@ CASES = [
     ("completions", {"prompt": "x", "max_tokens": 255}, 400, "max_tokens"),  # 2 prompt tokens + 255 > 256
     ("completions", {"prompt": "x", "logprobs": 21}, 400, "logprobs"),
     ("completions", {"prompt": "x", "stop": [""]}, 400, "stop"),
-    ("completions", {"prompt": "x", "echo": True}, 400, "echo"),
+    ("completions", {"prompt": "x", "suffix": "y"}, 400, "suffix"),
     ("completions", {"prompt": "x", "logit_bias": {"5": 1.0}}, 400, "logit_bias"),
     ("completions", {"prompt": ""}, 400, "prompt"),
     ("completions", {"prompt": []}, 400, "prompt"),

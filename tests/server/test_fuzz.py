@@ -20,7 +20,7 @@ def test_no_generated_request_makes_a_5xx(make_server):
     schema = schemathesis.openapi.from_asgi("/openapi.json", s.app)
     operations = [op.ok() for op in schema.get_all_operations()]
     assert {op.path for op in operations} >= {"/v1/completions", "/v1/chat/completions", "/v1/models/{model_id}",
-                                              "/tokenize", "/detokenize"}
+                                              "/tokenize", "/detokenize", "/tokenizer_info"}
     seen = []
 
     for operation in operations:

@@ -90,13 +90,14 @@ def test_api_keys_guard_v1_but_not_health_or_metrics(make_server):
             out = {"none": await c.post("/v1/completions", json=BODY),
                    "wrong": await c.get("/v1/models", headers={"Authorization": "Bearer nope"}),
                    "tokenize": await c.post("/tokenize", json={"prompt": "a"}),
+                   "tokenizer_info": await c.get("/tokenizer_info"),
                    "k1": await c.post("/v1/completions", json=BODY, headers={"Authorization": "Bearer k1"}),
                    "k2": await c.get("/v1/models", headers={"Authorization": "bearer k2"})}
             for path in ("/health", "/metrics", "/version"):
                 out[path] = await c.get(path)
             return out
     out = run(go())
-    for key in ("none", "wrong", "tokenize"):
+    for key in ("none", "wrong", "tokenize", "tokenizer_info"):
         assert out[key].status_code == 401, (key, out[key].text)
         error = out[key].json()["error"]
         assert error["code"] == "invalid_api_key" and error["type"] == "invalid_request_error"

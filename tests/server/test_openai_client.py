@@ -70,3 +70,13 @@ def test_bad_request_surfaces_as_the_clients_error(api):
     with pytest.raises(openai.BadRequestError) as err:
         c.completions.create(model="tiny", prompt="x", n=129, max_tokens=1)
     assert err.value.param == "n"
+
+
+def test_completions_echo_scores_the_prompt(api):
+    c, _, _ = api
+    r = c.completions.create(model="tiny", prompt="hello", max_tokens=0, echo=True, logprobs=1)
+    choice = r.choices[0]
+    assert choice.text == "hello" and r.usage.completion_tokens == 0
+    lp = choice.logprobs
+    assert len(lp.tokens) == r.usage.prompt_tokens and lp.token_logprobs[0] is None
+    assert all(v <= 0 and lp.top_logprobs[i][lp.tokens[i]] == v for i, v in enumerate(lp.token_logprobs) if i)

@@ -22,8 +22,8 @@ def register(sub) -> None:
     p = sub.add_parser(
         "serve", help="OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions, /metrics)",
         description="Serve a model over HTTP with OpenAI's API: /v1/models, /v1/completions and "
-                    "/v1/chat/completions (streaming with \"stream\": true), /tokenize, /detokenize, /health, "
-                    "/version and Prometheus /metrics. SIGTERM or Ctrl-C drains running requests, then exits.")
+                    "/v1/chat/completions (streaming with \"stream\": true), /tokenize, /detokenize, /tokenizer_info, "
+                    "/health, /version and Prometheus /metrics. SIGTERM or Ctrl-C drains running requests, then exits.")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default: loopback only; 0.0.0.0 exposes the server to the network)")
     p.add_argument("--port", type=int, default=8000)
@@ -33,7 +33,7 @@ def register(sub) -> None:
                    help="log level of the server and uvicorn (info prints one access line per request)")
     g = p.add_argument_group("access and limits")
     g.add_argument("--api-key", action="append", default=[], metavar="KEY",
-                   help=f"require 'Authorization: Bearer KEY' on /v1 routes, /tokenize and /detokenize "
+                   help=f"require 'Authorization: Bearer KEY' on /v1 routes and the tokenizer routes "
                         f"(repeatable; {API_KEY_ENV} adds one more); /health, /metrics, /version stay open")
     g.add_argument("--allowed-origins", nargs="+", default=[], metavar="ORIGIN",
                    help="origins allowed to call the API from a browser (CORS), e.g. http://localhost:3000 or '*'; "

@@ -83,10 +83,13 @@ class BlockManager:
     def allocate_cached_prefix(self, request: Request) -> int:
         """For a request with nothing computed: reuse cached blocks of its longest cached prefix.
 
-        At least the last token is left to compute (its logits are needed), as in vLLM. Returns the
+        At least the last token is left to compute (its logits are needed), as in vLLM; a request that wants
+        prompt logprobs reuses nothing (vLLM skips the cache for it too). Returns the
         number of tokens served from the cache and advances ``num_computed_tokens`` by it.
         """
         if not self.enable_prefix_caching or request.num_computed_tokens or request.block_ids:
+            return 0
+        if request.prompt_logprobs is not None:  # every prompt position is computed, to be scored
             return 0
         hashes = self._block_hashes(request, (request.num_tokens - 1) // self.block_size)
         self.prefix_queries += len(hashes)

@@ -19,7 +19,7 @@ from .config import EngineConfig
 from .params import SamplingParams
 from .request import FinishReason, Request
 from .runner import ModelRunner, torch_threads
-from .sampling import Sampler, TokenLogprobs
+from .sampling import Sampler, TokenLogprobs, token_logprobs
 from .scheduler import Scheduler
 from .stop import StopStringDetector
 
@@ -34,6 +34,8 @@ class StepOutput:
     finished: bool
     finish_reason: Optional[str] = None
     new_logprobs: list[Optional[TokenLogprobs]] = field(default_factory=list)
+    # with the first token of a request that asked for prompt logprobs: one entry per prompt token (None first)
+    prompt_logprobs: Optional[list[Optional[TokenLogprobs]]] = None
 
 
 @dataclass
@@ -142,10 +144,11 @@ class LLMEngine:
         self.stats.forward_time += time.perf_counter() - t0
         self.stats.steps += 1
         samplers = [s.request for s in out.scheduled if s.samples]
+        self._score_prompts(out, logits[len(samplers):])
         sampled: dict[str, tuple[int, Optional[TokenLogprobs]]] = {}
         if samplers:
             so = self.sampler(
-                logits, [r.params for r in samplers],
+                logits[:len(samplers)], [r.params for r in samplers],
                 prompt_ids=[r.prompt_token_ids for r in samplers], output_ids=[r.output_token_ids for r in samplers],
                 generators=[r.generator for r in samplers],
             )
@@ -156,6 +159,20 @@ class LLMEngine:
         for r in samplers:
             results.append(self._emit(r))
         return results
+
+    @staticmethod
+    def _score_prompts(out, logits: torch.Tensor) -> None:
+        """Append prompt logprobs from ``logits`` (the rows after the sampling ones, :meth:`ModelRunner.prepare`)."""
+        row = 0
+        for s in out.scheduled:
+            positions = s.prompt_logprob_positions
+            if not positions:
+                continue
+            req = s.request
+            targets = torch.tensor(req.prompt_token_ids[positions.start + 1:positions.stop + 1], device=logits.device)
+            req.prompt_logprobs += token_logprobs(logits[row:row + len(positions)], targets,
+                                                  req.params.prompt_logprobs)
+            row += len(positions)
 
     def _emit(self, req: Request) -> StepOutput:
         state = self._detok[req.request_id]
@@ -174,8 +191,9 @@ class LLMEngine:
         if req.is_finished:
             delta += "" if state.stop.stopped else state.stop.finish()
         lp = req.output_logprobs[-1] if req.output_logprobs else None
+        prompt_lps = req.prompt_logprobs if req.num_output_tokens == 1 else None
         return StepOutput(req.request_id, [token], delta, req.is_finished,
-                          req.finish_reason.value if req.finish_reason else None, [lp])
+                          req.finish_reason.value if req.finish_reason else None, [lp], prompt_lps)
 
     def _new_text(self, state: _Detok, req: Request, token: int) -> str:
         """The text ``token`` completes: O(1) per token with an incremental decoder (the full output is

@@ -33,6 +33,7 @@ class RequestOutput:
     prompt: Optional[str]
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput] = field(default_factory=list)
+    prompt_logprobs: Optional[list[Optional[TokenLogprobs]]] = None  # SamplingParams.prompt_logprobs; None first
     num_cached_tokens: int = 0
     arrival_time: float = 0.0
     first_token_time: Optional[float] = None
@@ -161,6 +162,7 @@ class LLM:
                 req.finish_reason.value if req.finish_reason else None, req.stop_reason,
                 req.output_logprobs if req.params.logprobs is not None else None,
             ))
+            ro.prompt_logprobs = ro.prompt_logprobs or req.prompt_logprobs
             ro.arrival_time = req.arrival_time
             ro.num_cached_tokens = max(ro.num_cached_tokens, req.num_cached_tokens)
             ro.first_token_time = min(filter(None, [ro.first_token_time, req.first_token_time]), default=None)

@@ -51,6 +51,10 @@ class SamplingParams:
             most likely tokens; ``0`` returns only the sampled token's, ``None`` nothing.
         include_stop_str_in_output: keep the matched stop string at the end of the text.
         skip_special_tokens: leave special tokens out of the detokenized text.
+        prompt_logprobs: also return, for each prompt token after the first, its log-probability given
+            the tokens before it and the ``prompt_logprobs`` most likely tokens there (vLLM's field; what
+            OpenAI's legacy ``echo`` + ``logprobs`` reports). Such a request skips the prefix cache: every
+            prompt position must be computed to be scored.
         logits_processors: callables ``(output_token_ids, logits (V,)) -> logits (V,)`` applied to this
             sequence's row before sampling (e.g. a grammar mask, :mod:`bytediet.engine.grammar`). They may
             keep per-sequence state, so give each sequence its own; they are not serialised by ``to_dict``.
@@ -72,6 +76,7 @@ class SamplingParams:
     logprobs: Optional[int] = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    prompt_logprobs: Optional[int] = None
     logits_processors: tuple[Callable, ...] = field(default=(), compare=False, repr=False)
 
     # Below this temperature a request is sampled greedily (vLLM's _SAMPLING_EPS).
@@ -94,8 +99,10 @@ class SamplingParams:
             raise ConfigError(f"top_k must be an integer >= 1, or -1 / 0 to disable it, got {self.top_k!r}")
         if self.seed is not None and not _is_int(self.seed):
             raise ConfigError(f"seed must be an integer or null, got {self.seed!r}")
-        if self.logprobs is not None and (not _is_int(self.logprobs) or self.logprobs < 0):
-            raise ConfigError(f"logprobs must be an integer >= 0 (or null for none), got {self.logprobs!r}")
+        for key in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, key)
+            if value is not None and (not _is_int(value) or value < 0):
+                raise ConfigError(f"{key} must be an integer >= 0 (or null for none), got {value!r}")
 
     def _check_floats(self) -> None:
         checks = {
@@ -134,8 +141,10 @@ class SamplingParams:
                 raise ConfigError(
                     f"stop_token_ids: token id {t} is outside the vocabulary; ids must be in [0, {vocab_size - 1}]"
                 )
-        if self.logprobs is not None and self.logprobs > vocab_size:
-            raise ConfigError(f"logprobs must be in [0, {vocab_size}] (the vocabulary size), got {self.logprobs}")
+        for key in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, key)
+            if value is not None and value > vocab_size:
+                raise ConfigError(f"{key} must be in [0, {vocab_size}] (the vocabulary size), got {value}")
 
     # ---- derived facts ----------------------------------------------------------------
     @property

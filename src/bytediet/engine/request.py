@@ -37,6 +37,9 @@ class Request:
         self.prompt_token_ids = list(prompt_token_ids)
         self.output_token_ids: list[int] = []
         self.output_logprobs: list[Optional[TokenLogprobs]] = []
+        # prompt logprobs (params.prompt_logprobs): entry i scores prompt token i; the first has no context
+        self.prompt_logprobs: Optional[list[Optional[TokenLogprobs]]] = \
+            None if params.prompt_logprobs is None else [None]
         self.params = params
         self.arrival_time = time.perf_counter() if arrival_time is None else arrival_time
         self.first_token_time: Optional[float] = None

@@ -51,11 +51,17 @@ class ModelRunner:
             self.workers.free_sequence(seq_id)
 
     def prepare(self, out: SchedulerOutput) -> tuple[torch.Tensor, AttentionMetadata, torch.Tensor]:
-        """Flatten the batch: input ids (T,), metadata, and the rows whose logits are needed (N,)."""
+        """Flatten the batch: input ids (T,), metadata, and the rows whose logits are needed (N,).
+
+        The rows: one per request that samples, in schedule order, then each request's
+        ``prompt_logprob_positions`` (schedule order, ascending positions).
+        """
         bs = self.block_size
         ids, positions, slots, qlens, clens, logit_rows, tables, seq_ids = [], [], [], [], [], [], [], []
+        prompt_rows = []
         row = 0
         for s in out.scheduled:
+            prompt_rows.extend(row + p - s.request.num_computed_tokens for p in s.prompt_logprob_positions)
             req, start, n = s.request, s.request.num_computed_tokens, s.num_tokens
             ids.extend(req.all_token_ids[start:start + n])
             pos = range(start, start + n)
@@ -68,6 +74,7 @@ class ModelRunner:
             row += n
             if s.samples:
                 logit_rows.append(row - 1)
+        logit_rows += prompt_rows
         width = max(len(t) for t in tables)
         block_tables = torch.full((len(tables), width), -1, dtype=torch.int64)
         for i, t in enumerate(tables):
@@ -85,7 +92,7 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, out: SchedulerOutput) -> torch.Tensor:
-        """Logits (N, vocab) float32 for the scheduled requests that sample, in schedule order."""
+        """Logits (N, vocab) float32 of the rows :meth:`prepare` picks: the sampling requests', then prompt rows."""
         input_ids, meta, logit_rows = self.prepare(out)
         if self.decoder is not None and all(n == 1 for n in meta.query_lens_list) and self.decoder.ready():
             return self.decoder.logits(input_ids, meta, logit_rows)

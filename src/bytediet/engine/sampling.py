@@ -14,7 +14,7 @@ penalties, temperature and truncation. Greedy rows consume no randomness.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional, Sequence
 
 import torch
@@ -292,17 +292,27 @@ class Sampler:
         out: list[Optional[TokenLogprobs]] = [None] * len(params)
         if not want:
             return out
-        lp = _rows(raw, want).log_softmax(dim=-1)  # (W, V) under the raw model distribution
-        chosen = tokens[want]
-        chosen_lp = lp.gather(1, chosen.unsqueeze(1))  # (W, 1)
-        ranks = (lp > chosen_lp).sum(dim=1) + 1
-        n_top = max(params[i].logprobs for i in want)
-        top_lp, top_ids = lp.topk(n_top, dim=-1) if n_top else (None, None)
-        for j, i in enumerate(want):
-            n = params[i].logprobs
-            top = tuple(zip(top_ids[j, :n].tolist(), top_lp[j, :n].tolist())) if n else ()
-            out[i] = TokenLogprobs(int(chosen[j]), float(chosen_lp[j, 0]), int(ranks[j]), top)
+        scored = token_logprobs(_rows(raw, want), tokens[want], max(params[i].logprobs for i in want))
+        for i, lp in zip(want, scored):
+            out[i] = replace(lp, top=lp.top[:params[i].logprobs])
         return out
+
+
+def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, num_top: int) -> list[TokenLogprobs]:
+    """Each row's log-probability of its token, rank, and ``num_top`` most likely tokens.
+
+    ``logits`` (N, V) raw model logits, ``tokens`` (N,) the token each row scores: the sampled one, or
+    the next prompt token (prompt logprobs). Under the raw model distribution (``log_softmax``).
+    """
+    lp = logits.float().log_softmax(dim=-1)  # (N, V)
+    chosen_lp = lp.gather(1, tokens.unsqueeze(1))  # (N, 1)
+    ranks = (lp > chosen_lp).sum(dim=1) + 1
+    top_lp, top_ids = lp.topk(num_top, dim=-1) if num_top else (None, None)
+    out = []
+    for j, token in enumerate(tokens.tolist()):
+        top = tuple(zip(top_ids[j].tolist(), top_lp[j].tolist())) if num_top else ()
+        out.append(TokenLogprobs(int(token), float(chosen_lp[j, 0]), int(ranks[j]), top))
+    return out
 
 
 def _rows(x: torch.Tensor, rows: list[int]) -> torch.Tensor:

@@ -26,6 +26,19 @@ class ScheduledRequest:
         """True when this step reaches the request's last token, so its logits give the next token."""
         return self.request.num_computed_tokens + self.num_tokens == self.request.num_tokens
 
+    @property
+    def prompt_logprob_positions(self) -> range:
+        """Positions computed this step whose logits score a prompt token not yet scored (the next one).
+
+        Empty unless the request asked for prompt logprobs; after a preemption the recomputed positions
+        that were scored before are left out.
+        """
+        req = self.request
+        if req.prompt_logprobs is None:
+            return range(0)
+        start = max(req.num_computed_tokens, len(req.prompt_logprobs) - 1)
+        return range(start, min(req.num_computed_tokens + self.num_tokens, req.num_prompt_tokens - 1))
+
 
 @dataclass
 class SchedulerOutput:

@@ -1,7 +1,7 @@
 """The OpenAI-compatible FastAPI app: ``build_app(async_engine, "model-name", config=ServerConfig(...))``.
 
 Endpoints: ``GET /v1/models`` and ``/v1/models/{id}``, ``POST /v1/completions``, ``POST /v1/chat/completions``
-(both stream Server-Sent Events with ``"stream": true``), ``POST /tokenize`` and ``/detokenize``,
+(both stream Server-Sent Events with ``"stream": true``), ``POST /tokenize`` and ``/detokenize``, ``GET /tokenizer_info``,
 ``GET /health`` (503 once the engine thread has stopped), ``GET /metrics`` (Prometheus text),
 ``GET /version``, ``GET /`` (a chat page with live metrics, ``web/index.html``), and ``/docs`` (Swagger UI, its assets served from this process: it renders offline).
 The middlewares (``middleware.py``) add API keys, CORS, the body limit, draining and request ids.
@@ -31,7 +31,8 @@ from .metrics import ServerMetrics
 from .middleware import APIKeys, BodyLimit, Draining, RequestContext
 from .protocol import ChatCompletionRequest, CompletionRequest, ErrorResponse, ModelCard, ModelList
 from .serving import ServerState
-from .tokenize import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse, detokenize, tokenize
+from .tokenize import (DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse, TokenizerInfo,
+                       detokenize, tokenize, tokenizer_info)
 
 log = logging.getLogger("bytediet.server")
 PAGE = (resources.files(__package__) / "web" / "index.html").read_text(encoding="utf-8")  # chat box + live metrics
@@ -111,6 +112,10 @@ def build_app(engine: AsyncEngine, served_model_names: Union[str, Sequence[str]]
     @app.post("/detokenize", response_model=DetokenizeResponse, responses=ERRORS)
     async def detokenize_endpoint(body: DetokenizeRequest) -> DetokenizeResponse:
         return await detokenize(body, state)
+
+    @app.get("/tokenizer_info", response_model=TokenizerInfo, responses=ERRORS)
+    async def tokenizer_info_endpoint() -> TokenizerInfo:
+        return await tokenizer_info(state)
 
     @app.post("/v1/completions", responses=ERRORS)
     async def completions(body: CompletionRequest, request: Request) -> Response:

@@ -10,7 +10,8 @@ untouched and a client's ``http.disconnect`` still reaches the endpoint.
 * :class:`Draining`: once shutdown began, every new request gets 503 with ``Retry-After``.
 * :class:`BodyLimit`: a body over ``max_body_bytes`` is refused with 413 before anything parses it
   (by ``Content-Length`` at once, or while a chunked body streams in).
-* :class:`APIKeys`: ``Authorization: Bearer KEY`` on every ``/v1`` route and on ``/tokenize``, ``/detokenize``.
+* :class:`APIKeys`: ``Authorization: Bearer KEY`` on every ``/v1`` route and on ``/tokenize``, ``/detokenize``,
+  ``/tokenizer_info``.
 """
 from __future__ import annotations
 
@@ -127,7 +128,7 @@ class BodyLimit:
 class APIKeys:
     """OpenAI's 401 unless ``Authorization: Bearer <one of keys>`` (constant-time compare), on guarded paths."""
 
-    GUARDED = ("/v1/", "/tokenize", "/detokenize")
+    GUARDED = ("/v1/", "/tokenize", "/detokenize", "/tokenizer_info")
 
     def __init__(self, app, keys: Iterable[str]) -> None:
         self.app, self.keys = app, [k.encode() for k in keys]

@@ -77,7 +77,8 @@ class _SamplingRequest(_Schema):
             raise ValueError("only allowed when stream is true; leave it out or set stream to true")
         return value
 
-    def sampling_params(self, max_tokens: Optional[int], logprobs: Optional[int]) -> SamplingParams:
+    def sampling_params(self, max_tokens: Optional[int], logprobs: Optional[int],
+                        prompt_logprobs: Optional[int] = None) -> SamplingParams:
         """The engine's parameters; raises ``ConfigError`` naming the field for a bad value."""
         if self.logit_bias:
             raise ConfigError("logit_bias: not supported by this server; leave it out")
@@ -89,7 +90,7 @@ class _SamplingRequest(_Schema):
             n=self.n, max_tokens=max_tokens, logprobs=logprobs, stop=tuple(stop),
             stop_token_ids=tuple(self.stop_token_ids or ()), ignore_eos=self.ignore_eos,
             include_stop_str_in_output=self.include_stop_str_in_output,
-            skip_special_tokens=self.skip_special_tokens, **given,
+            skip_special_tokens=self.skip_special_tokens, prompt_logprobs=prompt_logprobs, **given,
         )
 
     @property
@@ -123,7 +124,12 @@ class ResponseFormat(_Schema):
 
 
 class CompletionRequest(_SamplingRequest):
-    """POST /v1/completions. ``prompt``: text, token ids, or a batch of either."""
+    """POST /v1/completions. ``prompt``: text, token ids, or a batch of either.
+
+    ``echo``: each choice starts with its prompt; with ``logprobs`` the prompt tokens are scored too (the
+    first has none), which is how lm-evaluation-harness and others compute log-likelihoods. ``max_tokens``
+    0 is allowed with ``echo`` (the prompt alone, as OpenAI's legacy API and vLLM).
+    """
 
     prompt: Union[Text, list[int], list[Text], list[list[int]]]
     max_tokens: Optional[int] = 16
@@ -135,16 +141,20 @@ class CompletionRequest(_SamplingRequest):
 
     def unsupported(self) -> Optional[str]:
         """The first field set to a value this server cannot honour, or None."""
-        if self.echo:
-            return "echo"
         if self.best_of is not None and self.best_of != self.n:
             return "best_of"
         if self.suffix:
             return "suffix"
         return None
 
+    @property
+    def echo_only(self) -> bool:
+        """``echo`` with ``max_tokens`` 0: the engine still makes one token (its step scores the prompt), unshown."""
+        return self.echo and self.max_tokens == 0
+
     def to_sampling_params(self) -> SamplingParams:
-        return self.sampling_params(self.max_tokens, self.logprobs)
+        return self.sampling_params(1 if self.echo_only else self.max_tokens, self.logprobs,
+                                    self.logprobs if self.echo else None)
 
 
 class ContentPart(_Schema):

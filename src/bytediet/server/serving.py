@@ -101,8 +101,11 @@ class Choice:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprobs] = field(default_factory=list)
     finish_reason: Optional[str] = None
+    prompt_logprobs: Optional[list[Optional[TokenLogprobs]]] = None  # the engine's, with the first token
 
     def add(self, out: StepOutput) -> None:
+        if out.prompt_logprobs is not None:
+            self.prompt_logprobs = out.prompt_logprobs
         self.text.append(out.delta_text)
         self.token_ids += out.new_token_ids
         self.logprobs += [lp for lp in out.new_logprobs if lp is not None]

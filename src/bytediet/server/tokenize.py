@@ -1,4 +1,5 @@
-"""``POST /tokenize`` and ``POST /detokenize`` (vLLM's shapes): the served model's tokenizer over HTTP."""
+"""``POST /tokenize``, ``POST /detokenize`` and ``GET /tokenizer_info`` (vLLM's shapes): the served model's
+tokenizer over HTTP (lm-evaluation-harness's ``tokenizer_backend=remote`` uses all three)."""
 from __future__ import annotations
 
 from typing import Optional
@@ -10,7 +11,7 @@ from ..errors import BytedietError, ConfigError
 from .chat import chat_token_ids
 from .errors import APIError
 from .protocol import ChatCompletionRequest, ChatMessage, Text, _Schema
-from .serving import ServerState
+from .serving import ServerState, token_text
 
 
 class TokenizeRequest(_Schema):
@@ -35,6 +36,17 @@ class DetokenizeRequest(_Schema):
 
 class DetokenizeResponse(_Schema):
     prompt: str
+
+
+class TokenizerInfo(_Schema):
+    """What a client needs to tokenize as the server does: the special tokens (as text) and the chat template."""
+
+    tokenizer_class: str
+    bos_token: Optional[str] = None
+    eos_token: Optional[str] = None
+    pad_token: Optional[str] = None
+    chat_template: Optional[str] = None
+    model_max_length: int
 
 
 def _tokenizer(state: ServerState):
@@ -70,3 +82,13 @@ async def detokenize(body: DetokenizeRequest, state: ServerState) -> DetokenizeR
         raise APIError.bad_request(ConfigError(f"tokens: id {bad[0]} is outside the vocabulary [0, {vocab - 1}]"),
                                    fields=("tokens",))
     return DetokenizeResponse(prompt=await run_in_threadpool(tok.decode, body.tokens))
+
+
+async def tokenizer_info(state: ServerState) -> TokenizerInfo:
+    tok = _tokenizer(state)
+
+    def text(token_id: Optional[int]) -> Optional[str]:
+        return None if token_id is None else token_text(tok, token_id)
+    return TokenizerInfo(tokenizer_class=type(tok).__name__, bos_token=text(getattr(tok, "bos_token_id", None)),
+                         eos_token=text(getattr(tok, "eos_token_id", None)),
+                         chat_template=getattr(tok, "chat_template", None), model_max_length=state.max_model_len)
