@@ -101,11 +101,25 @@ def test_table_numbers_equal_the_result_and_plots_are_written(ckpt, tmp_path, ca
     (["--weights", "int3-nope"], "int3-nope"),
     (["--passkey-depths", "0,1.5"], "fractions in \\[0, 1\\]"),
     (["--window-len", "5000"], "exceeds the model's context"),
+    (["--kv-pareto", "-tp", "2"], "--kv-pareto .* does not run at --tensor-parallel-size 2"),
+    (["-tp", "2", "--kv-cache-dtype", "auto:4.5"], "KV calibration of auto:4.5 .* not at --tensor-parallel-size 2"),
+    (["--tensor-parallel-size", "0"], "at least 1"),
 ])
 def test_bad_input_exits_2_with_a_message(ckpt, capsys, extra, match):
     assert main(argv(ckpt, "--json", *extra)) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and re.search(match, captured.err)
+
+
+def test_tensor_parallel_table_says_so_and_equals_size_1(ckpt, capsys):
+    assert main(argv(ckpt, "--tasks", "ppl", "--json")) == 0
+    one = json.loads(capsys.readouterr().out)
+    assert main(argv(ckpt, "--tasks", "ppl", "-tp", "2")) == 0
+    table = capsys.readouterr().out
+    assert "both across 2 processes" in " ".join(table.split())  # the title wraps
+    ref, test = _table_cells(table)["fidelity/perplexity"]
+    assert float(ref) == pytest.approx(one["tasks"]["ppl"]["reference"]["ppl"], rel=1e-5)  # 6 significant digits
+    assert float(test) == pytest.approx(one["tasks"]["ppl"]["test"]["ppl"], rel=1e-5)
 
 
 def test_kv_pareto_json_is_one_object_and_the_table_marks_the_frontier(ckpt, capsys, tmp_path):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import operator
 import os
 import signal
 import threading
@@ -9,8 +10,10 @@ import time
 
 import httpx
 import pytest
+import torch
 
 from bytediet.distributed.launch import TensorParallelError
+from bytediet.errors import ConfigError
 from bytediet.engine.llm import LLM
 from bytediet.engine.params import SamplingParams
 from tests.distributed.conftest import run_batch
@@ -96,3 +99,29 @@ def test_a_hung_worker_fails_the_engine_after_the_collective_timeout(tiny_checkp
     finally:
         os.kill(workers.procs[0].pid, signal.SIGCONT)
         workers.shutdown()
+
+
+def test_score_collective_rpc_and_a_rebuilt_engine_at_tp2_equal_tp1(tiny_checkpoints):
+    """LLM.score runs the forward pass on both ranks (logits of size 1); collective_rpc answers from each rank;
+    rebuild_engine re-sizes the pool and the scheduler on the same ranks (the workers reallocate their pages)."""
+    path, ids = str(tiny_checkpoints["llama"][0]), PROMPTS[3]
+    one = LLM(path, weights="fp32", **ENGINE)
+    llm = LLM(path, weights="fp32", tensor_parallel_size=2, **ENGINE)
+    try:
+        for kv in (None, "int8"):
+            torch.testing.assert_close(llm.score(ids, kv_codec=kv), one.score(ids, kv_codec=kv), rtol=1e-5, atol=1e-5)
+        assert llm.collective_rpc(operator.attrgetter("tensor_parallel")) == [(0, 2), (1, 2)]
+        assert one.collective_rpc(operator.attrgetter("tensor_parallel")) == [None]
+        settings = dict(kv_cache_dtype="int8", kv_cache_memory="1MiB", max_num_seqs=2)
+        for engine in (one, llm):
+            engine.rebuild_engine(**settings)
+        assert llm.engine.scheduler.config.max_num_seqs == 2 and llm.config.cache.num_blocks is None
+        assert llm.engine.block_manager.num_blocks > ENGINE["num_blocks"]
+        want, _ = run_batch(one, PROMPTS, PARAMS)
+        got, _ = run_batch(llm, PROMPTS, PARAMS)
+        assert got == want
+        with pytest.raises(ConfigError, match="unknown setting"):
+            llm.rebuild_engine(max_seqs=3)
+    finally:
+        llm.shutdown()
+    assert not any(p.is_alive() for p in llm.workers.procs)

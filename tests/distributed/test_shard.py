@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from bytediet.distributed.comm import TPGroup, backend_for
-from bytediet.distributed.shard import load_shard
+from bytediet.distributed.shard import full_shape, load_shard
 from bytediet.errors import ConfigError
 from bytediet.models.loader import load_model
 
@@ -111,3 +111,21 @@ def test_calibrated_kv_codec_state_is_sliced_to_each_ranks_heads(tiny_checkpoint
     got = run_ranks(2, lambda g: load_shard(g, str(path), weights="fp32")[0].score(ids, kv_codec=codec))
     for logits in got:
         torch.testing.assert_close(logits, want, atol=1e-4, rtol=1e-4)
+
+
+def test_gather_object_brings_every_ranks_object_to_rank_0():
+    """Pickles of different lengths (padded to the longest on the wire), in rank order; None elsewhere."""
+    out = run_ranks(3, lambda g: g.gather_object({"rank": g.rank, "pad": "x" * 100 * g.rank}))
+    assert out == [[{"rank": r, "pad": "x" * 100 * r} for r in range(3)], None, None]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_full_shape_is_each_layers_shape_in_the_unsplit_model(tiny_checkpoints, arch):
+    path = str(tiny_checkpoints[arch][0])
+    whole, _ = load_model(path, weights="fp32", load_tokenizer=False)
+    want = {name: (lin.out_features, lin.in_features) for name, lin in whole.linear_layers()}
+    for shard in run_ranks(2, lambda g: load_shard(g, path, weights="fp32")[0]):
+        got = {name: full_shape(name, (lin.out_features, lin.in_features), shard.full_config)
+               for name, lin in shard.linear_layers()}
+        assert got == want
+

@@ -350,3 +350,78 @@ def test_decode_steps_count_every_token_after_a_chunked_prefill():
     assert m["batch"] == 8 and m["steps"] == 5 and m["tokens_per_s"] > 0
     engine = ours.engine(8, [1]).engine
     assert engine.num_free_blocks == engine.block_manager.num_blocks and not engine.has_unfinished_requests()
+
+
+# ----------------------------------------------------------------------------------- tensor parallel
+@pytest.fixture
+def fake_machine_2(fake_machine):
+    """The fixed ceilings at --threads 2 too (the tensor-parallel runs' two ranks of one thread each)."""
+    measure_mod.cache_path(2).write_text(json.dumps(FAKE_MACHINE))
+
+
+def tp_ranks_alive() -> list:
+    """Spawned tensor-parallel workers of this process still running (a leak if any after a command)."""
+    import multiprocessing
+
+    return [p for p in multiprocessing.active_children() if p.name.startswith("bytediet-tp-rank")]
+
+
+def test_cli_tensor_parallel_single_stream_prints_one_object(ckpt, fake_machine_2, capsys):
+    assert main(["bench", "--model", str(ckpt), "--quick", "--threads", "2", "--parts", "single", "--peers", "none",
+                 "-tp", "2", "--json"]) == 0
+    out = capsys.readouterr().out
+    obj = json.loads(out)
+    assert out.strip().count("\n") == 0 and obj["tensor_parallel_size"] == 2
+    info = obj["systems"]["bytediet"]["info"]
+    assert info["tensor_parallel_size"] == 2 and info["threads_per_rank"] == 1  # --threads 2 // 2
+    assert info["kernels"]["decode_step"].startswith("modules (tensor parallel")
+    assert info["weight_bytes"] == sum(info["weight_bytes_per_rank"]) and len(info["weight_bytes_per_rank"]) == 2
+    assert obj["systems"]["bytediet"]["single"]["decode_tokens"] == BenchConfig.quick().decode_new_tokens
+    assert "--tensor-parallel-size 2" in obj["command"] and "link" not in obj  # no roofline part: no link needed
+    assert not tp_ranks_alive()
+
+
+def test_cli_tensor_parallel_roofline_is_the_analyzer_at_tp2_over_the_measured_link(ckpt, fake_machine_2, capsys):
+    from dataclasses import replace
+
+    from bytediet.models.loader import load_config
+
+    assert main(["bench", "--model", str(ckpt), "--quick", "--threads", "2", "--parts", "roofline,context",
+                 "--peers", "none", "--roofline-batches", "2", "--contexts", "20", "-tp", "2", "--json"]) == 0
+    obj = json.loads(capsys.readouterr().out)
+    link = obj["link"]
+    assert link["bus_bandwidth_gb_per_s"] == pytest.approx((4 << 20) / link["allreduce_s"] / 1e9)  # 2(N-1)/N = 1
+    hw = replace(measure_mod.spec_from_measurement(FAKE_MACHINE), interconnect_bandwidth=2e9 * link["bus_bandwidth_gb_per_s"])
+    config, c = load_config(str(ckpt)), obj["config"]
+    row = obj["roofline"]["rows"][0]
+    assert obj["roofline"]["tp"] == 2 and row["batch"] == 2 and row["linear_pass_s"] > 0
+    pred = analyze(config, hw, weights=32.0, kv=32.0, batch=2, prompt_len=c["roofline_prompt_len"],
+                   context=c["roofline_prompt_len"] + 1 + c["roofline_steps"] // 2, tp=2)
+    assert row["predicted_tokens_per_s"] == pytest.approx(pred.decode_tokens_per_s)
+    assert pred.decode.allreduce_s > 0
+    assert obj["context_roofline"][0]["predicted_step_s"] == pytest.approx(
+        analyze(config, hw, weights=32.0, kv=32.0, batch=1, prompt_len=20, context=20 - 4 // 2, tp=2).decode.time)
+    assert not tp_ranks_alive()
+
+
+def test_cli_tensor_parallel_refusals_and_shutdown_on_error(ckpt, fake_machine_2, capsys, monkeypatch):
+    from bytediet.perf import bench as bench_mod
+    from bytediet.quant import get_weight_format
+    from bytediet.quant.base import WeightFormat
+
+    with monkeypatch.context() as patch:  # a format without a shard method of its own (which formats split changes)
+        patch.setattr(type(get_weight_format("int8")), "shard", WeightFormat.shard)
+        for flags in (["--formats", "fp32,int8"], ["--weights", "int8"]):
+            assert main(["bench", "--model", str(ckpt), "--quick", "--peers", "none", "-tp", "2", *flags]) == 2
+            assert "int8: this weight format cannot be split for tensor parallelism (--tensor-parallel-size 2)" \
+                in capsys.readouterr().err
+    assert main(["bench", "--model", str(ckpt), "--quick", "-tp", "0"]) == 2
+
+    def fail(system, ctx):
+        raise ConfigError("a part failed")
+
+    monkeypatch.setattr(bench_mod, "measure_single", fail)
+    assert main(["bench", "--model", str(ckpt), "--quick", "--threads", "2", "--parts", "single", "--peers", "none",
+                 "-tp", "2"]) == 2
+    assert "a part failed" in capsys.readouterr().err
+    assert not tp_ranks_alive()  # the ranks were stopped on the way out

@@ -18,6 +18,9 @@ def register(sub) -> None:
                                    "predicted vs measured decode speed.")
     p.add_argument("--model", default="default", help="GGUF file, Hugging Face directory, or 'default' / 'gemma3-270m'")
     p.add_argument("--threads", type=int, default=2, help="torch threads (bytediet, transformers) and llama.cpp n_threads")
+    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, metavar="N",
+                   help="run bytediet split across N processes (each loads its own shard and gets --threads // N "
+                        "threads, at least 1); every part runs, the roofline predicts for N ranks")
     p.add_argument("--peers", default="llama.cpp,transformers", help="comma-separated peers, or 'none'")
     p.add_argument("--concurrency", default=None, help="concurrent requests per level (default 1,4,16,32,64)")
     p.add_argument("--roofline-batches", default=None, help="batch sizes of the predicted-vs-measured check (default 1,16)")
@@ -53,6 +56,8 @@ def bench_config(args: argparse.Namespace):
 
     if args.threads < 1:
         raise ConfigError("--threads must be at least 1")
+    if args.tensor_parallel_size < 1:
+        raise ConfigError(f"--tensor-parallel-size must be at least 1, got {args.tensor_parallel_size}")
     overrides: dict[str, Any] = {"threads": args.threads}
     if args.concurrency:
         overrides["concurrency"] = positive_ints(args.concurrency, "--concurrency")
@@ -77,26 +82,56 @@ def bench_config(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from ..eval.corpus import corpus_token_ids
-    from ..models.loader import load_model, resolve_model_path
-    from ..perf.bench import PARTS, run_bench
+    from ..perf.bench import PARTS
     from ..perf.measure import this_machine
-    from ..perf.peers import BytedietSystem, make_peers
 
     config = bench_config(args)
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     if not parts or set(parts) - set(PARTS):
         raise ConfigError(f"--parts: choose from {', '.join(PARTS)}, got {args.parts!r}")
-    names = [] if args.peers.strip().lower() in ("", "none") else [n.strip() for n in args.peers.split(",") if n.strip()]
+    if args.weights:
+        from ..quant import get_weight_format
+
+        check_splits(get_weight_format(args.weights), "--weights", args.tensor_parallel_size)
     progress = (lambda msg: print(f"[bench] {msg}", file=sys.stderr, flush=True))
+    variants = [LazyVariant(spec, args, config, progress) for spec in _formats(args)]
     torch.set_num_threads(config.threads)
     hardware = this_machine(measure_if_missing=True, threads=config.threads, remeasure=args.measure)
-    progress(f"loading {args.model}" + (f" with weights {args.weights}" if args.weights else ""))
-    model, tokenizer = load_model(args.model, dtype=torch.float32, weights=args.weights, keep_packed=True,
-                                  activations=args.activations)
-    ours = BytedietSystem((model, tokenizer), threads=config.threads, kv_cache_dtype=args.kv_cache_dtype,
-                          max_num_batched_tokens=args.max_num_batched_tokens)
-    variants = [LazyVariant(spec, args, config, progress) for spec in _formats(args)]
+    tp = args.tensor_parallel_size
+    progress(f"loading {args.model}" + (f" with weights {args.weights}" if args.weights else "")
+             + (f" across {tp} processes" if tp > 1 else ""))
+    ours = load_system(args, config.threads, args.weights, args.kv_cache_dtype)
+    try:
+        return _run(args, config, parts, ours, variants, hardware, progress)
+    finally:  # tensor parallel: stop the ranks, also when a part failed
+        for system in (*variants, ours):
+            system.close()
+
+
+def load_system(args: argparse.Namespace, threads: int, weights, kv_cache_dtype: str):
+    """bytediet's system for ``weights``: the model loaded in this process, or split across
+    ``--tensor-parallel-size`` processes that each load their own shard."""
+    import torch
+
+    from ..models.loader import load_model
+    from ..perf.peers import BytedietSystem
+
+    common = dict(kv_cache_dtype=kv_cache_dtype, max_num_batched_tokens=args.max_num_batched_tokens)
+    if args.tensor_parallel_size > 1:
+        return BytedietSystem.tensor_parallel(args.model, args.tensor_parallel_size, threads=threads, weights=weights,
+                                              activations=args.activations, **common)
+    loaded = load_model(args.model, dtype=torch.float32, weights=weights, keep_packed=True, activations=args.activations)
+    return BytedietSystem(loaded, threads=threads, **common)
+
+
+def _run(args: argparse.Namespace, config, parts: list[str], ours, variants: list, hardware, progress) -> int:
+    from ..eval.corpus import corpus_token_ids
+    from ..models.loader import resolve_model_path
+    from ..perf.bench import run_bench
+    from ..perf.peers import make_peers
+
+    model, tokenizer = ours.model, ours.tokenizer
+    names = [] if args.peers.strip().lower() in ("", "none") else [n.strip() for n in args.peers.split(",") if n.strip()]
     path = resolve_model_path(args.model)
     eos = sorted(getattr(tokenizer, "eos_token_ids", ()) or [0])
     if names:
@@ -134,12 +169,23 @@ def _formats(args: argparse.Namespace) -> list[str]:
         weights, _, kv = spec.partition(":")
         try:
             if weights != "gguf":
-                get_weight_format(weights)
+                check_splits(get_weight_format(weights), "--formats", args.tensor_parallel_size)
             if kv:
                 get_kv_codec(kv)
         except KeyError as exc:
             raise ConfigError(f"--formats: {exc.args[0]}") from None
     return specs
+
+
+def check_splits(fmt, flag: str, tp: int) -> None:
+    """Refuse, before anything loads, a weight format that cannot be cut into tensor-parallel shards (one that
+    keeps :class:`~bytediet.quant.base.WeightFormat`'s refusing ``shard``)."""
+    from ..quant.base import WeightFormat
+
+    if tp > 1 and type(fmt).shard is WeightFormat.shard:
+        raise ConfigError(f"{flag} {fmt.spec()}: this weight format cannot be split for tensor parallelism "
+                          f"(--tensor-parallel-size {tp}); drop it, use a format that splits (fp32, bf16, fp16, "
+                          "int8, GGUF blocks) or --tensor-parallel-size 1")
 
 
 class LazyVariant:
@@ -152,17 +198,10 @@ class LazyVariant:
 
     def _load(self):
         if self._system is None:
-            import torch
-
-            from ..models.loader import load_model
-            from ..perf.peers import BytedietSystem
-
             spec, _, kv = self.spec.partition(":")
             self.progress(f"loading {self.args.model} with weights {spec}" + (f", KV {kv}" if kv else ""))
-            loaded = load_model(self.args.model, dtype=torch.float32, weights=None if spec == "gguf" else spec,
-                                keep_packed=True, activations=self.args.activations)
-            self._system = BytedietSystem(loaded, threads=self.config.threads, kv_cache_dtype=kv or self.args.kv_cache_dtype,
-                                          max_num_batched_tokens=self.args.max_num_batched_tokens)
+            self._system = load_system(self.args, self.config.threads, None if spec == "gguf" else spec,
+                                       kv or self.args.kv_cache_dtype)
         return self._system
 
     def info(self) -> dict:
@@ -172,6 +211,8 @@ class LazyVariant:
         return self._load().serve(prompts, max_tokens, concurrency)
 
     def close(self) -> None:
+        if self._system is not None:
+            self._system.close()  # tensor parallel: its ranks stop
         self._system = None
 
 
@@ -179,6 +220,8 @@ def command_line(args: argparse.Namespace) -> str:
     """The flags of this run, spelled out (defaults included), to reproduce it."""
     flags = [f"--model {args.model}", f"--threads {args.threads}", f"--peers {args.peers}", f"--parts {args.parts}",
              f"--kv-cache-dtype {args.kv_cache_dtype}", f"--max-num-batched-tokens {args.max_num_batched_tokens}"]
+    if args.tensor_parallel_size > 1:
+        flags.append(f"--tensor-parallel-size {args.tensor_parallel_size}")
     for flag, value in (("--weights", args.weights), ("--formats", args.formats), ("--contexts", args.contexts),
                         ("--activations", args.activations),
                         ("--concurrency", args.concurrency),
@@ -200,7 +243,9 @@ def print_tables(r: dict) -> None:
 
     console = Console(width=None if sys.stdout.isatty() else 160)  # files and pipes: no wrapping at 80 columns
     m = r["machine"]
-    console.print(f"[bold]{r.get('model')}[/] on {m['cpu']} ({m['cores']} cores), {r['config']['threads']} threads, "
+    tp = r.get("tensor_parallel_size", 1)
+    split = f" (bytediet across {tp} processes, {max(1, r['config']['threads'] // tp)} each)" if tp > 1 else ""
+    console.print(f"[bold]{r.get('model')}[/] on {m['cpu']} ({m['cores']} cores), {r['config']['threads']} threads{split}, "
                   f"load average {m['load_average'][0]:.2f} → {m['load_average_end'][0]:.2f}; measured read bandwidth "
                   f"{_f(r['read_bandwidth_gb_per_s'])} GB/s; prompts from {r['corpus']}")
     systems = {k: v for k, v in r["systems"].items() if v["available"]}

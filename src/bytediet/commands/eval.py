@@ -6,6 +6,7 @@ import json
 import sys
 from typing import Any
 
+from ..errors import ConfigError
 from ._parse import floats, positive_ints
 
 
@@ -28,6 +29,9 @@ def register(subparsers) -> None:
     p.add_argument("--passkey-depths", default="0,0.25,0.5,0.75,1", help="needle depths, fractions of the filler")
     p.add_argument("--passkey-trials", type=int, default=1, help="trials per (length, depth)")
     p.add_argument("--speed-tokens", type=int, default=32, help="tokens generated for the speed measurement")
+    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, metavar="N",
+                   help="split the reference and the test model each across N processes (each loads its own "
+                        "shard); every task runs through the split model. Not with --kv-pareto or KV calibration")
     p.add_argument("--kv-pareto", action="store_true",
                    help="instead of one configuration: every KV anchor (llama.cpp q8_0/q5_0/q4_1/q4_0 and k=q8_0,v=q4_0, "
                         "vLLM fp8, HF QuantizedCache hf4/hf2, KIVI), bytediet's codecs and budgets auto:<bits>, on the "
@@ -54,6 +58,13 @@ def settings_from_args(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
+    tp = args.tensor_parallel_size
+    if tp < 1:
+        raise ConfigError(f"--tensor-parallel-size must be at least 1, got {tp}")
+    if args.kv_pareto and tp > 1:
+        raise ConfigError(f"--kv-pareto scores every KV codec (and calibrates the budgets) on the whole model in one "
+                          f"process; it does not run at --tensor-parallel-size {tp}: drop -tp, or evaluate one codec "
+                          "with --kv-cache-dtype")
     if args.kv_pareto:
         return run_kv_pareto(args)
     from ..eval.harness import evaluate
@@ -65,7 +76,8 @@ def run(args: argparse.Namespace) -> int:
         kv_calibration = {"corpus": args.corpus, "windows": args.kv_calib_windows, "window_len": args.kv_calib_len,
                           "seed": args.seed}
     result = evaluate(args.model, weights=args.weights, kv_cache_dtype=args.kv_cache_dtype,
-                      settings=settings_from_args(args), progress=not args.no_progress, kv_calibration=kv_calibration)
+                      settings=settings_from_args(args), progress=not args.no_progress, kv_calibration=kv_calibration,
+                      tensor_parallel_size=tp)
     if args.plot:
         from ..eval.plots import write_plots
 
@@ -155,8 +167,10 @@ def render_table(result: dict):
     cfg, ref = result["config"], result["reference_config"]
     blocks = cfg.get("native_blocks") or {}
     weights = cfg["weights"] or ("as loaded" + (f" ({'/'.join(blocks)} blocks, native)" if blocks else ""))
+    tp = result.get("tensor_parallel_size", 1)
     table = Table(title=f"{result['model_name']}: weights={weights}, kv={cfg['kv_codec']} "
-                        f"vs unmodified ({ref['dtype']}, kv={ref['kv_codec']})")
+                        f"vs unmodified ({ref['dtype']}, kv={ref['kv_codec']})"
+                        + (f", both across {tp} processes" if tp > 1 else ""))
     for column, justify in (("task", "left"), ("metric", "left"), ("reference", "right"), ("test", "right")):
         table.add_column(column, justify=justify, no_wrap=True)
     for task, metric, ref, test in table_rows(result):

@@ -3,15 +3,16 @@
 Each engine owns its own groups, built from a ``torch.distributed`` store (no default process group,
 so several engines may live in one process one after the other): a *data* group for the model's
 all-reduces and all-gathers — NCCL when the model is on CUDA, gloo on the CPU — and a *control* group,
-always gloo, over which rank 0 broadcasts each step's batch as a pickled object (vLLM keeps the same
-split: a CPU group for metadata, a device group for activations).
+always gloo, over which rank 0 broadcasts each step's batch as a pickled object and gathers the ranks'
+answers to a :class:`~.worker.Call` (vLLM keeps the same split: a CPU group for metadata, a device group
+for activations).
 """
 from __future__ import annotations
 
 import pickle
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
@@ -75,3 +76,16 @@ class TPGroup:
             payload = torch.empty(int(size), dtype=torch.uint8)
         self.control.broadcast([payload], dist.BroadcastOptions()).wait()
         return obj if self.rank == 0 else pickle.loads(payload.numpy().tobytes())
+
+    def gather_object(self, obj: Any) -> Optional[list]:
+        """Every rank's ``obj`` on rank 0, in rank order (None on the others): each rank's length, then the
+        pickled bytes padded to the longest, over the control group (all ranks call it)."""
+        mine = torch.frombuffer(bytearray(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)), dtype=torch.uint8)
+        sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world)]
+        self.control.allgather([sizes], [torch.tensor([mine.numel()], dtype=torch.int64)]).wait()
+        width = max(int(n) for n in sizes)
+        payloads = [torch.empty(width, dtype=torch.uint8) for _ in range(self.world)]
+        self.control.allgather([payloads], [torch.nn.functional.pad(mine, (0, width - mine.numel()))]).wait()
+        if self.rank != 0:
+            return None
+        return [pickle.loads(p[:int(n)].numpy().tobytes()) for p, n in zip(payloads, sizes)]

@@ -13,7 +13,7 @@ import os
 import signal
 import time
 from datetime import timedelta
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -22,7 +22,7 @@ import torch.multiprocessing as mp
 from ..errors import BytedietError, ConfigError
 from .comm import TPGroup
 from .shard import load_shard
-from .worker import AllocateCaches, Step, Stop, WorkerArgs, worker_main
+from .worker import AllocateCaches, Call, Step, Stop, WorkerArgs, worker_main
 
 HOST = "127.0.0.1"
 DEFAULT_TIMEOUT_S = 60.0  # longest a step's collective may wait for a worker before the engine fails
@@ -52,7 +52,9 @@ class Workers:
 
     # -- messages ---------------------------------------------------------------------------------
     def allocate(self, codec, num_blocks: int, block_size: int) -> None:
-        """Have every worker allocate the same number of KV blocks with the same codec (its heads only)."""
+        """Have every worker allocate the same number of KV blocks with the same codec (its heads only), in place
+        of its old pages (a rebuilt engine): sequences freed in those need no message."""
+        self._freed = []
         self._call(lambda: self.group.broadcast_object(AllocateCaches(codec, num_blocks, block_size)))
 
     def free_sequence(self, seq_id: int) -> None:
@@ -65,6 +67,16 @@ class Workers:
         step = Step(input_ids.cpu(), meta.to("cpu"), logit_rows.cpu(), self._freed)
         self._freed = []
         return self._call(lambda: (self.group.broadcast_object(step), forward())[1])
+
+    def call(self, fn: Callable[..., Any], args: tuple, local: Callable[[], Any], gather: bool = False) -> list:
+        """Have every worker run ``fn(shard, *args)`` while rank 0 runs ``local()`` (the same function on its own
+        shard: collectives inside meet). Returns ``[rank 0's result]``, or with ``gather`` every rank's, in rank
+        order (each pickled back: keep them small)."""
+        def run() -> list:
+            self.group.broadcast_object(Call(fn, tuple(args), gather))
+            mine = local()
+            return self.group.gather_object(mine) if gather else [mine]
+        return self._call(run)
 
     def shutdown(self, timeout_s: float = 10.0) -> None:
         """Stop the workers (politely if they still answer) and wait for them to exit."""

@@ -21,6 +21,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..config import ModelConfig
 from ..models.layers import Linear
 from ..models.transformer import CausalLM
 from .comm import TPGroup
@@ -123,7 +124,20 @@ def install(model: CausalLM, group: TPGroup) -> CausalLM:
                            intermediate_size=part.intermediate[1] - part.intermediate[0])
     model.full_config = full
     model.tensor_parallel, model.kv_head_range = (group.rank, group.world), part.kv_heads
+    model.tp_group = group  # for functions rank 0 runs on every shard (a link measurement)
     return model
+
+
+def full_shape(name: str, shape: tuple[int, int], config: ModelConfig) -> tuple[int, int]:
+    """The ``(out, in)`` features linear layer ``name`` has in the whole model (``config``: the full one), from
+    one rank's ``shape`` of it: the split dimension is the partition field's whole extent."""
+    plan = _plan(name)
+    if plan is None:
+        return shape
+    split, field = plan
+    whole = {"q_heads": config.num_heads * config.head_dim, "kv_heads": config.num_kv_heads * config.head_dim,
+             "intermediate": config.intermediate_size, "vocab": config.vocab_size}[field]
+    return (whole, shape[1]) if split == COLUMN else (shape[0], whole)
 
 
 def load_shard(group: TPGroup, spec: str, load_tokenizer: bool = False, **load_args):

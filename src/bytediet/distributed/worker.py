@@ -2,9 +2,10 @@
 
 Rank 0 (the engine's process) schedules, samples and owns the block manager; a worker only mirrors the
 forward pass on its shard, over its own KV pages (its heads only). Messages, in the order rank 0 sends
-them over the control group: :class:`AllocateCaches` once, then one :class:`Step` per engine step,
-then :class:`Stop`. A worker that fails writes its traceback to the store (``error/<rank>``) so rank 0
-can quote it.
+them over the control group: :class:`AllocateCaches` (again whenever the engine is rebuilt), one
+:class:`Step` per engine step, a :class:`Call` when rank 0 runs a function on every shard (scoring a
+sequence, a measurement), and finally :class:`Stop`. A worker that fails writes its traceback to the
+store (``error/<rank>``) so rank 0 can quote it.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import os
 import traceback
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -36,6 +37,16 @@ class Step:
     meta: Any  # AttentionMetadata
     logit_rows: torch.Tensor
     freed: list[int] = field(default_factory=list)
+
+
+@dataclass
+class Call:
+    """Run ``fn(model, *args)`` on the shard while rank 0 runs it on its own (the collectives inside meet);
+    with ``gather`` the result goes back to rank 0. ``fn`` travels pickled: a module-level function."""
+
+    fn: Callable[..., Any]
+    args: tuple = ()
+    gather: bool = False
 
 
 @dataclass
@@ -79,7 +90,13 @@ def serve(model, group: TPGroup) -> None:
         if isinstance(msg, Stop):
             return
         if isinstance(msg, AllocateCaches):
+            caches = None  # the old pages go before the new ones are allocated
             caches = model.new_caches(msg.num_blocks, msg.block_size, msg.codec)
+            continue
+        if isinstance(msg, Call):
+            result = msg.fn(model, *msg.args)
+            if msg.gather:
+                group.gather_object(result)
             continue
         for seq_id in msg.freed:
             for cache in caches:

@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-from typing import Iterator, Optional, Sequence, Union
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Callable, Iterator, Optional, Sequence, Union
+
+import torch
 
 from ..config import SchedulerConfig
 from ..errors import ConfigError
+from ..kvcache.base import get_kv_codec
 from ..kvcache.config import CacheConfig
 from .config import EngineConfig
 from .engine import LLMEngine, StepOutput, set_threads
@@ -57,7 +60,8 @@ class LLM:
     ``loaded=(model, tokenizer)`` uses a model already loaded (and perhaps quantized); ``config.weights`` and
     ``config.weight_overrides`` then record the model's own quantization. ``tensor_parallel_size=N`` splits
     the model across N processes (:mod:`bytediet.distributed`; this one is rank 0): call :meth:`shutdown`
-    to stop them before building another.
+    to stop them before building another. :meth:`rebuild_engine` changes the engine's settings without reloading;
+    :meth:`score` and :meth:`collective_rpc` run a forward pass / a function on every rank's model.
     """
 
     def __init__(self, model: str = "default", *, dtype: str = "float32", weights: Optional[str] = None,
@@ -104,6 +108,56 @@ class LLM:
         """Stop the tensor-parallel workers, if any (the engine cannot step afterwards)."""
         if self.workers is not None:
             self.workers.shutdown()
+
+    def rebuild_engine(self, **settings) -> None:
+        """Replace the engine by one with other settings over the same loaded model (and tensor-parallel ranks):
+        the cache's (``kv_cache_dtype``, ``kv_calibration_state``, ``kv_cache_memory``, ``block_size``,
+        ``num_blocks``, ``enable_prefix_caching``) and the scheduler's (``max_num_batched_tokens``,
+        ``max_num_seqs``, ``enable_chunked_prefill``); the others keep their values, except that a new codec
+        gets its default block size and a memory budget replaces ``num_blocks`` unless those are given too.
+        The old engine's requests are dropped and its KV pool freed before the new one is allocated."""
+        cache_keys = {f.name for f in fields(CacheConfig)}
+        sched_keys = {f.name for f in fields(SchedulerConfig)}
+        unknown = sorted(set(settings) - cache_keys - sched_keys)
+        if unknown:
+            raise ConfigError(f"rebuild_engine: unknown setting(s) {unknown}; choose from "
+                              f"{', '.join(sorted(cache_keys | sched_keys))}")
+        cache = {k: v for k, v in settings.items() if k in cache_keys}
+        if "kv_cache_dtype" in cache:
+            cache.setdefault("block_size", None)
+        if "kv_cache_memory" in cache:
+            cache.setdefault("num_blocks", None)
+        config = replace(self.config, cache=replace(self.config.cache, **cache), scheduler=replace(
+            self.config.scheduler, **{k: v for k, v in settings.items() if k in sched_keys}))
+        self.engine = None  # its pool (and the workers' pages) goes first
+        self.config = config
+        self.engine = LLMEngine(self.model, self.tokenizer, config, workers=self.workers)
+
+    # -- every rank ------------------------------------------------------------------------------
+    def collective_rpc(self, fn: Callable[..., Any], *args) -> list:
+        """``fn(model, *args)`` on every rank's model at once (each its shard at tensor_parallel_size > 1, so
+        collectives inside meet) → the results in rank order (``[fn(model, *args)]`` at size 1). ``fn`` must be
+        a module-level function (it is pickled to the workers) and its result small (it is pickled back)."""
+        return self._on_ranks(fn, args, gather=True)
+
+    def score(self, prompt: Prompt, kv_codec=None) -> torch.Tensor:
+        """Logits (L, vocab) of every position of one prompt: the model's paged forward pass (:meth:`CausalLM.score`)
+        over pages of its own, not the engine's pool; ``kv_codec`` (a name or codec object) defaults to the
+        engine's. At tensor_parallel_size > 1 every rank runs it (the logits are all-gathered)."""
+        ids = torch.tensor(self.encode(prompt), dtype=torch.long)
+        vocab = self.model.config.vocab_size
+        if ids.numel() == 0 or int(ids.min()) < 0 or int(ids.max()) >= vocab:  # checked before any rank starts
+            raise ConfigError(f"score: give a non-empty prompt of token ids in [0, {vocab - 1}]")
+        codec = self.engine.runner.codec if kv_codec is None else get_kv_codec(kv_codec, self.model.dtype)
+        return self._on_ranks(_score, (ids, codec), gather=False)[0]
+
+    def _on_ranks(self, fn, args: tuple, gather: bool) -> list:
+        def local():
+            with torch.inference_mode():
+                return fn(self.model, *args)
+        if self.workers is None:
+            return [local()]
+        return self.workers.call(fn, args, local, gather=gather)
 
     # -- prompts --------------------------------------------------------------------------------
     def encode(self, prompt: Prompt) -> list[int]:
@@ -186,6 +240,10 @@ class LLM:
             if not req.is_finished:
                 self.engine.abort_request(req.request_id)
             self.engine.forget(req.request_id)
+
+
+def _score(model, ids: torch.Tensor, codec) -> torch.Tensor:
+    return model.score(ids, kv_codec=codec)
 
 
 def _launch_tensor_parallel(size: int, loaded, num_threads: Optional[int], load: dict):

@@ -67,10 +67,11 @@ class Subject:
     """One configuration under measurement: a loaded model, its tokenizer, and the KV codec spec."""
 
     label: str
-    model: Any  # bytediet.models.transformer.CausalLM
+    model: Any  # bytediet.models.transformer.CausalLM (tensor parallel: rank 0's shard)
     tokenizer: Any  # bytediet.models.tokenizer.Tokenizer (None for token-id-only tests)
     kv_cache_dtype: str = "auto"
     weights: Optional[str] = None
+    llm: Any = None  # tensor parallel: the LLM over every rank, through which each task runs
 
 
 class ReferenceCache:
@@ -174,11 +175,12 @@ def evaluate(model_spec: str, *, weights: Optional[str] = None, kv_cache_dtype: 
              windows: int = 8, window_len: int = 512, corpus: str = "prideprejudice", seed: int = 0,
              tasks: Sequence[str] = DEFAULT_TASKS, reference: Optional[ReferenceCache] = None,
              settings: Optional[EvalSettings] = None, progress: bool = True,
-             kv_calibration: Optional[dict] = None) -> dict:
+             kv_calibration: Optional[dict] = None, tensor_parallel_size: int = 1) -> dict:
     """Measure ``weights`` × ``kv_cache_dtype`` on ``model_spec`` against the unmodified model.
 
     ``kv_calibration`` ({corpus, windows, window_len, seed}, as in a run config) calibrates a codec with
     calibration hooks on the unmodified model first (:func:`calibrated_kv_codec`).
+    ``tensor_parallel_size`` N > 1: both models split across N processes (:mod:`bytediet.eval.parallel`).
 
     The reference is the checkpoint's exact float values (a GGUF dequantized to fp32). Without ``weights`` the
     test runs the checkpoint *as the engine loads it*: a GGUF's quantized blocks on the native kernels
@@ -193,6 +195,12 @@ def evaluate(model_spec: str, *, weights: Optional[str] = None, kv_cache_dtype: 
     settings = settings or EvalSettings(corpus=corpus, windows=windows, window_len=window_len, seed=seed,
                                         tasks=tuple(tasks))
     _check_tasks(settings.tasks)
+    if tensor_parallel_size > 1:
+        from .parallel import evaluate_tensor_parallel
+
+        return evaluate_tensor_parallel(model_spec, tensor_parallel_size, weights=weights, settings=settings,
+                                        kv_cache_dtype=kv_cache_dtype, reference=reference, progress=progress,
+                                        kv_calibration=kv_calibration)
     reference = reference_cache(str(model_spec), settings, reference)
     t0 = time.perf_counter()
     model, tokenizer = load_model(model_spec, dtype=torch.float32)
@@ -229,19 +237,15 @@ def evaluate_loaded(model, tokenizer, *, settings: EvalSettings, weights: Option
     _check_tasks(settings.tasks)
     label = model_label or getattr(model, "source_path", "") or model.config.name
     reference = reference_cache(label, settings, reference)
-    if settings.window_len + (1 if tokenizer is not None else 0) > model.config.max_position_embeddings:
-        raise ConfigError(f"window_len {settings.window_len} exceeds the model's context "
-                          f"({model.config.max_position_embeddings} tokens); use a shorter --window-len")
+    check_window(settings, model.config, tokenizer is not None)
     t0 = time.perf_counter()
     ctx = build_context(tokenizer, settings, reference, corpus_ids=corpus_ids, progress=progress)
     kv = kv_cache_dtype or "auto"
     kv_name = get_kv_codec(kv, model.dtype).describe(model.config.head_dim)  # fails early on an unknown codec
     if weights:
-        from ..models.quantize import QuantizeConfig
-
         if test_model is not None:
             raise ValueError("evaluate_loaded: give either weights (to quantize model) or test_model, not both")
-        QuantizeConfig(format=weights)  # fails early on an unknown weight format
+        check_weights(weights)
     ref_subject = Subject("reference", model, tokenizer, "auto", None)
 
     def make_test() -> Subject:
@@ -251,19 +255,42 @@ def evaluate_loaded(model, tokenizer, *, settings: EvalSettings, weights: Option
         return Subject("test", model, tokenizer, kv, weights)
 
     results = run_tasks(ref_subject, make_test, ctx)
+    blocks = native_block_types(test_model) if test_model is not None else {}
+    return result_dict(label, model, ctx, results, weights, kv, kv_name, blocks, t0)
+
+
+def result_dict(label: str, model, ctx: EvalContext, results: dict, weights: Optional[str], kv, kv_name: str,
+                native_blocks: dict, t0: float) -> dict:
+    """The JSON-ready result of :func:`evaluate` (``model``: the reference, or a shard of it)."""
+    from ..kvcache import get_kv_codec
+
     return {
         "model": label,
         "model_name": model.config.name or label,
         "config": {"weights": weights, "kv_cache_dtype": kv if isinstance(kv, str) else kv.name, "kv_codec": kv_name,
-                   "native_blocks": native_block_types(test_model) if test_model is not None else {}},
+                   "native_blocks": native_blocks},
         "reference_config": {"weights": None, "kv_cache_dtype": "auto",
                              "kv_codec": get_kv_codec("auto", model.dtype).describe(),
                              "dtype": str(model.dtype).removeprefix("torch.")},
-        "settings": asdict(settings),
+        "settings": asdict(ctx.settings),
         "window_starts": [w.start for w in ctx.windows],
         "tasks": results,
         "elapsed_s": time.perf_counter() - t0,
     }
+
+
+def check_window(settings: EvalSettings, config, has_tokenizer: bool) -> None:
+    """Refuse windows longer than the model's context (a BOS token takes one more position)."""
+    if settings.window_len + (1 if has_tokenizer else 0) > config.max_position_embeddings:
+        raise ConfigError(f"window_len {settings.window_len} exceeds the model's context "
+                          f"({config.max_position_embeddings} tokens); use a shorter --window-len")
+
+
+def check_weights(weights: str) -> None:
+    """Fail early on an unknown weight format."""
+    from ..models.quantize import QuantizeConfig
+
+    QuantizeConfig(format=weights)
 
 
 def reference_cache(label: str, settings: EvalSettings, reference: Optional[ReferenceCache] = None) -> ReferenceCache:

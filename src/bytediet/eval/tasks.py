@@ -53,7 +53,10 @@ def _window_pairs(subject, ctx, index: int) -> tuple[torch.Tensor, torch.Tensor]
     """Logits (L-1, V) predicting window ``index``'s ids[1:] (L-1,), scored after the BOS prefix if any."""
     ids = ctx.windows[index].ids
     seq = torch.cat([torch.tensor(ctx.bos, dtype=torch.long), ids])
-    logits = subject.model.score(seq, kv_codec=subject.kv_cache_dtype)  # (B + L, V)
+    if subject.llm is not None:  # tensor parallel: every rank runs the forward pass
+        logits = subject.llm.score(seq, kv_codec=subject.kv_cache_dtype)  # (B + L, V)
+    else:
+        logits = subject.model.score(seq, kv_codec=subject.kv_cache_dtype)
     return next_token_pairs(logits[len(ctx.bos):], ids)
 
 
@@ -109,12 +112,16 @@ class FidelityTask(EvalTask):
 
 # ----------------------------------------------------------------------------------- passkey
 def _engine(subject, **kwargs):
+    """An LLM over the subject's model with these engine settings (tensor parallel: its LLM, engine rebuilt)."""
     from ..engine.llm import LLM
     from ..kvcache.base import codec_config
 
     name, state = codec_config(subject.kv_cache_dtype)   # a calibrated codec travels as name + state
-    return LLM(subject.label, loaded=(subject.model, subject.tokenizer), kv_cache_dtype=name, kv_calibration_state=state,
-               enable_prefix_caching=False, **kwargs)
+    settings = dict(kv_cache_dtype=name, kv_calibration_state=state, enable_prefix_caching=False, **kwargs)
+    if subject.llm is not None:
+        subject.llm.rebuild_engine(**settings)
+        return subject.llm
+    return LLM(subject.label, loaded=(subject.model, subject.tokenizer), **settings)
 
 
 @EVAL_TASKS.register("passkey")
@@ -149,7 +156,8 @@ class PasskeyTask(EvalTask):
 
 
 def _kv_budget(subject, tokens: int) -> int:
-    """KV bytes for one sequence of ``tokens`` (+ a block of slack per layer) with the subject's codec."""
+    """KV bytes for one sequence of ``tokens`` (+ a block of slack per layer) with the subject's codec (tensor
+    parallel: per rank, for the heads of rank 0, which holds the most)."""
     from ..kvcache import get_kv_codec
 
     c = subject.model.config
@@ -158,6 +166,11 @@ def _kv_budget(subject, tokens: int) -> int:
 
 
 # ----------------------------------------------------------------------------------- speed / memory
+def _footprint(model) -> tuple[int, int, int, int]:
+    """(weight bytes, decode weight bytes, peak RSS, current RSS) of one process's model (shard)."""
+    return (model.weight_bytes(), model.decode_weight_bytes(), *_rss_bytes())
+
+
 def _rss_bytes() -> tuple[int, int]:
     """(peak RSS of this process so far, current RSS), bytes (Linux: ru_maxrss is in KiB)."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
@@ -185,6 +198,7 @@ class SpeedTask(EvalTask):
     bandwidth (gpt-fast's roofline check); it is compared with the measured read bandwidth when
     ``bytediet roofline --measure`` has cached one.  Peak RSS is the process's peak so far
     (``getrusage``), which includes the reference that ran before; current RSS is also given.
+    Tensor parallel: weight bytes and both RSS figures are summed over the ranks' processes.
     """
 
     name, title = "speed", "speed / memory"
@@ -193,27 +207,27 @@ class SpeedTask(EvalTask):
         from ..engine.params import SamplingParams
         from ..kvcache import get_kv_codec
 
-        s, c = ctx.settings, subject.model.config
+        s, c = ctx.settings, getattr(subject.model, "full_config", subject.model.config)  # KV of every rank
         prompt = ctx.windows[0].ids[: s.speed_prompt_len].tolist()
         n_ctx = len(prompt) + s.speed_new_tokens
-        llm = _engine(subject, kv_cache_memory=_kv_budget(subject, n_ctx))
+        llm = _engine(subject, max_num_batched_tokens=512, kv_cache_memory=_kv_budget(subject, n_ctx))
         params = SamplingParams(temperature=0.0, max_tokens=s.speed_new_tokens, ignore_eos=True)
         llm.generate([prompt[:8]], SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True))  # warm-up
         out = llm.generate([prompt], params)[0]
         decode_s = out.finish_time - out.first_token_time
         decode_tps = (len(out.outputs[0].token_ids) - 1) / decode_s
-        weight_bytes = subject.model.weight_bytes()
+        ranks = subject.llm.collective_rpc(_footprint) if subject.llm is not None else [_footprint(subject.model)]
+        weight_bytes, decode_weight_bytes, peak, current = (sum(r[i] for r in ranks) for i in range(4))
         kv_per_token = get_kv_codec(subject.kv_cache_dtype, subject.model.dtype).bytes_per_token(
             c.num_kv_heads, c.head_dim) * c.num_layers
         # per decode step: all weights (a MoE model: its top-k experts) + the KV of the (average) context
-        step_bytes = subject.model.decode_weight_bytes() + kv_per_token * (len(prompt) + s.speed_new_tokens / 2)
-        peak, current = _rss_bytes()
+        step_bytes = decode_weight_bytes + kv_per_token * (len(prompt) + s.speed_new_tokens / 2)
         ceiling = _measured_read_bandwidth()
         achieved = step_bytes * decode_tps
         return {"weight_bytes": weight_bytes, "kv_bytes_per_token": kv_per_token,
                 "prefill_tok_s": len(prompt) / out.ttft, "decode_tok_s": decode_tps,
                 "achieved_gb_s": achieved / 1e9, "bandwidth_fraction": achieved / ceiling if ceiling else None,
-                "peak_rss_bytes": peak, "rss_bytes": current, "prompt_tokens": len(prompt),
+                "peak_rss_bytes": peak, "rss_bytes": current, "processes": len(ranks), "prompt_tokens": len(prompt),
                 "new_tokens": len(out.outputs[0].token_ids)}
 
     def measure_reference(self, subject, ctx) -> dict:
@@ -231,5 +245,10 @@ class SpeedTask(EvalTask):
         keys = [("weight bytes", "weight_bytes"), ("KV bytes / token (all layers)", "kv_bytes_per_token"),
                 ("prefill tok/s", "prefill_tok_s"), ("decode tok/s", "decode_tok_s"),
                 ("achieved GB/s (decode)", "achieved_gb_s"), ("fraction of measured bandwidth", "bandwidth_fraction"),
-                ("peak RSS bytes (process)", "peak_rss_bytes"), ("RSS bytes", "rss_bytes")]
+                (f"peak RSS bytes ({_processes(test)})", "peak_rss_bytes"), ("RSS bytes", "rss_bytes")]
         return [(label, ref[k], test[k]) for label, k in keys] + [("decode speedup", None, r["decode_speedup"])]
+
+
+def _processes(result: dict) -> str:
+    n = result.get("processes", 1)
+    return "process" if n == 1 else f"{n} processes"

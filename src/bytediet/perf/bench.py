@@ -15,6 +15,8 @@ and context scaling: batch-1 decode of ``context_new_tokens`` tokens whose conte
 ``contexts`` (512, 2048, 8192 tokens of Austen), with the roofline's predicted step time beside bytediet's.
 Extra bytediet systems (``variants``: other weight formats of the same model) run the single-stream and
 context parts in the same run, so every format is compared with the same peer measurement.
+At tensor-parallel size N (``ours`` split across N processes) every part runs as it does at size 1, and the
+roofline predicts for N chips whose link is the ranks' own all-reduce, measured (:func:`with_measured_link`).
 """
 from __future__ import annotations
 
@@ -330,8 +332,12 @@ def run_bench(ours, peers: Sequence, config: BenchConfig, *, parts: Sequence[str
         hardware = this_machine(measure_if_missing=True, threads=config.threads)
     bw = read_bandwidth or (hardware.memory_bandwidth if hardware is not None else None)
     ctx = BenchContext(config, list(ids), label, bw, progress)
+    tp = getattr(ours, "tensor_parallel_size", 1)
     result = {"machine": machine_info(), "config": config.to_dict(), "parts": list(parts), "corpus": label,
-              "read_bandwidth_gb_per_s": bw / 1e9 if bw else None, "systems": {}, "ratios": {}}
+              "tensor_parallel_size": tp, "read_bandwidth_gb_per_s": bw / 1e9 if bw else None, "systems": {},
+              "ratios": {}}
+    if tp > 1 and ("roofline" in parts or "context" in parts) and not hardware.link_bandwidth:
+        hardware, result["link"] = with_measured_link(ours, hardware, progress)
     result["systems"][ours.name] = run_system(ours, ctx, parts)
     if "roofline" in parts:
         result["roofline"] = roofline_section(ours, hardware, ctx, result["systems"][ours.name].get("single"))
@@ -356,6 +362,19 @@ def run_bench(ours, peers: Sequence, config: BenchConfig, *, parts: Sequence[str
     return result
 
 
+def with_measured_link(ours, hardware, progress: Progress = lambda msg: None):
+    """``(hardware with the link measured between ours's ranks, what was measured)``: a host's processes share
+    no catalogued interconnect, and the roofline at tensor-parallel size N > 1 needs one (its all-reduce term)."""
+    from dataclasses import replace
+
+    progress(f"{ours.name}: all-reduce between its {ours.tensor_parallel_size} ranks (the roofline's link)")
+    link = ours.measure_link()
+    # interconnect_bandwidth counts both directions; the analyzer's link_bandwidth (the bus) is half of it
+    spec = replace(hardware, interconnect_bandwidth=2 * link["bus_bandwidth"])
+    return spec, {"how": link["how"], "allreduce_s": link["allreduce_s"],
+                  "bus_bandwidth_gb_per_s": link["bus_bandwidth"] / 1e9}
+
+
 def _run_peer(peer, ctx: BenchContext, parts: Sequence[str]) -> dict:
     if isinstance(peer, Unavailable):
         return {"available": False, "reason": f"unavailable: {peer.reason}"}
@@ -373,10 +392,10 @@ def context_roofline(ours, hardware, config: BenchConfig, measured: dict) -> lis
     from .roofline import analyze
 
     weights, kv, rows = ModelWeightBits(ours.model), ours.kv_codec(), []
+    cfg, tp = _full_config(ours), getattr(ours, "tensor_parallel_size", 1)
     for n, m in measured.items():
         mean_ctx = int(n) - config.context_new_tokens // 2
-        pred = analyze(ours.model.config, hardware, weights=weights, kv=kv, batch=1, prompt_len=int(n),
-                       context=mean_ctx)
+        pred = analyze(cfg, hardware, weights=weights, kv=kv, batch=1, prompt_len=int(n), context=mean_ctx, tp=tp)
         rows.append({"context": int(n), "predicted_step_s": pred.decode.time, "predicted_bound": pred.decode.bound,
                      "measured_step_s": m["decode_step_s"], "measured_over_predicted": m["decode_step_s"] / pred.decode.time,
                      "kv_bytes_per_step": pred.kv_bytes, "weight_bytes": pred.weights_bytes})
@@ -392,11 +411,16 @@ class ModelWeightBits:
     """
 
     def __init__(self, model) -> None:
+        from ..distributed.shard import full_shape
+
+        full = getattr(model, "full_config", None)  # a tensor-parallel shard: its layers' shapes in the whole model
         self.by_shape, self.by_in = {}, {}
         for name, lin in model.linear_layers():
-            self.by_shape.setdefault((lin.out_features, lin.in_features), lin.format)
+            shape = (lin.out_features, lin.in_features)
+            out_features, in_features = shape if full is None else full_shape(name, shape, full)
+            self.by_shape.setdefault((out_features, in_features), lin.format)
             if name != "lm_head":
-                self.by_in.setdefault(lin.in_features, lin.format)
+                self.by_in.setdefault(in_features, lin.format)
         if not self.by_shape:
             raise ConfigError("the model has no linear layers")
 
@@ -426,22 +450,27 @@ def roofline_section(ours, hardware, ctx: BenchContext, single: Optional[dict]) 
     """
     from .roofline import analyze
 
-    c, cfg = ctx.config, ours.model.config
+    c, cfg, tp = ctx.config, _full_config(ours), getattr(ours, "tensor_parallel_size", 1)
     weights, kv = ModelWeightBits(ours.model), ours.kv_codec()
     rows = []
     if single:
         pred = analyze(cfg, hardware, weights=weights, kv=kv, batch=1, prompt_len=c.decode_prompt_len,
-                       context=c.decode_prompt_len + c.decode_new_tokens // 2)
+                       context=c.decode_prompt_len + c.decode_new_tokens // 2, tp=tp)
         rows.append(roofline_row("single stream", pred, single["decode_tokens_per_s"], single["decode_ttft_s"]))
     for batch in c.roofline_batches:
         ctx.progress(f"{ours.name}: {c.roofline_steps} decode steps at batch {batch}")
         work = make_workload(ctx.corpus_ids, batch, (c.roofline_prompt_len,) * 2, (1, 1), seed=c.seed + 1000 + batch)
         measured = ours.decode_steps(work.prompts, c.roofline_steps)
         pred = analyze(cfg, hardware, weights=weights, kv=kv, batch=batch, prompt_len=c.roofline_prompt_len,
-                       context=c.roofline_prompt_len + 1 + c.roofline_steps // 2)
+                       context=c.roofline_prompt_len + 1 + c.roofline_steps // 2, tp=tp)
         row = roofline_row("decode steps", pred, measured["tokens_per_s"])
         row.update(forward_s_per_step=measured["forward_s_per_step"], overhead_s_per_step=measured["overhead_s_per_step"],
                    linear_pass_s=ours.linear_pass_s(batch))
         rows.append(row)
     return {"hardware": hardware.id, "hardware_name": hardware.name, "weights": ours.info()["weights"],
-            "kv": kv.describe(), "rows": rows}
+            "kv": kv.describe(), "tp": tp, "rows": rows}
+
+
+def _full_config(ours):
+    """The whole model's configuration (a tensor-parallel system's rank-0 shard has its own heads only)."""
+    return getattr(ours.model, "full_config", ours.model.config)

@@ -19,6 +19,7 @@ becomes :class:`~bytediet.perf.bench.Unavailable` with the reason.
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from pathlib import Path
 from typing import Optional, Sequence
@@ -32,7 +33,14 @@ PEERS = ("llama.cpp", "transformers")
 
 
 class BytedietSystem:
-    """bytediet's :class:`~bytediet.engine.llm.LLM` over an already-loaded ``(model, tokenizer)``."""
+    """bytediet's :class:`~bytediet.engine.llm.LLM` over an already-loaded ``(model, tokenizer)``, or over the
+    ranks of an LLM at tensor-parallel size N (:meth:`tensor_parallel`).
+
+    Each workload gets an engine sized for it: a new LLM over the loaded model, or — tensor parallel, whose
+    ranks cannot be handed to another LLM — that LLM's engine rebuilt (:meth:`LLM.rebuild_engine`). Anything
+    timed on the model itself runs on every rank at once (:meth:`LLM.collective_rpc`). :meth:`close` stops
+    the ranks.
+    """
 
     name = "bytediet"
 
@@ -41,11 +49,13 @@ class BytedietSystem:
         from ..engine.llm import LLM
 
         self.kv_state = None  # the calibration state of a calibrated codec (it travels with the name)
+        self._ranks = None  # the tensor-parallel LLM this system drives (and shuts down)
         if isinstance(source, LLM):
             self.model, self.tokenizer = source.model, source.tokenizer
             kv_cache_dtype, self.kv_state = source.config.cache.kv_cache_dtype, source.config.cache.kv_calibration_state
             max_num_batched_tokens = source.config.scheduler.max_num_batched_tokens
             block_size = source.config.cache.block_size
+            self._ranks = source if source.workers is not None else None
         else:
             self.model, self.tokenizer = source
         from ..kvcache.base import default_block_size
@@ -55,18 +65,49 @@ class BytedietSystem:
         self.max_num_batched_tokens = max_num_batched_tokens
         self._llm, self._key = None, None
 
+    @classmethod
+    def tensor_parallel(cls, spec: str, size: int, *, threads: int = 2, weights: Optional[str] = None,
+                        activations: str = "q16", kv_cache_dtype: str = "auto",
+                        max_num_batched_tokens: int = 512) -> "BytedietSystem":
+        """The checkpoint ``spec`` split across ``size`` processes, each loading its own shard with
+        ``threads // size`` torch threads (at least 1): ``threads`` is what the whole system uses."""
+        from ..engine.llm import LLM
+
+        per_rank = max(1, threads // size)
+        llm = LLM(spec, dtype="float32", weights=weights, keep_packed=True, activations=activations,
+                  kv_cache_dtype=kv_cache_dtype, max_num_batched_tokens=max_num_batched_tokens, num_blocks=1,
+                  num_threads=per_rank, tensor_parallel_size=size)  # a token pool: each workload sizes its own
+        return cls(llm, threads=per_rank)
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        return 1 if self._ranks is None else self._ranks.config.tensor_parallel_size
+
+    def on_ranks(self, fn, *args) -> list:
+        """``fn(model, *args)`` on every rank's model at once, results in rank order (``[fn(model)]`` at size 1)."""
+        if self._ranks is None:
+            with torch.inference_mode():
+                return [fn(self.model, *args)]
+        return self._ranks.collective_rpc(fn, *args)
+
     def kv_codec(self):
         from ..kvcache.base import build_kv_codec
 
         return build_kv_codec(self.kv_cache_dtype, self.kv_state, self.model.dtype, getattr(self.model, "rope", None))
 
     def info(self) -> dict:
+        """What runs: formats, weight bytes (all ranks together), KV codec, threads (per rank), kernels."""
         formats = self.model.weight_formats()
-        return {"system": "bytediet", "source": getattr(self.model, "source_path", None), "weights": ",".join(formats),
-                "weight_bytes": self.model.weight_bytes(), "decode_weight_bytes": self.model.decode_weight_bytes(),
-                "kv_cache_dtype": self.kv_codec().describe(self.model.config.head_dim),
-                "threads": self.threads, "max_num_batched_tokens": self.max_num_batched_tokens,
-                "concurrency_mode": "continuous batching (max_num_seqs = concurrency)", "kernels": self.kernels()}
+        sizes = self.on_ranks(_weight_bytes)
+        out = {"system": "bytediet", "source": getattr(self.model, "source_path", None), "weights": ",".join(formats),
+               "weight_bytes": sum(w for w, _ in sizes), "decode_weight_bytes": sum(d for _, d in sizes),
+               "kv_cache_dtype": self.kv_codec().describe(self.model.config.head_dim),
+               "threads": self.threads, "max_num_batched_tokens": self.max_num_batched_tokens,
+               "concurrency_mode": "continuous batching (max_num_seqs = concurrency)", "kernels": self.kernels()}
+        if self._ranks is not None:
+            out.update(tensor_parallel_size=self.tensor_parallel_size, threads_per_rank=self.threads,
+                       weight_bytes_per_rank=[w for w, _ in sizes])
+        return out
 
     def kernels(self) -> dict:
         """The kernel library and ISA, and whether decode steps run as one native call (and if not, why)."""
@@ -89,12 +130,17 @@ class BytedietSystem:
         longest = sorted(lengths, reverse=True)[:concurrency]
         tokens = sum(math.ceil(n / self.block_size) + 1 for n in longest) * self.block_size
         if self._key is None or self._key[0] != concurrency or self._key[1] < tokens:
+            settings = dict(kv_cache_dtype=self.kv_cache_dtype, kv_calibration_state=self.kv_state,
+                            kv_cache_memory=int(per_token * tokens) + 1, block_size=self.block_size,
+                            max_num_batched_tokens=self.max_num_batched_tokens, max_num_seqs=concurrency,
+                            enable_prefix_caching=False)
             self._llm = None  # free the old pool first
-            self._llm = LLM(str(getattr(self.model, "source_path", "model")), loaded=(self.model, self.tokenizer),
-                            kv_cache_dtype=self.kv_cache_dtype, kv_calibration_state=self.kv_state,
-                            kv_cache_memory=int(per_token * tokens) + 1,
-                            block_size=self.block_size, max_num_batched_tokens=self.max_num_batched_tokens,
-                            max_num_seqs=concurrency, enable_prefix_caching=False, num_threads=self.threads)
+            if self._ranks is not None:  # per rank: its own heads' pages
+                self._ranks.rebuild_engine(**settings)
+                self._llm = self._ranks
+            else:
+                self._llm = LLM(str(getattr(self.model, "source_path", "model")), loaded=(self.model, self.tokenizer),
+                                num_threads=self.threads, **settings)
             self._key = (concurrency, tokens)
         return self._llm
 
@@ -138,23 +184,55 @@ class BytedietSystem:
         return {"batch": batch, "steps": steps, "tokens_per_s": tokens / elapsed, "step_s": elapsed / steps,
                 "forward_s_per_step": forward / steps, "overhead_s_per_step": (elapsed - forward) / steps}
 
-    @torch.inference_mode()
     def linear_pass_s(self, batch: int, repeats: int = 3) -> float:
         """Best time of every linear layer run once on a (batch, in_features) input: the GEMM share of one
-        decode step, with no attention, norms, RoPE or Python engine around it."""
-        layers = [lin for _, lin in self.model.linear_layers()]
-        inputs = {n: torch.randn(batch, n, dtype=self.model.dtype, device=self.model.device)
-                  for n in {lin.in_features for lin in layers}}
-        best = math.inf
-        for _ in range(repeats + 1):  # the first pass warms up
-            t0 = time.perf_counter()
-            for lin in layers:
-                lin(inputs[lin.in_features])
-            best = min(best, time.perf_counter() - t0)
-        return best
+        decode step, with no attention, norms, RoPE or Python engine around it. Tensor parallel: every rank
+        runs its shard's layers at once, with their all-reduces and the logits' all-gather; the slowest rank's."""
+        return max(self.on_ranks(linear_pass_s, batch, repeats))
+
+    def measure_link(self, nbytes: int = 4 << 20, repeats: int = 20) -> dict:
+        """The ranks' own all-reduce, timed (median) at ``nbytes`` → its ring bus bandwidth, the link the roofline
+        needs at tensor-parallel size > 1 (Patarasuk & Yuan 2009: each rank moves 2(N−1)/N of the message)."""
+        if self._ranks is None:
+            raise ConfigError("measure_link: this system runs in one process; there is no link")
+        n = self.tensor_parallel_size
+        seconds = max(self.on_ranks(_allreduce_s, nbytes, repeats))
+        return {"how": f"gloo all-reduce of {nbytes} bytes between the {n} ranks (median of {repeats})",
+                "allreduce_s": seconds, "bus_bandwidth": 2 * (n - 1) / n * nbytes / seconds}
 
     def close(self) -> None:
+        """Drop the engine; stop the tensor-parallel ranks, if any (the system cannot serve afterwards)."""
         self._llm = None
+        if self._ranks is not None:
+            self._ranks.shutdown()
+
+
+def _weight_bytes(model) -> tuple[int, int]:
+    return model.weight_bytes(), model.decode_weight_bytes()
+
+
+def linear_pass_s(model, batch: int, repeats: int = 3) -> float:
+    """Best time of ``model``'s linear layers run once each on random (batch, in_features) inputs."""
+    layers = [lin for _, lin in model.linear_layers()]
+    inputs = {n: torch.randn(batch, n, dtype=model.dtype, device=model.device) for n in {lin.in_features for lin in layers}}
+    best = math.inf
+    for _ in range(repeats + 1):  # the first pass warms up
+        t0 = time.perf_counter()
+        for lin in layers:
+            lin(inputs[lin.in_features])
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def _allreduce_s(model, nbytes: int, repeats: int) -> float:
+    """Median seconds of one all-reduce of ``nbytes`` (float32) over the shard's tensor-parallel group."""
+    x, times = torch.ones(nbytes // 4), []
+    for i in range(repeats + 2):  # two warm-up rounds
+        t0 = time.perf_counter()
+        model.tp_group.all_reduce(x)
+        if i >= 2:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
 
 
 class LlamaCppSystem:
