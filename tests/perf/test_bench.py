@@ -391,7 +391,10 @@ def test_cli_tensor_parallel_roofline_is_the_analyzer_at_tp2_over_the_measured_l
     obj = json.loads(capsys.readouterr().out)
     link = obj["link"]
     assert link["bus_bandwidth_gb_per_s"] == pytest.approx((4 << 20) / link["allreduce_s"] / 1e9)  # 2(N-1)/N = 1
-    hw = replace(measure_mod.spec_from_measurement(FAKE_MACHINE), interconnect_bandwidth=2e9 * link["bus_bandwidth_gb_per_s"])
+    hop = link["hop_latency_us"] * 1e-6  # the small all-reduce less its bytes over the bus, per hop (2 at N = 2)
+    assert hop == pytest.approx(max(0.0, link["small_allreduce_s"] - 4096 / (link["bus_bandwidth_gb_per_s"] * 1e9)) / 2)
+    hw = replace(measure_mod.spec_from_measurement(FAKE_MACHINE), interconnect_bandwidth=2e9 * link["bus_bandwidth_gb_per_s"],
+                 interconnect_latency=hop)
     config, c = load_config(str(ckpt)), obj["config"]
     row = obj["roofline"]["rows"][0]
     assert obj["roofline"]["tp"] == 2 and row["batch"] == 2 and row["linear_pass_s"] > 0

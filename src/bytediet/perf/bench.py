@@ -370,8 +370,10 @@ def with_measured_link(ours, hardware, progress: Progress = lambda msg: None):
     progress(f"{ours.name}: all-reduce between its {ours.tensor_parallel_size} ranks (the roofline's link)")
     link = ours.measure_link()
     # interconnect_bandwidth counts both directions; the analyzer's link_bandwidth (the bus) is half of it
-    spec = replace(hardware, interconnect_bandwidth=2 * link["bus_bandwidth"])
+    spec = replace(hardware, interconnect_bandwidth=2 * link["bus_bandwidth"],
+                   interconnect_latency=link["hop_latency_s"])
     return spec, {"how": link["how"], "allreduce_s": link["allreduce_s"],
+                  "small_allreduce_s": link["small_allreduce_s"], "hop_latency_us": link["hop_latency_s"] * 1e6,
                   "bus_bandwidth_gb_per_s": link["bus_bandwidth"] / 1e9}
 
 

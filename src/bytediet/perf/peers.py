@@ -190,15 +190,19 @@ class BytedietSystem:
         runs its shard's layers at once, with their all-reduces and the logits' all-gather; the slowest rank's."""
         return max(self.on_ranks(linear_pass_s, batch, repeats))
 
-    def measure_link(self, nbytes: int = 4 << 20, repeats: int = 20) -> dict:
-        """The ranks' own all-reduce, timed (median) at ``nbytes`` → its ring bus bandwidth, the link the roofline
-        needs at tensor-parallel size > 1 (Patarasuk & Yuan 2009: each rank moves 2(N−1)/N of the message)."""
+    def measure_link(self, nbytes: int = 4 << 20, repeats: int = 20, small: int = 4096) -> dict:
+        """The ranks' own all-reduce, timed (median) at ``nbytes`` → its ring bus bandwidth, and at ``small`` bytes
+        → the fixed cost of one ring hop: the link the roofline needs at tensor-parallel size > 1 (Patarasuk &
+        Yuan 2009: 2(N−1) hops, each rank moving 2(N−1)/N of the message)."""
         if self._ranks is None:
             raise ConfigError("measure_link: this system runs in one process; there is no link")
         n = self.tensor_parallel_size
         seconds = max(self.on_ranks(_allreduce_s, nbytes, repeats))
-        return {"how": f"gloo all-reduce of {nbytes} bytes between the {n} ranks (median of {repeats})",
-                "allreduce_s": seconds, "bus_bandwidth": 2 * (n - 1) / n * nbytes / seconds}
+        small_s = max(self.on_ranks(_allreduce_s, small, repeats))
+        bus = 2 * (n - 1) / n * nbytes / seconds
+        hop = max(0.0, small_s - 2 * (n - 1) / n * small / bus) / (2 * (n - 1))
+        return {"how": f"gloo all-reduce of {nbytes} and {small} bytes between the {n} ranks (median of {repeats})",
+                "allreduce_s": seconds, "small_allreduce_s": small_s, "bus_bandwidth": bus, "hop_latency_s": hop}
 
     def close(self) -> None:
         """Drop the engine; stop the tensor-parallel ranks, if any (the system cannot serve afterwards)."""
