@@ -46,6 +46,38 @@ def test_a_recovery_step_lowers_the_kl_and_keeps_the_mask(arch, spec):
             assert lin.format.spec() == spec and torch.equal(lin.format.mask(lin.packed), masks[n])
 
 
+@pytest.mark.parametrize("spec", ["int4-g32", "int4-g32-sym"])
+def test_int4_recovery_trains_the_scales_and_keeps_the_codes(spec):
+    """PEQA: only the group scales (and offsets) move; the codes and the format's bytes stay as they were."""
+    teacher, student, cfg = pair("llama", spec)
+    train = windows(cfg, 1)
+    before_packed = {n: {k: t.clone() for k, t in lin.packed.items()} for n, lin in student.linear_layers()
+                     if n != "lm_head"}
+    before = kl_on(teacher, student, train)
+    run = Recovery(student, teacher, train, RecoveryConfig(steps=3, lr=3e-3, warmup=0))
+    trained = {"log_scale"} if spec.endswith("sym") else {"log_scale", "offset_shift"}
+    assert set(k.split("::")[1] for k in run.params) == trained
+    run.run()
+    assert kl_on(teacher, student, train) < 0.9 * before
+    for n, lin in student.linear_layers():
+        if n == "lm_head":
+            continue
+        old = before_packed[n]
+        assert lin.format.spec() == spec and set(lin.packed) == set(old)
+        assert torch.equal(lin.packed["qweight"], old["qweight"])  # codes frozen
+        assert lin.packed["scale"].dtype == torch.float16 and not torch.equal(lin.packed["scale"], old["scale"])
+
+
+def test_int4_recovery_runs_the_native_kernels_on_the_trained_scales():
+    """After training the layer's cached native layout is rebuilt: the model's own forward equals the twin's."""
+    teacher, student, cfg = pair("llama", "int4-g32")
+    Recovery(student, teacher, windows(cfg, 1), RecoveryConfig(steps=2, lr=3e-3, warmup=0)).run()
+    x = torch.randn(3, cfg.hidden_size)
+    lin = dict(student.linear_layers())["model.layers.0.self_attn.q_proj"]
+    torch.testing.assert_close(lin(x), torch.nn.functional.linear(x, lin.format.dequantize(lin.packed)),
+                               atol=2e-3, rtol=2e-3)
+
+
 def test_training_lowers_held_out_kl_and_records_the_history():
     teacher, student, cfg = pair()
     held_out = windows(cfg, 2, seed=9)
@@ -84,7 +116,7 @@ def test_bad_input():
     with pytest.raises(ConfigError, match="calibration windows"):
         Recovery(student, teacher, None)
     dense = model_from_state(cfg, random_state(cfg, 0))
-    with pytest.raises(ConfigError, match="prune it first"):
+    with pytest.raises(ConfigError, match="pruned or INT4 layers.*prune or quantize it first"):
         Recovery(dense, teacher, windows(cfg, 1))
     with pytest.raises(ConfigError, match="recover-tokens"):
         RecoveryConfig(max_tokens=0)

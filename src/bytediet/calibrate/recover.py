@@ -1,4 +1,4 @@
-"""Recovery fine-tuning of a pruned model: train the kept weights to match the dense model, mask frozen.
+"""Recovery fine-tuning of a pruned or INT4 model: train what the format leaves free to match the dense model.
 
 After one-shot pruning (magnitude, Wanda, SparseGPT) the surviving weights of every pruned layer
 (:class:`~bytediet.quant.pruning.PrunedFormat`) are trained by knowledge distillation from the dense
@@ -13,6 +13,12 @@ budget (``max_tokens``) stops training early. State (trained weights, optimizer,
 is written atomically to ``state_path`` every ``save_every`` steps, and a run given the same path
 resumes from it. At the end the trained weights are packed again in each layer's own format under the
 same mask, so the model saves as an ordinary bytediet checkpoint.
+
+INT4 group-wise layers (:class:`~bytediet.quant.int4.Int4`) are recovered the same way with their 4-bit codes
+frozen and only the per-group scales (and zero-point offsets) trained — PEQA's recipe (Kim et al. 2023,
+"Memory-Efficient Fine-Tuning of Compressed LLMs via sub-4-bit Integer Quantization", arXiv 2305.14152): the
+checkpoint keeps its exact bytes per weight, and the trained scales are stored back in float16. What is
+trained in a layer is its :class:`Trainable` (one class per kind of format, chosen by :func:`trainable_for`).
 """
 from __future__ import annotations
 
@@ -28,6 +34,8 @@ from ..errors import ConfigError
 from ..kvcache import AttentionMetadata
 from ..progress import Meter, no_meter
 from ..quant.base import Packed, WeightFormat
+from ..quant.fp4 import unpack_nibbles
+from ..quant.int4 import Int4
 from ..quant.pruning import PrunedFormat
 
 
@@ -75,9 +83,123 @@ class MaskedDense(WeightFormat):
         return F.linear(x, packed["weight"] * packed["mask"], bias)
 
 
+class GroupScaledCodes(WeightFormat):
+    """Training-time stand-in for an INT4 layer: w = (q − 8) · s (symmetric) or q · s + m per group of ``g``
+    input columns, codes q frozen (float). Trained in relative units so one learning rate suits every layer:
+    s = s₀ · exp(a) and m = m₀ + b · s₀, with a, b (out, in/g) the parameters (0 at the start)."""
+
+    name = "group-scaled-codes"
+
+    def bits_per_weight(self, out_features: int, in_features: int) -> float:
+        return 32.0
+
+    def quantize(self, weight: torch.Tensor, stats=None) -> Packed:
+        raise ConfigError("group-scaled-codes is a training-time layer, not a storage format")
+
+    @staticmethod
+    def scales(packed: Packed) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """(s, m) (out, in/g) from the frozen s₀, m₀ and the parameters a, b; m is None when symmetric."""
+        s0 = packed["scale0"]
+        s = s0 * torch.exp(packed["log_scale"])
+        m = packed["offset0"] + packed["offset_shift"] * s0 if "offset0" in packed else None
+        return s, m
+
+    @classmethod
+    def weight(cls, packed: Packed) -> torch.Tensor:
+        codes = packed["codes"]  # (out, groups, g)
+        s, m = cls.scales(packed)
+        w = codes * s[..., None]
+        if m is not None:
+            w = w + m[..., None]
+        return w.reshape(codes.shape[0], -1)
+
+    def dequantize(self, packed: Packed) -> torch.Tensor:
+        return self.weight(packed).detach().float()
+
+    def apply(self, x: torch.Tensor, packed: Packed, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return F.linear(x, self.weight(packed), bias)
+
+
+class Trainable:
+    """What recovery trains in one layer: ``params`` (name → Parameter), the training-time ``(format, packed)``
+    the layer runs while training, and the packed tensors in the layer's own format afterwards."""
+
+    def __init__(self, lin) -> None:
+        self.format = lin.format
+        self.params: dict[str, torch.nn.Parameter] = {}
+
+    def training_layer(self) -> tuple[WeightFormat, Packed]:
+        raise NotImplementedError
+
+    def packed(self) -> Packed:
+        raise NotImplementedError
+
+
+class MaskedWeights(Trainable):
+    """A pruned layer: the kept weights are trained, the pruned ones stay exactly zero under the frozen mask."""
+
+    def __init__(self, lin) -> None:
+        super().__init__(lin)
+        self.mask = lin.format.mask(lin.packed)
+        self.params = {"weight": torch.nn.Parameter(lin.dequantized_weight().float())}
+
+    def training_layer(self) -> tuple[WeightFormat, Packed]:
+        return MaskedDense(), {"weight": self.params["weight"], "mask": self.mask}
+
+    def packed(self) -> Packed:
+        return self.format.pack(self.params["weight"].detach() * self.mask, self.mask)
+
+
+class Int4Scales(Trainable):
+    """An INT4 layer: codes frozen, per-group scales (and offsets) trained, stored back in float16 (PEQA)."""
+
+    def __init__(self, lin) -> None:
+        super().__init__(lin)
+        fmt, packed = lin.format, lin.packed
+        self.qweight = packed["qweight"]
+        out, groups = packed["scale"].shape
+        codes = unpack_nibbles(packed["qweight"]).float().view(out, groups, fmt.group_size)
+        self.codes = codes - 8 if fmt.symmetric else codes
+        self.frozen = {"scale0": packed["scale"].float()}
+        self.params = {"log_scale": torch.nn.Parameter(torch.zeros(out, groups))}
+        if "offset" in packed:
+            self.frozen["offset0"] = packed["offset"].float()
+            self.params["offset_shift"] = torch.nn.Parameter(torch.zeros(out, groups))
+
+    def training_layer(self) -> tuple[WeightFormat, Packed]:
+        return GroupScaledCodes(), {"codes": self.codes, **self.frozen, **self.params}
+
+    def packed(self) -> Packed:
+        with torch.no_grad():
+            s, m = GroupScaledCodes.scales({**self.frozen, **self.params})
+        out = {"qweight": self.qweight}
+        for k, t in (("scale", s), ("offset", m)):
+            if t is None:
+                continue
+            half = t.clamp(-65504.0, 65504.0).half()
+            if not torch.isfinite(half).all():
+                raise ConfigError(f"recovery diverged: a trained INT4 {k} is not finite; lower --lr")
+            out[k] = half
+        return out
+
+
+def trainable_for(fmt: Optional[WeightFormat]):
+    """The :class:`Trainable` class for a layer's format, or None when recovery leaves the layer as it is."""
+    if isinstance(fmt, PrunedFormat):
+        return MaskedWeights
+    if isinstance(fmt, Int4):
+        return Int4Scales
+    return None
+
+
 def pruned_layers(model) -> dict[str, object]:
     """Qualified name → Linear for every layer stored in a pruned format."""
     return {n: lin for n, lin in model.linear_layers() if isinstance(lin.format, PrunedFormat)}
+
+
+def trainable_layers(model) -> dict[str, object]:
+    """Qualified name → Linear for every layer recovery can train (pruned or INT4 group-wise)."""
+    return {n: lin for n, lin in model.linear_layers() if trainable_for(lin.format) is not None}
 
 
 def sequence_logits(model, ids: torch.Tensor) -> torch.Tensor:
@@ -104,19 +226,19 @@ class Recovery:
                  state_path: Optional[str | os.PathLike] = None) -> None:
         if windows is None or windows.dim() != 2 or windows.shape[0] < 1:
             raise ConfigError("recovery needs calibration windows (N, L) of token ids; pass --calib-samples N >= 1")
-        self.layers = pruned_layers(student)
+        self.layers = trainable_layers(student)
         if not self.layers:
-            raise ConfigError("recovery trains pruned layers, and this model has none: prune it first "
-                              "(bytediet quantize --format sparse24 [--calibrate wanda|sparsegpt])")
+            raise ConfigError("recovery trains pruned or INT4 layers, and this model has none: prune or quantize it "
+                              "first (bytediet quantize --format sparse24 [--calibrate wanda|sparsegpt], or "
+                              "--format int4-g64)")
         if student.config.vocab_size != teacher.config.vocab_size:
             raise ConfigError("the teacher and the pruned model have different vocabularies; pass the dense "
                               "model the pruned one was made from as --teacher")
         self.student, self.teacher, self.windows, self.config = student, teacher, windows, config
         self.state_path = Path(state_path) if state_path else None
-        self.formats = {n: lin.format for n, lin in self.layers.items()}
-        self.masks = {n: lin.format.mask(lin.packed) for n, lin in self.layers.items()}
-        self.weights = {n: torch.nn.Parameter(lin.dequantized_weight().float()) for n, lin in self.layers.items()}
-        self.optimizer = torch.optim.AdamW(list(self.weights.values()), lr=config.lr, weight_decay=0.0)
+        self.trainables = {n: trainable_for(lin.format)(lin) for n, lin in self.layers.items()}
+        self.params = {f"{n}::{k}": p for n, t in self.trainables.items() for k, p in t.params.items()}
+        self.optimizer = torch.optim.AdamW(list(self.params.values()), lr=config.lr, weight_decay=0.0)
         self.step, self.tokens, self.history = 0, 0, []
         if self.state_path is not None and self.state_path.exists():
             self._load()
@@ -174,7 +296,7 @@ class Recovery:
         class _Swap:
             def __enter__(self):
                 for n, lin in run.layers.items():
-                    lin.set_packed(MaskedDense(), {"weight": run.weights[n], "mask": run.masks[n]})
+                    lin.set_packed(*run.trainables[n].training_layer())
 
             def __exit__(self, *exc):  # also on an error or Ctrl-C: the model is left in its own formats
                 run._install()
@@ -182,11 +304,11 @@ class Recovery:
         return _Swap()
 
     def _install(self) -> None:
-        """Pack the trained weights in each layer's own format under its frozen mask."""
+        """Pack what was trained in each layer's own format (under its frozen mask / with its frozen codes)."""
         with torch.no_grad():
             for n, lin in self.layers.items():
-                fmt, mask = self.formats[n], self.masks[n]
-                lin.set_packed(fmt, fmt.pack(self.weights[n].detach() * mask, mask))
+                t = self.trainables[n]
+                lin.set_packed(t.format, t.packed())
         config = getattr(self.student, "quantize_config", None)
         if config is not None:
             record = {**self.config.to_dict(), "steps_done": self.step, "tokens": self.tokens}
@@ -196,7 +318,7 @@ class Recovery:
     # ---------------------------------------------------------------- resumable state
     def _save(self) -> None:
         state = {"step": self.step, "tokens": self.tokens, "history": self.history, "config": self.config.to_dict(),
-                 "weights": {n: w.detach() for n, w in self.weights.items()},
+                 "params": {n: p.detach() for n, p in self.params.items()},
                  "optimizer": self.optimizer.state_dict()}
         tmp = self.state_path.with_name(self.state_path.name + ".tmp")
         self.state_path.parent.mkdir(parents=True, exist_ok=True)
@@ -205,11 +327,14 @@ class Recovery:
 
     def _load(self) -> None:
         state = torch.load(self.state_path, weights_only=True)
-        if set(state["weights"]) != set(self.weights):
+        params = state.get("params")
+        if params is None:  # a state written before INT4 recovery: the pruned layers' weights by layer name
+            params = {f"{n}::weight": w for n, w in state.get("weights", {}).items()}
+        if set(params) != set(self.params):
             raise ConfigError(f"{self.state_path} holds the state of another model's layers; remove it or "
                               "choose another --recover-state")
         with torch.no_grad():
-            for n, w in state["weights"].items():
-                self.weights[n].copy_(w)
+            for n, p in params.items():
+                self.params[n].copy_(p)
         self.optimizer.load_state_dict(state["optimizer"])
         self.step, self.tokens, self.history = state["step"], state["tokens"], state["history"]

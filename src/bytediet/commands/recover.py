@@ -1,9 +1,11 @@
-"""``bytediet recover``: fine-tune a pruned checkpoint back towards its dense model, mask frozen.
+"""``bytediet recover``: fine-tune a pruned (mask frozen) or INT4 (codes frozen, scales trained) checkpoint back
+towards its dense model.
 
     bytediet quantize --model default --format sparse24 --calibrate wanda --out pruned/
     bytediet recover --model pruned/ --steps 200 [--tokens BUDGET] [--seq-len 128] [--lr 1e-4] \\
                      [--state recover.pt] [--eval-windows 4 --eval-every 50] --out recovered/ [--json]
     bytediet generate --model recovered/ ...
+    bytediet quantize --model default --format int4-g64 --out int4/ && bytediet recover --model int4/ ...
 
 The teacher is the dense model the pruned checkpoint was made from (its recorded source), or
 ``--teacher``. Training windows come from the *calibration* split of ``--calib-corpus``; perplexity is
@@ -24,11 +26,12 @@ from ..errors import ConfigError
 
 
 def register(sub) -> None:
-    p = sub.add_parser("recover", help="fine-tune a pruned model towards its dense model (KL distillation)",
-                       description="Train the kept weights of a pruned checkpoint (sparse24, sparse24-int8, sparse50) "
-                                   "to match the dense model's next-token distributions on calibration text, with "
-                                   "the sparsity mask frozen, and save a bytediet checkpoint.")
-    p.add_argument("--model", required=True, help="the pruned bytediet checkpoint directory (bytediet quantize --out)")
+    p = sub.add_parser("recover", help="fine-tune a pruned or INT4 model towards its dense model (KL distillation)",
+                       description="Train the kept weights of a pruned checkpoint (sparse24, sparse24-int8, sparse50; "
+                                   "the sparsity mask frozen) or the group scales of an INT4 one (int4-g*; the codes "
+                                   "frozen) to match the dense model's next-token distributions on calibration text, "
+                                   "and save a bytediet checkpoint of the same format.")
+    p.add_argument("--model", required=True, help="the pruned or INT4 bytediet checkpoint directory (bytediet quantize --out)")
     p.add_argument("--teacher", default=None, help="the dense model (default: the source the checkpoint records)")
     p.add_argument("--steps", type=int, default=200, help="optimizer steps (default 200)")
     p.add_argument("--tokens", type=int, default=None, help="token budget: stop after this many training tokens")
@@ -66,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     if out.exists() and not args.overwrite:
         raise ConfigError(f"{out} already exists; choose another --out or pass --overwrite")
     if not model_dir.is_dir():
-        raise ConfigError(f"--model {args.model}: recover takes a pruned bytediet checkpoint directory "
+        raise ConfigError(f"--model {args.model}: recover takes a pruned or INT4 bytediet checkpoint directory "
                           "(make one with bytediet quantize --format sparse24 --out DIR)")
     teacher_spec = args.teacher or (read_config(model_dir).get("source") or {}).get("path")
     if not teacher_spec:
@@ -92,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         for h in result["history"]:
             print(f"step {h['step']:5d}  tokens {h['tokens']:9,d}  perplexity {h['ppl']:.3f}")
-        print(f"recovered the pruned layers of {model_dir} for {result['steps']} steps ({result['tokens']:,} tokens); "
+        print(f"recovered the pruned / INT4 layers of {model_dir} for {result['steps']} steps ({result['tokens']:,} tokens); "
               f"saved {out}", file=sys.stderr)
     return 0
 
