@@ -46,7 +46,9 @@ def recommend(report: dict) -> dict:
     rec = choice.record or base
     config = RunConfig(model=report["model"], weights=rec["weights"], weight_overrides=rec["overrides"],
                        kv_cache_dtype=rec["kv"], engine={"activations": rec["activations"]} if rec.get("activations") else {},
-                       kv_calibration=report.get("kv_calibration") if rec.get("kv_calibrated") else None, notes={
+                       kv_calibration=report.get("kv_calibration") if rec.get("kv_calibrated")
+                       and not rec.get("kv_calibration_state") else None,
+                       kv_calibration_state=rec.get("kv_calibration_state"), notes={
                            "source": "bytediet optimize", "objective": report["objective"],
                            "budget": report["budget"], "within_budget": choice.within_budget,
                            "expected": {k: rec[k] for k in ("ppl", "ppl_ref", "ppl_increase_pct", "kl_mean",
