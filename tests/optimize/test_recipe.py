@@ -395,6 +395,7 @@ def test_kv_budgets_are_planned_once_and_the_recommendation_carries_the_plan(ckp
     saved = json.loads((tmp_path / "recommended.json").read_text())
     assert saved["kv_cache_dtype"] == "auto:3.5" and saved["kv_calibration"] is None
     assert saved["kv_calibration_state"] == recs["auto:3.5"]["kv_calibration_state"]
+    assert "runs the per-layer plan calibration chose" in (tmp_path / "summary.md").read_text()
     kwargs = load_run_config(tmp_path / "recommended.json")
     llm = LLM(**kwargs)
     assert llm.engine.runner.codec.calibration_state() == saved["kv_calibration_state"]
