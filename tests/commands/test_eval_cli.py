@@ -124,13 +124,19 @@ def test_tensor_parallel_table_says_so_and_equals_size_1(ckpt, capsys):
 
 def test_kv_pareto_json_is_one_object_and_the_table_marks_the_frontier(ckpt, capsys, tmp_path):
     extra = ("--kv-pareto", "--kv-pareto-anchors", "k=bf16,v=int8;kivi4", "--kv-pareto-codecs", "int8,bf16",
-             "--kv-pareto-budgets", "none")
+             "--kv-pareto-budgets", "none", "--passkey-lengths", "260,4096", "--passkey-depths", "0.5",
+             "--capacity-memory", "1MiB")
     assert main(argv(ckpt, *extra, "--json", progress=True)) == 0
     out = capsys.readouterr().out
     obj = json.loads(out)
     assert out.strip().count("\n") == 0
     assert [r["spec"] for r in obj["records"]] == ["k=bf16,v=int8", "kivi4", "int8", "bf16"]
     assert obj["reference"]["kv_cache_dtype"] == "bf16" and obj["frontier"]
+    # bf16 on the tiny model: 2 layers × 2 KV heads × 8 × 2 B × 2 = 128 B/token; 1 MiB = 512 blocks of 16 tokens
+    assert obj["settings"]["capacity_memory"] == 1 << 20 and obj["reference"]["capacity"]["sequences"] == 2
+    assert [(p["length"], p["trials"]) for p in obj["records"][0]["passkey"]] == [(260, 1)]
+    assert "passkey at 4096 tokens skipped" in obj["notes"][0]
     assert main(argv(ckpt, *extra, "--plot", str(tmp_path))) == 0
     table = capsys.readouterr().out
     assert "* " in table and "kivi4" in table and (tmp_path / "kv_pareto.png").exists()
+    assert "pk@260" in table and "seq@4096" in table and "bf16 (reference)" in table and "skipped" in table

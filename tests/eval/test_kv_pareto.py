@@ -5,7 +5,9 @@ import json
 
 import pytest
 
+from bytediet.eval import longctx
 from bytediet.eval.kv_pareto import clip_limit, kv_pareto, off_scale, pareto_front, plot_kv_pareto
+from bytediet.eval.corpus import tokenize_corpus
 from bytediet.models.loader import load_model
 from tests.conftest import model_from_state, random_state, tiny_config
 from tests.eval.test_harness import write_tiny_checkpoint
@@ -17,14 +19,19 @@ def ckpt(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def result(ckpt):
+def tiny(ckpt):
     _, tokenizer = load_model(str(ckpt))
     cfg = tiny_config("llama", vocab_size=tokenizer.vocab_size if hasattr(tokenizer, "vocab_size") else 300,
-                      hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=32)
-    model = model_from_state(cfg, random_state(cfg, seed=5))
-    return kv_pareto(model, tokenizer, corpus=str(ckpt / "corpus.txt"), windows=2, window_len=48,
-                     anchors=("q8_0", "k=q8_0,v=q4_0", "q4_0"), ours=("bf16", "turboquant2"), budgets=(6.0, 0.5),
-                     calib_windows=1, calib_len=48)
+                      hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=32, max_position_embeddings=512)
+    return model_from_state(cfg, random_state(cfg, seed=5)), tokenizer
+
+
+@pytest.fixture(scope="module")
+def result(ckpt, tiny):
+    return kv_pareto(*tiny, corpus=str(ckpt / "corpus.txt"), windows=2, window_len=48,
+                     anchors=("q8_0", "k=q8_0,v=q4_0", "q4_0"), ours=("bf16", "turboquant2"),
+                     budgets=(6.0, 0.5), calib_windows=1, calib_len=48, passkey_lengths=(1024, 240),
+                     passkey_depths=(0.5,), passkey_trials=1)
 
 
 def test_every_entry_is_measured_against_bf16(result):
@@ -34,9 +41,37 @@ def test_every_entry_is_measured_against_bf16(result):
     assert recs["q8_0"]["bytes_per_token"] == 8.5 / 8 * 2 * 2 * 32 * 2             # 2 KV heads × 32 × 2 layers
     assert recs["turboquant2"]["kl_mean"] > recs["q8_0"]["kl_mean"] > 0
     assert recs["q8_0"]["kl_p99"] >= recs["q8_0"]["kl_mean"]
-    assert recs["q8_0"]["sequences_4096"] == int(16 * 16 / 8.5)                     # equal memory: 16 bf16 sequences
+    # capacity in the KV memory of 16 bf16 sequences of 4096 tokens (512 B/token: 2 layers × 2 heads × 32 × 2 × 2 B)
+    # = 33 554 432 B; q8_0: 272 B/token, 16-token blocks of 4352 B → 7710 blocks, 256 per sequence → 30
+    assert result["settings"]["capacity_memory"] == 512 * 4096 * 16
+    assert result["reference"]["capacity"]["sequences"] == 16
+    assert recs["q8_0"]["capacity"] == {"sequences": 30, "num_blocks": 7710, "by_blocks": 30, "by_staging": None}
     assert recs["auto:6"]["bits_per_coordinate"] <= 6 and len(recs["auto:6"]["plan"]) == 2
     assert "auto:0.5 is below what any codec reaches" in recs["auto:0.5"]["error"]   # listed, named
+
+
+def test_passkey_is_counted_per_length_and_lengths_beyond_the_context_are_noted(result):
+    assert result["settings"]["passkey_lengths"] == [240]
+    assert result["notes"] == ["passkey at 1024 tokens skipped: beyond the model's context (512 tokens)"]
+    rows = [result["reference"]] + [r for r in result["records"] if "error" not in r]
+    for r in rows:
+        assert [(p["length"], p["trials"]) for p in r["passkey"]] == [(240, 1)]
+        assert r["passkey"][0]["retrieved"] in (0, 1)
+
+
+def test_passkey_retrieved_counts_the_successes(ckpt, tiny, monkeypatch):
+    """An oracle in place of the answer check (even keys succeed): the counts are exactly the even keys among the
+    seeded prompts, for every entry and the bf16 row alike."""
+    monkeypatch.setattr(longctx, "answer_contains", lambda text, key: int(key) % 2 == 0)
+    model, tokenizer = tiny
+    corpus = str(ckpt / "corpus.txt")
+    out = kv_pareto(model, tokenizer, corpus=corpus, windows=1, window_len=32, anchors=("q8_0",), ours=(),
+                    budgets=(), passkey_lengths=(230, 300), passkey_depths=(0.5,), passkey_trials=5, seed=3)
+    prompts = longctx.make_trials(tokenizer, tokenize_corpus(tokenizer, corpus), [230, 300], [0.5], 5, seed=3)
+    expected = [{"length": n, "retrieved": sum(int(p.key) % 2 == 0 for p in prompts if p.length == n), "trials": 5}
+                for n in (230, 300)]
+    assert out["reference"]["passkey"] == out["records"][0]["passkey"] == expected
+    assert 0 < sum(e["retrieved"] for e in expected) < 10
 
 
 def test_the_frontier_is_exactly_the_undominated_entries(result):

@@ -132,3 +132,12 @@ def test_activation_variants_of_a_weight_spec(spec, variants):
     from bytediet.optimize.candidates import activation_specs
 
     assert activation_specs(spec) == variants
+
+
+def test_budgets_lead_the_kv_candidates_and_unreachable_ones_are_skipped(model):
+    out = kv_specs(model, quick=True, budgets=(8.5, 6.0, 4.5, 3.5, 1.0))
+    assert out.specs == ["auto:8.5", "auto:6", "auto:4.5", "auto:3.5", "int8", "turboquant3.5"]
+    # head_dim 8: the cheapest plan candidate is turboquant3 (turboquant2/2.5 have no room), 3 bits all-in
+    assert "auto:1 is below what any codec reaches" in out.skipped["auto:1"]
+    only = kv_specs(model, only=["auto:4.5", "int8", "auto:x"], budgets=(6.0,))
+    assert only.specs == ["auto:4.5", "int8"] and "bad KV budget" in only.skipped["auto:x"]

@@ -369,3 +369,39 @@ def test_the_activation_step_measures_real_variants(run):
         assert r["activation_ppl_cost"] == pytest.approx(r["ppl_increase_pct"] - parent["ppl_increase_pct"])
         assert r["within_budget"] == (r["ppl_increase_pct"] <= 2.0 and r["activation_ppl_cost"] <= 0.3 + 1e-9
                                       and r["activation_top1_drop"] <= 0.01 + 1e-9)
+
+
+def test_kv_budgets_are_planned_once_and_the_recommendation_carries_the_plan(ckpt, tmp_path, monkeypatch):
+    """Two budgets share one sensitivity pass; the smallest configuration is a budget, and recommended.json holds
+    its plan as kv_calibration_state, which a fresh process reloads without calibrating."""
+    import bytediet.calibrate.kv_budget as kv_budget
+    from bytediet.engine.llm import LLM
+    from bytediet.optimize.run_config import load_run_config
+
+    passes = []
+    real = kv_budget.measure_errors
+    monkeypatch.setattr(kv_budget, "measure_errors", lambda *a, **k: passes.append(1) or real(*a, **k))
+    opt = options(ckpt, weights=(), kv=("auto:6", "auto:3.5", "int8"), budget=Budget(1e6), objective="memory")
+    report = Recipe(opt, tmp_path, progress=False).run()
+    recs = {r["kv"]: r for r in report["steps"]["kv"]["records"]}
+    assert set(recs) == {"auto:6", "auto:3.5", "int8"} and len(passes) == 1
+    for spec, bits in (("auto:6", 6), ("auto:3.5", 3.5)):
+        plan = recs[spec]["kv_calibration_state"]
+        assert plan["budget"] == bits and len(plan["plan"]) == 2 and recs[spec]["kv_calibrated"]
+        assert recs[spec]["kv_bytes_per_token"] <= bits / 8 * 2 * 2 * 8 * 2             # 2 layers × 2 heads × 8
+    assert recs["int8"]["kv_calibration_state"] is None
+    recommend(report)
+    write_outputs(report, tmp_path)
+    saved = json.loads((tmp_path / "recommended.json").read_text())
+    assert saved["kv_cache_dtype"] == "auto:3.5" and saved["kv_calibration"] is None
+    assert saved["kv_calibration_state"] == recs["auto:3.5"]["kv_calibration_state"]
+    assert "runs the per-layer plan calibration chose" in (tmp_path / "summary.md").read_text()
+    kwargs = load_run_config(tmp_path / "recommended.json")
+    llm = LLM(**kwargs)
+    assert llm.engine.runner.codec.calibration_state() == saved["kv_calibration_state"]
+    assert verify_in_fresh_process(tmp_path)["ppl"] == pytest.approx(recs["auto:3.5"]["ppl"], rel=1e-4)
+
+
+def test_the_presets_try_budgets_beside_the_anchors():
+    assert OptimizeOptions(quick=True).resolved().kv_budgets == (4.5,)
+    assert OptimizeOptions().resolved().kv_budgets == (8.5, 6.0, 4.5, 3.5)

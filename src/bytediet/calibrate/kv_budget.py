@@ -131,12 +131,21 @@ def allocate(errors: list[dict], nbytes: dict[str, dict[str, float]], budget: fl
 
 
 def candidate_bytes(candidates: Sequence[str], num_kv_heads: int, head_dim: int) -> dict[str, dict[str, float]]:
-    """{"k": {spec: bytes per token of its key half}, "v": {...}} (one layer)."""
-    return {role: {s: half_of(get_kv_codec(s), role).bytes_per_token(num_kv_heads, head_dim) for s in candidates}
-            for role in ("k", "v")}
+    """{"k": {spec: bytes per token of its key half}, "v": {...}} (one layer); a candidate that cannot size this
+    head dimension (TurboQuant 2.5 bits at head_dim 8) is left out, as :func:`layer_errors` leaves it out."""
+    out: dict[str, dict[str, float]] = {"k": {}, "v": {}}
+    for spec in candidates:
+        for role in out:
+            try:
+                out[role][spec] = half_of(get_kv_codec(spec), role).bytes_per_token(num_kv_heads, head_dim)
+            except ConfigError:
+                continue
+    return out
 
 
-def _check_budget(budget: float, nbytes: dict, h: int, d: int) -> None:
+def check_budget(budget: float, nbytes: dict, h: int, d: int) -> None:
+    if not nbytes["k"] or not nbytes["v"]:
+        raise ConfigError(f"no KV candidate of auto:{budget:g} can store head_dim {d}")
     cheapest = (min(nbytes["k"].values()) + min(nbytes["v"].values())) * 8 / (2 * h * d)
     if cheapest > budget + 1e-12:
         raise ConfigError(f"the KV budget auto:{budget:g} is below what any codec reaches on this model "
@@ -169,5 +178,5 @@ def plan_kv_budget(model, windows: Sequence[torch.Tensor], budget: float,
                    candidates: Sequence[str] = DEFAULT_CANDIDATES, progress: Progress = no_progress) -> KVPlan:
     """Measure every layer × side × candidate on ``windows`` (1-D token tensors) and choose the plan."""
     h, d = model.config.num_kv_heads, model.config.head_dim
-    _check_budget(budget, candidate_bytes(candidates, h, d), h, d)      # fail before the forward passes
+    check_budget(budget, candidate_bytes(candidates, h, d), h, d)      # fail before the forward passes
     return plan_from_errors(measure_errors(model, windows, candidates, progress), budget, h, d, candidates)

@@ -25,8 +25,11 @@ def register(subparsers) -> None:
     p.add_argument("--corpus", default="prideprejudice", help="an Austen novel, 'austen' (all six) or a text file")
     p.add_argument("--seed", type=int, default=0, help="picks the windows and the passkeys")
     p.add_argument("--tasks", default="ppl,passkey,speed", help="comma-separated: ppl, passkey, speed")
-    p.add_argument("--passkey-lengths", default="1024,2048,4096", help="prompt lengths in tokens (clipped to the context)")
-    p.add_argument("--passkey-depths", default="0,0.25,0.5,0.75,1", help="needle depths, fractions of the filler")
+    p.add_argument("--passkey-lengths", default=None,
+                   help="prompt lengths in tokens (default 1024,2048,4096, clipped to the context; with --kv-pareto "
+                        "2048,4096,8192, lengths beyond the context skipped)")
+    p.add_argument("--passkey-depths", default=None,
+                   help="needle depths, fractions of the filler (default 0,0.25,0.5,0.75,1; with --kv-pareto 0.25,0.5,0.75)")
     p.add_argument("--passkey-trials", type=int, default=1, help="trials per (length, depth)")
     p.add_argument("--speed-tokens", type=int, default=32, help="tokens generated for the speed measurement")
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, metavar="N",
@@ -41,6 +44,9 @@ def register(subparsers) -> None:
     p.add_argument("--kv-pareto-codecs", default=None, help="bytediet codec specs, separated as the anchors")
     p.add_argument("--kv-pareto-budgets", default=None,
                    help="comma-separated budgets in bits per coordinate (default 8.5,6,4.5,3.5; 'none' for none)")
+    p.add_argument("--capacity-memory", default=None, metavar="SIZE",
+                   help="--kv-pareto: KV memory (e.g. 1GiB) in which each entry's concurrent 4096-token sequences are "
+                        "counted (default: what 16 such sequences take in bf16)")
     p.add_argument("--plot", metavar="DIR", default=None, help="write PNG figures into DIR")
     p.add_argument("--json", action="store_true", help="print one JSON object with every number")
     p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
@@ -52,8 +58,8 @@ def settings_from_args(args: argparse.Namespace):
 
     tasks = tuple(t.strip().lower() for t in args.tasks.split(",") if t.strip())
     return EvalSettings(corpus=args.corpus, windows=args.windows, window_len=args.window_len, seed=args.seed,
-                        tasks=tasks, passkey_lengths=positive_ints(args.passkey_lengths),
-                        passkey_depths=floats(args.passkey_depths), passkey_trials=args.passkey_trials,
+                        tasks=tasks, passkey_lengths=positive_ints(args.passkey_lengths or "1024,2048,4096"),
+                        passkey_depths=floats(args.passkey_depths or "0,0.25,0.5,0.75,1"), passkey_trials=args.passkey_trials,
                         speed_new_tokens=args.speed_tokens)
 
 
@@ -103,17 +109,23 @@ def run_kv_pareto(args: argparse.Namespace) -> int:
     """``--kv-pareto``: the table (or one JSON object) and, with ``--plot DIR``, ``DIR/kv_pareto.png``."""
     import torch
 
+    from ..config import parse_bytes
     from ..eval import kv_pareto as kp
     from ..models.loader import load_model
     from ..progress import no_progress, rich_progress
 
     model, tokenizer = load_model(args.model, dtype=torch.float32, weights=args.weights)
+    passkey = "passkey" in (t.strip().lower() for t in args.tasks.split(","))
     budgets = kp.BUDGETS if args.kv_pareto_budgets is None else (
         () if args.kv_pareto_budgets.strip().lower() == "none" else floats(args.kv_pareto_budgets))
     result = kp.kv_pareto(model, tokenizer, corpus=args.corpus, windows=args.windows, window_len=args.window_len,
                           seed=args.seed, anchors=_specs(args.kv_pareto_anchors, kp.ANCHORS),
                           ours=_specs(args.kv_pareto_codecs, kp.OURS), budgets=budgets,
                           calib_windows=max(args.kv_calib_windows, 1), calib_len=args.kv_calib_len,
+                          passkey_lengths=positive_ints(args.passkey_lengths or "2048,4096,8192") if passkey else (),
+                          passkey_depths=floats(args.passkey_depths or "0.25,0.5,0.75"),
+                          passkey_trials=args.passkey_trials,
+                          capacity_memory=parse_bytes(args.capacity_memory) if args.capacity_memory else None,
                           progress=no_progress if args.no_progress else rich_progress)  # bars go to stderr
     if args.plot:
         result["plots"] = [str(kp.plot_kv_pareto(result, f"{args.plot}/kv_pareto.png"))]
@@ -121,24 +133,44 @@ def run_kv_pareto(args: argparse.Namespace) -> int:
         print(json.dumps(result, default=float))
         return 0
     from rich.console import Console
-    from rich.table import Table
 
-    ref = result["reference"]
-    table = Table(title=f"{result['model_name']}: KV codecs vs bf16 KV (ppl {ref['ppl']:.4f}, "
-                        f"{ref['bytes_per_token']:.0f} B/token); * = frontier")
-    for col in ("codec", "kind", "bits/coord", "bytes/token", "ppl Δ %", "KL mean", "KL p99", "seq@4096"):
-        table.add_column(col, justify="left" if col in ("codec", "kind") else "right", no_wrap=True)
-    for r in sorted(result["records"], key=lambda r: r.get("bytes_per_token", 0)):
-        if "error" in r:
-            table.add_row(r["spec"], r["kind"], "", "", r["error"][:60], "", "", "")
-            continue
-        table.add_row(("* " if r.get("frontier") else "  ") + r["spec"], r["kind"], f"{r['bits_per_coordinate']:.3f}",
-                      f"{r['bytes_per_token']:.0f}", f"{r['ppl_change_pct']:+.3f}", f"{r['kl_mean']:.2e}",
-                      f"{r['kl_p99']:.2e}", str(r["sequences_4096"]))
-    Console(file=sys.stdout, width=140).print(table)
+    Console(file=sys.stdout, width=160).print(pareto_table(result))
+    for note in result["notes"]:
+        print(note)
     for path in result.get("plots", []):
         print(f"wrote {path}")
     return 0
+
+
+def pareto_table(result: dict):
+    """The --kv-pareto table: the bf16 reference row, then every entry by bytes per token (* = frontier)."""
+    from rich.table import Table
+
+    ref, st = result["reference"], result["settings"]
+    lengths = st["passkey_lengths"] if ref["passkey"] else []
+    mib = st["capacity_memory"] / 2**20
+    table = Table(title=f"{result['model_name']}: KV codecs vs bf16 KV (ppl {ref['ppl']:.4f}, "
+                        f"{ref['bytes_per_token']:.0f} B/token); * = frontier; passkey retrieved/trials; "
+                        f"seq@{st['capacity_len']}: concurrent sequences in {mib:.0f} MiB of KV memory")
+    cols = ["codec", "kind", "bits/coord", "bytes/token", "ppl Δ %", "KL mean", "KL p99"]
+    cols += [f"pk@{n}" for n in lengths] + [f"seq@{st['capacity_len']}"]
+    for col in cols:
+        table.add_column(col, justify="left" if col in ("codec", "kind") else "right", no_wrap=True)
+
+    def checks(r):
+        pk = [f"{p['retrieved']}/{p['trials']}" for p in r["passkey"] or []]
+        return pk + [str(r["capacity"]["sequences"])]
+
+    table.add_row("  bf16 (reference)", "reference", "16.000", f"{ref['bytes_per_token']:.0f}", "+0.000",
+                  "0", "0", *checks(ref))
+    for r in sorted(result["records"], key=lambda r: r.get("bytes_per_token", 0)):
+        if "error" in r:
+            table.add_row(r["spec"], r["kind"], "", "", r["error"][:60], *[""] * (len(cols) - 5))
+            continue
+        table.add_row(("* " if r.get("frontier") else "  ") + r["spec"], r["kind"], f"{r['bits_per_coordinate']:.3f}",
+                      f"{r['bytes_per_token']:.0f}", f"{r['ppl_change_pct']:+.3f}", f"{r['kl_mean']:.2e}",
+                      f"{r['kl_p99']:.2e}", *checks(r))
+    return table
 
 
 def format_value(value: Any) -> str:

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from ..errors import ConfigError
-from ._parse import positive_ints
+from ._parse import floats, positive_ints
 
 
 def _specs(text):
@@ -31,6 +31,12 @@ def _lengths(text):
     if text.strip().lower() == "none":
         return ()
     return positive_ints(text, "--passkey-lengths")
+
+
+def _budgets(text):
+    if text is None:
+        return None
+    return () if text.strip().lower() == "none" else floats(text, "--kv-budgets")
 
 
 def register(subparsers) -> None:
@@ -64,7 +70,10 @@ def register(subparsers) -> None:
                    help="calibration methods to try (comma-separated: awq,gptq,smoothquant,wanda; 'none' for none)")
     p.add_argument("--calib-samples", type=int, default=None, help="calibration windows (quick 8, full 32)")
     p.add_argument("--calib-len", type=int, default=None, help="tokens per calibration window (quick 256, full 512)")
-    p.add_argument("--kv", default=None, help="only these KV codecs (comma-separated specs)")
+    p.add_argument("--kv", default=None, help="only these KV codecs (comma-separated specs; budgets as auto:<bits>)")
+    p.add_argument("--kv-budgets", default=None, metavar="BITS",
+                   help="KV byte budgets auto:<bits>, planned per layer by calibration, tried beside the registered "
+                        "codecs (comma-separated bits per coordinate; quick 4.5, full 8.5,6,4.5,3.5; 'none' for none)")
     p.add_argument("--corpus", default="prideprejudice", help="an Austen novel, 'austen', or a UTF-8 text FILE")
     p.add_argument("--windows", type=int, default=None, help="evaluation windows (quick 4, full 8)")
     p.add_argument("--window-len", type=int, default=None, help="tokens per window (quick 512, full 1024)")
@@ -91,7 +100,8 @@ def options_from_args(args: argparse.Namespace):
                                          args.max_activation_ppl_cost, args.max_activation_top1_drop),
                            corpus=args.corpus, seed=args.seed,
                            context=args.context, windows=args.windows, window_len=args.window_len,
-                           weights=_specs(args.weights), kv=_specs(args.kv), threads=args.threads,
+                           weights=_specs(args.weights), kv=_specs(args.kv), kv_budgets=_budgets(args.kv_budgets),
+                           threads=args.threads,
                            methods=() if (args.methods or "").strip().lower() == "none" else _specs(args.methods),
                            calib_samples=args.calib_samples, calib_len=args.calib_len,
                            passkey_lengths=_lengths(args.passkey_lengths))

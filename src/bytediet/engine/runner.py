@@ -5,6 +5,7 @@ It owns the model and the per-layer KV pages; it makes no scheduling decision.
 from __future__ import annotations
 
 from contextlib import contextmanager
+from typing import Optional
 
 import torch
 
@@ -22,6 +23,31 @@ def num_blocks_for_budget(codec: KVCodec, model: CausalLM, cache: CacheConfig) -
     return max(1, int(cache.kv_cache_memory // per_block))
 
 
+def sequence_limit(caches) -> Optional[int]:
+    """The fewest sequences any layer's per-sequence state holds at once (KIVI's and the fp16 window's staging
+    pools), or None when no layer limits them beyond the blocks."""
+    limits = [n for n in (cache.max_sequences() for cache in caches) if n is not None]
+    return min(limits) if limits else None
+
+
+def sequence_capacity(codec: KVCodec, model: CausalLM, cache: CacheConfig, seq_len: int) -> dict:
+    """How many ``seq_len``-token sequences the engine runs at once in ``cache.kv_cache_memory`` with ``codec``.
+
+    The engine's own sizing: the block pool of :func:`num_blocks_for_budget` (all-in bytes per token, staging
+    pools amortised) divided into whole blocks per sequence, capped by the layers' per-sequence state
+    (:func:`sequence_limit`, which the engine also enforces). The pages are created on the ``meta`` device, so
+    nothing is allocated. Returns ``{"sequences", "num_blocks", "by_blocks", "by_staging"}`` (``by_staging``
+    None: no per-sequence limit)."""
+    c = model.config
+    num_blocks = cache.num_blocks or num_blocks_for_budget(codec, model, cache)
+    by_blocks = num_blocks // -(-seq_len // cache.block_size)
+    caches = [codec.create_cache(i, num_blocks, cache.block_size, c.num_kv_heads, c.head_dim, model.dtype, "meta")
+              for i in range(c.num_layers)]
+    by_staging = sequence_limit(caches)
+    sequences = by_blocks if by_staging is None else min(by_blocks, by_staging)
+    return {"sequences": sequences, "num_blocks": num_blocks, "by_blocks": by_blocks, "by_staging": by_staging}
+
+
 class ModelRunner:
     def __init__(self, model: CausalLM, cache: CacheConfig, workers=None) -> None:
         self.model = model
@@ -31,8 +57,7 @@ class ModelRunner:
         self.caches = model.new_caches(self.num_blocks, self.block_size, self.codec)
         c = model.config
         self.bytes_per_token = self.codec.bytes_per_token(c.num_kv_heads, c.head_dim) * c.num_layers
-        limits = [n for n in (cache.max_sequences() for cache in self.caches) if n is not None]
-        self.max_sequences = min(limits) if limits else None  # the codec's per-sequence state (KIVI's staging)
+        self.max_sequences = sequence_limit(self.caches)  # the codec's per-sequence state (KIVI's staging)
         self.decoder = native_decoder(model, self.caches)  # None: every step runs the module path
         self.prefill_threads = 1  # torch threads for steps with prefill chunks (the engine sets it)
         self.decode_path = "native" if self.decoder is not None else f"modules ({why_not_native(model, self.caches)})"

@@ -7,7 +7,12 @@ path with that codec, and is compared position by position with the same model o
 
 * perplexity and its change [%], mean and p99 of the per-token KL(bf16 ‖ codec);
 * all-in bits per coordinate and bytes per token (all layers), the numbers that size the block pool;
-* capacity: concurrent 4096-token sequences in the KV memory that holds ``reference_sequences`` of them in bf16.
+* passkey retrieval (:class:`bytediet.eval.tasks.PasskeyTask`, through the engine) at each prompt length,
+  as retrieved / trials — the same seeded prompts for every entry and for the bf16 reference row; lengths
+  beyond the model's context are skipped with a note;
+* capacity: concurrent ``capacity_len``-token sequences the engine runs in a fixed KV memory (by default what
+  ``reference_sequences`` of them take in bf16), sized by the engine itself
+  (:func:`bytediet.engine.runner.sequence_capacity`: block pool and per-sequence staging).
 
 The **frontier** is the set of entries no other entry beats on both bytes and perplexity change.
 """
@@ -26,7 +31,8 @@ from .fidelity import kl_per_position, next_token_pairs, token_nll
 ANCHORS = ("q8_0", "fp8_vllm", "k=q8_0,v=q4_0", "q5_0", "q4_1", "q4_0", "hf4", "hf2", "kivi4", "kivi2")
 OURS = ("int8", "fp8", "turboquant4", "turboquant3.5", "turboquant3", "turboquant2.5", "turboquant_prod3.5")
 BUDGETS = (8.5, 6.0, 4.5, 3.5)
-SEQ_LEN = 4096
+PASSKEY_LENGTHS = (2048, 4096, 8192)
+CAPACITY_LEN = 4096
 
 
 def pareto_front(points: list[tuple[float, float]]) -> list[int]:
@@ -44,8 +50,55 @@ def _score(model, seq: torch.Tensor, codec) -> torch.Tensor:
     return model.score(seq, kv_codec=codec, block_size=max(16, codec.min_block_size()))
 
 
-def _measure(model, codec, spec, kind, wins, bos, reference, n_tok, ref_nll, memory) -> dict:
-    """One entry's record: perplexity change, per-token KL tail, sizes and capacity."""
+class Checks:
+    """The per-entry measurements besides perplexity: passkey retrieval and engine capacity.
+
+    ``passkey_lengths`` beyond the model's context are dropped (listed in ``notes``); the others go to
+    :class:`~bytediet.eval.tasks.PasskeyTask` as they are (it leaves room for the answer at the context's end).
+    ``memory`` bytes of KV memory hold ``capacity_len``-token sequences (:func:`sequence_capacity`)."""
+
+    def __init__(self, model, tokenizer, corpus_ids, *, corpus: str, seed: int, passkey_lengths: Sequence[int],
+                 passkey_depths: Sequence[float], passkey_trials: int, memory: int, capacity_len: int,
+                 progress) -> None:
+        from .harness import EvalContext, EvalSettings, ReferenceCache
+
+        self.model, self.tokenizer, self.memory, self.capacity_len = model, tokenizer, int(memory), capacity_len
+        context = model.config.max_position_embeddings
+        lengths = sorted({int(n) for n in passkey_lengths})
+        self.notes = [f"passkey at {n} tokens skipped: beyond the model's context ({context} tokens)"
+                      for n in lengths if n > context]
+        self.lengths = [n for n in lengths if n <= context]
+        settings = EvalSettings(corpus=corpus, seed=seed, tasks=("passkey",), passkey_lengths=self.lengths or (1,),
+                                passkey_depths=tuple(passkey_depths), passkey_trials=passkey_trials)
+        self.ctx = EvalContext(settings, [], corpus_ids, ReferenceCache(()), progress=progress)
+
+    def passkey(self, spec: str, codec) -> Optional[list[dict]]:
+        """[{"length", "retrieved", "trials"}] per prompt length (None when no length is measured)."""
+        from .harness import Subject
+        from .tasks import PasskeyTask
+
+        if not self.lengths:
+            return None
+        answers = PasskeyTask()._run(Subject(spec, self.model, self.tokenizer, codec), self.ctx)["answers"]
+        counts: dict[int, list[int]] = {}
+        for a in answers:
+            c = counts.setdefault(a["length"], [0, 0])
+            c[0] += a["ok"]
+            c[1] += 1
+        return [{"length": n, "retrieved": k, "trials": t} for n, (k, t) in sorted(counts.items())]
+
+    def capacity(self, codec) -> dict:
+        from ..engine.runner import sequence_capacity
+        from ..kvcache.base import default_block_size
+        from ..kvcache.config import CacheConfig
+
+        cache = CacheConfig(block_size=default_block_size(codec), kv_cache_memory=self.memory,
+                            kv_cache_dtype=codec.name)
+        return sequence_capacity(codec, self.model, cache, self.capacity_len)
+
+
+def _measure(model, codec, spec, kind, wins, bos, reference, n_tok, ref_nll, checks: Checks) -> dict:
+    """One entry's record: perplexity change, per-token KL tail, sizes, passkey retrieval and capacity."""
     c = model.config
     bpt = codec.bytes_per_token(c.num_kv_heads, c.head_dim) * c.num_layers
     nll, kls = 0.0, []
@@ -59,17 +112,57 @@ def _measure(model, codec, spec, kind, wins, bos, reference, n_tok, ref_nll, mem
            "bits_per_coordinate": bpt * 8 / (2 * c.num_kv_heads * c.head_dim * c.num_layers),
            "bytes_per_token": bpt, "ppl": ppl, "ppl_change_pct": 100 * (ppl / ppl_ref - 1),
            "kl_mean": float(kl.mean()), "kl_p99": float(torch.quantile(kl, 0.99)),
-           "sequences_4096": int(memory // (bpt * SEQ_LEN))}
+           "capacity": checks.capacity(codec), "passkey": checks.passkey(spec, codec)}
     if kind == "budget":
         rec["plan"] = codec.calibration_state()["plan"]
     return rec
 
 
+def _reference(model, ref_codec, wins, bos, progress) -> tuple[list, float, int]:
+    """bf16 KV's (logits, targets) per window, total NLL and token count."""
+    reference, nll, n_tok = [], 0.0, 0
+    for w in progress(wins, "bf16 KV reference"):
+        logits, targets = next_token_pairs(_score(model, torch.cat([bos, w.ids]), ref_codec)[len(bos):], w.ids)
+        reference.append((logits, targets))
+        nll += float(token_nll(logits, targets).sum())
+        n_tok += len(targets)
+    return reference, nll, n_tok
+
+
+def _budget_entries(model, tokenizer, budgets, corpus, seed, calib_windows, calib_len, progress):
+    """(entries, error records) of the budgets: one sensitivity pass, then one plan per budget."""
+    from ..calibrate.base import CalibrationConfig
+    from ..calibrate.kv_budget import measure_errors, plan_from_errors
+    from ..kvcache import get_kv_codec
+    from .corpus import calibration_windows
+
+    if not budgets:
+        return [], []
+    c = model.config
+    cal = calibration_windows(tokenizer, CalibrationConfig(samples=calib_windows, seq_len=calib_len, corpus=corpus,
+                                                           seed=seed), bos=False)
+    errors = measure_errors(model, cal, progress=progress)
+    entries, failed = [], []
+    for b in budgets:
+        codec = get_kv_codec(f"auto:{b:g}")
+        try:
+            codec.load_calibration_state(plan_from_errors(errors, b, c.num_kv_heads, c.head_dim).state())
+        except ConfigError as exc:          # a budget below every candidate: listed with its reason
+            failed.append({"spec": codec.name, "kind": "budget", "error": str(exc)})
+            continue
+        entries.append((codec.name, "budget", codec))
+    return entries, failed
+
+
 def kv_pareto(model, tokenizer, *, corpus: str = "prideprejudice", windows: int = 4, window_len: int = 2048,
               seed: int = 0, anchors: Sequence[str] = ANCHORS, ours: Sequence[str] = OURS,
               budgets: Sequence[float] = BUDGETS, calib_windows: int = 1, calib_len: int = 512,
+              passkey_lengths: Sequence[int] = PASSKEY_LENGTHS, passkey_depths: Sequence[float] = (0.5,),
+              passkey_trials: int = 1, capacity_memory: Optional[int] = None, capacity_len: int = CAPACITY_LEN,
               reference_sequences: int = 16, progress=None) -> dict:
-    """Measure every entry; returns a JSON-ready dict (``records``, ``frontier``, ``reference``, ``settings``)."""
+    """Measure every entry; returns a JSON-ready dict (``records``, ``frontier``, ``reference``, ``settings``,
+    ``notes``). ``passkey_lengths=()`` measures no passkey; ``capacity_memory`` None: the KV memory of
+    ``reference_sequences`` bf16 sequences of ``capacity_len`` tokens."""
     from ..kvcache import get_kv_codec
 
     progress = progress or (lambda xs, desc: xs)
@@ -81,48 +174,34 @@ def kv_pareto(model, tokenizer, *, corpus: str = "prideprejudice", windows: int 
     wins = make_windows(ids, window_len, windows, split="eval", seed=seed)
     bos = torch.tensor(tokenizer.encode("", add_special_tokens=True), dtype=torch.long)
     ref_codec = get_kv_codec("bf16")
-    reference, ref_nll, n_tok = [], 0.0, 0
-    for w in progress(wins, "bf16 KV reference"):
-        logits, targets = next_token_pairs(_score(model, torch.cat([bos, w.ids]), ref_codec)[len(bos):], w.ids)
-        reference.append((logits, targets))
-        ref_nll += float(token_nll(logits, targets).sum())
-        n_tok += len(targets)
+    reference, ref_nll, n_tok = _reference(model, ref_codec, wins, bos, progress)
     ref_bpt = ref_codec.bytes_per_token(c.num_kv_heads, c.head_dim) * c.num_layers
-    memory = ref_bpt * SEQ_LEN * reference_sequences
+    memory = capacity_memory or ref_bpt * capacity_len * reference_sequences
+    checks = Checks(model, tokenizer, ids, corpus=corpus, seed=seed, passkey_lengths=passkey_lengths,
+                    passkey_depths=passkey_depths, passkey_trials=passkey_trials, memory=memory,
+                    capacity_len=capacity_len, progress=progress)
+    ref_row = {"kv_cache_dtype": "bf16", "ppl": math.exp(ref_nll / n_tok), "tokens": n_tok,
+               "bytes_per_token": ref_bpt, "capacity": checks.capacity(ref_codec),
+               "passkey": checks.passkey("bf16", ref_codec)}      # first: a passkey setting that fails, fails here
 
     entries = [(s, "anchor", get_kv_codec(s)) for s in anchors] + [(s, "bytediet", get_kv_codec(s)) for s in ours]
-    plan_errors = None
-    if budgets:
-        from ..calibrate.base import CalibrationConfig
-        from ..calibrate.kv_budget import measure_errors, plan_from_errors
-        from .corpus import calibration_windows
-
-        cal = calibration_windows(tokenizer, CalibrationConfig(samples=calib_windows, seq_len=calib_len, corpus=corpus,
-                                                               seed=seed), bos=False)
-        plan_errors = measure_errors(model, cal, progress=progress)
-    records = []
-    for b in budgets or ():
-        codec = get_kv_codec(f"auto:{b:g}")
+    planned, records = _budget_entries(model, tokenizer, budgets, corpus, seed, calib_windows, calib_len, progress)
+    for spec, kind, codec in progress(entries + planned, "KV codecs"):
         try:
-            codec.load_calibration_state(plan_from_errors(plan_errors, b, c.num_kv_heads, c.head_dim).state())
-        except ConfigError as exc:          # a budget below every candidate: listed with its reason
-            records.append({"spec": codec.name, "kind": "budget", "error": str(exc)})
-            continue
-        entries.append((codec.name, "budget", codec))
-    for spec, kind, codec in progress(entries, "KV codecs"):
-        try:
-            records.append(_measure(model, codec, spec, kind, wins, bos, reference, n_tok, ref_nll, memory))
+            records.append(_measure(model, codec, spec, kind, wins, bos, reference, n_tok, ref_nll, checks))
         except ConfigError as exc:          # e.g. a head dim the codec cannot take: listed, not fatal
             records.append({"spec": spec, "kind": kind, "error": str(exc)})
     ok = [r for r in records if "error" not in r]
     for i in pareto_front([(r["bytes_per_token"], r["ppl_change_pct"]) for r in ok]):
         ok[i]["frontier"] = True
     return {"model": getattr(model, "source_path", "") or c.name, "model_name": c.name,
-            "reference": {"kv_cache_dtype": "bf16", "ppl": math.exp(ref_nll / n_tok), "tokens": n_tok,
-                          "bytes_per_token": ref_bpt, "sequences_4096": reference_sequences},
+            "reference": ref_row,
             "settings": {"corpus": corpus, "windows": windows, "window_len": window_len, "seed": seed,
-                         "calib_windows": calib_windows, "calib_len": calib_len, "budgets": list(budgets)},
-            "window_starts": [w.start for w in wins], "records": records,
+                         "calib_windows": calib_windows, "calib_len": calib_len, "budgets": list(budgets),
+                         "passkey_lengths": checks.lengths, "passkey_depths": list(passkey_depths),
+                         "passkey_trials": passkey_trials, "capacity_memory": int(memory),
+                         "capacity_len": capacity_len},
+            "notes": checks.notes, "window_starts": [w.start for w in wins], "records": records,
             "frontier": [r["spec"] for r in sorted(ok, key=lambda r: r["bytes_per_token"]) if r.get("frontier")],
             "elapsed_s": time.perf_counter() - t0}
 

@@ -8,6 +8,10 @@ must quantize a weight of each distinct input width of the model's linear layers
 sizes must divide them — SmolLM2's hidden 576 rules out ``int4-g128``) and, for a KV codec, build
 a cache page for the model's heads at the engine's block size.
 
+KV candidates are led by **budgets** ``auto:<bits>`` (:mod:`bytediet.kvcache.auto`): each is planned per layer
+and per K/V by calibration on the model as it will run (:mod:`bytediet.calibrate.kv_budget`), so the record and
+the recommended run config carry the plan. The registered codecs stay as the plain anchors beside them.
+
 Calibrated weight candidates come from :data:`bytediet.calibrate.base.CALIBRATION_METHODS` the
 same way: a method lists the weight-format families it calibrates (its ``candidate_formats``
 attribute; AWQ and GPTQ: int4, SmoothQuant: int8-w8a8, SparseGPT and Wanda: sparse24), and each family is tried
@@ -38,6 +42,7 @@ REFERENCE_KV = ("fp32",)
 # --quick: one spec of each of these families (the first of its variants that fits the model)
 QUICK_WEIGHT_FAMILIES = ("int8", "int4", "nvfp4", "sparse24")
 QUICK_KV_FAMILIES = ("int8", "turboquant")
+BUDGET_PREFIX = "auto:"
 
 
 def split_method(spec: str) -> tuple[str, Optional[str]]:
@@ -134,6 +139,24 @@ def kv_fits(spec: str, model, block_size: Optional[int] = None) -> Optional[str]
     return None
 
 
+def budget_fits(spec: str, model) -> Optional[str]:
+    """None when the budget ``spec`` (``auto:<bits>``) can be planned for ``model`` — at least the cheapest
+    per-layer candidates fit it — else the reason (a malformed spec, a budget below every candidate)."""
+    from ..calibrate.kv_budget import DEFAULT_CANDIDATES, candidate_bytes, check_budget
+    from ..kvcache import get_kv_codec
+
+    c = model.config
+    try:
+        codec = get_kv_codec(spec, model.dtype)
+        fitting = [s for s in DEFAULT_CANDIDATES if kv_fits(s, model, 16) is None]
+        if not fitting:
+            raise ConfigError(f"no KV codec of a budget's plan can store head_dim {c.head_dim}")
+        check_budget(codec.budget, candidate_bytes(fitting, c.num_kv_heads, c.head_dim), c.num_kv_heads, c.head_dim)
+    except (ConfigError, KeyError) as exc:
+        return str(exc.args[0] if isinstance(exc, KeyError) and exc.args else exc)
+    return None
+
+
 def _enumerate(registry, table, reference, fits, quick_families, quick: bool, only) -> Enumeration:
     out = Enumeration()
     names = [n for n in registry.names() if n not in reference]
@@ -165,12 +188,23 @@ def weight_specs(model, quick: bool = False, only: Optional[list[str]] = None) -
 
 
 def kv_specs(model, quick: bool = False, only: Optional[list[str]] = None,
-             block_size: Optional[int] = None) -> Enumeration:
-    """KV-codec specs to try on ``model`` (every registered codec and variant; ``only`` restricts)."""
+             block_size: Optional[int] = None, budgets: tuple[float, ...] = ()) -> Enumeration:
+    """KV specs to try on ``model``: the budgets ``auto:<bits>`` first, then every registered codec and variant
+    (``quick``: one per :data:`QUICK_KV_FAMILIES`). ``only`` restricts to exactly those specs (budgets among them)."""
     from ..kvcache import KV_CODECS
 
-    return _enumerate(KV_CODECS, KV_VARIANTS, REFERENCE_KV, lambda s: kv_fits(s, model, block_size),
-                      QUICK_KV_FAMILIES, quick, only)
+    def fits(spec: str) -> Optional[str]:
+        return budget_fits(spec, model) if spec.startswith(BUDGET_PREFIX) else kv_fits(spec, model, block_size)
+
+    out = Enumeration()
+    for spec in dict.fromkeys(f"{BUDGET_PREFIX}{b:g}" for b in (budgets if only is None else ())):
+        reason = fits(spec)
+        if reason is None:
+            out.specs.append(spec)
+        else:
+            out.skipped[spec] = reason
+    rest = _enumerate(KV_CODECS, KV_VARIANTS, REFERENCE_KV, fits, QUICK_KV_FAMILIES, quick, only)
+    return Enumeration(out.specs + rest.specs, {**out.skipped, **rest.skipped})
 
 
 def calibrated_specs(model, rtn: Enumeration, quick: bool = False, methods: Optional[tuple[str, ...]] = None,

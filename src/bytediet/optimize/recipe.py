@@ -5,8 +5,9 @@
    registered method — AWQ, GPTQ, SmoothQuant, Wanda 2:4); the activation precision of the native kernels
    for the best weight formats (``int4-g64`` against ``int4-g64-a8`` and ``-af32``: int8 activations with
    integer dot products are faster and cost a little accuracy, :func:`.candidates.activation_specs`,
-   :func:`.budget.activation_cost`); then every KV codec the registries hold
-   (:mod:`.candidates`), each measured alone against the unmodified model — perplexity, KL mean/p99,
+   :func:`.budget.activation_cost`); then KV byte budgets ``auto:<bits>``, each planned per layer by
+   calibration (one sensitivity pass shared by every budget), beside every KV codec the registries hold as
+   anchors (:mod:`.candidates`), each measured alone against the unmodified model — perplexity, KL mean/p99,
    top-1 agreement (one shared :class:`~bytediet.eval.harness.ReferenceCache`), weight bytes, KV bytes
    per token, decode tok/s.
 3. **Combine the winners** (best weight format × best KV codec within budget) and re-measure: errors
@@ -33,6 +34,7 @@ from typing import Callable, Optional
 import torch
 
 from ..errors import BytedietError
+from ..kvcache.auto import BudgetCodec
 from ..progress import Bars
 from .budget import Budget, activation_cost, best_of_step, compounding, objective_key, within
 from .candidates import (Candidate, activation_specs, as_loaded_activation_modes, calibrated_specs, kv_specs,
@@ -41,14 +43,16 @@ from .state import StepCache, model_identity, run_key
 
 STEPS = ("profile", "baseline", "weights", "activations", "kv", "combined", "sensitive")
 ACTIVATION_PARENTS = {"quick": 1, "full": 3}  # weight formats (the best within budget) whose activations are tried
-PRESETS = {  # eval windows × len, speed and profile prompt/new tokens, calibration windows × len, passkey trials
+PRESETS = {  # eval windows × len, speed and profile prompt/new tokens, calibration windows × len, passkey trials,
+    # KV budgets (bits per coordinate all-in: the classes of llama.cpp's q8_0, q8_0/q4_0, q4_0 and 3.5-bit codecs)
     "quick": dict(windows=4, window_len=512, speed_prompt_len=32, speed_new_tokens=16,
                   profile_prompt_len=256, profile_new_tokens=32, calib_samples=8, calib_len=256,
-                  kv_calib_windows=2, kv_calib_len=512, passkey_lengths=(1024,), passkey_depths=(0.25, 0.75)),
+                  kv_calib_windows=2, kv_calib_len=512, passkey_lengths=(1024,), passkey_depths=(0.25, 0.75),
+                  kv_budgets=(4.5,)),
     "full": dict(windows=8, window_len=1024, speed_prompt_len=64, speed_new_tokens=32,
                  profile_prompt_len=512, profile_new_tokens=64, calib_samples=32, calib_len=512,
                  kv_calib_windows=2, kv_calib_len=1024, passkey_lengths=(1024, 2048, 4096),
-                 passkey_depths=(0.0, 0.25, 0.5, 0.75, 1.0)),
+                 passkey_depths=(0.0, 0.25, 0.5, 0.75, 1.0), kv_budgets=(8.5, 6.0, 4.5, 3.5)),
 }
 RECOMMENDED_MODEL_DIR = "recommended-model"
 
@@ -77,7 +81,8 @@ class OptimizeOptions:
     kv_calib_windows: Optional[int] = None  # KV codecs with calibration hooks: windows of the calibration split ...
     kv_calib_len: Optional[int] = None  # ... of this many tokens (one forward pass captures K, V, Q)
     weights: Optional[tuple[str, ...]] = None  # restrict the weight candidates to these specs
-    kv: Optional[tuple[str, ...]] = None  # restrict the KV candidates to these specs
+    kv: Optional[tuple[str, ...]] = None  # restrict the KV candidates to these specs (budgets auto:<bits> among them)
+    kv_budgets: Optional[tuple[float, ...]] = None  # KV budgets tried before the registered codecs (() = none)
     methods: Optional[tuple[str, ...]] = None  # restrict the calibration methods (() = none)
     threads: int = 2
 
@@ -123,6 +128,7 @@ class Recipe:
         self.on_step = on_step or (lambda name, report: None)
         self.progress = progress
         self.as_loaded = None  # the checkpoint as the engine runs it, when that is not its float values (_load)
+        self._kv_errors: dict = {}  # weight configuration → KV sensitivity tables (shared by every budget)
 
     # ------------------------------------------------------------------ set-up
     def _load(self) -> None:
@@ -164,7 +170,7 @@ class Recipe:
             return hit
         model = self.build(cand)
         result = evaluate_loaded(self.model, self.tokenizer, settings=replace(self.settings, tasks=("speed",)),
-                                 kv_cache_dtype=self.kv_codec(cand.kv, model), reference=self.reference,
+                                 kv_cache_dtype=self.kv_codec(cand.kv, model, cand), reference=self.reference,
                                  corpus_ids=self.corpus_ids, progress=False, model_label=self.label, test_model=model)
         test = result["tasks"]["speed"]["test"]
         again = {"decode_tok_s": test["decode_tok_s"], "prefill_tok_s": test["prefill_tok_s"]}
@@ -185,12 +191,14 @@ class Recipe:
         except BytedietError as exc:
             self.cache.put("configs", cand.label, {"error": str(exc)})
             return None
-        kv = self.kv_codec(cand.kv, model)
+        kv = self.kv_codec(cand.kv, model, cand)
         result = evaluate_loaded(self.model, self.tokenizer, settings=self.settings, kv_cache_dtype=kv,
                                  reference=self.reference, corpus_ids=self.corpus_ids, progress=False,
                                  model_label=self.label, test_model=model)
         rec = record(cand, result, self.opt.context)
         rec["kv_calibrated"] = not isinstance(kv, str)
+        # a budget's plan is plain data: the record (and so the recommended run config) carries it
+        rec["kv_calibration_state"] = kv.calibration_state() if isinstance(kv, BudgetCodec) else None
         self.cache.put("configs", cand.label, rec)
         return rec
 
@@ -200,11 +208,32 @@ class Recipe:
         o = self.opt
         return {"corpus": o.corpus, "windows": o.kv_calib_windows, "window_len": o.kv_calib_len, "seed": o.seed}
 
-    def kv_codec(self, spec: str, model):
-        """``spec`` as is, or — for a codec with calibration hooks — calibrated on ``model`` as it will run."""
+    def kv_codec(self, spec: str, model, cand: Optional[Candidate] = None):
+        """``spec`` as is, or — for a codec with calibration hooks — calibrated on ``model`` as it will run; a
+        budget ``auto:<bits>`` gets its plan from the sensitivity tables of ``cand``'s weights, measured once on
+        the :attr:`kv_calibration` windows and shared by every budget (the plan ``calibrate_codec`` would choose)."""
         from ..eval.harness import calibrated_kv_codec
+        from ..kvcache import get_kv_codec
 
-        return calibrated_kv_codec(spec, model, self.tokenizer, self.kv_calibration)
+        codec = get_kv_codec(spec, model.dtype)
+        if not isinstance(codec, BudgetCodec):
+            return calibrated_kv_codec(spec, model, self.tokenizer, self.kv_calibration)
+        from ..calibrate.base import CalibrationConfig
+        from ..calibrate.kv_budget import measure_errors, plan_from_errors
+        from ..eval.corpus import calibration_windows
+
+        key = replace(cand, step="", kv="auto") if cand is not None else None
+        errors = self._kv_errors.get(key) if key is not None else None
+        if errors is None:
+            cal = self.kv_calibration
+            windows = calibration_windows(self.tokenizer, CalibrationConfig(samples=cal["windows"],
+                                          seq_len=cal["window_len"], corpus=cal["corpus"], seed=cal["seed"]), bos=False)
+            errors = measure_errors(model, windows)
+            if key is not None:
+                self._kv_errors[key] = errors
+        c = model.config
+        codec.load_calibration_state(plan_from_errors(errors, codec.budget, c.num_kv_heads, c.head_dim).state())
+        return codec
 
     def calibration(self):
         """(CalibrationConfig, windows): the calibration split of the run's corpus, disjoint from its eval windows."""
@@ -376,7 +405,7 @@ class Recipe:
             self.on_step("weights", report)
             report["steps"]["activations"] = self._activations(bars, report)
             self.on_step("activations", report)
-            k = kv_specs(self.model, quick=o.quick, only=o.kv)
+            k = kv_specs(self.model, quick=o.quick, only=o.kv, budgets=o.kv_budgets)
             recs = self._sweep(bars, "step 2/5: KV-cache codecs", [Candidate("kv", kv=s) for s in k.specs])
             report["steps"]["kv"] = {"records": recs, "skipped": k.skipped}
             self.on_step("kv", report)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +47,9 @@ def recommend(report: dict) -> dict:
     rec = choice.record or base
     config = RunConfig(model=report["model"], weights=rec["weights"], weight_overrides=rec["overrides"],
                        kv_cache_dtype=rec["kv"], engine={"activations": rec["activations"]} if rec.get("activations") else {},
-                       kv_calibration=report.get("kv_calibration") if rec.get("kv_calibrated") else None, notes={
+                       kv_calibration=report.get("kv_calibration") if rec.get("kv_calibrated")
+                       and not rec.get("kv_calibration_state") else None,
+                       kv_calibration_state=rec.get("kv_calibration_state"), notes={
                            "source": "bytediet optimize", "objective": report["objective"],
                            "budget": report["budget"], "within_budget": choice.within_budget,
                            "expected": {k: rec[k] for k in ("ppl", "ppl_ref", "ppl_increase_pct", "kl_mean",
@@ -117,6 +120,12 @@ def summary_markdown(report: dict) -> str:
     if notes.get("calibration"):
         lines += [f"The {notes['calibration']}-calibrated weights are saved in `{rec['run_config']['model']}/` "
                   f"(recommended.json loads them; no calibration at load time).", ""]
+    state = rec["run_config"].get("kv_calibration_state")
+    if isinstance(state, dict) and state.get("plan"):
+        counts = Counter(f"k={p['k']},v={p['v']}" for p in state["plan"])
+        lines += [f"The KV budget `{rec['run_config']['kv_cache_dtype']}` runs the per-layer plan calibration chose "
+                  f"({', '.join(f'{n}× `{k}`' for k, n in counts.items())}); recommended.json carries it as "
+                  "`kv_calibration_state`, so loading it never re-calibrates.", ""]
     blocks = steps["baseline"]["records"][0].get("native_blocks") or {}
     if not r["weights"] and not r.get("activations") and r["kv"] == "auto":
         own = f"its own {'/'.join(blocks)} blocks" if blocks else "its own weights"
