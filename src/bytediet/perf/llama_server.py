@@ -181,7 +181,7 @@ class LlamaServer:
             conn.request("GET", path)
             resp = conn.getresponse()
             return resp.status, resp.read().decode("utf-8", "replace")
-        except OSError as exc:
+        except (OSError, http.client.HTTPException) as exc:
             return 0, repr(exc)
         finally:
             conn.close()
