@@ -62,13 +62,15 @@ async def one_request(c: httpx.AsyncClient, prompt: str, max_tokens: int, temper
     except httpx.HTTPError as exc:
         error = repr(exc)
     if error:
-        return {"error": error}
+        return {"error": error, "after_s": time.perf_counter() - t0, "chunks": len(stamps)}
     tpot = (stamps[-1] - stamps[0]) / (len(stamps) - 1) if len(stamps) > 1 else None
     return {"ttft": (first - t0) if first else None, "tpot": tpot, "chunks": len(stamps)}
 
 
 async def run_load(base: str, clients: int, requests: int, max_tokens: int, temperature: float) -> list[dict]:
-    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    # A fresh connection per request: a pooled keep-alive connection that the server closes as it idles out
+    # (llama-server: 5 s) races with its reuse and fails a request before it is sent (seen 3 times in 640).
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=0)
     async with httpx.AsyncClient(base_url=base, timeout=600, limits=limits) as c:
         async def client(i: int) -> list[dict]:
             return [await one_request(c, PROMPTS[(i + k) % len(PROMPTS)], max_tokens, temperature)
@@ -126,6 +128,8 @@ def run_llama_server(args) -> dict:
         report = measure(f"http://127.0.0.1:{port}", args)
         metrics = server.get("/metrics")[1]
         slots = json.loads(server.get("/slots")[1])
+        if report["errors"]:
+            report["server_log_tail"] = server.log_tail(40)
     finally:
         server.stop()
     gauge = {k: float(v) for k, v in re.findall(r"^llamacpp:(requests_processing|requests_deferred) (\S+)$",
@@ -148,7 +152,7 @@ def measure(base: str, args) -> dict:
     return {"clients": args.clients, "requests_per_client": args.requests, "max_tokens": args.max_tokens,
             "threads": args.threads, "load_average_before": [round(x, 2) for x in load],
             "requests": len(results), "errors": len(results) - len(ok),
-            "first_errors": [r["error"] for r in results if "error" in r][:3], "wall_s": wall,
+            "first_errors": [r for r in results if "error" in r][:3], "wall_s": wall,
             "ttft_s": {"p50": q(ttft, 50), "p99": q(ttft, 99)}, "tpot_s": {"p50": q(tpot, 50), "p99": q(tpot, 99)},
             "output_chunks": sum(r["chunks"] for r in ok), "output_chunks_per_s": sum(r["chunks"] for r in ok) / wall}
 

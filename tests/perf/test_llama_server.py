@@ -161,7 +161,16 @@ def test_llama_cpp_peer_without_llama_server_stays_sequential():
     peer = LlamaCppPeer(single, Unavailable("llama-server", "not built"))
     out = run_system(peer, BenchContext(BenchConfig.quick(threads=1), list(range(2000)), "ids"), ["concurrency"])
     assert out["concurrency_system"]["system"] == "llama.cpp"
-    assert peer.info()["concurrency_system_note"] == "sequential: not built"
+    assert peer.info()["llama-server_unavailable"] == "not built"
+
+
+def test_llama_cpp_peer_without_llama_cpp_python_runs_everything_on_llama_server():
+    server = _Recorder("llama-server")
+    peer = LlamaCppPeer(Unavailable("llama-cpp-python", "No module named 'llama_cpp'"), server)
+    out = run_system(peer, BenchContext(BenchConfig.quick(threads=1), list(range(2000)), "ids"), ["single"])
+    assert out["info"]["single_system"] == "llama-server" and server.calls
+    with pytest.raises(ConfigError, match="not built"):
+        LlamaCppPeer(Unavailable("llama-cpp-python", "missing"), Unavailable("llama-server", "not built"))
 
 
 # ----------------------------------------------------------------------------------- the real binary

@@ -229,7 +229,7 @@ def print_tables(r: dict) -> None:
             for name, s in systems.items():
                 q = s.get("concurrency", {}).get(level)
                 ran = s.get("concurrency_system", {}).get("system")
-                label = name if ran in (None, name, s["info"]["system"]) else f"{name} ({ran})"
+                label = name if ran in (None, name) else f"{name} ({ran})"
                 if q:
                     t.add_row(level, label, str(q["requests"]), _f(q["output_tokens_per_s"]),
                               *(_f(q[k], ".0f", 1e3) for k in ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s")))

@@ -239,11 +239,18 @@ class LlamaServerSystem:
         slots, ctx = self._key
         return {"system": "llama-server", "binary": str(self.binary), "version": self.version,
                 "package": f"llama.cpp llama-server ({self.version}), built from llama-cpp-python "
-                           f"{llama_cpp_python_version() or '?'} sources",
+                           f"{self.source_version()} sources",
                 "source": str(self.path), "weights": "GGUF blocks as stored", "weight_bytes": gguf_tensor_bytes(self.path),
                 "threads": self.threads, "concurrency_mode": "llama-server: -np = concurrency slots, continuous batching",
                 "last_server_command": " ".join(self._server.command) if self._server else None,
                 "slots": slots or None, "ctx_per_slot": ctx or None}
+
+    def source_version(self) -> str:
+        """The llama-cpp-python sdist the binary was built from (the build script's <version> directory)."""
+        built = self.binary.parents[2] if len(self.binary.parents) > 2 else None
+        if built is not None and built.parent == cache_dir():
+            return built.name
+        return llama_cpp_python_version() or "?"
 
     def server(self, concurrency: int, longest: int) -> LlamaServer:
         ctx = 256 * -(-(longest + 16) // 256)  # sized per call: 64 slots of the context part's 8192 would not fit

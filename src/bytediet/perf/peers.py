@@ -13,7 +13,8 @@ How each one serves ``concurrency`` requests at once:
   sequence per context); the concurrency sweep runs llama.cpp's own ``llama-server`` with
   ``-np = concurrency`` slots and continuous batching (:mod:`bytediet.perf.llama_server`) when it is built,
   else ``Llama`` one request after the other (queued requests wait, which their TTFT shows).
-  The result's ``concurrency_system`` says which one ran.
+  Without ``llama-cpp-python``, llama-server runs every part. The result's ``concurrency_system`` (and the
+  info's ``single_system``) say which one ran.
 - llama-server alone (peer name ``llama-server``): every part over HTTP.
 - transformers: ``generate`` on waves of ``concurrency`` requests, left-padded, each wave run to its
   longest output; a request counts as finished at the step that produced its last token.
@@ -268,30 +269,33 @@ class _llama_cpp_model_params:
 
 class LlamaCppPeer:
     """The llama.cpp peer: ``llama-cpp-python`` for the single-stream and context parts, and ``llama-server``
-    (parallel slots, continuous batching) for the concurrency sweep when it is built; when it is not, the
-    sweep stays on ``llama-cpp-python`` (sequential) and :meth:`info` says why."""
+    (parallel slots, continuous batching) for the concurrency sweep when it is built. Either one may be an
+    :class:`Unavailable` (not both): the other then runs every part, and :meth:`info` says why."""
 
     name = "llama.cpp"
 
-    def __init__(self, single: LlamaCppSystem, server) -> None:
-        self.single, self.server = single, server  # server: a LlamaServerSystem or an Unavailable
-
-    def info(self) -> dict:
-        available = not isinstance(self.server, Unavailable)
-        return {**self.single.info(), "concurrency_system": "llama-server" if available else "llama-cpp-python",
-                **({} if available else {"concurrency_system_note": f"sequential: {self.server.reason}"})}
+    def __init__(self, single, server) -> None:
+        self.single, self.server = single, server  # LlamaCppSystem / LlamaServerSystem, or an Unavailable
+        if isinstance(single, Unavailable) and isinstance(server, Unavailable):
+            raise ConfigError(f"llama.cpp: {single.reason}; {server.reason}")
 
     def part_system(self, part: str):
         """The system that runs ``part`` of the benchmark."""
-        return self.server if part == "concurrency" and not isinstance(self.server, Unavailable) else self.single
+        first, second = (self.server, self.single) if part == "concurrency" else (self.single, self.server)
+        return second if isinstance(first, Unavailable) else first
+
+    def info(self) -> dict:
+        notes = {f"{u.name}_unavailable": u.reason for u in (self.single, self.server) if isinstance(u, Unavailable)}
+        return {**self.part_system("single").info(), "single_system": self.part_system("single").name,
+                "concurrency_system": self.part_system("concurrency").name, **notes}
 
     def serve(self, prompts, max_tokens, concurrency) -> list[RequestTiming]:
-        return self.single.serve(prompts, max_tokens, concurrency)
+        return self.part_system("single").serve(prompts, max_tokens, concurrency)
 
     def close(self) -> None:
-        self.single.close()
-        if not isinstance(self.server, Unavailable):
-            self.server.close()
+        for system in (self.single, self.server):
+            if not isinstance(system, Unavailable):
+                system.close()
 
 
 class _StepClock:
@@ -404,7 +408,13 @@ def _load_peer(name: str, path: Path, threads: int, n_ctx: int, pad_token_id: in
             server = LlamaServerSystem(path, threads)
         except ConfigError as exc:
             server = Unavailable("llama-server", str(exc))
-        return LlamaCppPeer(LlamaCppSystem(path, threads, n_ctx), server)
+        try:
+            single = LlamaCppSystem(path, threads, n_ctx)
+        except ImportError as exc:
+            if isinstance(server, Unavailable):
+                raise
+            single = Unavailable("llama-cpp-python", f"{exc} (pip install llama-cpp-python)")
+        return LlamaCppPeer(single, server)
     if not (is_gguf or (path / "config.json").is_file()):
         raise ConfigError("transformers needs a GGUF file or a Hugging Face directory with config.json")
     return TransformersSystem.load(path, threads, pad_token_id)
