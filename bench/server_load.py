@@ -1,11 +1,18 @@
-"""Load test of ``bytediet serve`` on loopback: C concurrent streaming clients x R requests each.
+"""Load test on loopback: C concurrent streaming clients x R requests each, against ``bytediet serve`` and/or
+llama.cpp's ``llama-server`` (the side-by-side peer: ``-np C`` slots, continuous batching).
 
-Starts the server as a subprocess (the real CLI, on a free loopback port), runs the clients with
-httpx, then reads ``/metrics``: every KV block must be free again. Reported: errors, TTFT and TPOT
-(time per output token after the first) p50 / p99 measured at the client, tokens/s overall. The issue's
-acceptance run is ``--clients 64 --requests 10``; the llama-server side-by-side peer is not written yet.
+Each server runs as a subprocess on a free loopback port and gets the same load: the same prompts, streaming
+``/v1/completions`` with ``max_tokens``, ``temperature`` and ``ignore_eos`` (every request yields exactly
+``max_tokens`` tokens). Both keep their default prompt/prefix caching. Reported per server: errors, TTFT and
+TPOT (time per output chunk after the first; one chunk per token except for partial characters) p50 / p99
+measured at the client, output chunks/s overall. Afterwards bytediet's ``/metrics`` must show every KV
+block free; llama-server has no block pool, so its ``/metrics`` (requests processing / deferred) and
+``/slots`` (slots still busy) must show it idle. The exit status is 1 when either check fails.
+The issue's acceptance run is ``--clients 64 --requests 10``; llama-server is built by
+``bench/build_llama_server.sh``.
 
-    PYTHONPATH=src .venv/bin/python bench/server_load.py --clients 64 --requests 10 --max-tokens 64 --json
+    PYTHONPATH=src .venv/bin/python bench/server_load.py --system both --clients 64 --requests 10 \\
+        --max-tokens 32 --threads 2
 """
 from __future__ import annotations
 
@@ -14,35 +21,24 @@ import asyncio
 import json
 import os
 import re
-import socket
-import statistics
 import subprocess
 import sys
 import time
 
 import httpx
 
+from bytediet.perf.bench import percentile
+from bytediet.perf.llama_server import LlamaServer, binary_version, find_binary, free_port, server_command
+
 PROMPTS = ["It is a truth universally acknowledged", "Emma Woodhouse, handsome, clever, and rich,",
            "The family of Dashwood had long been settled in Sussex.", "No one who had ever seen Catherine Morland"]
+SYSTEMS = ("bytediet", "llama-server")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    values = sorted(values)
-    return values[min(len(values) - 1, int(round(q / 100 * (len(values) - 1))))]
-
-
-async def one_request(c: httpx.AsyncClient, prompt: str, max_tokens: int) -> dict:
+async def one_request(c: httpx.AsyncClient, prompt: str, max_tokens: int, temperature: float) -> dict:
     t0 = time.perf_counter()
     first, stamps, error = None, [], None
-    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0.8, "stream": True, "ignore_eos": True}
+    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": temperature, "stream": True, "ignore_eos": True}
     try:
         async with c.stream("POST", "/v1/completions", json=body) as r:
             if r.status_code != 200:
@@ -66,66 +62,140 @@ async def one_request(c: httpx.AsyncClient, prompt: str, max_tokens: int) -> dic
     except httpx.HTTPError as exc:
         error = repr(exc)
     if error:
-        return {"error": error}
+        return {"error": error, "after_s": time.perf_counter() - t0, "chunks": len(stamps)}
     tpot = (stamps[-1] - stamps[0]) / (len(stamps) - 1) if len(stamps) > 1 else None
     return {"ttft": (first - t0) if first else None, "tpot": tpot, "chunks": len(stamps)}
 
 
-async def run_load(base: str, clients: int, requests: int, max_tokens: int) -> list[dict]:
-    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+async def run_load(base: str, clients: int, requests: int, max_tokens: int, temperature: float) -> list[dict]:
+    # A fresh connection per request: a pooled keep-alive connection that the server closes as it idles out
+    # (llama-server: 5 s) races with its reuse and fails a request before it is sent (seen 3 times in 640).
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=0)
     async with httpx.AsyncClient(base_url=base, timeout=600, limits=limits) as c:
         async def client(i: int) -> list[dict]:
-            return [await one_request(c, PROMPTS[(i + k) % len(PROMPTS)], max_tokens) for k in range(requests)]
+            return [await one_request(c, PROMPTS[(i + k) % len(PROMPTS)], max_tokens, temperature)
+                    for k in range(requests)]
         return [r for rs in await asyncio.gather(*(client(i) for i in range(clients))) for r in rs]
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--clients", type=int, default=64)
-    ap.add_argument("--requests", type=int, default=10, help="requests per client, one after another")
-    ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--model", default="default")
-    ap.add_argument("--kv-cache-memory", default="512MiB")
-    ap.add_argument("--json", action="store_true", help="print one JSON object")
-    args = ap.parse_args()
+def wait_healthy(base: str, proc: subprocess.Popen, timeout_s: float = 300) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.5)
+    raise SystemExit(f"the server at {base} did not become healthy (exit status {proc.poll()})")
+
+
+def run_bytediet(args) -> dict:
+    """The load against ``bytediet serve``; afterwards every KV block must be free."""
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen([sys.executable, "-m", "bytediet.cli", "serve", "--port", str(port), "--model", args.model,
-                             "--kv-cache-memory", args.kv_cache_memory, "--max-num-seqs", str(args.clients),
-                             "--log-level", "warning"], stderr=subprocess.DEVNULL, env={**os.environ})
+    cmd = [sys.executable, "-m", "bytediet.cli", "serve", "--port", str(port), "--model", args.model,
+           "--kv-cache-memory", args.kv_cache_memory, "--max-num-seqs", str(args.clients), "--threads",
+           str(args.threads), "--log-level", "warning"]
+    proc = subprocess.Popen(cmd, stderr=subprocess.DEVNULL, env={**os.environ})
     try:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.5)
-        t0 = time.perf_counter()
-        results = asyncio.run(run_load(base, args.clients, args.requests, args.max_tokens))
-        wall = time.perf_counter() - t0
+        wait_healthy(base, proc)
+        report = measure(base, args)
         metrics = httpx.get(f"{base}/metrics", timeout=30).text
     finally:
         proc.terminate()
         proc.wait(timeout=60)
     usage = float(re.search(r"bytediet:kv_cache_usage_perc\{[^}]*\} (\S+)", metrics).group(1))
+    report.update(command=" ".join(["bytediet serve", *cmd[4:]]), kv_cache_usage_after=usage,
+                  idle_after=usage == 0.0)
+    return report
+
+
+def run_llama_server(args) -> dict:
+    """The same load against llama-server with ``-np clients`` slots; afterwards no request or slot may be busy."""
+    from bytediet.models.loader import resolve_model_path
+
+    binary, why = find_binary()
+    if binary is None:
+        raise SystemExit(why)
+    longest_prompt = 32  # tokens: every PROMPTS entry is shorter
+    ctx = 256 * -(-(longest_prompt + args.max_tokens + 16) // 256)
+    port = free_port()
+    cmd = server_command(binary, resolve_model_path(args.model), port=port, threads=args.threads, slots=args.clients,
+                         ctx_per_slot=ctx, prompt_cache=True)
+    server = LlamaServer(cmd, port)
+    try:
+        report = measure(f"http://127.0.0.1:{port}", args)
+        metrics = server.get("/metrics")[1]
+        slots = json.loads(server.get("/slots")[1])
+        if report["errors"]:
+            report["server_log_tail"] = server.log_tail(40)
+    finally:
+        server.stop()
+    gauge = {k: float(v) for k, v in re.findall(r"^llamacpp:(requests_processing|requests_deferred) (\S+)$",
+                                                metrics, re.M)}
+    busy = sum(1 for s in slots if s.get("is_processing"))
+    report.update(command=" ".join(cmd), version=binary_version(binary), slots_busy_after=busy, **gauge,
+                  idle_after=busy == 0 and not any(gauge.values()))
+    return report
+
+
+def measure(base: str, args) -> dict:
+    load = os.getloadavg()
+    t0 = time.perf_counter()
+    results = asyncio.run(run_load(base, args.clients, args.requests, args.max_tokens, args.temperature))
+    wall = time.perf_counter() - t0
     ok = [r for r in results if "error" not in r]
     ttft = [r["ttft"] for r in ok if r["ttft"] is not None]
     tpot = [r["tpot"] for r in ok if r["tpot"] is not None]
-    report = {"clients": args.clients, "requests_per_client": args.requests, "max_tokens": args.max_tokens,
-              "requests": len(results), "errors": len(results) - len(ok),
-              "first_errors": [r["error"] for r in results if "error" in r][:3],
-              "kv_cache_usage_after": usage, "wall_s": wall,
-              "ttft_s": {"p50": percentile(ttft, 50), "p99": percentile(ttft, 99)},
-              "tpot_s": {"p50": percentile(tpot, 50), "p99": percentile(tpot, 99)},
-              "output_chunks_per_s": sum(r["chunks"] for r in ok) / wall,  # one chunk per token, but for partial characters "exit_status": proc.returncode,
-              "mean_ttft_s": statistics.fmean(ttft) if ttft else None}
+    q = (lambda xs, p: percentile(xs, p) if xs else None)
+    return {"clients": args.clients, "requests_per_client": args.requests, "max_tokens": args.max_tokens,
+            "threads": args.threads, "load_average_before": [round(x, 2) for x in load],
+            "requests": len(results), "errors": len(results) - len(ok),
+            "first_errors": [r for r in results if "error" in r][:3], "wall_s": wall,
+            "ttft_s": {"p50": q(ttft, 50), "p99": q(ttft, 99)}, "tpot_s": {"p50": q(tpot, 50), "p99": q(tpot, 99)},
+            "output_chunks": sum(r["chunks"] for r in ok), "output_chunks_per_s": sum(r["chunks"] for r in ok) / wall}
+
+
+def print_table(reports: dict) -> None:
+    ms = (lambda v: "—" if v is None else f"{v * 1e3:.0f}")
+    rows = [("requests", lambda r: str(r["requests"])), ("errors", lambda r: str(r["errors"])),
+            ("idle after (KV free / slots idle)", lambda r: str(r["idle_after"])),
+            ("TTFT p50 ms", lambda r: ms(r["ttft_s"]["p50"])), ("TTFT p99 ms", lambda r: ms(r["ttft_s"]["p99"])),
+            ("TPOT p50 ms", lambda r: ms(r["tpot_s"]["p50"])), ("TPOT p99 ms", lambda r: ms(r["tpot_s"]["p99"])),
+            ("output chunks/s", lambda r: f"{r['output_chunks_per_s']:.1f}"), ("wall s", lambda r: f"{r['wall_s']:.1f}"),
+            ("load average before", lambda r: " ".join(map(str, r["load_average_before"])))]
+    print(f"{'':36s}" + "".join(f"{name:>16s}" for name in reports))
+    for label, cell in rows:
+        print(f"{label:36s}" + "".join(f"{cell(r):>16s}" for r in reports.values()))
+    for name, r in reports.items():
+        print(f"{name}: {r['command']}")
+        if r["first_errors"]:
+            print(f"{name} first errors: {r['first_errors']}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--system", default="bytediet", choices=[*SYSTEMS, "both"], help="which server(s) get the load")
+    ap.add_argument("--clients", type=int, default=64)
+    ap.add_argument("--requests", type=int, default=10, help="requests per client, one after another")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--temperature", type=float, default=0.8)
+    ap.add_argument("--threads", type=int, default=2, help="bytediet serve --threads and llama-server -t / -tb")
+    ap.add_argument("--model", default="default")
+    ap.add_argument("--kv-cache-memory", default="512MiB", help="bytediet's KV pool")
+    ap.add_argument("--json", action="store_true", help="print one JSON object (system → report)")
+    args = ap.parse_args()
+    run = {"bytediet": run_bytediet, "llama-server": run_llama_server}
+    names = SYSTEMS if args.system == "both" else (args.system,)
+    reports = {}
+    for name in names:
+        reports[name] = run[name](args)
     if args.json:
-        print(json.dumps(report))
+        print(json.dumps(reports))
     else:
-        for key, value in report.items():
-            print(f"{key:22s} {value}")
-    if report["errors"] or usage != 0.0:
+        print_table(reports)
+    if any(r["errors"] or not r["idle_after"] for r in reports.values()):
         sys.exit(1)
 
 

@@ -21,7 +21,9 @@ def register(sub) -> None:
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, metavar="N",
                    help="run bytediet split across N processes (each loads its own shard and gets --threads // N "
                         "threads, at least 1); every part runs, the roofline predicts for N ranks")
-    p.add_argument("--peers", default="llama.cpp,transformers", help="comma-separated peers, or 'none'")
+    p.add_argument("--peers", default="llama.cpp,transformers",
+                   help="comma-separated peers (llama.cpp, llama-server, transformers), or 'none'; llama.cpp's "
+                        "concurrency sweep runs on llama-server when bench/build_llama_server.sh has built it")
     p.add_argument("--concurrency", default=None, help="concurrent requests per level (default 1,4,16,32,64)")
     p.add_argument("--roofline-batches", default=None, help="batch sizes of the predicted-vs-measured check (default 1,16)")
     p.add_argument("--roofline-context", type=int, default=None, metavar="N",
@@ -271,8 +273,10 @@ def print_tables(r: dict) -> None:
         for level in map(str, c["concurrency"]):
             for name, s in systems.items():
                 q = s.get("concurrency", {}).get(level)
+                ran = s.get("concurrency_system", {}).get("system")
+                label = name if ran in (None, name) else f"{name} ({ran})"
                 if q:
-                    t.add_row(level, name, str(q["requests"]), _f(q["output_tokens_per_s"]),
+                    t.add_row(level, label, str(q["requests"]), _f(q["output_tokens_per_s"]),
                               *(_f(q[k], ".0f", 1e3) for k in ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s")))
         console.print(t)
     _print_ratios(console, r)

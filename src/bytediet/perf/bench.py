@@ -33,6 +33,7 @@ from ..errors import ConfigError
 Progress = Callable[[str], None]
 PARTS = ("single", "concurrency", "roofline", "context")
 VARIANT_PARTS = ("single", "context")  # the parts extra bytediet systems (other weight formats) run
+CONCURRENCY_INFO = ("system", "package", "version", "concurrency_mode", "last_server_command")  # what ran the sweep
 
 
 @dataclass(frozen=True)
@@ -265,7 +266,10 @@ def measure_context(system: System, ctx: BenchContext) -> dict[str, dict]:
 
 
 def run_system(system: System, ctx: BenchContext, parts: Sequence[str]) -> dict:
-    """Warm up, then the single stream, the concurrency sweep and the context part for one system."""
+    """Warm up, then the single stream, the concurrency sweep and the context part for one system.
+
+    A system with ``part_system(part)`` may hand a part to another system (llama.cpp's concurrency sweep
+    runs on llama-server); ``out["concurrency_system"]`` records which one ran the sweep."""
     ctx.progress(f"{system.name}: warm-up")
     system.serve([ctx.corpus_ids[:8]], [2], 1)
     out: dict = {"available": True, "info": system.info()}
@@ -273,7 +277,12 @@ def run_system(system: System, ctx: BenchContext, parts: Sequence[str]) -> dict:
         ctx.progress(f"{system.name}: single stream")
         out["single"] = measure_single(system, ctx)
     if "concurrency" in parts:
-        out["concurrency"] = measure_concurrency(system, ctx)
+        sweep = system.part_system("concurrency") if hasattr(system, "part_system") else system
+        if sweep is not system:  # e.g. llama.cpp's sweep on llama-server
+            ctx.progress(f"{system.name}: concurrency sweep on {sweep.name}, warm-up")
+            sweep.serve([ctx.corpus_ids[:8]], [2], 1)
+        out["concurrency"] = measure_concurrency(sweep, ctx)
+        out["concurrency_system"] = {k: v for k, v in sweep.info().items() if k in CONCURRENCY_INFO}
     if "context" in parts:
         out["context"] = measure_context(system, ctx)
     return out

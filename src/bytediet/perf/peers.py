@@ -1,4 +1,5 @@
-"""The systems a benchmark runs: bytediet's engine and its peers, llama.cpp and Hugging Face transformers.
+"""The systems a benchmark runs: bytediet's engine and its peers, llama.cpp (in-process and ``llama-server``)
+and Hugging Face transformers.
 
 Each one implements :class:`bytediet.perf.bench.System`: ``serve(prompts, max_tokens, concurrency)``
 answers every request greedily with exactly ``max_tokens`` tokens (end-of-sequence ignored) and
@@ -8,8 +9,13 @@ the call starts (every request arrives then).
 How each one serves ``concurrency`` requests at once:
 
 - bytediet: continuous batching with ``max_num_seqs = concurrency`` (vLLM v1 scheduling).
-- llama.cpp (``llama-cpp-python``'s ``Llama``: one sequence per context): one request after the
-  other; queued requests wait, which their TTFT shows.
+- llama.cpp: the single-stream and context parts run ``llama-cpp-python``'s ``Llama`` in-process (one
+  sequence per context); the concurrency sweep runs llama.cpp's own ``llama-server`` with
+  ``-np = concurrency`` slots and continuous batching (:mod:`bytediet.perf.llama_server`) when it is built,
+  else ``Llama`` one request after the other (queued requests wait, which their TTFT shows).
+  Without ``llama-cpp-python``, llama-server runs every part. The result's ``concurrency_system`` (and the
+  info's ``single_system``) say which one ran.
+- llama-server alone (peer name ``llama-server``): every part over HTTP.
 - transformers: ``generate`` on waves of ``concurrency`` requests, left-padded, each wave run to its
   longest output; a request counts as finished at the step that produced its last token.
 
@@ -29,7 +35,7 @@ import torch
 from ..errors import ConfigError
 from .bench import RequestTiming, Unavailable
 
-PEERS = ("llama.cpp", "transformers")
+PEERS = ("llama.cpp", "llama-server", "transformers")
 
 
 class BytedietSystem:
@@ -343,6 +349,37 @@ class _llama_cpp_model_params:
         self.module.llama_cpp.llama_model_default_params = self.original
 
 
+class LlamaCppPeer:
+    """The llama.cpp peer: ``llama-cpp-python`` for the single-stream and context parts, and ``llama-server``
+    (parallel slots, continuous batching) for the concurrency sweep when it is built. Either one may be an
+    :class:`Unavailable` (not both): the other then runs every part, and :meth:`info` says why."""
+
+    name = "llama.cpp"
+
+    def __init__(self, single, server) -> None:
+        self.single, self.server = single, server  # LlamaCppSystem / LlamaServerSystem, or an Unavailable
+        if isinstance(single, Unavailable) and isinstance(server, Unavailable):
+            raise ConfigError(f"llama.cpp: {single.reason}; {server.reason}")
+
+    def part_system(self, part: str):
+        """The system that runs ``part`` of the benchmark."""
+        first, second = (self.server, self.single) if part == "concurrency" else (self.single, self.server)
+        return second if isinstance(first, Unavailable) else first
+
+    def info(self) -> dict:
+        notes = {f"{u.name}_unavailable": u.reason for u in (self.single, self.server) if isinstance(u, Unavailable)}
+        return {**self.part_system("single").info(), "single_system": self.part_system("single").name,
+                "concurrency_system": self.part_system("concurrency").name, **notes}
+
+    def serve(self, prompts, max_tokens, concurrency) -> list[RequestTiming]:
+        return self.part_system("single").serve(prompts, max_tokens, concurrency)
+
+    def close(self) -> None:
+        for system in (self.single, self.server):
+            if not isinstance(system, Unavailable):
+                system.close()
+
+
 class _StepClock:
     """A ``generate`` streamer that records when each new token (batch row) arrives; the first put is the prompt."""
 
@@ -430,7 +467,8 @@ def make_peers(names: Sequence[str], model_path: Optional[Path], *, threads: int
         try:
             peers.append(_load_peer(name, Path(model_path or ""), threads, n_ctx, pad_token_id))
         except ImportError as exc:
-            package = {"llama.cpp": "llama-cpp-python", "transformers": "transformers"}[name]
+            package = {"llama.cpp": "llama-cpp-python", "llama-server": "llama-cpp-python",
+                       "transformers": "transformers"}[name]
             peers.append(Unavailable(name, f"{exc} (pip install {package})"))
         except ConfigError as exc:
             peers.append(Unavailable(name, str(exc)))
@@ -441,10 +479,24 @@ def make_peers(names: Sequence[str], model_path: Optional[Path], *, threads: int
 
 def _load_peer(name: str, path: Path, threads: int, n_ctx: int, pad_token_id: int):
     is_gguf = path.is_file() and path.suffix.lower() == ".gguf"
-    if name == "llama.cpp":
+    if name in ("llama.cpp", "llama-server"):
+        from .llama_server import LlamaServerSystem
+
         if not is_gguf:
-            raise ConfigError("llama.cpp reads GGUF files only; give --model a .gguf file")
-        return LlamaCppSystem(path, threads, n_ctx)
+            raise ConfigError(f"{name} reads GGUF files only; give --model a .gguf file")
+        if name == "llama-server":
+            return LlamaServerSystem(path, threads)
+        try:
+            server = LlamaServerSystem(path, threads)
+        except ConfigError as exc:
+            server = Unavailable("llama-server", str(exc))
+        try:
+            single = LlamaCppSystem(path, threads, n_ctx)
+        except ImportError as exc:
+            if isinstance(server, Unavailable):
+                raise
+            single = Unavailable("llama-cpp-python", f"{exc} (pip install llama-cpp-python)")
+        return LlamaCppPeer(single, server)
     if not (is_gguf or (path / "config.json").is_file()):
         raise ConfigError("transformers needs a GGUF file or a Hugging Face directory with config.json")
     return TransformersSystem.load(path, threads, pad_token_id)
