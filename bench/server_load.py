@@ -8,6 +8,10 @@ TPOT (time per output chunk after the first; one chunk per token except for part
 measured at the client, output chunks/s overall. Afterwards bytediet's ``/metrics`` must show every KV
 block free; llama-server has no block pool, so its ``/metrics`` (requests processing / deferred) and
 ``/slots`` (slots still busy) must show it idle. The exit status is 1 when either check fails.
+
+``--sigterm-after S`` (bytediet only) is the graceful-shutdown check under the same load: SIGTERM S seconds in; the
+server must exit 0 within ``--shutdown-timeout`` + 2 s with 0 KV blocks in use and no traceback, and every request
+must complete, end with an error event, or be refused — none may break mid-stream.
 The issue's acceptance run is ``--clients 64 --requests 10``; llama-server is built by
 ``bench/build_llama_server.sh``.
 
@@ -37,12 +41,13 @@ SYSTEMS = ("bytediet", "llama-server")
 
 async def one_request(c: httpx.AsyncClient, prompt: str, max_tokens: int, temperature: float) -> dict:
     t0 = time.perf_counter()
-    first, stamps, error = None, [], None
+    first, stamps, error, kind = None, [], None, None
     body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": temperature, "stream": True, "ignore_eos": True}
     try:
         async with c.stream("POST", "/v1/completions", json=body) as r:
             if r.status_code != 200:
-                return {"error": f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"}
+                return {"error": f"HTTP {r.status_code}: {(await r.aread())[:200]!r}", "kind": "refused",
+                        "after_s": time.perf_counter() - t0, "chunks": 0, "status": r.status_code}
             done = False
             async for line in r.aiter_lines():
                 if not line.startswith("data: "):
@@ -52,17 +57,19 @@ async def one_request(c: httpx.AsyncClient, prompt: str, max_tokens: int, temper
                     continue
                 event = json.loads(line[6:])
                 if "error" in event:
-                    error = event["error"]["message"]
+                    error, kind = event["error"]["message"], "error_event"
                 elif event["choices"] and event["choices"][0]["text"]:
                     now = time.perf_counter()
                     first = first or now
                     stamps.append(now)
             if not done:
-                error = error or "the stream ended without [DONE]"
+                error, kind = (error, kind) if error else ("the stream ended without [DONE]", "broken")
+    except httpx.ConnectError as exc:  # nobody listening (the server has exited): refused before anything was sent
+        error, kind = repr(exc), "refused"
     except httpx.HTTPError as exc:
-        error = repr(exc)
+        error, kind = repr(exc), "broken"
     if error:
-        return {"error": error, "after_s": time.perf_counter() - t0, "chunks": len(stamps)}
+        return {"error": error, "kind": kind, "after_s": time.perf_counter() - t0, "chunks": len(stamps)}
     tpot = (stamps[-1] - stamps[0]) / (len(stamps) - 1) if len(stamps) > 1 else None
     return {"ttft": (first - t0) if first else None, "tpot": tpot, "chunks": len(stamps)}
 
@@ -108,6 +115,56 @@ def run_bytediet(args) -> dict:
     usage = float(re.search(r"bytediet:kv_cache_usage_perc\{[^}]*\} (\S+)", metrics).group(1))
     report.update(command=" ".join(["bytediet serve", *cmd[4:]]), kv_cache_usage_after=usage,
                   idle_after=usage == 0.0)
+    return report
+
+
+def run_bytediet_sigterm(args) -> dict:
+    """SIGTERM under load: the clients run as in :func:`run_bytediet`; ``--sigterm-after`` seconds in, the server
+    gets SIGTERM. It must exit 0 within ``--shutdown-timeout`` + 2 s, log 0 KV blocks in use, and every request
+    must complete, end with an error event (aborted at the deadline), or be refused (503 while draining, or no
+    server any more) — none may break mid-stream."""
+    import signal
+    import tempfile
+    import threading
+
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    cmd = [sys.executable, "-m", "bytediet.cli", "serve", "--port", str(port), "--model", args.model,
+           "--kv-cache-memory", args.kv_cache_memory, "--max-num-seqs", str(args.clients), "--threads",
+           str(args.threads), "--log-level", "info", "--shutdown-timeout", str(args.shutdown_timeout)]
+    log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ})
+    wait_healthy(base, proc)
+    box: dict = {}
+    t0 = time.perf_counter()
+    load = threading.Thread(target=lambda: box.update(results=asyncio.run(
+        run_load(base, args.clients, args.requests, args.max_tokens, args.temperature))))
+    load.start()
+    time.sleep(args.sigterm_after)
+    sent = time.perf_counter()
+    proc.send_signal(signal.SIGTERM)
+    try:
+        status = proc.wait(timeout=args.shutdown_timeout + 60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        status = None
+    exit_s = time.perf_counter() - sent
+    load.join()
+    wall = time.perf_counter() - t0
+    log.seek(0)
+    text = log.read()
+    results = box.get("results", [])
+    kinds = {k: sum(1 for r in results if r.get("kind", "completed" if "error" not in r else "broken") == k)
+             for k in ("completed", "error_event", "refused", "broken")}
+    in_use = re.findall(r"KV blocks in use: (\d+) of (\d+)", text)
+    report = {"clients": args.clients, "requests_per_client": args.requests, "max_tokens": args.max_tokens,
+              "threads": args.threads, "sigterm_after_s": args.sigterm_after, "shutdown_timeout_s": args.shutdown_timeout,
+              "requests": len(results), **kinds, "exit_status": status, "exit_s_after_sigterm": exit_s,
+              "kv_blocks_in_use_at_exit": int(in_use[-1][0]) if in_use else None, "wall_s": wall,
+              "traceback_in_log": "Traceback" in text, "command": " ".join(["bytediet serve", *cmd[4:]]),
+              "first_broken": [r for r in results if r.get("kind") == "broken"][:3]}
+    report["ok"] = (status == 0 and exit_s <= args.shutdown_timeout + 2 and kinds["broken"] == 0
+                    and report["kv_blocks_in_use_at_exit"] == 0 and not report["traceback_in_log"])
     return report
 
 
@@ -184,8 +241,15 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2, help="bytediet serve --threads and llama-server -t / -tb")
     ap.add_argument("--model", default="default")
     ap.add_argument("--kv-cache-memory", default="512MiB", help="bytediet's KV pool")
+    ap.add_argument("--sigterm-after", type=float, default=None, metavar="S",
+                    help="bytediet only: SIGTERM the server S seconds into the load and check the graceful shutdown")
+    ap.add_argument("--shutdown-timeout", type=float, default=30.0, help="bytediet serve --shutdown-timeout")
     ap.add_argument("--json", action="store_true", help="print one JSON object (system → report)")
     args = ap.parse_args()
+    if args.sigterm_after is not None:
+        report = run_bytediet_sigterm(args)
+        print(json.dumps(report) if args.json else "\n".join(f"{k}: {v}" for k, v in report.items()))
+        sys.exit(0 if report["ok"] else 1)
     run = {"bytediet": run_bytediet, "llama-server": run_llama_server}
     names = SYSTEMS if args.system == "both" else (args.system,)
     reports = {}

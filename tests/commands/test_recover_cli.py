@@ -59,7 +59,7 @@ def test_token_budget_and_resume(pruned, tmp_path, capsys):
 def test_bad_input(pruned, tmp_path, capsys):
     src, pruned_dir = pruned
     assert main(recover_argv(src, src / "corpus.txt", tmp_path / "x", "--steps", "1")) == 2
-    assert "pruned bytediet checkpoint directory" in capsys.readouterr().err
+    assert "pruned or INT4 bytediet checkpoint directory" in capsys.readouterr().err
     assert main(recover_argv(src, pruned_dir, tmp_path / "y", "--steps", "0")) == 2
     assert "steps" in capsys.readouterr().err
     assert not (tmp_path / "y").exists()

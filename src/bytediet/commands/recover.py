@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"{out} already exists; choose another --out or pass --overwrite")
     if not model_dir.is_dir():
         raise ConfigError(f"--model {args.model}: recover takes a pruned or INT4 bytediet checkpoint directory "
-                          "(make one with bytediet quantize --format sparse24 --out DIR)")
+                          "(make one with bytediet quantize --format sparse24 --out DIR, or --format int4-g64)")
     teacher_spec = args.teacher or (read_config(model_dir).get("source") or {}).get("path")
     if not teacher_spec:
         raise ConfigError(f"{model_dir} records no source model; pass the dense model as --teacher")
