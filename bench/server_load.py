@@ -11,7 +11,7 @@ block free; llama-server has no block pool, so its ``/metrics`` (requests proces
 
 ``--sigterm-after S`` (bytediet only) is the graceful-shutdown check under the same load: SIGTERM S seconds in; the
 server must exit 0 within ``--shutdown-timeout`` + 2 s with 0 KV blocks in use and no traceback, and every request
-must complete, end with an error event, or be refused — none may break mid-stream.
+must complete, end with an error event, or be refused / unanswered — none may break after its response began.
 The issue's acceptance run is ``--clients 64 --requests 10``; llama-server is built by
 ``bench/build_llama_server.sh``.
 
@@ -41,13 +41,14 @@ SYSTEMS = ("bytediet", "llama-server")
 
 async def one_request(c: httpx.AsyncClient, prompt: str, max_tokens: int, temperature: float) -> dict:
     t0 = time.perf_counter()
-    first, stamps, error, kind = None, [], None, None
+    first, stamps, error, kind, answered = None, [], None, None, False
     body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": temperature, "stream": True, "ignore_eos": True}
     try:
         async with c.stream("POST", "/v1/completions", json=body) as r:
+            answered = True
             if r.status_code != 200:
                 return {"error": f"HTTP {r.status_code}: {(await r.aread())[:200]!r}", "kind": "refused",
-                        "after_s": time.perf_counter() - t0, "chunks": 0, "status": r.status_code}
+                        "after_s": time.perf_counter() - t0, "chunks": 0, "status": r.status_code, "t0": t0}
             done = False
             async for line in r.aiter_lines():
                 if not line.startswith("data: "):
@@ -64,12 +65,12 @@ async def one_request(c: httpx.AsyncClient, prompt: str, max_tokens: int, temper
                     stamps.append(now)
             if not done:
                 error, kind = (error, kind) if error else ("the stream ended without [DONE]", "broken")
-    except httpx.ConnectError as exc:  # nobody listening (the server has exited): refused before anything was sent
-        error, kind = repr(exc), "refused"
     except httpx.HTTPError as exc:
-        error, kind = repr(exc), "broken"
+        # no response at all (nobody listening, or a connection the exiting server never accepted): refused;
+        # a connection lost after the response began: broken
+        error, kind = repr(exc), "broken" if answered else "unanswered"
     if error:
-        return {"error": error, "kind": kind, "after_s": time.perf_counter() - t0, "chunks": len(stamps)}
+        return {"error": error, "kind": kind, "after_s": time.perf_counter() - t0, "chunks": len(stamps), "t0": t0}
     tpot = (stamps[-1] - stamps[0]) / (len(stamps) - 1) if len(stamps) > 1 else None
     return {"ttft": (first - t0) if first else None, "tpot": tpot, "chunks": len(stamps)}
 
@@ -121,8 +122,8 @@ def run_bytediet(args) -> dict:
 def run_bytediet_sigterm(args) -> dict:
     """SIGTERM under load: the clients run as in :func:`run_bytediet`; ``--sigterm-after`` seconds in, the server
     gets SIGTERM. It must exit 0 within ``--shutdown-timeout`` + 2 s, log 0 KV blocks in use, and every request
-    must complete, end with an error event (aborted at the deadline), or be refused (503 while draining, or no
-    server any more) — none may break mid-stream."""
+    must complete, end with an error event (aborted at the deadline), or be refused (503 while draining) or
+    unanswered (sent as the server exits: no response at all) — none may break after its response began."""
     import signal
     import tempfile
     import threading
@@ -155,14 +156,18 @@ def run_bytediet_sigterm(args) -> dict:
     text = log.read()
     results = box.get("results", [])
     kinds = {k: sum(1 for r in results if r.get("kind", "completed" if "error" not in r else "broken") == k)
-             for k in ("completed", "error_event", "refused", "broken")}
+             for k in ("completed", "error_event", "refused", "unanswered", "broken")}
+    unanswered = [r["t0"] - sent for r in results if r.get("kind") == "unanswered"]
     in_use = re.findall(r"KV blocks in use: (\d+) of (\d+)", text)
     report = {"clients": args.clients, "requests_per_client": args.requests, "max_tokens": args.max_tokens,
               "threads": args.threads, "sigterm_after_s": args.sigterm_after, "shutdown_timeout_s": args.shutdown_timeout,
               "requests": len(results), **kinds, "exit_status": status, "exit_s_after_sigterm": exit_s,
               "kv_blocks_in_use_at_exit": int(in_use[-1][0]) if in_use else None, "wall_s": wall,
               "traceback_in_log": "Traceback" in text, "command": " ".join(["bytediet serve", *cmd[4:]]),
-              "first_broken": [r for r in results if r.get("kind") == "broken"][:3]}
+              "first_broken": [r for r in results if r.get("kind") == "broken"][:3],
+              # when the unanswered requests were sent, relative to SIGTERM (expected: at or after the exit)
+              "unanswered_sent_s_after_sigterm": [round(min(unanswered), 2), round(max(unanswered), 2)]
+              if unanswered else None}
     report["ok"] = (status == 0 and exit_s <= args.shutdown_timeout + 2 and kinds["broken"] == 0
                     and report["kv_blocks_in_use_at_exit"] == 0 and not report["traceback_in_log"])
     return report
