@@ -192,11 +192,6 @@ def trainable_for(fmt: Optional[WeightFormat]):
     return None
 
 
-def pruned_layers(model) -> dict[str, object]:
-    """Qualified name → Linear for every layer stored in a pruned format."""
-    return {n: lin for n, lin in model.linear_layers() if isinstance(lin.format, PrunedFormat)}
-
-
 def trainable_layers(model) -> dict[str, object]:
     """Qualified name → Linear for every layer recovery can train (pruned or INT4 group-wise)."""
     return {n: lin for n, lin in model.linear_layers() if trainable_for(lin.format) is not None}

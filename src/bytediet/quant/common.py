@@ -88,6 +88,15 @@ def activations_only(cls, suffix: str):
     return cls().with_activations(mode)
 
 
+def check_block_cut(fmt_name: str, start: int, stop: int, block: int) -> None:
+    """A tensor-parallel column slice ``[start, stop)`` must fall on the format's blocks of ``block`` columns."""
+    if start % block or stop % block:
+        raise ConfigError(
+            f"{fmt_name}: columns [{start}, {stop}) do not fall on its blocks of {block}; load with --weights int8 "
+            "or fp32 for this tensor-parallel size, or choose a size that splits the layer on whole blocks"
+        )
+
+
 def shard_columns_in_units(packed: dict[str, torch.Tensor], dim: int, start: int, stop: int, fmt_name: str, *,
                            columns: Optional[dict[str, int]] = None, block: int = 1,
                            whole: tuple[str, ...] = ()) -> dict[str, torch.Tensor]:
@@ -100,11 +109,8 @@ def shard_columns_in_units(packed: dict[str, torch.Tensor], dim: int, start: int
     slice: it was computed over the whole row, so the ranks' partial products still sum to the unsplit layer's).
     A column slice must fall on the format's ``block`` boundaries, else :class:`ConfigError` says what to do.
     """
-    if dim == 1 and (start % block or stop % block):
-        raise ConfigError(
-            f"{fmt_name}: columns [{start}, {stop}) do not fall on its blocks of {block}; load with --weights int8 "
-            "or fp32 for this tensor-parallel size, or choose a size that splits the layer on whole blocks"
-        )
+    if dim == 1:
+        check_block_cut(fmt_name, start, stop, block)
     out = {}
     for name, t in packed.items():
         if name in whole:

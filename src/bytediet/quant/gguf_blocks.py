@@ -24,7 +24,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from ..errors import CheckpointError, ConfigError
 from ..kernels import ops
 from .base import WEIGHT_FORMATS, Packed, WeightFormat
-from .common import ACTIVATION_MODES, NativeActivations, activations_only, check_weight  # noqa: F401 (ACTIVATION_MODES re-exported)
+from .common import ACTIVATION_MODES, NativeActivations, activations_only, check_block_cut, check_weight  # noqa: F401 (ACTIVATION_MODES re-exported)
 from ..kernels.ggml_codecs import DECODERS, ENCODERS
 
 
@@ -87,11 +87,7 @@ class GGUFBlocks(NativeActivations, WeightFormat):
         if dim == 0:
             return {"blocks": blocks[start:stop].contiguous()}
         bs, ts = self.block_size(), self.type_size()
-        if start % bs or stop % bs:
-            raise ConfigError(
-                f"{self.name}: columns [{start}, {stop}) do not fall on its blocks of {bs}; load with "
-                "--weights int8 or fp32 for this tensor-parallel size"
-            )
+        check_block_cut(self.name, start, stop, bs)
         return {"blocks": blocks[:, start // bs * ts:stop // bs * ts].contiguous()}
 
     def shape(self, packed: Packed) -> tuple[int, int]:

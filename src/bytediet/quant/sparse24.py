@@ -108,11 +108,7 @@ class Sparse24(PrunedFormat):
             return shard_columns_in_units(packed, 0, start, stop, self.spec())
         rest = {k: v for k, v in packed.items() if k != "index"}
         out = shard_columns_in_units(rest, 1, start, stop, self.spec(), block=GROUP, columns={"values": KEEP})
-        groups = packed["values"].shape[1] // KEEP
-        positions = unpack_positions(packed["index"], groups)[:, start // GROUP:stop // GROUP]  # (out, g', 2)
-        mask = torch.zeros(positions.shape[0], positions.shape[1], GROUP, dtype=torch.bool)
-        mask.scatter_(-1, positions, True)
-        out["index"] = pack_positions(mask.reshape(positions.shape[0], -1))
+        out["index"] = pack_positions(self.mask(packed)[:, start:stop])
         return out
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 import torch
 
 from ..errors import ConfigError
-
 from .base import WEIGHT_FORMATS, Packed
 from .common import no_parameters, shard_columns_in_units
 from .pruning import PrunedFormat, kept_values
