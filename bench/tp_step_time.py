@@ -145,12 +145,12 @@ def main() -> int:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     from bytediet.models.loader import load_config
+    from bytediet.perf.roofline import ring_link
 
     hidden = load_config(args.model).hidden_size
     small, big = args.batch * hidden * 4, 4 << 20
     ring = measure_allreduce([small, big])
-    bus = 2 * (2 - 1) / 2 * big / ring[big]  # ring all-reduce bus bandwidth (Patarasuk & Yuan 2009)
-    hop = max(0.0, ring[small] - 2 * (2 - 1) / 2 * small / bus) / (2 * (2 - 1))  # 2 hops at 2 ranks
+    bus, hop = ring_link(2, big, ring[big], small, ring[small])  # bus bandwidth, per-hop latency
     runs = [decode_steps(tp, args) for tp in (1, 2)]
     result = {"model": args.model, "weights": args.weights, "batch": args.batch, "context": args.context,
               "tp1_threads": args.threads,

@@ -14,7 +14,7 @@ from bytediet.config import ModelConfig
 from bytediet.errors import ConfigError
 from bytediet.perf.hardware import HardwareSpec, get_hardware
 from bytediet.perf.models_catalog import get_model_config
-from bytediet.perf.roofline import (analyze, causal_pairs, compare_with_measurement, kv_bytes_per_token,
+from bytediet.perf.roofline import (analyze, ring_link, causal_pairs, compare_with_measurement, kv_bytes_per_token,
                                     kv_cache_bytes, rank_hardware, weights_bytes)
 
 
@@ -168,6 +168,14 @@ def test_the_link_latency_is_paid_per_hop_of_every_collective():
     assert lat.decode.allreduce_latency_s == pytest.approx(hops * 10e-6)
     assert lat.decode.allreduce_s - base.decode.allreduce_s == pytest.approx(hops * 10e-6)
     assert lat.decode.time - base.decode.time == pytest.approx(hops * 10e-6)
+
+
+def test_ring_link_from_a_big_and_a_small_all_reduce():
+    # 4 ranks: each moves 2·3/4 = 1.5 messages' bytes; a 4 MiB all-reduce in 6 ms → bus = 1.5·4 MiB / 6 ms
+    bus, hop = ring_link(4, 4 << 20, 6e-3, 4096, 1e-3)
+    assert bus == pytest.approx(1.5 * (4 << 20) / 6e-3)
+    assert hop == pytest.approx((1e-3 - 1.5 * 4096 / bus) / 6)  # 2(N−1) = 6 hops
+    assert ring_link(2, 4 << 20, 1e-3, 4096, 1e-9)[1] == 0.0  # never a negative latency
 
 
 def test_max_batch_and_chips_to_hold():

@@ -202,11 +202,12 @@ class BytedietSystem:
         Yuan 2009: 2(N−1) hops, each rank moving 2(N−1)/N of the message)."""
         if self._ranks is None:
             raise ConfigError("measure_link: this system runs in one process; there is no link")
+        from .roofline import ring_link
+
         n = self.tensor_parallel_size
         seconds = max(self.on_ranks(_allreduce_s, nbytes, repeats))
         small_s = max(self.on_ranks(_allreduce_s, small, repeats))
-        bus = 2 * (n - 1) / n * nbytes / seconds
-        hop = max(0.0, small_s - 2 * (n - 1) / n * small / bus) / (2 * (n - 1))
+        bus, hop = ring_link(n, nbytes, seconds, small, small_s)
         return {"how": f"gloo all-reduce of {nbytes} and {small} bytes between the {n} ranks (median of {repeats})",
                 "allreduce_s": seconds, "small_allreduce_s": small_s, "bus_bandwidth": bus, "hop_latency_s": hop}
 

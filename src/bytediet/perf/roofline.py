@@ -323,6 +323,15 @@ def _collectives(ctx: _Ctx, t: int, logit_rows: int) -> tuple[float, float]:
     return latency + data / link, latency
 
 
+def ring_link(ranks: int, big_bytes: int, big_s: float, small_bytes: int, small_s: float) -> tuple[float, float]:
+    """``(bus bandwidth B/s, per-hop latency s)`` of a link from two timed ring all-reduces over ``ranks``: the big
+    message gives the bandwidth (each rank moves 2(N−1)/N of it), the small one, less its bytes over that
+    bandwidth, the latency of its 2(N−1) hops (Patarasuk & Yuan 2009; what :func:`_collectives` charges)."""
+    share = 2 * (ranks - 1) / ranks
+    bus = share * big_bytes / big_s
+    return bus, max(0.0, small_s - share * small_bytes / bus) / (2 * (ranks - 1))
+
+
 def _mlp_ops(ctx: _Ctx, t: int, layers: int) -> tuple[OpCost, ...]:
     """The dense gated MLP of ``layers`` layers (none in an all-MoE model)."""
     h, i = ctx.cfg.hidden_size, ctx.cfg.intermediate_size
