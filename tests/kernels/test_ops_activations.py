@@ -37,3 +37,23 @@ def test_gelu_tanh_mul_extreme_values(variant):
 def test_other_dtypes_take_the_reference():
     gate, up = torch.randn(4, 9).bfloat16(), torch.randn(4, 9).bfloat16()
     assert torch.equal(ops.gelu_tanh_mul(gate, up), reference.gelu_tanh_mul(gate, up))
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("shape", [(1, 64), (3, 7, 256), (70, 640), (5, 13)])
+def test_rms_norm_equals_reference(variant, shape):
+    gen = torch.Generator().manual_seed(shape[-1] + len(shape))
+    x = torch.randn(*shape, generator=gen) * 4
+    x[0, ..., :] *= 1e-3  # a small row beside ordinary ones
+    w = torch.randn(shape[-1], generator=gen)
+    got = ops.rms_norm(x, w, 1e-6, variant=variant)
+    want = reference.rms_norm(x.double(), w.double(), 1e-6)
+    assert got.shape == x.shape and torch.allclose(got.double(), want, rtol=2e-6, atol=1e-6)
+    assert torch.equal(ops.rms_norm(torch.zeros(2, shape[-1]), w, 1e-6, variant=variant), torch.zeros(2, shape[-1]))
+
+
+def test_rms_norm_keeps_autograd():
+    x = torch.randn(4, 64, requires_grad=True)
+    w = torch.randn(64)
+    ops.rms_norm(x, w, 1e-6).sum().backward()
+    assert x.grad is not None and torch.isfinite(x.grad).all()

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from bytediet.kernels import ops
+from bytediet.kernels import ops, reference
 from bytediet.kernels.cpu import build
 from bytediet.models.layers import Linear
 from bytediet.quant import get_weight_format
@@ -46,6 +46,21 @@ def test_large_inputs_use_the_float_gemm_on_the_decoded_weight(spec, prefill_gem
     exact = F.linear(small, w, lin.bias)
     y = lin(small)  # the integer kernel with q16 activations: int16-like, not bit-exact
     assert torch.allclose(y, exact, rtol=1e-3, atol=1e-2) and not torch.equal(y, exact)
+
+
+@pytest.mark.parametrize("spec", ["gguf-q4_1", "int8", "int4-g64", "mxfp4", "sparse24-int8"])
+def test_large_q16_inputs_run_the_int8_panel_where_the_library_has_it(spec, prefill_gemm, monkeypatch):
+    prefill_gemm("int8")
+    gen = torch.Generator().manual_seed(5)
+    lin = packed_linear(spec, gen)
+    gtype, rows = lin.native_weight()
+    big = torch.randn(ops.DENSE_GEMM_MIN_ROWS + 3, 256, generator=gen)
+    want = reference.gemm_panel(gtype, rows, big, lin.bias)  # q16 activations, as the decode kernels
+    y = lin(big)
+    if ops.has_gemm_panel(gtype):
+        assert torch.allclose(y, want, rtol=1e-4, atol=1e-4) and not torch.equal(y, F.linear(big, lin.dequantized_weight(), lin.bias))
+    monkeypatch.setattr(ops, "has_gemm_panel", lambda *a, **k: False)  # an avx2 build: the fp32 GEMM instead
+    assert torch.allclose(lin(big), F.linear(big, lin.dequantized_weight(), lin.bias), rtol=1e-5, atol=1e-4)
 
 
 def test_q8_keeps_its_integer_kernel_for_large_inputs():

@@ -83,6 +83,19 @@ def gelu_tanh_mul(gate: torch.Tensor, up: torch.Tensor, variant: Optional[str] =
     return out
 
 
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, variant: Optional[str] = None) -> torch.Tensor:
+    """See :func:`bytediet.kernels.reference.rms_norm` (one native pass over float32 CPU rows)."""
+    lib = _library(variant)
+    if (lib is None or x.device.type != "cpu" or x.dtype != torch.float32 or weight.dtype != torch.float32
+            or x.shape[-1] != weight.numel() or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))):
+        return reference.rms_norm(x, weight, eps)  # autograd (recovery training) needs the torch ops
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    n = weight.numel()
+    lib.bd_rms_norm_rows(x.data_ptr(), weight.contiguous().data_ptr(), x.numel() // n, n, eps, out.data_ptr())
+    return out
+
+
 def quantize_rows_q8(x: torch.Tensor, variant: Optional[str] = None):
     """See :func:`bytediet.kernels.reference.quantize_rows_q8`."""
     lib = _library(variant)
@@ -181,6 +194,31 @@ def dequantize_blocks(ggml_type: int, blocks: torch.Tensor, dtype: torch.dtype =
     if decode(int(ggml_type), blocks.data_ptr(), n, k, out.data_ptr()) != 0:
         return reference.dequantize_blocks(ggml_type, blocks, dtype)
     return out.to(dtype)
+
+
+def has_gemm_panel(ggml_type: int, variant: Optional[str] = None) -> bool:
+    """Whether the native library here has the register-blocked q16 GEMM for this type (AVX-512 VNNI builds,
+    integer-code formats)."""
+    lib = _library(variant)
+    return lib is not None and bool(lib.bd_has_gemm_panel(int(ggml_type)))
+
+
+def gemm_panel(ggml_type: int, blocks: torch.Tensor, x: torch.Tensor, bias: Optional[torch.Tensor] = None,
+               variant: Optional[str] = None) -> torch.Tensor:
+    """See :func:`bytediet.kernels.reference.gemm_panel` (the reference runs where the library lacks it)."""
+    lib = _library(variant)
+    if lib is None or not lib.bd_has_gemm_panel(int(ggml_type)):
+        return reference.gemm_panel(ggml_type, blocks, x, bias)
+    x2 = _float_rows(x)
+    n, m, k = blocks.shape[0], x2.shape[0], x2.shape[1]
+    if row_weights(ggml_type, blocks.shape[1]) != k:
+        raise ValueError(f"GGML type {int(ggml_type)} rows of {blocks.shape[1]} bytes do not hold {k} weights")
+    y = torch.empty(m, n, dtype=torch.float32)
+    b = None if bias is None else bias.float().contiguous()
+    rc = lib.bd_gemm_panel(int(ggml_type), blocks.data_ptr(), n, k, x2.data_ptr(), m, y.data_ptr(), _ptr(b))
+    if rc != 0:
+        raise ValueError(f"GGML type {int(ggml_type)} ({n}×{k}) has no panel kernel (code {rc})")
+    return _like_input(y, x)
 
 
 # Products with at least this many activation rows (prefill chunks, scoring) decode the weight to float32 once

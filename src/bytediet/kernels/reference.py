@@ -135,6 +135,14 @@ def gelu_tanh_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return F.gelu(gate, approximate="tanh") * up
 
 
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm (Zhang & Sennrich 2019, arXiv 1910.07467) over the last dimension, in float32:
+    x (..., n), weight (n,) → x / sqrt(mean(x²) + eps) · weight, in x's dtype."""
+    xf = x.float()
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (y * weight.float()).to(x.dtype)
+
+
 def quantize_rows_q8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Symmetric int8 quantization of activation rows in blocks of 32 (llama.cpp's ``quantize_row_q8_1``).
 
@@ -413,6 +421,13 @@ def unpack_kx4(ggml_type: int, packed: torch.Tensor) -> torch.Tensor:
         sc = p[..., 8:72].reshape(g, ns, 16, 4).transpose(-1, -2)
         sb = torch.cat((body, sc, p[..., 0:8].reshape(g, ns, 4, 2)), dim=-1)
     return sb.permute(0, 2, 1, 3).reshape(n, -1)
+
+
+def gemm_panel(ggml_type: int, blocks: torch.Tensor, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The prefill (compute-bound) product of ``csrc/gemm_panel.cpp``: :func:`gemm_blocks` with ``"q16"``
+    activations — W in its blocks (N, bytes per row) uint8, x (..., K) → (..., N). The native kernel unpacks
+    the weight a panel of 32 rows at a time and dots it with both activation planes (AVX-512 VNNI)."""
+    return gemm_blocks(ggml_type, blocks, x, bias, "q16")
 
 
 def gemm_x4(ggml_type: int, packed: torch.Tensor, x: torch.Tensor, bias: Optional[torch.Tensor] = None,

@@ -71,13 +71,14 @@ class Linear(nn.Module):
         native = self.native_weight() if x.device.type == "cpu" else None
         if (native is not None and x.numel() >= ops.DENSE_GEMM_MIN_ROWS * self.in_features
                 and self.format.activations in ("q16", "f32")):
-            # compute-bound (a prefill chunk): decode the weight once, then the float GEMM — in bf16 for q16 where
-            # this CPU multiplies bf16 measurably faster (kernels/dense_gemm.py), exact fp32 for f32. q8 keeps
-            # its integer kernel, whose measured cost the user chose, and q8-token (int8-w8a8) the rounding that
-            # defines the format.
-            gemm = x.dtype
-            if x.dtype == torch.float32 and self.format.activations == "q16":
-                gemm = dense_gemm.dtype()
+            # compute-bound (a prefill chunk): for q16, int8 dot products on a register-blocked panel of the
+            # weight where the library has them, or the weight decoded once and a float GEMM (bf16 where asked
+            # for, kernels/dense_gemm.py); exact fp32 for f32. q8 keeps its integer kernel, whose measured cost
+            # the user chose, and q8-token (int8-w8a8) the rounding that defines the format.
+            q16 = x.dtype == torch.float32 and self.format.activations == "q16"
+            if q16 and dense_gemm.kind() == "int8" and ops.has_gemm_panel(native[0]):
+                return ops.gemm_panel(native[0], native[1], x, self.bias)
+            gemm = dense_gemm.dtype() if q16 else x.dtype
             w = ops.dequantize_blocks(native[0], native[1], dtype=gemm)
             y = F.linear(x.to(gemm), w).to(x.dtype)
             return y if self.bias is None else y + self.bias.to(x.dtype)
@@ -102,9 +103,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (y * self.weight.float()).to(x.dtype)
+        return ops.rms_norm(x, self.weight, self.eps)  # one native pass on CPU float32, else the reference
 
 
 class RotaryEmbedding(nn.Module):

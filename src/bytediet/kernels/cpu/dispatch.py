@@ -28,6 +28,9 @@ SIGNATURES = {  # C ABI of csrc/*.cpp: name → (restype, argtypes)
     "bd_repack_x4": (_INT, [_INT, _VOID_P, _LONG, _LONG, _VOID_P]),
     "bd_x4_row_bytes": (_LONG, [_INT, _LONG]),
     "bd_gelu_tanh_mul": (None, [_VOID_P, _VOID_P, _LONG, _VOID_P]),
+    "bd_rms_norm_rows": (None, [_VOID_P, _VOID_P, _LONG, _LONG, ctypes.c_float, _VOID_P]),
+    "bd_has_gemm_panel": (_INT, [_INT]),
+    "bd_gemm_panel": (_INT, [_INT, _VOID_P, _LONG, _LONG, _VOID_P, _LONG, _VOID_P, _VOID_P]),
     "bd_gemm_x4": (_INT, [_INT, _VOID_P, _LONG, _LONG, _VOID_P, _LONG, _VOID_P, _VOID_P, _INT]),
     "bd_quantize_rows_per_token": (None, [_VOID_P, _LONG, _LONG, _VOID_P, _VOID_P, _VOID_P]),
     "bd_quantize_rows_q16": (None, [_VOID_P, _LONG, _LONG, _VOID_P, _VOID_P, _VOID_P, _VOID_P, _VOID_P]),
@@ -113,4 +116,5 @@ def describe() -> dict:
     lib = native()
     if lib is None:
         return {"kernels": "reference", "isa": None, "requested": requested_variant()}
-    return {"kernels": "native", "isa": lib.isa, "library": lib.path, "threads": lib.bd_num_threads()}
+    return {"kernels": "native", "isa": lib.isa, "library": lib.path, "threads": lib.bd_num_threads(),
+            "omp_spincount": os.environ.get("GOMP_SPINCOUNT")}  # set by bytediet/__init__.py unless the user did

@@ -402,4 +402,32 @@ struct Sparse24F16 : NoRowHeader, UnitSubScales {
     static __m256i codes(const uint8_t*, int) { return _mm256_setzero_si256(); }  // unused (FLOAT)
 };
 
+// fn(F{}) for the format of a kernel type id (GGML ids, then bytediet's own 100–111); -1 for another id.
+template <class Fn>
+int with_format(int ggml_type, Fn fn) {
+    switch (ggml_type) {
+        case 2: fn(Q4_0{}); return 0;
+        case 3: fn(Q4_1{}); return 0;
+        case 6: fn(Q5_0{}); return 0;
+        case 7: fn(Q5_1{}); return 0;
+        case 8: fn(Q8_0{}); return 0;
+        case 12: fn(Q4_K{}); return 0;
+        case 13: fn(Q5_K{}); return 0;
+        case 14: fn(Q6_K{}); return 0;
+        case 100: fn(Int8Row{}); return 0;
+        case 101: fn(Int4Groups<32, true>{}); return 0;
+        case 102: fn(Int4Groups<64, true>{}); return 0;
+        case 103: fn(Int4Groups<128, true>{}); return 0;
+        case 104: fn(Int4Groups<32, false>{}); return 0;
+        case 105: fn(Int4Groups<64, false>{}); return 0;
+        case 106: fn(Int4Groups<128, false>{}); return 0;
+        case 107: fn(MXFP4Blocks{}); return 0;
+        case 108: fn(NVFP4Blocks{}); return 0;
+        case 109: fn(Sparse24Int8{}); return 0;
+        case 110: fn(FP8Row{}); return 0;
+        case 111: fn(Sparse24F16{}); return 0;
+        default: return -1;
+    }
+}
+
 }  // namespace bd
