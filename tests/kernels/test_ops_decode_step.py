@@ -21,7 +21,7 @@ def linear(n, k, gen, gtype=T.Q4_1, bias=False, interleave=False):
     blocks = ENCODERS[gtype]((torch.randn(n * k // 32, 32, generator=gen) * 0.2)).reshape(n, -1)
     if interleave and ops.can_interleave(int(gtype), n, k):
         return LinearSpec(ops.repack_x4(int(gtype), blocks), int(gtype), n, k,
-                          torch.randn(n, generator=gen) if bias else None, interleaved=True)
+                          torch.randn(n, generator=gen) if bias else None, interleaved=True, source=blocks)
     return LinearSpec(blocks, int(gtype), n, k, torch.randn(n, generator=gen) if bias else None)
 
 
@@ -95,6 +95,8 @@ CASES = {  # name: (spec kwargs, contexts)
     "smollm2-gqa-3": (dict(heads=6, kv_heads=2), [33, 150, 5]),
     "gemma3-gqa-4-window": (dict(heads=4, kv_heads=1, gemma=True, window=20, head_dim=64), [16, 47, 130]),
     "qwen2-bias-gqa-7": (dict(heads=7, kv_heads=1, bias=True), [64, 3]),
+    # ≥ 8 sequences: q16 steps run the panel GEMM (gemm_panel.cpp) where the build has AVX-512 VNNI
+    "batch-10-gqa-3": (dict(heads=6, kv_heads=2, bias=True), [5, 9, 1, 33, 17, 2, 40, 11, 8, 3]),
 }
 
 

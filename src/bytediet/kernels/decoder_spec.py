@@ -15,7 +15,8 @@ import torch
 class LinearSpec:
     """A linear layer in GGML blocks: blocks (n, bytes per row) uint8, bias (n,) float32 or None.
 
-    ``interleaved``: the blocks are in the row-interleaved layout of ``ops.repack_x4`` (same byte count).
+    ``interleaved``: the blocks are in the row-interleaved layout of ``ops.repack_x4`` (same byte count);
+    ``source``: then the GGML blocks themselves, which the panel GEMM reads for steps of many rows.
     """
 
     blocks: torch.Tensor
@@ -24,6 +25,7 @@ class LinearSpec:
     k: int
     bias: Optional[torch.Tensor] = None
     interleaved: bool = False
+    source: Optional[torch.Tensor] = None
 
 
 ROW_PAGE_TYPES = ("fp32", "bf16", "fp16", "int8", "fp8")  # pages stored as (slots, H, D) rows (ids 0..4)

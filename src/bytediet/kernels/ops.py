@@ -284,7 +284,7 @@ def gemm_x4(ggml_type: int, packed: torch.Tensor, x: torch.Tensor, bias: Optiona
 
 class _Linear(ctypes.Structure):  # mirrors bd::LinearDesc in csrc/decoder.h
     _fields_ = [("blocks", ctypes.c_void_p), ("bias", ctypes.c_void_p), ("n", ctypes.c_int64), ("k", ctypes.c_int64),
-                ("ggml_type", ctypes.c_int32), ("interleaved", ctypes.c_int32)]
+                ("ggml_type", ctypes.c_int32), ("interleaved", ctypes.c_int32), ("source", ctypes.c_void_p)]
 
 
 class _Layer(ctypes.Structure):  # mirrors bd::LayerDesc
@@ -318,7 +318,8 @@ def _ptr(t: Optional[torch.Tensor]) -> Optional[int]:
 
 
 def _linear_desc(lin: LinearSpec) -> _Linear:
-    return _Linear(_ptr(lin.blocks), _ptr(lin.bias), lin.n, lin.k, lin.ggml_type, int(lin.interleaved))
+    return _Linear(_ptr(lin.blocks), _ptr(lin.bias), lin.n, lin.k, lin.ggml_type, int(lin.interleaved),
+                   _ptr(lin.source))
 
 
 def _tq_desc(pages: TurboQuantPageSpec) -> _TQPages:

@@ -32,11 +32,12 @@ def _linear(lin: Linear, interleave: bool = False) -> Optional[LinearSpec]:
     bias = None if lin.bias is None else lin.bias.detach().float().contiguous()
     x4 = (interleave and ops.can_interleave(int(gtype), lin.out_features, lin.in_features)
           and ops.tuned_kernel(int(gtype), lin.out_features, lin.in_features) != "rows")  # `bytediet tune`
+    source = None
     if x4:
         if lin.interleaved is None:  # the module path (prefill) multiplies with the same copy
             lin.interleaved = ops.repack_x4(int(gtype), blocks)
-        blocks = lin.interleaved
-    return LinearSpec(blocks, int(gtype), lin.out_features, lin.in_features, bias, interleaved=x4)
+        blocks, source = lin.interleaved, blocks
+    return LinearSpec(blocks, int(gtype), lin.out_features, lin.in_features, bias, interleaved=x4, source=source)
 
 
 MAX_GQA_GROUP = 64  # query heads per KV head the native TurboQuant attention takes (csrc/turboquant_pages.cpp)

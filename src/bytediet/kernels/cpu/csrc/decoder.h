@@ -13,6 +13,8 @@ struct LinearDesc {
     int64_t n, k;
     int32_t ggml_type;
     int32_t interleaved;   // 1: blocks are in the row-interleaved x4 layout (gemm_x4.cpp)
+    const uint8_t* source;  // the GGML blocks themselves when `blocks` is the x4 copy (the panel GEMM reads
+                            // them for steps of many rows), or null
 };
 
 struct LayerDesc {

@@ -225,7 +225,25 @@ void gemm_panel(const uint8_t* w, long N, long K, const QuantizedRows& x, long M
 }  // namespace
 #endif
 
+int gemm_panel_q16(int ggml_type, const uint8_t* w, long N, long K, const QuantizedRows& x, long M, float* y,
+                   long ldy, const float* bias) {
+#if defined(__AVX512VNNI__) && defined(__AVX512F__)
+    if (x.q2 == nullptr) return -4;
+    int rc = 0;
+    const int found = with_format(ggml_type, [&](auto f) {
+        using F = decltype(f);
+        if constexpr (is_float_format<F>::value) rc = -3;
+        else gemm_panel<F>(w, N, K, x, M, y, ldy, bias);
+    });
+    return found != 0 ? found : rc;
+#else
+    (void)ggml_type, (void)w, (void)N, (void)K, (void)x, (void)M, (void)y, (void)ldy, (void)bias;
+    return -4;
+#endif
+}
+
 }  // namespace bd
+
 
 extern "C" {
 
@@ -249,12 +267,7 @@ int bd_gemm_panel(int ggml_type, const uint8_t* w, long N, long K, const float* 
 #if defined(__AVX512VNNI__) && defined(__AVX512F__)
     if (!bd_has_gemm_panel(ggml_type)) return bd::with_format(ggml_type, [](auto) {}) != 0 ? -1 : -3;
     static thread_local bd::QuantizedActivations act;
-    const bd::QuantizedRows rows = act.quantize(x, M, K, true);
-    bd::with_format(ggml_type, [&](auto f) {
-        using F = decltype(f);
-        if constexpr (!bd::is_float_format<F>::value) bd::gemm_panel<F>(w, N, K, rows, M, y, N, bias);
-    });
-    return 0;
+    return bd::gemm_panel_q16(ggml_type, w, N, K, act.quantize(x, M, K, true), M, y, N, bias);
 #else
     (void)ggml_type, (void)w, (void)N, (void)K, (void)x, (void)M, (void)y, (void)bias;
     return -4;
