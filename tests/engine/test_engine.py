@@ -7,6 +7,8 @@ import torch
 from bytediet.engine.llm import LLM
 from bytediet.engine.params import SamplingParams
 from bytediet.errors import ConfigError
+from bytediet.kernels.cpu import build
+from bytediet.quant import get_weight_format
 from tests.conftest import model_from_state, random_state, tiny_config
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=2)
@@ -206,3 +208,24 @@ def test_engine_accepts_a_codec_as_name_plus_state(tiny_model):
     assert built is not codec and built.calibrated
     assert all(torch.equal(built.key_half.scales[i], codec.key_half.scales[i]) for i in codec.key_half.scales)
     assert llm.generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=3))[0].outputs[0].token_ids
+
+
+@pytest.mark.skipif(build.find_compiler() is None or not build.runnable_variants(), reason="no native kernels here")
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_llama_cpp_kv_blocks_generate_natively_the_reference_paths_tokens(arch, monkeypatch):
+    """``--kv-cache-dtype k=q8_0,v=q4_0`` on a packed model (head dim 64: two GGML blocks a row): decode steps run
+    natively (prefill chunks attend natively over the same pages) and the greedy tokens are the reference path's
+    (BYTEDIET_KERNELS=reference: module path, PyTorch kernels, the codec's own read of its pages)."""
+    config = tiny_config(arch, head_dim=64)
+    model = model_from_state(config, random_state(config))
+    for name, lin in model.linear_layers():
+        lin.set_weight(lin.dequantized_weight(), get_weight_format("gguf-q8_0" if name == "lm_head" else "gguf-q4_1"))
+    ps = prompts(config.vocab_size, [3, 17, 9, 30, 1, 22], seed=1)
+    native = make_llm(model, kv_cache_dtype="k=q8_0,v=q4_0", block_size=16)
+    assert native.engine.runner.decode_path == "native"
+    got = native.generate(ps, GREEDY)
+    monkeypatch.setenv("BYTEDIET_KERNELS", "reference")
+    reference = make_llm(model, kv_cache_dtype="k=q8_0,v=q4_0", block_size=16)
+    assert reference.engine.runner.decode_path.startswith("modules (no native kernels")
+    for g, w in zip(got, reference.generate(ps, GREEDY)):
+        assert_same_or_tie(g.outputs[0].token_ids, w.outputs[0])

@@ -1,15 +1,16 @@
 """Native paged attention (``ops.attention_over_pages``) against its twin ``reference.attention_over_pages``:
-every page type, the GQA ratios of the three families, odd context lengths across page boundaries, sliding
-windows, a ragged batch mixing a prefill chunk (tokens sharing a block table row) with decodes, long contexts
-split across threads."""
+every page type (llama.cpp's GGML block types included), keys and values of different types, the GQA ratios of
+the three families, odd context lengths across page boundaries, sliding windows, a ragged batch mixing a prefill
+chunk (tokens sharing a block table row) with decodes, long contexts split across threads."""
 import zlib
+from unittest import mock
 
 import pytest
 import torch
 
 from bytediet.kernels import ops, reference
 from bytediet.kernels.cpu import build
-from bytediet.kernels.decoder_spec import ROW_PAGE_TYPES
+from bytediet.kernels.decoder_spec import ATTENTION_PAGE_TYPES, BLOCK_PAGE_TYPES
 
 VARIANTS = [v.name for v in build.runnable_variants()] if build.find_compiler() else []
 pytestmark = pytest.mark.skipif(not VARIANTS, reason="no native kernels on this machine")
@@ -17,12 +18,8 @@ BLOCK = 16
 
 
 def pages(gen, slots, hkv, d, kv_dtype):
-    x = torch.randn(slots, hkv, d, generator=gen) * 2
-    if kv_dtype == "int8":
-        return reference.quantize_int8_rows(x)
-    if kv_dtype == "fp8":
-        return reference.quantize_fp8_rows(x)
-    return x.to({"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[kv_dtype]), None
+    """(pages, scales): random keys or values as the KV codecs store them in ``kv_dtype``."""
+    return reference.write_kv_rows(kv_dtype, torch.randn(slots, hkv, d, generator=gen) * 2)
 
 
 CASES = {  # name: (hq, hkv, d, window, [(tokens, context) per sequence])
@@ -31,15 +28,40 @@ CASES = {  # name: (hq, hkv, d, window, [(tokens, context) per sequence])
     "mha-prefill-chunk": (4, 4, 32, None, [(23, 40), (1, 9)]),
     "qwen2-gqa-7-long": (7, 1, 64, None, [(1, 1000)]),
     "window-prefill": (6, 2, 24, 7, [(12, 12), (1, 70)]),
+    "gqa-3-d96-mixed": (9, 3, 96, 33, [(1, 31), (17, 49), (1, 1), (1, 97)]),  # 3 GGML blocks a row
 }
+
+
+def fits(kv_dtype, d):
+    return kv_dtype not in BLOCK_PAGE_TYPES or d % 32 == 0  # llama.cpp's block types: head_dim a multiple of 32
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("case", sorted(CASES))
-@pytest.mark.parametrize("kv_dtype", ROW_PAGE_TYPES)
+@pytest.mark.parametrize("kv_dtype", ATTENTION_PAGE_TYPES)
 def test_native_attention_over_pages_equals_reference(variant, case, kv_dtype):
+    if not fits(kv_dtype, CASES[case][2]):
+        pytest.skip(f"{kv_dtype} pages need head_dim % 32 == 0")
+    check(variant, case, kv_dtype, kv_dtype)
+
+
+# keys of one page type, values of another: llama.cpp's k=q8_0,v=q4_0, and the pairs the auto: budget plans mix
+MIXED = [("q8_0", "q4_0"), ("q4_0", "q8_0"), ("q8_0", "q5_0"), ("q5_0", "q4_1"), ("int8", "q4_0"),
+         ("q4_1", "int8"), ("bf16", "q4_1"), ("q8_0", "bf16"), ("fp32", "q5_0"), ("fp8", "q8_0"), ("int8", "bf16"),
+         ("fp16", "fp8")]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("case", sorted(c for c in CASES if CASES[c][2] % 32 == 0))
+@pytest.mark.parametrize("k_dtype,v_dtype", MIXED)
+def test_native_attention_over_mixed_pages_equals_reference(variant, case, k_dtype, v_dtype):
+    check(variant, case, k_dtype, v_dtype)
+
+
+def check(variant, case, kv_dtype, v_dtype):
     hq, hkv, d, window, seqs = CASES[case]
-    gen = torch.Generator().manual_seed(zlib.crc32((case + kv_dtype).encode()))
+    mixed = v_dtype != kv_dtype
+    gen = torch.Generator().manual_seed(zlib.crc32((case + kv_dtype + (v_dtype if mixed else "")).encode()))
     width = max(-(-ctx // BLOCK) for _, ctx in seqs)
     perm = torch.randperm(sum(-(-ctx // BLOCK) for _, ctx in seqs) + 3, generator=gen)
     tables, positions, rows, used = [], [], [], 0
@@ -51,9 +73,10 @@ def test_native_attention_over_pages_equals_reference(variant, case, kv_dtype):
         rows += [s] * n
     bt, positions, rows = torch.stack(tables).long(), torch.tensor(positions), torch.tensor(rows)
     slots = perm.numel() * BLOCK
-    (k, ks), (v, vs) = pages(gen, slots, hkv, d, kv_dtype), pages(gen, slots, hkv, d, kv_dtype)
+    (k, ks), (v, vs) = pages(gen, slots, hkv, d, kv_dtype), pages(gen, slots, hkv, d, v_dtype)
     q = torch.randn(len(positions), hq, d, generator=gen)
-    args = (q, positions, rows, bt, BLOCK, d ** -0.5, window, kv_dtype, k, v, ks, vs)
+    args = (q, positions, rows, bt, BLOCK, d ** -0.5, window, kv_dtype, k, v, ks, vs, v_dtype if mixed else None)
     want = reference.attention_over_pages(*args)
-    got = ops.attention_over_pages(*args, variant=variant)
+    with mock.patch.object(reference, "attention_over_pages", side_effect=AssertionError("the reference ran")):
+        got = ops.attention_over_pages(*args, variant=variant)  # natively: no fallback to the twin
     assert (got - want).abs().max().item() <= 1e-5 * max(1.0, want.abs().max().item())

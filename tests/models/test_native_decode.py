@@ -15,8 +15,8 @@ pytestmark = pytest.mark.skipif(build.find_compiler() is None or not build.runna
                                 reason="no native kernels on this machine")
 
 
-def packed_model(arch: str, fmt: str = "gguf-q4_1", head: str = "gguf-q8_0"):
-    config = tiny_config(arch)
+def packed_model(arch: str, fmt: str = "gguf-q4_1", head: str = "gguf-q8_0", **overrides):
+    config = tiny_config(arch, **overrides)
     model = model_from_state(config, random_state(config))
     for name, lin in model.linear_layers():
         lin.set_weight(lin.dequantized_weight(), get_weight_format(head if name == "lm_head" else fmt))
@@ -82,6 +82,38 @@ def test_native_decode_step_over_other_kv_pages_equals_module_path(arch, kv):
         for t, ref in zip(c.tensors(), w):
             diff = (t.float() - ref.float()).abs()
             assert diff.max() <= (1 if t.dtype == torch.uint8 else 1e-2 * ref.float().abs().max())
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+@pytest.mark.parametrize("kv", ["q8_0", "q5_0", "q4_1", "q4_0", "k=q8_0,v=q4_0", "k=int8,v=q5_0", "k=bf16,v=q4_1"])
+def test_native_decode_step_over_llama_cpp_kv_blocks_equals_module_path(arch, kv):
+    """llama.cpp's KV block types, keys and values alike or of different types, read in place by the native step,
+    the new token's key and value written with llama.cpp's quantizers as the codec writes them (head dim 64: two
+    blocks a row; gemma3's window of 8 cut inside a page)."""
+    model = packed_model(arch, head_dim=64)
+    contexts = [5, 17, 40]
+    meta, blocks = decode_metadata(contexts)
+    caches = model.new_caches(blocks, 16, kv)
+    fill_pages(caches, torch.Generator().manual_seed(3))
+    decoder = native_decoder(model, caches)
+    assert decoder is not None
+    k_dtype, _, v_dtype = kv.replace("k=", "").replace("v=", "").partition(",")
+    assert (decoder.spec.layers[0].kv_dtype, decoder.spec.layers[0].v_dtype) == (k_dtype, v_dtype or k_dtype)
+    ids = torch.tensor([3, 50, 7])
+    saved = snapshot(caches)
+    want = model(ids, meta, caches)
+    written = [c.decode(meta.slot_mapping) for c in caches]
+    written_bytes = snapshot(caches)
+    restore(caches, saved)
+    got = decoder.logits(ids, meta, torch.arange(3))
+    assert torch.allclose(got, want, atol=2e-3 * want.abs().max().item(), rtol=0)
+    slots = meta.slot_mapping
+    for c, ws in zip(caches, written_bytes):  # k, v a float rounding apart: a block scale an ulp off, a code one
+        for t, w in zip(c.tensors(), ws):     # step off where a value sits on a rounding boundary, rarely
+            assert (t[slots] != w[slots]).float().mean().item() <= 0.05
+    for c, w in zip(caches, written):  # decoded: at most one step (q4_0: amax / 8) apart
+        for mine, ref in zip(c.decode(slots), w):
+            assert ((mine - ref).abs() <= 0.15 * ref.abs().amax(-1, keepdim=True) + 1e-4).all()
 
 
 @pytest.mark.parametrize("arch,fmt", [(a, "gguf-q4_1") for a in ("llama", "qwen2", "gemma3")] + [
@@ -264,6 +296,8 @@ def test_turboquant_variants_without_a_native_step_say_why():
     assert why_not_native(model, model.new_caches(2, 16, "k=turboquant3,v=turboquant4")) is None
     assert "turboquant_prod" in why_not_native(model, model.new_caches(2, 16, "turboquant_prod3.5"))
     assert "KV cache" in why_not_native(model, model.new_caches(2, 16, "k=turboquant3.5,v=int8"))
+    assert "KV cache" in why_not_native(model, model.new_caches(2, 16, "k=turboquant3,v=q4_0"))
+    assert why_not_native(model, model.new_caches(2, 16, "k=q8_0,v=q4_0")) is None
     from bytediet.kvcache import get_kv_codec
 
     codec = get_kv_codec("turboquant3.5", torch.float32)
@@ -271,6 +305,26 @@ def test_turboquant_variants_without_a_native_step_say_why():
     codec.key_half.calibrate(k, 0, positions=torch.arange(64), rope=model.model.layers[0].self_attn.rope)
     codec.key_half.calibrate(k, 1, positions=torch.arange(64), rope=model.model.layers[1].self_attn.rope)
     assert why_not_native(model, model.new_caches(2, 16, codec)) is None  # a pre-RoPE key mean runs natively
+
+
+def test_an_auto_plan_steps_natively_where_every_layer_is_readable():
+    """An ``auto:`` plan's layers each have their own page types: llama.cpp blocks of any k/v mix, or turboquant on
+    both sides, run in the native step; a layer with turboquant on one side only keeps the model on the module
+    path (its attention still runs natively per layer where the pages allow: ``LayerKVCache.attend_natively``)."""
+    from bytediet.kvcache import get_kv_codec
+
+    model = tq_model("llama")
+    for plan, native in (([{"k": "q8_0", "v": "q4_0"}, {"k": "turboquant4", "v": "turboquant3"}], True),
+                         ([{"k": "q8_0", "v": "q4_0"}, {"k": "turboquant4", "v": "q4_1"}], False)):
+        codec = get_kv_codec("auto:6")
+        codec.load_calibration_state({"budget": 6.0, "plan": plan})
+        caches = model.new_caches(2, 16, codec)
+        if native:
+            assert why_not_native(model, caches) is None
+            layers = native_decoder(model, caches).spec.layers
+            assert [(ls.kv_dtype, ls.v_dtype) for ls in layers] == [("q8_0", "q4_0"), ("turboquant", None)]
+        else:
+            assert "KV cache" in why_not_native(model, caches)
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import torch
+from gguf import GGMLQuantizationType as T
 
 
 @dataclass
@@ -29,7 +30,14 @@ class LinearSpec:
 
 
 ROW_PAGE_TYPES = ("fp32", "bf16", "fp16", "int8", "fp8")  # pages stored as (slots, H, D) rows (ids 0..4)
-KV_PAGE_TYPES = ROW_PAGE_TYPES + ("turboquant",)  # the page types the native step reads and writes (id 5: codes)
+# llama.cpp's KV cache types (kvcache/ggml_block.py): pages (slots, H, D/32 · block bytes) uint8, each row the
+# GGML blocks of its D values (ids 6..9) → their GGML type
+BLOCK_PAGE_TYPES = {"q8_0": T.Q8_0, "q5_0": T.Q5_0, "q4_1": T.Q4_1, "q4_0": T.Q4_0}
+# the page types the native step reads and writes; a type's id in the kernels is its index here (5: codes)
+KV_PAGE_TYPES = ROW_PAGE_TYPES + ("turboquant",) + tuple(BLOCK_PAGE_TYPES)
+# the page types the native attention (ops.attention_over_pages) reads in place, keys of one and values of another
+ATTENTION_PAGE_TYPES = ROW_PAGE_TYPES + tuple(BLOCK_PAGE_TYPES)
+FLOAT_PAGE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}  # their element types
 
 
 @dataclass
@@ -78,7 +86,9 @@ class LayerSpec:
     Caches: (slots, Hkv, D) pages of ``kv_dtype``: float32, bfloat16 or float16 values, or (int8) uint8 codes
     q + 128 with ``k_scale``/``v_scale`` (slots, Hkv, 1) float16 (x = q · scale: kvcache's ``int8`` codec), or
     (fp8) uint8 E4M3 codes with the same scales (x = e4m3(code) · scale: the uncalibrated ``fp8`` codec), or
-    (turboquant) the codes, norms and constants of ``k_tq``/``v_tq``.
+    (q8_0, q5_0, q4_1, q4_0) uint8 (slots, Hkv, D/32 · block bytes) GGML blocks (llama.cpp's KV types), or
+    (turboquant) the codes, norms and constants of ``k_tq``/``v_tq``. ``kv_dtype`` is the keys' type, and the
+    values' unless ``v_dtype`` names another (any of :data:`ATTENTION_PAGE_TYPES`: k=q8_0,v=q4_0).
     """
 
     attn_norm: torch.Tensor
@@ -98,7 +108,8 @@ class LayerSpec:
     post_ffn_norm: Optional[torch.Tensor] = None
     q_norm: Optional[torch.Tensor] = None  # per-head q/k RMSNorm (gemma3)
     k_norm: Optional[torch.Tensor] = None
-    kv_dtype: str = "fp32"  # one of KV_PAGE_TYPES
+    kv_dtype: str = "fp32"  # one of KV_PAGE_TYPES: the keys' pages, and the values' unless v_dtype
+    v_dtype: Optional[str] = None  # the values' pages when their type differs (both ATTENTION_PAGE_TYPES)
     k_scale: Optional[torch.Tensor] = None  # int8 and fp8 pages only
     v_scale: Optional[torch.Tensor] = None
     k_tq: Optional[TurboQuantPageSpec] = None  # turboquant pages only (k_cache, v_cache are then None)

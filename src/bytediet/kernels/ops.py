@@ -15,7 +15,8 @@ import torch
 
 from . import native_layouts, reference, tuning
 from .cpu.dispatch import NativeLibrary, native
-from .decoder_spec import KV_PAGE_TYPES, ROW_PAGE_TYPES, DecoderSpec, LinearSpec, TurboQuantPageSpec
+from .decoder_spec import (ATTENTION_PAGE_TYPES, BLOCK_PAGE_TYPES, FLOAT_PAGE_DTYPES, KV_PAGE_TYPES,
+                           DecoderSpec, LinearSpec, TurboQuantPageSpec)
 from .ggml_codecs import block_size_of
 
 # GGML Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q4_K Q5_K Q6_K, and bytediet's int8/int4 layouts (native_layouts.TYPES)
@@ -292,7 +293,7 @@ class _Layer(ctypes.Structure):  # mirrors bd::LayerDesc
         "attn_norm", "post_attn_norm", "pre_ffn_norm", "post_ffn_norm", "q_norm", "k_norm", "inv_freq",
         "k_cache", "v_cache")] + [(name, _Linear) for name in ("q", "k", "v", "o", "gate", "up", "down")] + [
         ("window", ctypes.c_int64), ("k_scale", ctypes.c_void_p), ("v_scale", ctypes.c_void_p),
-        ("kv_dtype", ctypes.c_int32), ("pad", ctypes.c_int32), ("k_tq", ctypes.c_void_p), ("v_tq", ctypes.c_void_p)]
+        ("k_dtype", ctypes.c_int32), ("v_dtype", ctypes.c_int32), ("k_tq", ctypes.c_void_p), ("v_tq", ctypes.c_void_p)]
 
 
 class _TQPart(ctypes.Structure):  # mirrors bd::TQPartDesc in csrc/turboquant_pages.h
@@ -346,7 +347,8 @@ def _model_desc(spec: DecoderSpec) -> _Model:
             setattr(layer, name, _linear_desc(getattr(ls, name)))
         layer.window = ls.window
         layer.k_scale, layer.v_scale = _ptr(ls.k_scale), _ptr(ls.v_scale)
-        layer.kv_dtype = KV_PAGE_TYPES.index(ls.kv_dtype)
+        layer.k_dtype = KV_PAGE_TYPES.index(ls.kv_dtype)
+        layer.v_dtype = KV_PAGE_TYPES.index(ls.v_dtype or ls.kv_dtype)
         if ls.kv_dtype == "turboquant":
             keep += [_tq_desc(ls.k_tq), _tq_desc(ls.v_tq)]
             layer.k_tq, layer.v_tq = ctypes.addressof(keep[-2]), ctypes.addressof(keep[-1])
@@ -361,39 +363,71 @@ def attention_over_pages(q: torch.Tensor, positions: torch.Tensor, token_rows: t
                          block_tables: torch.Tensor, block_size: int, scale: float, window: Optional[int],
                          kv_dtype: str, k_cache: torch.Tensor, v_cache: torch.Tensor,
                          k_scale: Optional[torch.Tensor] = None, v_scale: Optional[torch.Tensor] = None,
-                         variant: Optional[str] = None) -> torch.Tensor:
+                         v_dtype: Optional[str] = None, variant: Optional[str] = None) -> torch.Tensor:
     """See :func:`bytediet.kernels.reference.attention_over_pages` (native: flash-decoding over the pages in
     place, every token of a ragged batch in one call)."""
     lib = _library(variant)
     t, hq, d = q.shape
-    if lib is None or d % 8 or q.dtype != torch.float32 or kv_dtype not in ROW_PAGE_TYPES:
+    v_dtype = v_dtype or kv_dtype
+    if (lib is None or d % 8 or q.dtype != torch.float32 or kv_dtype not in ATTENTION_PAGE_TYPES
+            or v_dtype not in ATTENTION_PAGE_TYPES):
         return reference.attention_over_pages(q, positions, token_rows, block_tables, block_size, scale, window,
-                                              kv_dtype, k_cache, v_cache, k_scale, v_scale)
+                                              kv_dtype, k_cache, v_cache, k_scale, v_scale, v_dtype)
     q = q.contiguous()
     positions, token_rows, block_tables = (x.to(torch.int64).contiguous() for x in (positions, token_rows, block_tables))
     out = torch.empty_like(q)
-    rc = lib.bd_paged_attention(KV_PAGE_TYPES.index(kv_dtype), q.data_ptr(), out.data_ptr(), t, hq, k_cache.shape[1], d,
-                                scale, window or 0, positions.data_ptr(), token_rows.data_ptr(), block_tables.data_ptr(),
-                                block_tables.shape[1], block_size, k_cache.data_ptr(), v_cache.data_ptr(),
-                                _ptr(k_scale), _ptr(v_scale))
+    rc = lib.bd_paged_attention(KV_PAGE_TYPES.index(kv_dtype), KV_PAGE_TYPES.index(v_dtype), q.data_ptr(),
+                                out.data_ptr(), t, hq, k_cache.shape[1], d, scale, window or 0, positions.data_ptr(),
+                                token_rows.data_ptr(), block_tables.data_ptr(), block_tables.shape[1], block_size,
+                                k_cache.data_ptr(), v_cache.data_ptr(), _ptr(k_scale), _ptr(v_scale))
     if rc != 0:
-        raise ValueError(f"native paged attention refused kv_dtype {kv_dtype!r}, {hq} heads over {k_cache.shape[1]} "
-                         f"KV heads of dim {d}")
+        raise ValueError(f"native paged attention refused {kv_dtype!r} keys, {v_dtype!r} values, {hq} heads over "
+                         f"{k_cache.shape[1]} KV heads of dim {d}")
     return out
+
+
+def _page_row(kv_dtype: str, d: int) -> tuple[torch.dtype, int]:
+    """(element dtype, elements) of a page row of ``d`` values of this page type (GGML block pages: uint8 bytes)."""
+    if kv_dtype in BLOCK_PAGE_TYPES:
+        return torch.uint8, d // 32 * reference.block_bytes(BLOCK_PAGE_TYPES[kv_dtype])
+    return FLOAT_PAGE_DTYPES.get(kv_dtype, torch.uint8), d
+
+
+def _row_values(kv_dtype: str, width: int) -> int:
+    """D, the values of a page row of ``width`` elements of this page type (the inverse of _page_row)."""
+    if kv_dtype in BLOCK_PAGE_TYPES:
+        return width // reference.block_bytes(BLOCK_PAGE_TYPES[kv_dtype]) * 32
+    return width
 
 
 def read_kv_rows(kv_dtype: str, pages: torch.Tensor, scales: Optional[torch.Tensor] = None,
                  variant: Optional[str] = None) -> torch.Tensor:
     """See :func:`bytediet.kernels.reference.read_kv_rows` (the page decoding of the native attention)."""
     lib = _library(variant)
-    if lib is None or pages.shape[-1] % 8 or kv_dtype not in ROW_PAGE_TYPES:
+    d = _row_values(kv_dtype, pages.shape[-1])
+    if lib is None or d % 8 or kv_dtype not in ATTENTION_PAGE_TYPES:
         return reference.read_kv_rows(kv_dtype, pages, scales)
     pages = pages.contiguous()
     scales = None if scales is None else scales.contiguous()
-    out = torch.empty(pages.shape, dtype=torch.float32)
-    lib.bd_read_kv_rows(KV_PAGE_TYPES.index(kv_dtype), pages.data_ptr(), _ptr(scales), pages[..., 0].numel(),
-                        pages.shape[-1], out.data_ptr())
+    out = torch.empty(*pages.shape[:-1], d, dtype=torch.float32)
+    lib.bd_read_kv_rows(KV_PAGE_TYPES.index(kv_dtype), pages.data_ptr(), _ptr(scales), pages[..., 0].numel(), d,
+                        out.data_ptr())
     return out
+
+
+def write_kv_rows(kv_dtype: str, x: torch.Tensor, variant: Optional[str] = None):
+    """See :func:`bytediet.kernels.reference.write_kv_rows` (the page encoding of the native decode step)."""
+    lib = _library(variant)
+    d = x.shape[-1]
+    if lib is None or d % 8 or kv_dtype not in ATTENTION_PAGE_TYPES or (kv_dtype in BLOCK_PAGE_TYPES and d % 32):
+        return reference.write_kv_rows(kv_dtype, x)
+    x = x.to(torch.float32).contiguous()
+    dtype, width = _page_row(kv_dtype, d)
+    pages = torch.empty(*x.shape[:-1], width, dtype=dtype)
+    scales = torch.empty(*x.shape[:-1], 1, dtype=torch.float16) if kv_dtype in ("int8", "fp8") else None
+    lib.bd_write_kv_rows(KV_PAGE_TYPES.index(kv_dtype), x.data_ptr(), x[..., 0].numel(), d, pages.data_ptr(),
+                         _ptr(scales))
+    return pages, scales
 
 
 def decode_step(spec: DecoderSpec, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,

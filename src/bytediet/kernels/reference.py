@@ -6,9 +6,9 @@ from typing import Callable, Optional
 import torch
 import torch.nn.functional as F
 
-from .decoder_spec import DecoderSpec, LayerSpec, TurboQuantPageSpec
+from .decoder_spec import BLOCK_PAGE_TYPES, FLOAT_PAGE_DTYPES, DecoderSpec, LayerSpec, TurboQuantPageSpec
 from . import native_layouts, turboquant_pages
-from .ggml_codecs import DECODERS
+from .ggml_codecs import DECODERS, ENCODERS
 
 
 def sequence_slots(block_table: torch.Tensor, context_len: int, block_size: int) -> torch.Tensor:
@@ -108,18 +108,21 @@ def paged_attention(q: torch.Tensor, meta, scale: float, window: Optional[int],
 def attention_over_pages(q: torch.Tensor, positions: torch.Tensor, token_rows: torch.Tensor,
                          block_tables: torch.Tensor, block_size: int, scale: float, window: Optional[int],
                          kv_dtype: str, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                         k_scale: Optional[torch.Tensor] = None, v_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
+                         k_scale: Optional[torch.Tensor] = None, v_scale: Optional[torch.Tensor] = None,
+                         v_dtype: Optional[str] = None) -> torch.Tensor:
     """Twin of the native paged attention: q (T, Hq, D); token t at ``positions[t]`` attends causally (and within
-    ``window``) over the pages of block table row ``token_rows[t]``; pages (slots, Hkv, D) of ``kv_dtype``
+    ``window``) over the pages of block table row ``token_rows[t]``; key pages of ``kv_dtype``, value pages of
+    ``v_dtype`` (default: the same), each (slots, Hkv, D) rows or (slots, Hkv, D/32 · block bytes) GGML blocks
     (int8/fp8 with float16 scales (slots, Hkv[, 1])). One token at a time, plainly. → (T, Hq, D) float32."""
     out = torch.empty(q.shape, dtype=torch.float32)
+    dtypes = (kv_dtype, v_dtype or kv_dtype)
     for t in range(q.shape[0]):
         pos = int(positions[t])
         slots = sequence_slots(block_tables[int(token_rows[t])], pos + 1, block_size)
         if window:
             slots = slots[max(0, pos + 1 - window):]
-        k, v = (read_kv_rows(kv_dtype, pages[slots], None if s is None else s[slots].reshape(len(slots), -1, 1))
-                for pages, s in ((k_cache, k_scale), (v_cache, v_scale)))
+        k, v = (read_kv_rows(dtype, pages[slots], None if s is None else s[slots].reshape(len(slots), -1, 1))
+                for dtype, pages, s in zip(dtypes, (k_cache, v_cache), (k_scale, v_scale)))
         out[t] = decode_attention(q[t:t + 1].float(), k[None], v[None], torch.tensor([k.shape[0]]), scale)[0]
     return out
 
@@ -478,26 +481,49 @@ def turboquant_write(pages: TurboQuantPageSpec, x: torch.Tensor, slots: torch.Te
     turboquant_pages.write(pages, x, slots, positions)
 
 
+def write_kv_rows(kv_dtype: str, x: torch.Tensor) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Rows x (..., D) float32 → (pages, scales): KV page rows of ``kv_dtype`` (``decoder_spec.ATTENTION_PAGE_TYPES``)
+    as the KV codecs store them — float rows (..., D); int8/fp8 codes (..., D) uint8 and float16 scales (..., 1);
+    GGML blocks (..., D/32 · block bytes) uint8 (kvcache/ggml_block.py) — scales None but for int8/fp8."""
+    if kv_dtype in _ROW_QUANTIZERS:
+        return _ROW_QUANTIZERS[kv_dtype](x)
+    if kv_dtype in BLOCK_PAGE_TYPES:
+        blocks = ENCODERS[BLOCK_PAGE_TYPES[kv_dtype]](x.float().reshape(-1, 32).contiguous())
+        return blocks.reshape(*x.shape[:-1], -1), None
+    return x.to(FLOAT_PAGE_DTYPES[kv_dtype]), None
+
+
+def _write_rows(kv_dtype: str, pages: torch.Tensor, scales: Optional[torch.Tensor], slots: torch.Tensor,
+                x: torch.Tensor) -> None:
+    """x (T, Hkv, D) → rows ``slots`` of pages of ``kv_dtype`` (and their scales)."""
+    rows, scale = write_kv_rows(kv_dtype, x)
+    pages[slots] = rows
+    if scale is not None:
+        scales[slots] = scale.reshape(scales[slots].shape)
+
+
 def _write_pages(layer: LayerSpec, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  positions: torch.Tensor) -> None:
     if layer.kv_dtype == "turboquant":
         turboquant_pages.write(layer.k_tq, k, slots, positions)
         turboquant_pages.write(layer.v_tq, v, slots, positions)
-    elif layer.kv_dtype in _ROW_QUANTIZERS:
-        for pages, scales, x in ((layer.k_cache, layer.k_scale, k), (layer.v_cache, layer.v_scale, v)):
-            codes, scale = _ROW_QUANTIZERS[layer.kv_dtype](x)
-            pages[slots], scales[slots] = codes, scale.reshape(scales[slots].shape)
     else:
-        layer.k_cache[slots], layer.v_cache[slots] = k.to(layer.k_cache.dtype), v.to(layer.v_cache.dtype)
+        _write_rows(layer.kv_dtype, layer.k_cache, layer.k_scale, slots, k)
+        _write_rows(layer.v_dtype or layer.kv_dtype, layer.v_cache, layer.v_scale, slots, v)
 
 
 def read_kv_rows(kv_dtype: str, pages: torch.Tensor, scales: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """KV page rows (..., D) of ``kv_dtype`` (one of ``decoder_spec.KV_PAGE_TYPES``; int8/fp8 with their
-    float16 ``scales`` (..., 1)) → float32 (..., D): the values attention reads."""
+    """KV page rows (..., D) of ``kv_dtype`` (one of ``decoder_spec.ATTENTION_PAGE_TYPES``; int8/fp8 with their
+    float16 ``scales`` (..., 1); the GGML block types as (..., D/32 · block bytes) uint8) → float32 (..., D):
+    the values attention reads."""
     if kv_dtype == "int8":
         return (pages.float() - 128) * scales.float()
     if kv_dtype == "fp8":
         return pages.view(torch.float8_e4m3fn).float() * scales.float()
+    if kv_dtype in BLOCK_PAGE_TYPES:
+        ggml_type = BLOCK_PAGE_TYPES[kv_dtype]
+        values = DECODERS[ggml_type](pages.reshape(-1, block_bytes(ggml_type)))
+        return values.reshape(*pages.shape[:-1], -1)
     return pages.float()
 
 
@@ -507,9 +533,10 @@ def _read_pages(layer: LayerSpec, slots: torch.Tensor) -> tuple[torch.Tensor, to
         positions = torch.arange(slots.shape[-1]).expand(slots.shape)
         return (turboquant_pages.read(layer.k_tq, slots, positions),
                 turboquant_pages.read(layer.v_tq, slots, positions))
-    return tuple(read_kv_rows(layer.kv_dtype, pages[slots],
+    return tuple(read_kv_rows(dtype, pages[slots],
                               None if scales is None else scales[slots].reshape(*slots.shape, -1, 1))
-                 for pages, scales in ((layer.k_cache, layer.k_scale), (layer.v_cache, layer.v_scale)))
+                 for dtype, pages, scales in ((layer.kv_dtype, layer.k_cache, layer.k_scale),
+                                              (layer.v_dtype or layer.kv_dtype, layer.v_cache, layer.v_scale)))
 
 
 def _decode_layer(spec: DecoderSpec, layer: LayerSpec, x: torch.Tensor, positions, slots, block_tables,

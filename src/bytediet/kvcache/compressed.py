@@ -62,10 +62,11 @@ class CompressedCache(LayerKVCache):
                      for h in (self.keys, self.values))
 
     def native_pages(self) -> Optional[dict]:
+        """Both halves' pages when the native attention reads each in place, whatever their types (k=q8_0,v=q4_0)."""
         k, v = self.keys.native_pages(), self.values.native_pages()
-        if k is None or v is None or k[0] != v[0]:
+        if k is None or v is None:
             return None
-        return dict(kv_dtype=k[0], k_cache=k[1], v_cache=v[1], k_scale=k[2], v_scale=v[2])
+        return dict(kv_dtype=k[0], v_dtype=v[0], k_cache=k[1], v_cache=v[1], k_scale=k[2], v_scale=v[2])
 
     def attend(self, q: torch.Tensor, meta: AttentionMetadata, scale: float,
                window: Optional[int] = None) -> torch.Tensor:

@@ -16,6 +16,8 @@ q4_0     18            d · (q − 8),  d = signed absmax / −8          4.5
 
 Pages: (slots, H, D/32 · bytes) uint8, the GGML blocks themselves; nothing else is stored, so the all-in bits
 per coordinate are the table's. The head dimension must be a multiple of 32 (llama.cpp's own requirement).
+The native attention reads these pages in place, for keys and values alike and beside any other page type it
+reads (``k=q8_0,v=q4_0``, ``k=bf16,v=q4_1``): ``kernels/cpu/csrc/kv_pages.h``.
 """
 from __future__ import annotations
 
@@ -23,19 +25,21 @@ import torch
 from gguf import GGMLQuantizationType as T
 
 from ..errors import ConfigError
+from ..kernels.decoder_spec import BLOCK_PAGE_TYPES
 from ..kernels.ggml_codecs import DECODERS, ENCODERS
 from .compressed import CompressedCodec
 from .halves import HalfCodec, HalfPages
 
 QK = 32
-TYPES = {"q8_0": T.Q8_0, "q5_0": T.Q5_0, "q4_1": T.Q4_1, "q4_0": T.Q4_0}
+TYPES = BLOCK_PAGE_TYPES  # name → GGML type: q8_0, q5_0, q4_1, q4_0 (the native attention's page type names)
 TYPE_BYTES = {T.Q8_0: 34, T.Q5_0: 22, T.Q4_1: 20, T.Q4_0: 18}
 
 
 class GGMLBlockPages(HalfPages):
-    def __init__(self, num_slots, num_heads, head_dim, device, ggml_type: T) -> None:
+    def __init__(self, num_slots, num_heads, head_dim, device, name: str) -> None:
         super().__init__(num_slots, num_heads, head_dim, device)
-        self.ggml_type, self.type_bytes = ggml_type, TYPE_BYTES[ggml_type]
+        self.name, self.ggml_type = name, TYPES[name]
+        self.type_bytes = TYPE_BYTES[self.ggml_type]
         self.blocks = torch.zeros(num_slots, num_heads, head_dim // QK * self.type_bytes, dtype=torch.uint8,
                                   device=device)
 
@@ -48,6 +52,9 @@ class GGMLBlockPages(HalfPages):
         n = slots.shape[0]
         b = self.blocks[slots].reshape(-1, self.type_bytes)
         return DECODERS[self.ggml_type](b).reshape(n, self.num_heads, self.head_dim)
+
+    def native_pages(self):
+        return self.name, self.blocks, None
 
     def tensors(self):
         return [self.blocks]
@@ -66,7 +73,7 @@ class GGMLBlockHalf(HalfCodec):
         if head_dim % QK:
             raise ConfigError(f"{self.name}: layer {layer} has head_dim {head_dim}, not a multiple of {QK} "
                               "(llama.cpp's block); choose another KV codec for this model")
-        return GGMLBlockPages(num_blocks * block_size, num_heads, head_dim, device, self.ggml_type)
+        return GGMLBlockPages(num_blocks * block_size, num_heads, head_dim, device, self.name)
 
 
 def ggml_codec_class(name: str):

@@ -52,8 +52,9 @@ class HalfPages(ABC):
         return None
 
     def native_pages(self) -> Optional[tuple[str, torch.Tensor, Optional[torch.Tensor]]]:
-        """(page type, codes (slots, H, D), scales (slots, H, 1) float16 or None) when the native attention reads
-        these pages as they are stored (see ``LayerKVCache.native_pages``), else None."""
+        """(page type, codes (slots, H, D) — GGML block types: (slots, H, D/32 · block bytes) —, scales
+        (slots, H, 1) float16 or None) when the native attention reads these pages as they are stored (see
+        ``LayerKVCache.native_pages``), else None."""
         return None
 
     def prepare_query(self, qg: torch.Tensor) -> Any:
@@ -130,14 +131,20 @@ class FullPages(HalfPages):
     def decode(self, slots):
         return self.data[slots].float()
 
+    def native_pages(self):
+        return _FLOAT_NAMES[self.data.dtype], self.data, None
+
     def tensors(self):
         return [self.data]
+
+
+_FLOAT_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}  # also the page type names
 
 
 class FullHalf(HalfCodec):
     def __init__(self, dtype: torch.dtype) -> None:
         self.dtype = dtype
-        self.name = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
+        self.name = _FLOAT_NAMES[dtype]
 
     def bytes_per_token(self, num_heads, head_dim):
         return num_heads * head_dim * torch.finfo(self.dtype).bits / 8

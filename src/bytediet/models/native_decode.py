@@ -69,7 +69,8 @@ def _turboquant_spec(half) -> TurboQuantPageSpec:
 def _pages_or_objection(cache) -> tuple[Optional[dict], str]:
     """(the cache's pages as LayerSpec fields, "") or (None, why the native step cannot read them). It reads the
     pages ``LayerKVCache.native_pages`` describes (fp32, bf16, fp16, the ``int8`` codec's codes and fp16 scales,
-    the uncalibrated ``fp8`` codec's) and ``turboquant`` (MSE variant) codes on both sides."""
+    the uncalibrated ``fp8`` codec's, llama.cpp's q8_0/q5_0/q4_1/q4_0 blocks — keys and values each of any of
+    these, as in k=q8_0,v=q4_0) and ``turboquant`` (MSE variant) codes on both sides."""
     pages = cache.native_pages()
     if pages is not None:
         return pages, ""
@@ -84,8 +85,8 @@ def _pages_or_objection(cache) -> tuple[Optional[dict], str]:
         kinds = f"{type(k).__name__} keys, {type(v).__name__} values"
     else:
         kinds = f"{type(cache).__name__} ({getattr(getattr(cache, 'k', None), 'dtype', '?')})"
-    return None, (f"KV cache {kinds} has no native step (fp32, bf16, fp16, int8, uncalibrated fp8 and turboquant "
-                  "pages have)")
+    return None, (f"KV cache {kinds} has no native step (fp32, bf16, fp16, int8, uncalibrated fp8, q8_0, q5_0, "
+                  "q4_1 and q4_0 pages have, in any k/v mix, and turboquant pages on both sides)")
 
 
 def _pages(cache) -> Optional[dict]:

@@ -18,6 +18,7 @@
 #include "attention.h"
 #include "gemm_blocks.h"
 #include "isa.h"
+#include "kv_pages.h"
 #include "threadpool.h"
 
 namespace bd {
@@ -73,76 +74,6 @@ inline void prefetch_row(const E* p, long words) {  // the cache lines of ``word
     for (long i = 0; i < words * 4; i += 64) _mm_prefetch(c + i, _MM_HINT_T0);
 }
 
-// KV page element types: each gives a row's 8 values at j as floats (times the row's scale, applied once per
-// row by the caller), and the write of a new row. The torch codecs that own these pages (kvcache/full.py,
-// kvcache/tokenwise.py) round the same way, so the module path and this step leave identical pages.
-struct PagesF32 {
-    using T = float;
-    static constexpr bool SCALED = false;
-    static __m256 load8(const T* r, long j) { return _mm256_loadu_ps(r + j); }
-    static void write(const float* x, long d, T* r, uint16_t*) { std::memcpy(r, x, sizeof(float) * d); }
-};
-
-struct PagesBF16 {
-    using T = uint16_t;
-    static constexpr bool SCALED = false;
-    static __m256 load8(const T* r, long j) {
-        __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r + j)));
-        return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
-    }
-    static void write(const float* x, long d, T* r, uint16_t*) {
-        for (long i = 0; i < d; ++i) {  // round to nearest even, as torch's float → bfloat16
-            uint32_t b;
-            std::memcpy(&b, x + i, 4);
-            r[i] = std::isnan(x[i]) ? static_cast<uint16_t>(0x7FC0) : static_cast<uint16_t>((b + 0x7FFF + ((b >> 16) & 1)) >> 16);
-        }
-    }
-};
-
-struct PagesF16 {
-    using T = uint16_t;
-    static constexpr bool SCALED = false;
-    static __m256 load8(const T* r, long j) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r + j))); }
-    static void write(const float* x, long d, T* r, uint16_t*) {
-        long i = 0;
-        for (; i + 8 <= d; i += 8)
-            _mm_storeu_si128(reinterpret_cast<__m128i*>(r + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
-        for (; i < d; ++i) r[i] = _cvtss_sh(x[i], _MM_FROUND_TO_NEAREST_INT);
-    }
-};
-
-// The per-token, per-head scale of the int8 and fp8 KV codecs: fp16(max(amax / qmax, 1e-6)), stored at *scale;
-// returns it as float (what the codes are divided by).
-inline float store_row_scale(const float* x, long d, float qmax, uint16_t* scale) {
-    float amax = 0.0f;
-    for (long i = 0; i < d; ++i) amax = std::fabs(x[i]) > amax ? std::fabs(x[i]) : amax;
-    float s = amax / qmax;
-    s = s > 1e-6f ? s : 1e-6f;
-    *scale = _cvtss_sh(s, _MM_FROUND_TO_NEAREST_INT);
-    return _cvtsh_ss(*scale);
-}
-
-struct PagesInt8 {  // kvcache int8: per token and head, scale = fp16(max(amax / 127, 1e-6)), code = q + 128
-    using T = uint8_t;
-    static constexpr bool SCALED = true;
-    static __m256 load8(const T* r, long j) {
-        __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(r + j)));
-        return _mm256_cvtepi32_ps(_mm256_sub_epi32(c, _mm256_set1_epi32(128)));
-    }
-    static void write(const float* x, long d, T* r, uint16_t* scale) {
-        const float sf = store_row_scale(x, d, 127.0f, scale);
-        for (long i = 0; i < d; ++i) {
-            float q = std::nearbyint(x[i] / sf);  // round half to even (the default rounding mode), as torch.round
-            q = q < -127.0f ? -127.0f : (q > 127.0f ? 127.0f : q);
-            r[i] = static_cast<uint8_t>(static_cast<int>(q) + 128);
-        }
-    }
-};
-
-inline float row_scale(const void* scales, long idx) {
-    return scales ? _cvtsh_ss(static_cast<const uint16_t*>(scales)[idx]) : 1.0f;
-}
-
 // Linear layers sharing one input: quantized once (q8) or summed per block once (f32).
 class Input {
   public:
@@ -196,60 +127,6 @@ class Input {
     int act_;
     Scratch& s_;
 };
-
-// Rows of keys or values as float32 for the block kernels below: fp32 pages are read in place, other page
-// types are widened once per row into an L1 tile (not once per query head, as a per-head dot would).
-// kvcache fp8 (uncalibrated): per token and head, scale = fp16(max(amax / 448, 1e-6)), code = E4M3(x / scale)
-// (sign, 4 exponent bits with bias 7, 3 mantissa bits; no infinity; torch.float8_e4m3fn's rounding: to nearest
-// even, after the codec's clamp to ±448).
-struct PagesFP8 {
-    using T = uint8_t;
-    static constexpr bool SCALED = true;
-    static __m256 load8(const T* r, long j) {
-        const __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(r + j)));
-        const __m256i mag = _mm256_and_si256(c, _mm256_set1_epi32(0x7F));
-        // normals: exponent and mantissa shifted into float32's fields, the bias moved from 7 to 127
-        const __m256 normal = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_slli_epi32(mag, 20), _mm256_set1_epi32(120 << 23)));
-        // subnormals (exponent field 0): mantissa · 2⁻⁹, computed in integers (the pool runs with DAZ)
-        const __m256 sub = _mm256_mul_ps(_mm256_cvtepi32_ps(mag), _mm256_set1_ps(1.0f / 512.0f));
-        const __m256 is_sub = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(8), mag));
-        const __m256 v = _mm256_blendv_ps(normal, sub, is_sub);
-        const __m256 sign = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_and_si256(c, _mm256_set1_epi32(0x80)), 24));
-        return _mm256_or_ps(v, sign);
-    }
-    static uint8_t encode(float v) {  // |v| ≤ 448
-        const uint8_t sign = std::signbit(v) ? 0x80 : 0;
-        const float a = std::fabs(v);
-        if (a < 1.0f / 64.0f)  // below the smallest normal: steps of 2⁻⁹, round half to even
-            return sign | static_cast<uint8_t>(std::nearbyint(a * 512.0f));
-        uint32_t b;
-        std::memcpy(&b, &a, 4);
-        int e = static_cast<int>(b >> 23) - 127;
-        uint32_t m = (b & 0x7FFFFF) >> 20;
-        const uint32_t rest = b & 0xFFFFF;
-        if (rest > 0x80000 || (rest == 0x80000 && (m & 1))) ++m;
-        if (m == 8) { m = 0; ++e; }
-        return sign | static_cast<uint8_t>(((e + 7) << 3) | m);
-    }
-    static void write(const float* x, long d, T* r, uint16_t* scale) {
-        const float sf = store_row_scale(x, d, 448.0f, scale);
-        for (long i = 0; i < d; ++i) {
-            float q = x[i] / sf;
-            q = q < -448.0f ? -448.0f : (q > 448.0f ? 448.0f : q);
-            r[i] = encode(q);
-        }
-    }
-};
-
-template <class P>
-inline const float* widen_row(const typename P::T* r, long d, float* tile) {
-    if constexpr (std::is_same_v<typename P::T, float>) {
-        return r;
-    } else {
-        for (long j = 0; j < d; j += 8) _mm256_storeu_ps(tile + j, P::load8(r, j));
-        return tile;
-    }
-}
 
 // The eight sums of a0…a7 as one vector: [Σa0, …, Σa7].
 inline __m256 hsum8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4, __m256 a5, __m256 a6, __m256 a7) {
@@ -319,18 +196,120 @@ inline void weighted_sum(const float* w, const float* const* v, long n, long d, 
 // Walking positions (not heads) outermost reads each page front to back — a head-major walk touched every
 // third row group of a page and ran at a quarter of the read bandwidth. Keys go 8 at a time (dot8: one
 // reduction per 8 scores) and values 16 at a time (weighted_sum: the head's output in registers).
-// Page rows are read in place in their stored type (P) and widened once per row; int8/fp8 rows' scales
-// multiply the row's score and its softmax weight. Items come from a shared counter (a prefill's late,
-// long tiles do not all land on one thread). head_dim is a multiple of 8 (checked by the caller).
+// Page rows are read in place in their stored type and widened once per row (kv_pages.h); int8/fp8 rows' scales
+// multiply the row's score and its softmax weight. Keys and values may be stored in different page types
+// (k=q8_0,v=q4_0): an item's key pass and value pass are each instantiated per page type and chosen once per
+// call (9 + 9 instances, not 81 pairs). Items come from a shared counter (a prefill's late, long tiles do not
+// all land on one thread). head_dim is a multiple of 8 (of 32 for block pages; checked by the callers).
+constexpr long kRowBlock = 16;  // positions per block (rows gathered, and for narrow pages widened)
+constexpr long kQueryTile = 8;  // tokens of one prefill chunk sharing the row reads
+
+struct AttendCall {  // what every item of one call shares
+    const ModelDesc& m;
+    const LayerDesc& L;
+    const float* q;  // (T, hq, d)
+    long chunks, block_size;
+    float* acc;      // (T, hq, chunks, d): each chunk's unnormalised Σ p·v
+};
+
+struct Item {  // query tile [t0, t0 + qn) over positions [lo, hi) (n of them) of chunk c of its sequence
+    long t0, qn, c, lo, hi, n, ns;  // ns: n padded to 8, a (token, head) row of scores
+    const int64_t* table;           // the sequence's block table row
+};
+
+struct Worker {  // a thread's buffers: the item's scores (qn, hq, ns), then the block of rows at hand
+    std::vector<float> scores, tile, weights;
+    const float* rows[kRowBlock];
+    long slots[kRowBlock];
+    float row_scales[kRowBlock];
+};
+
+// The item's positions a block at a time: fn(first position, count) with w.slots[0 .. count) filled.
+template <class P, class Fn>
+void for_each_row_block(const AttendCall& a, const Item& it, const typename P::T* pages, Worker& w, Fn fn) {
+    const long stride = a.m.num_kv_heads * P::row_size(a.m.head_dim);  // every head's row of one slot
+    long filled = 0, first = it.lo;
+    for_each_slot(it.table, a.block_size, it.lo, it.hi, [&](long p, long slot) {
+        // every head's row of a later position of this page
+        prefetch_row(pages + (slot + kPrefetchRows) * stride, stride * static_cast<long>(sizeof(typename P::T)) / 4);
+        if (filled == 0) first = p;
+        w.slots[filled] = slot;
+        if (++filled == kRowBlock) { fn(first, filled); filled = 0; }
+    });
+    if (filled) fn(first, filled);
+}
+
+// The rows of KV head kvh at the block's slots as floats (w.rows); their scales (int8/fp8, else 1) in w.row_scales.
 template <class P>
+void gather(const AttendCall& a, const typename P::T* pages, const void* scale_pages, long kvh, long count, Worker& w) {
+    const long hkv = a.m.num_kv_heads, d = a.m.head_dim, rs = P::row_size(d);
+    for (long j = 0; j < count; ++j) {
+        const long idx = w.slots[j] * hkv + kvh;
+        w.rows[j] = widen_row<P>(pages + idx * rs, d, w.tile.data() + j * d);
+        w.row_scales[j] = P::SCALED ? row_scale(scale_pages, idx) : 1.0f;
+    }
+}
+
+// The item's scores scale · q·k (times the key rows' scales) → w.scores (qn, hq, ns).
+template <class P>
+void key_pass(const AttendCall& a, const Item& it, Worker& w) {
+    const long hq = a.m.num_heads, hkv = a.m.num_kv_heads, d = a.m.head_dim, group = hq / hkv;
+    const auto* pages = static_cast<const typename P::T*>(a.L.k_cache);
+    for_each_row_block<P>(a, it, pages, w, [&](long first, long count) {
+        for (long kvh = 0; kvh < hkv; ++kvh) {
+            gather<P>(a, pages, a.L.k_scale, kvh, count, w);
+            for (long j = count; j < kRowBlock; ++j) w.rows[j] = w.rows[0];  // pad: scores past n are unused
+            for (long j0 = 0; j0 < count; j0 += 8) {
+                const __m256 sc =
+                    _mm256_mul_ps(_mm256_set1_ps(a.m.attention_scale), _mm256_loadu_ps(w.row_scales + j0));
+                for (long tt = 0; tt < it.qn; ++tt)
+                    for (long g = 0; g < group; ++g) {
+                        const long h = kvh * group + g;
+                        _mm256_storeu_ps(w.scores.data() + (tt * hq + h) * it.ns + (first - it.lo) + j0,
+                                         _mm256_mul_ps(dot8(a.q + ((it.t0 + tt) * hq + h) * d, w.rows + j0, d), sc));
+                    }
+            }
+        }
+    });
+}
+
+// Each (token, head)'s chunk accumulator += Σ p · v over the item's positions (p: the softmax numerators in
+// w.scores, times the value rows' scales).
+template <class P>
+void value_pass(const AttendCall& a, const Item& it, Worker& w) {
+    const long hq = a.m.num_heads, hkv = a.m.num_kv_heads, d = a.m.head_dim, group = hq / hkv;
+    const auto* pages = static_cast<const typename P::T*>(a.L.v_cache);
+    for_each_row_block<P>(a, it, pages, w, [&](long first, long count) {
+        for (long kvh = 0; kvh < hkv; ++kvh) {
+            gather<P>(a, pages, a.L.v_scale, kvh, count, w);
+            for (long tt = 0; tt < it.qn; ++tt)
+                for (long g = 0; g < group; ++g) {
+                    const long h = kvh * group + g;
+                    const float* p = w.scores.data() + (tt * hq + h) * it.ns + (first - it.lo);
+                    if (P::SCALED) {
+                        for (long j = 0; j < count; ++j) w.weights[j] = p[j] * w.row_scales[j];
+                        p = w.weights.data();
+                    }
+                    weighted_sum(p, w.rows, count, d, a.acc + (((it.t0 + tt) * hq + h) * a.chunks + it.c) * d);
+                }
+        }
+    });
+}
+
+using Pass = void (*)(const AttendCall&, const Item&, Worker&);
+
+// The key pass of page type k_dtype and the value pass of v_dtype; false if either has no row pages here, or
+// head_dim d does not fit them (a multiple of 8; of 32 for block pages).
+bool passes(int k_dtype, int v_dtype, long d, Pass& keys, Pass& values) {
+    auto fits = [d](int t) { return d > 0 && d % 8 == 0 && (t < kFirstBlockPages || d % 32 == 0); };
+    return fits(k_dtype) && fits(v_dtype) && with_pages(k_dtype, [&](auto p) { keys = &key_pass<decltype(p)>; }) &&
+           with_pages(v_dtype, [&](auto p) { values = &value_pass<decltype(p)>; });
+}
+
 void attend(const ModelDesc& m, const LayerDesc& L, const float* q, float* out, long T, const int64_t* positions,
-            const int64_t* token_rows, const int64_t* block_tables, long bt_stride, long block_size, Scratch& s) {
-    using E = typename P::T;
-    constexpr long kRowBlock = 16;  // positions per block (rows gathered, and for narrow pages widened)
-    constexpr long kQueryTile = 8;  // tokens of one prefill chunk sharing the row reads
-    const E* k_pages = static_cast<const E*>(L.k_cache);
-    const E* v_pages = static_cast<const E*>(L.v_cache);
-    const long hq = m.num_heads, hkv = m.num_kv_heads, d = m.head_dim, group = hq / hkv;
+            const int64_t* token_rows, const int64_t* block_tables, long bt_stride, long block_size, Scratch& s,
+            Pass keys, Pass values) {
+    const long hq = m.num_heads, d = m.head_dim;
     const int nt = num_threads();
     std::vector<long>& tiles = s.tiles;
     tiles.clear();
@@ -351,101 +330,51 @@ void attend(const ModelDesc& m, const LayerDesc& L, const float* q, float* out, 
     std::vector<Partial>& parts = s.chunk_parts;
     acc.resize(T * hq * chunks * d);
     parts.resize(T * hq * chunks);
+    const AttendCall call{m, L, q, chunks, block_size, acc.data()};
     auto window_start = [&](long pos) { return L.window > 0 && pos - L.window + 1 > 0 ? pos - L.window + 1 : 0L; };
     std::atomic<long> next_item{0};
     parallel_run([&](int, int) {
-        std::vector<float> scores, tile(kRowBlock * d), weights(kRowBlock);
-        const float* rows[kRowBlock];
-        long slots[kRowBlock];
-        float row_scales[kRowBlock];
+        Worker w;
+        w.tile.resize(kRowBlock * d);
+        w.weights.resize(kRowBlock);
         for (long item = next_item++; item < ntiles * chunks; item = next_item++) {
-            const long ti = item / chunks, c = item % chunks;
-            const long t0 = tiles[ti], qn = tiles[ti + 1] - t0;
-            const long ws = window_start(positions[t0]), last = positions[t0 + qn - 1];
-            const long lo = c * chunk_len > ws ? c * chunk_len : ws;
-            const long hi = (c + 1) * chunk_len < last + 1 ? (c + 1) * chunk_len : last + 1;
-            const long n = hi > lo ? hi - lo : 0;
-            const int64_t* table = block_tables + (token_rows ? token_rows[t0] : t0) * bt_stride;
-            const long ns = (n + 7) / 8 * 8;  // a (token, head) row of scores, padded for the 8-wide stores
-            scores.resize(qn * hq * ns);
-            // Positions [lo, hi) a block at a time: fn(first position, count) with slots[0 .. count) filled.
-            auto for_each_block = [&](const E* pages, auto fn) {
-                long filled = 0, first = lo;
-                for_each_slot(table, block_size, lo, hi, [&](long p, long slot) {
-                    // every head's row of a later position of this page
-                    prefetch_row(pages + (slot + kPrefetchRows) * hkv * d, hkv * d * sizeof(E) / 4);
-                    if (filled == 0) first = p;
-                    slots[filled] = slot;
-                    if (++filled == kRowBlock) { fn(first, filled); filled = 0; }
-                });
-                if (filled) fn(first, filled);
-            };
-            // The rows of KV head kvh at the block's slots, as floats; their scales (int8/fp8) in row_scales.
-            auto gather = [&](const E* pages, const void* scale_pages, long kvh, long count) {
-                for (long j = 0; j < count; ++j) {
-                    const long idx = slots[j] * hkv + kvh;
-                    rows[j] = widen_row<P>(pages + idx * d, d, tile.data() + j * d);
-                    row_scales[j] = P::SCALED ? row_scale(scale_pages, idx) : 1.0f;
-                }
-            };
-            for_each_block(k_pages, [&](long first, long count) {  // scores: (qn, hq, ns)
-                for (long kvh = 0; kvh < hkv; ++kvh) {
-                    gather(k_pages, L.k_scale, kvh, count);
-                    for (long j = count; j < kRowBlock; ++j) rows[j] = rows[0];  // pad: scores past n are unused
-                    for (long j0 = 0; j0 < count; j0 += 8) {
-                        const __m256 sc = _mm256_mul_ps(_mm256_set1_ps(m.attention_scale),
-                                                        _mm256_loadu_ps(row_scales + j0));
-                        for (long tt = 0; tt < qn; ++tt)
-                            for (long g = 0; g < group; ++g) {
-                                const long h = kvh * group + g;
-                                _mm256_storeu_ps(scores.data() + (tt * hq + h) * ns + (first - lo) + j0,
-                                                 _mm256_mul_ps(dot8(q + ((t0 + tt) * hq + h) * d, rows + j0, d), sc));
-                            }
-                    }
-                }
-            });
-            for (long tt = 0; tt < qn; ++tt) {
+            Item it{};
+            const long ti = item / chunks;
+            it.c = item % chunks, it.t0 = tiles[ti], it.qn = tiles[ti + 1] - it.t0;
+            const long ws = window_start(positions[it.t0]), last = positions[it.t0 + it.qn - 1];
+            it.lo = it.c * chunk_len > ws ? it.c * chunk_len : ws;
+            it.hi = (it.c + 1) * chunk_len < last + 1 ? (it.c + 1) * chunk_len : last + 1;
+            it.n = it.hi > it.lo ? it.hi - it.lo : 0;
+            it.ns = (it.n + 7) / 8 * 8;
+            it.table = block_tables + (token_rows ? token_rows[it.t0] : it.t0) * bt_stride;
+            w.scores.resize(it.qn * hq * it.ns);
+            keys(call, it, w);
+            for (long tt = 0; tt < it.qn; ++tt) {
                 // this token's keys: [vlo, vhi) of the chunk (a tile's later tokens see more, earlier fewer)
-                const long pos = positions[t0 + tt], from = window_start(pos);
-                const long vlo = (from > lo ? from : lo) - lo, vhi = (pos + 1 < hi ? pos + 1 : hi) - lo;
+                const long pos = positions[it.t0 + tt], from = window_start(pos);
+                const long vlo = (from > it.lo ? from : it.lo) - it.lo;
+                const long vhi = (pos + 1 < it.hi ? pos + 1 : it.hi) - it.lo;
                 for (long h = 0; h < hq; ++h) {
-                    float* sg = scores.data() + (tt * hq + h) * ns;
-                    const long slot_index = ((t0 + tt) * hq + h) * chunks + c;
-                    parts[slot_index] = attention::softmax_span(sg, vlo, vhi, n);
+                    const long slot_index = ((it.t0 + tt) * hq + h) * chunks + it.c;
+                    float* sg = w.scores.data() + (tt * hq + h) * it.ns;
+                    parts[slot_index] = attention::softmax_span(sg, vlo, vhi, it.n);
                     float* o = acc.data() + slot_index * d;
                     for (long j = 0; j < d; ++j) o[j] = 0.0f;
                 }
             }
-            for_each_block(v_pages, [&](long first, long count) {
-                for (long kvh = 0; kvh < hkv; ++kvh) {
-                    gather(v_pages, L.v_scale, kvh, count);
-                    for (long tt = 0; tt < qn; ++tt)
-                        for (long g = 0; g < group; ++g) {
-                            const long h = kvh * group + g;
-                            const float* w = scores.data() + (tt * hq + h) * ns + (first - lo);
-                            if (P::SCALED) {
-                                for (long j = 0; j < count; ++j) weights[j] = w[j] * row_scales[j];
-                                w = weights.data();
-                            }
-                            weighted_sum(w, rows, count, d, acc.data() + (((t0 + tt) * hq + h) * chunks + c) * d);
-                        }
-                }
-            });
+            values(call, it, w);
         }
     });
     for (long th = 0; th < T * hq; ++th)  // merge the chunks of each (token, head)
         attention::merge_chunks(parts.data() + th * chunks, acc.data() + th * chunks * d, chunks, d, out + th * d);
 }
 
-template <class Fn>
-void with_pages(int kv_dtype, Fn fn) {
-    switch (kv_dtype) {
-        case 1: fn(PagesBF16{}); break;
-        case 2: fn(PagesF16{}); break;
-        case 3: fn(PagesInt8{}); break;
-        case 4: fn(PagesFP8{}); break;
-        default: fn(PagesF32{}); break;
-    }
+// Row idx (slot · hkv + head) of pages of type kv_dtype ← x (d floats), and its fp16 scale for int8/fp8.
+void write_row(int kv_dtype, const float* x, long d, void* pages, void* scales, long idx) {
+    with_pages(kv_dtype, [&](auto p) {
+        using P = decltype(p);
+        P::write(x, d, static_cast<typename P::T*>(pages) + idx * P::row_size(d), static_cast<uint16_t*>(scales) + idx);
+    });
 }
 
 // x += out for T rows of hidden size; gemma3 (sandwich) normalises out first with its post-norm weight.
@@ -476,28 +405,23 @@ void layer_step(const ModelDesc& m, const LayerDesc& L, float* x, long T, const 
             for (long h = 0; h < hkv; ++h) rmsnorm(kt + h * d, L.k_norm, d, m.eps, kt + h * d);
         }
         rope(qt, hq, kt, hkv, d, L.inv_freq, positions[t]);
-        if (L.kv_dtype == kTurboQuantPages) {
+        if (L.k_dtype == kTurboQuantPages) {
             turboquant_write(*L.k_tq, kt, slots[t], positions[t], hkv, d);
             turboquant_write(*L.v_tq, s.v.data() + t * hkv * d, slots[t], positions[t], hkv, d);
             continue;
         }
-        with_pages(L.kv_dtype, [&](auto pages) {
-            using P = decltype(pages);
-            using E = typename P::T;
-            for (long h = 0; h < hkv; ++h) {
-                const long idx = slots[t] * hkv + h;
-                P::write(kt + h * d, d, static_cast<E*>(L.k_cache) + idx * d, static_cast<uint16_t*>(L.k_scale) + idx);
-                P::write(s.v.data() + (t * hkv + h) * d, d, static_cast<E*>(L.v_cache) + idx * d,
-                         static_cast<uint16_t*>(L.v_scale) + idx);
-            }
-        });
+        for (long h = 0; h < hkv; ++h) {
+            const long idx = slots[t] * hkv + h;
+            write_row(L.k_dtype, kt + h * d, d, L.k_cache, L.k_scale, idx);
+            write_row(L.v_dtype, s.v.data() + (t * hkv + h) * d, d, L.v_cache, L.v_scale, idx);
+        }
     }
-    if (L.kv_dtype == kTurboQuantPages)
+    Pass keys = nullptr, values = nullptr;
+    if (L.k_dtype == kTurboQuantPages)
         turboquant_attend(m, L, s.q.data(), s.att.data(), T, positions, block_tables, bt_stride, block_size);
-    else with_pages(L.kv_dtype, [&](auto pages) {
-        attend<decltype(pages)>(m, L, s.q.data(), s.att.data(), T, positions, nullptr, block_tables, bt_stride,
-                                block_size, s);
-    });
+    else if (passes(L.k_dtype, L.v_dtype, d, keys, values))
+        attend(m, L, s.q.data(), s.att.data(), T, positions, nullptr, block_tables, bt_stride, block_size, s, keys,
+               values);
     {
         Input in(s.att.data(), T, hq * d, m.activations, s);
         in.apply(L.o, s.o.data());
@@ -527,38 +451,48 @@ extern "C" {
 
 // Paged attention of T tokens over their sequences' pages (the module path's attention: prefill chunks, and
 // decodes of models the one-call step does not cover): q, out (T, hq, d) float32; token t at positions[t]
-// reads block table row token_rows[t] of block_tables (bt_stride entries per row); pages (slots, hkv, d) of
-// kv_dtype (int8/fp8: fp16 scales (slots, hkv)); window 0 = full causal. Returns 0, -1 for a bad kv_dtype
-// or head_dim.
-int bd_paged_attention(int kv_dtype, const float* q, float* out, long T, long hq, long hkv, long d, float scale,
-                       long window, const int64_t* positions, const int64_t* token_rows, const int64_t* block_tables,
-                       long bt_stride, long block_size, void* k_pages, void* v_pages, void* k_scale, void* v_scale) {
-    if (kv_dtype < 0 || kv_dtype > 4 || d % 8 || hq % hkv) return -1;
+// reads block table row token_rows[t] of block_tables (bt_stride entries per row); key pages (slots, hkv,
+// row_size(d)) of page type k_dtype, value pages of v_dtype (int8/fp8: fp16 scales (slots, hkv)); window 0 =
+// full causal. Returns 0, -1 for a page type without row pages or a head_dim they do not fit.
+int bd_paged_attention(int k_dtype, int v_dtype, const float* q, float* out, long T, long hq, long hkv, long d,
+                       float scale, long window, const int64_t* positions, const int64_t* token_rows,
+                       const int64_t* block_tables, long bt_stride, long block_size, void* k_pages, void* v_pages,
+                       void* k_scale, void* v_scale) {
+    bd::Pass keys = nullptr, values = nullptr;
+    if (hkv <= 0 || hq % hkv || !bd::passes(k_dtype, v_dtype, d, keys, values)) return -1;
     static thread_local bd::Scratch scratch;
     bd::ModelDesc m{};
     m.num_heads = hq, m.num_kv_heads = hkv, m.head_dim = d, m.attention_scale = scale;
     bd::LayerDesc L{};
     L.k_cache = k_pages, L.v_cache = v_pages, L.k_scale = k_scale, L.v_scale = v_scale, L.window = window;
-    bd::with_pages(kv_dtype, [&](auto pages) {
-        bd::attend<decltype(pages)>(m, L, q, out, T, positions, token_rows, block_tables, bt_stride, block_size,
-                                    scratch);
-    });
+    bd::attend(m, L, q, out, T, positions, token_rows, block_tables, bt_stride, block_size, scratch, keys, values);
     return 0;
 }
 
-// rows (rows, d) KV page rows of kv_dtype (and their fp16 scales for int8/fp8) → out (rows, d) float32, as the
-// attention reads them. d a multiple of 8. Returns 0, -1 for an unknown kv_dtype.
+// rows KV page rows of kv_dtype ((rows, row_size(d)), and their fp16 scales for int8/fp8) → out (rows, d) float32,
+// as the attention reads them. d a multiple of 8 (of 32 for block pages). Returns 0, -1 for a page type without
+// row pages or a d they do not fit.
 int bd_read_kv_rows(int kv_dtype, const void* pages, const void* scales, long rows, long d, float* out) {
-    if (kv_dtype < 0 || kv_dtype > 4) return -1;
+    bd::Pass keys = nullptr, values = nullptr;
+    if (!bd::passes(kv_dtype, kv_dtype, d, keys, values)) return -1;
     bd::with_pages(kv_dtype, [&](auto p) {
         using P = decltype(p);
         const typename P::T* r = static_cast<const typename P::T*>(pages);
         for (long i = 0; i < rows; ++i) {
-            const float s = P::SCALED ? bd::row_scale(scales, i) : 1.0f;
-            for (long j = 0; j < d; j += 8)
-                _mm256_storeu_ps(out + i * d + j, _mm256_mul_ps(P::load8(r + i * d, j), _mm256_set1_ps(s)));
+            const float* x = bd::widen_row<P>(r + i * P::row_size(d), d, out + i * d);
+            const __m256 s = _mm256_set1_ps(P::SCALED ? bd::row_scale(scales, i) : 1.0f);
+            for (long j = 0; j < d; j += 8) _mm256_storeu_ps(out + i * d + j, _mm256_mul_ps(_mm256_loadu_ps(x + j), s));
         }
     });
+    return 0;
+}
+
+// x (rows, d) float32 → rows KV page rows of kv_dtype (rows, row_size(d)), and for int8/fp8 their fp16 scales
+// (rows): the decode step's write of a new token's keys or values. Returns 0, -1 as bd_read_kv_rows.
+int bd_write_kv_rows(int kv_dtype, const float* x, long rows, long d, void* pages, void* scales) {
+    bd::Pass keys = nullptr, values = nullptr;
+    if (!bd::passes(kv_dtype, kv_dtype, d, keys, values)) return -1;
+    for (long i = 0; i < rows; ++i) bd::write_row(kv_dtype, x + i * d, d, pages, scales, i);
     return 0;
 }
 

@@ -25,16 +25,17 @@ struct LayerDesc {
     const float* q_norm;        // (head_dim,) or null
     const float* k_norm;        // (head_dim,) or null
     const float* inv_freq;      // (head_dim / 2,) RoPE frequencies of this layer
-    void* k_cache;              // (slots, num_kv_heads, head_dim) pages of kv_dtype
-    void* v_cache;
+    void* k_cache;              // (slots, num_kv_heads, row_size(head_dim)) pages of k_dtype (kv_pages.h)
+    void* v_cache;              // the same of v_dtype
     LinearDesc q, k, v, o, gate, up, down;
     int64_t window;             // sliding window in tokens, 0 = full causal attention
     void* k_scale;              // int8 and fp8 pages: (slots, num_kv_heads) fp16 scales; null otherwise
     void* v_scale;
-    int32_t kv_dtype;           // 0 fp32, 1 bf16, 2 fp16, 3 int8 (code = round(x / scale) + 128, scale = amax/127),
+    int32_t k_dtype;            // 0 fp32, 1 bf16, 2 fp16, 3 int8 (code = round(x / scale) + 128, scale = amax/127),
                                 // 4 fp8 (code = E4M3(x / scale), scale = amax/448),
-                                // 5 TurboQuant (k_tq, v_tq; k_cache, v_cache unused)
-    int32_t pad;
+                                // 5 TurboQuant (k_tq, v_tq; k_cache, v_cache unused; v_dtype 5 too),
+                                // 6 q8_0, 7 q5_0, 8 q4_1, 9 q4_0 (llama.cpp's GGML blocks of 32 values per row)
+    int32_t v_dtype;            // the value pages' type: any of k_dtype's but 5, or 5 with k_dtype 5
     const TQPagesDesc* k_tq;    // TurboQuant pages (turboquant_pages.h), null otherwise
     const TQPagesDesc* v_tq;
 };

@@ -16,7 +16,7 @@
 
 namespace bd {
 
-constexpr int32_t kTurboQuantPages = 5;  // LayerDesc::kv_dtype of TurboQuant pages (k_tq, v_tq)
+constexpr int32_t kTurboQuantPages = 5;  // LayerDesc::k_dtype (and v_dtype) of TurboQuant pages (k_tq, v_tq)
 
 struct TQPartDesc {
     const float* rotation;  // (dim, dim) R, row-major: the stored unit vector is u = R · x / ‖x‖

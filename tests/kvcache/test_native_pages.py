@@ -1,0 +1,91 @@
+"""Which caches the native attention reads in place (``LayerKVCache.native_pages``), and that reading them there
+(``attend_natively``) equals the codec's own read of the same pages: llama.cpp's block types, split K/V specs
+whose halves differ (k=q8_0,v=q4_0), and the layers of an ``auto:`` budget plan."""
+from __future__ import annotations
+
+import random
+from unittest import mock
+
+import pytest
+import torch
+
+from bytediet.kernels.cpu import build
+from bytediet.kvcache import get_kv_codec
+from bytediet.kvcache.base import LayerKVCache
+from tests.kvcache.test_codec_matrix import random_batch_plan, step_metadata
+
+NATIVE = pytest.mark.skipif(build.find_compiler() is None or not build.runnable_variants(),
+                            reason="no native kernels on this machine")
+
+PAGES = {  # spec: (key page type, value page type), or None where the codec's own read runs
+    "q8_0": ("q8_0", "q8_0"), "q5_0": ("q5_0", "q5_0"), "q4_1": ("q4_1", "q4_1"), "q4_0": ("q4_0", "q4_0"),
+    "k=q8_0,v=q4_0": ("q8_0", "q4_0"), "k=int8,v=q5_0": ("int8", "q5_0"), "k=bf16,v=q4_1": ("bf16", "q4_1"),
+    "k=q4_0,v=fp16": ("q4_0", "fp16"), "k=fp8,v=q8_0": ("fp8", "q8_0"), "int8": ("int8", "int8"),
+    "k=turboquant3,v=q4_0": None, "k=q8_0,v=kivi2": None,
+}
+
+
+@pytest.mark.parametrize("spec", sorted(PAGES))
+def test_which_pages_the_native_attention_reads(spec):
+    cache = get_kv_codec(spec).create_cache(0, 4, 16, 2, 64, torch.float32, "cpu")
+    pages = cache.native_pages()
+    if PAGES[spec] is None:
+        assert pages is None
+        return
+    assert (pages["kv_dtype"], pages["v_dtype"]) == PAGES[spec]
+    for role in ("k", "v"):
+        assert pages[f"{role}_cache"].shape[:2] == (64, 2)
+        assert (pages[f"{role}_scale"] is not None) == (PAGES[spec][role == "v"] in ("int8", "fp8"))
+
+
+def test_an_auto_plan_reads_its_layers_natively_where_both_halves_allow():
+    codec = get_kv_codec("auto:7")
+    plan = [{"k": "q8_0", "v": "q4_0"}, {"k": "turboquant4", "v": "q4_1"}, {"k": "bf16", "v": "q5_0"},
+            {"k": "q4_0", "v": "q4_0"}]
+    codec.load_calibration_state({"budget": 7.0, "plan": plan})
+    caches = [codec.create_cache(i, 4, 16, 2, 64, torch.float32, "cpu") for i in range(len(plan))]
+    kinds = [None if p is None else (p["kv_dtype"], p["v_dtype"]) for p in (c.native_pages() for c in caches)]
+    assert kinds == [("q8_0", "q4_0"), None, ("bf16", "q5_0"), ("q4_0", "q4_0")]  # turboquant keys: codec's read
+
+
+def attend_both_ways(spec, *, hq, hkv, d, window, seed):
+    """Ragged steps (a prefill chunk, mixed prefill + decode steps, pure decodes) over one cache: each step's
+    attention natively and by the codec's own read (attend_natively off) on the same pages."""
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    cache = get_kv_codec(spec).create_cache(0, 48, 16, hkv, d, torch.float32, "cpu")
+    assert cache.native_pages() is not None
+    plan = random_batch_plan(rng, 48, 16, 3, 130)
+    done = [0] * len(plan)
+    pairs = []
+    for step in range(6):
+        if step == 0:  # prefill chunks
+            new = [min(n, rng.randint(1, 40)) for _, n in plan]
+        else:  # prefill chunks beside decodes, then decodes only
+            new = [min(n - dn, rng.randint(0, 9) if step < 3 else 1) for dn, (_, n) in zip(done, plan)]
+        if sum(new) == 0:
+            break
+        meta = step_metadata(plan, done, new, 16)
+        t = sum(new)
+        cache.write(torch.randn(t, hkv, d, generator=gen) * 2, torch.randn(t, hkv, d, generator=gen),
+                    meta.slot_mapping)
+        q = torch.randn(t, hq, d, generator=gen)
+        native = cache.attend(q, meta, d ** -0.5, window)
+        with mock.patch.object(LayerKVCache, "attend_natively", return_value=None):
+            own = cache.attend(q, meta, d ** -0.5, window)
+        pairs.append((native, own))
+        done = [dn + m for dn, m in zip(done, new)]
+    return pairs
+
+
+@NATIVE
+@pytest.mark.parametrize("spec", ["q8_0", "q5_0", "q4_1", "q4_0", "k=q8_0,v=q4_0", "k=int8,v=q4_1",
+                                  "k=bf16,v=q5_0"])
+@pytest.mark.parametrize("hq,hkv,d,window", [(9, 3, 64, None), (4, 1, 256, 20), (4, 4, 32, None), (6, 2, 96, 7)])
+def test_native_attention_equals_the_codecs_own_read(spec, hq, hkv, d, window):
+    with mock.patch("bytediet.kernels.reference.attention_over_pages",
+                    side_effect=AssertionError("the reference twin ran, not the native kernel")):
+        pairs = attend_both_ways(spec, hq=hq, hkv=hkv, d=d, window=window, seed=hq * d + hkv)
+    assert len(pairs) >= 3
+    for native, own in pairs:
+        assert (native - own).abs().max().item() <= 1e-5 * max(1.0, own.abs().max().item())
