@@ -63,6 +63,29 @@ def test_the_decode_step_obeys_the_table(monkeypatch):
     assert not spec.layers[0].q.interleaved and spec.layers[0].gate.interleaved
 
 
+def test_the_prefill_product_is_tuned_and_the_layer_obeys(monkeypatch):
+    from bytediet.models.layers import Linear
+    from bytediet.quant import get_weight_format
+
+    if not ops.has_gemm_panel(3):
+        pytest.skip("no AVX-512 VNNI panel kernel in this build")
+    lib = ops.native_library()
+    table = tuning.tune(lib, [(3, 8, 64)], batches=(1,), repeats=3, spin_candidates=(), prefill_rows=64)
+    assert table.kernel_for(3, 8, 64, 64) in ("panel", "fp32")
+    lin = Linear(256, 40)
+    lin.set_weight(torch.randn(40, 256), get_weight_format("gguf-q4_1"))
+    x = torch.randn(ops.DENSE_GEMM_MIN_ROWS, 256)
+    calls = []
+    real = ops.gemm_panel
+    monkeypatch.setattr(ops, "gemm_panel", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(ops, "tuned_kernel", lambda *a, **k: "fp32")  # the table says: fp32 wins here
+    exact = torch.nn.functional.linear(x, lin.dequantized_weight())
+    assert torch.allclose(lin(x), exact, rtol=1e-5, atol=1e-4) and not calls
+    monkeypatch.setattr(ops, "tuned_kernel", lambda *a, **k: None)  # untuned: the panel
+    lin(x)
+    assert calls
+
+
 def test_apply_sets_the_tuned_spin():
     calls = []
 

@@ -197,6 +197,9 @@ def dequantize_blocks(ggml_type: int, blocks: torch.Tensor, dtype: torch.dtype =
     return out.to(dtype)
 
 
+PREFILL_TUNE_ROWS = tuning.PREFILL_ROWS  # `bytediet tune` times panel vs fp32 at this many rows
+
+
 def has_gemm_panel(ggml_type: int, variant: Optional[str] = None) -> bool:
     """Whether the native library here has the register-blocked q16 GEMM for this type (AVX-512 VNNI builds,
     integer-code formats)."""

@@ -5,6 +5,9 @@ What is tuned:
 * per linear shape (block type, n, k) and batch (1 = decode, more = a batched step): which kernel multiplies
   it — the row-interleaved x4 layout (``gemm_x4``) or the row-tile kernel over the blocks as stored
   (``gemm_blocks``); only for the block types that have both;
+* per linear shape at a prefill chunk (:data:`PREFILL_ROWS` rows): the int8 panel GEMM on q16 activations
+  (``gemm_panel``) or the weight decoded once and PyTorch's fp32 GEMM (``"panel"`` / ``"fp32"``; where the
+  library has the panel kernel — models/layers.py reads the winner for ``BYTEDIET_PREFILL_GEMM=int8``);
 * for the library: how long the pool's workers spin after a parallel region before they sleep
   (``bd_set_spin_us``): short spins waste a core between regions, long ones pay a wake-up when they end.
 
@@ -32,6 +35,7 @@ from .cpu import build
 TUNE_FORMAT = 1
 DEFAULT_SPIN_US = 200
 SPIN_CANDIDATES = (0, 50, 200, 1000)
+PREFILL_ROWS = 256  # the batch a prefill chunk's products are tuned at
 
 
 def cache_dir() -> Path:
@@ -130,7 +134,7 @@ def _best_time(fn: Callable[[], object], repeats: int, timer: Callable[[], float
 
 
 def tune(lib, shapes: Sequence[tuple[int, int, int]], *, batches: Sequence[int] = (1, 16), activations: str = "q16",
-         repeats: int = 20, spin_candidates: Sequence[int] = SPIN_CANDIDATES,
+         repeats: int = 20, spin_candidates: Sequence[int] = SPIN_CANDIDATES, prefill_rows: int = PREFILL_ROWS,
          timer: Callable[[], float] = time.perf_counter, progress: Callable[[str], None] = lambda msg: None) -> TuningTable:
     """Time the candidates for each (block type, n, k) at each batch, then the spin times over a decode-like
     sequence of all the shapes at batch 1; returns the table (not yet saved)."""
@@ -155,6 +159,17 @@ def tune(lib, shapes: Sequence[tuple[int, int, int]], *, batches: Sequence[int] 
             table.measurements.append({"type": gtype, "n": n, "k": k, "batch": batch, "x4_s": t_x4, "rows_s": t_rows,
                                        "winner": winner})
             progress(f"type {gtype} {n}×{k} batch {batch}: x4 {t_x4 * 1e6:.0f} µs, rows {t_rows * 1e6:.0f} µs → {winner}")
+        if prefill_rows and activations == "q16" and ops.has_gemm_panel(gtype):
+            x = torch.randn(prefill_rows, k, generator=gen)
+            t_panel = _best_time(lambda: ops.gemm_panel(gtype, blocks, x), max(3, repeats // 4), timer)
+            t_fp32 = _best_time(lambda: torch.nn.functional.linear(x, ops.dequantize_blocks(gtype, blocks)),
+                                max(3, repeats // 4), timer)
+            winner = "panel" if t_panel <= t_fp32 else "fp32"
+            table.kernels[shape_key(gtype, n, k, prefill_rows)] = winner
+            table.measurements.append({"type": gtype, "n": n, "k": k, "batch": prefill_rows, "panel_s": t_panel,
+                                       "fp32_s": t_fp32, "winner": winner})
+            progress(f"type {gtype} {n}×{k} prefill ({prefill_rows} rows): panel {t_panel * 1e3:.2f} ms, "
+                     f"fp32 {t_fp32 * 1e3:.2f} ms → {winner}")
     if weights and spin_candidates:
         xs = {k: torch.randn(1, k, generator=gen) for (_, _, k) in weights}
 

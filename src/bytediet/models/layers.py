@@ -77,7 +77,8 @@ class Linear(nn.Module):
             # the user chose, and q8-token (int8-w8a8) the rounding that defines the format.
             q16 = x.dtype == torch.float32 and self.format.activations == "q16"
             grad = torch.is_grad_enabled() and x.requires_grad  # recovery training: keep F.linear's backward
-            if q16 and not grad and dense_gemm.kind() == "int8" and ops.has_gemm_panel(native[0]):
+            if (q16 and not grad and dense_gemm.kind() == "int8" and ops.has_gemm_panel(native[0])
+                    and ops.tuned_kernel(native[0], self.out_features, self.in_features, ops.PREFILL_TUNE_ROWS) != "fp32"):
                 return ops.gemm_panel(native[0], native[1], x, self.bias)
             gemm = dense_gemm.dtype() if q16 else x.dtype
             w = ops.dequantize_blocks(native[0], native[1], dtype=gemm)
