@@ -55,6 +55,21 @@ def test_sensitive_layers_get_more_bits():
     assert bits(2, "k") > bits(2, "v")
 
 
+def test_the_exchange_pass_buys_bf16_for_the_one_layer_that_needs_it():
+    """q8_0 everywhere fills 8.5 bits exactly, and the greedy stops there; int8 (8 + 16/D bits) in the calm
+    layers frees enough for bf16 keys in the sensitive one, which lowers the summed error."""
+    n = 31
+    errors = [{role: {"int8": 0.02, "q8_0": 0.01, "bf16": 0.0} for role in ("k", "v")} for _ in range(n)]
+    errors[0]["k"] = {"int8": 2.0, "q8_0": 1.0, "bf16": 0.0}
+    nbytes = {role: {s: NBYTES[role][s] for s in ("int8", "q8_0", "bf16")} for role in ("k", "v")}
+    plan = allocate(errors, nbytes, 8.5, H, D)
+    assert plan[0]["k"] == "bf16" and sum(p[r] == "int8" for p in plan for r in ("k", "v")) > 0
+    used = sum(nbytes["k"][p["k"]] + nbytes["v"][p["v"]] for p in plan) * 8 / (2 * H * D * n)
+    assert used <= 8.5 + 1e-9
+    total = sum(errors[i]["k"][p["k"]] + errors[i]["v"][p["v"]] for i, p in enumerate(plan))
+    assert total < 1.0 + (2 * n - 1) * 0.01  # below q8_0 everywhere
+
+
 def test_a_budget_below_every_codec_is_an_error_naming_it():
     errors = _errors([1.0, 1.0], random.Random(0))
     with pytest.raises(ConfigError, match=r"auto:1\.5 is below what any codec reaches"):

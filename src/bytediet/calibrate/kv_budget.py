@@ -11,7 +11,10 @@ The machinery of weight mixed precision (:mod:`bytediet.calibrate.mixed`), appli
    greedy knapsack :func:`~bytediet.calibrate.mixed.choose_within_bytes` starts at the cheapest candidate
    everywhere and buys the upgrade with the largest error reduction per byte while the total fits
    ``bits × 2 × H × D × layers / 8`` bytes per token. The error is summed over layers and sides (additive
-   approximation, as for the weights; HAWQ, arXiv 1905.03696).
+   approximation, as for the weights; HAWQ, arXiv 1905.03696). Then an exchange pass
+   (:func:`~bytediet.calibrate.mixed.improve_by_exchange`) upgrades a unit beyond what fits by downgrading
+   others where that lowers the summed error (at 8.5 bits: int8 in insensitive layers buys bf16 keys in the
+   layer that needs them, which the greedy, stopping at q8_0 everywhere, cannot find).
 
 Candidates are per-token codecs that page 16-token blocks, uncalibrated (their state would have to travel
 with the plan): bf16, llama.cpp's block types (8.5 … 4.5 bits), bytediet's int8 (one scale per token and head:
@@ -34,7 +37,7 @@ from ..kvcache.base import get_kv_codec
 from ..kvcache.split import half_of
 from .base import Progress, no_progress
 from .kv import capture_kv
-from .mixed import choose_within_bytes
+from .mixed import choose_within_bytes, improve_by_exchange
 
 DEFAULT_CANDIDATES = ("bf16", "q8_0", "int8", "q5_0", "q4_1", "q4_0", "turboquant4", "turboquant3.5", "turboquant3",
                       "turboquant2.5", "turboquant2")
@@ -129,6 +132,7 @@ def allocate(errors: list[dict], nbytes: dict[str, dict[str, float]], budget: fl
         raise ConfigError(f"the KV budget auto:{budget:g} is below what any codec reaches on this model "
                           f"({cheapest:.3f} bits per coordinate all-in at least); raise the budget")
     pick = choose_within_bytes(units, cost, max_bytes * (1 + 1e-12))
+    pick = improve_by_exchange(pick, units, cost, max_bytes * (1 + 1e-12))
     return [{"k": pick[(i, "k")], "v": pick[(i, "v")]} for i in range(len(errors))]
 
 

@@ -177,6 +177,46 @@ def choose_within_bytes(damage: dict[str, dict[str, float]], nbytes: dict[str, d
         spent += best[3]
 
 
+def improve_by_exchange(pick: dict[str, str], damage: dict[str, dict[str, float]], nbytes: dict[str, dict[str, float]],
+                        max_bytes: float, max_rounds: int = 64) -> dict[str, str]:
+    """Local search after :func:`choose_within_bytes`: upgrade one unit beyond what fits, paying for it by
+    downgrading others (the least damage per freed byte first), whenever the total damage falls.
+
+    The greedy stops when no single upgrade fits; at a budget equal to one candidate everywhere (8.5 bits = q8_0
+    in every layer) it cannot see that int8 in the insensitive layers buys bf16 for the one that matters. Never
+    exceeds ``max_bytes``; returns a new plan (``pick`` is not changed).
+    """
+    pick = dict(pick)
+    for _ in range(max_rounds):
+        spent = sum(nbytes[u][s] for u, s in pick.items())
+        downgrades = sorted(((damage[v][t] - damage[v][cur]) / (nbytes[v][cur] - nbytes[v][t]), v, t)
+                            for v, cur in pick.items() for t in damage[v] if nbytes[v][t] < nbytes[v][cur])
+        best = None
+        for u, cur in pick.items():
+            for s in damage[u]:
+                gain = damage[u][cur] - damage[u][s]
+                need = spent + nbytes[u][s] - nbytes[u][cur] - max_bytes
+                if gain <= 0 or need <= 0:
+                    continue
+                chosen, freed, cost = {}, 0.0, 0.0
+                for _, v, t in downgrades:
+                    if v == u or v in chosen:
+                        continue
+                    chosen[v] = t
+                    freed += nbytes[v][pick[v]] - nbytes[v][t]
+                    cost += damage[v][t] - damage[v][pick[v]]
+                    if freed >= need:
+                        break
+                if freed >= need and gain - cost > 1e-15 and (best is None or gain - cost > best[0]):
+                    best = (gain - cost, u, s, chosen)
+        if best is None:
+            return pick
+        _, u, s, chosen = best
+        pick[u] = s
+        pick.update(chosen)
+    return pick
+
+
 def mixed_precision(model, windows: torch.Tensor, config: MixedPrecisionConfig,
                     progress: Progress = no_progress) -> MixedResult:
     """Measure per-unit sensitivity on ``windows`` (N, L), choose formats, verify; the model is left unchanged."""
