@@ -21,7 +21,9 @@ PAGES = {  # spec: (key page type, value page type), or None where the codec's o
     "q8_0": ("q8_0", "q8_0"), "q5_0": ("q5_0", "q5_0"), "q4_1": ("q4_1", "q4_1"), "q4_0": ("q4_0", "q4_0"),
     "k=q8_0,v=q4_0": ("q8_0", "q4_0"), "k=int8,v=q5_0": ("int8", "q5_0"), "k=bf16,v=q4_1": ("bf16", "q4_1"),
     "k=q4_0,v=fp16": ("q4_0", "fp16"), "k=fp8,v=q8_0": ("fp8", "q8_0"), "int8": ("int8", "int8"),
-    "k=turboquant3,v=q4_0": None, "k=q8_0,v=kivi2": None,
+    "k=turboquant3,v=q4_0": None, "k=q8_0,v=kivi2": ("q8_0", "int2-token-g32-asym"),
+    "kivi2g16": ("kivi2-keys", "int2-token-g32-asym"), "kivi4g16": ("kivi4-keys", "int4-token-g32-asym"),
+    "k=kivi4g16,v=bf16": ("kivi4-keys", "bf16"), "k=turboquant3,v=kivi4": None,
 }
 
 
@@ -48,14 +50,14 @@ def test_an_auto_plan_reads_its_layers_natively_where_both_halves_allow():
     assert kinds == [("q8_0", "q4_0"), None, ("bf16", "q5_0"), ("q4_0", "q4_0")]  # turboquant keys: codec's read
 
 
-def attend_both_ways(spec, *, hq, hkv, d, window, seed):
+def attend_both_ways(spec, *, hq, hkv, d, window, seed, num_blocks=48, block_size=16):
     """Ragged steps (a prefill chunk, mixed prefill + decode steps, pure decodes) over one cache: each step's
     attention natively and by the codec's own read (attend_natively off) on the same pages."""
     rng = random.Random(seed)
     gen = torch.Generator().manual_seed(seed)
-    cache = get_kv_codec(spec).create_cache(0, 48, 16, hkv, d, torch.float32, "cpu")
+    cache = get_kv_codec(spec).create_cache(0, num_blocks, block_size, hkv, d, torch.float32, "cpu")
     assert cache.native_pages() is not None
-    plan = random_batch_plan(rng, 48, 16, 3, 130)
+    plan = random_batch_plan(rng, num_blocks, block_size, 3, 130)
     done = [0] * len(plan)
     pairs = []
     for step in range(6):
@@ -65,7 +67,7 @@ def attend_both_ways(spec, *, hq, hkv, d, window, seed):
             new = [min(n - dn, rng.randint(0, 9) if step < 3 else 1) for dn, (_, n) in zip(done, plan)]
         if sum(new) == 0:
             break
-        meta = step_metadata(plan, done, new, 16)
+        meta = step_metadata(plan, done, new, block_size)
         t = sum(new)
         cache.write(torch.randn(t, hkv, d, generator=gen) * 2, torch.randn(t, hkv, d, generator=gen),
                     meta.slot_mapping)
@@ -89,3 +91,41 @@ def test_native_attention_equals_the_codecs_own_read(spec, hq, hkv, d, window):
     assert len(pairs) >= 3
     for native, own in pairs:
         assert (native - own).abs().max().item() <= 1e-5 * max(1.0, own.abs().max().item())
+
+
+# KIVI (arXiv 2402.02750): keys per channel over block-aligned groups of G tokens, the open group's tokens from the
+# staging pages; values per token in groups of 32 channels. Odd lengths leave groups partly filled (open) at every
+# step; prefill chunks fill whole groups at once or end inside one; the halves mix with other page types.
+KIVI_SPECS = {  # spec: block size (a multiple of the key group)
+    "kivi2": 32, "kivi4": 32, "kivi2g16": 16, "kivi4g16": 32, "k=q8_0,v=kivi2": 16, "k=kivi2,v=fp16": 32,
+}
+
+
+@NATIVE
+@pytest.mark.parametrize("spec", sorted(KIVI_SPECS))
+@pytest.mark.parametrize("hq,hkv,d,window", [(9, 3, 64, None), (4, 1, 256, 20), (4, 4, 32, None), (6, 2, 96, 7)])
+def test_native_attention_on_kivi_pages_equals_the_codecs_own_read(spec, hq, hkv, d, window):
+    block = KIVI_SPECS[spec]
+    with mock.patch("bytediet.kernels.reference.attention_over_pages",
+                    side_effect=AssertionError("the reference twin ran, not the native kernel")):
+        pairs = attend_both_ways(spec, hq=hq, hkv=hkv, d=d, window=window, seed=hq * d + hkv + block,
+                                 num_blocks=4096 // block, block_size=block)   # 8 staging pages: 3 open groups fit
+    assert len(pairs) >= 3
+    for native, own in pairs:
+        assert (native - own).abs().max().item() <= 1e-5 * max(1.0, own.abs().max().item())
+
+
+def test_kivi_pages_the_native_attention_cannot_read_keep_the_codecs_read():
+    # head_dim 24: the values' channel groups are 24 wide, not 32 (the native value pages' groups)
+    cache = get_kv_codec("kivi2g16").create_cache(0, 128, 16, 2, 24, torch.float32, "cpu")
+    assert cache.native_pages() is None
+
+
+def test_the_native_decode_step_says_it_does_not_write_kivi_pages():
+    from bytediet.models.native_decode import _pages_or_objection
+
+    cache = get_kv_codec("kivi2").create_cache(0, 64, 32, 2, 64, torch.float32, "cpu")
+    pages, why = _pages_or_objection(cache)
+    assert pages is None and "kivi2-keys" in why and "\n" not in why
+    pages, why = _pages_or_objection(get_kv_codec("q8_0").create_cache(0, 4, 16, 2, 64, torch.float32, "cpu"))
+    assert why == "" and "k_side" not in pages and pages["kv_dtype"] == "q8_0"

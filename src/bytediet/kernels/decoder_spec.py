@@ -33,11 +33,34 @@ ROW_PAGE_TYPES = ("fp32", "bf16", "fp16", "int8", "fp8")  # pages stored as (slo
 # llama.cpp's KV cache types (kvcache/ggml_block.py): pages (slots, H, D/32 · block bytes) uint8, each row the
 # GGML blocks of its D values (ids 6..9) → their GGML type
 BLOCK_PAGE_TYPES = {"q8_0": T.Q8_0, "q5_0": T.Q5_0, "q4_1": T.Q4_1, "q4_0": T.Q4_0}
-# the page types the native step reads and writes; a type's id in the kernels is its index here (5: codes)
-KV_PAGE_TYPES = ROW_PAGE_TYPES + ("turboquant",) + tuple(BLOCK_PAGE_TYPES)
+# code pages the native attention reads (not the decode step: their codecs quantize groups of tokens), each with a
+# CodePageSide: KIVI's keys (kvcache/kivi.py) at 2 and 4 bits (ids 10, 11), and per-token asymmetric codes in groups
+# of 32 channels (kvcache/tokenwise.py: KIVI's and QJL's values; named as that half) at 2 and 4 bits (ids 12, 13)
+CODE_PAGE_TYPES = ("kivi2-keys", "kivi4-keys", "int2-token-g32-asym", "int4-token-g32-asym")
+# the page types of the kernels; a type's id in the kernels is its index here (5: TurboQuant's codes)
+KV_PAGE_TYPES = ROW_PAGE_TYPES + ("turboquant",) + tuple(BLOCK_PAGE_TYPES) + CODE_PAGE_TYPES
 # the page types the native attention (ops.attention_over_pages) reads in place, keys of one and values of another
 ATTENTION_PAGE_TYPES = ROW_PAGE_TYPES + tuple(BLOCK_PAGE_TYPES)
+CODE_PAGE_BITS = {"kivi2-keys": 2, "kivi4-keys": 4, "int2-token-g32-asym": 2, "int4-token-g32-asym": 4}
 FLOAT_PAGE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}  # their element types
+
+
+@dataclass
+class CodePageSide:
+    """What code pages (:data:`CODE_PAGE_TYPES`, codes (slots, H, D·bits/8) uint8 packed as kvcache/bitpack.py) keep
+    beside them; x = code · scale + zero (float32, two roundings), per channel or per group of 32 channels.
+
+    KIVI keys: ``scale``/``zero`` (slots / group, H, D) float16 per key group of ``group`` tokens (a slot's group is
+    slot // group); ``stage_of`` (slots / group,) int32, the staging page of a group still open, else −1, whose rows
+    are read from ``stage`` (pages, group, H, D) float16 instead. Per-token codes: ``scale``/``zero`` (slots, H,
+    D/32) float16; the rest unused.
+    """
+
+    scale: torch.Tensor
+    zero: torch.Tensor
+    stage_of: Optional[torch.Tensor] = None
+    stage: Optional[torch.Tensor] = None
+    group: int = 0
 
 
 @dataclass

@@ -15,8 +15,8 @@ import torch
 
 from . import native_layouts, reference, tuning
 from .cpu.dispatch import NativeLibrary, native
-from .decoder_spec import (ATTENTION_PAGE_TYPES, BLOCK_PAGE_TYPES, FLOAT_PAGE_DTYPES, KV_PAGE_TYPES,
-                           DecoderSpec, LinearSpec, TurboQuantPageSpec)
+from .decoder_spec import (ATTENTION_PAGE_TYPES, BLOCK_PAGE_TYPES, CODE_PAGE_TYPES, FLOAT_PAGE_DTYPES, KV_PAGE_TYPES,
+                           CodePageSide, DecoderSpec, LinearSpec, TurboQuantPageSpec)
 from .ggml_codecs import block_size_of
 
 # GGML Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q4_K Q5_K Q6_K, and bytediet's int8/int4 layouts (native_layouts.TYPES)
@@ -310,6 +310,26 @@ class _TQPages(ctypes.Structure):  # mirrors bd::TQPagesDesc
                 ("num_parts", ctypes.c_int32), ("pad", ctypes.c_int32)]
 
 
+class _CodePages(ctypes.Structure):  # mirrors bd::CodePagesDesc in csrc/kv_pages.h
+    _fields_ = [(name, ctypes.c_void_p) for name in ("scale", "zero", "stage_of", "stage")] + [("group", ctypes.c_int64)]
+
+
+def _code_side(kv_dtype: str, side: Optional[CodePageSide], d: int) -> tuple[Optional[_CodePages], list]:
+    """(the C struct of a code page type's side data, the tensors it points into) — (None, []) for other pages."""
+    if kv_dtype not in CODE_PAGE_TYPES:
+        return None, []
+    if side is None:
+        raise ValueError(f"{kv_dtype!r} pages need their CodePageSide (scales, zero points)")
+    keys = kv_dtype.startswith("kivi")
+    scale, zero = (t.to(torch.float16).contiguous() for t in (side.scale, side.zero))
+    stage_of = side.stage_of.to(torch.int32).contiguous() if keys else None
+    stage = side.stage.to(torch.float16).contiguous() if keys else None
+    if keys and (side.group < 1 or stage_of is None):
+        raise ValueError(f"{kv_dtype!r} pages need their group size and staging pages")
+    keep = [t for t in (scale, zero, stage_of, stage) if t is not None]
+    return _CodePages(_ptr(scale), _ptr(zero), _ptr(stage_of), _ptr(stage), side.group if keys else 0), keep
+
+
 class _Model(ctypes.Structure):  # mirrors bd::ModelDesc
     _fields_ = [("layers", ctypes.POINTER(_Layer))] + [(name, ctypes.c_int64) for name in (
         "num_layers", "hidden", "intermediate", "num_heads", "num_kv_heads", "head_dim")] + [
@@ -366,23 +386,29 @@ def attention_over_pages(q: torch.Tensor, positions: torch.Tensor, token_rows: t
                          block_tables: torch.Tensor, block_size: int, scale: float, window: Optional[int],
                          kv_dtype: str, k_cache: torch.Tensor, v_cache: torch.Tensor,
                          k_scale: Optional[torch.Tensor] = None, v_scale: Optional[torch.Tensor] = None,
-                         v_dtype: Optional[str] = None, variant: Optional[str] = None) -> torch.Tensor:
+                         v_dtype: Optional[str] = None, k_side: Optional[CodePageSide] = None,
+                         v_side: Optional[CodePageSide] = None, variant: Optional[str] = None) -> torch.Tensor:
     """See :func:`bytediet.kernels.reference.attention_over_pages` (native: flash-decoding over the pages in
-    place, every token of a ragged batch in one call)."""
+    place, every token of a ragged batch in one call; code pages widened row by row from their side data)."""
     lib = _library(variant)
     t, hq, d = q.shape
     v_dtype = v_dtype or kv_dtype
-    if (lib is None or d % 8 or q.dtype != torch.float32 or kv_dtype not in ATTENTION_PAGE_TYPES
-            or v_dtype not in ATTENTION_PAGE_TYPES):
+    readable = ATTENTION_PAGE_TYPES + CODE_PAGE_TYPES
+    if (lib is None or d % 8 or q.dtype != torch.float32 or kv_dtype not in readable or v_dtype not in readable
+            or (v_dtype in CODE_PAGE_TYPES[2:] and d % 32)):
         return reference.attention_over_pages(q, positions, token_rows, block_tables, block_size, scale, window,
-                                              kv_dtype, k_cache, v_cache, k_scale, v_scale, v_dtype)
+                                              kv_dtype, k_cache, v_cache, k_scale, v_scale, v_dtype, k_side, v_side)
     q = q.contiguous()
     positions, token_rows, block_tables = (x.to(torch.int64).contiguous() for x in (positions, token_rows, block_tables))
+    (k_desc, k_keep), (v_desc, v_keep) = _code_side(kv_dtype, k_side, d), _code_side(v_dtype, v_side, d)
     out = torch.empty_like(q)
     rc = lib.bd_paged_attention(KV_PAGE_TYPES.index(kv_dtype), KV_PAGE_TYPES.index(v_dtype), q.data_ptr(),
                                 out.data_ptr(), t, hq, k_cache.shape[1], d, scale, window or 0, positions.data_ptr(),
                                 token_rows.data_ptr(), block_tables.data_ptr(), block_tables.shape[1], block_size,
-                                k_cache.data_ptr(), v_cache.data_ptr(), _ptr(k_scale), _ptr(v_scale))
+                                k_cache.data_ptr(), v_cache.data_ptr(), _ptr(k_scale), _ptr(v_scale),
+                                None if k_desc is None else ctypes.addressof(k_desc),
+                                None if v_desc is None else ctypes.addressof(v_desc))
+    del k_keep, v_keep  # the side tensors lived through the call
     if rc != 0:
         raise ValueError(f"native paged attention refused {kv_dtype!r} keys, {v_dtype!r} values, {hq} heads over "
                          f"{k_cache.shape[1]} KV heads of dim {d}")

@@ -6,7 +6,8 @@ from typing import Callable, Optional
 import torch
 import torch.nn.functional as F
 
-from .decoder_spec import BLOCK_PAGE_TYPES, FLOAT_PAGE_DTYPES, DecoderSpec, LayerSpec, TurboQuantPageSpec
+from .decoder_spec import (BLOCK_PAGE_TYPES, CODE_PAGE_BITS, CODE_PAGE_TYPES, FLOAT_PAGE_DTYPES, DecoderSpec, LayerSpec,
+                           TurboQuantPageSpec)
 from . import native_layouts, turboquant_pages
 from .ggml_codecs import DECODERS, ENCODERS
 
@@ -109,22 +110,57 @@ def attention_over_pages(q: torch.Tensor, positions: torch.Tensor, token_rows: t
                          block_tables: torch.Tensor, block_size: int, scale: float, window: Optional[int],
                          kv_dtype: str, k_cache: torch.Tensor, v_cache: torch.Tensor,
                          k_scale: Optional[torch.Tensor] = None, v_scale: Optional[torch.Tensor] = None,
-                         v_dtype: Optional[str] = None) -> torch.Tensor:
+                         v_dtype: Optional[str] = None, k_side=None, v_side=None) -> torch.Tensor:
     """Twin of the native paged attention: q (T, Hq, D); token t at ``positions[t]`` attends causally (and within
     ``window``) over the pages of block table row ``token_rows[t]``; key pages of ``kv_dtype``, value pages of
     ``v_dtype`` (default: the same), each (slots, Hkv, D) rows or (slots, Hkv, D/32 · block bytes) GGML blocks
-    (int8/fp8 with float16 scales (slots, Hkv[, 1])). One token at a time, plainly. → (T, Hq, D) float32."""
+    (int8/fp8 with float16 scales (slots, Hkv[, 1])), or code pages (slots, Hkv, D·bits/8) with their
+    ``k_side``/``v_side`` (:class:`~bytediet.kernels.decoder_spec.CodePageSide`, see :func:`read_code_rows`).
+    One token at a time, plainly. → (T, Hq, D) float32."""
     out = torch.empty(q.shape, dtype=torch.float32)
     dtypes = (kv_dtype, v_dtype or kv_dtype)
+    d = q.shape[-1]
+
+    def read(dtype, pages, s, side, slots):
+        if dtype in CODE_PAGE_TYPES:
+            return read_code_rows(dtype, pages, side, slots, d)
+        return read_kv_rows(dtype, pages[slots], None if s is None else s[slots].reshape(len(slots), -1, 1))
+
     for t in range(q.shape[0]):
         pos = int(positions[t])
         slots = sequence_slots(block_tables[int(token_rows[t])], pos + 1, block_size)
         if window:
             slots = slots[max(0, pos + 1 - window):]
-        k, v = (read_kv_rows(dtype, pages[slots], None if s is None else s[slots].reshape(len(slots), -1, 1))
-                for dtype, pages, s in zip(dtypes, (k_cache, v_cache), (k_scale, v_scale)))
+        k, v = (read(*args, slots) for args in zip(dtypes, (k_cache, v_cache), (k_scale, v_scale), (k_side, v_side)))
         out[t] = decode_attention(q[t:t + 1].float(), k[None], v[None], torch.tensor([k.shape[0]]), scale)[0]
     return out
+
+
+def _unpack_codes(packed: torch.Tensor, bits: int, n: int) -> torch.Tensor:
+    """uint8 (..., n·bits/8), 2 or 4 bits a code, code k in bits (k·bits) mod 8 … of byte ⌊k·bits/8⌋ (kvcache's
+    bitpack layout) → float32 codes (..., n)."""
+    shifts = torch.arange(0, 8, bits, dtype=torch.uint8)
+    codes = (packed.unsqueeze(-1) >> shifts) & ((1 << bits) - 1)
+    return codes.reshape(*packed.shape[:-1], -1)[..., :n].float()
+
+
+def read_code_rows(kv_dtype: str, codes: torch.Tensor, side, slots: torch.Tensor, d: int) -> torch.Tensor:
+    """The rows at ``slots`` (L,) of code pages (``decoder_spec.CODE_PAGE_TYPES``: codes (slots, H, D·bits/8)
+    uint8, side data ``side``) → float32 (L, H, D): code · scale + zero, per channel over each KIVI key group (a
+    group still open read from its staging page), or per token in groups of 32 channels."""
+    bits = CODE_PAGE_BITS[kv_dtype]
+    q = _unpack_codes(codes[slots], bits, d)                                           # (L, H, D)
+    if not kv_dtype.startswith("kivi"):
+        n, h = q.shape[:2]
+        x = q.reshape(n, h, d // 32, 32) * side.scale[slots].float()[..., None] + side.zero[slots].float()[..., None]
+        return x.reshape(n, h, d)
+    g = slots // side.group
+    x = q * side.scale[g].float() + side.zero[g].float()
+    page = side.stage_of[g].long()
+    open_ = page >= 0
+    if bool(open_.any()):
+        x[open_] = side.stage[page[open_], slots[open_] % side.group].float()
+    return x
 
 
 # --- low-bit linear layers (twins of kernels/cpu/csrc/gemm_blocks.cpp) --------------------------------------

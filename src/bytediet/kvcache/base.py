@@ -123,8 +123,9 @@ class LayerKVCache(ABC):
         """The pages as the native attention reads them in place — ``kv_dtype`` (one of
         ``kernels.decoder_spec.ATTENTION_PAGE_TYPES``; the keys', and the values' unless ``v_dtype`` names
         another), ``k_cache``/``v_cache`` (slots, H, D), or (slots, H, D/32 · block bytes) for the GGML block types,
-        and for int8/fp8 ``k_scale``/``v_scale`` (slots, H, 1) float16 — or None for pages only the codec's own read
-        understands."""
+        and for int8/fp8 ``k_scale``/``v_scale`` (slots, H, 1) float16, and for code pages (KIVI's; one of
+        ``kernels.decoder_spec.CODE_PAGE_TYPES``) ``k_side``/``v_side`` (``CodePageSide``: scales, zero points,
+        staging pages) — or None for pages only the codec's own read understands."""
         return None
 
     def attend_natively(self, q: torch.Tensor, meta: AttentionMetadata, scale: float,

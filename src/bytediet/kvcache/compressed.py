@@ -62,20 +62,23 @@ class CompressedCache(LayerKVCache):
                      for h in (self.keys, self.values))
 
     def native_pages(self) -> Optional[dict]:
-        """Both halves' pages when the native attention reads each in place, whatever their types (k=q8_0,v=q4_0)."""
+        """Both halves' pages when the native attention reads each in place, whatever their types (k=q8_0,v=q4_0);
+        code pages (KIVI) with their side data (``k_side``/``v_side``)."""
         k, v = self.keys.native_pages(), self.values.native_pages()
         if k is None or v is None:
             return None
-        return dict(kv_dtype=k[0], v_dtype=v[0], k_cache=k[1], v_cache=v[1], k_scale=k[2], v_scale=v[2])
+        (kt, kc, ks, kside), (vt, vc, vs, vside) = ((*h, None)[:4] for h in (k, v))
+        return dict(kv_dtype=kt, v_dtype=vt, k_cache=kc, v_cache=vc, k_scale=ks, v_scale=vs, k_side=kside,
+                    v_side=vside)
 
     def attend(self, q: torch.Tensor, meta: AttentionMetadata, scale: float,
                window: Optional[int] = None) -> torch.Tensor:
-        out = self.attend_natively(q, meta, scale, window)
-        if out is not None:
-            return out
         for half in (self.keys, self.values):
             if hasattr(half, "track_sequences"):      # halves with per-sequence state (KIVI's open groups)
                 half.track_sequences(meta)
+        out = self.attend_natively(q, meta, scale, window)
+        if out is not None:
+            return out
         out = torch.empty_like(q)
         starts = meta.query_start_loc.tolist()
         for s, (n, ctx) in enumerate(zip(meta.query_lens_list, meta.context_lens_list)):

@@ -51,10 +51,11 @@ class HalfPages(ABC):
         """See :meth:`bytediet.kvcache.base.LayerKVCache.max_sequences`."""
         return None
 
-    def native_pages(self) -> Optional[tuple[str, torch.Tensor, Optional[torch.Tensor]]]:
+    def native_pages(self) -> Optional[tuple]:
         """(page type, codes (slots, H, D) — GGML block types: (slots, H, D/32 · block bytes) —, scales
-        (slots, H, 1) float16 or None) when the native attention reads these pages as they are stored (see
-        ``LayerKVCache.native_pages``), else None."""
+        (slots, H, 1) float16 or None), or for code pages (``decoder_spec.CODE_PAGE_TYPES``: codes (slots, H,
+        D·bits/8)) (page type, codes, None, their ``CodePageSide``), when the native attention reads these pages
+        as they are stored (see ``LayerKVCache.native_pages``), else None."""
         return None
 
     def prepare_query(self, qg: torch.Tensor) -> Any:

@@ -17,6 +17,13 @@ A write that touches a group's first slot starts that group afresh (a block reus
 recomputation). The engine's ``free_sequence(seq_id)`` (a request finished or was preempted) releases the
 sequence's open group at once — its staging page would otherwise stay taken until the block is reused;
 the open group of each sequence is noted from the attention metadata of every step.
+
+Attention: the native kernel reads these pages in place (``native_pages``: code pages ``kivi<bits>-keys`` and
+``int<bits>-token-g32-asym``, ``kernels/cpu/csrc/kv_pages.h``) for decodes and prefill chunks alike — each key row
+widened from its packed codes with its group's scale and zero, or taken from the staging page while its group is
+open (the slot's group indexes ``stage_of``: one indirection per row, no separate call), each value row from its
+per-token groups of 32 channels; the same numbers as :meth:`KiviKeyPages.decode`. The one-call decode step does
+not write these pages (it says so in one line and the module path runs, its attention still native).
 """
 from __future__ import annotations
 
@@ -25,6 +32,7 @@ import re
 import torch
 
 from ..errors import BytedietError, ConfigError
+from ..kernels.decoder_spec import CodePageSide
 from . import bitpack
 from .base import KV_CODECS
 from .compressed import CompressedCodec
@@ -128,6 +136,14 @@ class KiviKeyPages(HalfPages):
         if bool(open_.any()):
             x[open_] = self.stage[page[open_], slots[open_] % self.group].float()
         return x.reshape(n, self.num_heads, self.head_dim)
+
+    def native_pages(self):
+        """The codes, read by the native attention with each group's scale and zero, open groups from their staging
+        page (``decoder_spec.CodePageSide``); the same numbers as :meth:`decode`."""
+        if self.head_dim % 8:
+            return None
+        return (f"kivi{self.bits}-keys", self.codes, None,
+                CodePageSide(self.scale, self.zero, self.stage_of, self.stage, self.group))
 
     def tensors(self):
         return [self.codes, self.scale, self.zero, self.fill, self.stage_of, self.stage]

@@ -72,8 +72,12 @@ def _pages_or_objection(cache) -> tuple[Optional[dict], str]:
     the uncalibrated ``fp8`` codec's, llama.cpp's q8_0/q5_0/q4_1/q4_0 blocks — keys and values each of any of
     these, as in k=q8_0,v=q4_0) and ``turboquant`` (MSE variant) codes on both sides."""
     pages = cache.native_pages()
-    if pages is not None:
+    sides = pages and (pages.pop("k_side", None), pages.pop("v_side", None))
+    if pages is not None and sides == (None, None):
         return pages, ""
+    if pages is not None:  # code pages (KIVI): the codec quantizes whole key groups, which the step cannot write
+        return None, (f"KV cache of {pages['kv_dtype']} keys, {pages['v_dtype']} values has no native step (its codec "
+                      "quantizes groups of tokens); the module path runs, its attention native")
     if isinstance(cache, CompressedCache):
         k, v = cache.keys, cache.values
         if all(isinstance(h, TurboQuantPages) for h in (k, v)):

@@ -38,7 +38,8 @@ SIGNATURES = {  # C ABI of csrc/*.cpp: name → (restype, argtypes)
     "bd_read_kv_rows": (_INT, [_INT, _VOID_P, _VOID_P, _LONG, _LONG, _VOID_P]),
     "bd_write_kv_rows": (_INT, [_INT, _VOID_P, _LONG, _LONG, _VOID_P, _VOID_P]),
     "bd_paged_attention": (_INT, [_INT, _INT, _VOID_P, _VOID_P, _LONG, _LONG, _LONG, _LONG, ctypes.c_float, _LONG,
-                                  _VOID_P, _VOID_P, _VOID_P, _LONG, _LONG, _VOID_P, _VOID_P, _VOID_P, _VOID_P]),
+                                  _VOID_P, _VOID_P, _VOID_P, _LONG, _LONG, _VOID_P, _VOID_P, _VOID_P, _VOID_P,
+                                  _VOID_P, _VOID_P]),
     "bd_turboquant_write": (_INT, [_VOID_P, _VOID_P, _LONG, _VOID_P, _VOID_P, _LONG, _LONG]),
 }
 

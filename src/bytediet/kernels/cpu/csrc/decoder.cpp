@@ -210,6 +210,8 @@ struct AttendCall {  // what every item of one call shares
     const float* q;  // (T, hq, d)
     long chunks, block_size;
     float* acc;      // (T, hq, chunks, d): each chunk's unnormalised Σ p·v
+    const CodePagesDesc* k_side;  // code pages' side data (kv_pages.h), null for row and block pages
+    const CodePagesDesc* v_side;
 };
 
 struct Item {  // query tile [t0, t0 + qn) over positions [lo, hi) (n of them) of chunk c of its sequence
@@ -241,12 +243,18 @@ void for_each_row_block(const AttendCall& a, const Item& it, const typename P::T
 
 // The rows of KV head kvh at the block's slots as floats (w.rows); their scales (int8/fp8, else 1) in w.row_scales.
 template <class P>
-void gather(const AttendCall& a, const typename P::T* pages, const void* scale_pages, long kvh, long count, Worker& w) {
+void gather(const AttendCall& a, const typename P::T* pages, const void* scale_pages, const CodePagesDesc* side,
+            long kvh, long count, Worker& w) {
     const long hkv = a.m.num_kv_heads, d = a.m.head_dim, rs = P::row_size(d);
     for (long j = 0; j < count; ++j) {
-        const long idx = w.slots[j] * hkv + kvh;
-        w.rows[j] = widen_row<P>(pages + idx * rs, d, w.tile.data() + j * d);
-        w.row_scales[j] = P::SCALED ? row_scale(scale_pages, idx) : 1.0f;
+        if constexpr (P::SIDE) {  // code pages: scale and zero beside the pages, found from the slot
+            w.rows[j] = P::widen_at(*side, pages, w.slots[j], kvh, hkv, d, w.tile.data() + j * d);
+            w.row_scales[j] = 1.0f;
+        } else {
+            const long idx = w.slots[j] * hkv + kvh;
+            w.rows[j] = widen_row<P>(pages + idx * rs, d, w.tile.data() + j * d);
+            w.row_scales[j] = P::SCALED ? row_scale(scale_pages, idx) : 1.0f;
+        }
     }
 }
 
@@ -257,7 +265,7 @@ void key_pass(const AttendCall& a, const Item& it, Worker& w) {
     const auto* pages = static_cast<const typename P::T*>(a.L.k_cache);
     for_each_row_block<P>(a, it, pages, w, [&](long first, long count) {
         for (long kvh = 0; kvh < hkv; ++kvh) {
-            gather<P>(a, pages, a.L.k_scale, kvh, count, w);
+            gather<P>(a, pages, a.L.k_scale, a.k_side, kvh, count, w);
             for (long j = count; j < kRowBlock; ++j) w.rows[j] = w.rows[0];  // pad: scores past n are unused
             for (long j0 = 0; j0 < count; j0 += 8) {
                 const __m256 sc =
@@ -281,7 +289,7 @@ void value_pass(const AttendCall& a, const Item& it, Worker& w) {
     const auto* pages = static_cast<const typename P::T*>(a.L.v_cache);
     for_each_row_block<P>(a, it, pages, w, [&](long first, long count) {
         for (long kvh = 0; kvh < hkv; ++kvh) {
-            gather<P>(a, pages, a.L.v_scale, kvh, count, w);
+            gather<P>(a, pages, a.L.v_scale, a.v_side, kvh, count, w);
             for (long tt = 0; tt < it.qn; ++tt)
                 for (long g = 0; g < group; ++g) {
                     const long h = kvh * group + g;
@@ -298,17 +306,21 @@ void value_pass(const AttendCall& a, const Item& it, Worker& w) {
 
 using Pass = void (*)(const AttendCall&, const Item&, Worker&);
 
-// The key pass of page type k_dtype and the value pass of v_dtype; false if either has no row pages here, or
-// head_dim d does not fit them (a multiple of 8; of 32 for block pages).
+// The key pass of page type k_dtype and the value pass of v_dtype; false if either has no pages the attention
+// reads here, or head_dim d does not fit them (a multiple of 8; of 32 for block pages and per-token code pages).
 bool passes(int k_dtype, int v_dtype, long d, Pass& keys, Pass& values) {
-    auto fits = [d](int t) { return d > 0 && d % 8 == 0 && (t < kFirstBlockPages || d % 32 == 0); };
-    return fits(k_dtype) && fits(v_dtype) && with_pages(k_dtype, [&](auto p) { keys = &key_pass<decltype(p)>; }) &&
-           with_pages(v_dtype, [&](auto p) { values = &value_pass<decltype(p)>; });
+    auto fits = [d](int t) {
+        const bool whole_blocks = t >= kFirstBlockPages && t != kFirstCodePages && t != kFirstCodePages + 1;
+        return d > 0 && d % 8 == 0 && (!whole_blocks || d % 32 == 0);
+    };
+    return fits(k_dtype) && fits(v_dtype) &&
+           with_attention_pages(k_dtype, [&](auto p) { keys = &key_pass<decltype(p)>; }) &&
+           with_attention_pages(v_dtype, [&](auto p) { values = &value_pass<decltype(p)>; });
 }
 
 void attend(const ModelDesc& m, const LayerDesc& L, const float* q, float* out, long T, const int64_t* positions,
             const int64_t* token_rows, const int64_t* block_tables, long bt_stride, long block_size, Scratch& s,
-            Pass keys, Pass values) {
+            Pass keys, Pass values, const CodePagesDesc* k_side = nullptr, const CodePagesDesc* v_side = nullptr) {
     const long hq = m.num_heads, d = m.head_dim;
     const int nt = num_threads();
     std::vector<long>& tiles = s.tiles;
@@ -330,7 +342,7 @@ void attend(const ModelDesc& m, const LayerDesc& L, const float* q, float* out, 
     std::vector<Partial>& parts = s.chunk_parts;
     acc.resize(T * hq * chunks * d);
     parts.resize(T * hq * chunks);
-    const AttendCall call{m, L, q, chunks, block_size, acc.data()};
+    const AttendCall call{m, L, q, chunks, block_size, acc.data(), k_side, v_side};
     auto window_start = [&](long pos) { return L.window > 0 && pos - L.window + 1 > 0 ? pos - L.window + 1 : 0L; };
     std::atomic<long> next_item{0};
     parallel_run([&](int, int) {
@@ -419,7 +431,7 @@ void layer_step(const ModelDesc& m, const LayerDesc& L, float* x, long T, const 
     Pass keys = nullptr, values = nullptr;
     if (L.k_dtype == kTurboQuantPages)
         turboquant_attend(m, L, s.q.data(), s.att.data(), T, positions, block_tables, bt_stride, block_size);
-    else if (passes(L.k_dtype, L.v_dtype, d, keys, values))
+    else if (L.k_dtype < kFirstCodePages && L.v_dtype < kFirstCodePages && passes(L.k_dtype, L.v_dtype, d, keys, values))
         attend(m, L, s.q.data(), s.att.data(), T, positions, nullptr, block_tables, bt_stride, block_size, s, keys,
                values);
     {
@@ -453,19 +465,22 @@ extern "C" {
 // decodes of models the one-call step does not cover): q, out (T, hq, d) float32; token t at positions[t]
 // reads block table row token_rows[t] of block_tables (bt_stride entries per row); key pages (slots, hkv,
 // row_size(d)) of page type k_dtype, value pages of v_dtype (int8/fp8: fp16 scales (slots, hkv)); window 0 =
-// full causal. Returns 0, -1 for a page type without row pages or a head_dim they do not fit.
+// full causal; code pages (ids 10..13) with their side data k_side / v_side (bd::CodePagesDesc, else null).
+// Returns 0, -1 for a page type the attention does not read, a head_dim it does not fit, or missing side data.
 int bd_paged_attention(int k_dtype, int v_dtype, const float* q, float* out, long T, long hq, long hkv, long d,
                        float scale, long window, const int64_t* positions, const int64_t* token_rows,
                        const int64_t* block_tables, long bt_stride, long block_size, void* k_pages, void* v_pages,
-                       void* k_scale, void* v_scale) {
+                       void* k_scale, void* v_scale, const void* k_side, const void* v_side) {
     bd::Pass keys = nullptr, values = nullptr;
     if (hkv <= 0 || hq % hkv || !bd::passes(k_dtype, v_dtype, d, keys, values)) return -1;
+    if ((k_dtype >= bd::kFirstCodePages && !k_side) || (v_dtype >= bd::kFirstCodePages && !v_side)) return -1;
     static thread_local bd::Scratch scratch;
     bd::ModelDesc m{};
     m.num_heads = hq, m.num_kv_heads = hkv, m.head_dim = d, m.attention_scale = scale;
     bd::LayerDesc L{};
     L.k_cache = k_pages, L.v_cache = v_pages, L.k_scale = k_scale, L.v_scale = v_scale, L.window = window;
-    bd::attend(m, L, q, out, T, positions, token_rows, block_tables, bt_stride, block_size, scratch, keys, values);
+    bd::attend(m, L, q, out, T, positions, token_rows, block_tables, bt_stride, block_size, scratch, keys, values,
+               static_cast<const bd::CodePagesDesc*>(k_side), static_cast<const bd::CodePagesDesc*>(v_side));
     return 0;
 }
 
@@ -474,7 +489,7 @@ int bd_paged_attention(int k_dtype, int v_dtype, const float* q, float* out, lon
 // row pages or a d they do not fit.
 int bd_read_kv_rows(int kv_dtype, const void* pages, const void* scales, long rows, long d, float* out) {
     bd::Pass keys = nullptr, values = nullptr;
-    if (!bd::passes(kv_dtype, kv_dtype, d, keys, values)) return -1;
+    if (kv_dtype >= bd::kFirstCodePages || !bd::passes(kv_dtype, kv_dtype, d, keys, values)) return -1;
     bd::with_pages(kv_dtype, [&](auto p) {
         using P = decltype(p);
         const typename P::T* r = static_cast<const typename P::T*>(pages);
@@ -491,7 +506,7 @@ int bd_read_kv_rows(int kv_dtype, const void* pages, const void* scales, long ro
 // (rows): the decode step's write of a new token's keys or values. Returns 0, -1 as bd_read_kv_rows.
 int bd_write_kv_rows(int kv_dtype, const float* x, long rows, long d, void* pages, void* scales) {
     bd::Pass keys = nullptr, values = nullptr;
-    if (!bd::passes(kv_dtype, kv_dtype, d, keys, values)) return -1;
+    if (kv_dtype >= bd::kFirstCodePages || !bd::passes(kv_dtype, kv_dtype, d, keys, values)) return -1;
     for (long i = 0; i < rows; ++i) bd::write_row(kv_dtype, x + i * d, d, pages, scales, i);
     return 0;
 }
