@@ -59,10 +59,9 @@ def test_native_attention_over_mixed_pages_equals_reference(variant, case, k_dty
     check(variant, case, k_dtype, v_dtype)
 
 
-def check(variant, case, kv_dtype, v_dtype):
-    hq, hkv, d, window, seqs = CASES[case]
-    mixed = v_dtype != kv_dtype
-    gen = torch.Generator().manual_seed(zlib.crc32((case + kv_dtype + (v_dtype if mixed else "")).encode()))
+def ragged_batch(seqs, gen):
+    """Block tables over shuffled pages (3 spare), each token's position and table row, and the slot count for
+    sequences given as (new tokens, context) pairs."""
     width = max(-(-ctx // BLOCK) for _, ctx in seqs)
     perm = torch.randperm(sum(-(-ctx // BLOCK) for _, ctx in seqs) + 3, generator=gen)
     tables, positions, rows, used = [], [], [], 0
@@ -72,8 +71,14 @@ def check(variant, case, kv_dtype, v_dtype):
         used += nb
         positions += list(range(ctx - n, ctx))
         rows += [s] * n
-    bt, positions, rows = torch.stack(tables).long(), torch.tensor(positions), torch.tensor(rows)
-    slots = perm.numel() * BLOCK
+    return torch.stack(tables).long(), torch.tensor(positions), torch.tensor(rows), perm.numel() * BLOCK
+
+
+def check(variant, case, kv_dtype, v_dtype):
+    hq, hkv, d, window, seqs = CASES[case]
+    mixed = v_dtype != kv_dtype
+    gen = torch.Generator().manual_seed(zlib.crc32((case + kv_dtype + (v_dtype if mixed else "")).encode()))
+    bt, positions, rows, slots = ragged_batch(seqs, gen)
     (k, ks), (v, vs) = pages(gen, slots, hkv, d, kv_dtype), pages(gen, slots, hkv, d, v_dtype)
     q = torch.randn(len(positions), hq, d, generator=gen)
     args = (q, positions, rows, bt, BLOCK, d ** -0.5, window, kv_dtype, k, v, ks, vs, v_dtype if mixed else None)
@@ -117,17 +122,7 @@ def test_native_attention_over_code_pages_equals_reference(variant, case, k_dtyp
     if d % 32 and (v_dtype in CODE_PAGE_TYPES or v_dtype in BLOCK_PAGE_TYPES):
         v_dtype = "fp32"  # per-token code pages (groups of 32 channels), like GGML blocks, need head_dim % 32 == 0
     gen = torch.Generator().manual_seed(zlib.crc32(f"{case}{k_dtype}{v_dtype}{group}".encode()))
-    width = max(-(-ctx // BLOCK) for _, ctx in seqs)
-    perm = torch.randperm(sum(-(-ctx // BLOCK) for _, ctx in seqs) + 3, generator=gen)
-    tables, positions, rows, used = [], [], [], 0
-    for s, (n, ctx) in enumerate(seqs):
-        nb = -(-ctx // BLOCK)
-        tables.append(torch.cat([perm[used:used + nb], torch.full((width - nb,), -1)]))
-        used += nb
-        positions += list(range(ctx - n, ctx))
-        rows += [s] * n
-    bt, positions, rows = torch.stack(tables).long(), torch.tensor(positions), torch.tensor(rows)
-    slots = perm.numel() * BLOCK
+    bt, positions, rows, slots = ragged_batch(seqs, gen)
 
     def make(dtype):
         if dtype in CODE_PAGE_TYPES:
