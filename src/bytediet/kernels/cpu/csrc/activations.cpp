@@ -2,8 +2,6 @@
 // (Hendrycks & Gimpel 2016, arXiv 1606.08415, the tanh approximation used by Gemma). PyTorch's
 // F.gelu(approximate="tanh") followed by a multiply costs ~3.7 ns per element on one Zen 3 core; this
 // costs a fraction of that, the tanh as 1 − 2 / (e^{2z} + 1) with exp8 (relative error ≈ 2e-7).
-#include <cmath>
-
 #include "activations.h"
 #include "threadpool.h"
 
@@ -22,28 +20,12 @@ void bd_gelu_tanh_mul(const float* gate, const float* up, long n, float* out) {
 
 // y[r] = x[r] / sqrt(mean(x[r]²) + eps) · w for the M rows of n values (RMSNorm, Zhang & Sennrich 2019,
 // arXiv 1910.07467; y may alias x): the prefill's norms in one pass instead of PyTorch's five (pow, mean, add,
-// rsqrt, two muls), which cost ~60 ms of a 512-token Gemma-3 prefill. Sum of squares in float32, 8 lanes.
+// rsqrt, two muls), which cost ~60 ms of a 512-token Gemma-3 prefill; the row is the decode step's (activations.h).
 void bd_rms_norm_rows(const float* x, const float* w, long M, long n, float eps, float* y) {
     auto body = [&](int t, int nt) {
         long b, e;
         bd::split_range(M, nt, t, 1, &b, &e);
-        for (long r = b; r < e; ++r) {
-            const float* xr = x + r * n;
-            float* yr = y + r * n;
-            __m256 acc = _mm256_setzero_ps();
-            long i = 0;
-            for (; i + 8 <= n; i += 8) {
-                const __m256 v = _mm256_loadu_ps(xr + i);
-                acc = _mm256_fmadd_ps(v, v, acc);
-            }
-            float ss = bd::hsum(acc);
-            for (; i < n; ++i) ss += xr[i] * xr[i];
-            const float inv = 1.0f / std::sqrt(ss / static_cast<float>(n) + eps);
-            const __m256 iv = _mm256_set1_ps(inv);
-            for (i = 0; i + 8 <= n; i += 8)
-                _mm256_storeu_ps(yr + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(xr + i), iv), _mm256_loadu_ps(w + i)));
-            for (; i < n; ++i) yr[i] = xr[i] * inv * w[i];
-        }
+        for (long r = b; r < e; ++r) bd::rmsnorm(x + r * n, w, n, eps, y + r * n);
     };
     (M * n >= 16384 ? bd::parallel_run : bd::run_here)(body);
 }

@@ -1,5 +1,7 @@
 // Vectorised activations shared by the decode step (decoder.cpp) and the prefill pass (activations.cpp).
 #pragma once
+#include <cmath>
+
 #include "isa.h"
 
 namespace bd {
@@ -18,6 +20,24 @@ inline __m256 gelu_tanh8(__m256 x) {
 inline __m256 silu8(__m256 x) {
     const __m256 one = _mm256_set1_ps(1.0f);
     return _mm256_div_ps(x, _mm256_add_ps(one, exp8(_mm256_sub_ps(_mm256_setzero_ps(), x))));
+}
+
+// y = x / sqrt(mean(x²) + eps) · w over one row of n values (RMSNorm, Zhang & Sennrich 2019, arXiv 1910.07467;
+// y may alias x): the sum of squares in float32 over 8 lanes, then (x · r) · w per value.
+inline void rmsnorm(const float* x, const float* w, long n, float eps, float* y) {
+    __m256 acc = _mm256_setzero_ps();
+    long i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = _mm256_loadu_ps(x + i);
+        acc = _mm256_fmadd_ps(v, v, acc);
+    }
+    float ss = hsum(acc);
+    for (; i < n; ++i) ss += x[i] * x[i];
+    const float r = 1.0f / std::sqrt(ss / static_cast<float>(n) + eps);
+    const __m256 rv = _mm256_set1_ps(r);
+    for (i = 0; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), rv), _mm256_loadu_ps(w + i)));
+    for (; i < n; ++i) y[i] = x[i] * r * w[i];
 }
 
 // out[i] = act(gate[i]) · up[i] for i in [b, e), act = GELU-tanh or SiLU; the tail one value at a time through

@@ -35,19 +35,6 @@ struct Scratch {
     std::vector<float> sums;  // f32 mode: the sum of each activation block
 };
 
-void rmsnorm(const float* x, const float* w, long n, float eps, float* y) {
-    __m256 acc = _mm256_setzero_ps();
-    long i = 0;
-    for (; i + 8 <= n; i += 8) {
-        __m256 v = _mm256_loadu_ps(x + i);
-        acc = _mm256_fmadd_ps(v, v, acc);
-    }
-    float ss = hsum(acc);
-    for (; i < n; ++i) ss += x[i] * x[i];
-    const float r = 1.0f / std::sqrt(ss / static_cast<float>(n) + eps);
-    for (long j = 0; j < n; ++j) y[j] = x[j] * r * w[j];
-}
-
 // RoPE of a token's query heads q (hq, d) and key heads k (hkv, d) at one position: one cos/sin per frequency
 // for both (libm's sincos is most of the cost at head_dim 256).
 void rope(float* q, long hq, float* k, long hkv, long d, const float* inv_freq, long pos) {
