@@ -1,7 +1,9 @@
 """Native paged attention (``ops.attention_over_pages``) against its twin ``reference.attention_over_pages``:
-every page type (llama.cpp's GGML block types included), keys and values of different types, the GQA ratios of
-the three families, odd context lengths across page boundaries, sliding windows, a ragged batch mixing a prefill
-chunk (tokens sharing a block table row) with decodes, long contexts split across threads."""
+every page type (llama.cpp's GGML block types and the code pages included: KIVI's and HF QuantizedCache's
+per-channel keys and per-token values with their staged windows, QJL's sign-bit keys, PolarQuant's rows), keys and
+values of different types, the GQA ratios of the three families, odd context lengths across page boundaries,
+sliding windows, a ragged batch mixing a prefill chunk (tokens sharing a block table row) with decodes, long
+contexts split across threads."""
 import zlib
 from unittest import mock
 
@@ -10,7 +12,7 @@ import torch
 
 from bytediet.kernels import ops, reference
 from bytediet.kernels.cpu import build
-from bytediet.kernels.decoder_spec import (ATTENTION_PAGE_TYPES, BLOCK_PAGE_TYPES, CODE_PAGE_BITS, CODE_PAGE_TYPES,
+from bytediet.kernels.decoder_spec import (ATTENTION_PAGE_TYPES, CODE_PAGE_BITS, CODE_PAGE_TYPES, PAGE_ALIGN,
                                          CodePageSide)
 
 VARIANTS = [v.name for v in build.runnable_variants()] if build.find_compiler() else []
@@ -33,8 +35,8 @@ CASES = {  # name: (hq, hkv, d, window, [(tokens, context) per sequence])
 }
 
 
-def fits(kv_dtype, d):
-    return kv_dtype not in BLOCK_PAGE_TYPES or d % 32 == 0  # llama.cpp's block types: head_dim a multiple of 32
+def fits(kv_dtype, d):  # llama.cpp's block types, per-token codes, PolarQuant: head_dim a multiple of 32 or 64
+    return d % PAGE_ALIGN.get(kv_dtype, 8) == 0
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -88,45 +90,74 @@ def check(variant, case, kv_dtype, v_dtype):
     assert (got - want).abs().max().item() <= 1e-5 * max(1.0, want.abs().max().item())
 
 
-# --- code pages (KIVI): packed 2/4-bit codes widened with side data (scales, zero points, open key groups) ---
+# --- code pages: packed codes read with side data (scales, zero points, staged windows, sketches, rotations) ---
 
-def code_pages(gen, slots, hkv, d, kv_dtype, group):
-    """(codes, CodePageSide): random code pages of ``kv_dtype`` (decoder_spec.CODE_PAGE_TYPES); KIVI keys with
-    about a third of their groups open (read from staging pages)."""
+def staged(gen, slots, hkv, d, window):
+    """(stage_of, stage): about a third of the ``window``-token windows open, their rows in fp16 staging pages."""
+    windows = -(-slots // window)
+    open_ = torch.rand(windows, generator=gen) < 0.35
+    stage_of = torch.full((windows,), -1, dtype=torch.int32)
+    stage_of[open_] = torch.randperm(int(open_.sum()), generator=gen).int()
+    return stage_of, (torch.randn(max(1, int(open_.sum())), window, hkv, d, generator=gen) * 2).half()
+
+
+def polar_table(gen):
+    """cos then sin of random centroid angles: 16 at the first level, 4 at each of the three above."""
+    return torch.cat([torch.cat([a.cos(), a.sin()]) for a in (torch.rand(n, generator=gen) * 6.3 for n in (16, 4, 4, 4))])
+
+
+def code_pages(gen, slots, hkv, d, kv_dtype, group, window=0):
+    """(codes, CodePageSide): random code pages of ``kv_dtype`` (decoder_spec.CODE_PAGE_TYPES). Per-channel keys have
+    about a third of their windows open (a window of ``window`` tokens, 0: their group, KIVI's), per-token codes too
+    when ``window`` (HF QuantizedCache's values); QJL keys a Gaussian sketch, PolarQuant a random rotation."""
+    if kv_dtype == "polarquant":
+        codes = torch.randint(0, 256, (slots, hkv, 23 * d // 64), generator=gen, dtype=torch.uint8)
+        rotation = torch.linalg.qr(torch.randn(d, d, generator=gen))[0]
+        return codes, CodePageSide((torch.rand(slots, hkv, d // 16, generator=gen) + 0.2).half(), transform=rotation,
+                                   table=polar_table(gen))
     bits = CODE_PAGE_BITS[kv_dtype]
+    if kv_dtype.startswith("qjl"):
+        m = int(kv_dtype[3]) * d
+        codes = torch.randint(0, 256, (slots, hkv, m // 8), generator=gen, dtype=torch.uint8)
+        return codes, CodePageSide((torch.rand(slots, hkv, generator=gen) * 4 + 0.1).half(),
+                                   transform=torch.randn(m, d, generator=gen))
     codes = torch.randint(0, 256, (slots, hkv, d * bits // 8), generator=gen, dtype=torch.uint8)
     if not kv_dtype.startswith("kivi"):
-        shape = (slots, hkv, d // 32)
+        shape = (slots, hkv, d // PAGE_ALIGN[kv_dtype])
+        stage_of, stage = staged(gen, slots, hkv, d, window) if window else (None, None)
         return codes, CodePageSide((torch.rand(shape, generator=gen) * 0.5 + 0.01).half(),
-                                   (torch.randn(shape, generator=gen)).half())
+                                   (torch.randn(shape, generator=gen)).half(), stage_of, stage, window=window)
     groups = slots // group
     scale = (torch.rand(groups, hkv, d, generator=gen) * 0.5 + 0.01).half()
     zero = torch.randn(groups, hkv, d, generator=gen).half()
-    open_ = torch.rand(groups, generator=gen) < 0.35
-    stage_of = torch.full((groups,), -1, dtype=torch.int32)
-    stage_of[open_] = torch.randperm(int(open_.sum()), generator=gen).int()
-    stage = (torch.randn(max(1, int(open_.sum())), group, hkv, d, generator=gen) * 2).half()
-    return codes, CodePageSide(scale, zero, stage_of, stage, group)
+    return codes, CodePageSide(scale, zero, *staged(gen, slots, hkv, d, window or group), group, window)
 
 
 CODE_PAIRS = [("kivi2-keys", "int2-token-g32-asym"), ("kivi4-keys", "int4-token-g32-asym"),
-              ("kivi2-keys", "q8_0"), ("fp16", "int4-token-g32-asym"), ("kivi4-keys", "int2-token-g32-asym")]
+              ("kivi2-keys", "q8_0"), ("fp16", "int4-token-g32-asym"), ("kivi4-keys", "int2-token-g32-asym"),
+              ("kivi4-keys", "int4-token-g64-asym"), ("kivi2-keys", "int2-token-g64-asym"),  # HF QuantizedCache's
+              ("qjl1-keys", "int4-token-g32-asym"), ("qjl2-keys", "int4-token-g32-asym"), ("qjl3-keys", "bf16"),
+              ("qjl4-keys", "q4_0"), ("polarquant", "polarquant"), ("qjl2-keys", "polarquant"),
+              ("polarquant", "int4-token-g64-asym")]
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("case", sorted(CASES))
 @pytest.mark.parametrize("k_dtype,v_dtype", CODE_PAIRS)
-@pytest.mark.parametrize("group", [8, 16])
-def test_native_attention_over_code_pages_equals_reference(variant, case, k_dtype, v_dtype, group):
-    hq, hkv, d, window, seqs = CASES[case]
-    if d % 32 and (v_dtype in CODE_PAGE_TYPES or v_dtype in BLOCK_PAGE_TYPES):
-        v_dtype = "fp32"  # per-token code pages (groups of 32 channels), like GGML blocks, need head_dim % 32 == 0
-    gen = torch.Generator().manual_seed(zlib.crc32(f"{case}{k_dtype}{v_dtype}{group}".encode()))
+@pytest.mark.parametrize("group,window", [(8, 0), (16, 0), (8, 32)])  # window: HF's residual, beyond the key group
+def test_native_attention_over_code_pages_equals_reference(variant, case, k_dtype, v_dtype, group, window):
+    hq, hkv, d, win, seqs = CASES[case]
+    k_dtype, v_dtype = (t if fits(t, d) else "fp32" for t in (k_dtype, v_dtype))  # 32/64-channel groups, polar trees
+    if k_dtype not in CODE_PAGE_TYPES and v_dtype not in CODE_PAGE_TYPES:
+        pytest.skip(f"head_dim {d} fits neither {k_dtype} nor {v_dtype}")
+    if window and not any(t.startswith(("kivi", "int")) for t in (k_dtype, v_dtype)):
+        pytest.skip("no staged windows in these pages")
+    gen = torch.Generator().manual_seed(zlib.crc32(f"{case}{k_dtype}{v_dtype}{group}{window}".encode()))
     bt, positions, rows, slots = ragged_batch(seqs, gen)
 
     def make(dtype):
         if dtype in CODE_PAGE_TYPES:
-            return code_pages(gen, slots, hkv, d, dtype, group)
+            return code_pages(gen, slots, hkv, d, dtype, group, window)
         p, s = pages(gen, slots, hkv, d, dtype)
         return (p, s, None)
 
@@ -134,8 +165,18 @@ def test_native_attention_over_code_pages_equals_reference(variant, case, k_dtyp
     ks, kside = (None, k_rest[0]) if k_dtype in CODE_PAGE_TYPES else k_rest[:2]
     vs, vside = (None, v_rest[0]) if v_dtype in CODE_PAGE_TYPES else v_rest[:2]
     q = torch.randn(len(positions), hq, d, generator=gen)
-    args = (q, positions, rows, bt, BLOCK, d ** -0.5, window, k_dtype, k, v, ks, vs, v_dtype)
+    args = (q, positions, rows, bt, BLOCK, d ** -0.5, win, k_dtype, k, v, ks, vs, v_dtype)
     want = reference.attention_over_pages(*args, k_side=kside, v_side=vside)
     with mock.patch.object(reference, "attention_over_pages", side_effect=AssertionError("the reference ran")):
         got = ops.attention_over_pages(*args, k_side=kside, v_side=vside, variant=variant)
     assert (got - want).abs().max().item() <= 1e-5 * max(1.0, want.abs().max().item())
+
+
+def test_code_pages_refuse_missing_side_data():
+    gen = torch.Generator().manual_seed(3)
+    codes, side = code_pages(gen, 32, 1, 64, "qjl2-keys", 8)
+    side.transform = None
+    with pytest.raises(ValueError, match="sketch or rotation"):
+        ops.attention_over_pages(torch.randn(1, 1, 64), torch.tensor([3]), torch.tensor([0]), torch.tensor([[0, 1]]),
+                                 BLOCK, 0.1, None, "qjl2-keys", codes, torch.randn(32, 1, 64), k_side=side,
+                                 v_dtype="fp32", variant=VARIANTS[0])

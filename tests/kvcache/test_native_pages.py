@@ -24,6 +24,8 @@ PAGES = {  # spec: (key page type, value page type), or None where the codec's o
     "k=turboquant3,v=q4_0": None, "k=q8_0,v=kivi2": ("q8_0", "int2-token-g32-asym"),
     "kivi2g16": ("kivi2-keys", "int2-token-g32-asym"), "kivi4g16": ("kivi4-keys", "int4-token-g32-asym"),
     "k=kivi4g16,v=bf16": ("kivi4-keys", "bf16"), "k=turboquant3,v=kivi4": None,
+    "qjl": ("qjl2-keys", "int4-token-g32-asym"), "qjl1": ("qjl1-keys", "int4-token-g32-asym"),
+    "k=qjl3,v=q8_0": ("qjl3-keys", "q8_0"),
 }
 
 
@@ -55,7 +57,7 @@ def attend_both_ways(spec, *, hq, hkv, d, window, seed, num_blocks=48, block_siz
     attention natively and by the codec's own read (attend_natively off) on the same pages."""
     rng = random.Random(seed)
     gen = torch.Generator().manual_seed(seed)
-    cache = get_kv_codec(spec).create_cache(0, num_blocks, block_size, hkv, d, torch.float32, "cpu")
+    cache = get_kv_codec(spec).create_cache(0, num_blocks, block_size, hkv, d, torch.float32, "cpu")  # spec or codec
     assert cache.native_pages() is not None
     plan = random_batch_plan(rng, num_blocks, block_size, 3, 130)
     done = [0] * len(plan)
@@ -129,3 +131,22 @@ def test_the_native_decode_step_says_it_does_not_write_kivi_pages():
     assert pages is None and "kivi2-keys" in why and "\n" not in why
     pages, why = _pages_or_objection(get_kv_codec("q8_0").create_cache(0, 4, 16, 2, 64, torch.float32, "cpu"))
     assert why == "" and "k_side" not in pages and pages["kv_dtype"] == "q8_0"
+
+
+# QJL (arXiv 2406.03482): keys scored on their sign bits against the query sketched once per call, values per token
+# (int4, groups of 32 channels); calibrated: the key mean's q·μ, the same for every key of a query, left to the softmax.
+@NATIVE
+@pytest.mark.parametrize("spec", ["qjl", "qjl1", "qjl4", "k=qjl3,v=q8_0", "qjl-calibrated"])
+@pytest.mark.parametrize("hq,hkv,d,window", [(9, 3, 64, None), (4, 1, 256, 20), (4, 4, 32, None), (6, 2, 96, 7),
+                                             (7, 1, 64, None)])
+def test_native_attention_on_qjl_pages_equals_the_codecs_own_read(spec, hq, hkv, d, window):
+    codec = get_kv_codec(spec.removesuffix("-calibrated"))
+    if spec.endswith("-calibrated"):
+        gen = torch.Generator().manual_seed(d)
+        codec.key_half.calibrate(torch.randn(64, hkv, d, generator=gen) + 3 * torch.randn(1, hkv, d, generator=gen), 0)
+    with mock.patch("bytediet.kernels.reference.attention_over_pages",
+                    side_effect=AssertionError("the reference twin ran, not the native kernel")):
+        pairs = attend_both_ways(codec, hq=hq, hkv=hkv, d=d, window=window, seed=hq * d + hkv)
+    assert len(pairs) >= 3
+    for native, own in pairs:
+        assert (native - own).abs().max().item() <= 1e-4 * max(1.0, own.abs().max().item())

@@ -33,34 +33,56 @@ ROW_PAGE_TYPES = ("fp32", "bf16", "fp16", "int8", "fp8")  # pages stored as (slo
 # llama.cpp's KV cache types (kvcache/ggml_block.py): pages (slots, H, D/32 · block bytes) uint8, each row the
 # GGML blocks of its D values (ids 6..9) → their GGML type
 BLOCK_PAGE_TYPES = {"q8_0": T.Q8_0, "q5_0": T.Q5_0, "q4_1": T.Q4_1, "q4_0": T.Q4_0}
-# code pages the native attention reads (not the decode step: their codecs quantize groups of tokens), each with a
-# CodePageSide: KIVI's keys (kvcache/kivi.py) at 2 and 4 bits (ids 10, 11), and per-token asymmetric codes in groups
-# of 32 channels (kvcache/tokenwise.py: KIVI's and QJL's values; named as that half) at 2 and 4 bits (ids 12, 13)
-CODE_PAGE_TYPES = ("kivi2-keys", "kivi4-keys", "int2-token-g32-asym", "int4-token-g32-asym")
+# code pages the native attention reads (not the decode step: their codecs quantize groups of tokens or keep
+# per-layer transforms), each with a CodePageSide (kernels/cpu/csrc/code_pages.h): per-channel keys over groups of
+# tokens at 2 and 4 bits (ids 10, 11: KIVI's, kvcache/kivi.py, and HF QuantizedCache's, kvcache/hfquant.py, behind its
+# full-precision window), per-token asymmetric codes in groups of 32 channels (kvcache/tokenwise.py: KIVI's and QJL's
+# values) and of 64 (HF's values, behind their window) at 2 and 4 bits (ids 12..15), QJL keys of sketch m = r·D
+# (kvcache/qjl.py: r = 1..4, ids 16..19: scored on the sign bits) and PolarQuant's keys and values (id 20)
+CODE_PAGE_TYPES = ("kivi2-keys", "kivi4-keys", "int2-token-g32-asym", "int4-token-g32-asym", "int2-token-g64-asym",
+                   "int4-token-g64-asym", "qjl1-keys", "qjl2-keys", "qjl3-keys", "qjl4-keys", "polarquant")
 # the page types of the kernels; a type's id in the kernels is its index here (5: TurboQuant's codes)
 KV_PAGE_TYPES = ROW_PAGE_TYPES + ("turboquant",) + tuple(BLOCK_PAGE_TYPES) + CODE_PAGE_TYPES
 # the page types the native attention (ops.attention_over_pages) reads in place, keys of one and values of another
 ATTENTION_PAGE_TYPES = ROW_PAGE_TYPES + tuple(BLOCK_PAGE_TYPES)
-CODE_PAGE_BITS = {"kivi2-keys": 2, "kivi4-keys": 4, "int2-token-g32-asym": 2, "int4-token-g32-asym": 4}
+CODE_PAGE_BITS = {"kivi2-keys": 2, "kivi4-keys": 4, "int2-token-g32-asym": 2, "int4-token-g32-asym": 4,
+                  "int2-token-g64-asym": 2, "int4-token-g64-asym": 4, "qjl1-keys": 1, "qjl2-keys": 1, "qjl3-keys": 1,
+                  "qjl4-keys": 1}  # bits per code (PolarQuant: 4 at its first level, 2 above)
+# head_dim must be a multiple of this for the native attention to read a page type (GGML blocks: 32 values)
+PAGE_ALIGN = {**{t: 32 for t in BLOCK_PAGE_TYPES}, "int2-token-g32-asym": 32, "int4-token-g32-asym": 32,
+              "int2-token-g64-asym": 64, "int4-token-g64-asym": 64, "polarquant": 64}
+POLAR_MAX_DIM = 512  # the widest PolarQuant row the native attention widens
 FLOAT_PAGE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}  # their element types
 
 
 @dataclass
 class CodePageSide:
-    """What code pages (:data:`CODE_PAGE_TYPES`, codes (slots, H, D·bits/8) uint8 packed as kvcache/bitpack.py) keep
-    beside them; x = code · scale + zero (float32, two roundings), per channel or per group of 32 channels.
+    """What code pages (:data:`CODE_PAGE_TYPES`, codes (slots, H, row bytes) uint8 packed as kvcache/bitpack.py) keep
+    beside them.
 
-    KIVI keys: ``scale``/``zero`` (slots / group, H, D) float16 per key group of ``group`` tokens (a slot's group is
-    slot // group); ``stage_of`` (slots / group,) int32, the staging page of a group still open, else −1, whose rows
-    are read from ``stage`` (pages, group, H, D) float16 instead. Per-token codes: ``scale``/``zero`` (slots, H,
-    D/32) float16; the rest unused.
+    Per-channel keys (``kivi<b>-keys``): x = code · scale + zero (float32, two roundings), ``scale``/``zero``
+    (slots / group, H, D) float16 per key group of ``group`` tokens (a slot's group is slot // group). Per-token codes
+    (``int<b>-token-g<G>-asym``): the same with ``scale``/``zero`` (slots, H, D/G) float16. Either may keep its newest
+    tokens in full precision: ``stage_of`` (slots / window,) int32, the staging page of a ``window`` of tokens still
+    open (KIVI: its key group, ``window`` 0 = ``group``; HF QuantizedCache: its residual), else −1, whose rows are
+    read from ``stage`` (pages, window, H, D) float16 instead.
+
+    QJL keys (``qjl<r>-keys``, D·r sign bits a row): k ≈ √(π/2)/m · ‖k − μ‖ · Sᵀ sign, with ``scale`` (slots, H) float16
+    ‖k − μ‖ and ``transform`` the sketch S (m = r·D, D) float32; the calibrated mean μ adds q·μ to every score of a
+    query, which the softmax ignores, so it is not kept here. PolarQuant (row: the 4-bit level-1 angle codes, then the
+    2-bit codes of levels 2, 3, 4): ``scale`` (slots, H, D/16) float16 radii, ``transform`` its rotation R (D, D),
+    ``table`` (56,) float32 cos then sin of the centroids of level 1 (16 each), then of levels 2, 3, 4 (4 each); the
+    row is R-rotated, x = y R.
     """
 
     scale: torch.Tensor
-    zero: torch.Tensor
+    zero: Optional[torch.Tensor] = None
     stage_of: Optional[torch.Tensor] = None
     stage: Optional[torch.Tensor] = None
     group: int = 0
+    window: int = 0
+    transform: Optional[torch.Tensor] = None
+    table: Optional[torch.Tensor] = None
 
 
 @dataclass

@@ -16,7 +16,7 @@ import torch
 from . import native_layouts, reference, tuning
 from .cpu.dispatch import NativeLibrary, native
 from .decoder_spec import (ATTENTION_PAGE_TYPES, BLOCK_PAGE_TYPES, CODE_PAGE_TYPES, FLOAT_PAGE_DTYPES, KV_PAGE_TYPES,
-                           CodePageSide, DecoderSpec, LinearSpec, TurboQuantPageSpec)
+                           PAGE_ALIGN, POLAR_MAX_DIM, CodePageSide, DecoderSpec, LinearSpec, TurboQuantPageSpec)
 from .ggml_codecs import block_size_of
 
 # GGML Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q4_K Q5_K Q6_K, and bytediet's int8/int4 layouts (native_layouts.TYPES)
@@ -310,8 +310,10 @@ class _TQPages(ctypes.Structure):  # mirrors bd::TQPagesDesc
                 ("num_parts", ctypes.c_int32), ("pad", ctypes.c_int32)]
 
 
-class _CodePages(ctypes.Structure):  # mirrors bd::CodePagesDesc in csrc/kv_pages.h
-    _fields_ = [(name, ctypes.c_void_p) for name in ("scale", "zero", "stage_of", "stage")] + [("group", ctypes.c_int64)]
+class _CodePages(ctypes.Structure):  # mirrors bd::CodePagesDesc in csrc/code_pages.h
+    _fields_ = ([(name, ctypes.c_void_p) for name in ("scale", "zero", "stage_of", "stage")]
+                + [("group", ctypes.c_int64), ("window", ctypes.c_int64), ("transform", ctypes.c_void_p),
+                   ("table", ctypes.c_void_p)])
 
 
 def _code_side(kv_dtype: str, side: Optional[CodePageSide], d: int) -> tuple[Optional[_CodePages], list]:
@@ -320,14 +322,22 @@ def _code_side(kv_dtype: str, side: Optional[CodePageSide], d: int) -> tuple[Opt
         return None, []
     if side is None:
         raise ValueError(f"{kv_dtype!r} pages need their CodePageSide (scales, zero points)")
-    keys = kv_dtype.startswith("kivi")
-    scale, zero = (t.to(torch.float16).contiguous() for t in (side.scale, side.zero))
-    stage_of = side.stage_of.to(torch.int32).contiguous() if keys else None
-    stage = side.stage.to(torch.float16).contiguous() if keys else None
-    if keys and (side.group < 1 or stage_of is None):
-        raise ValueError(f"{kv_dtype!r} pages need their group size and staging pages")
-    keep = [t for t in (scale, zero, stage_of, stage) if t is not None]
-    return _CodePages(_ptr(scale), _ptr(zero), _ptr(stage_of), _ptr(stage), side.group if keys else 0), keep
+    as_type = lambda t, dtype: None if t is None else t.to(dtype).contiguous()  # noqa: E731
+    scale, zero, stage = (as_type(t, torch.float16) for t in (side.scale, side.zero, side.stage))
+    stage_of = as_type(side.stage_of, torch.int32)
+    transform, table = (as_type(t, torch.float32) for t in (side.transform, side.table))
+    window = side.window or side.group
+    missing = [what for what, gone in (
+        ("zero points", zero is None and (kv_dtype.startswith(("kivi", "int")))),
+        ("group size", kv_dtype.startswith("kivi") and side.group < 1),
+        ("staging pages and window", stage_of is not None and (stage is None or window < 1)),
+        ("sketch or rotation", transform is None and kv_dtype.startswith(("qjl", "polar"))),
+        ("centroid cos/sin table", table is None and kv_dtype == "polarquant")) if gone]
+    if missing:
+        raise ValueError(f"{kv_dtype!r} pages need their {', '.join(missing)}")
+    keep = [t for t in (scale, zero, stage_of, stage, transform, table) if t is not None]
+    return _CodePages(_ptr(scale), _ptr(zero), _ptr(stage_of), _ptr(stage), side.group, window, _ptr(transform),
+                      _ptr(table)), keep
 
 
 class _Model(ctypes.Structure):  # mirrors bd::ModelDesc
@@ -389,13 +399,15 @@ def attention_over_pages(q: torch.Tensor, positions: torch.Tensor, token_rows: t
                          v_dtype: Optional[str] = None, k_side: Optional[CodePageSide] = None,
                          v_side: Optional[CodePageSide] = None, variant: Optional[str] = None) -> torch.Tensor:
     """See :func:`bytediet.kernels.reference.attention_over_pages` (native: flash-decoding over the pages in
-    place, every token of a ragged batch in one call; code pages widened row by row from their side data)."""
+    place, every token of a ragged batch in one call; code pages widened row by row from their side data, QJL keys
+    scored on their sign bits against the query sketched once, PolarQuant's against the query rotated once)."""
     lib = _library(variant)
     t, hq, d = q.shape
     v_dtype = v_dtype or kv_dtype
     readable = ATTENTION_PAGE_TYPES + CODE_PAGE_TYPES
+    fits = lambda t: d % PAGE_ALIGN.get(t, 8) == 0 and (t != "polarquant" or d <= POLAR_MAX_DIM)  # noqa: E731
     if (lib is None or d % 8 or q.dtype != torch.float32 or kv_dtype not in readable or v_dtype not in readable
-            or (v_dtype in CODE_PAGE_TYPES[2:] and d % 32)):
+            or not (fits(kv_dtype) and fits(v_dtype))):
         return reference.attention_over_pages(q, positions, token_rows, block_tables, block_size, scale, window,
                                               kv_dtype, k_cache, v_cache, k_scale, v_scale, v_dtype, k_side, v_side)
     q = q.contiguous()

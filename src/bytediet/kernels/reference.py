@@ -1,6 +1,7 @@
 """Plain-PyTorch reference kernels: the truth every fast kernel is tested against."""
 from __future__ import annotations
 
+import math
 from typing import Callable, Optional
 
 import torch
@@ -145,22 +146,48 @@ def _unpack_codes(packed: torch.Tensor, bits: int, n: int) -> torch.Tensor:
 
 
 def read_code_rows(kv_dtype: str, codes: torch.Tensor, side, slots: torch.Tensor, d: int) -> torch.Tensor:
-    """The rows at ``slots`` (L,) of code pages (``decoder_spec.CODE_PAGE_TYPES``: codes (slots, H, D·bits/8)
-    uint8, side data ``side``) → float32 (L, H, D): code · scale + zero, per channel over each KIVI key group (a
-    group still open read from its staging page), or per token in groups of 32 channels."""
-    bits = CODE_PAGE_BITS[kv_dtype]
-    q = _unpack_codes(codes[slots], bits, d)                                           # (L, H, D)
-    if not kv_dtype.startswith("kivi"):
+    """The rows at ``slots`` (L,) of code pages (``decoder_spec.CODE_PAGE_TYPES``: codes (slots, H, row bytes)
+    uint8, side data ``side``, a :class:`~bytediet.kernels.decoder_spec.CodePageSide`) → float32 (L, H, D):
+    code · scale + zero, per channel over each key group or per token in groups of G channels, a row whose window is
+    still open read from its staging page; QJL keys √(π/2)/m · ‖k − μ‖ · Sᵀ sign (without the mean μ: it shifts every
+    score of a query alike); PolarQuant rows decoded down the polar tree in the rotated basis, then rotated back."""
+    if kv_dtype.startswith("qjl"):
+        m = int(kv_dtype[3]) * d
+        signs = _unpack_codes(codes[slots], 1, m) * 2 - 1                                   # (L, H, m)
+        return (signs @ side.transform) * ((math.sqrt(math.pi / 2) / m) * side.scale[slots].float())[..., None]
+    if kv_dtype == "polarquant":
+        return _polar_rows(codes[slots], side.scale[slots].float(), side.table, d) @ side.transform
+    q = _unpack_codes(codes[slots], CODE_PAGE_BITS[kv_dtype], d)                         # (L, H, D)
+    if kv_dtype.startswith("kivi"):
+        g = slots // side.group
+        x = q * side.scale[g].float() + side.zero[g].float()
+    else:
         n, h = q.shape[:2]
-        x = q.reshape(n, h, d // 32, 32) * side.scale[slots].float()[..., None] + side.zero[slots].float()[..., None]
-        return x.reshape(n, h, d)
-    g = slots // side.group
-    x = q * side.scale[g].float() + side.zero[g].float()
-    page = side.stage_of[g].long()
-    open_ = page >= 0
-    if bool(open_.any()):
-        x[open_] = side.stage[page[open_], slots[open_] % side.group].float()
+        group = d // side.scale.shape[-1]
+        x = (q.reshape(n, h, d // group, group) * side.scale[slots].float()[..., None]
+             + side.zero[slots].float()[..., None]).reshape(n, h, d)
+    if side.stage_of is not None:
+        window = side.window or side.group
+        page = side.stage_of[slots // window].long()
+        open_ = page >= 0
+        if bool(open_.any()):
+            x[open_] = side.stage[page[open_], slots[open_] % window].float()
     return x
+
+
+def _polar_rows(rows: torch.Tensor, radii: torch.Tensor, table: torch.Tensor, d: int) -> torch.Tensor:
+    """PolarQuant rows (..., 23·D/64) uint8 and their radii (..., D/16) → (..., D) float32 in the rotated basis: from
+    the radii down, r ← (r·cos ψ, r·sin ψ) per pair with each level's centroid cos/sin (``table``, CodePageSide's)."""
+    sizes = [d // 4, d // 16, d // 32, d // 64]                         # bytes of levels 1..4 (4, 2, 2, 2 bits)
+    levels = torch.split(rows, sizes, dim=-1)
+    tables = torch.split(table.float(), [32, 8, 8, 8])
+    r = radii
+    for lvl in (3, 2, 1, 0):
+        bits = 4 if lvl == 0 else 2
+        c = _unpack_codes(levels[lvl], bits, d >> (lvl + 1)).long()
+        cos, sin = tables[lvl].reshape(2, -1)
+        r = torch.stack([r * cos[c], r * sin[c]], dim=-1).flatten(-2)
+    return r
 
 
 # --- low-bit linear layers (twins of kernels/cpu/csrc/gemm_blocks.cpp) --------------------------------------

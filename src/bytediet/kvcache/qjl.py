@@ -9,6 +9,12 @@ computed directly on the sign bits. Values: per-token asymmetric 4-bit, groups o
 and zero point), as the paper pairs QJL keys with standard per-token value quantization.
 r ∈ {1, 2, 3, 4} (default 2): keys cost r + 16/D bits per coordinate.
 
+Attention: the native kernel reads both halves in place (``native_pages``: code pages ``qjl<r>-keys`` and
+``int4-token-g32-asym``, ``kernels/cpu/csrc/code_pages.h``) for decodes and prefill chunks: S q once per query head and
+call, then per key a sign-flipped sum of S q times √(π/2)/m · ‖k‖; no key is decoded. The calibrated mean's q·μ is the
+same for every key of a query, so the softmax never sees it and the kernel leaves it out. The one-call decode step
+does not write these pages (it says so in one line; the module path runs, its attention native).
+
 **Calibration** (optional, :mod:`bytediet.calibrate.kv`): the per-layer channel mean μ (H, D) of the keys is
 subtracted before sketching and its share q·μ added back to every score — exact, and it matters: the
 estimator's error scales with ‖k‖, and on small models the mean carries a large part of the key energy
@@ -23,6 +29,7 @@ from typing import Optional
 import torch
 
 from ..errors import ConfigError
+from ..kernels.decoder_spec import CodePageSide
 from . import bitpack
 from .base import KV_CODECS
 from .compressed import CompressedCodec
@@ -67,6 +74,14 @@ class QJLKeyPages(HalfPages):
         norm = self.norm[slots].float().transpose(0, 1)                                        # (H, L)
         s = torch.bmm(sq, signs.transpose(1, 2)) * (self.coef * norm)[:, None, :]
         return s if qmu is None else s + qmu[..., None]
+
+    def native_pages(self):
+        """The sign bits and norms, scored on the codes by the native attention against the sketched query
+        (``decoder_spec.CodePageSide``: norms as ``scale``, the sketch as ``transform``); the scores of :meth:`scores`
+        less q·μ, which the softmax ignores."""
+        if self.head_dim % 8 or self.m % self.head_dim:
+            return None
+        return f"qjl{self.m // self.head_dim}-keys", self.signs, None, CodePageSide(self.norm, transform=self.S)
 
     def tensors(self):
         return [self.signs, self.norm]

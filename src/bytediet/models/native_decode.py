@@ -75,9 +75,9 @@ def _pages_or_objection(cache) -> tuple[Optional[dict], str]:
     sides = pages and (pages.pop("k_side", None), pages.pop("v_side", None))
     if pages is not None and sides == (None, None):
         return pages, ""
-    if pages is not None:  # code pages (KIVI): the codec quantizes whole key groups, which the step cannot write
-        return None, (f"KV cache of {pages['kv_dtype']} keys, {pages['v_dtype']} values has no native step (its codec "
-                      "quantizes groups of tokens); the module path runs, its attention native")
+    if pages is not None:  # code pages (KIVI, QJL, PolarQuant, HF's): codes the step does not write
+        return None, (f"KV cache of {pages['kv_dtype']} keys, {pages['v_dtype']} values has no native step (it does "
+                      "not write these codes); the module path runs, its attention native")
     if isinstance(cache, CompressedCache):
         k, v = cache.keys, cache.values
         if all(isinstance(h, TurboQuantPages) for h in (k, v)):

@@ -18,6 +18,7 @@
 #include "attention.h"
 #include "gemm_blocks.h"
 #include "isa.h"
+#include "code_pages.h"
 #include "kv_pages.h"
 #include "threadpool.h"
 
@@ -26,9 +27,10 @@ namespace {
 
 using attention::Partial;
 using attention::for_each_slot;
+using attention::hsum8;
 
 struct Scratch {
-    std::vector<float> h, q, k, v, att, o, gate, up, chunk_acc;
+    std::vector<float> h, q, k, v, att, o, gate, up, chunk_acc, kq;
     std::vector<Partial> chunk_parts;
     std::vector<long> tiles;  // attention: first token of each query tile, then T
     QuantizedActivations act;
@@ -115,13 +117,6 @@ class Input {
     Scratch& s_;
 };
 
-// The eight sums of a0…a7 as one vector: [Σa0, …, Σa7].
-inline __m256 hsum8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4, __m256 a5, __m256 a6, __m256 a7) {
-    const __m256 t0 = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
-    const __m256 t1 = _mm256_hadd_ps(_mm256_hadd_ps(a4, a5), _mm256_hadd_ps(a6, a7));
-    return _mm256_add_ps(_mm256_permute2f128_ps(t0, t1, 0x20), _mm256_permute2f128_ps(t0, t1, 0x31));
-}
-
 // Scores of 8 keys (rows k[0..7], each d floats) against q (d floats): one pass, eight accumulators, one
 // transpose-reduction — the per-key horizontal sum was most of the instructions of a dot per key.
 inline __m256 dot8(const float* q, const float* const* k, long d) {
@@ -194,7 +189,8 @@ constexpr long kQueryTile = 8;  // tokens of one prefill chunk sharing the row r
 struct AttendCall {  // what every item of one call shares
     const ModelDesc& m;
     const LayerDesc& L;
-    const float* q;  // (T, hq, d)
+    const float* q;  // (T, hq, kd): the queries as the key pages score them (q itself, or transformed: code_pages.h)
+    long kd;
     long chunks, block_size;
     float* acc;      // (T, hq, chunks, d): each chunk's unnormalised Σ p·v
     const CodePagesDesc* k_side;  // code pages' side data (kv_pages.h), null for row and block pages
@@ -209,6 +205,7 @@ struct Item {  // query tile [t0, t0 + qn) over positions [lo, hi) (n of them) o
 struct Worker {  // a thread's buffers: the item's scores (qn, hq, ns), then the block of rows at hand
     std::vector<float> scores, tile, weights;
     const float* rows[kRowBlock];
+    const uint8_t* codes[kRowBlock];  // keys scored on their codes (ON_CODES): the rows as stored
     long slots[kRowBlock];
     float row_scales[kRowBlock];
 };
@@ -228,15 +225,19 @@ void for_each_row_block(const AttendCall& a, const Item& it, const typename P::T
     if (filled) fn(first, filled);
 }
 
-// The rows of KV head kvh at the block's slots as floats (w.rows); their scales (int8/fp8, else 1) in w.row_scales.
+// The rows of KV head kvh at the block's slots as floats (w.rows), or as stored (w.codes: pages scored on their
+// codes); their scales (int8/fp8, QJL's norms, else 1) in w.row_scales.
 template <class P>
 void gather(const AttendCall& a, const typename P::T* pages, const void* scale_pages, const CodePagesDesc* side,
             long kvh, long count, Worker& w) {
     const long hkv = a.m.num_kv_heads, d = a.m.head_dim, rs = P::row_size(d);
     for (long j = 0; j < count; ++j) {
-        if constexpr (P::SIDE) {  // code pages: scale and zero beside the pages, found from the slot
+        if constexpr (P::ON_CODES) {
+            w.codes[j] = pages + (w.slots[j] * hkv + kvh) * rs;
+            w.row_scales[j] = P::row_scale_at(*side, w.slots[j], kvh, hkv, d);
+        } else if constexpr (P::SIDE) {  // code pages: scales, zero points, staging beside the pages, from the slot
             w.rows[j] = P::widen_at(*side, pages, w.slots[j], kvh, hkv, d, w.tile.data() + j * d);
-            w.row_scales[j] = 1.0f;
+            w.row_scales[j] = P::row_scale_at(*side, w.slots[j], kvh, hkv, d);
         } else {
             const long idx = w.slots[j] * hkv + kvh;
             w.rows[j] = widen_row<P>(pages + idx * rs, d, w.tile.data() + j * d);
@@ -248,20 +249,26 @@ void gather(const AttendCall& a, const typename P::T* pages, const void* scale_p
 // The item's scores scale · q·k (times the key rows' scales) → w.scores (qn, hq, ns).
 template <class P>
 void key_pass(const AttendCall& a, const Item& it, Worker& w) {
-    const long hq = a.m.num_heads, hkv = a.m.num_kv_heads, d = a.m.head_dim, group = hq / hkv;
+    const long hq = a.m.num_heads, hkv = a.m.num_kv_heads, kd = a.kd, group = hq / hkv;
     const auto* pages = static_cast<const typename P::T*>(a.L.k_cache);
     for_each_row_block<P>(a, it, pages, w, [&](long first, long count) {
         for (long kvh = 0; kvh < hkv; ++kvh) {
             gather<P>(a, pages, a.L.k_scale, a.k_side, kvh, count, w);
-            for (long j = count; j < kRowBlock; ++j) w.rows[j] = w.rows[0];  // pad: scores past n are unused
+            for (long j = count; j < kRowBlock; ++j) w.rows[j] = w.rows[0], w.codes[j] = w.codes[0];  // pad: unused
             for (long j0 = 0; j0 < count; j0 += 8) {
                 const __m256 sc =
                     _mm256_mul_ps(_mm256_set1_ps(a.m.attention_scale), _mm256_loadu_ps(w.row_scales + j0));
                 for (long tt = 0; tt < it.qn; ++tt)
                     for (long g = 0; g < group; ++g) {
                         const long h = kvh * group + g;
+                        const float* qh = a.q + ((it.t0 + tt) * hq + h) * kd;
+                        __m256 s;
+                        if constexpr (P::ON_CODES)
+                            s = P::dot8(qh, w.codes + j0, kd);
+                        else
+                            s = dot8(qh, w.rows + j0, kd);
                         _mm256_storeu_ps(w.scores.data() + (tt * hq + h) * it.ns + (first - it.lo) + j0,
-                                         _mm256_mul_ps(dot8(a.q + ((it.t0 + tt) * hq + h) * d, w.rows + j0, d), sc));
+                                         _mm256_mul_ps(s, sc));
                     }
             }
         }
@@ -291,23 +298,62 @@ void value_pass(const AttendCall& a, const Item& it, Worker& w) {
     });
 }
 
+// Rows (rows, d) → (rows, P::query_size(d)) in out: the queries as key pages of type P score them (QUERY: QJL's
+// sketch, PolarQuant's rotation), once per call, the rows split over the pool.
+template <class P>
+void prepare_queries(const CodePagesDesc& side, const float* q, long rows, long d, float* out) {
+    if constexpr (P::QUERY) {
+        parallel_run([&](int t, int nt) {
+            long b, e;
+            split_range(rows, nt, t, 1, &b, &e);
+            for (long r = b; r < e; ++r) P::prepare(side, q + r * d, d, out + r * P::query_size(d));
+        });
+    }
+}
+
+// The outputs (rows, d) of value pages of type P summed in a rotated basis, turned back in place (FINISH).
+template <class P>
+void finish_values(const CodePagesDesc& side, float* out, long rows, long d) {
+    if constexpr (P::FINISH) {
+        parallel_run([&](int t, int nt) {
+            long b, e;
+            split_range(rows, nt, t, 1, &b, &e);
+            for (long r = b; r < e; ++r) P::finish(side, d, out + r * d);
+        });
+    }
+}
+
 using Pass = void (*)(const AttendCall&, const Item&, Worker&);
 
-// The key pass of page type k_dtype and the value pass of v_dtype; false if either has no pages the attention
-// reads here, or head_dim d does not fit them (a multiple of 8; of 32 for block pages and per-token code pages).
-bool passes(int k_dtype, int v_dtype, long d, Pass& keys, Pass& values) {
-    auto fits = [d](int t) {
-        const bool whole_blocks = t >= kFirstBlockPages && t != kFirstCodePages && t != kFirstCodePages + 1;
-        return d > 0 && d % 8 == 0 && (!whole_blocks || d % 32 == 0);
-    };
-    return fits(k_dtype) && fits(v_dtype) &&
-           with_attention_pages(k_dtype, [&](auto p) { keys = &key_pass<decltype(p)>; }) &&
-           with_attention_pages(v_dtype, [&](auto p) { values = &value_pass<decltype(p)>; });
+struct Passes {  // the passes of one call's key and value page types, chosen once per call
+    Pass keys = nullptr, values = nullptr;
+    long query_size = 0;  // > 0: the key pass scores queries transformed by `prepare` to this width
+    void (*prepare)(const CodePagesDesc&, const float*, long, long, float*) = nullptr;
+    void (*finish)(const CodePagesDesc&, float*, long, long) = nullptr;  // non-null: values turned back after
+};
+
+// The passes of key page type k_dtype and value page type v_dtype; false if either has no pages the attention
+// reads here, or head_dim d does not fit them (a multiple of P::ALIGN, at most P::MAX_DIM).
+bool passes(int k_dtype, int v_dtype, long d, Passes& ps) {
+    bool fit = d > 0;
+    auto fits = [&](auto p) { fit = fit && d % decltype(p)::ALIGN == 0 && d <= decltype(p)::MAX_DIM; };
+    const bool known = with_attention_pages(k_dtype, [&](auto p) {
+        using P = decltype(p);
+        fits(p);
+        ps.keys = &key_pass<P>;
+        if constexpr (P::QUERY) ps.query_size = P::query_size(d), ps.prepare = &prepare_queries<P>;
+    }) && with_attention_pages(v_dtype, [&](auto p) {
+        using P = decltype(p);
+        fits(p);
+        ps.values = &value_pass<P>;
+        if constexpr (P::FINISH) ps.finish = &finish_values<P>;
+    });
+    return known && fit;
 }
 
 void attend(const ModelDesc& m, const LayerDesc& L, const float* q, float* out, long T, const int64_t* positions,
             const int64_t* token_rows, const int64_t* block_tables, long bt_stride, long block_size, Scratch& s,
-            Pass keys, Pass values, const CodePagesDesc* k_side = nullptr, const CodePagesDesc* v_side = nullptr) {
+            const Passes& ps, const CodePagesDesc* k_side = nullptr, const CodePagesDesc* v_side = nullptr) {
     const long hq = m.num_heads, d = m.head_dim;
     const int nt = num_threads();
     std::vector<long>& tiles = s.tiles;
@@ -329,12 +375,19 @@ void attend(const ModelDesc& m, const LayerDesc& L, const float* q, float* out, 
     std::vector<Partial>& parts = s.chunk_parts;
     acc.resize(T * hq * chunks * d);
     parts.resize(T * hq * chunks);
-    const AttendCall call{m, L, q, chunks, block_size, acc.data(), k_side, v_side};
+    long kd = d;  // the key pass's query width
+    if (ps.prepare) {
+        kd = ps.query_size;
+        s.kq.resize(T * hq * kd);
+        ps.prepare(*k_side, q, T * hq, d, s.kq.data());
+        q = s.kq.data();
+    }
+    const AttendCall call{m, L, q, kd, chunks, block_size, acc.data(), k_side, v_side};
     auto window_start = [&](long pos) { return L.window > 0 && pos - L.window + 1 > 0 ? pos - L.window + 1 : 0L; };
     std::atomic<long> next_item{0};
     parallel_run([&](int, int) {
         Worker w;
-        w.tile.resize(kRowBlock * d);
+        w.tile.resize(kRowBlock * (kd > d ? kd : d));
         w.weights.resize(kRowBlock);
         for (long item = next_item++; item < ntiles * chunks; item = next_item++) {
             Item it{};
@@ -347,7 +400,7 @@ void attend(const ModelDesc& m, const LayerDesc& L, const float* q, float* out, 
             it.ns = (it.n + 7) / 8 * 8;
             it.table = block_tables + (token_rows ? token_rows[it.t0] : it.t0) * bt_stride;
             w.scores.resize(it.qn * hq * it.ns);
-            keys(call, it, w);
+            ps.keys(call, it, w);
             for (long tt = 0; tt < it.qn; ++tt) {
                 // this token's keys: [vlo, vhi) of the chunk (a tile's later tokens see more, earlier fewer)
                 const long pos = positions[it.t0 + tt], from = window_start(pos);
@@ -361,11 +414,12 @@ void attend(const ModelDesc& m, const LayerDesc& L, const float* q, float* out, 
                     for (long j = 0; j < d; ++j) o[j] = 0.0f;
                 }
             }
-            values(call, it, w);
+            ps.values(call, it, w);
         }
     });
     for (long th = 0; th < T * hq; ++th)  // merge the chunks of each (token, head)
         attention::merge_chunks(parts.data() + th * chunks, acc.data() + th * chunks * d, chunks, d, out + th * d);
+    if (ps.finish) ps.finish(*v_side, out, T * hq, d);
 }
 
 // Row idx (slot · hkv + head) of pages of type kv_dtype ← x (d floats), and its fp16 scale for int8/fp8.
@@ -415,12 +469,11 @@ void layer_step(const ModelDesc& m, const LayerDesc& L, float* x, long T, const 
             write_row(L.v_dtype, s.v.data() + (t * hkv + h) * d, d, L.v_cache, L.v_scale, idx);
         }
     }
-    Pass keys = nullptr, values = nullptr;
+    Passes ps;
     if (L.k_dtype == kTurboQuantPages)
         turboquant_attend(m, L, s.q.data(), s.att.data(), T, positions, block_tables, bt_stride, block_size);
-    else if (L.k_dtype < kFirstCodePages && L.v_dtype < kFirstCodePages && passes(L.k_dtype, L.v_dtype, d, keys, values))
-        attend(m, L, s.q.data(), s.att.data(), T, positions, nullptr, block_tables, bt_stride, block_size, s, keys,
-               values);
+    else if (L.k_dtype < kFirstCodePages && L.v_dtype < kFirstCodePages && passes(L.k_dtype, L.v_dtype, d, ps))
+        attend(m, L, s.q.data(), s.att.data(), T, positions, nullptr, block_tables, bt_stride, block_size, s, ps);
     {
         Input in(s.att.data(), T, hq * d, m.activations, s);
         in.apply(L.o, s.o.data());
@@ -452,21 +505,21 @@ extern "C" {
 // decodes of models the one-call step does not cover): q, out (T, hq, d) float32; token t at positions[t]
 // reads block table row token_rows[t] of block_tables (bt_stride entries per row); key pages (slots, hkv,
 // row_size(d)) of page type k_dtype, value pages of v_dtype (int8/fp8: fp16 scales (slots, hkv)); window 0 =
-// full causal; code pages (ids 10..13) with their side data k_side / v_side (bd::CodePagesDesc, else null).
+// full causal; code pages (ids from 10, code_pages.h) with their side data k_side / v_side (bd::CodePagesDesc, else null).
 // Returns 0, -1 for a page type the attention does not read, a head_dim it does not fit, or missing side data.
 int bd_paged_attention(int k_dtype, int v_dtype, const float* q, float* out, long T, long hq, long hkv, long d,
                        float scale, long window, const int64_t* positions, const int64_t* token_rows,
                        const int64_t* block_tables, long bt_stride, long block_size, void* k_pages, void* v_pages,
                        void* k_scale, void* v_scale, const void* k_side, const void* v_side) {
-    bd::Pass keys = nullptr, values = nullptr;
-    if (hkv <= 0 || hq % hkv || !bd::passes(k_dtype, v_dtype, d, keys, values)) return -1;
+    bd::Passes ps;
+    if (hkv <= 0 || hq % hkv || !bd::passes(k_dtype, v_dtype, d, ps)) return -1;
     if ((k_dtype >= bd::kFirstCodePages && !k_side) || (v_dtype >= bd::kFirstCodePages && !v_side)) return -1;
     static thread_local bd::Scratch scratch;
     bd::ModelDesc m{};
     m.num_heads = hq, m.num_kv_heads = hkv, m.head_dim = d, m.attention_scale = scale;
     bd::LayerDesc L{};
     L.k_cache = k_pages, L.v_cache = v_pages, L.k_scale = k_scale, L.v_scale = v_scale, L.window = window;
-    bd::attend(m, L, q, out, T, positions, token_rows, block_tables, bt_stride, block_size, scratch, keys, values,
+    bd::attend(m, L, q, out, T, positions, token_rows, block_tables, bt_stride, block_size, scratch, ps,
                static_cast<const bd::CodePagesDesc*>(k_side), static_cast<const bd::CodePagesDesc*>(v_side));
     return 0;
 }
@@ -475,8 +528,8 @@ int bd_paged_attention(int k_dtype, int v_dtype, const float* q, float* out, lon
 // as the attention reads them. d a multiple of 8 (of 32 for block pages). Returns 0, -1 for a page type without
 // row pages or a d they do not fit.
 int bd_read_kv_rows(int kv_dtype, const void* pages, const void* scales, long rows, long d, float* out) {
-    bd::Pass keys = nullptr, values = nullptr;
-    if (kv_dtype >= bd::kFirstCodePages || !bd::passes(kv_dtype, kv_dtype, d, keys, values)) return -1;
+    bd::Passes ps;
+    if (kv_dtype >= bd::kFirstCodePages || !bd::passes(kv_dtype, kv_dtype, d, ps)) return -1;
     bd::with_pages(kv_dtype, [&](auto p) {
         using P = decltype(p);
         const typename P::T* r = static_cast<const typename P::T*>(pages);
@@ -492,8 +545,8 @@ int bd_read_kv_rows(int kv_dtype, const void* pages, const void* scales, long ro
 // x (rows, d) float32 → rows KV page rows of kv_dtype (rows, row_size(d)), and for int8/fp8 their fp16 scales
 // (rows): the decode step's write of a new token's keys or values. Returns 0, -1 as bd_read_kv_rows.
 int bd_write_kv_rows(int kv_dtype, const float* x, long rows, long d, void* pages, void* scales) {
-    bd::Pass keys = nullptr, values = nullptr;
-    if (kv_dtype >= bd::kFirstCodePages || !bd::passes(kv_dtype, kv_dtype, d, keys, values)) return -1;
+    bd::Passes ps;
+    if (kv_dtype >= bd::kFirstCodePages || !bd::passes(kv_dtype, kv_dtype, d, ps)) return -1;
     for (long i = 0; i < rows; ++i) bd::write_row(kv_dtype, x + i * d, d, pages, scales, i);
     return 0;
 }

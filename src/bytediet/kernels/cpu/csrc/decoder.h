@@ -35,7 +35,7 @@ struct LayerDesc {
                                 // 4 fp8 (code = E4M3(x / scale), scale = amax/448),
                                 // 5 TurboQuant (k_tq, v_tq; k_cache, v_cache unused; v_dtype 5 too),
                                 // 6 q8_0, 7 q5_0, 8 q4_1, 9 q4_0 (llama.cpp's GGML blocks of 32 values per row);
-                                // not 10..13 (code pages: bd_paged_attention only, with their side data)
+                                // not 10 and above (code pages: bd_paged_attention only, with side data)
     int32_t v_dtype;            // the value pages' type: any of k_dtype's but 5, or 5 with k_dtype 5
     const TQPagesDesc* k_tq;    // TurboQuant pages (turboquant_pages.h), null otherwise
     const TQPagesDesc* v_tq;

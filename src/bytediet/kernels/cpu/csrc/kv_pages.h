@@ -2,12 +2,13 @@
 // one KV head, D values — is read as floats, and how a new row is written. The torch codecs that own these pages
 // (kvcache/full.py, tokenwise.py, fp8.py, ggml_block.py) round the same way, so the module path and the native
 // step leave identical pages. The ids are kernels/decoder_spec.py's KV_PAGE_TYPES (5 is TurboQuant: its own file;
-// 10..13 are code pages — KIVI — which the attention reads with side data, and the decode step neither reads nor
-// writes: their codec quantizes groups of tokens).
+// 10 and above are code pages — KIVI's, QJL's keys, PolarQuant's, HF QuantizedCache's — which the attention reads
+// with side data and the decode step neither reads nor writes: code_pages.h).
 //
 // A page type P gives: T (the stored element), row_size(d) (elements of T per row: pages are (slots, H, row_size)),
-// SCALED (a per-row fp16 scale beside the pages — int8, fp8 — applied once per row by the caller), BLOCKS (the
-// row is GGML blocks, widened by P::widen; otherwise P::load8 gives 8 values at a time), write(x, d, row, scale).
+// ALIGN (head_dim a multiple of it), SCALED (a per-row fp16 scale beside the pages — int8, fp8 — applied once per
+// row by the caller), BLOCKS (the row is GGML blocks, widened by P::widen; otherwise P::load8 gives 8 values at a
+// time), write(x, d, row, scale); the flags of code pages (SIDE, QUERY, ON_CODES, FINISH) are PageTraits'.
 #pragma once
 #include <cmath>
 #include <cstring>
@@ -18,10 +19,19 @@
 
 namespace bd {
 
+// What a page type is unless it says otherwise: rows of head_dim values (a multiple of 8) read alone. Code pages
+// (code_pages.h) set SIDE (widened from side data, by slot and head: P::widen_at), QUERY (keys scored against a
+// query transformed once per call: P::prepare, P::query_size), ON_CODES (keys scored on the codes: P::dot8 instead
+// of widened rows) and FINISH (values summed in a rotated basis, turned back once per head: P::finish).
+struct PageTraits {
+    static constexpr bool SCALED = false, BLOCKS = false, SIDE = false, QUERY = false, ON_CODES = false,
+                          FINISH = false;
+    static constexpr long ALIGN = 8, MAX_DIM = 1L << 20;
+};
+
 template <class E>
-struct RowPages {  // D elements of E per row
+struct RowPages : PageTraits {  // D elements of E per row
     using T = E;
-    static constexpr bool BLOCKS = false, SIDE = false;
     static long row_size(long d) { return d; }
 };
 
@@ -207,9 +217,10 @@ inline void q4_1(const float* x, uint8_t* b) {
 // (m = 0, −16d, −8d: a multiple of d) in one fused step, which is d·(code − offset) rounded once; q4_1's own
 // minimum m is added after the product (FUSED = false), two roundings. Written by ENCODE, one block at a time.
 template <class F, bool FUSED, void (*ENCODE)(const float*, uint8_t*)>
-struct BlockPages {
+struct BlockPages : PageTraits {
     using T = uint8_t;
-    static constexpr bool SCALED = false, BLOCKS = true, SIDE = false;
+    static constexpr bool BLOCKS = true;
+    static constexpr long ALIGN = 32;
     static long row_size(long d) { return d / 32 * F::BYTES; }
     static void widen(const T* r, long d, float* out) {
         for (long b = 0; b < d / 32; ++b, r += F::BYTES, out += 32) {
@@ -253,78 +264,6 @@ inline const float* widen_row(const typename P::T* r, long d, float* tile) {
 
 constexpr int kFirstBlockPages = 6;  // ids 6..9 (q8_0, q5_0, q4_1, q4_0): rows of 32-value blocks
 
-// Code pages (ids 10..13, decoder_spec.CODE_PAGE_TYPES): packed 2- or 4-bit codes (kvcache/bitpack.py: code k
-// in bits (k·b) mod 8 … of byte ⌊k·b/8⌋) whose scale and zero point live beside the pages, not per row, so a row
-// is widened from its slot and KV head (SIDE: P::widen_at) with the side data of CodePagesDesc, mirrored by
-// kernels/ops.py's _CodePages. Both round as the codec's own read: x = code · scale, then + zero (two roundings).
-struct CodePagesDesc {
-    const uint16_t* scale;    // keys: (groups, hkv, d) fp16 per channel; values: (slots, hkv, d/32) fp16 per group
-    const uint16_t* zero;     // the same shape
-    const int32_t* stage_of;  // keys: (groups,) the staging page of a group still open, or -1; values: null
-    const uint16_t* stage;    // keys: (pages, group, hkv, d) fp16, the open groups' tokens as written
-    int64_t group;            // keys: tokens per group (a slot's group is slot / group); values: unused
-};
-
-template <int BITS>  // codes j … j + 7 of a packed row as floats (j a multiple of 8: BITS whole bytes)
-inline __m256 codes8(const uint8_t* r, long j) {
-    uint32_t w = 0;
-    std::memcpy(&w, r + j * BITS / 8, BITS);
-    const __m256i shifts = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(BITS));
-    const __m256i c = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(w)), shifts),
-                                       _mm256_set1_epi32((1 << BITS) - 1));
-    return _mm256_cvtepi32_ps(c);
-}
-
-inline __m256 load8_f16(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
-
-// KIVI keys (kvcache/kivi.py, arXiv 2402.02750): per channel over groups of G tokens, fp16 scale and zero per
-// (group, head, channel); a group still open (stage_of ≥ 0) is read from its fp16 staging page instead.
-template <int BITS>
-struct PagesKiviKeys {
-    using T = uint8_t;
-    static constexpr bool SCALED = false, BLOCKS = false, SIDE = true;
-    static long row_size(long d) { return d * BITS / 8; }
-    static const float* widen_at(const CodePagesDesc& s, const T* pages, long slot, long kvh, long hkv, long d,
-                                 float* out) {
-        const long g = slot / s.group;
-        const long page = s.stage_of[g];
-        if (page >= 0) {
-            const uint16_t* x = s.stage + ((page * s.group + slot % s.group) * hkv + kvh) * d;
-            for (long j = 0; j < d; j += 8) _mm256_storeu_ps(out + j, load8_f16(x + j));
-            return out;
-        }
-        const T* r = pages + (slot * hkv + kvh) * row_size(d);
-        const uint16_t* sc = s.scale + (g * hkv + kvh) * d;
-        const uint16_t* zp = s.zero + (g * hkv + kvh) * d;
-        for (long j = 0; j < d; j += 8)
-            _mm256_storeu_ps(out + j, _mm256_add_ps(_mm256_mul_ps(codes8<BITS>(r, j), load8_f16(sc + j)), load8_f16(zp + j)));
-        return out;
-    }
-};
-
-// Per-token asymmetric codes in groups of 32 channels (kvcache/tokenwise.py, asymmetric, group 32: KIVI's values,
-// QJL's): fp16 scale and zero per (slot, head, group).
-template <int BITS>
-struct PagesTokenCodes {
-    using T = uint8_t;
-    static constexpr bool SCALED = false, BLOCKS = false, SIDE = true;
-    static long row_size(long d) { return d * BITS / 8; }
-    static const float* widen_at(const CodePagesDesc& s, const T* pages, long slot, long kvh, long hkv, long d,
-                                 float* out) {
-        const long idx = slot * hkv + kvh;
-        const T* r = pages + idx * row_size(d);
-        for (long b = 0; b < d / 32; ++b) {
-            const __m256 sc = _mm256_set1_ps(_cvtsh_ss(s.scale[idx * (d / 32) + b]));
-            const __m256 zp = _mm256_set1_ps(_cvtsh_ss(s.zero[idx * (d / 32) + b]));
-            for (long j = 32 * b; j < 32 * b + 32; j += 8)
-                _mm256_storeu_ps(out + j, _mm256_add_ps(_mm256_mul_ps(codes8<BITS>(r, j), sc), zp));
-        }
-        return out;
-    }
-};
-
-constexpr int kFirstCodePages = 10;  // ids 10, 11: KIVI keys at 2, 4 bits; 12, 13: per-token codes at 2, 4 bits
-
 // fn(P{}) for page type id kv_dtype (not TurboQuant's); returns false for an id with no row pages.
 template <class Fn>
 bool with_pages(int kv_dtype, Fn fn) {
@@ -339,18 +278,6 @@ bool with_pages(int kv_dtype, Fn fn) {
         case 8: fn(PagesQ4_1{}); return true;
         case 9: fn(PagesQ4_0{}); return true;
         default: return false;
-    }
-}
-
-// fn(P{}) for any page type the native attention reads (row, block and code pages); false for another id.
-template <class Fn>
-bool with_attention_pages(int kv_dtype, Fn fn) {
-    switch (kv_dtype) {
-        case 10: fn(PagesKiviKeys<2>{}); return true;
-        case 11: fn(PagesKiviKeys<4>{}); return true;
-        case 12: fn(PagesTokenCodes<2>{}); return true;
-        case 13: fn(PagesTokenCodes<4>{}); return true;
-        default: return with_pages(kv_dtype, fn);
     }
 }
 

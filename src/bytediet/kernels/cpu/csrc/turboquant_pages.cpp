@@ -25,20 +25,8 @@ constexpr long kMaxGroup = 64;  // query heads per KV head (checked on the Pytho
 
 using attention::Partial;
 using attention::axpy;
+using attention::dot;
 using attention::for_each_slot;
-
-inline float dot(const float* a, const float* b, long n) {
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    long i = 0;
-    for (; i + 16 <= n; i += 16) {
-        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
-    }
-    for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
-    float s = hsum(_mm256_add_ps(acc0, acc1));
-    for (; i < n; ++i) s += a[i] * b[i];
-    return s;
-}
 
 // 8 codes of B ≤ 4 bits in the low 8·B bits of the 32-bit little-endian word w.
 template <int B>
