@@ -25,7 +25,8 @@ PAGES = {  # spec: (key page type, value page type), or None where the codec's o
     "kivi2g16": ("kivi2-keys", "int2-token-g32-asym"), "kivi4g16": ("kivi4-keys", "int4-token-g32-asym"),
     "k=kivi4g16,v=bf16": ("kivi4-keys", "bf16"), "k=turboquant3,v=kivi4": None,
     "qjl": ("qjl2-keys", "int4-token-g32-asym"), "qjl1": ("qjl1-keys", "int4-token-g32-asym"),
-    "k=qjl3,v=q8_0": ("qjl3-keys", "q8_0"),
+    "k=qjl3,v=q8_0": ("qjl3-keys", "q8_0"), "polarquant": ("polarquant", "polarquant"),
+    "k=polarquant,v=kivi4": ("polarquant", "int4-token-g32-asym"),
 }
 
 
@@ -147,6 +148,21 @@ def test_native_attention_on_qjl_pages_equals_the_codecs_own_read(spec, hq, hkv,
     with mock.patch("bytediet.kernels.reference.attention_over_pages",
                     side_effect=AssertionError("the reference twin ran, not the native kernel")):
         pairs = attend_both_ways(codec, hq=hq, hkv=hkv, d=d, window=window, seed=hq * d + hkv)
+    assert len(pairs) >= 3
+    for native, own in pairs:
+        assert (native - own).abs().max().item() <= 1e-4 * max(1.0, own.abs().max().item())
+
+
+# PolarQuant (arXiv 2502.02617): keys scored against the query rotated once, rows widened down the polar tree in the
+# rotated basis; values summed there and rotated back once per head (head_dim a multiple of 64: its packed levels).
+@NATIVE
+@pytest.mark.parametrize("spec", ["polarquant", "k=polarquant,v=q4_0", "k=fp16,v=polarquant"])
+@pytest.mark.parametrize("hq,hkv,d,window", [(9, 3, 64, None), (4, 1, 256, 20), (6, 2, 128, 7), (7, 1, 64, None),
+                                             (4, 4, 64, 33)])
+def test_native_attention_on_polarquant_pages_equals_the_codecs_own_read(spec, hq, hkv, d, window):
+    with mock.patch("bytediet.kernels.reference.attention_over_pages",
+                    side_effect=AssertionError("the reference twin ran, not the native kernel")):
+        pairs = attend_both_ways(spec, hq=hq, hkv=hkv, d=d, window=window, seed=hq * d + hkv)
     assert len(pairs) >= 3
     for native, own in pairs:
         assert (native - own).abs().max().item() <= 1e-4 * max(1.0, own.abs().max().item())

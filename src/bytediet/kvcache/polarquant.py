@@ -11,7 +11,13 @@
 
 All-in: (D/2·4 + (D/4 + D/8 + D/16)·2 + D/16·16) / D = 3.875 bits per coordinate.
 Keys are scored in the rotated domain (the query is rotated once); values are accumulated there and
-rotated back once per query.
+rotated back once per query. A row's angle codes are stored level after level in one byte row (23·D/64 bytes).
+
+Attention: the native kernel reads these pages in place (``native_pages``: code page ``polarquant``,
+``kernels/cpu/csrc/code_pages.h``) for decodes and prefill chunks: the query rotated once per call, each key and value
+row widened in the rotated basis from its radii down the polar tree in an L1 tile (cos and sin of the centroids from a
+table), the values' sum rotated back once per head — the numbers of this file's own read. The one-call decode step
+does not write these pages (it says so in one line; the module path runs, its attention native).
 """
 from __future__ import annotations
 
@@ -20,6 +26,7 @@ import math
 import torch
 
 from ..errors import ConfigError
+from ..kernels.decoder_spec import POLAR_MAX_DIM, CodePageSide
 from . import bitpack
 from .base import KV_CODECS
 from .compressed import CompressedCodec
@@ -64,21 +71,31 @@ class PolarPages(HalfPages):
         super().__init__(num_slots, num_heads, head_dim, device)
         self.R = rotation.to(device)
         self.codebooks = [cb.to(device) for cb in level_codebooks()]
-        self.codes = [torch.zeros(num_slots, num_heads, bitpack.packed_size(head_dim >> (lvl + 1), bits),
-                                  dtype=torch.uint8, device=device) for lvl, bits in enumerate(LEVEL_BITS)]
+        # cos then sin of each level's centroids, as polar_decode computes them: the native read's table
+        self.table = torch.cat([torch.cat([cb.cos(), cb.sin()]) for cb in self.codebooks])
+        self.sizes = [bitpack.packed_size(head_dim >> (lvl + 1), bits) for lvl, bits in enumerate(LEVEL_BITS)]
+        self.codes = torch.zeros(num_slots, num_heads, sum(self.sizes), dtype=torch.uint8, device=device)
         self.radii = torch.zeros(num_slots, num_heads, head_dim >> LEVELS, dtype=torch.float16, device=device)
 
     def write(self, x, slots):
         codes, radii = polar_encode(x @ self.R.T, self.codebooks)
-        for store, c, bits in zip(self.codes, codes, LEVEL_BITS):
-            store.index_copy_(0, slots, bitpack.pack(c, bits))
+        packed = torch.cat([bitpack.pack(c, bits) for c, bits in zip(codes, LEVEL_BITS)], dim=-1)
+        self.codes.index_copy_(0, slots, packed)
         self.radii.index_copy_(0, slots, radii.to(torch.float16))
 
     def rotated(self, slots: torch.Tensor) -> torch.Tensor:
         """(L,) slots → (L, H, D) reconstruction in the preconditioned domain."""
-        codes = [bitpack.unpack(s[slots], bits, self.head_dim >> (lvl + 1))
-                 for lvl, (s, bits) in enumerate(zip(self.codes, LEVEL_BITS))]
+        codes = [bitpack.unpack(s, bits, self.head_dim >> (lvl + 1))
+                 for lvl, (s, bits) in enumerate(zip(torch.split(self.codes[slots], self.sizes, -1), LEVEL_BITS))]
         return polar_decode(codes, self.radii[slots].float(), self.codebooks)
+
+    def native_pages(self):
+        """The codes and radii, widened in the rotated basis by the native attention (``decoder_spec.CodePageSide``:
+        radii as ``scale``, R as ``transform``, the centroids' cos and sin as ``table``); the numbers of
+        :meth:`scores` and :meth:`weighted_sum` + :meth:`finish`."""
+        if self.head_dim > POLAR_MAX_DIM:
+            return None
+        return "polarquant", self.codes, None, CodePageSide(self.radii, transform=self.R, table=self.table)
 
     def decode(self, slots):
         return self.rotated(slots) @ self.R
@@ -96,7 +113,7 @@ class PolarPages(HalfPages):
         return acc @ self.R
 
     def tensors(self):
-        return self.codes + [self.radii]
+        return [self.codes, self.radii]
 
 
 class PolarHalf(HalfCodec):
