@@ -26,20 +26,22 @@ PAGES = {  # spec: (key page type, value page type), or None where the codec's o
     "k=kivi4g16,v=bf16": ("kivi4-keys", "bf16"), "k=turboquant3,v=kivi4": None,
     "qjl": ("qjl2-keys", "int4-token-g32-asym"), "qjl1": ("qjl1-keys", "int4-token-g32-asym"),
     "k=qjl3,v=q8_0": ("qjl3-keys", "q8_0"), "polarquant": ("polarquant", "polarquant"),
-    "k=polarquant,v=kivi4": ("polarquant", "int4-token-g32-asym"),
+    "k=polarquant,v=kivi4": ("polarquant", "int4-token-g32-asym"), "hf4": ("kivi4-keys", "int4-token-g64-asym"),
+    "hf2r64": ("kivi2-keys", "int2-token-g64-asym"), "k=hf4,v=fp16": ("kivi4-keys", "fp16"),
 }
 
 
 @pytest.mark.parametrize("spec", sorted(PAGES))
 def test_which_pages_the_native_attention_reads(spec):
-    cache = get_kv_codec(spec).create_cache(0, 4, 16, 2, 64, torch.float32, "cpu")
+    block = max(16, get_kv_codec(spec).min_block_size())  # HF's windows: 64 or 128 tokens
+    cache = get_kv_codec(spec).create_cache(0, max(1, 64 // block), block, 2, 64, torch.float32, "cpu")
     pages = cache.native_pages()
     if PAGES[spec] is None:
         assert pages is None
         return
     assert (pages["kv_dtype"], pages["v_dtype"]) == PAGES[spec]
     for role in ("k", "v"):
-        assert pages[f"{role}_cache"].shape[:2] == (64, 2)
+        assert pages[f"{role}_cache"].shape[:2] == (cache.num_blocks * block, 2)
         assert (pages[f"{role}_scale"] is not None) == (PAGES[spec][role == "v"] in ("int8", "fp8"))
 
 
@@ -166,3 +168,24 @@ def test_native_attention_on_polarquant_pages_equals_the_codecs_own_read(spec, h
     assert len(pairs) >= 3
     for native, own in pairs:
         assert (native - own).abs().max().item() <= 1e-4 * max(1.0, own.abs().max().item())
+
+
+# HF QuantizedCache (hf2/hf4): keys per channel over 64-token groups (KIVI's layout) and values per token in groups of
+# 64 channels, both behind a full-precision window of R tokens staged in fp16 until it fills: odd lengths leave
+# windows open at every step, prefill chunks fill whole windows or end inside one.
+HF_SPECS = {"hf4": 128, "hf2": 128, "hf4r64": 64, "k=hf2r64,v=bf16": 64, "k=q8_0,v=hf4r64": 64}  # spec: block size
+
+
+@NATIVE
+@pytest.mark.parametrize("spec", sorted(HF_SPECS))
+@pytest.mark.parametrize("hq,hkv,d,window", [(9, 3, 64, None), (4, 1, 256, 20), (6, 2, 128, 7), (7, 1, 64, None),
+                                             (4, 4, 64, 100)])
+def test_native_attention_on_hf_pages_equals_the_codecs_own_read(spec, hq, hkv, d, window):
+    block = HF_SPECS[spec]
+    with mock.patch("bytediet.kernels.reference.attention_over_pages",
+                    side_effect=AssertionError("the reference twin ran, not the native kernel")):
+        pairs = attend_both_ways(spec, hq=hq, hkv=hkv, d=d, window=window, seed=hq * d + hkv + block,
+                                 num_blocks=8192 // block, block_size=block)   # 4 staging windows: 3 open fit
+    assert len(pairs) >= 3
+    for native, own in pairs:
+        assert (native - own).abs().max().item() <= 1e-5 * max(1.0, own.abs().max().item())

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import ConfigError
+from ..kernels.decoder_spec import CodePageSide
 from . import bitpack
 from .halves import HalfCodec, HalfPages
 from .kivi import quantize_groups
@@ -42,6 +43,12 @@ class ChannelwisePages(HalfPages):
         g = slots // self.group
         q = bitpack.unpack(self.codes[slots], self.bits, self.head_dim).float()
         return q * self.scale[g].float() + self.zero[g].float()
+
+    def native_pages(self):
+        """KIVI's key layout (code pages ``kivi<bits>-keys``) at 2 and 4 bits; the window in front adds its staging."""
+        if self.bits not in (2, 4) or self.head_dim % 8:
+            return None
+        return f"kivi{self.bits}-keys", self.codes, None, CodePageSide(self.scale, self.zero, group=self.group)
 
     def tensors(self):
         return [self.codes, self.scale, self.zero]

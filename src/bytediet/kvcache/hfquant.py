@@ -11,6 +11,11 @@ Difference, documented: HF re-quantizes the whole (dequantized) history with the
 window fills, so older tokens are quantized repeatedly; a paged cache quantizes each window once, which can
 only be as good or better. The fp16 window is counted all-in: at R = 128 and one staged window per 2048 cache
 tokens it costs 1 bit per coordinate on top of the codes and scales.
+
+Attention: the native kernel reads these pages in place (code pages ``kivi<bits>-keys``, KIVI's per-channel layout,
+and ``int<bits>-token-g64-asym``, ``kernels/cpu/csrc/code_pages.h``), rows of a window still open from its fp16
+staging page (the slot's window indexes ``stage_of``); the numbers of the codec's own read. The one-call decode step
+does not write these pages (it says so in one line; the module path runs, its attention native).
 """
 from __future__ import annotations
 

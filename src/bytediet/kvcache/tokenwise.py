@@ -32,8 +32,8 @@ class TokenwisePages(HalfPages):
     def native_pages(self):
         if self.bits == 8 and self.symmetric and self.group == self.head_dim:   # the ``int8`` codec: code = q + 128
             return "int8", self.codes, self.scale
-        if self.bits in (2, 4) and not self.symmetric and self.group == 32:  # KIVI's (and QJL's) values: code pages
-            return f"int{self.bits}-token-g32-asym", self.codes, None, CodePageSide(self.scale, self.zero)
+        if self.bits in (2, 4) and not self.symmetric and self.group in (32, 64):  # KIVI's, QJL's, HF's values
+            return f"int{self.bits}-token-g{self.group}-asym", self.codes, None, CodePageSide(self.scale, self.zero)
         return None
 
     def write(self, x, slots):

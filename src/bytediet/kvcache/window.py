@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import torch
 
+import dataclasses
+
 from ..errors import BytedietError, ConfigError
 from .halves import HalfCodec, HalfPages
 
@@ -97,6 +99,15 @@ class WindowPages(HalfPages):
         if bool(open_.any()):
             x[open_] = self.stage[page[open_], slots[open_] % self.window].float()
         return x
+
+    def native_pages(self):
+        """The inner half's code pages (``decoder_spec.CODE_PAGE_TYPES``) with this window's staging beside them: the
+        native attention reads a row of an open window from its fp16 staging page, as :meth:`decode`."""
+        inner = self.inner.native_pages()
+        if inner is None or len(inner) < 4 or inner[3].stage_of is not None:
+            return None  # row pages cannot take the staged rows
+        side = dataclasses.replace(inner[3], stage_of=self.stage_of, stage=self.stage, window=self.window)
+        return (*inner[:3], side)
 
     def tensors(self):
         return self.inner.tensors() + [self.fill, self.stage_of, self.stage]
