@@ -13,7 +13,8 @@ import torch
 from bytediet.kernels import ops, reference
 from bytediet.kernels.cpu import build
 from bytediet.kernels.decoder_spec import (ATTENTION_PAGE_TYPES, CODE_PAGE_BITS, CODE_PAGE_TYPES, PAGE_ALIGN,
-                                         CodePageSide)
+                                         CodePageSide, TurboQuantPageSpec, TurboQuantPart)
+from bytediet.kvcache.turboquant_core import TurboQuantizer
 
 VARIANTS = [v.name for v in build.runnable_variants()] if build.find_compiler() else []
 pytestmark = pytest.mark.skipif(not VARIANTS, reason="no native kernels on this machine")
@@ -180,3 +181,57 @@ def test_code_pages_refuse_missing_side_data():
         ops.attention_over_pages(torch.randn(1, 1, 64), torch.tensor([3]), torch.tensor([0]), torch.tensor([[0, 1]]),
                                  BLOCK, 0.1, None, "qjl2-keys", codes, torch.randn(32, 1, 64), k_side=side,
                                  v_dtype="fp32", variant=VARIANTS[0])
+
+
+# --- TurboQuant pages on the module path: keys of the MSE or inner-product variant (turboquant_prod: a 1-bit QJL
+# sketch of the residual, scored against the query sketched once), values MSE; prefill chunks beside decodes ---
+
+def turboquant_pages(gen, slots, hkv, d, layout, variant, calibrated):
+    """Random TurboQuant codes of ``layout`` [(channels, bits), …]; ``calibrated``: a channel order, and a constant
+    mean or (\"rope\") a pre-RoPE mean with the layer's frequencies."""
+    parts = []
+    for i, (n, b) in enumerate(layout):
+        tq = TurboQuantizer(n, b, variant, "hadamard" if i == 0 else "qr", 31 + 17 * i)
+        prod = variant == "prod"
+        parts.append(TurboQuantPart(
+            n, tq.mse_bits, tq.R, tq.codebook, (torch.rand(slots, hkv, generator=gen) * 3 + 0.1).half(),
+            torch.randint(0, 256, (slots, hkv, n * tq.mse_bits // 8), generator=gen, dtype=torch.uint8),
+            torch.randint(0, 256, (slots, hkv, n // 8), generator=gen, dtype=torch.uint8) if prod else None,
+            (torch.rand(slots, hkv, generator=gen) * 0.6).half() if prod else None, tq.S))
+    channels = mean = rope_mean = inv_freq = None
+    if calibrated:
+        channels = torch.stack([torch.randperm(d, generator=gen) for _ in range(hkv)])
+        mu = torch.randn(hkv, d, generator=gen) * 2
+        if calibrated == "rope":
+            rope_mean, inv_freq = mu, 1.0 / 10000 ** (torch.arange(0, d, 2).float() / d)
+        else:
+            mean = mu
+    return TurboQuantPageSpec(parts, channels, mean, rope_mean, inv_freq)
+
+
+TQ_LAYOUTS = {  # keys' variant and layout, values' layout, at head dim d
+    "prod-3": lambda d: ("prod", [(d, 3)], [(d, 3)]),
+    "prod-4+2": lambda d: ("prod", [(16, 4), (d - 16, 2)], [(8, 4), (d - 8, 3)]),
+    "mse-4+3": lambda d: ("mse", [(8, 4), (d - 8, 3)], [(d, 2)]),
+}
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("layout", sorted(TQ_LAYOUTS))
+@pytest.mark.parametrize("calibrated", [False, True, "rope"])
+def test_native_attention_over_turboquant_pages_equals_reference(variant, case, layout, calibrated):
+    hq, hkv, d, window, seqs = CASES[case]
+    if not calibrated and layout == "prod-3" and case != "mha-prefill-chunk":
+        pytest.skip("one part, no calibration: the mha case is enough")
+    gen = torch.Generator().manual_seed(zlib.crc32(f"{case}{layout}{calibrated}".encode()))
+    bt, positions, rows, slots = ragged_batch(seqs, gen)
+    kv, k_layout, v_layout = TQ_LAYOUTS[layout](d)
+    k = turboquant_pages(gen, slots, hkv, d, k_layout, kv, calibrated)
+    v = turboquant_pages(gen, slots, hkv, d, v_layout, "mse", calibrated and True)
+    q = torch.randn(len(positions), hq, d, generator=gen)
+    args = (q, positions, rows, bt, BLOCK, d ** -0.5, window, "turboquant", None, None)
+    want = reference.attention_over_pages(*args, k_side=k, v_side=v)
+    with mock.patch.object(reference, "attention_over_pages", side_effect=AssertionError("the reference ran")):
+        got = ops.attention_over_pages(*args, k_side=k, v_side=v, variant=variant)
+    assert (got - want).abs().max().item() <= 2e-5 * max(1.0, want.abs().max().item())

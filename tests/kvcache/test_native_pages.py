@@ -28,6 +28,8 @@ PAGES = {  # spec: (key page type, value page type), or None where the codec's o
     "k=qjl3,v=q8_0": ("qjl3-keys", "q8_0"), "polarquant": ("polarquant", "polarquant"),
     "k=polarquant,v=kivi4": ("polarquant", "int4-token-g32-asym"), "hf4": ("kivi4-keys", "int4-token-g64-asym"),
     "hf2r64": ("kivi2-keys", "int2-token-g64-asym"), "k=hf4,v=fp16": ("kivi4-keys", "fp16"),
+    "turboquant_prod2.5": ("turboquant", "turboquant"), "turboquant3.25": ("turboquant", "turboquant"),
+    "turboquant4": None,  # two parts, uncalibrated: not before the first write chooses their outlier channels
 }
 
 
@@ -40,6 +42,10 @@ def test_which_pages_the_native_attention_reads(spec):
         assert pages is None
         return
     assert (pages["kv_dtype"], pages["v_dtype"]) == PAGES[spec]
+    if pages["kv_dtype"] == "turboquant":  # the codes of both halves, described by their TurboQuantPageSpec
+        assert pages["k_cache"] is None and len(pages["k_side"].parts) == len(cache.keys.parts)
+        assert (pages["k_side"].parts[0].signs is not None) == spec.startswith("turboquant_prod")
+        return
     for role in ("k", "v"):
         assert pages[f"{role}_cache"].shape[:2] == (cache.num_blocks * block, 2)
         assert (pages[f"{role}_scale"] is not None) == (PAGES[spec][role == "v"] in ("int8", "fp8"))
@@ -61,7 +67,6 @@ def attend_both_ways(spec, *, hq, hkv, d, window, seed, num_blocks=48, block_siz
     rng = random.Random(seed)
     gen = torch.Generator().manual_seed(seed)
     cache = get_kv_codec(spec).create_cache(0, num_blocks, block_size, hkv, d, torch.float32, "cpu")  # spec or codec
-    assert cache.native_pages() is not None
     plan = random_batch_plan(rng, num_blocks, block_size, 3, 130)
     done = [0] * len(plan)
     pairs = []
@@ -76,6 +81,7 @@ def attend_both_ways(spec, *, hq, hkv, d, window, seed, num_blocks=48, block_siz
         t = sum(new)
         cache.write(torch.randn(t, hkv, d, generator=gen) * 2, torch.randn(t, hkv, d, generator=gen),
                     meta.slot_mapping)
+        assert cache.native_pages() is not None  # (TurboQuant's outlier channels: chosen by the first write)
         q = torch.randn(t, hq, d, generator=gen)
         native = cache.attend(q, meta, d ** -0.5, window)
         with mock.patch.object(LayerKVCache, "attend_natively", return_value=None):
@@ -189,3 +195,36 @@ def test_native_attention_on_hf_pages_equals_the_codecs_own_read(spec, hq, hkv, 
     assert len(pairs) >= 3
     for native, own in pairs:
         assert (native - own).abs().max().item() <= 1e-5 * max(1.0, own.abs().max().item())
+
+
+# TurboQuant on the module path (arXiv 2504.19874): turboquant_prod's keys — MSE codes plus the residual's 1-bit QJL
+# sketch, scored against the query rotated and sketched once — and the MSE variant's prefill chunks; values MSE.
+# Uncalibrated two-part layouts pick their outlier channels at the first write; calibrated: a mean and a channel order.
+@NATIVE
+@pytest.mark.parametrize("spec", ["turboquant_prod3", "turboquant_prod2.5", "turboquant_prod3.5-calibrated",
+                                  "turboquant3.5", "turboquant2.5:qr-calibrated"])
+@pytest.mark.parametrize("hq,hkv,d,window", [(9, 3, 64, None), (4, 1, 256, 20), (4, 4, 32, None), (6, 2, 96, 7),
+                                             (7, 1, 64, None)])
+def test_native_attention_on_turboquant_pages_equals_the_codecs_own_read(spec, hq, hkv, d, window):
+    codec = get_kv_codec(spec.removesuffix("-calibrated"))
+    if any(bits == 1 for _, bits in codec.key_half.layout(d)) and codec.key_half.variant == "prod":
+        pytest.skip(f"{spec} at head_dim {d}: 1-bit prod parts have no MSE codes (the codec's own read runs)")
+    if spec.endswith("-calibrated"):
+        gen = torch.Generator().manual_seed(d)
+        offset = 3 * torch.randn(1, hkv, d, generator=gen)
+        codec.calibrate(torch.randn(64, hkv, d, generator=gen) * 2 + offset, torch.randn(64, hkv, d, generator=gen), 0)
+    with mock.patch("bytediet.kernels.reference.attention_over_pages",
+                    side_effect=AssertionError("the reference twin ran, not the native kernel")):
+        pairs = attend_both_ways(codec, hq=hq, hkv=hkv, d=d, window=window, seed=hq * d + hkv)
+    assert len(pairs) >= 3
+    for native, own in pairs:
+        assert (native - own).abs().max().item() <= 1e-4 * max(1.0, own.abs().max().item())
+
+
+def test_the_native_decode_step_says_it_does_not_write_turboquant_prod_keys():
+    from bytediet.models.native_decode import _pages_or_objection
+
+    pages, why = _pages_or_objection(get_kv_codec("turboquant_prod3").create_cache(0, 4, 16, 2, 64, torch.float32, "cpu"))
+    assert pages is None and "turboquant_prod" in why and "attention native" in why and "\n" not in why
+    pages, why = _pages_or_objection(get_kv_codec("turboquant3").create_cache(0, 4, 16, 2, 64, torch.float32, "cpu"))
+    assert why == "" and pages["kv_dtype"] == "turboquant" and pages["k_tq"] is not None

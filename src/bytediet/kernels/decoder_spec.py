@@ -92,6 +92,11 @@ class TurboQuantPart:
     rotation (dim, dim) float32 R (a part x is stored as u = x Rᵀ / ‖x‖); codebook (2**bits,) float32 sorted
     centroids; norm (slots, Hkv) float16 ‖x‖; idx (slots, Hkv, dim·bits/8) uint8, the nearest centroid of each
     coordinate of u packed little-endian (code j of each 8-code word in bits j·b … j·b + b − 1).
+
+    Inner-product keys (``turboquant_prod``; ``bits`` is then the part's bits − 1, its MSE codes) also keep the
+    1-bit QJL sketch of the residual r = u − c[idx]: signs (slots, Hkv, dim/8) uint8 of S r (bit set: ≥ 0),
+    res_norm (slots, Hkv) float16 ‖r‖, sketch (dim, dim) float32 S; u ≈ c[idx] + √(π/2)/dim · ‖r‖ · Sᵀ sign.
+    The native attention reads them (module path); the decode step does not write them.
     """
 
     dim: int
@@ -100,11 +105,15 @@ class TurboQuantPart:
     codebook: torch.Tensor
     norm: torch.Tensor
     idx: torch.Tensor
+    signs: Optional[torch.Tensor] = None
+    res_norm: Optional[torch.Tensor] = None
+    sketch: Optional[torch.Tensor] = None
 
     def __post_init__(self) -> None:
         # constants: copied to the layout the kernel reads (a Haar rotation from torch.linalg.qr is column-major)
         self.rotation = self.rotation.float().contiguous()
         self.codebook = self.codebook.float().contiguous()
+        self.sketch = None if self.sketch is None else self.sketch.float().contiguous()
         if not (self.norm.is_contiguous() and self.idx.is_contiguous()):
             raise ValueError("TurboQuant pages (norm, idx) must be contiguous: the native step writes them in place")
 

@@ -301,7 +301,8 @@ class _Layer(ctypes.Structure):  # mirrors bd::LayerDesc
 
 class _TQPart(ctypes.Structure):  # mirrors bd::TQPartDesc in csrc/turboquant_pages.h
     _fields_ = [(name, ctypes.c_void_p) for name in ("rotation", "codebook", "norm", "idx")] + [
-        ("dim", ctypes.c_int64), ("bits", ctypes.c_int32), ("pad", ctypes.c_int32)]
+        ("dim", ctypes.c_int64), ("bits", ctypes.c_int32), ("pad", ctypes.c_int32)] + [
+        (name, ctypes.c_void_p) for name in ("signs", "res_norm", "sketch")]
 
 
 class _TQPages(ctypes.Structure):  # mirrors bd::TQPagesDesc
@@ -364,7 +365,8 @@ def _tq_desc(pages: TurboQuantPageSpec) -> _TQPages:
     desc = _TQPages(channels=_ptr(pages.channels), mean=_ptr(pages.mean), rope_mean=_ptr(pages.rope_mean),
                     inv_freq=_ptr(pages.inv_freq), num_parts=len(pages.parts))
     for i, p in enumerate(pages.parts):
-        desc.parts[i] = _TQPart(_ptr(p.rotation), _ptr(p.codebook), _ptr(p.norm), _ptr(p.idx), p.dim, p.bits, 0)
+        desc.parts[i] = _TQPart(_ptr(p.rotation), _ptr(p.codebook), _ptr(p.norm), _ptr(p.idx), p.dim, p.bits, 0,
+                                _ptr(p.signs), _ptr(p.res_norm), _ptr(p.sketch))
     return desc
 
 
@@ -404,6 +406,9 @@ def attention_over_pages(q: torch.Tensor, positions: torch.Tensor, token_rows: t
     lib = _library(variant)
     t, hq, d = q.shape
     v_dtype = v_dtype or kv_dtype
+    if kv_dtype == "turboquant" or v_dtype == "turboquant":
+        return _turboquant_attention(lib, q, positions, token_rows, block_tables, block_size, scale, window, kv_dtype,
+                                     v_dtype, k_side, v_side)
     readable = ATTENTION_PAGE_TYPES + CODE_PAGE_TYPES
     fits = lambda t: d % PAGE_ALIGN.get(t, 8) == 0 and (t != "polarquant" or d <= POLAR_MAX_DIM)  # noqa: E731
     if (lib is None or d % 8 or q.dtype != torch.float32 or kv_dtype not in readable or v_dtype not in readable
@@ -424,6 +429,35 @@ def attention_over_pages(q: torch.Tensor, positions: torch.Tensor, token_rows: t
     if rc != 0:
         raise ValueError(f"native paged attention refused {kv_dtype!r} keys, {v_dtype!r} values, {hq} heads over "
                          f"{k_cache.shape[1]} KV heads of dim {d}")
+    return out
+
+
+TQ_MAX_GROUP, TQ_MAX_HEAD_DIM = 64, 512  # csrc/turboquant_pages.cpp's kMaxGroup, kMaxHeadDim
+
+
+def _turboquant_attention(lib, q, positions, token_rows, block_tables, block_size, scale, window, kv_dtype, v_dtype,
+                          k_side: TurboQuantPageSpec, v_side: TurboQuantPageSpec) -> torch.Tensor:
+    """attention_over_pages on TurboQuant pages (k_side/v_side: their :class:`TurboQuantPageSpec`; keys of the MSE or
+    inner-product variant, values MSE) by the decode step's kernel on codes, every token with its block table row."""
+    if kv_dtype != v_dtype:
+        raise ValueError(f"TurboQuant pages are read natively as keys and values together, got {kv_dtype!r} keys, "
+                         f"{v_dtype!r} values")
+    t, hq, d = q.shape
+    hkv = k_side.parts[0].norm.shape[1]
+    bits_ok = all(1 <= p.bits <= 8 for p in k_side.parts + v_side.parts)
+    if (lib is None or q.dtype != torch.float32 or d % 8 or d > TQ_MAX_HEAD_DIM or hq // hkv > TQ_MAX_GROUP
+            or not bits_ok):
+        return reference.attention_over_pages(q, positions, token_rows, block_tables, block_size, scale, window,
+                                              kv_dtype, None, None, v_dtype=v_dtype, k_side=k_side, v_side=v_side)
+    q = q.contiguous()
+    positions, token_rows, block_tables = (x.to(torch.int64).contiguous() for x in (positions, token_rows, block_tables))
+    k_desc, v_desc = _tq_desc(k_side), _tq_desc(v_side)
+    out = torch.empty_like(q)
+    rc = lib.bd_turboquant_attention(ctypes.addressof(k_desc), ctypes.addressof(v_desc), q.data_ptr(), out.data_ptr(),
+                                     t, hq, hkv, d, scale, window or 0, positions.data_ptr(), token_rows.data_ptr(),
+                                     block_tables.data_ptr(), block_tables.shape[1], block_size)
+    if rc != 0:
+        raise ValueError(f"native TurboQuant attention refused {hq} heads over {hkv} KV heads of dim {d}")
     return out
 
 

@@ -116,13 +116,16 @@ def attention_over_pages(q: torch.Tensor, positions: torch.Tensor, token_rows: t
     ``window``) over the pages of block table row ``token_rows[t]``; key pages of ``kv_dtype``, value pages of
     ``v_dtype`` (default: the same), each (slots, Hkv, D) rows or (slots, Hkv, D/32 · block bytes) GGML blocks
     (int8/fp8 with float16 scales (slots, Hkv[, 1])), or code pages (slots, Hkv, D·bits/8) with their
-    ``k_side``/``v_side`` (:class:`~bytediet.kernels.decoder_spec.CodePageSide`, see :func:`read_code_rows`).
+    ``k_side``/``v_side`` (:class:`~bytediet.kernels.decoder_spec.CodePageSide`, see :func:`read_code_rows`), or
+    ``"turboquant"`` pages described by k_side/v_side (:class:`~bytediet.kernels.decoder_spec.TurboQuantPageSpec`).
     One token at a time, plainly. → (T, Hq, D) float32."""
     out = torch.empty(q.shape, dtype=torch.float32)
     dtypes = (kv_dtype, v_dtype or kv_dtype)
     d = q.shape[-1]
 
-    def read(dtype, pages, s, side, slots):
+    def read(dtype, pages, s, side, slots, first):
+        if dtype == "turboquant":  # side: the TurboQuantPageSpec; keys with a pre-RoPE mean need the positions
+            return turboquant_pages.read(side, slots, torch.arange(first, first + len(slots)))
         if dtype in CODE_PAGE_TYPES:
             return read_code_rows(dtype, pages, side, slots, d)
         return read_kv_rows(dtype, pages[slots], None if s is None else s[slots].reshape(len(slots), -1, 1))
@@ -130,9 +133,10 @@ def attention_over_pages(q: torch.Tensor, positions: torch.Tensor, token_rows: t
     for t in range(q.shape[0]):
         pos = int(positions[t])
         slots = sequence_slots(block_tables[int(token_rows[t])], pos + 1, block_size)
-        if window:
-            slots = slots[max(0, pos + 1 - window):]
-        k, v = (read(*args, slots) for args in zip(dtypes, (k_cache, v_cache), (k_scale, v_scale), (k_side, v_side)))
+        first = max(0, pos + 1 - window) if window else 0
+        slots = slots[first:]
+        k, v = (read(*args, slots, first)
+                for args in zip(dtypes, (k_cache, v_cache), (k_scale, v_scale), (k_side, v_side)))
         out[t] = decode_attention(q[t:t + 1].float(), k[None], v[None], torch.tensor([k.shape[0]]), scale)[0]
     return out
 

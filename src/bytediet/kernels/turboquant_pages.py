@@ -8,6 +8,7 @@ of every coordinate of u = x_p R_pᵀ / ‖x_p‖, b bits per code, packed littl
 """
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -62,11 +63,14 @@ def write(pages: TurboQuantPageSpec, x: torch.Tensor, slots: torch.Tensor,
 
 def read(pages: TurboQuantPageSpec, slots: torch.Tensor, positions: Optional[torch.Tensor] = None) -> torch.Tensor:
     """float32 reconstruction of ``slots`` (any shape) → slots.shape + (H, D); ``positions`` (slots' shape) for keys
-    with a pre-RoPE mean."""
+    with a pre-RoPE mean. Inner-product keys add their residual's QJL estimate √(π/2)/dim · ‖r‖ · Sᵀ sign."""
     out = []
     for p in pages.parts:
-        u = p.codebook[unpack_codes(p.idx[slots], p.bits, p.dim)] * p.norm[slots].float()[..., None]
-        out.append(u @ p.rotation)
+        u = p.codebook[unpack_codes(p.idx[slots], p.bits, p.dim)]
+        if p.signs is not None:
+            signs = unpack_codes(p.signs[slots], 1, p.dim).float() * 2 - 1
+            u = u + ((math.sqrt(math.pi / 2) / p.dim) * p.res_norm[slots].float())[..., None] * (signs @ p.sketch)
+        out.append((u * p.norm[slots].float()[..., None]) @ p.rotation)
     x = torch.cat(out, dim=-1)
     if pages.channels is not None:
         x = torch.empty_like(x).scatter_(-1, pages.channels.expand(*x.shape[:-2], -1, -1), x)

@@ -63,11 +63,14 @@ class CompressedCache(LayerKVCache):
 
     def native_pages(self) -> Optional[dict]:
         """Both halves' pages when the native attention reads each in place, whatever their types (k=q8_0,v=q4_0);
-        code pages (KIVI) with their side data (``k_side``/``v_side``)."""
+        code pages (KIVI, QJL, PolarQuant, HF's) with their side data (``k_side``/``v_side``); TurboQuant pages on
+        both sides only (their spec as the side data)."""
         k, v = self.keys.native_pages(), self.values.native_pages()
         if k is None or v is None:
             return None
         (kt, kc, ks, kside), (vt, vc, vs, vside) = ((*h, None)[:4] for h in (k, v))
+        if (kt == "turboquant") != (vt == "turboquant"):
+            return None
         return dict(kv_dtype=kt, v_dtype=vt, k_cache=kc, v_cache=vc, k_scale=ks, v_scale=vs, k_side=kside,
                     v_side=vside)
 

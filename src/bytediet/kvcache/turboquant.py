@@ -18,6 +18,13 @@ split that fits the budget (:func:`choose_layout`; outlier parts up to 8 bits). 
 calibration:** no mean, the default layout, and outlier channels chosen from the tokens of the layer's
 first write (the first prefill), then frozen. Per-layer constants (rotations, sketches, channel order,
 means) are not pages.
+
+Attention: the native kernel reads the codes in place (``native_pages``: a ``TurboQuantPageSpec`` per half,
+``kernels/cpu/csrc/turboquant_pages.cpp``) for decodes and prefill chunks: the query rotated — for ``turboquant_prod``
+keys also sketched — once per head, each key scored on its codes (centroids looked up in registers, the residual's
+sign bits flipping the sketched query), values summed in rotated coordinates and rotated back once. The one-call
+decode step writes and reads the MSE variant; it does not write ``turboquant_prod`` keys (it says so in one line; the
+module path runs, its attention native).
 """
 from __future__ import annotations
 
@@ -27,6 +34,7 @@ from typing import Optional
 import torch
 
 from ..errors import ConfigError
+from ..kernels.decoder_spec import TurboQuantPageSpec, TurboQuantPart
 from . import bitpack
 from .base import KV_CODECS
 from .compressed import CompressedCodec
@@ -148,6 +156,25 @@ class TurboQuantPages(HalfPages):
         if self.channels is not None:
             out = torch.empty_like(out).scatter_(-1, self.channels[:, None, :].expand(-1, out.shape[1], -1), out)
         return out if self.mean is None else out + self.mean[:, None, :]   # the weights sum to one
+
+    def page_spec(self) -> TurboQuantPageSpec:
+        """These pages as the native kernels read them in place (inner-product parts with their signs, residual norms
+        and sketch)."""
+        parts = [TurboQuantPart(p.dim, p.mse_bits, p.R, p.codebook, s["norm"], s.get("idx"), s.get("signs"),
+                                s.get("res_norm"), p.S) for p, s in zip(self.parts, self.store)]
+        mean = None if self.mean is None else self.mean.float().contiguous()
+        rope_mean = inv_freq = None
+        if self.rope_mean is not None:   # keys calibrated with a pre-RoPE mean (rotated by the layer's own RoPE)
+            mu, rope = self.rope_mean
+            rope_mean, inv_freq = mu.float().contiguous(), rope.inv_freq.float().contiguous()
+        return TurboQuantPageSpec(parts, self.channels, mean, rope_mean, inv_freq)
+
+    def native_pages(self):
+        """("turboquant", None, None, :meth:`page_spec`) when the native attention reads these pages: 1 or 2 parts,
+        each with MSE codes, the outlier channels chosen (by calibration or the first write)."""
+        if len(self.parts) > 2 or any(not p.mse_bits for p in self.parts) or (len(self.parts) > 1 and self.channels is None):
+            return None
+        return "turboquant", None, None, self.page_spec()
 
     def tensors(self):
         return [t for s in self.store for t in s.values()]

@@ -15,7 +15,7 @@ from typing import Optional
 import torch
 
 from ..kernels import ops
-from ..kernels.decoder_spec import DecoderSpec, LayerSpec, LinearSpec, TurboQuantPageSpec, TurboQuantPart
+from ..kernels.decoder_spec import DecoderSpec, LayerSpec, LinearSpec
 from ..kvcache.compressed import CompressedCache
 from ..kvcache.turboquant import TurboQuantPages
 from .layers import Linear
@@ -47,7 +47,8 @@ MAX_TQ_HEAD_DIM = 512  # its kMaxHeadDim
 def _turboquant_objection(half) -> Optional[str]:
     """None when the native step reads these TurboQuant pages, else why not."""
     if any(p.variant != "mse" for p in half.parts):
-        return "turboquant_prod keys (1-bit QJL residual) have no native step; the MSE variant (turboquant) has"
+        return ("turboquant_prod keys (1-bit QJL residual) have no native step (it does not write them; the MSE variant, "
+                "turboquant, has); the module path runs, its attention native")
     if half.head_dim > MAX_TQ_HEAD_DIM:
         return f"TurboQuant pages of head dim {half.head_dim} (the native step reads up to {MAX_TQ_HEAD_DIM})"
     if len(half.parts) > 2:
@@ -55,22 +56,17 @@ def _turboquant_objection(half) -> Optional[str]:
     return None
 
 
-def _turboquant_spec(half) -> TurboQuantPageSpec:
-    parts = [TurboQuantPart(p.dim, p.mse_bits, p.R, p.codebook,
-                            s["norm"], s["idx"]) for p, s in zip(half.parts, half.store)]
-    mean = None if half.mean is None else half.mean.float().contiguous()
-    rope_mean = inv_freq = None
-    if half.rope_mean is not None:   # keys calibrated with a pre-RoPE mean (rotated by the layer's own RoPE)
-        mu, rope = half.rope_mean
-        rope_mean, inv_freq = mu.float().contiguous(), rope.inv_freq.float().contiguous()
-    return TurboQuantPageSpec(parts, half.channels, mean, rope_mean, inv_freq)
-
-
 def _pages_or_objection(cache) -> tuple[Optional[dict], str]:
     """(the cache's pages as LayerSpec fields, "") or (None, why the native step cannot read them). It reads the
     pages ``LayerKVCache.native_pages`` describes (fp32, bf16, fp16, the ``int8`` codec's codes and fp16 scales,
     the uncalibrated ``fp8`` codec's, llama.cpp's q8_0/q5_0/q4_1/q4_0 blocks — keys and values each of any of
     these, as in k=q8_0,v=q4_0) and ``turboquant`` (MSE variant) codes on both sides."""
+    if isinstance(cache, CompressedCache) and all(isinstance(h, TurboQuantPages) for h in (cache.keys, cache.values)):
+        objection = _turboquant_objection(cache.keys) or _turboquant_objection(cache.values)
+        if objection:
+            return None, objection
+        return dict(kv_dtype="turboquant", k_cache=None, v_cache=None, k_tq=cache.keys.page_spec(),
+                    v_tq=cache.values.page_spec()), ""
     pages = cache.native_pages()
     sides = pages and (pages.pop("k_side", None), pages.pop("v_side", None))
     if pages is not None and sides == (None, None):
@@ -80,12 +76,6 @@ def _pages_or_objection(cache) -> tuple[Optional[dict], str]:
                       "not write these codes); the module path runs, its attention native")
     if isinstance(cache, CompressedCache):
         k, v = cache.keys, cache.values
-        if all(isinstance(h, TurboQuantPages) for h in (k, v)):
-            objection = _turboquant_objection(k) or _turboquant_objection(v)
-            if objection:
-                return None, objection
-            return dict(kv_dtype="turboquant", k_cache=None, v_cache=None, k_tq=_turboquant_spec(k),
-                        v_tq=_turboquant_spec(v)), ""
         kinds = f"{type(k).__name__} keys, {type(v).__name__} values"
     else:
         kinds = f"{type(cache).__name__} ({getattr(getattr(cache, 'k', None), 'dtype', '?')})"

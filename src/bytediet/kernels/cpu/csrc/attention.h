@@ -47,6 +47,14 @@ inline float dot(const float* a, const float* b, long n) {
     return s;
 }
 
+// x with the sign of lane j flipped where bit j of `bits` is 0: the ±x_j of a 1-bit QJL sign code (bit 1: +).
+inline __m256 signed8(__m256 x, uint8_t bits) {
+    const __m256i lane = _mm256_and_si256(_mm256_set1_epi32(bits), _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128));
+    const __m256i flip = _mm256_and_si256(_mm256_cmpeq_epi32(lane, _mm256_setzero_si256()),
+                                          _mm256_set1_epi32(static_cast<int>(0x80000000u)));
+    return _mm256_xor_ps(x, _mm256_castsi256_ps(flip));
+}
+
 inline void axpy(float a, const float* x, float* y, long n) {
     const __m256 va = _mm256_set1_ps(a);
     long i = 0;

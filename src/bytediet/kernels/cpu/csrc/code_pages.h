@@ -123,17 +123,11 @@ struct PagesQJLKeys : SidePages {
     }
     // Σ_j ±sq_j of 8 keys (their sign rows k[0..7], m bits each): sq_j with its sign flipped where bit j is 0.
     static __m256 dot8(const float* sq, const uint8_t* const* k, long m) {
-        const __m256i lanes = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
-        const __m256i sign = _mm256_set1_epi32(static_cast<int>(0x80000000u));
         __m256 a[8];
         for (int r = 0; r < 8; ++r) a[r] = _mm256_setzero_ps();
         for (long i = 0; i < m / 8; ++i) {
             const __m256 qi = _mm256_loadu_ps(sq + 8 * i);
-            for (int r = 0; r < 8; ++r) {
-                const __m256i bits = _mm256_and_si256(_mm256_set1_epi32(k[r][i]), lanes);
-                const __m256i flip = _mm256_and_si256(_mm256_cmpeq_epi32(bits, _mm256_setzero_si256()), sign);
-                a[r] = _mm256_add_ps(a[r], _mm256_xor_ps(qi, _mm256_castsi256_ps(flip)));
-            }
+            for (int r = 0; r < 8; ++r) a[r] = _mm256_add_ps(a[r], attention::signed8(qi, k[r][i]));
         }
         return attention::hsum8(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]);
     }

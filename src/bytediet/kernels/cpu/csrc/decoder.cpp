@@ -471,7 +471,7 @@ void layer_step(const ModelDesc& m, const LayerDesc& L, float* x, long T, const 
     }
     Passes ps;
     if (L.k_dtype == kTurboQuantPages)
-        turboquant_attend(m, L, s.q.data(), s.att.data(), T, positions, block_tables, bt_stride, block_size);
+        turboquant_attend(m, L, s.q.data(), s.att.data(), T, positions, nullptr, block_tables, bt_stride, block_size);
     else if (L.k_dtype < kFirstCodePages && L.v_dtype < kFirstCodePages && passes(L.k_dtype, L.v_dtype, d, ps))
         attend(m, L, s.q.data(), s.att.data(), T, positions, nullptr, block_tables, bt_stride, block_size, s, ps);
     {

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 #include <type_traits>
 #include <vector>
 
@@ -114,24 +115,37 @@ struct Span {
     long block_size, lo, hi, hkv, kvh, group;
 };
 
-// scores (group, n) += ‖k_p‖ · (R_p q)·c[idx] for part P, whose rotated query coordinates start at `off` of the
-// (group, d) rotated queries qr. G: the group size when known at compile time (accumulators in registers), else 0.
+// scores (group, n) += ‖k_p‖ · ((R_p q)·c[idx] + √(π/2)/d_p · ‖r‖ · (S_p R_p q)·sign) for part P (the sign term: inner-
+// product keys only), whose rotated query coordinates start at `off` of each (group, qw) row of qr and sketched ones
+// at `off` + d. G: the group size when known at compile time (accumulators in registers), else 0.
 template <int B, int G>
-void part_scores(const TQPartDesc& P, long off, const float* qr, long d, const Span& s, float* scores) {
+void part_scores(const TQPartDesc& P, long off, const float* qr, long qw, long d, const Span& s, float* scores) {
     const long words = P.dim / 8, row = P.dim * B / 8, n = s.hi - s.lo, group = G ? G : s.group;
+    const float coef = static_cast<float>(std::sqrt(M_PI / 2) / static_cast<double>(P.dim));
     const Centroids<B> cb(P.codebook);
     for_each_slot(s.table, s.block_size, s.lo, s.hi, [&](long p, long slot) {
         const long r = slot * s.hkv + s.kvh;
         const uint8_t* codes = P.idx + r * row;
         __m256 acc[G ? G : kMaxGroup];
+        float res[G ? G : kMaxGroup] = {};
         for (long g = 0; g < group; ++g) acc[g] = _mm256_setzero_ps();
         for (long w = 0; w < words; ++w) {
             const __m256 c = cb(row_codes8<B>(codes, w, row));
             for (long g = 0; g < group; ++g)
-                acc[g] = _mm256_fmadd_ps(_mm256_loadu_ps(qr + g * d + off + 8 * w), c, acc[g]);
+                acc[g] = _mm256_fmadd_ps(_mm256_loadu_ps(qr + g * qw + off + 8 * w), c, acc[g]);
+        }
+        if (P.signs) {  // the residual's QJL term: a sign-flipped sum of the sketched query
+            const uint8_t* sg = P.signs + r * words;
+            const float rn = coef * _cvtsh_ss(P.res_norm[r]);
+            for (long g = 0; g < group; ++g) {
+                __m256 a = _mm256_setzero_ps();
+                for (long w = 0; w < words; ++w)
+                    a = _mm256_add_ps(a, attention::signed8(_mm256_loadu_ps(qr + g * qw + d + off + 8 * w), sg[w]));
+                res[g] = rn * hsum(a);
+            }
         }
         const float nrm = _cvtsh_ss(P.norm[r]);
-        for (long g = 0; g < group; ++g) scores[g * n + (p - s.lo)] += nrm * hsum(acc[g]);
+        for (long g = 0; g < group; ++g) scores[g * n + (p - s.lo)] += nrm * (hsum(acc[g]) + res[g]);
     });
 }
 
@@ -177,7 +191,8 @@ void with_kernel(int bits, long group, Fn fn) {
     });
 }
 
-// A query head's q (d,) in the key pages' coordinates: channel order, then per part y_p = R_p · q_p.
+// A query head's q (d,) in the key pages' coordinates: channel order, then per part y_p = R_p · q_p, and for
+// inner-product keys their sketch S_p y_p at y + d + offset.
 void rotate_query(const TQPagesDesc& K, long kvh, const float* q, float* y, long d) {
     float qc[kMaxHeadDim];
     const int64_t* ch = K.channels ? K.channels + kvh * d : nullptr;
@@ -186,6 +201,8 @@ void rotate_query(const TQPagesDesc& K, long kvh, const float* q, float* y, long
     for (int i = 0; i < K.num_parts; ++i) {
         const TQPartDesc& P = K.parts[i];
         for (long r = 0; r < P.dim; ++r) y[off + r] = dot(P.rotation + r * P.dim, qc + off, P.dim);
+        if (P.signs)
+            for (long r = 0; r < P.dim; ++r) y[d + off + r] = dot(P.sketch + r * P.dim, y + off, P.dim);
         off += P.dim;
     }
 }
@@ -305,7 +322,8 @@ void turboquant_write(const TQPagesDesc& pg, const float* x, long slot, long pos
 }
 
 void turboquant_attend(const ModelDesc& m, const LayerDesc& L, const float* q, float* out, long T,
-                       const int64_t* positions, const int64_t* block_tables, long bt_stride, long block_size) {
+                       const int64_t* positions, const int64_t* token_rows, const int64_t* block_tables,
+                       long bt_stride, long block_size) {
     const TQPagesDesc& K = *L.k_tq;
     const TQPagesDesc& V = *L.v_tq;
     const long hq = m.num_heads, hkv = m.num_kv_heads, d = m.head_dim, group = hq / hkv;
@@ -316,8 +334,11 @@ void turboquant_attend(const ModelDesc& m, const LayerDesc& L, const float* q, f
     std::vector<float>& qr = qr_buf;
     std::vector<float>& acc = acc_buf;
     std::vector<Partial>& parts = parts_buf;
-    qr.resize(T * hq * d);
-    for (long th = 0; th < T * hq; ++th) rotate_query(K, (th % hq) / group, q + th * d, qr.data() + th * d, d);
+    bool sketched = false;  // inner-product keys: each query row holds its rotation, then its sketch
+    for (int i = 0; i < K.num_parts; ++i) sketched = sketched || K.parts[i].signs;
+    const long qw = sketched ? 2 * d : d;
+    qr.resize(T * hq * qw);
+    for (long th = 0; th < T * hq; ++th) rotate_query(K, (th % hq) / group, q + th * d, qr.data() + th * qw, d);
     const int nt = num_threads();
     long longest = 1;
     for (long t = 0; t < T; ++t) longest = positions[t] + 1 > longest ? positions[t] + 1 : longest;
@@ -338,8 +359,9 @@ void turboquant_attend(const ModelDesc& m, const LayerDesc& L, const float* q, f
             const long lo = c * chunk_len > first_pos ? c * chunk_len : first_pos;
             const long hi = (c + 1) * chunk_len < pos + 1 ? (c + 1) * chunk_len : pos + 1;
             const long n = hi > lo ? hi - lo : 0;
-            const Span span{block_tables + tok * bt_stride, block_size, lo, lo + n, hkv, kvh, group};
-            const float* qg = qr.data() + (tok * hq + kvh * group) * d;
+            const Span span{block_tables + (token_rows ? token_rows[tok] : tok) * bt_stride, block_size, lo, lo + n,
+                            hkv, kvh, group};
+            const float* qg = qr.data() + (tok * hq + kvh * group) * qw;
             scores.assign(group * n + 8, 0.0f);
             if (K.rope_mean && n > 0) {  // the pre-RoPE mean's share of each score, at each key's position
                 const long half = d / 2;
@@ -359,7 +381,8 @@ void turboquant_attend(const ModelDesc& m, const LayerDesc& L, const float* q, f
             long off = 0;
             for (int i = 0; i < K.num_parts; ++i) {
                 with_kernel(K.parts[i].bits, group, [&](auto b, auto g) {
-                    part_scores<decltype(b)::value, decltype(g)::value>(K.parts[i], off, qg, d, span, scores.data());
+                    part_scores<decltype(b)::value, decltype(g)::value>(K.parts[i], off, qg, qw, d, span,
+                                                                        scores.data());
                 });
                 off += K.parts[i].dim;
             }
@@ -389,6 +412,24 @@ void turboquant_attend(const ModelDesc& m, const LayerDesc& L, const float* q, f
 }  // namespace bd
 
 extern "C" {
+
+// Attention of T tokens over TurboQuant pages on the module path (prefill chunks; turboquant_prod keys, which the
+// decode step does not write): q, out (T, hq, d) float32, token t at positions[t] reading block table row
+// token_rows[t]; k, v the pages (values: the MSE variant). Returns 0, or -1 for shapes or pages it does not take.
+int bd_turboquant_attention(const bd::TQPagesDesc* k, const bd::TQPagesDesc* v, const float* q, float* out, long T,
+                            long hq, long hkv, long d, float scale, long window, const int64_t* positions,
+                            const int64_t* token_rows, const int64_t* block_tables, long bt_stride, long block_size) {
+    if (hkv <= 0 || hq % hkv || hq / hkv > bd::kMaxGroup || d % 8 || d > bd::kMaxHeadDim) return -1;
+    for (const bd::TQPagesDesc* pg : {k, v})
+        for (int i = 0; i < pg->num_parts; ++i)
+            if (pg->parts[i].bits < 1 || pg->parts[i].bits > 8 || (pg == v && pg->parts[i].signs)) return -1;
+    bd::ModelDesc m{};
+    m.num_heads = hq, m.num_kv_heads = hkv, m.head_dim = d, m.attention_scale = scale;
+    bd::LayerDesc L{};
+    L.window = window, L.k_tq = k, L.v_tq = v, L.k_dtype = L.v_dtype = bd::kTurboQuantPages;
+    bd::turboquant_attend(m, L, q, out, T, positions, token_rows, block_tables, bt_stride, block_size);
+    return 0;
+}
 
 // The write alone, for tests against the codec: x (T, num_heads, head_dim) float32 into slots (T,). Returns 0.
 int bd_turboquant_write(const bd::TQPagesDesc* pages, const float* x, long T, const int64_t* slots,
