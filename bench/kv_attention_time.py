@@ -8,8 +8,13 @@ and the same for ``torch.nn.functional.scaled_dot_product_attention`` on contigu
 tensors (no paging, no compression: the floor a fused kernel would approach). Shapes are the model's
 (default SmolLM2: 9 query heads, 3 KV heads, head dim 64, 30 layers).
 
-``--native``: also time, for every codec the native decode step reads (fp32, bf16, fp16, int8, turboquant),
-that step's write + attention (``native-<codec>`` rows): a one-layer ``DecoderSpec`` with the model's head
+The ``<codec>`` rows are the module path's write + attend; its attention is the native kernel over the stored
+codes wherever ``LayerKVCache.native_pages`` describes them — every codec listed by default (KIVI, QJL, PolarQuant,
+TurboQuant and turboquant_prod, hf2/hf4 too), the codec's own read elsewhere (no native library).
+
+``--native``: also time, for every codec the native decode step reads (fp32, bf16, fp16, int8, fp8, q8_0 … q4_0,
+turboquant), that step's write + attention (``native-<codec>`` rows; the others are error rows: the step does not
+write their codes): a one-layer ``DecoderSpec`` with the model's head
 shapes and a 32-wide hidden state, so its linear layers cost microseconds and the call is the paged attention
 on the stored codes. Every row gives the KV bytes a step reads at that context (``kv_mb_per_step``, all layers)
 and the rate it reads them at.

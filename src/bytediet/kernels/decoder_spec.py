@@ -43,7 +43,9 @@ CODE_PAGE_TYPES = ("kivi2-keys", "kivi4-keys", "int2-token-g32-asym", "int4-toke
                    "int4-token-g64-asym", "qjl1-keys", "qjl2-keys", "qjl3-keys", "qjl4-keys", "polarquant")
 # the page types of the kernels; a type's id in the kernels is its index here (5: TurboQuant's codes)
 KV_PAGE_TYPES = ROW_PAGE_TYPES + ("turboquant",) + tuple(BLOCK_PAGE_TYPES) + CODE_PAGE_TYPES
-# the page types the native attention (ops.attention_over_pages) reads in place, keys of one and values of another
+# the row and block page types the native attention (ops.attention_over_pages) reads in place, keys of one and values
+# of another; it also reads CODE_PAGE_TYPES with their side data, and "turboquant" pages (MSE or inner-product keys,
+# MSE values) described by a TurboQuantPageSpec per half
 ATTENTION_PAGE_TYPES = ROW_PAGE_TYPES + tuple(BLOCK_PAGE_TYPES)
 CODE_PAGE_BITS = {"kivi2-keys": 2, "kivi4-keys": 4, "int2-token-g32-asym": 2, "int4-token-g32-asym": 4,
                   "int2-token-g64-asym": 2, "int4-token-g64-asym": 4, "qjl1-keys": 1, "qjl2-keys": 1, "qjl3-keys": 1,

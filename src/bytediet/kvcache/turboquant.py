@@ -159,7 +159,10 @@ class TurboQuantPages(HalfPages):
 
     def page_spec(self) -> TurboQuantPageSpec:
         """These pages as the native kernels read them in place (inner-product parts with their signs, residual norms
-        and sketch)."""
+        and sketch); built once per channel order (the rotations copied to row-major once, not per step)."""
+        cached = getattr(self, "_spec", None)
+        if cached is not None and cached.channels is self.channels:
+            return cached
         parts = [TurboQuantPart(p.dim, p.mse_bits, p.R, p.codebook, s["norm"], s.get("idx"), s.get("signs"),
                                 s.get("res_norm"), p.S) for p, s in zip(self.parts, self.store)]
         mean = None if self.mean is None else self.mean.float().contiguous()
@@ -167,7 +170,8 @@ class TurboQuantPages(HalfPages):
         if self.rope_mean is not None:   # keys calibrated with a pre-RoPE mean (rotated by the layer's own RoPE)
             mu, rope = self.rope_mean
             rope_mean, inv_freq = mu.float().contiguous(), rope.inv_freq.float().contiguous()
-        return TurboQuantPageSpec(parts, self.channels, mean, rope_mean, inv_freq)
+        self._spec = TurboQuantPageSpec(parts, self.channels, mean, rope_mean, inv_freq)
+        return self._spec
 
     def native_pages(self):
         """("turboquant", None, None, :meth:`page_spec`) when the native attention reads these pages: 1 or 2 parts,
