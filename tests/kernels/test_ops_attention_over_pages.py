@@ -33,6 +33,7 @@ CASES = {  # name: (hq, hkv, d, window, [(tokens, context) per sequence])
     "qwen2-gqa-7-long": (7, 1, 64, None, [(1, 1000)]),
     "window-prefill": (6, 2, 24, 7, [(12, 12), (1, 70)]),
     "gqa-3-d96-mixed": (9, 3, 96, 33, [(1, 31), (17, 49), (1, 1), (1, 97)]),  # 3 GGML blocks a row
+    "batch-10-gqa-3-d32": (6, 2, 32, None, [(1, c) for c in (5, 9, 1, 33, 17, 2, 40, 11, 8, 3)]),
 }
 
 

