@@ -80,6 +80,9 @@ def _pages_or_objection(cache) -> tuple[Optional[dict], str]:
                       "quantizes groups of tokens); the module path runs, its attention native")
     if isinstance(cache, CompressedCache):
         k, v = cache.keys, cache.values
+        if k.rotation is not None or v.rotation is not None:
+            return None, ("rotated KV pages (rot-int8, rot-q8_0) have no native step (it writes and reads pages "
+                          "unrotated); the module path runs, its attention native")
         if all(isinstance(h, TurboQuantPages) for h in (k, v)):
             objection = _turboquant_objection(k) or _turboquant_objection(v)
             if objection:
