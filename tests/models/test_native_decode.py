@@ -298,6 +298,7 @@ def test_turboquant_variants_without_a_native_step_say_why():
     assert "KV cache" in why_not_native(model, model.new_caches(2, 16, "k=turboquant3.5,v=int8"))
     assert "KV cache" in why_not_native(model, model.new_caches(2, 16, "k=turboquant3,v=q4_0"))
     assert why_not_native(model, model.new_caches(2, 16, "k=q8_0,v=q4_0")) is None
+    assert "rotated KV pages" in why_not_native(model, model.new_caches(2, 16, "k=rot-q8_0,v=q4_0"))
     from bytediet.kvcache import get_kv_codec
 
     codec = get_kv_codec("turboquant3.5", torch.float32)
