@@ -82,7 +82,7 @@ def test_a_rotation_makes_per_token_int8_more_accurate_on_outlier_channels():
     assert err["rot-int8"] < err["int8"] / 10 and err["rot-q8_0"] < err["q8_0"]
 
 
-def test_bytes_are_the_inner_codecs_and_the_decode_step_says_why_it_does_not_run():
+def test_bytes_are_the_inner_codecs_and_the_decode_step_reads_the_pages_with_their_rotations():
     from bytediet.models.native_decode import _pages_or_objection
 
     for spec, inner in (("rot-int8", "int8"), ("rot-q8_0", "q8_0")):
@@ -92,7 +92,8 @@ def test_bytes_are_the_inner_codecs_and_the_decode_step_says_why_it_does_not_run
     cache = get_kv_codec("k=rot-q8_0,v=q8_0").create_cache(0, 4, 16, 2, 64, torch.float32, "cpu")
     assert cache.native_pages() is None and cache.attention_pages()["kv_dtype"] == "q8_0"
     pages, why = _pages_or_objection(cache)
-    assert pages is None and "rotated" in why
+    assert why == "" and pages["kv_dtype"] == "q8_0" and pages["v_rot"] is None
+    assert torch.equal(pages["k_rot"], cache.keys.rotation)
 
 
 def test_only_stateless_per_token_halves_are_rotated():

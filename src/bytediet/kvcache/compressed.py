@@ -63,8 +63,9 @@ class CompressedCache(LayerKVCache):
 
     def native_pages(self) -> Optional[dict]:
         """Both halves' pages when the native attention reads each in place, whatever their types (k=q8_0,v=q4_0);
-        code pages (KIVI) with their side data (``k_side``/``v_side``). None when a half is stored rotated: the
-        fused decode step would write and read them unrotated (:meth:`attention_pages` gives them)."""
+        code pages (KIVI) with their side data (``k_side``/``v_side``). None when a half is stored rotated (pages in
+        another basis): :meth:`attention_pages` gives them, and the readers that know the halves' ``rotation`` (this
+        cache's :meth:`attend_natively`, the native decode step) rotate around them."""
         if self.keys.rotation is not None or self.values.rotation is not None:
             return None
         return self.attention_pages()

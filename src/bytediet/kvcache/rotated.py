@@ -15,9 +15,10 @@ of two). The inner codec stores x' = x Rᵀ in its own pages, and reading them n
 * values: Σ_j p_j v_j = (Σ_j p_j v'_j) R — accumulated in the rotated basis, the output rotated back once.
 
 So the native paged attention reads the inner pages in place between a rotation of q and one of the output
-(:meth:`bytediet.kvcache.compressed.CompressedCache.attend_natively`). The fused native decode step quantizes and
-writes pages itself, unrotated, so it does not take these caches: their decode steps run the module path (the
-attention still native). A split spec mixes them with any other half (``k=rot-q8_0,v=int8``), as ``auto:<bits>``
+(:meth:`bytediet.kvcache.compressed.CompressedCache.attend_natively`), and the one-call native decode step rotates q
+and k after RoPE and v before it writes the pages, and the attention output after (``LayerSpec.k_rot``/``v_rot``).
+``native_pages()`` is None for these caches (their pages are not in the model's basis); ``attention_pages()`` gives
+them to the readers that know the halves' :attr:`~RotatedPages.rotation`. A split spec mixes them with any other half (``k=rot-q8_0,v=int8``), as ``auto:<bits>``
 plans do.
 """
 from __future__ import annotations

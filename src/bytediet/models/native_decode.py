@@ -66,23 +66,27 @@ def _turboquant_spec(half) -> TurboQuantPageSpec:
     return TurboQuantPageSpec(parts, half.channels, mean, rope_mean, inv_freq)
 
 
+def _rotation(half) -> Optional[torch.Tensor]:
+    return None if half.rotation is None else half.rotation.float().contiguous()
+
+
 def _pages_or_objection(cache) -> tuple[Optional[dict], str]:
     """(the cache's pages as LayerSpec fields, "") or (None, why the native step cannot read them). It reads the
     pages ``LayerKVCache.native_pages`` describes (fp32, bf16, fp16, the ``int8`` codec's codes and fp16 scales,
     the uncalibrated ``fp8`` codec's, llama.cpp's q8_0/q5_0/q4_1/q4_0 blocks — keys and values each of any of
-    these, as in k=q8_0,v=q4_0) and ``turboquant`` (MSE variant) codes on both sides."""
-    pages = cache.native_pages()
+    these, as in k=q8_0,v=q4_0, also rotated: ``rot-int8``, ``rot-q8_0``) and ``turboquant`` (MSE variant) codes on
+    both sides."""
+    pages = cache.attention_pages()
     sides = pages and (pages.pop("k_side", None), pages.pop("v_side", None))
     if pages is not None and sides == (None, None):
+        if isinstance(cache, CompressedCache):   # rotated pages (rot-int8, rot-q8_0): the step rotates q, k, v, output
+            pages.update(k_rot=_rotation(cache.keys), v_rot=_rotation(cache.values))
         return pages, ""
     if pages is not None:  # code pages (KIVI): the codec quantizes whole key groups, which the step cannot write
         return None, (f"KV cache of {pages['kv_dtype']} keys, {pages['v_dtype']} values has no native step (its codec "
                       "quantizes groups of tokens); the module path runs, its attention native")
     if isinstance(cache, CompressedCache):
         k, v = cache.keys, cache.values
-        if k.rotation is not None or v.rotation is not None:
-            return None, ("rotated KV pages (rot-int8, rot-q8_0) have no native step (it writes and reads pages "
-                          "unrotated); the module path runs, its attention native")
         if all(isinstance(h, TurboQuantPages) for h in (k, v)):
             objection = _turboquant_objection(k) or _turboquant_objection(v)
             if objection:
