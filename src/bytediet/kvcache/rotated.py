@@ -18,8 +18,8 @@ So the native paged attention reads the inner pages in place between a rotation 
 (:meth:`bytediet.kvcache.compressed.CompressedCache.attend_natively`), and the one-call native decode step rotates q
 and k after RoPE and v before it writes the pages, and the attention output after (``LayerSpec.k_rot``/``v_rot``).
 ``native_pages()`` is None for these caches (their pages are not in the model's basis); ``attention_pages()`` gives
-them to the readers that know the halves' :attr:`~RotatedPages.rotation`. A split spec mixes them with any other half (``k=rot-q8_0,v=int8``), as ``auto:<bits>``
-plans do.
+them to the readers that know the halves' :attr:`~RotatedPages.rotation`. A split spec mixes them with any other
+half (``k=rot-q8_0,v=int8``), as ``auto:<bits>`` plans do.
 """
 from __future__ import annotations
 
