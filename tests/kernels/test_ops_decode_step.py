@@ -160,6 +160,31 @@ def test_decode_step_over_stored_page_types_equals_reference(variant, case, kv_d
                 assert torch.allclose(mine[slots].float(), ref[slots].float(), rtol=1e-2, atol=1e-3)
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("kv_dtype,v_dtype,rotate", [("q8_0", None, "kv"), ("int8", None, "k"), ("int8", "q8_0", "v")])
+def test_decode_step_over_rotated_pages_equals_reference(variant, case, kv_dtype, v_dtype, rotate):
+    """``k_rot``/``v_rot`` (kvcache/rotated.py): q and k rotated after RoPE, v before its write, the output back."""
+    from bytediet.kvcache.rotation import random_rotation
+
+    kwargs, contexts = CASES[case]
+    gen = torch.Generator().manual_seed(zlib.crc32((case + kv_dtype + rotate).encode()))
+    # f32 activations: q16's per-block rounding of the next layer's input would amplify the rotations' float
+    # rounding (another summation order than torch's) into whole quantization steps
+    spec = random_spec(gen, activations="f32", kv_dtype=kv_dtype, v_dtype=v_dtype, **kwargs)
+    for i, layer in enumerate(spec.layers):
+        d = spec.head_dim
+        layer.k_rot = random_rotation(d, "hadamard", 2 * i) if "k" in rotate else None
+        layer.v_rot = random_rotation(d, "hadamard", 2 * i + 1) if "v" in rotate else None
+    positions, slots, bt = batch(gen, contexts)
+    x = torch.randn(len(contexts), spec.hidden, generator=gen)
+    before = clone_caches(spec)
+    want = reference.decode_step(spec, x, positions, slots, bt, BLOCK)
+    restore_caches(spec, before)
+    got = ops.decode_step(spec, x, positions, slots, bt, BLOCK, variant=variant)
+    assert (got - want).abs().max().item() <= 1e-3 * want.abs().max().item()
+
+
 def test_the_reference_twin_runs_without_native_kernels():
     gen = torch.Generator().manual_seed(3)
     spec = random_spec(gen, heads=4, kv_heads=2)

@@ -100,3 +100,22 @@ def test_the_plan_runs_in_the_engine_and_travels_as_data():
     assert len(llm.generate([[1, 2, 3, 4]])[0].outputs[0].token_ids) > 0
     with pytest.raises(ConfigError, match="auto:5 is a byte budget"):
         LLM("tiny", loaded=(model, None), kv_cache_dtype="auto:5", num_blocks=8)
+
+
+def test_a_plan_of_rotated_halves_runs_in_the_engine_at_its_inner_codecs_bytes():
+    """``rot-q8_0`` and ``rot-int8`` are candidates (same bytes as q8_0 / int8: the rotation is a per-layer constant);
+    a plan mixing them with plain halves sizes the pool all-in and generates (decode on the module path)."""
+    from bytediet import LLM
+
+    assert {"rot-q8_0", "rot-int8"} <= set(DEFAULT_CANDIDATES)
+    assert NBYTES["k"]["rot-q8_0"] == NBYTES["k"]["q8_0"] and NBYTES["v"]["rot-int8"] == NBYTES["v"]["int8"]
+    cfg = tiny_config("llama", hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=64)
+    model = model_from_state(cfg, random_state(cfg, seed=4))
+    plan = [{"k": "rot-q8_0", "v": "rot-int8"}, {"k": "bf16", "v": "int8"}][:cfg.num_layers]
+    plan += [{"k": "q8_0", "v": "rot-q8_0"}] * (cfg.num_layers - len(plan))
+    state = {"budget": 16.0, "plan": plan}
+    llm = LLM("tiny", loaded=(model, None), kv_cache_dtype="auto:16", kv_calibration_state=state, num_blocks=8,
+              block_size=16)
+    expected = sum(NBYTES["k"][p["k"]] + NBYTES["v"][p["v"]] for p in plan)           # every layer's, all-in
+    assert llm.engine.runner.bytes_per_token == pytest.approx(expected)
+    assert len(llm.generate([[1, 2, 3, 4]])[0].outputs[0].token_ids) > 0

@@ -30,6 +30,7 @@ PAGES = {  # spec: (key page type, value page type), or None where the codec's o
     "hf2r64": ("kivi2-keys", "int2-token-g64-asym"), "k=hf4,v=fp16": ("kivi4-keys", "fp16"),
     "turboquant_prod2.5": ("turboquant", "turboquant"), "turboquant3.25": ("turboquant", "turboquant"),
     "turboquant4": None,  # two parts, uncalibrated: not before the first write chooses their outlier channels
+    "rot-int8": None, "k=rot-q8_0,v=q4_0": None,   # rotated: only their own attend reads them natively (test_rotated)
 }
 
 
@@ -66,7 +67,8 @@ def attend_both_ways(spec, *, hq, hkv, d, window, seed, num_blocks=48, block_siz
     attention natively and by the codec's own read (attend_natively off) on the same pages."""
     rng = random.Random(seed)
     gen = torch.Generator().manual_seed(seed)
-    cache = get_kv_codec(spec).create_cache(0, num_blocks, block_size, hkv, d, torch.float32, "cpu")  # spec or codec
+    cache = get_kv_codec(spec).create_cache(0, num_blocks, block_size, hkv, d, torch.float32, "cpu")
+    assert cache.attention_pages() is not None        # rotated pages: the attention's, not the decode step's
     plan = random_batch_plan(rng, num_blocks, block_size, 3, 130)
     done = [0] * len(plan)
     pairs = []
@@ -93,7 +95,7 @@ def attend_both_ways(spec, *, hq, hkv, d, window, seed, num_blocks=48, block_siz
 
 @NATIVE
 @pytest.mark.parametrize("spec", ["q8_0", "q5_0", "q4_1", "q4_0", "k=q8_0,v=q4_0", "k=int8,v=q4_1",
-                                  "k=bf16,v=q5_0"])
+                                  "k=bf16,v=q5_0", "rot-int8", "rot-q8_0", "k=rot-q8_0,v=int8", "k=q8_0,v=rot-int8"])
 @pytest.mark.parametrize("hq,hkv,d,window", [(9, 3, 64, None), (4, 1, 256, 20), (4, 4, 32, None), (6, 2, 96, 7)])
 def test_native_attention_equals_the_codecs_own_read(spec, hq, hkv, d, window):
     with mock.patch("bytediet.kernels.reference.attention_over_pages",

@@ -119,6 +119,34 @@ def test_native_decode_step_over_llama_cpp_kv_blocks_equals_module_path(arch, kv
             assert ((mine - ref).abs() <= 0.15 * ref.abs().amax(-1, keepdim=True) + 1e-4).all()
 
 
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+@pytest.mark.parametrize("kv,pages", [("rot-int8", ("int8", "int8")), ("rot-q8_0", ("q8_0", "q8_0")),
+                                      ("k=rot-q8_0,v=q4_0", ("q8_0", "q4_0")), ("k=int8,v=rot-q8_0", ("int8", "q8_0"))])
+def test_native_decode_step_over_rotated_kv_pages_equals_module_path(arch, kv, pages):
+    """Rotated pages (kvcache/rotated.py): the step rotates q and k after RoPE and v before writing, and the
+    attention output back after, so logits and the written pages match the module path's."""
+    model = packed_model(arch, head_dim=64)
+    meta, blocks = decode_metadata([5, 17, 40])
+    caches = model.new_caches(blocks, 16, kv)
+    fill_pages(caches, torch.Generator().manual_seed(5))
+    assert why_not_native(model, caches) is None
+    decoder = native_decoder(model, caches)
+    layer = decoder.spec.layers[0]
+    assert (layer.kv_dtype, layer.v_dtype) == pages
+    assert (layer.k_rot is None, layer.v_rot is None) == (caches[0].keys.rotation is None,
+                                                          caches[0].values.rotation is None)
+    ids = torch.tensor([3, 50, 7])
+    saved = snapshot(caches)
+    want = model(ids, meta, caches)
+    written = [c.decode(meta.slot_mapping) for c in caches]
+    restore(caches, saved)
+    got = decoder.logits(ids, meta, torch.arange(3))
+    assert torch.allclose(got, want, atol=2e-3 * want.abs().max().item(), rtol=0)
+    for c, w in zip(caches, written):  # decoded in the model's basis: a quantization step apart at most
+        for mine, ref in zip(c.decode(meta.slot_mapping), w):
+            assert ((mine - ref).abs() <= 0.15 * ref.abs().amax(-1, keepdim=True) + 1e-4).all()
+
+
 @pytest.mark.parametrize("arch,fmt", [(a, "gguf-q4_1") for a in ("llama", "qwen2", "gemma3")] + [
     ("llama", "int8"), ("qwen2", "int4-g32"), ("gemma3", "int4-g32-sym"), ("llama", "mxfp4"), ("qwen2", "nvfp4"), ("llama", "sparse24-int8")])  # bytediet's formats: repacked layouts
 @pytest.mark.parametrize("activations", ["q16", "q8", "f32"])
@@ -301,6 +329,7 @@ def test_turboquant_variants_without_a_native_step_say_why():
     assert "KV cache" in why_not_native(model, model.new_caches(2, 16, "k=turboquant3.5,v=int8"))
     assert "KV cache" in why_not_native(model, model.new_caches(2, 16, "k=turboquant3,v=q4_0"))
     assert why_not_native(model, model.new_caches(2, 16, "k=q8_0,v=q4_0")) is None
+    assert why_not_native(model, model.new_caches(2, 16, "k=rot-q8_0,v=q4_0")) is None
     from bytediet.kvcache import get_kv_codec
 
     codec = get_kv_codec("turboquant3.5", torch.float32)

@@ -18,8 +18,10 @@ The machinery of weight mixed precision (:mod:`bytediet.calibrate.mixed`), appli
 
 Candidates are per-token codecs that page 16-token blocks, uncalibrated (their state would have to travel
 with the plan): bf16, llama.cpp's block types (8.5 … 4.5 bits), bytediet's int8 (one scale per token and head:
-8 + 16/D bits, the one below q8_0's 8.5 — it lets a plan at 8.5 bits buy bf16 for the layers that need it) and
-TurboQuant (4 … 2 bits). A candidate
+8 + 16/D bits, the one below q8_0's 8.5 — it lets a plan at 8.5 bits buy bf16 for the layers that need it), the
+rotated 8-bit codecs ``rot-q8_0`` and ``rot-int8`` (the same pages after a randomized Hadamard rotation, which
+spreads outlier key channels: lower error at the same bytes in most layers, not all — :mod:`bytediet.kvcache.rotated`)
+and TurboQuant (4 … 2 bits). A candidate
 that cannot take the model's head dimension is skipped; a budget below the cheapest candidate is an error
 naming the budget.
 """
@@ -39,8 +41,8 @@ from .base import Progress, no_progress
 from .kv import capture_kv
 from .mixed import choose_within_bytes, improve_by_exchange
 
-DEFAULT_CANDIDATES = ("bf16", "q8_0", "int8", "q5_0", "q4_1", "q4_0", "turboquant4", "turboquant3.5", "turboquant3",
-                      "turboquant2.5", "turboquant2")
+DEFAULT_CANDIDATES = ("bf16", "q8_0", "rot-q8_0", "int8", "rot-int8", "q5_0", "q4_1", "q4_0", "turboquant4",
+                      "turboquant3.5", "turboquant3", "turboquant2.5", "turboquant2")
 
 
 @dataclass

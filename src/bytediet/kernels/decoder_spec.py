@@ -170,6 +170,8 @@ class LayerSpec:
     v_scale: Optional[torch.Tensor] = None
     k_tq: Optional[TurboQuantPageSpec] = None  # turboquant pages only (k_cache, v_cache are then None)
     v_tq: Optional[TurboQuantPageSpec] = None
+    k_rot: Optional[torch.Tensor] = None  # (D, D) float32 R: key pages hold k Rᵀ (kvcache/rotated.py); q is rotated too
+    v_rot: Optional[torch.Tensor] = None  # value pages hold v Rᵀ; the attention output is rotated back (· R)
 
 
 @dataclass

@@ -296,7 +296,8 @@ class _Layer(ctypes.Structure):  # mirrors bd::LayerDesc
         "attn_norm", "post_attn_norm", "pre_ffn_norm", "post_ffn_norm", "q_norm", "k_norm", "inv_freq",
         "k_cache", "v_cache")] + [(name, _Linear) for name in ("q", "k", "v", "o", "gate", "up", "down")] + [
         ("window", ctypes.c_int64), ("k_scale", ctypes.c_void_p), ("v_scale", ctypes.c_void_p),
-        ("k_dtype", ctypes.c_int32), ("v_dtype", ctypes.c_int32), ("k_tq", ctypes.c_void_p), ("v_tq", ctypes.c_void_p)]
+        ("k_dtype", ctypes.c_int32), ("v_dtype", ctypes.c_int32), ("k_tq", ctypes.c_void_p), ("v_tq", ctypes.c_void_p),
+        ("k_rot", ctypes.c_void_p), ("v_rot", ctypes.c_void_p)]
 
 
 class _TQPart(ctypes.Structure):  # mirrors bd::TQPartDesc in csrc/turboquant_pages.h
@@ -382,6 +383,7 @@ def _model_desc(spec: DecoderSpec) -> _Model:
             setattr(layer, name, _linear_desc(getattr(ls, name)))
         layer.window = ls.window
         layer.k_scale, layer.v_scale = _ptr(ls.k_scale), _ptr(ls.v_scale)
+        layer.k_rot, layer.v_rot = _ptr(ls.k_rot), _ptr(ls.v_rot)
         layer.k_dtype = KV_PAGE_TYPES.index(ls.kv_dtype)
         layer.v_dtype = KV_PAGE_TYPES.index(ls.v_dtype or ls.kv_dtype)
         if ls.kv_dtype == "turboquant":

@@ -621,10 +621,16 @@ def _decode_layer(spec: DecoderSpec, layer: LayerSpec, x: torch.Tensor, position
     if layer.q_norm is not None:
         q, k = _rms(q, layer.q_norm, spec.eps), _rms(k, layer.k_norm, spec.eps)
     q, k = _rope(q, positions, layer.inv_freq), _rope(k, positions, layer.inv_freq)
+    if layer.k_rot is not None:        # rotated pages (kvcache/rotated.py): q·k = (q Rᵀ)·(k Rᵀ)
+        q, k = q @ layer.k_rot.T, k @ layer.k_rot.T
+    if layer.v_rot is not None:
+        v = v @ layer.v_rot.T
     _write_pages(layer, slots, k, v, positions)
     context_lens = positions + 1
     kk, vv = _read_pages(layer, batch_slots(block_tables, context_lens, block_size))
     att = decode_attention(q, kk, vv, context_lens, spec.attention_scale, layer.window or None)
+    if layer.v_rot is not None:        # Σ p v = (Σ p v Rᵀ) R
+        att = att @ layer.v_rot
     o = lin(layer.o, att.reshape(t, -1))
     x = x + (_rms(o, layer.post_attn_norm, spec.eps) if spec.sandwich else o)
     h = _rms(x, layer.pre_ffn_norm if spec.sandwich else layer.post_attn_norm, spec.eps)

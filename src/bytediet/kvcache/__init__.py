@@ -15,5 +15,6 @@ from . import q5_0  # noqa: E402,F401  isort: skip
 from . import q4_1  # noqa: E402,F401  isort: skip
 from . import q4_0  # noqa: E402,F401  isort: skip
 from . import hfquant  # noqa: E402,F401  isort: skip
+from . import rotated  # noqa: E402,F401  isort: skip  (after int8 and q8_0, whose halves it rotates)
 
 __all__ = ["KV_CODECS", "AttentionMetadata", "KVCodec", "LayerKVCache", "default_block_size", "get_kv_codec"]

@@ -128,6 +128,12 @@ class LayerKVCache(ABC):
         staging pages) — or None for pages only the codec's own read understands."""
         return None
 
+    def attention_pages(self) -> Optional[dict]:
+        """The pages the native *attention* reads (``native_pages``'s fields): :meth:`native_pages` unless the pages
+        are stored in a basis the fused decode step does not know (rotated K/V, :mod:`bytediet.kvcache.rotated`);
+        then only :meth:`attend_natively`, which rotates the query and the output around the kernel, reads them."""
+        return self.native_pages()
+
     def attend_natively(self, q: torch.Tensor, meta: AttentionMetadata, scale: float,
                         window: Optional[int]) -> Optional[torch.Tensor]:
         """Attention of a step's queries — decodes, prefill chunks, or both — by the native kernel over the pages in
@@ -137,7 +143,7 @@ class LayerKVCache(ABC):
         per prefill, 2048: 2.1 → 1.55 s) or equal (SmolLM2), bench/RESULTS.md "Recording 9"."""
         if q.dtype != torch.float32 or self.head_dim % 8 or (torch.is_grad_enabled() and q.requires_grad):
             return None  # autograd (recovery training) needs the codec's differentiable read
-        pages = self.native_pages()
+        pages = self.attention_pages()
         if pages is None or ops.native_library() is None:
             return None
         return ops.attention_over_pages(q, meta.positions, meta.token_rows, meta.block_tables, meta.block_size,

@@ -64,7 +64,15 @@ class CompressedCache(LayerKVCache):
     def native_pages(self) -> Optional[dict]:
         """Both halves' pages when the native attention reads each in place, whatever their types (k=q8_0,v=q4_0);
         code pages (KIVI, QJL, PolarQuant, HF's) with their side data (``k_side``/``v_side``); TurboQuant pages on
-        both sides only (their spec as the side data)."""
+        both sides only (their spec as the side data). None when a half is stored rotated (pages in another basis):
+        :meth:`attention_pages` gives them, and the readers that know the halves' ``rotation`` (this cache's
+        :meth:`attend_natively`, the native decode step) rotate around them."""
+        if self.keys.rotation is not None or self.values.rotation is not None:
+            return None
+        return self.attention_pages()
+
+    def attention_pages(self) -> Optional[dict]:
+        """:meth:`native_pages` whatever basis the halves are stored in."""
         k, v = self.keys.native_pages(), self.values.native_pages()
         if k is None or v is None:
             return None
@@ -73,6 +81,16 @@ class CompressedCache(LayerKVCache):
             return None
         return dict(kv_dtype=kt, v_dtype=vt, k_cache=kc, v_cache=vc, k_scale=ks, v_scale=vs, k_side=kside,
                     v_side=vside)
+
+    def attend_natively(self, q: torch.Tensor, meta: AttentionMetadata, scale: float,
+                        window: Optional[int]) -> Optional[torch.Tensor]:
+        """The native attention over the pages in place; rotated halves (R: pages hold x Rᵀ) by q·k = (q Rᵀ)·(k Rᵀ)
+        and Σ p v = (Σ p v Rᵀ) R — the query rotated before the kernel, the output after."""
+        rk, rv = self.keys.rotation, self.values.rotation
+        if rk is not None and q.dtype == torch.float32:
+            q = q @ rk.T
+        out = super().attend_natively(q, meta, scale, window)
+        return out if out is None or rv is None else out @ rv
 
     def attend(self, q: torch.Tensor, meta: AttentionMetadata, scale: float,
                window: Optional[int] = None) -> torch.Tensor:

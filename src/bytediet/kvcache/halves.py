@@ -31,6 +31,7 @@ class HalfPages(ABC):
     """
 
     uses_positions = False
+    rotation: Optional[torch.Tensor] = None   # (D, D): pages hold x Rᵀ (kvcache/rotated.py); None: x itself
 
     def __init__(self, num_slots: int, num_heads: int, head_dim: int, device) -> None:
         self.num_slots, self.num_heads, self.head_dim, self.device = num_slots, num_heads, head_dim, device

@@ -56,20 +56,27 @@ def _turboquant_objection(half) -> Optional[str]:
     return None
 
 
+def _rotation(half) -> Optional[torch.Tensor]:
+    return None if half.rotation is None else half.rotation.float().contiguous()
+
+
 def _pages_or_objection(cache) -> tuple[Optional[dict], str]:
     """(the cache's pages as LayerSpec fields, "") or (None, why the native step cannot read them). It reads the
     pages ``LayerKVCache.native_pages`` describes (fp32, bf16, fp16, the ``int8`` codec's codes and fp16 scales,
     the uncalibrated ``fp8`` codec's, llama.cpp's q8_0/q5_0/q4_1/q4_0 blocks — keys and values each of any of
-    these, as in k=q8_0,v=q4_0) and ``turboquant`` (MSE variant) codes on both sides."""
+    these, as in k=q8_0,v=q4_0, also rotated: ``rot-int8``, ``rot-q8_0``) and ``turboquant`` (MSE variant) codes on
+    both sides."""
     if isinstance(cache, CompressedCache) and all(isinstance(h, TurboQuantPages) for h in (cache.keys, cache.values)):
         objection = _turboquant_objection(cache.keys) or _turboquant_objection(cache.values)
         if objection:
             return None, objection
         return dict(kv_dtype="turboquant", k_cache=None, v_cache=None, k_tq=cache.keys.page_spec(),
                     v_tq=cache.values.page_spec()), ""
-    pages = cache.native_pages()
+    pages = cache.attention_pages()
     sides = pages and (pages.pop("k_side", None), pages.pop("v_side", None))
     if pages is not None and sides == (None, None):
+        if isinstance(cache, CompressedCache):   # rotated pages (rot-int8, rot-q8_0): the step rotates q, k, v, output
+            pages.update(k_rot=_rotation(cache.keys), v_rot=_rotation(cache.values))
         return pages, ""
     if pages is not None:  # code pages (KIVI, QJL, PolarQuant, HF's): codes the step does not write
         return None, (f"KV cache of {pages['kv_dtype']} keys, {pages['v_dtype']} values has no native step (it does "

@@ -7,6 +7,7 @@
 // The reference is the module path of bytediet.models (layers.py) that runs every other step.
 #include "decoder.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <initializer_list>
@@ -39,6 +40,27 @@ struct Scratch {
 
 // RoPE of a token's query heads q (hq, d) and key heads k (hkv, d) at one position: one cos/sin per frequency
 // for both (libm's sincos is most of the cost at head_dim 256).
+// rows × d vectors in place: x ← R x (back: x ← Rᵀ x); R (d, d) row-major, orthogonal (kvcache/rotated.py)
+void rotate_rows(float* x, long rows, long d, const float* R, bool back) {
+    std::vector<float> y(d);
+    for (long r = 0; r < rows; ++r) {
+        float* v = x + r * d;
+        std::fill(y.begin(), y.end(), 0.f);
+        for (long i = 0; i < d; ++i) {
+            const float* row = R + i * d;
+            if (back) {
+                const float vi = v[i];
+                for (long j = 0; j < d; ++j) y[j] += vi * row[j];
+            } else {
+                float s = 0.f;
+                for (long j = 0; j < d; ++j) s += row[j] * v[j];
+                y[i] = s;
+            }
+        }
+        std::copy(y.begin(), y.end(), v);
+    }
+}
+
 void rope(float* q, long hq, float* k, long hkv, long d, const float* inv_freq, long pos) {
     const long half = d / 2;
     for (long i = 0; i < half; ++i) {
@@ -676,6 +698,11 @@ void layer_step(const ModelDesc& m, const LayerDesc& L, float* x, long T, const 
             for (long h = 0; h < hkv; ++h) rmsnorm(kt + h * d, L.k_norm, d, m.eps, kt + h * d);
         }
         rope(qt, hq, kt, hkv, d, L.inv_freq, positions[t]);
+        if (L.k_rot) {  // rotated pages (kvcache/rotated.py): q·k = (R q)·(R k)
+            rotate_rows(qt, hq, d, L.k_rot, false);
+            rotate_rows(kt, hkv, d, L.k_rot, false);
+        }
+        if (L.v_rot) rotate_rows(s.v.data() + t * hkv * d, hkv, d, L.v_rot, false);
         if (L.k_dtype == kTurboQuantPages) {
             turboquant_write(*L.k_tq, kt, slots[t], positions[t], hkv, d);
             turboquant_write(*L.v_tq, s.v.data() + t * hkv * d, slots[t], positions[t], hkv, d);
@@ -692,6 +719,7 @@ void layer_step(const ModelDesc& m, const LayerDesc& L, float* x, long T, const 
         turboquant_attend(m, L, s.q.data(), s.att.data(), T, positions, nullptr, block_tables, bt_stride, block_size);
     else if (L.k_dtype < kFirstCodePages && L.v_dtype < kFirstCodePages && passes(L.k_dtype, L.v_dtype, d, ps))
         attend(m, L, s.q.data(), s.att.data(), T, positions, nullptr, block_tables, bt_stride, block_size, s, ps);
+    if (L.v_rot) rotate_rows(s.att.data(), T * hq, d, L.v_rot, true);
     {
         Input in(s.att.data(), T, hq * d, m.activations, s);
         in.apply(L.o, s.o.data());

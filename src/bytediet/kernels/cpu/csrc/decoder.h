@@ -39,6 +39,9 @@ struct LayerDesc {
     int32_t v_dtype;            // the value pages' type: any of k_dtype's but 5, or 5 with k_dtype 5
     const TQPagesDesc* k_tq;    // TurboQuant pages (turboquant_pages.h), null otherwise
     const TQPagesDesc* v_tq;
+    const float* k_rot;         // (head_dim, head_dim) R, or null: the key pages hold R·k (kvcache/rotated.py), so q
+                                // and k are rotated after RoPE; v_rot: the value pages hold R·v, the output gets Rᵀ
+    const float* v_rot;
 };
 
 struct ModelDesc {
