@@ -67,8 +67,7 @@ def attend_both_ways(spec, *, hq, hkv, d, window, seed, num_blocks=48, block_siz
     attention natively and by the codec's own read (attend_natively off) on the same pages."""
     rng = random.Random(seed)
     gen = torch.Generator().manual_seed(seed)
-    cache = get_kv_codec(spec).create_cache(0, num_blocks, block_size, hkv, d, torch.float32, "cpu")
-    assert cache.attention_pages() is not None        # rotated pages: the attention's, not the decode step's
+    cache = get_kv_codec(spec).create_cache(0, num_blocks, block_size, hkv, d, torch.float32, "cpu")  # spec or codec
     plan = random_batch_plan(rng, num_blocks, block_size, 3, 130)
     done = [0] * len(plan)
     pairs = []
@@ -83,7 +82,8 @@ def attend_both_ways(spec, *, hq, hkv, d, window, seed, num_blocks=48, block_siz
         t = sum(new)
         cache.write(torch.randn(t, hkv, d, generator=gen) * 2, torch.randn(t, hkv, d, generator=gen),
                     meta.slot_mapping)
-        assert cache.native_pages() is not None  # (TurboQuant's outlier channels: chosen by the first write)
+        # (TurboQuant's outlier channels: chosen by the first write; rotated pages: the attention's, not the step's)
+        assert cache.attention_pages() is not None
         q = torch.randn(t, hq, d, generator=gen)
         native = cache.attend(q, meta, d ** -0.5, window)
         with mock.patch.object(LayerKVCache, "attend_natively", return_value=None):
