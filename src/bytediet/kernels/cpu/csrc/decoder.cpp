@@ -389,21 +389,72 @@ void finish_values(const CodePagesDesc& side, float* out, long rows, long d) {
 // byte of page also let the out-of-order window run further ahead into the page stream.
 constexpr int kGroupTile = 4;
 
+// Row pages (float, bf16, fp16, int8, fp8 rows: not blocks, not code pages) are widened in registers by the
+// AVX-512 passes, 16 values a load, never through the tile (its store and reload cost int8 pages more than their
+// 4× fewer bytes saved: batch 1 at 8k context ran at fp32's speed).
+template <class P>
+constexpr bool kRowsInRegisters = !P::BLOCKS && !P::SIDE && !P::ON_CODES;
+
+template <class P>
+inline __m512 load16(const typename P::T* r, long i) {
+    if constexpr (std::is_same_v<P, PagesF32>) {
+        return _mm512_loadu_ps(r + i);
+    } else if constexpr (std::is_same_v<P, PagesBF16>) {
+        const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(r + i)));
+        return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+    } else if constexpr (std::is_same_v<P, PagesF16>) {
+        return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(r + i)));
+    } else if constexpr (std::is_same_v<P, PagesInt8>) {  // codes + 128
+        const __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r + i)));
+        return _mm512_cvtepi32_ps(_mm512_sub_epi32(c, _mm512_set1_epi32(128)));
+    } else {  // two of the page type's 8-value loads
+        const __m512 lo = _mm512_castps256_ps512(P::load8(r, i));
+        return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(lo), _mm256_castps_pd(P::load8(r, i + 8)), 1));
+    }
+}
+
+// A row of KV head kvh at one slot as AVX-512 loads read it: the stored row itself (row pages) or floats (widened
+// into tile), with its scale.
+template <class P>
+using WideRow = std::conditional_t<kRowsInRegisters<P>, const typename P::T*, const float*>;
+
+template <class P>
+inline WideRow<P> wide_row_at(const AttendCall& a, const typename P::T* pages, const void* scale_pages,
+                              const CodePagesDesc* side, long slot, long kvh, float* tile, float& scale) {
+    if constexpr (kRowsInRegisters<P>) {
+        const long idx = slot * a.m.num_kv_heads + kvh;
+        scale = P::SCALED ? row_scale(scale_pages, idx) : 1.0f;
+        return pages + idx * P::row_size(a.m.head_dim);
+    } else if constexpr (P::ON_CODES) {  // keys scored on their codes never come here (passes)
+        return nullptr;
+    } else {
+        return row_at<P>(a, pages, scale_pages, side, slot, kvh, tile, scale);
+    }
+}
+
+template <class P>
+inline __m512 wide_load(WideRow<P> r, long i) {
+    if constexpr (kRowsInRegisters<P>)
+        return load16<P>(r, i);
+    else
+        return _mm512_loadu_ps(r + i);
+}
+
 inline __m256 fold512(__m512 v) {  // the two 256-bit halves of v added
     return _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
 }
 
 // One key row k (d floats) against NG queries q[0..NG): each product's 16 lanes folded to 8, stored at
 // out + 64·g (a head's 8 positions lie 8 floats apart, reduced together by hsum8).
-template <int NG, long D = 0>  // D: head_dim known at compile time (0: d), so the queries stay in registers
-inline void dots_folded(const float* const* q, const float* k, long d, float* out) {
+template <class P, int NG, long D = 0>  // D: head_dim known at compile time (0: d), so the queries stay in registers
+inline void dots_folded(const float* const* q, WideRow<P> k, long d, float* out) {
     if constexpr (D > 0) d = D;
     __m512 acc[NG];
 #pragma GCC unroll 4
     for (int g = 0; g < NG; ++g) acc[g] = _mm512_setzero_ps();
 #pragma GCC unroll 16
     for (long i = 0; i < d; i += 16) {
-        const __m512 kv = _mm512_loadu_ps(k + i);
+        const __m512 kv = wide_load<P>(k, i);
 #pragma GCC unroll 4
         for (int g = 0; g < NG; ++g) acc[g] = _mm512_fmadd_ps(_mm512_loadu_ps(q[g] + i), kv, acc[g]);
     }
@@ -413,8 +464,8 @@ inline void dots_folded(const float* const* q, const float* k, long d, float* ou
 
 // acc[g] (d floats) += Σ_j p[g][j] · v[j] over n rows for NG heads: 64 columns at a time in 4·NG registers.
 // ahead (n pointers, or null): memory to prefetch, ahead_bytes from each, one per row between the rows' products.
-template <int NG>
-inline void weighted_sum_heads(const float* const* p, const float* const* v, long n, long d, float* const* acc,
+template <class P, int NG>
+inline void weighted_sum_heads(const float* const* p, const WideRow<P>* v, long n, long d, float* const* acc,
                                const char* const* ahead = nullptr, long ahead_bytes = 0) {
     long c = 0;
     for (; c + 64 <= d; c += 64) {
@@ -424,9 +475,8 @@ inline void weighted_sum_heads(const float* const* p, const float* const* v, lon
             for (int u = 0; u < 4; ++u) a[g][u] = _mm512_loadu_ps(acc[g] + c + 16 * u);
         for (long j = 0; j < n; ++j) {
             if (ahead && c == 0 && ahead[j]) prefetch_bytes(ahead[j], ahead_bytes);
-            const float* r = v[j] + c;
-            const __m512 v0 = _mm512_loadu_ps(r), v1 = _mm512_loadu_ps(r + 16), v2 = _mm512_loadu_ps(r + 32),
-                         v3 = _mm512_loadu_ps(r + 48);
+            const __m512 v0 = wide_load<P>(v[j], c), v1 = wide_load<P>(v[j], c + 16), v2 = wide_load<P>(v[j], c + 32),
+                         v3 = wide_load<P>(v[j], c + 48);
 #pragma GCC unroll 4
             for (int g = 0; g < NG; ++g) {
                 const __m512 wj = _mm512_set1_ps(p[g][j]);
@@ -445,7 +495,7 @@ inline void weighted_sum_heads(const float* const* p, const float* const* v, lon
 #pragma GCC unroll 4
         for (int g = 0; g < NG; ++g) a[g] = _mm512_loadu_ps(acc[g] + c);
         for (long j = 0; j < n; ++j) {
-            const __m512 vj = _mm512_loadu_ps(v[j] + c);
+            const __m512 vj = wide_load<P>(v[j], c);
 #pragma GCC unroll 4
             for (int g = 0; g < NG; ++g) a[g] = _mm512_fmadd_ps(_mm512_set1_ps(p[g][j]), vj, a[g]);
         }
@@ -485,8 +535,8 @@ void key_pass_wide(const AttendCall& a, const Item& it, Worker& w) {
                 if (j0 + j < count && w.ahead[j0 + j] >= 0)
                     prefetch_bytes(reinterpret_cast<const char*>(pages) + w.ahead[j0 + j] * slot_bytes, slot_bytes);
                 for (long kvh = 0; kvh < hkv; ++kvh) {
-                    const float* row = row_at<P>(a, pages, a.L.k_scale, a.k_side, slot, kvh,
-                                                 w.tile.data() + (j * hkv + kvh) * d, scales[kvh * 8 + j]);
+                    const WideRow<P> row = wide_row_at<P>(a, pages, a.L.k_scale, a.k_side, slot, kvh,
+                                                          w.tile.data() + (j * hkv + kvh) * d, scales[kvh * 8 + j]);
                     for (long tt = 0; tt < it.qn; ++tt)
                         for_each_head_tile(group, [&](long g0, auto ng) {
                             constexpr int NG = decltype(ng)::value;
@@ -495,9 +545,9 @@ void key_pass_wide(const AttendCall& a, const Item& it, Worker& w) {
                             for (int g = 0; g < NG; ++g) qs[g] = a.q + ((it.t0 + tt) * hq + h0 + g) * kd;
                             float* dst = folded + ((tt * hq + h0) * 8 + j) * 8;
                             if (kd == 64)
-                                dots_folded<NG, 64>(qs, row, kd, dst);
+                                dots_folded<P, NG, 64>(qs, row, kd, dst);
                             else
-                                dots_folded<NG>(qs, row, kd, dst);
+                                dots_folded<P, NG>(qs, row, kd, dst);
                         });
                 }
             }
@@ -530,7 +580,10 @@ void value_pass_wide(const AttendCall& a, const Item& it, Worker& w) {
             for (long j = 0; j < count; ++j)
                 ahead[j] = w.ahead[j] < 0 ? nullptr
                                           : reinterpret_cast<const char*>(pages) + (w.ahead[j] * hkv + kvh) * row_bytes;
-            gather<P>(a, pages, a.L.v_scale, a.v_side, kvh, count, w);
+            WideRow<P> rows[kRowBlock];
+            for (long j = 0; j < count; ++j)
+                rows[j] = wide_row_at<P>(a, pages, a.L.v_scale, a.v_side, w.slots[j], kvh, w.tile.data() + j * d,
+                                         w.row_scales[j]);
             for (long tt = 0; tt < it.qn; ++tt)
                 for_each_head_tile(group, [&](long g0, auto ng) {
                     constexpr int NG = decltype(ng)::value;
@@ -546,8 +599,8 @@ void value_pass_wide(const AttendCall& a, const Item& it, Worker& w) {
                         }
                         accs[g] = a.acc + (((it.t0 + tt) * hq + h0 + g) * a.chunks + it.c) * d;
                     }
-                    weighted_sum_heads<NG>(ps, w.rows, count, d, accs, tt == 0 && g0 == 0 ? ahead : nullptr,
-                                           row_bytes);
+                    weighted_sum_heads<P, NG>(ps, rows, count, d, accs, tt == 0 && g0 == 0 ? ahead : nullptr,
+                                              row_bytes);
                 });
         }
     }, kValueAhead);
@@ -582,7 +635,8 @@ bool passes(int k_dtype, int v_dtype, long d, Passes& ps) {
         fits(p);
         ps.values = &value_pass<P>;
 #ifdef __AVX512F__
-        if (d % 16 == 0) ps.values = &value_pass_wide<P>;
+        if constexpr (!P::ON_CODES)
+            if (d % 16 == 0) ps.values = &value_pass_wide<P>;
 #endif
         if constexpr (P::FINISH) ps.finish = &finish_values<P>;
     });
