@@ -59,14 +59,19 @@ inline __m256i codes8(const uint8_t* p) {
     }
 }
 
-// Word w of a row of `row` bytes: a plain 4-byte load where the row has 4 bytes left (B ≤ 4), else exact.
+// Word w of a row of `row` bytes (B ≤ 4): one 4-byte load, at the word or, near the row's end, the row's last 4
+// bytes shifted down — assembling the last B bytes in memory stalled every row on a failed store-to-load forward.
 template <int B>
 inline __m256i row_codes8(const uint8_t* codes, long w, long row) {
     if constexpr (B <= 4) {
+        uint32_t word;
         if (w * B + 4 <= row) {
-            uint32_t word;
             std::memcpy(&word, codes + w * B, 4);
             return codes8_word<B>(word);
+        }
+        if (row >= 4) {
+            std::memcpy(&word, codes + row - 4, 4);
+            return codes8_word<B>(word >> (8 * (w * B - (row - 4))));
         }
     }
     return codes8<B>(codes + w * B);
@@ -118,56 +123,120 @@ struct Span {
 // scores (group, n) += ‖k_p‖ · ((R_p q)·c[idx] + √(π/2)/d_p · ‖r‖ · (S_p R_p q)·sign) for part P (the sign term: inner-
 // product keys only), whose rotated query coordinates start at `off` of each (group, qw) row of qr and sketched ones
 // at `off` + d. G: the group size when known at compile time (accumulators in registers), else 0.
+// Each position's products stay unreduced (folded to 8 lanes: (group, 8 positions, 8 lanes)) until 8 positions
+// are in, then one hsum8 per head gives their 8 scores — a horizontal sum per position and head was a third of the
+// score pass. scores (group, n) += norm · Σ lanes.
+template <int G>
+struct ScoreFold {
+    alignas(32) float folded[(G ? G : kMaxGroup) * 64];
+    alignas(32) float norms[8];
+    long group, n, lo, first = 0, j = 0;
+    float* scores;
+
+    ScoreFold(long group_, long n_, long lo_, float* scores_) : group(group_), n(n_), lo(lo_), scores(scores_) {}
+    void add(long p, float norm, const __m256* acc) {  // acc: (group) the position's folded products
+        if (j == 0) first = p;
+        norms[j] = norm;
+        for (long g = 0; g < group; ++g) _mm256_store_ps(folded + g * 64 + 8 * j, acc[g]);
+        if (++j == 8) flush();
+    }
+    void flush() {
+        for (long i = j; i < 8; ++i) {  // a last, partial group of positions
+            norms[i] = 0.0f;
+            for (long g = 0; g < group; ++g) _mm256_store_ps(folded + g * 64 + 8 * i, _mm256_setzero_ps());
+        }
+        const __m256 nv = _mm256_load_ps(norms);
+        for (long g = 0; g < group; ++g) {
+            const float* f = folded + g * 64;
+            alignas(32) float lanes[8];
+            _mm256_store_ps(lanes, _mm256_mul_ps(nv, attention::hsum8(_mm256_load_ps(f), _mm256_load_ps(f + 8),
+                _mm256_load_ps(f + 16), _mm256_load_ps(f + 24), _mm256_load_ps(f + 32), _mm256_load_ps(f + 40),
+                _mm256_load_ps(f + 48), _mm256_load_ps(f + 56))));
+            float* out = scores + g * n + (first - lo);
+            for (long i = 0; i < j; ++i) out[i] += lanes[i];
+        }
+        j = 0;
+    }
+};
+
 template <int B, int G>
 void part_scores(const TQPartDesc& P, long off, const float* qr, long qw, long d, const Span& s, float* scores) {
-    const long words = P.dim / 8, row = P.dim * B / 8, n = s.hi - s.lo, group = G ? G : s.group;
+    const long words = P.dim / 8, row = P.dim * B / 8, group = G ? G : s.group;
     const float coef = static_cast<float>(std::sqrt(M_PI / 2) / static_cast<double>(P.dim));
     const Centroids<B> cb(P.codebook);
+    ScoreFold<G> fold(group, s.hi - s.lo, s.lo, scores);
     for_each_slot(s.table, s.block_size, s.lo, s.hi, [&](long p, long slot) {
         const long r = slot * s.hkv + s.kvh;
         const uint8_t* codes = P.idx + r * row;
         __m256 acc[G ? G : kMaxGroup];
-        float res[G ? G : kMaxGroup] = {};
         for (long g = 0; g < group; ++g) acc[g] = _mm256_setzero_ps();
         for (long w = 0; w < words; ++w) {
             const __m256 c = cb(row_codes8<B>(codes, w, row));
             for (long g = 0; g < group; ++g)
                 acc[g] = _mm256_fmadd_ps(_mm256_loadu_ps(qr + g * qw + off + 8 * w), c, acc[g]);
         }
-        if (P.signs) {  // the residual's QJL term: a sign-flipped sum of the sketched query
+        if (P.signs) {  // the residual's QJL term: a sign-flipped sum of the sketched query, added to the fold
             const uint8_t* sg = P.signs + r * words;
-            const float rn = coef * _cvtsh_ss(P.res_norm[r]);
+            const __m256 rn = _mm256_set1_ps(coef * _cvtsh_ss(P.res_norm[r]));
             for (long g = 0; g < group; ++g) {
                 __m256 a = _mm256_setzero_ps();
                 for (long w = 0; w < words; ++w)
                     a = _mm256_add_ps(a, attention::signed8(_mm256_loadu_ps(qr + g * qw + d + off + 8 * w), sg[w]));
-                res[g] = rn * hsum(a);
+                acc[g] = _mm256_add_ps(acc[g], _mm256_mul_ps(rn, a));
             }
         }
-        const float nrm = _cvtsh_ss(P.norm[r]);
-        for (long g = 0; g < group; ++g) scores[g * n + (p - s.lo)] += nrm * (hsum(acc[g]) + res[g]);
+        fold.add(p, _cvtsh_ss(P.norm[r]), acc);
     });
+    if (fold.j) fold.flush();
 }
 
-// acc[g][off …] += p_g · ‖v_p‖ · c[idx] for part P: the values summed in rotated coordinates.
+// acc[g][off …] += p_g · ‖v_p‖ · c[idx] for part P: the values summed in rotated coordinates. With the group known
+// at compile time, WP words (8 coordinates each) at a time in registers over all positions, the codes of the other
+// words re-read from L1 on the next sweep — accumulating in memory cost a load and a store per multiply-add.
 template <int B, int G>
 void part_values(const TQPartDesc& P, long off, const float* probs, const Span& s, float* const* acc) {
     const long words = P.dim / 8, row = P.dim * B / 8, n = s.hi - s.lo, group = G ? G : s.group;
     const Centroids<B> cb(P.codebook);
-    for_each_slot(s.table, s.block_size, s.lo, s.hi, [&](long p, long slot) {
-        const long r = slot * s.hkv + s.kvh;
-        const uint8_t* codes = P.idx + r * row;
-        const float nrm = _cvtsh_ss(P.norm[r]);
-        __m256 wg[G ? G : kMaxGroup];
-        for (long g = 0; g < group; ++g) wg[g] = _mm256_set1_ps(probs[g * n + (p - s.lo)] * nrm);
-        for (long w = 0; w < words; ++w) {
-            const __m256 c = cb(row_codes8<B>(codes, w, row));
-            for (long g = 0; g < group; ++g) {
-                float* a = acc[g] + off + 8 * w;
-                _mm256_storeu_ps(a, _mm256_fmadd_ps(wg[g], c, _mm256_loadu_ps(a)));
-            }
+    if constexpr (G > 0) {
+        constexpr long WP = G <= 3 ? 4 : (G <= 6 ? 2 : 1);  // at most 12 accumulators (16 ymm registers)
+        for (long w0 = 0; w0 < words; w0 += WP) {
+            const long nw = words - w0 < WP ? words - w0 : WP;
+            __m256 a[G][WP];
+            for (int g = 0; g < G; ++g)
+                for (long w = 0; w < WP; ++w) a[g][w] = w < nw ? _mm256_loadu_ps(acc[g] + off + 8 * (w0 + w)) : _mm256_setzero_ps();
+            for_each_slot(s.table, s.block_size, s.lo, s.hi, [&](long p, long slot) {
+                const long r = slot * s.hkv + s.kvh;
+                const uint8_t* codes = P.idx + r * row;
+                const float nrm = _cvtsh_ss(P.norm[r]);
+                __m256 wg[G];
+                for (int g = 0; g < G; ++g) wg[g] = _mm256_set1_ps(probs[g * n + (p - s.lo)] * nrm);
+#pragma GCC unroll 4
+                for (long w = 0; w < WP; ++w) {
+                    if (w >= nw) break;
+                    const __m256 c = cb(row_codes8<B>(codes, w0 + w, row));
+#pragma GCC unroll 8
+                    for (int g = 0; g < G; ++g) a[g][w] = _mm256_fmadd_ps(wg[g], c, a[g][w]);
+                }
+            });
+            for (int g = 0; g < G; ++g)
+                for (long w = 0; w < nw; ++w) _mm256_storeu_ps(acc[g] + off + 8 * (w0 + w), a[g][w]);
         }
-    });
+    } else {
+        for_each_slot(s.table, s.block_size, s.lo, s.hi, [&](long p, long slot) {
+            const long r = slot * s.hkv + s.kvh;
+            const uint8_t* codes = P.idx + r * row;
+            const float nrm = _cvtsh_ss(P.norm[r]);
+            __m256 wg[kMaxGroup];
+            for (long g = 0; g < group; ++g) wg[g] = _mm256_set1_ps(probs[g * n + (p - s.lo)] * nrm);
+            for (long w = 0; w < words; ++w) {
+                const __m256 c = cb(row_codes8<B>(codes, w, row));
+                for (long g = 0; g < group; ++g) {
+                    float* a = acc[g] + off + 8 * w;
+                    _mm256_storeu_ps(a, _mm256_fmadd_ps(wg[g], c, _mm256_loadu_ps(a)));
+                }
+            }
+        });
+    }
 }
 
 // fn(bits, group) with both as compile-time constants for the common cases: widths 1–4 (the uncalibrated layouts
