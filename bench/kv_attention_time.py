@@ -35,7 +35,13 @@ import torch
 
 CODECS = ["fp32", "bf16", "int8", "fp8", "kivi4", "kivi2", "qjl", "polarquant", "turboquant4", "turboquant3.5",
           "turboquant2.5", "turboquant_prod3.5"]
-BLOCK_SIZE = 32
+BLOCK_SIZE = 32  # or the codec's own minimum block where larger (the HF anchors' 128-token window)
+
+
+def block_size(spec: str) -> int:
+    from bytediet.kvcache.base import default_block_size
+
+    return max(BLOCK_SIZE, default_block_size(spec))
 
 
 def decode_meta(context: int, block_size: int):
@@ -64,15 +70,16 @@ def time_codec(spec: str, context: int, heads: int, kv_heads: int, head_dim: int
     from bytediet.kvcache.base import AttentionMetadata
 
     gen = torch.Generator().manual_seed(0)
+    bs = block_size(spec)
     codec = get_kv_codec(spec, torch.float32)
-    blocks = math.ceil((context + 1) / BLOCK_SIZE)
-    cache = codec.create_cache(0, blocks, BLOCK_SIZE, kv_heads, head_dim, torch.float32, "cpu")
+    blocks = math.ceil((context + 1) / bs)
+    cache = codec.create_cache(0, blocks, bs, kv_heads, head_dim, torch.float32, "cpu")
     k = torch.randn(context, kv_heads, head_dim, generator=gen)
     v = torch.randn(context, kv_heads, head_dim, generator=gen)
-    prefill = AttentionMetadata.for_single_sequence(context, BLOCK_SIZE, "cpu")
+    prefill = AttentionMetadata.for_single_sequence(context, bs, "cpu")
     prefill.seq_ids = [0]
     cache.write(k, v, prefill.slot_mapping)
-    meta = decode_meta(context, BLOCK_SIZE)
+    meta = decode_meta(context, bs)
     q = torch.randn(1, heads, head_dim, generator=gen)
     k1, v1 = torch.randn(1, kv_heads, head_dim, generator=gen), torch.randn(1, kv_heads, head_dim, generator=gen)
     scale = head_dim ** -0.5
@@ -117,20 +124,21 @@ def time_native(spec: str, context: int, heads: int, kv_heads: int, head_dim: in
     from bytediet.kvcache.base import AttentionMetadata
 
     gen = torch.Generator().manual_seed(0)
+    bs = block_size(spec)
     codec = get_kv_codec(spec, torch.float32)
-    blocks = math.ceil((context + 1) / BLOCK_SIZE)
-    cache = codec.create_cache(0, blocks, BLOCK_SIZE, kv_heads, head_dim, torch.float32, "cpu")
-    prefill = AttentionMetadata.for_single_sequence(context, BLOCK_SIZE, "cpu")
+    blocks = math.ceil((context + 1) / bs)
+    cache = codec.create_cache(0, blocks, bs, kv_heads, head_dim, torch.float32, "cpu")
+    prefill = AttentionMetadata.for_single_sequence(context, bs, "cpu")
     prefill.seq_ids = [0]
     cache.write(torch.randn(context, kv_heads, head_dim, generator=gen),
                 torch.randn(context, kv_heads, head_dim, generator=gen), prefill.slot_mapping)
     layer = _native_layer(cache, heads, kv_heads, head_dim, gen)
     if layer is None:
         raise ValueError(f"the native decode step does not read {spec} pages")
-    meta = decode_meta(context, BLOCK_SIZE)
+    meta = decode_meta(context, bs)
     x = torch.randn(1, layer.hidden, generator=gen)
     return median_time(lambda: ops.decode_step(layer, x, meta.positions, meta.slot_mapping, meta.block_tables,
-                                               BLOCK_SIZE), repeats)
+                                               bs), repeats)
 
 
 def time_sdpa(dtype: torch.dtype, context: int, heads: int, kv_heads: int, head_dim: int, repeats: int) -> float:

@@ -17,5 +17,6 @@ $B --parts roofline --roofline-batches 16 --roofline-context 2048 --peers none \
 $B --parts context --contexts 2048,4096,8192 --peers llama.cpp --formats gguf:int8,gguf:turboquant3.5 \
    --json --out $OUT/bench-context-smollm2-wave10.json > /dev/null
 .venv/bin/python bench/kv_attention_time.py --contexts 8192 --native --json \
-   --codecs fp32 bf16 int8 fp8 q8_0 q4_0 kivi4 kivi2 hf4 hf2 qjl polarquant turboquant3.5 turboquant_prod3.5 \
+   --codecs fp32 bf16 int8 fp8 q8_0 q4_0 rot-int8 rot-q8_0 kivi4 kivi2 hf4 hf2 qjl polarquant turboquant3.5 \
+            turboquant_prod3.5 \
    > $OUT/kv-attention-8k-wave10.json
