@@ -325,7 +325,7 @@ def test_turboquant_variants_without_a_native_step_say_why():
     model = tq_model("llama")
     assert why_not_native(model, model.new_caches(2, 16, "turboquant3.5")) is None
     assert why_not_native(model, model.new_caches(2, 16, "k=turboquant3,v=turboquant4")) is None
-    assert "turboquant_prod" in why_not_native(model, model.new_caches(2, 16, "turboquant_prod3.5"))
+    assert "its attention native" in why_not_native(model, model.new_caches(2, 16, "turboquant_prod3.5"))
     assert "KV cache" in why_not_native(model, model.new_caches(2, 16, "k=turboquant3.5,v=int8"))
     assert "KV cache" in why_not_native(model, model.new_caches(2, 16, "k=turboquant3,v=q4_0"))
     assert why_not_native(model, model.new_caches(2, 16, "k=q8_0,v=q4_0")) is None
@@ -407,3 +407,13 @@ def test_engine_decodes_natively_on_turboquant_after_a_one_token_prompt():
     out = llm.generate([[5]], SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))[0]
     assert len(out.outputs[0].token_ids) == 6 and runner.decoder.ready()
     assert runner.decoder.spec.layers[0].k_tq.channels is runner.caches[0].keys.channels is not None
+
+
+def test_turboquant_prod_without_mse_codes_says_its_attention_is_the_codecs_own_read():
+    """turboquant_prod2.5 at head dim 32 keeps no MSE codes (0 + the 1-bit residual): no native reader, said so."""
+    from bytediet.kvcache import get_kv_codec
+    from bytediet.models.native_decode import _turboquant_objection
+
+    keys = get_kv_codec("turboquant_prod2.5", torch.float32).create_cache(0, 4, 16, 2, 32, torch.float32, "cpu").keys
+    assert "the codec's own read" in _turboquant_objection(keys)
+    assert keys.native_pages() is None
