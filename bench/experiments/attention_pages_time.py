@@ -45,7 +45,8 @@ def main() -> None:
 
     def step():
         for (k, ks), (v, vs) in layers:
-            ops.attention_over_pages(q, positions, rows, tables, BLOCK, HEAD_DIM ** -0.5, None, a.kv_dtype, k, v, ks, vs)
+            ops.attention_over_pages(q, positions, rows, tables, BLOCK, HEAD_DIM ** -0.5, None, a.kv_dtype, k, v,
+                                     ks, vs)
 
     step()
     times = []
@@ -53,7 +54,8 @@ def main() -> None:
         t0 = time.perf_counter()
         step()
         times.append(time.perf_counter() - t0)
-    kv_bytes = sum(t.numel() * t.element_size() for (k, _), (v, _) in layers for t in (k, v)) * a.context / (blocks * BLOCK)
+    page_bytes = sum(t.numel() * t.element_size() for (k, _), (v, _) in layers for t in (k, v))
+    kv_bytes = page_bytes * a.context / (blocks * BLOCK)  # the positions read, not the block tails
     m = statistics.median(times)
     print(f"{a.kv_dtype} batch {a.batch} context {a.context}: {m * 1e3:.2f} ms a step (min {min(times) * 1e3:.2f}), "
           f"{kv_bytes / 1e9:.2f} GB of pages → {kv_bytes / m / 1e9:.1f} GB/s")

@@ -93,17 +93,23 @@ def attend_both_ways(spec, *, hq, hkv, d, window, seed, num_blocks=48, block_siz
     return pairs
 
 
+def assert_native_equals_own_read(spec, *, tol, **kwargs):
+    """attend_both_ways(spec, **kwargs) with the reference twin forbidden: ≥ 3 steps, native == the codec's own read
+    to ``tol`` of the largest output."""
+    with mock.patch("bytediet.kernels.reference.attention_over_pages",
+                    side_effect=AssertionError("the reference twin ran, not the native kernel")):
+        pairs = attend_both_ways(spec, **kwargs)
+    assert len(pairs) >= 3
+    for native, own in pairs:
+        assert (native - own).abs().max().item() <= tol * max(1.0, own.abs().max().item())
+
+
 @NATIVE
 @pytest.mark.parametrize("spec", ["q8_0", "q5_0", "q4_1", "q4_0", "k=q8_0,v=q4_0", "k=int8,v=q4_1",
                                   "k=bf16,v=q5_0", "rot-int8", "rot-q8_0", "k=rot-q8_0,v=int8", "k=q8_0,v=rot-int8"])
 @pytest.mark.parametrize("hq,hkv,d,window", [(9, 3, 64, None), (4, 1, 256, 20), (4, 4, 32, None), (6, 2, 96, 7)])
 def test_native_attention_equals_the_codecs_own_read(spec, hq, hkv, d, window):
-    with mock.patch("bytediet.kernels.reference.attention_over_pages",
-                    side_effect=AssertionError("the reference twin ran, not the native kernel")):
-        pairs = attend_both_ways(spec, hq=hq, hkv=hkv, d=d, window=window, seed=hq * d + hkv)
-    assert len(pairs) >= 3
-    for native, own in pairs:
-        assert (native - own).abs().max().item() <= 1e-5 * max(1.0, own.abs().max().item())
+    assert_native_equals_own_read(spec, hq=hq, hkv=hkv, d=d, window=window, seed=hq * d + hkv, tol=1e-5)
 
 
 # KIVI (arXiv 2402.02750): keys per channel over block-aligned groups of G tokens, the open group's tokens from the
@@ -119,13 +125,9 @@ KIVI_SPECS = {  # spec: block size (a multiple of the key group)
 @pytest.mark.parametrize("hq,hkv,d,window", [(9, 3, 64, None), (4, 1, 256, 20), (4, 4, 32, None), (6, 2, 96, 7)])
 def test_native_attention_on_kivi_pages_equals_the_codecs_own_read(spec, hq, hkv, d, window):
     block = KIVI_SPECS[spec]
-    with mock.patch("bytediet.kernels.reference.attention_over_pages",
-                    side_effect=AssertionError("the reference twin ran, not the native kernel")):
-        pairs = attend_both_ways(spec, hq=hq, hkv=hkv, d=d, window=window, seed=hq * d + hkv + block,
-                                 num_blocks=4096 // block, block_size=block)   # 8 staging pages: 3 open groups fit
-    assert len(pairs) >= 3
-    for native, own in pairs:
-        assert (native - own).abs().max().item() <= 1e-5 * max(1.0, own.abs().max().item())
+    # 8 staging pages: 3 open groups fit
+    assert_native_equals_own_read(spec, hq=hq, hkv=hkv, d=d, window=window, seed=hq * d + hkv + block,
+                                  num_blocks=4096 // block, block_size=block, tol=1e-5)
 
 
 def test_kivi_pages_the_native_attention_cannot_read_keep_the_codecs_read():
@@ -155,12 +157,7 @@ def test_native_attention_on_qjl_pages_equals_the_codecs_own_read(spec, hq, hkv,
     if spec.endswith("-calibrated"):
         gen = torch.Generator().manual_seed(d)
         codec.key_half.calibrate(torch.randn(64, hkv, d, generator=gen) + 3 * torch.randn(1, hkv, d, generator=gen), 0)
-    with mock.patch("bytediet.kernels.reference.attention_over_pages",
-                    side_effect=AssertionError("the reference twin ran, not the native kernel")):
-        pairs = attend_both_ways(codec, hq=hq, hkv=hkv, d=d, window=window, seed=hq * d + hkv)
-    assert len(pairs) >= 3
-    for native, own in pairs:
-        assert (native - own).abs().max().item() <= 1e-4 * max(1.0, own.abs().max().item())
+    assert_native_equals_own_read(codec, hq=hq, hkv=hkv, d=d, window=window, seed=hq * d + hkv, tol=1e-4)
 
 
 # PolarQuant (arXiv 2502.02617): keys scored against the query rotated once, rows widened down the polar tree in the
@@ -170,12 +167,7 @@ def test_native_attention_on_qjl_pages_equals_the_codecs_own_read(spec, hq, hkv,
 @pytest.mark.parametrize("hq,hkv,d,window", [(9, 3, 64, None), (4, 1, 256, 20), (6, 2, 128, 7), (7, 1, 64, None),
                                              (4, 4, 64, 33)])
 def test_native_attention_on_polarquant_pages_equals_the_codecs_own_read(spec, hq, hkv, d, window):
-    with mock.patch("bytediet.kernels.reference.attention_over_pages",
-                    side_effect=AssertionError("the reference twin ran, not the native kernel")):
-        pairs = attend_both_ways(spec, hq=hq, hkv=hkv, d=d, window=window, seed=hq * d + hkv)
-    assert len(pairs) >= 3
-    for native, own in pairs:
-        assert (native - own).abs().max().item() <= 1e-4 * max(1.0, own.abs().max().item())
+    assert_native_equals_own_read(spec, hq=hq, hkv=hkv, d=d, window=window, seed=hq * d + hkv, tol=1e-4)
 
 
 # HF QuantizedCache (hf2/hf4): keys per channel over 64-token groups (KIVI's layout) and values per token in groups of
@@ -190,13 +182,9 @@ HF_SPECS = {"hf4": 128, "hf2": 128, "hf4r64": 64, "k=hf2r64,v=bf16": 64, "k=q8_0
                                              (4, 4, 64, 100)])
 def test_native_attention_on_hf_pages_equals_the_codecs_own_read(spec, hq, hkv, d, window):
     block = HF_SPECS[spec]
-    with mock.patch("bytediet.kernels.reference.attention_over_pages",
-                    side_effect=AssertionError("the reference twin ran, not the native kernel")):
-        pairs = attend_both_ways(spec, hq=hq, hkv=hkv, d=d, window=window, seed=hq * d + hkv + block,
-                                 num_blocks=8192 // block, block_size=block)   # 4 staging windows: 3 open fit
-    assert len(pairs) >= 3
-    for native, own in pairs:
-        assert (native - own).abs().max().item() <= 1e-5 * max(1.0, own.abs().max().item())
+    # 4 staging windows: 3 open fit
+    assert_native_equals_own_read(spec, hq=hq, hkv=hkv, d=d, window=window, seed=hq * d + hkv + block,
+                                  num_blocks=8192 // block, block_size=block, tol=1e-5)
 
 
 # TurboQuant on the module path (arXiv 2504.19874): turboquant_prod's keys — MSE codes plus the residual's 1-bit QJL
@@ -215,12 +203,7 @@ def test_native_attention_on_turboquant_pages_equals_the_codecs_own_read(spec, h
         gen = torch.Generator().manual_seed(d)
         offset = 3 * torch.randn(1, hkv, d, generator=gen)
         codec.calibrate(torch.randn(64, hkv, d, generator=gen) * 2 + offset, torch.randn(64, hkv, d, generator=gen), 0)
-    with mock.patch("bytediet.kernels.reference.attention_over_pages",
-                    side_effect=AssertionError("the reference twin ran, not the native kernel")):
-        pairs = attend_both_ways(codec, hq=hq, hkv=hkv, d=d, window=window, seed=hq * d + hkv)
-    assert len(pairs) >= 3
-    for native, own in pairs:
-        assert (native - own).abs().max().item() <= 1e-4 * max(1.0, own.abs().max().item())
+    assert_native_equals_own_read(codec, hq=hq, hkv=hkv, d=d, window=window, seed=hq * d + hkv, tol=1e-4)
 
 
 def test_the_native_decode_step_says_it_does_not_write_turboquant_prod_keys():

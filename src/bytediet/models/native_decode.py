@@ -47,10 +47,10 @@ MAX_TQ_HEAD_DIM = 512  # its kMaxHeadDim
 def _turboquant_objection(half) -> Optional[str]:
     """None when the native step reads these TurboQuant pages, else why not."""
     if any(p.variant != "mse" for p in half.parts):
-        read = ("its attention on the codec's own read (a part of 1-bit keys keeps no MSE codes, which the kernel needs)"
-                if any(p.mse_bits == 0 for p in half.parts) else "its attention native")
-        return ("turboquant_prod keys (1-bit QJL residual) have no native step (it does not write them; the MSE variant, "
-                f"turboquant, has); the module path runs, {read}")
+        read = ("its attention on the codec's own read (a part of 1-bit keys keeps no MSE codes, which the kernel "
+                "needs)" if any(p.mse_bits == 0 for p in half.parts) else "its attention native")
+        return ("turboquant_prod keys (1-bit QJL residual) have no native step (it does not write them; the MSE "
+                f"variant, turboquant, has); the module path runs, {read}")
     if half.head_dim > MAX_TQ_HEAD_DIM:
         return f"TurboQuant pages of head dim {half.head_dim} (the native step reads up to {MAX_TQ_HEAD_DIM})"
     if len(half.parts) > 2:

@@ -84,10 +84,6 @@ inline void prefetch_bytes(const char* p, long bytes) {  // the cache lines of [
     for (long i = 0; i < bytes; i += 64) _mm_prefetch(p + i, _MM_HINT_T0);
 }
 
-template <class E>
-inline void prefetch_row(const E* p, long words) {  // the cache lines of ``words`` 4-byte words from p
-    prefetch_bytes(reinterpret_cast<const char*>(p), words * 4);
-}
 
 // Linear layers sharing one input: quantized once (q8) or summed per block once (f32).
 class Input {
@@ -263,7 +259,8 @@ void for_each_row_block(const AttendCall& a, const Item& it, const typename P::T
             ++ahead_pos;
             if (++ahead_off == bs) ahead_off = 0, ++ahead_blk;
         } else {  // every head's row of a later position of this page
-            prefetch_row(pages + (slot + kPrefetchRows) * stride, stride * static_cast<long>(sizeof(typename P::T)) / 4);
+            prefetch_bytes(reinterpret_cast<const char*>(pages + (slot + kPrefetchRows) * stride),
+                           stride * static_cast<long>(sizeof(typename P::T)));
         }
         if (filled == 0) first = p;
         w.slots[filled] = slot;
@@ -558,9 +555,10 @@ void key_pass_wide(const AttendCall& a, const Item& it, Worker& w) {
                     for (long g = 0; g < group; ++g) {
                         const long h = kvh * group + g;
                         const float* f = folded + (tt * hq + h) * 64;
-                        const __m256 sum = hsum8(_mm256_loadu_ps(f), _mm256_loadu_ps(f + 8), _mm256_loadu_ps(f + 16),
-                                                 _mm256_loadu_ps(f + 24), _mm256_loadu_ps(f + 32), _mm256_loadu_ps(f + 40),
-                                                 _mm256_loadu_ps(f + 48), _mm256_loadu_ps(f + 56));
+                        const __m256 sum =
+                            hsum8(_mm256_loadu_ps(f), _mm256_loadu_ps(f + 8), _mm256_loadu_ps(f + 16),
+                                  _mm256_loadu_ps(f + 24), _mm256_loadu_ps(f + 32), _mm256_loadu_ps(f + 40),
+                                  _mm256_loadu_ps(f + 48), _mm256_loadu_ps(f + 56));
                         _mm256_storeu_ps(w.scores.data() + (tt * hq + h) * it.ns + (first - it.lo) + j0,
                                          _mm256_mul_ps(sum, sc));
                     }

@@ -203,7 +203,8 @@ void part_values(const TQPartDesc& P, long off, const float* probs, const Span& 
             const long nw = words - w0 < WP ? words - w0 : WP;
             __m256 a[G][WP];
             for (int g = 0; g < G; ++g)
-                for (long w = 0; w < WP; ++w) a[g][w] = w < nw ? _mm256_loadu_ps(acc[g] + off + 8 * (w0 + w)) : _mm256_setzero_ps();
+                for (long w = 0; w < WP; ++w)
+                    a[g][w] = w < nw ? _mm256_loadu_ps(acc[g] + off + 8 * (w0 + w)) : _mm256_setzero_ps();
             for_each_slot(s.table, s.block_size, s.lo, s.hi, [&](long p, long slot) {
                 const long r = slot * s.hkv + s.kvh;
                 const uint8_t* codes = P.idx + r * row;
