@@ -236,7 +236,7 @@ struct Worker {  // a thread's buffers: the item's scores (qn, hq, ns), then the
     std::vector<float> scores, tile, weights;
     std::vector<float> folded, key_scales;  // the AVX-512 key pass: (qn, hq, 8, 8) folded dots; (hkv, 8) row scales
     const float* rows[kRowBlock];
-    long ahead[kRowBlock];  // the AVX-512 passes: the slot kAhead positions after each (−1: none)
+    long ahead[kRowBlock];  // the AVX-512 passes: the slot some positions after each (−1: none)
     const uint8_t* codes[kRowBlock];  // keys scored on their codes (ON_CODES): the rows as stored
     long slots[kRowBlock];
     float row_scales[kRowBlock];
