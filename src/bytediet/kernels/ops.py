@@ -434,7 +434,9 @@ def attention_over_pages(q: torch.Tensor, positions: torch.Tensor, token_rows: t
     return out
 
 
-TQ_MAX_GROUP, TQ_MAX_HEAD_DIM = 64, 512  # csrc/turboquant_pages.cpp's kMaxGroup, kMaxHeadDim
+# query heads per KV head and head_dim the native TurboQuant attention takes: csrc/turboquant_pages.cpp's kMaxGroup,
+# kMaxHeadDim (the native decode step checks the same, models/native_decode.py)
+TQ_MAX_GROUP, TQ_MAX_HEAD_DIM = 64, 512
 
 
 def _turboquant_attention(lib, q, positions, token_rows, block_tables, block_size, scale, window, kv_dtype, v_dtype,

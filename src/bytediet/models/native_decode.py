@@ -40,8 +40,6 @@ def _linear(lin: Linear, interleave: bool = False) -> Optional[LinearSpec]:
     return LinearSpec(blocks, int(gtype), lin.out_features, lin.in_features, bias, interleaved=x4, source=source)
 
 
-MAX_GQA_GROUP = 64  # query heads per KV head the native TurboQuant attention takes (csrc/turboquant_pages.cpp)
-MAX_TQ_HEAD_DIM = 512  # its kMaxHeadDim
 
 
 def _turboquant_objection(half) -> Optional[str]:
@@ -51,8 +49,8 @@ def _turboquant_objection(half) -> Optional[str]:
                 "needs)" if any(p.mse_bits == 0 for p in half.parts) else "its attention native")
         return ("turboquant_prod keys (1-bit QJL residual) have no native step (it does not write them; the MSE "
                 f"variant, turboquant, has); the module path runs, {read}")
-    if half.head_dim > MAX_TQ_HEAD_DIM:
-        return f"TurboQuant pages of head dim {half.head_dim} (the native step reads up to {MAX_TQ_HEAD_DIM})"
+    if half.head_dim > ops.TQ_MAX_HEAD_DIM:
+        return f"TurboQuant pages of head dim {half.head_dim} (the native step reads up to {ops.TQ_MAX_HEAD_DIM})"
     if len(half.parts) > 2:
         return f"TurboQuant pages of {len(half.parts)} parts (the native step reads 1 or 2)"
     return None
@@ -124,8 +122,9 @@ def why_not_native(model: CausalLM, caches: list) -> Optional[str]:
         pages, objection = _pages_or_objection(cache)
         if pages is None:
             return objection
-        if pages["kv_dtype"] == "turboquant" and c.num_heads // c.num_kv_heads > MAX_GQA_GROUP:
-            return f"{c.num_heads // c.num_kv_heads} query heads per KV head (TurboQuant pages: at most {MAX_GQA_GROUP})"
+        if pages["kv_dtype"] == "turboquant" and c.num_heads // c.num_kv_heads > ops.TQ_MAX_GROUP:
+            return (f"{c.num_heads // c.num_kv_heads} query heads per KV head (TurboQuant pages: at most "
+                    f"{ops.TQ_MAX_GROUP})")
     return None
 
 

@@ -34,6 +34,13 @@ inline __m256 hsum8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4, __m25
     return _mm256_add_ps(_mm256_permute2f128_ps(t0, t1, 0x20), _mm256_permute2f128_ps(t0, t1, 0x31));
 }
 
+// The eight sums of the 8-float rows f[0..8), f[8..16), …, f[56..64): products folded to 8 lanes per position,
+// reduced 8 positions at a time (the streaming key pass, TurboQuant's score pass).
+inline __m256 hsum8_rows(const float* f) {
+    return hsum8(_mm256_loadu_ps(f), _mm256_loadu_ps(f + 8), _mm256_loadu_ps(f + 16), _mm256_loadu_ps(f + 24),
+                 _mm256_loadu_ps(f + 32), _mm256_loadu_ps(f + 40), _mm256_loadu_ps(f + 48), _mm256_loadu_ps(f + 56));
+}
+
 inline float dot(const float* a, const float* b, long n) {
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     long i = 0;

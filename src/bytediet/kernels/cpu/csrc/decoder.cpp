@@ -38,29 +38,24 @@ struct Scratch {
     std::vector<float> sums;  // f32 mode: the sum of each activation block
 };
 
-// RoPE of a token's query heads q (hq, d) and key heads k (hkv, d) at one position: one cos/sin per frequency
-// for both (libm's sincos is most of the cost at head_dim 256).
-// rows × d vectors in place: x ← R x (back: x ← Rᵀ x); R (d, d) row-major, orthogonal (kvcache/rotated.py)
+// rows × d vectors in place: x ← R x (back: x ← Rᵀ x); R (d, d) row-major, orthogonal (kvcache/rotated.py) —
+// the same dot / axpy rows as TurboQuant's query and output rotations (turboquant_pages.cpp).
 void rotate_rows(float* x, long rows, long d, const float* R, bool back) {
     std::vector<float> y(d);
     for (long r = 0; r < rows; ++r) {
         float* v = x + r * d;
-        std::fill(y.begin(), y.end(), 0.f);
-        for (long i = 0; i < d; ++i) {
-            const float* row = R + i * d;
-            if (back) {
-                const float vi = v[i];
-                for (long j = 0; j < d; ++j) y[j] += vi * row[j];
-            } else {
-                float s = 0.f;
-                for (long j = 0; j < d; ++j) s += row[j] * v[j];
-                y[i] = s;
-            }
+        if (back) {
+            std::fill(y.begin(), y.end(), 0.f);
+            for (long i = 0; i < d; ++i) attention::axpy(v[i], R + i * d, y.data(), d);
+        } else {
+            for (long i = 0; i < d; ++i) y[i] = attention::dot(R + i * d, v, d);
         }
         std::copy(y.begin(), y.end(), v);
     }
 }
 
+// RoPE of a token's query heads q (hq, d) and key heads k (hkv, d) at one position: one cos/sin per frequency
+// for both (libm's sincos is most of the cost at head_dim 256).
 void rope(float* q, long hq, float* k, long hkv, long d, const float* inv_freq, long pos) {
     const long half = d / 2;
     for (long i = 0; i < half; ++i) {
@@ -554,13 +549,8 @@ void key_pass_wide(const AttendCall& a, const Item& it, Worker& w) {
                 for (long tt = 0; tt < it.qn; ++tt)
                     for (long g = 0; g < group; ++g) {
                         const long h = kvh * group + g;
-                        const float* f = folded + (tt * hq + h) * 64;
-                        const __m256 sum =
-                            hsum8(_mm256_loadu_ps(f), _mm256_loadu_ps(f + 8), _mm256_loadu_ps(f + 16),
-                                  _mm256_loadu_ps(f + 24), _mm256_loadu_ps(f + 32), _mm256_loadu_ps(f + 40),
-                                  _mm256_loadu_ps(f + 48), _mm256_loadu_ps(f + 56));
                         _mm256_storeu_ps(w.scores.data() + (tt * hq + h) * it.ns + (first - it.lo) + j0,
-                                         _mm256_mul_ps(sum, sc));
+                                         _mm256_mul_ps(attention::hsum8_rows(folded + (tt * hq + h) * 64), sc));
                     }
             }
         }

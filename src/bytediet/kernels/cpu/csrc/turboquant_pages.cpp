@@ -147,11 +147,8 @@ struct ScoreFold {
         }
         const __m256 nv = _mm256_load_ps(norms);
         for (long g = 0; g < group; ++g) {
-            const float* f = folded + g * 64;
             alignas(32) float lanes[8];
-            _mm256_store_ps(lanes, _mm256_mul_ps(nv, attention::hsum8(_mm256_load_ps(f), _mm256_load_ps(f + 8),
-                _mm256_load_ps(f + 16), _mm256_load_ps(f + 24), _mm256_load_ps(f + 32), _mm256_load_ps(f + 40),
-                _mm256_load_ps(f + 48), _mm256_load_ps(f + 56))));
+            _mm256_store_ps(lanes, _mm256_mul_ps(nv, attention::hsum8_rows(folded + g * 64)));
             float* out = scores + g * n + (first - lo);
             for (long i = 0; i < j; ++i) out[i] += lanes[i];
         }
@@ -190,12 +187,27 @@ void part_scores(const TQPartDesc& P, long off, const float* qr, long qw, long d
     if (fold.j) fold.flush();
 }
 
+// fn(codes, wg) for each position of the span: the row's codes of part P and, per head g, its softmax weight times
+// the row's norm, broadcast (wg[g]).
+template <int G, class Fn>
+inline void for_each_weighted_row(const TQPartDesc& P, long row, const float* probs, const Span& s, long group,
+                                  Fn fn) {
+    const long n = s.hi - s.lo;
+    for_each_slot(s.table, s.block_size, s.lo, s.hi, [&](long p, long slot) {
+        const long r = slot * s.hkv + s.kvh;
+        const float nrm = _cvtsh_ss(P.norm[r]);
+        __m256 wg[G ? G : kMaxGroup];
+        for (long g = 0; g < group; ++g) wg[g] = _mm256_set1_ps(probs[g * n + (p - s.lo)] * nrm);
+        fn(P.idx + r * row, wg);
+    });
+}
+
 // acc[g][off …] += p_g · ‖v_p‖ · c[idx] for part P: the values summed in rotated coordinates. With the group known
 // at compile time, WP words (8 coordinates each) at a time in registers over all positions, the codes of the other
 // words re-read from L1 on the next sweep — accumulating in memory cost a load and a store per multiply-add.
 template <int B, int G>
 void part_values(const TQPartDesc& P, long off, const float* probs, const Span& s, float* const* acc) {
-    const long words = P.dim / 8, row = P.dim * B / 8, n = s.hi - s.lo, group = G ? G : s.group;
+    const long words = P.dim / 8, row = P.dim * B / 8, group = G ? G : s.group;
     const Centroids<B> cb(P.codebook);
     if constexpr (G > 0) {
         constexpr long WP = G <= 3 ? 4 : (G <= 6 ? 2 : 1);  // at most 12 accumulators (16 ymm registers)
@@ -205,12 +217,7 @@ void part_values(const TQPartDesc& P, long off, const float* probs, const Span& 
             for (int g = 0; g < G; ++g)
                 for (long w = 0; w < WP; ++w)
                     a[g][w] = w < nw ? _mm256_loadu_ps(acc[g] + off + 8 * (w0 + w)) : _mm256_setzero_ps();
-            for_each_slot(s.table, s.block_size, s.lo, s.hi, [&](long p, long slot) {
-                const long r = slot * s.hkv + s.kvh;
-                const uint8_t* codes = P.idx + r * row;
-                const float nrm = _cvtsh_ss(P.norm[r]);
-                __m256 wg[G];
-                for (int g = 0; g < G; ++g) wg[g] = _mm256_set1_ps(probs[g * n + (p - s.lo)] * nrm);
+            for_each_weighted_row<G>(P, row, probs, s, G, [&](const uint8_t* codes, const __m256* wg) {
 #pragma GCC unroll 4
                 for (long w = 0; w < WP; ++w) {
                     if (w >= nw) break;
@@ -223,12 +230,7 @@ void part_values(const TQPartDesc& P, long off, const float* probs, const Span& 
                 for (long w = 0; w < nw; ++w) _mm256_storeu_ps(acc[g] + off + 8 * (w0 + w), a[g][w]);
         }
     } else {
-        for_each_slot(s.table, s.block_size, s.lo, s.hi, [&](long p, long slot) {
-            const long r = slot * s.hkv + s.kvh;
-            const uint8_t* codes = P.idx + r * row;
-            const float nrm = _cvtsh_ss(P.norm[r]);
-            __m256 wg[kMaxGroup];
-            for (long g = 0; g < group; ++g) wg[g] = _mm256_set1_ps(probs[g * n + (p - s.lo)] * nrm);
+        for_each_weighted_row<G>(P, row, probs, s, group, [&](const uint8_t* codes, const __m256* wg) {
             for (long w = 0; w < words; ++w) {
                 const __m256 c = cb(row_codes8<B>(codes, w, row));
                 for (long g = 0; g < group; ++g) {
