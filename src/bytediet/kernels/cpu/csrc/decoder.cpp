@@ -28,7 +28,6 @@ namespace {
 
 using attention::Partial;
 using attention::for_each_slot;
-using attention::hsum8;
 
 struct Scratch {
     std::vector<float> h, q, k, v, att, o, gate, up, chunk_acc, kq;
@@ -134,57 +133,6 @@ class Input {
     Scratch& s_;
 };
 
-// Scores of 8 keys (rows k[0..7], each d floats) against q (d floats): one pass, eight accumulators, one
-// transpose-reduction — the per-key horizontal sum was most of the instructions of a dot per key.
-inline __m256 dot8(const float* q, const float* const* k, long d) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-    for (long i = 0; i < d; i += 8) {
-        const __m256 qi = _mm256_loadu_ps(q + i);
-        a0 = _mm256_fmadd_ps(qi, _mm256_loadu_ps(k[0] + i), a0);
-        a1 = _mm256_fmadd_ps(qi, _mm256_loadu_ps(k[1] + i), a1);
-        a2 = _mm256_fmadd_ps(qi, _mm256_loadu_ps(k[2] + i), a2);
-        a3 = _mm256_fmadd_ps(qi, _mm256_loadu_ps(k[3] + i), a3);
-        a4 = _mm256_fmadd_ps(qi, _mm256_loadu_ps(k[4] + i), a4);
-        a5 = _mm256_fmadd_ps(qi, _mm256_loadu_ps(k[5] + i), a5);
-        a6 = _mm256_fmadd_ps(qi, _mm256_loadu_ps(k[6] + i), a6);
-        a7 = _mm256_fmadd_ps(qi, _mm256_loadu_ps(k[7] + i), a7);
-    }
-    return hsum8(a0, a1, a2, a3, a4, a5, a6, a7);
-}
-
-// acc (d floats) += Σ_j w[j] · v[j] over n rows, d a multiple of 8: 64 columns at a time in eight named
-// accumulators (eight independent FMA chains; GCC kept an array of __m256 on the stack, a load and a store
-// around every FMA: 2.3× slower), then the remaining columns 8 at a time.
-inline void weighted_sum(const float* w, const float* const* v, long n, long d, float* acc) {
-    long c = 0;
-    for (; c + 64 <= d; c += 64) {
-        float* o = acc + c;
-        __m256 a0 = _mm256_loadu_ps(o), a1 = _mm256_loadu_ps(o + 8), a2 = _mm256_loadu_ps(o + 16),
-               a3 = _mm256_loadu_ps(o + 24), a4 = _mm256_loadu_ps(o + 32), a5 = _mm256_loadu_ps(o + 40),
-               a6 = _mm256_loadu_ps(o + 48), a7 = _mm256_loadu_ps(o + 56);
-        for (long j = 0; j < n; ++j) {
-            const __m256 wj = _mm256_set1_ps(w[j]);
-            const float* r = v[j] + c;
-            a0 = _mm256_fmadd_ps(wj, _mm256_loadu_ps(r), a0);
-            a1 = _mm256_fmadd_ps(wj, _mm256_loadu_ps(r + 8), a1);
-            a2 = _mm256_fmadd_ps(wj, _mm256_loadu_ps(r + 16), a2);
-            a3 = _mm256_fmadd_ps(wj, _mm256_loadu_ps(r + 24), a3);
-            a4 = _mm256_fmadd_ps(wj, _mm256_loadu_ps(r + 32), a4);
-            a5 = _mm256_fmadd_ps(wj, _mm256_loadu_ps(r + 40), a5);
-            a6 = _mm256_fmadd_ps(wj, _mm256_loadu_ps(r + 48), a6);
-            a7 = _mm256_fmadd_ps(wj, _mm256_loadu_ps(r + 56), a7);
-        }
-        _mm256_storeu_ps(o, a0), _mm256_storeu_ps(o + 8, a1), _mm256_storeu_ps(o + 16, a2);
-        _mm256_storeu_ps(o + 24, a3), _mm256_storeu_ps(o + 32, a4), _mm256_storeu_ps(o + 40, a5);
-        _mm256_storeu_ps(o + 48, a6), _mm256_storeu_ps(o + 56, a7);
-    }
-    for (; c < d; c += 8) {
-        __m256 a = _mm256_loadu_ps(acc + c);
-        for (long j = 0; j < n; ++j) a = _mm256_fmadd_ps(_mm256_set1_ps(w[j]), _mm256_loadu_ps(v[j] + c), a);
-        _mm256_storeu_ps(acc + c, a);
-    }
-}
-
 // Attention of each token's query heads over its sequence's pages (flash-decoding, Dao et al. 2023):
 // work items are (query tile, context chunk). A tile is one token, or up to kQueryTile consecutive tokens of
 // one sequence (a prefill chunk: token_rows[t] names each token's block table row, null = row t), which
@@ -193,11 +141,10 @@ inline void weighted_sum(const float* w, const float* const* v, long n, long d, 
 // for all the query heads that share it (GQA), leaving a partial (max, Σexp, Σexp·v) per (token, head);
 // a second pass merges the chunks. q, out: (T, Hq, D).
 // Walking positions (not heads) outermost reads each page front to back — a head-major walk touched every
-// third row group of a page and ran at a quarter of the read bandwidth. Keys go 8 at a time (dot8: one
-// reduction per 8 scores) and values 16 at a time (weighted_sum: the head's output in registers). Where the
-// build has AVX-512 and head_dim % 16 == 0, key_pass_wide / value_pass_wide replace them (below): each row read
+// third row group of a page and ran at a quarter of the read bandwidth. The streaming passes (below) read each row
 // once for all the heads that share it, keys in address order, prefetch between the products — batch 16 at 2k
-// context (SmolLM2, fp32 pages) went from 64 to 34 ms of attention a step, the pure read of its pages being 22.
+// context (SmolLM2, fp32 pages, AVX-512) went from 64 to 34 ms of attention a step, the pure read of its pages
+// being 22. Keys scored on their codes (QJL) keep a head-major pass, 8 keys per reduction (P::dot8).
 // Page rows are read in place in their stored type and widened once per row (kv_pages.h); int8/fp8 rows' scales
 // multiply the row's score and its softmax weight. Keys and values may be stored in different page types
 // (k=q8_0,v=q4_0): an item's key pass and value pass are each instantiated per page type and chosen once per
@@ -205,7 +152,7 @@ inline void weighted_sum(const float* w, const float* const* v, long n, long d, 
 // all land on one thread). head_dim is a multiple of 8 (of 32 for block pages; checked by the callers).
 constexpr long kRowBlock = 16;  // positions per block (rows gathered, and for narrow pages widened)
 constexpr long kQueryTile = 8;  // tokens of one prefill chunk sharing the row reads
-// The AVX-512 passes prefetch the rows this many positions ahead, one position's rows between two positions'
+// The streaming passes prefetch the rows this many positions ahead, one position's rows between two positions'
 // products (batch 16 at 2k on the Zen 5 VM: keys 30 → 18 ms a step, 8 ahead best of 4/8/16; values 28.6 →
 // 24.7 ms, 16 ahead best of 8/16/32). A burst of a whole block's prefetches at once mostly went unused.
 constexpr long kKeyAhead = 8;
@@ -229,18 +176,17 @@ struct Item {  // query tile [t0, t0 + qn) over positions [lo, hi) (n of them) o
 
 struct Worker {  // a thread's buffers: the item's scores (qn, hq, ns), then the block of rows at hand
     std::vector<float> scores, tile, weights;
-    std::vector<float> folded, key_scales;  // the AVX-512 key pass: (qn, hq, 8, 8) folded dots; (hkv, 8) row scales
-    const float* rows[kRowBlock];
-    long ahead[kRowBlock];  // the AVX-512 passes: the slot some positions after each (−1: none)
+    std::vector<float> folded, key_scales;  // the streaming key pass: (qn, hq, 8, 8) folded dots; (hkv, 8) row scales
+    long ahead[kRowBlock];  // the streaming passes: the slot some positions after each (−1: none)
     const uint8_t* codes[kRowBlock];  // keys scored on their codes (ON_CODES): the rows as stored
     long slots[kRowBlock];
     float row_scales[kRowBlock];
 };
 
 // The item's positions a block at a time: fn(first position, count) with w.slots[0 .. count) filled. Prefetch:
-// every head's row of the position kPrefetchRows slots further in the page, as each slot is collected (the
-// portable passes); or, with ahead > 0, none, and w.ahead[0 .. count) names the slot `ahead` positions later
-// through the block table (−1 past the item) for the AVX-512 passes, which prefetch it between their loads.
+// every head's row of the position kPrefetchRows slots further in the page, as each slot is collected (the key pass
+// on codes); or, with ahead > 0, none, and w.ahead[0 .. count) names the slot `ahead` positions later through the
+// block table (−1 past the item) for the streaming passes, which prefetch it between their loads.
 template <class P, class Fn>
 void for_each_row_block(const AttendCall& a, const Item& it, const typename P::T* pages, Worker& w, Fn fn,
                         long ahead = 0) {
@@ -280,31 +226,28 @@ inline const float* row_at(const AttendCall& a, const typename P::T* pages, cons
     }
 }
 
-// The rows of KV head kvh at the block's slots as floats (w.rows), or as stored (w.codes: pages scored on their
-// codes); their scales (int8/fp8, QJL's norms, else 1) in w.row_scales.
+// The rows of KV head kvh at the block's slots as stored (w.codes: keys scored on their codes), their scales
+// (QJL's norms) in w.row_scales.
 template <class P>
-void gather(const AttendCall& a, const typename P::T* pages, const void* scale_pages, const CodePagesDesc* side,
-            long kvh, long count, Worker& w) {
+void gather_codes(const AttendCall& a, const typename P::T* pages, const CodePagesDesc* side, long kvh, long count,
+                  Worker& w) {
     const long hkv = a.m.num_kv_heads, d = a.m.head_dim, rs = P::row_size(d);
     for (long j = 0; j < count; ++j) {
-        if constexpr (P::ON_CODES) {
-            w.codes[j] = pages + (w.slots[j] * hkv + kvh) * rs;
-            w.row_scales[j] = P::row_scale_at(*side, w.slots[j], kvh, hkv, d);
-        } else {
-            w.rows[j] = row_at<P>(a, pages, scale_pages, side, w.slots[j], kvh, w.tile.data() + j * d, w.row_scales[j]);
-        }
+        w.codes[j] = pages + (w.slots[j] * hkv + kvh) * rs;
+        w.row_scales[j] = P::row_scale_at(*side, w.slots[j], kvh, hkv, d);
     }
 }
 
-// The item's scores scale · q·k (times the key rows' scales) → w.scores (qn, hq, ns).
+// The item's scores scale · q·k (times the key rows' scales) → w.scores (qn, hq, ns), for keys scored on their
+// codes (ON_CODES: P::dot8 scores 8 of them against a query).
 template <class P>
-void key_pass(const AttendCall& a, const Item& it, Worker& w) {
+void key_pass_on_codes(const AttendCall& a, const Item& it, Worker& w) {
     const long hq = a.m.num_heads, hkv = a.m.num_kv_heads, kd = a.kd, group = hq / hkv;
     const auto* pages = static_cast<const typename P::T*>(a.L.k_cache);
     for_each_row_block<P>(a, it, pages, w, [&](long first, long count) {
         for (long kvh = 0; kvh < hkv; ++kvh) {
-            gather<P>(a, pages, a.L.k_scale, a.k_side, kvh, count, w);
-            for (long j = count; j < kRowBlock; ++j) w.rows[j] = w.rows[0], w.codes[j] = w.codes[0];  // pad: unused
+            gather_codes<P>(a, pages, a.k_side, kvh, count, w);
+            for (long j = count; j < kRowBlock; ++j) w.codes[j] = w.codes[0];  // pad: unused
             for (long j0 = 0; j0 < count; j0 += 8) {
                 const __m256 sc =
                     _mm256_mul_ps(_mm256_set1_ps(a.m.attention_scale), _mm256_loadu_ps(w.row_scales + j0));
@@ -312,38 +255,10 @@ void key_pass(const AttendCall& a, const Item& it, Worker& w) {
                     for (long g = 0; g < group; ++g) {
                         const long h = kvh * group + g;
                         const float* qh = a.q + ((it.t0 + tt) * hq + h) * kd;
-                        __m256 s;
-                        if constexpr (P::ON_CODES)
-                            s = P::dot8(qh, w.codes + j0, kd);
-                        else
-                            s = dot8(qh, w.rows + j0, kd);
                         _mm256_storeu_ps(w.scores.data() + (tt * hq + h) * it.ns + (first - it.lo) + j0,
-                                         _mm256_mul_ps(s, sc));
+                                         _mm256_mul_ps(P::dot8(qh, w.codes + j0, kd), sc));
                     }
             }
-        }
-    });
-}
-
-// Each (token, head)'s chunk accumulator += Σ p · v over the item's positions (p: the softmax numerators in
-// w.scores, times the value rows' scales).
-template <class P>
-void value_pass(const AttendCall& a, const Item& it, Worker& w) {
-    const long hq = a.m.num_heads, hkv = a.m.num_kv_heads, d = a.m.head_dim, group = hq / hkv;
-    const auto* pages = static_cast<const typename P::T*>(a.L.v_cache);
-    for_each_row_block<P>(a, it, pages, w, [&](long first, long count) {
-        for (long kvh = 0; kvh < hkv; ++kvh) {
-            gather<P>(a, pages, a.L.v_scale, a.v_side, kvh, count, w);
-            for (long tt = 0; tt < it.qn; ++tt)
-                for (long g = 0; g < group; ++g) {
-                    const long h = kvh * group + g;
-                    const float* p = w.scores.data() + (tt * hq + h) * it.ns + (first - it.lo);
-                    if (P::SCALED) {
-                        for (long j = 0; j < count; ++j) w.weights[j] = p[j] * w.row_scales[j];
-                        p = w.weights.data();
-                    }
-                    weighted_sum(p, w.rows, count, d, a.acc + (((it.t0 + tt) * hq + h) * a.chunks + it.c) * d);
-                }
         }
     });
 }
@@ -373,20 +288,116 @@ void finish_values(const CodePagesDesc& side, float* out, long rows, long d) {
     }
 }
 
-#ifdef __AVX512F__
-// The AVX-512 passes (any page type, head_dim a multiple of 16): every key row is loaded once for all the query
-// heads that share it (GQA, up to kGroupTile at a time) and every value row once for all their outputs, 16
-// floats a load. Per (position, KV head) of SmolLM2 (3 query heads, D = 64) that is ~40 instructions for the
-// scores and ~20 for the values, against ~80 and ~50 of dot8/weighted_sum per head — fewer instructions per
-// byte of page also let the out-of-order window run further ahead into the page stream.
+// The streaming passes (any row or block page type, head_dim a multiple of the vector width): every key row is
+// loaded once for all the query heads that share it (GQA, up to kGroupTile at a time) and every value row once for
+// all their outputs. Per (position, KV head) of SmolLM2 (3 query heads, D = 64) the AVX-512 kernels take ~40
+// instructions for the scores and ~20 for the values, against ~80 and ~50 of dot8/weighted_sum per head — fewer
+// instructions per byte of page also let the out-of-order window run further ahead into the page stream. The walk
+// (address order, prefetch between products) is one template; its vector kernels are Lanes16's (AVX-512: 16 floats
+// a load) where the build has them and head_dim % 16 == 0, else Lanes8's (AVX2). The two sets stay separate code:
+// one kernel written once over the width made the AVX-512 passes 35 → 41 ms (batch 16 at 2k, session 10).
 constexpr int kGroupTile = 4;
 
 // Row pages (float, bf16, fp16, int8, fp8 rows: not blocks, not code pages) are widened in registers by the
-// AVX-512 passes, 16 values a load, never through the tile (its store and reload cost int8 pages more than their
+// streaming passes, a vector a load, never through the tile (its store and reload cost int8 pages more than their
 // 4× fewer bytes saved: batch 1 at 8k context ran at fp32's speed).
 template <class P>
 constexpr bool kRowsInRegisters = !P::BLOCKS && !P::SIDE && !P::ON_CODES;
 
+// A row of KV head kvh at one slot as the streaming passes read it: the stored row itself (row pages) or floats
+// (widened into tile), with its scale.
+template <class P>
+using WideRow = std::conditional_t<kRowsInRegisters<P>, const typename P::T*, const float*>;
+
+template <class P>
+inline WideRow<P> wide_row_at(const AttendCall& a, const typename P::T* pages, const void* scale_pages,
+                              const CodePagesDesc* side, long slot, long kvh, float* tile, float& scale) {
+    if constexpr (kRowsInRegisters<P>) {
+        const long idx = slot * a.m.num_kv_heads + kvh;
+        scale = P::SCALED ? row_scale(scale_pages, idx) : 1.0f;
+        return pages + idx * P::row_size(a.m.head_dim);
+    } else if constexpr (P::ON_CODES) {  // keys scored on their codes never come here (passes)
+        return nullptr;
+    } else {
+        return row_at<P>(a, pages, scale_pages, side, slot, kvh, tile, scale);
+    }
+}
+
+// The AVX2 kernels: 8 floats a load.
+struct Lanes8 {
+    static constexpr long kWidth = 8;
+
+    template <class P>
+    static __m256 load(WideRow<P> r, long i) {
+        if constexpr (kRowsInRegisters<P>)
+            return P::load8(r, i);
+        else
+            return _mm256_loadu_ps(r + i);
+    }
+
+    // One key row k (d floats) against NG queries q[0..NG): each product's 8 lanes stored at out + 64·g (a head's
+    // 8 positions lie 8 floats apart, reduced together by hsum8_rows).
+    template <class P, int NG, long D = 0>  // D: head_dim known at compile time (0: d)
+    static void dots(const float* const* q, WideRow<P> k, long d, float* out) {
+        if constexpr (D > 0) d = D;
+        __m256 acc[NG];
+#pragma GCC unroll 4
+        for (int g = 0; g < NG; ++g) acc[g] = _mm256_setzero_ps();
+#pragma GCC unroll 8
+        for (long i = 0; i < d; i += 8) {
+            const __m256 kv = load<P>(k, i);
+#pragma GCC unroll 4
+            for (int g = 0; g < NG; ++g) acc[g] = _mm256_fmadd_ps(_mm256_loadu_ps(q[g] + i), kv, acc[g]);
+        }
+#pragma GCC unroll 4
+        for (int g = 0; g < NG; ++g) _mm256_storeu_ps(out + 64 * g, acc[g]);
+    }
+
+    // acc[g] (d floats) += Σ_j p[g][j] · v[j] over n rows for NG heads, 8·U columns at a time in U·NG of the 16
+    // ymm registers (U = 4 up to 3 heads, 2 for 4). ahead (n pointers, or null): memory to prefetch, ahead_bytes
+    // from each, one per row between the rows' products.
+    template <class P, int NG>
+    static void weighted(const float* const* p, const WideRow<P>* v, long n, long d, float* const* acc,
+                         const char* const* ahead = nullptr, long ahead_bytes = 0) {
+        constexpr int U = NG <= 3 ? 4 : 2;
+        long c = 0;
+        for (; c + 8 * U <= d; c += 8 * U) {
+            __m256 a[NG][U];
+#pragma GCC unroll 4
+            for (int g = 0; g < NG; ++g)
+                for (int u = 0; u < U; ++u) a[g][u] = _mm256_loadu_ps(acc[g] + c + 8 * u);
+            for (long j = 0; j < n; ++j) {
+                if (ahead && c == 0 && ahead[j]) prefetch_bytes(ahead[j], ahead_bytes);
+                __m256 wj[NG];
+#pragma GCC unroll 4
+                for (int g = 0; g < NG; ++g) wj[g] = _mm256_set1_ps(p[g][j]);
+#pragma GCC unroll 4
+                for (int u = 0; u < U; ++u) {
+                    const __m256 vu = load<P>(v[j], c + 8 * u);
+#pragma GCC unroll 4
+                    for (int g = 0; g < NG; ++g) a[g][u] = _mm256_fmadd_ps(wj[g], vu, a[g][u]);
+                }
+            }
+#pragma GCC unroll 4
+            for (int g = 0; g < NG; ++g)
+                for (int u = 0; u < U; ++u) _mm256_storeu_ps(acc[g] + c + 8 * u, a[g][u]);
+        }
+        for (; c < d; c += 8) {
+            __m256 a[NG];
+#pragma GCC unroll 4
+            for (int g = 0; g < NG; ++g) a[g] = _mm256_loadu_ps(acc[g] + c);
+            for (long j = 0; j < n; ++j) {
+                const __m256 vj = load<P>(v[j], c);
+#pragma GCC unroll 4
+                for (int g = 0; g < NG; ++g) a[g] = _mm256_fmadd_ps(_mm256_set1_ps(p[g][j]), vj, a[g]);
+            }
+#pragma GCC unroll 4
+            for (int g = 0; g < NG; ++g) _mm256_storeu_ps(acc[g] + c, a[g]);
+        }
+    }
+};
+
+#ifdef __AVX512F__
 template <class P>
 inline __m512 load16(const typename P::T* r, long i) {
     if constexpr (std::is_same_v<P, PagesF32>) {
@@ -405,96 +416,83 @@ inline __m512 load16(const typename P::T* r, long i) {
     }
 }
 
-// A row of KV head kvh at one slot as AVX-512 loads read it: the stored row itself (row pages) or floats (widened
-// into tile), with its scale.
-template <class P>
-using WideRow = std::conditional_t<kRowsInRegisters<P>, const typename P::T*, const float*>;
-
-template <class P>
-inline WideRow<P> wide_row_at(const AttendCall& a, const typename P::T* pages, const void* scale_pages,
-                              const CodePagesDesc* side, long slot, long kvh, float* tile, float& scale) {
-    if constexpr (kRowsInRegisters<P>) {
-        const long idx = slot * a.m.num_kv_heads + kvh;
-        scale = P::SCALED ? row_scale(scale_pages, idx) : 1.0f;
-        return pages + idx * P::row_size(a.m.head_dim);
-    } else if constexpr (P::ON_CODES) {  // keys scored on their codes never come here (passes)
-        return nullptr;
-    } else {
-        return row_at<P>(a, pages, scale_pages, side, slot, kvh, tile, scale);
-    }
-}
-
-template <class P>
-inline __m512 wide_load(WideRow<P> r, long i) {
-    if constexpr (kRowsInRegisters<P>)
-        return load16<P>(r, i);
-    else
-        return _mm512_loadu_ps(r + i);
-}
-
 inline __m256 fold512(__m512 v) {  // the two 256-bit halves of v added
     return _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
 }
 
-// One key row k (d floats) against NG queries q[0..NG): each product's 16 lanes folded to 8, stored at
-// out + 64·g (a head's 8 positions lie 8 floats apart, reduced together by hsum8).
-template <class P, int NG, long D = 0>  // D: head_dim known at compile time (0: d), so the queries stay in registers
-inline void dots_folded(const float* const* q, WideRow<P> k, long d, float* out) {
-    if constexpr (D > 0) d = D;
-    __m512 acc[NG];
-#pragma GCC unroll 4
-    for (int g = 0; g < NG; ++g) acc[g] = _mm512_setzero_ps();
-#pragma GCC unroll 16
-    for (long i = 0; i < d; i += 16) {
-        const __m512 kv = wide_load<P>(k, i);
-#pragma GCC unroll 4
-        for (int g = 0; g < NG; ++g) acc[g] = _mm512_fmadd_ps(_mm512_loadu_ps(q[g] + i), kv, acc[g]);
-    }
-#pragma GCC unroll 4
-    for (int g = 0; g < NG; ++g) _mm256_storeu_ps(out + 64 * g, fold512(acc[g]));
-}
+// The AVX-512 kernels: 16 floats a load.
+struct Lanes16 {
+    static constexpr long kWidth = 16;
 
-// acc[g] (d floats) += Σ_j p[g][j] · v[j] over n rows for NG heads: 64 columns at a time in 4·NG registers.
-// ahead (n pointers, or null): memory to prefetch, ahead_bytes from each, one per row between the rows' products.
-template <class P, int NG>
-inline void weighted_sum_heads(const float* const* p, const WideRow<P>* v, long n, long d, float* const* acc,
-                               const char* const* ahead = nullptr, long ahead_bytes = 0) {
-    long c = 0;
-    for (; c + 64 <= d; c += 64) {
-        __m512 a[NG][4];
+    template <class P>
+    static __m512 load(WideRow<P> r, long i) {
+        if constexpr (kRowsInRegisters<P>)
+            return load16<P>(r, i);
+        else
+            return _mm512_loadu_ps(r + i);
+    }
+
+    // One key row k (d floats) against NG queries q[0..NG): each product's 16 lanes folded to 8, stored at
+    // out + 64·g (a head's 8 positions lie 8 floats apart, reduced together by hsum8_rows).
+    template <class P, int NG, long D = 0>  // D: head_dim known at compile time (0: d), so the queries stay in registers
+    static void dots(const float* const* q, WideRow<P> k, long d, float* out) {
+        if constexpr (D > 0) d = D;
+        __m512 acc[NG];
 #pragma GCC unroll 4
-        for (int g = 0; g < NG; ++g)
-            for (int u = 0; u < 4; ++u) a[g][u] = _mm512_loadu_ps(acc[g] + c + 16 * u);
-        for (long j = 0; j < n; ++j) {
-            if (ahead && c == 0 && ahead[j]) prefetch_bytes(ahead[j], ahead_bytes);
-            const __m512 v0 = wide_load<P>(v[j], c), v1 = wide_load<P>(v[j], c + 16), v2 = wide_load<P>(v[j], c + 32),
-                         v3 = wide_load<P>(v[j], c + 48);
+        for (int g = 0; g < NG; ++g) acc[g] = _mm512_setzero_ps();
+#pragma GCC unroll 16
+        for (long i = 0; i < d; i += 16) {
+            const __m512 kv = load<P>(k, i);
 #pragma GCC unroll 4
-            for (int g = 0; g < NG; ++g) {
-                const __m512 wj = _mm512_set1_ps(p[g][j]);
-                a[g][0] = _mm512_fmadd_ps(wj, v0, a[g][0]);
-                a[g][1] = _mm512_fmadd_ps(wj, v1, a[g][1]);
-                a[g][2] = _mm512_fmadd_ps(wj, v2, a[g][2]);
-                a[g][3] = _mm512_fmadd_ps(wj, v3, a[g][3]);
+            for (int g = 0; g < NG; ++g) acc[g] = _mm512_fmadd_ps(_mm512_loadu_ps(q[g] + i), kv, acc[g]);
+        }
+#pragma GCC unroll 4
+        for (int g = 0; g < NG; ++g) _mm256_storeu_ps(out + 64 * g, fold512(acc[g]));
+    }
+
+    // acc[g] (d floats) += Σ_j p[g][j] · v[j] over n rows for NG heads: 64 columns at a time in 4·NG registers.
+    // ahead (n pointers, or null): memory to prefetch, ahead_bytes from each, one per row between the rows' products.
+    template <class P, int NG>
+    static void weighted(const float* const* p, const WideRow<P>* v, long n, long d, float* const* acc,
+                         const char* const* ahead = nullptr, long ahead_bytes = 0) {
+        long c = 0;
+        for (; c + 64 <= d; c += 64) {
+            __m512 a[NG][4];
+#pragma GCC unroll 4
+            for (int g = 0; g < NG; ++g)
+                for (int u = 0; u < 4; ++u) a[g][u] = _mm512_loadu_ps(acc[g] + c + 16 * u);
+            for (long j = 0; j < n; ++j) {
+                if (ahead && c == 0 && ahead[j]) prefetch_bytes(ahead[j], ahead_bytes);
+                const __m512 v0 = load<P>(v[j], c), v1 = load<P>(v[j], c + 16), v2 = load<P>(v[j], c + 32),
+                             v3 = load<P>(v[j], c + 48);
+#pragma GCC unroll 4
+                for (int g = 0; g < NG; ++g) {
+                    const __m512 wj = _mm512_set1_ps(p[g][j]);
+                    a[g][0] = _mm512_fmadd_ps(wj, v0, a[g][0]);
+                    a[g][1] = _mm512_fmadd_ps(wj, v1, a[g][1]);
+                    a[g][2] = _mm512_fmadd_ps(wj, v2, a[g][2]);
+                    a[g][3] = _mm512_fmadd_ps(wj, v3, a[g][3]);
+                }
             }
+#pragma GCC unroll 4
+            for (int g = 0; g < NG; ++g)
+                for (int u = 0; u < 4; ++u) _mm512_storeu_ps(acc[g] + c + 16 * u, a[g][u]);
         }
+        for (; c < d; c += 16) {
+            __m512 a[NG];
 #pragma GCC unroll 4
-        for (int g = 0; g < NG; ++g)
-            for (int u = 0; u < 4; ++u) _mm512_storeu_ps(acc[g] + c + 16 * u, a[g][u]);
-    }
-    for (; c < d; c += 16) {
-        __m512 a[NG];
+            for (int g = 0; g < NG; ++g) a[g] = _mm512_loadu_ps(acc[g] + c);
+            for (long j = 0; j < n; ++j) {
+                const __m512 vj = load<P>(v[j], c);
 #pragma GCC unroll 4
-        for (int g = 0; g < NG; ++g) a[g] = _mm512_loadu_ps(acc[g] + c);
-        for (long j = 0; j < n; ++j) {
-            const __m512 vj = wide_load<P>(v[j], c);
+                for (int g = 0; g < NG; ++g) a[g] = _mm512_fmadd_ps(_mm512_set1_ps(p[g][j]), vj, a[g]);
+            }
 #pragma GCC unroll 4
-            for (int g = 0; g < NG; ++g) a[g] = _mm512_fmadd_ps(_mm512_set1_ps(p[g][j]), vj, a[g]);
+            for (int g = 0; g < NG; ++g) _mm512_storeu_ps(acc[g] + c, a[g]);
         }
-#pragma GCC unroll 4
-        for (int g = 0; g < NG; ++g) _mm512_storeu_ps(acc[g] + c, a[g]);
     }
-}
+};
+#endif  // __AVX512F__
 
 // fn(first head, NG) over the group's heads, kGroupTile at a time, NG a compile-time constant.
 template <class Fn>
@@ -513,8 +511,8 @@ inline void for_each_head_tile(long group, Fn fn) {
 // 16-position block read the block three times over, a stride the prefetchers follow badly: the pure read of
 // SmolLM2's keys took 18 ms per batch-16 step at 2k that way and 10.6 ms in address order). Each row's dots with
 // its heads' queries are folded to 8 lanes and kept (w.folded) until 8 positions are in, then reduced 8 at a time.
-template <class P>
-void key_pass_wide(const AttendCall& a, const Item& it, Worker& w) {
+template <class P, class V>
+void key_pass_stream(const AttendCall& a, const Item& it, Worker& w) {
     const long hq = a.m.num_heads, hkv = a.m.num_kv_heads, kd = a.kd, group = hq / hkv, d = a.m.head_dim;
     const auto* pages = static_cast<const typename P::T*>(a.L.k_cache);
     float* folded = w.folded.data();  // (qn, hq, 8 positions, 8 lanes)
@@ -537,9 +535,9 @@ void key_pass_wide(const AttendCall& a, const Item& it, Worker& w) {
                             for (int g = 0; g < NG; ++g) qs[g] = a.q + ((it.t0 + tt) * hq + h0 + g) * kd;
                             float* dst = folded + ((tt * hq + h0) * 8 + j) * 8;
                             if (kd == 64)
-                                dots_folded<P, NG, 64>(qs, row, kd, dst);
+                                V::template dots<P, NG, 64>(qs, row, kd, dst);
                             else
-                                dots_folded<P, NG>(qs, row, kd, dst);
+                                V::template dots<P, NG>(qs, row, kd, dst);
                         });
                 }
             }
@@ -557,8 +555,8 @@ void key_pass_wide(const AttendCall& a, const Item& it, Worker& w) {
     }, kKeyAhead);
 }
 
-template <class P>
-void value_pass_wide(const AttendCall& a, const Item& it, Worker& w) {
+template <class P, class V>
+void value_pass_stream(const AttendCall& a, const Item& it, Worker& w) {
     const long hq = a.m.num_heads, hkv = a.m.num_kv_heads, d = a.m.head_dim, group = hq / hkv;
     const auto* pages = static_cast<const typename P::T*>(a.L.v_cache);
     const long row_bytes = P::row_size(d) * static_cast<long>(sizeof(typename P::T));
@@ -587,13 +585,12 @@ void value_pass_wide(const AttendCall& a, const Item& it, Worker& w) {
                         }
                         accs[g] = a.acc + (((it.t0 + tt) * hq + h0 + g) * a.chunks + it.c) * d;
                     }
-                    weighted_sum_heads<P, NG>(ps, rows, count, d, accs, tt == 0 && g0 == 0 ? ahead : nullptr,
+                    V::template weighted<P, NG>(ps, rows, count, d, accs, tt == 0 && g0 == 0 ? ahead : nullptr,
                                               row_bytes);
                 });
         }
     }, kValueAhead);
 }
-#endif  // __AVX512F__
 
 using Pass = void (*)(const AttendCall&, const Item&, Worker&);
 
@@ -612,23 +609,28 @@ bool passes(int k_dtype, int v_dtype, long d, Passes& ps) {
     const bool known = with_attention_pages(k_dtype, [&](auto p) {
         using P = decltype(p);
         fits(p);
-        ps.keys = &key_pass<P>;
         if constexpr (P::QUERY) ps.query_size = P::query_size(d), ps.prepare = &prepare_queries<P>;
+        const long kd = ps.query_size ? ps.query_size : d;
+        if constexpr (P::ON_CODES) {
+            ps.keys = &key_pass_on_codes<P>;
+        } else if (kd % 8 == 0) {
+            ps.keys = &key_pass_stream<P, Lanes8>;
 #ifdef __AVX512F__
-        if constexpr (!P::ON_CODES)
-            if ((ps.query_size ? ps.query_size : d) % 16 == 0) ps.keys = &key_pass_wide<P>;
+            if (kd % 16 == 0) ps.keys = &key_pass_stream<P, Lanes16>;
 #endif
+        }
     }) && with_attention_pages(v_dtype, [&](auto p) {
         using P = decltype(p);
         fits(p);
-        ps.values = &value_pass<P>;
+        if constexpr (!P::ON_CODES) {  // codes scored as keys are not values
+            if (d % 8 == 0) ps.values = &value_pass_stream<P, Lanes8>;
 #ifdef __AVX512F__
-        if constexpr (!P::ON_CODES)
-            if (d % 16 == 0) ps.values = &value_pass_wide<P>;
+            if (d % 16 == 0) ps.values = &value_pass_stream<P, Lanes16>;
 #endif
+        }
         if constexpr (P::FINISH) ps.finish = &finish_values<P>;
     });
-    return known && fit;
+    return known && fit && ps.keys && ps.values;
 }
 
 void attend(const ModelDesc& m, const LayerDesc& L, const float* q, float* out, long T, const int64_t* positions,
@@ -667,10 +669,10 @@ void attend(const ModelDesc& m, const LayerDesc& L, const float* q, float* out, 
     std::atomic<long> next_item{0};
     parallel_run([&](int, int) {
         Worker w;
-        w.tile.resize(kRowBlock * m.num_kv_heads * (kd > d ? kd : d));  // the AVX-512 key pass: 8 positions × hkv rows
+        w.tile.resize(kRowBlock * m.num_kv_heads * (kd > d ? kd : d));  // the streaming key pass: 8 positions × hkv rows
         w.folded.resize(kQueryTile * hq * 64);
         w.key_scales.resize(m.num_kv_heads * 8);
-        w.weights.resize(kRowBlock * 4);  // per head of a tile of up to 4 heads (the AVX-512 value pass)
+        w.weights.resize(kRowBlock * kGroupTile);  // per head of a tile of heads (the streaming value pass)
         for (long item = next_item++; item < ntiles * chunks; item = next_item++) {
             Item it{};
             const long ti = item / chunks;
