@@ -298,11 +298,11 @@ void finish_values(const CodePagesDesc& side, float* out, long rows, long d) {
 // one kernel written once over the width made the AVX-512 passes 35 → 41 ms (batch 16 at 2k, session 10).
 constexpr int kGroupTile = 4;
 
-// Row pages (float, bf16, fp16, int8, fp8 rows: not blocks, not code pages) are widened in registers by the
-// streaming passes, a vector a load, never through the tile (its store and reload cost int8 pages more than their
-// 4× fewer bytes saved: batch 1 at 8k context ran at fp32's speed).
+// Row and block pages (float, bf16, fp16, int8, fp8 rows; llama.cpp's q8_0/q5_0/q4_1/q4_0 blocks: not code pages)
+// are widened in registers by the streaming passes, a vector a load, never through the tile (its store and reload
+// cost int8 pages more than their 4× fewer bytes saved: batch 1 at 8k context ran at fp32's speed).
 template <class P>
-constexpr bool kRowsInRegisters = !P::BLOCKS && !P::SIDE && !P::ON_CODES;
+constexpr bool kRowsInRegisters = !P::SIDE && !P::ON_CODES;
 
 // A row of KV head kvh at one slot as the streaming passes read it: the stored row itself (row pages) or floats
 // (widened into tile), with its scale.
@@ -410,9 +410,15 @@ inline __m512 load16(const typename P::T* r, long i) {
     } else if constexpr (std::is_same_v<P, PagesInt8>) {  // codes + 128
         const __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r + i)));
         return _mm512_cvtepi32_ps(_mm512_sub_epi32(c, _mm512_set1_epi32(128)));
-    } else {  // two of the page type's 8-value loads
-        const __m512 lo = _mm512_castps256_ps512(P::load8(r, i));
-        return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(lo), _mm256_castps_pd(P::load8(r, i + 8)), 1));
+    } else {  // two of the page type's 8-value loads (blocks: from one block, its scales read once)
+        __m256 lo, hi;
+        if constexpr (P::BLOCKS) {
+            const typename P::T* b = r + (i >> 5) * P::row_size(32);
+            lo = P::load8_in(b, i & 31), hi = P::load8_in(b, (i & 31) + 8);
+        } else {
+            lo = P::load8(r, i), hi = P::load8(r, i + 8);
+        }
+        return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(lo)), _mm256_castps_pd(hi), 1));
     }
 }
 

@@ -7,8 +7,8 @@
 //
 // A page type P gives: T (the stored element), row_size(d) (elements of T per row: pages are (slots, H, row_size)),
 // ALIGN (head_dim a multiple of it), SCALED (a per-row fp16 scale beside the pages — int8, fp8 — applied once per
-// row by the caller), BLOCKS (the row is GGML blocks, widened by P::widen; otherwise P::load8 gives 8 values at a
-// time), write(x, d, row, scale); the flags of code pages (SIDE, QUERY, ON_CODES, FINISH) are PageTraits'.
+// row by the caller), BLOCKS (the row is GGML blocks, widened a row at a time by P::widen), P::load8 (8 values at
+// a time, in registers), write(x, d, row, scale); the flags of code pages (SIDE, QUERY, ON_CODES, FINISH) are PageTraits'.
 #pragma once
 #include <cmath>
 #include <cstring>
@@ -212,16 +212,66 @@ inline void q4_1(const float* x, uint8_t* b) {
 
 }  // namespace kv_blocks
 
+// Codes of elements [o, o + 8) of one block (o a multiple of 8) as 8 bytes (the low half of an __m128i), straight
+// from the block's bytes (block_formats.h's codes() decodes all 32): the nibble formats keep element j in the low
+// nibble of byte j and element j + 16 in its high nibble; q5_0 adds bit j of its 32 high bits as 16, looked up 8 at
+// a time (kQ5HighBits: 2 KiB) — a per-lane variable shift of the bits cost q5_0's read more than its widen did.
+struct Q5HighBits {
+    uint64_t bytes[256];  // byte k = 16 where bit k of the index is set
+    constexpr Q5HighBits() : bytes() {
+        for (int i = 0; i < 256; ++i)
+            for (int k = 0; k < 8; ++k)
+                if ((i >> k) & 1) bytes[i] |= uint64_t{16} << (8 * k);
+    }
+};
+inline constexpr Q5HighBits kQ5HighBits{};
+
+template <class F>
+inline __m128i block_codes8(const uint8_t* b, long o);
+
+template <>
+inline __m128i block_codes8<Q8_0>(const uint8_t* b, long o) {
+    return _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 2 + o));
+}
+
+inline __m128i nibbles8(const uint8_t* qs, long o) {  // elements o .. o + 7 of a nibble-halves block
+    const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(qs + (o & 15)));
+    return _mm_and_si128(o & 16 ? _mm_srli_epi16(bytes, 4) : bytes, _mm_set1_epi8(0x0F));
+}
+
+template <>
+inline __m128i block_codes8<Q4_0>(const uint8_t* b, long o) { return nibbles8(b + 2, o); }
+
+template <>
+inline __m128i block_codes8<Q4_1>(const uint8_t* b, long o) { return nibbles8(b + 4, o); }
+
+template <>
+inline __m128i block_codes8<Q5_0>(const uint8_t* b, long o) {
+    const __m128i high = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(&kQ5HighBits.bytes[b[2 + (o >> 3)]]));
+    return _mm_or_si128(nibbles8(b + 6, o), high);
+}
+
 // llama.cpp's KV block types (kvcache/ggml_block.py): a row is D/32 GGML blocks of format F (block_formats.h's
 // traits: 32 values d·code + m each). Widened as kernels/ggml_codecs.py's decoders round: q8_0, q5_0, q4_0
 // (m = 0, −16d, −8d: a multiple of d) in one fused step, which is d·(code − offset) rounded once; q4_1's own
 // minimum m is added after the product (FUSED = false), two roundings. Written by ENCODE, one block at a time.
+// Read either a row at a time (widen: into a float tile) or 8 values at a time in registers (load8: the streaming
+// attention passes; the same roundings).
 template <class F, bool FUSED, void (*ENCODE)(const float*, uint8_t*)>
 struct BlockPages : PageTraits {
     using T = uint8_t;
     static constexpr bool BLOCKS = true;
     static constexpr long ALIGN = 32;
     static long row_size(long d) { return d / 32 * F::BYTES; }
+    static __m256 load8(const T* r, long j) { return load8_in(r + (j >> 5) * F::BYTES, j & 31); }
+    static __m256 load8_in(const T* b, long o) {  // elements [o, o + 8) of the block at b
+        SubScales s;
+        F::scales(b, s);
+        const __m128i c = block_codes8<F>(b, o);
+        const __m256 f = _mm256_cvtepi32_ps(F::SIGNED ? _mm256_cvtepi8_epi32(c) : _mm256_cvtepu8_epi32(c));
+        const __m256 dv = _mm256_set1_ps(s.d_lo[0]), mv = _mm256_set1_ps(s.m[0]);
+        return FUSED ? _mm256_fmadd_ps(dv, f, mv) : _mm256_add_ps(_mm256_mul_ps(dv, f), mv);
+    }
     static void widen(const T* r, long d, float* out) {
         for (long b = 0; b < d / 32; ++b, r += F::BYTES, out += 32) {
             SubScales s;
