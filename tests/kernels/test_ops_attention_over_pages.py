@@ -236,3 +236,34 @@ def test_native_attention_over_turboquant_pages_equals_reference(variant, case, 
     with mock.patch.object(reference, "attention_over_pages", side_effect=AssertionError("the reference ran")):
         got = ops.attention_over_pages(*args, k_side=k, v_side=v, variant=variant)
     assert (got - want).abs().max().item() <= 2e-5 * max(1.0, want.abs().max().item())
+
+
+# --- TurboQuant pages on one side, row or block pages on the other (an auto:<bits> plan's k=q5_0,v=turboquant4):
+# the same kernel scores row keys against q itself, or sums row values unrotated ---
+
+MIXED_TQ = [("q5_0", "turboquant"), ("int8", "turboquant"), ("bf16", "turboquant"), ("turboquant", "q4_0"),
+            ("turboquant", "fp32"), ("turboquant", "fp8")]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("k_dtype,v_dtype", MIXED_TQ)
+def test_native_attention_over_turboquant_beside_row_pages_equals_reference(variant, case, k_dtype, v_dtype):
+    hq, hkv, d, window, seqs = CASES[case]
+    rows_dtype = v_dtype if k_dtype == "turboquant" else k_dtype
+    if not fits(rows_dtype, d):
+        pytest.skip(f"{rows_dtype} pages need head_dim % {PAGE_ALIGN[rows_dtype]} == 0")
+    gen = torch.Generator().manual_seed(zlib.crc32(f"{case}{k_dtype}{v_dtype}".encode()))
+    bt, positions, rows, slots = ragged_batch(seqs, gen)
+    tq = turboquant_pages(gen, slots, hkv, d, [(8, 4), (d - 8, 3)], "mse", True)
+    row_pages, scales = pages(gen, slots, hkv, d, rows_dtype)
+    if k_dtype == "turboquant":
+        sides, caches = dict(k_side=tq), dict(k_cache=None, v_cache=row_pages, k_scale=None, v_scale=scales)
+    else:
+        sides, caches = dict(v_side=tq), dict(k_cache=row_pages, v_cache=None, k_scale=scales, v_scale=None)
+    q = torch.randn(len(positions), hq, d, generator=gen)
+    args = (q, positions, rows, bt, BLOCK, d ** -0.5, window, k_dtype)
+    want = reference.attention_over_pages(*args, v_dtype=v_dtype, **caches, **sides)
+    with mock.patch.object(reference, "attention_over_pages", side_effect=AssertionError("the reference ran")):
+        got = ops.attention_over_pages(*args, v_dtype=v_dtype, **caches, **sides, variant=variant)
+    assert (got - want).abs().max().item() <= 2e-5 * max(1.0, want.abs().max().item())

@@ -6,6 +6,7 @@ import torch
 
 from bytediet.kernels.cpu import build
 from bytediet.kvcache.base import AttentionMetadata
+from bytediet.kvcache.compressed import CompressedCache
 from bytediet.kvcache.turboquant import TurboQuantPages
 from bytediet.models.native_decode import native_decoder, why_not_native
 from bytediet.quant import get_weight_format
@@ -245,12 +246,13 @@ def calibrated_codec(spec, model, gen, pre_rope: bool = False):
     return codec
 
 
-def compare_native_with_module_path(model, caches, meta, decoder, ids, tol=2e-3):
+def compare_native_with_module_path(model, caches, meta, decoder, ids, tol=2e-3, codec_read=False):
     """The native step against the module path on the same pages. TurboQuant's nearest-centroid write is
     discontinuous: k and v that differ in their last float bits (another GEMM summation order) flip a code where
     a coordinate sits on a cell boundary, and a deep model amplifies that. So: (1) the codes each path writes
     for the new tokens agree but for such flips; (2) with the native step's codes in place (the module path's
-    write skipped), both paths' attention over identical pages agrees to float rounding."""
+    write skipped), both paths' attention over identical pages agrees to float rounding. ``codec_read``: the module
+    path's attention is the codec's own read (CompressedCache's, in torch), not the native kernel it would call."""
     saved = snapshot(caches)
     assert decoder.ready()
     got = decoder.logits(ids, meta, torch.arange(len(ids)))
@@ -268,7 +270,9 @@ def compare_native_with_module_path(model, caches, meta, decoder, ids, tol=2e-3)
             else:
                 assert torch.allclose(t[slots].float(), ref[slots].float(), rtol=2e-3 if layer == 0 else 5e-2, atol=0)
     restore(caches, native_pages)
-    with mock.patch.object(TurboQuantPages, "write", lambda self, x, slots, positions=None: None):
+    with mock.patch.object(TurboQuantPages, "write", lambda self, x, slots, positions=None: None), \
+            mock.patch.object(CompressedCache, "attend_natively",
+                              (lambda *args, **kwargs: None) if codec_read else CompressedCache.attend_natively):
         want = model(ids, meta, caches)
     assert torch.allclose(got, want, atol=tol * want.abs().max().item(), rtol=0)
     return got
@@ -326,8 +330,9 @@ def test_turboquant_variants_without_a_native_step_say_why():
     assert why_not_native(model, model.new_caches(2, 16, "turboquant3.5")) is None
     assert why_not_native(model, model.new_caches(2, 16, "k=turboquant3,v=turboquant4")) is None
     assert "its attention native" in why_not_native(model, model.new_caches(2, 16, "turboquant_prod3.5"))
-    assert "KV cache" in why_not_native(model, model.new_caches(2, 16, "k=turboquant3.5,v=int8"))
-    assert "KV cache" in why_not_native(model, model.new_caches(2, 16, "k=turboquant3,v=q4_0"))
+    assert why_not_native(model, model.new_caches(2, 16, "k=turboquant3.5,v=int8")) is None  # one side: native too
+    assert why_not_native(model, model.new_caches(2, 16, "k=q5_0,v=turboquant4")) is None
+    assert "its attention native" in why_not_native(model, model.new_caches(2, 16, "k=turboquant_prod3.5,v=int8"))
     assert why_not_native(model, model.new_caches(2, 16, "k=q8_0,v=q4_0")) is None
     assert why_not_native(model, model.new_caches(2, 16, "k=rot-q8_0,v=q4_0")) is None
     from bytediet.kvcache import get_kv_codec
@@ -340,23 +345,45 @@ def test_turboquant_variants_without_a_native_step_say_why():
 
 
 def test_an_auto_plan_steps_natively_where_every_layer_is_readable():
-    """An ``auto:`` plan's layers each have their own page types: llama.cpp blocks of any k/v mix, or turboquant on
-    both sides, run in the native step; a layer with turboquant on one side only keeps the model on the module
-    path (its attention still runs natively per layer where the pages allow: ``LayerKVCache.attend_natively``)."""
+    """An ``auto:`` plan's layers each have their own page types: llama.cpp blocks of any k/v mix, turboquant on
+    both sides or on one side beside row or block pages (the plans' favourite, k=q5_0,v=turboquant4) all run in
+    the native step; a layer whose codes the step does not write (turboquant_prod keys) keeps the model on the
+    module path (its attention still runs natively per layer where the pages allow: ``attend_natively``)."""
     from bytediet.kvcache import get_kv_codec
 
     model = tq_model("llama")
-    for plan, native in (([{"k": "q8_0", "v": "q4_0"}, {"k": "turboquant4", "v": "turboquant3"}], True),
-                         ([{"k": "q8_0", "v": "q4_0"}, {"k": "turboquant4", "v": "q4_1"}], False)):
+    for plan, layers in (([{"k": "q8_0", "v": "q4_0"}, {"k": "turboquant4", "v": "turboquant3"}],
+                          [("q8_0", "q4_0"), ("turboquant", None)]),
+                         ([{"k": "q5_0", "v": "turboquant4"}, {"k": "turboquant4", "v": "q4_1"}],
+                          [("q5_0", "turboquant"), ("turboquant", "q4_1")]),
+                         ([{"k": "q8_0", "v": "q4_0"}, {"k": "turboquant_prod3.5", "v": "q4_0"}], None)):
         codec = get_kv_codec("auto:6")
         codec.load_calibration_state({"budget": 6.0, "plan": plan})
         caches = model.new_caches(2, 16, codec)
-        if native:
+        if layers:
             assert why_not_native(model, caches) is None
-            layers = native_decoder(model, caches).spec.layers
-            assert [(ls.kv_dtype, ls.v_dtype) for ls in layers] == [("q8_0", "q4_0"), ("turboquant", None)]
+            spec = native_decoder(model, caches).spec.layers
+            assert [(ls.kv_dtype, ls.v_dtype) for ls in spec] == layers
         else:
-            assert "KV cache" in why_not_native(model, caches)
+            assert "turboquant_prod keys" in why_not_native(model, caches)
+
+
+@pytest.mark.parametrize("case", sorted(TQ_CASES))
+@pytest.mark.parametrize("kv", ["k=q5_0,v=turboquant4", "k=int8,v=turboquant3.5", "k=turboquant4,v=q4_0",
+                                "k=rot-int8,v=turboquant4"])
+def test_native_decode_step_on_turboquant_beside_row_pages_equals_module_path(case, kv):
+    """TurboQuant on one side, row or block pages on the other (rotated ones too): each side written its own way,
+    row keys scored against q, row values summed unrotated; 2-part pages' outlier channels from the first write."""
+    arch, overrides = TQ_CASES[case]
+    model = tq_model(arch, **overrides)
+    gen = torch.Generator().manual_seed(3)
+    meta, blocks = decode_metadata([5, 17, 40])
+    caches = model.new_caches(blocks, 16, kv)
+    decoder = native_decoder(model, caches)
+    layer = decoder.spec.layers[0]
+    assert "turboquant" in (layer.kv_dtype, layer.v_dtype) and (layer.k_tq is None) != (layer.v_tq is None)
+    fill_pages(caches, gen)
+    compare_native_with_module_path(model, caches, meta, decoder, torch.tensor([3, 50, 7]), codec_read=True)
 
 
 @pytest.fixture(scope="module")

@@ -386,9 +386,12 @@ def _model_desc(spec: DecoderSpec) -> _Model:
         layer.k_rot, layer.v_rot = _ptr(ls.k_rot), _ptr(ls.v_rot)
         layer.k_dtype = KV_PAGE_TYPES.index(ls.kv_dtype)
         layer.v_dtype = KV_PAGE_TYPES.index(ls.v_dtype or ls.kv_dtype)
-        if ls.kv_dtype == "turboquant":
-            keep += [_tq_desc(ls.k_tq), _tq_desc(ls.v_tq)]
-            layer.k_tq, layer.v_tq = ctypes.addressof(keep[-2]), ctypes.addressof(keep[-1])
+        if ls.kv_dtype == "turboquant":  # keys, values or both (the other side's pages: k_cache / v_cache)
+            keep.append(_tq_desc(ls.k_tq))
+            layer.k_tq = ctypes.addressof(keep[-1])
+        if (ls.v_dtype or ls.kv_dtype) == "turboquant":
+            keep.append(_tq_desc(ls.v_tq))
+            layer.v_tq = ctypes.addressof(keep[-1])
     model = _Model(ctypes.cast(layers, ctypes.POINTER(_Layer)), len(spec.layers), spec.hidden, spec.intermediate,
                    spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.eps, spec.attention_scale, int(spec.gelu),
                    int(spec.sandwich), _ACTIVATION_MODES[spec.activations], 0)
@@ -410,7 +413,7 @@ def attention_over_pages(q: torch.Tensor, positions: torch.Tensor, token_rows: t
     v_dtype = v_dtype or kv_dtype
     if kv_dtype == "turboquant" or v_dtype == "turboquant":
         return _turboquant_attention(lib, q, positions, token_rows, block_tables, block_size, scale, window, kv_dtype,
-                                     v_dtype, k_side, v_side)
+                                     v_dtype, k_side, v_side, k_cache, v_cache, k_scale, v_scale)
     readable = ATTENTION_PAGE_TYPES + CODE_PAGE_TYPES
     fits = lambda t: d % PAGE_ALIGN.get(t, 8) == 0 and (t != "polarquant" or d <= POLAR_MAX_DIM)  # noqa: E731
     if (lib is None or d % 8 or q.dtype != torch.float32 or kv_dtype not in readable or v_dtype not in readable
@@ -440,28 +443,37 @@ TQ_MAX_GROUP, TQ_MAX_HEAD_DIM = 64, 512
 
 
 def _turboquant_attention(lib, q, positions, token_rows, block_tables, block_size, scale, window, kv_dtype, v_dtype,
-                          k_side: TurboQuantPageSpec, v_side: TurboQuantPageSpec) -> torch.Tensor:
-    """attention_over_pages on TurboQuant pages (k_side/v_side: their :class:`TurboQuantPageSpec`; keys of the MSE or
-    inner-product variant, values MSE) by the decode step's kernel on codes, every token with its block table row."""
-    if kv_dtype != v_dtype:
-        raise ValueError(f"TurboQuant pages are read natively as keys and values together, got {kv_dtype!r} keys, "
-                         f"{v_dtype!r} values")
+                          k_side, v_side, k_cache=None, v_cache=None, k_scale=None,
+                          v_scale=None) -> torch.Tensor:
+    """attention_over_pages on TurboQuant pages — keys (MSE or inner-product variant), values (MSE) or both, their
+    :class:`TurboQuantPageSpec` in k_side/v_side; the other side row or block pages (k_cache/v_cache, with
+    k_scale/v_scale: an ``auto:<bits>`` plan's k=q5_0,v=turboquant4) — by the decode step's kernel on codes, every
+    token with its block table row."""
     t, hq, d = q.shape
-    hkv = k_side.parts[0].norm.shape[1]
-    bits_ok = all(1 <= p.bits <= 8 for p in k_side.parts + v_side.parts)
+    tq = [side for dtype, side in ((kv_dtype, k_side), (v_dtype, v_side)) if dtype == "turboquant"]
+    rows = [(dtype, pages) for dtype, pages in ((kv_dtype, k_cache), (v_dtype, v_cache)) if dtype != "turboquant"]
+    hkv = tq[0].parts[0].norm.shape[1]
+    bits_ok = all(1 <= p.bits <= 8 for side in tq for p in side.parts)
+    rows_ok = all(dtype in ATTENTION_PAGE_TYPES and pages is not None and d % PAGE_ALIGN.get(dtype, 8) == 0
+                  for dtype, pages in rows)
     if (lib is None or q.dtype != torch.float32 or d % 8 or d > TQ_MAX_HEAD_DIM or hq // hkv > TQ_MAX_GROUP
-            or not bits_ok):
+            or not bits_ok or not rows_ok):
         return reference.attention_over_pages(q, positions, token_rows, block_tables, block_size, scale, window,
-                                              kv_dtype, None, None, v_dtype=v_dtype, k_side=k_side, v_side=v_side)
+                                              kv_dtype, k_cache, v_cache, k_scale, v_scale, v_dtype, k_side, v_side)
     q = q.contiguous()
     positions, token_rows, block_tables = (x.to(torch.int64).contiguous() for x in (positions, token_rows, block_tables))
-    k_desc, v_desc = _tq_desc(k_side), _tq_desc(v_side)
+    k_desc, v_desc = (_tq_desc(side) if dtype == "turboquant" else None
+                      for dtype, side in ((kv_dtype, k_side), (v_dtype, v_side)))
     out = torch.empty_like(q)
-    rc = lib.bd_turboquant_attention(ctypes.addressof(k_desc), ctypes.addressof(v_desc), q.data_ptr(), out.data_ptr(),
-                                     t, hq, hkv, d, scale, window or 0, positions.data_ptr(), token_rows.data_ptr(),
-                                     block_tables.data_ptr(), block_tables.shape[1], block_size)
+    rc = lib.bd_turboquant_attention(KV_PAGE_TYPES.index(kv_dtype), KV_PAGE_TYPES.index(v_dtype),
+                                     None if k_desc is None else ctypes.addressof(k_desc),
+                                     None if v_desc is None else ctypes.addressof(v_desc),
+                                     _ptr(k_cache), _ptr(v_cache), _ptr(k_scale), _ptr(v_scale), q.data_ptr(),
+                                     out.data_ptr(), t, hq, hkv, d, scale, window or 0, positions.data_ptr(),
+                                     token_rows.data_ptr(), block_tables.data_ptr(), block_tables.shape[1], block_size)
     if rc != 0:
-        raise ValueError(f"native TurboQuant attention refused {hq} heads over {hkv} KV heads of dim {d}")
+        raise ValueError(f"native TurboQuant attention refused {kv_dtype!r} keys, {v_dtype!r} values, {hq} heads over "
+                         f"{hkv} KV heads of dim {d}")
     return out
 
 

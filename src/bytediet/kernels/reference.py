@@ -569,14 +569,19 @@ def _write_rows(kv_dtype: str, pages: torch.Tensor, scales: Optional[torch.Tenso
         scales[slots] = scale.reshape(scales[slots].shape)
 
 
+def _sides(layer: LayerSpec) -> tuple[tuple, tuple]:
+    """(page type, pages, scales, TurboQuant spec) of the layer's keys and of its values."""
+    return ((layer.kv_dtype, layer.k_cache, layer.k_scale, layer.k_tq),
+            (layer.v_dtype or layer.kv_dtype, layer.v_cache, layer.v_scale, layer.v_tq))
+
+
 def _write_pages(layer: LayerSpec, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  positions: torch.Tensor) -> None:
-    if layer.kv_dtype == "turboquant":
-        turboquant_pages.write(layer.k_tq, k, slots, positions)
-        turboquant_pages.write(layer.v_tq, v, slots, positions)
-    else:
-        _write_rows(layer.kv_dtype, layer.k_cache, layer.k_scale, slots, k)
-        _write_rows(layer.v_dtype or layer.kv_dtype, layer.v_cache, layer.v_scale, slots, v)
+    for (dtype, pages, scales, tq), x in zip(_sides(layer), (k, v)):
+        if dtype == "turboquant":
+            turboquant_pages.write(tq, x, slots, positions)
+        else:
+            _write_rows(dtype, pages, scales, slots, x)
 
 
 def read_kv_rows(kv_dtype: str, pages: torch.Tensor, scales: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -596,14 +601,10 @@ def read_kv_rows(kv_dtype: str, pages: torch.Tensor, scales: Optional[torch.Tens
 
 def _read_pages(layer: LayerSpec, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """float32 (k, v) of ``slots`` (T, L): row t's context, column j at position j → (T, L, Hkv, D)."""
-    if layer.kv_dtype == "turboquant":
-        positions = torch.arange(slots.shape[-1]).expand(slots.shape)
-        return (turboquant_pages.read(layer.k_tq, slots, positions),
-                turboquant_pages.read(layer.v_tq, slots, positions))
-    return tuple(read_kv_rows(dtype, pages[slots],
-                              None if scales is None else scales[slots].reshape(*slots.shape, -1, 1))
-                 for dtype, pages, scales in ((layer.kv_dtype, layer.k_cache, layer.k_scale),
-                                              (layer.v_dtype or layer.kv_dtype, layer.v_cache, layer.v_scale)))
+    positions = torch.arange(slots.shape[-1]).expand(slots.shape)
+    return tuple(turboquant_pages.read(tq, slots, positions) if dtype == "turboquant"
+                 else read_kv_rows(dtype, pages[slots], None if scales is None else scales[slots].reshape(*slots.shape, -1, 1))
+                 for dtype, pages, scales, tq in _sides(layer))
 
 
 def _decode_layer(spec: DecoderSpec, layer: LayerSpec, x: torch.Tensor, positions, slots, block_tables,

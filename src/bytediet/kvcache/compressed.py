@@ -17,6 +17,7 @@ from typing import Optional
 import torch
 
 from ..errors import ConfigError
+from ..kernels.decoder_spec import ATTENTION_PAGE_TYPES
 from ..kernels.reference import sequence_slots
 from .base import AttentionMetadata, KVCodec, LayerKVCache
 from .halves import HalfCodec, HalfPages
@@ -63,8 +64,9 @@ class CompressedCache(LayerKVCache):
 
     def native_pages(self) -> Optional[dict]:
         """Both halves' pages when the native attention reads each in place, whatever their types (k=q8_0,v=q4_0);
-        code pages (KIVI, QJL, PolarQuant, HF's) with their side data (``k_side``/``v_side``); TurboQuant pages on
-        both sides only (their spec as the side data). None when a half is stored rotated (pages in another basis):
+        code pages (KIVI, QJL, PolarQuant, HF's) with their side data (``k_side``/``v_side``); TurboQuant pages (their
+        spec as the side data) on both sides or beside row or block pages (an ``auto:<bits>`` plan's
+        k=q5_0,v=turboquant4). None when a half is stored rotated (pages in another basis):
         :meth:`attention_pages` gives them, and the readers that know the halves' ``rotation`` (this cache's
         :meth:`attend_natively`, the native decode step) rotate around them."""
         if self.keys.rotation is not None or self.values.rotation is not None:
@@ -77,8 +79,8 @@ class CompressedCache(LayerKVCache):
         if k is None or v is None:
             return None
         (kt, kc, ks, kside), (vt, vc, vs, vside) = ((*h, None)[:4] for h in (k, v))
-        if (kt == "turboquant") != (vt == "turboquant"):
-            return None
+        if (kt == "turboquant") != (vt == "turboquant") and not {kt, vt} <= {"turboquant", *ATTENTION_PAGE_TYPES}:
+            return None  # TurboQuant pages beside row or block pages only (k=q5_0,v=turboquant4), not code pages
         return dict(kv_dtype=kt, v_dtype=vt, k_cache=kc, v_cache=vc, k_scale=ks, v_scale=vs, k_side=kside,
                     v_side=vside)
 

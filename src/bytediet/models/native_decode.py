@@ -15,7 +15,7 @@ from typing import Optional
 import torch
 
 from ..kernels import ops
-from ..kernels.decoder_spec import DecoderSpec, LayerSpec, LinearSpec
+from ..kernels.decoder_spec import ATTENTION_PAGE_TYPES, DecoderSpec, LayerSpec, LinearSpec
 from ..kvcache.compressed import CompressedCache
 from ..kvcache.turboquant import TurboQuantPages
 from .layers import Linear
@@ -65,13 +65,27 @@ def _pages_or_objection(cache) -> tuple[Optional[dict], str]:
     pages ``LayerKVCache.native_pages`` describes (fp32, bf16, fp16, the ``int8`` codec's codes and fp16 scales,
     the uncalibrated ``fp8`` codec's, llama.cpp's q8_0/q5_0/q4_1/q4_0 blocks — keys and values each of any of
     these, as in k=q8_0,v=q4_0, also rotated: ``rot-int8``, ``rot-q8_0``) and ``turboquant`` (MSE variant) codes on
-    both sides."""
-    if isinstance(cache, CompressedCache) and all(isinstance(h, TurboQuantPages) for h in (cache.keys, cache.values)):
+    both sides or on one side beside any of the others (an ``auto:<bits>`` plan's k=q5_0,v=turboquant4)."""
+    halves = (cache.keys, cache.values) if isinstance(cache, CompressedCache) else ()
+    tq = [isinstance(h, TurboQuantPages) for h in halves]
+    if all(tq) and tq:
         objection = _turboquant_objection(cache.keys) or _turboquant_objection(cache.values)
         if objection:
             return None, objection
         return dict(kv_dtype="turboquant", k_cache=None, v_cache=None, k_tq=cache.keys.page_spec(),
                     v_tq=cache.values.page_spec()), ""
+    if any(tq):  # TurboQuant on one side, row or block pages on the other (an auto:<bits> plan's k=q5_0,v=turboquant4)
+        tq_half, row_half = (cache.keys, cache.values) if tq[0] else (cache.values, cache.keys)
+        objection = _turboquant_objection(tq_half)
+        rows = row_half.native_pages()
+        if objection or rows is None or rows[0] not in ATTENTION_PAGE_TYPES:
+            return None, objection or (f"KV cache of {type(cache.keys).__name__} keys, {type(cache.values).__name__} "
+                                       "values has no native step (TurboQuant pages read beside row or block pages "
+                                       "only)")
+        spec, (dtype, pages, scales) = tq_half.page_spec(), rows[:3]
+        k, v = (("turboquant", None, None, spec), (dtype, pages, scales, None))[::1 if tq[0] else -1]
+        return dict(kv_dtype=k[0], v_dtype=v[0], k_cache=k[1], v_cache=v[1], k_scale=k[2], v_scale=v[2], k_tq=k[3],
+                    v_tq=v[3], k_rot=_rotation(cache.keys), v_rot=_rotation(cache.values)), ""
     pages = cache.attention_pages()
     sides = pages and (pages.pop("k_side", None), pages.pop("v_side", None))
     if pages is not None and sides == (None, None):
@@ -87,7 +101,7 @@ def _pages_or_objection(cache) -> tuple[Optional[dict], str]:
     else:
         kinds = f"{type(cache).__name__} ({getattr(getattr(cache, 'k', None), 'dtype', '?')})"
     return None, (f"KV cache {kinds} has no native step (fp32, bf16, fp16, int8, uncalibrated fp8, q8_0, q5_0, "
-                  "q4_1 and q4_0 pages have, in any k/v mix, and turboquant pages on both sides)")
+                  "q4_1, q4_0 and turboquant pages have, in any k/v mix)")
 
 
 def _pages(cache) -> Optional[dict]:
@@ -122,7 +136,8 @@ def why_not_native(model: CausalLM, caches: list) -> Optional[str]:
         pages, objection = _pages_or_objection(cache)
         if pages is None:
             return objection
-        if pages["kv_dtype"] == "turboquant" and c.num_heads // c.num_kv_heads > ops.TQ_MAX_GROUP:
+        tq = "turboquant" in (pages["kv_dtype"], pages.get("v_dtype"))
+        if tq and c.num_heads // c.num_kv_heads > ops.TQ_MAX_GROUP:
             return (f"{c.num_heads // c.num_kv_heads} query heads per KV head (TurboQuant pages: at most "
                     f"{ops.TQ_MAX_GROUP})")
     return None
@@ -156,7 +171,9 @@ class NativeDecoder:
             if _pending_channels([cache]):
                 continue
             layer = self.spec.layers[i]
-            layer.k_tq.channels, layer.v_tq.channels = cache.keys.channels, cache.values.channels
+            for spec, half in ((layer.k_tq, cache.keys), (layer.v_tq, cache.values)):
+                if spec is not None:  # TurboQuant pages (one side of a k=q5_0,v=turboquant4 layer, or both)
+                    spec.channels = half.channels
             self.spec.native = None  # the C structs point at the channel orders: build them again
             self.pending.remove(i)
         return not self.pending

@@ -41,8 +41,9 @@ SIGNATURES = {  # C ABI of csrc/*.cpp: name → (restype, argtypes)
                                   _VOID_P, _VOID_P, _VOID_P, _LONG, _LONG, _VOID_P, _VOID_P, _VOID_P, _VOID_P,
                                   _VOID_P, _VOID_P]),
     "bd_turboquant_write": (_INT, [_VOID_P, _VOID_P, _LONG, _VOID_P, _VOID_P, _LONG, _LONG]),
-    "bd_turboquant_attention": (_INT, [_VOID_P, _VOID_P, _VOID_P, _VOID_P, _LONG, _LONG, _LONG, _LONG, ctypes.c_float,
-                                       _LONG, _VOID_P, _VOID_P, _VOID_P, _LONG, _LONG]),
+    "bd_turboquant_attention": (_INT, [_INT, _INT, _VOID_P, _VOID_P, _VOID_P, _VOID_P, _VOID_P, _VOID_P, _VOID_P,
+                                       _VOID_P, _LONG, _LONG, _LONG, _LONG, ctypes.c_float, _LONG, _VOID_P, _VOID_P,
+                                       _VOID_P, _LONG, _LONG]),
 }
 
 

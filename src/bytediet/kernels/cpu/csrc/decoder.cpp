@@ -753,19 +753,17 @@ void layer_step(const ModelDesc& m, const LayerDesc& L, float* x, long T, const 
             rotate_rows(kt, hkv, d, L.k_rot, false);
         }
         if (L.v_rot) rotate_rows(s.v.data() + t * hkv * d, hkv, d, L.v_rot, false);
-        if (L.k_dtype == kTurboQuantPages) {
-            turboquant_write(*L.k_tq, kt, slots[t], positions[t], hkv, d);
-            turboquant_write(*L.v_tq, s.v.data() + t * hkv * d, slots[t], positions[t], hkv, d);
-            continue;
-        }
+        const float* vt = s.v.data() + t * hkv * d;
+        if (L.k_dtype == kTurboQuantPages) turboquant_write(*L.k_tq, kt, slots[t], positions[t], hkv, d);
+        if (L.v_dtype == kTurboQuantPages) turboquant_write(*L.v_tq, vt, slots[t], positions[t], hkv, d);
         for (long h = 0; h < hkv; ++h) {
             const long idx = slots[t] * hkv + h;
-            write_row(L.k_dtype, kt + h * d, d, L.k_cache, L.k_scale, idx);
-            write_row(L.v_dtype, s.v.data() + (t * hkv + h) * d, d, L.v_cache, L.v_scale, idx);
+            if (L.k_dtype != kTurboQuantPages) write_row(L.k_dtype, kt + h * d, d, L.k_cache, L.k_scale, idx);
+            if (L.v_dtype != kTurboQuantPages) write_row(L.v_dtype, vt + h * d, d, L.v_cache, L.v_scale, idx);
         }
     }
     Passes ps;
-    if (L.k_dtype == kTurboQuantPages)
+    if (L.k_dtype == kTurboQuantPages || L.v_dtype == kTurboQuantPages)  // either side (row pages beside)
         turboquant_attend(m, L, s.q.data(), s.att.data(), T, positions, nullptr, block_tables, bt_stride, block_size);
     else if (L.k_dtype < kFirstCodePages && L.v_dtype < kFirstCodePages && passes(L.k_dtype, L.v_dtype, d, ps))
         attend(m, L, s.q.data(), s.att.data(), T, positions, nullptr, block_tables, bt_stride, block_size, s, ps);

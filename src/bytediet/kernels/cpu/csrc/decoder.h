@@ -33,10 +33,10 @@ struct LayerDesc {
     void* v_scale;
     int32_t k_dtype;            // 0 fp32, 1 bf16, 2 fp16, 3 int8 (code = round(x / scale) + 128, scale = amax/127),
                                 // 4 fp8 (code = E4M3(x / scale), scale = amax/448),
-                                // 5 TurboQuant (k_tq, v_tq; k_cache, v_cache unused; v_dtype 5 too),
+                                // 5 TurboQuant (k_tq; k_cache unused),
                                 // 6 q8_0, 7 q5_0, 8 q4_1, 9 q4_0 (llama.cpp's GGML blocks of 32 values per row);
                                 // not 10 and above (code pages: bd_paged_attention only, with side data)
-    int32_t v_dtype;            // the value pages' type: any of k_dtype's but 5, or 5 with k_dtype 5
+    int32_t v_dtype;            // the value pages' type, any of k_dtype's (5: v_tq); either side may be 5 alone
     const TQPagesDesc* k_tq;    // TurboQuant pages (turboquant_pages.h), null otherwise
     const TQPagesDesc* v_tq;
     const float* k_rot;         // (head_dim, head_dim) R, or null: the key pages hold R·k (kvcache/rotated.py), so q

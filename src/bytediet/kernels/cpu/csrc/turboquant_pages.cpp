@@ -16,6 +16,7 @@
 #include "attention.h"
 #include "decoder.h"
 #include "isa.h"
+#include "kv_pages.h"
 #include "threadpool.h"
 
 namespace bd {
@@ -156,25 +157,58 @@ struct ScoreFold {
     }
 };
 
-template <int B, int G>
-void part_scores(const TQPartDesc& P, long off, const float* qr, long qw, long d, const Span& s, float* scores) {
-    const long words = P.dim / 8, row = P.dim * B / 8, group = G ? G : s.group;
-    const float coef = static_cast<float>(std::sqrt(M_PI / 2) / static_cast<double>(P.dim));
-    const Centroids<B> cb(P.codebook);
+// Where the passes read a row: CodeRows<B>, part P's codes as centroids (in registers) with the row's norm as its
+// scale; PageRows<PG>, row or block pages of kv_pages.h with their row scale (int8, fp8) or 1 — the other side of
+// a layer whose keys or values only are TurboQuant's (an auto:<bits> plan's k=q5_0,v=turboquant4), read as it is
+// stored (no rotation). words: 8-coordinate words a row; load(row, w): coordinates 8w … 8w + 7 as floats.
+template <int B>
+struct CodeRows {
+    const uint8_t* idx;
+    const uint16_t* norm;
+    long row, words;
+    Centroids<B> cb;
+    explicit CodeRows(const TQPartDesc& P)
+        : idx(P.idx), norm(P.norm), row(P.dim * B / 8), words(P.dim / 8), cb(P.codebook) {}
+    const uint8_t* at(long r) const { return idx + r * row; }
+    float scale(long r) const { return _cvtsh_ss(norm[r]); }
+    __m256 load(const uint8_t* codes, long w) const { return cb(row_codes8<B>(codes, w, row)); }
+};
+
+template <class PG>
+struct PageRows {
+    const typename PG::T* pages;
+    const void* scales;
+    long rs, words;
+    PageRows(const void* p, const void* s, long d)
+        : pages(static_cast<const typename PG::T*>(p)), scales(s), rs(PG::row_size(d)), words(d / 8) {}
+    const typename PG::T* at(long r) const { return pages + r * rs; }
+    float scale(long r) const { return PG::SCALED ? row_scale(scales, r) : 1.0f; }
+    __m256 load(const typename PG::T* row, long w) const { return PG::load8(row, 8 * w); }
+};
+
+// scores (group, n) += scale · (q·row) over the rows R reads, the query coordinates at `off` of each (group, qw)
+// row of qr; for TurboQuant inner-product keys (part P with signs) plus √(π/2)/d_p · ‖r‖ · (S_p R_p q)·sign, the
+// sketched coordinates at `off` + d. G: the group size when known at compile time (accumulators in registers).
+template <int G, class Rows>
+void rows_scores(const Rows& R, const TQPartDesc* P, long off, const float* qr, long qw, long d, const Span& s,
+                 float* scores) {
+    const long words = R.words, group = G ? G : s.group;
+    const bool signs = P && P->signs;
+    const float coef = P ? static_cast<float>(std::sqrt(M_PI / 2) / static_cast<double>(P->dim)) : 0.0f;
     ScoreFold<G> fold(group, s.hi - s.lo, s.lo, scores);
     for_each_slot(s.table, s.block_size, s.lo, s.hi, [&](long p, long slot) {
         const long r = slot * s.hkv + s.kvh;
-        const uint8_t* codes = P.idx + r * row;
+        const auto* row = R.at(r);
         __m256 acc[G ? G : kMaxGroup];
         for (long g = 0; g < group; ++g) acc[g] = _mm256_setzero_ps();
         for (long w = 0; w < words; ++w) {
-            const __m256 c = cb(row_codes8<B>(codes, w, row));
+            const __m256 c = R.load(row, w);
             for (long g = 0; g < group; ++g)
                 acc[g] = _mm256_fmadd_ps(_mm256_loadu_ps(qr + g * qw + off + 8 * w), c, acc[g]);
         }
-        if (P.signs) {  // the residual's QJL term: a sign-flipped sum of the sketched query, added to the fold
-            const uint8_t* sg = P.signs + r * words;
-            const __m256 rn = _mm256_set1_ps(coef * _cvtsh_ss(P.res_norm[r]));
+        if (signs) {  // the residual's QJL term: a sign-flipped sum of the sketched query, added to the fold
+            const uint8_t* sg = P->signs + r * words;
+            const __m256 rn = _mm256_set1_ps(coef * _cvtsh_ss(P->res_norm[r]));
             for (long g = 0; g < group; ++g) {
                 __m256 a = _mm256_setzero_ps();
                 for (long w = 0; w < words; ++w)
@@ -182,33 +216,32 @@ void part_scores(const TQPartDesc& P, long off, const float* qr, long qw, long d
                 acc[g] = _mm256_add_ps(acc[g], _mm256_mul_ps(rn, a));
             }
         }
-        fold.add(p, _cvtsh_ss(P.norm[r]), acc);
+        fold.add(p, R.scale(r), acc);
     });
     if (fold.j) fold.flush();
 }
 
-// fn(codes, wg) for each position of the span: the row's codes of part P and, per head g, its softmax weight times
-// the row's norm, broadcast (wg[g]).
-template <int G, class Fn>
-inline void for_each_weighted_row(const TQPartDesc& P, long row, const float* probs, const Span& s, long group,
-                                  Fn fn) {
+// fn(row, wg) for each position of the span: the row as R reads it and, per head g, its softmax weight times the
+// row's scale (TurboQuant: its norm), broadcast (wg[g]).
+template <int G, class Rows, class Fn>
+inline void for_each_weighted_row(const Rows& R, const float* probs, const Span& s, long group, Fn fn) {
     const long n = s.hi - s.lo;
     for_each_slot(s.table, s.block_size, s.lo, s.hi, [&](long p, long slot) {
         const long r = slot * s.hkv + s.kvh;
-        const float nrm = _cvtsh_ss(P.norm[r]);
+        const float scale = R.scale(r);
         __m256 wg[G ? G : kMaxGroup];
-        for (long g = 0; g < group; ++g) wg[g] = _mm256_set1_ps(probs[g * n + (p - s.lo)] * nrm);
-        fn(P.idx + r * row, wg);
+        for (long g = 0; g < group; ++g) wg[g] = _mm256_set1_ps(probs[g * n + (p - s.lo)] * scale);
+        fn(R.at(r), wg);
     });
 }
 
-// acc[g][off …] += p_g · ‖v_p‖ · c[idx] for part P: the values summed in rotated coordinates. With the group known
+// acc[g][off …] += p_g · scale · row over the rows R reads (TurboQuant part P: ‖v_p‖ · c[idx], the values summed in
+// rotated coordinates; row pages: as stored). With the group known
 // at compile time, WP words (8 coordinates each) at a time in registers over all positions, the codes of the other
 // words re-read from L1 on the next sweep — accumulating in memory cost a load and a store per multiply-add.
-template <int B, int G>
-void part_values(const TQPartDesc& P, long off, const float* probs, const Span& s, float* const* acc) {
-    const long words = P.dim / 8, row = P.dim * B / 8, group = G ? G : s.group;
-    const Centroids<B> cb(P.codebook);
+template <int G, class Rows>
+void rows_values(const Rows& R, long off, const float* probs, const Span& s, float* const* acc) {
+    const long words = R.words, group = G ? G : s.group;
     if constexpr (G > 0) {
         constexpr long WP = G <= 3 ? 4 : (G <= 6 ? 2 : 1);  // at most 12 accumulators (16 ymm registers)
         for (long w0 = 0; w0 < words; w0 += WP) {
@@ -217,11 +250,11 @@ void part_values(const TQPartDesc& P, long off, const float* probs, const Span& 
             for (int g = 0; g < G; ++g)
                 for (long w = 0; w < WP; ++w)
                     a[g][w] = w < nw ? _mm256_loadu_ps(acc[g] + off + 8 * (w0 + w)) : _mm256_setzero_ps();
-            for_each_weighted_row<G>(P, row, probs, s, G, [&](const uint8_t* codes, const __m256* wg) {
+            for_each_weighted_row<G>(R, probs, s, G, [&](const auto* row, const __m256* wg) {
 #pragma GCC unroll 4
                 for (long w = 0; w < WP; ++w) {
                     if (w >= nw) break;
-                    const __m256 c = cb(row_codes8<B>(codes, w0 + w, row));
+                    const __m256 c = R.load(row, w0 + w);
 #pragma GCC unroll 8
                     for (int g = 0; g < G; ++g) a[g][w] = _mm256_fmadd_ps(wg[g], c, a[g][w]);
                 }
@@ -230,9 +263,9 @@ void part_values(const TQPartDesc& P, long off, const float* probs, const Span& 
                 for (long w = 0; w < nw; ++w) _mm256_storeu_ps(acc[g] + off + 8 * (w0 + w), a[g][w]);
         }
     } else {
-        for_each_weighted_row<G>(P, row, probs, s, group, [&](const uint8_t* codes, const __m256* wg) {
+        for_each_weighted_row<G>(R, probs, s, group, [&](const auto* row, const __m256* wg) {
             for (long w = 0; w < words; ++w) {
-                const __m256 c = cb(row_codes8<B>(codes, w, row));
+                const __m256 c = R.load(row, w);
                 for (long g = 0; g < group; ++g) {
                     float* a = acc[g] + off + 8 * w;
                     _mm256_storeu_ps(a, _mm256_fmadd_ps(wg[g], c, _mm256_loadu_ps(a)));
@@ -245,21 +278,34 @@ void part_values(const TQPartDesc& P, long off, const float* probs, const Span& 
 // fn(bits, group) with both as compile-time constants for the common cases: widths 1–4 (the uncalibrated layouts
 // and most parts) × GQA groups 1–8; wider outlier parts and larger groups take the runtime group (G = 0).
 template <class Fn>
+void with_group(long group, Fn fn) {
+    switch (group) {
+        case 1: fn(std::integral_constant<int, 1>{}); return;
+        case 2: fn(std::integral_constant<int, 2>{}); return;
+        case 3: fn(std::integral_constant<int, 3>{}); return;
+        case 4: fn(std::integral_constant<int, 4>{}); return;
+        case 6: fn(std::integral_constant<int, 6>{}); return;
+        case 8: fn(std::integral_constant<int, 8>{}); return;
+        default: fn(std::integral_constant<int, 0>{});
+    }
+}
+
+template <class Fn>
 void with_kernel(int bits, long group, Fn fn) {
     with_bits(bits, [&](auto b) {
-        constexpr int B = decltype(b)::value;
-        if constexpr (B <= 4) {
-            switch (group) {
-                case 1: fn(b, std::integral_constant<int, 1>{}); return;
-                case 2: fn(b, std::integral_constant<int, 2>{}); return;
-                case 3: fn(b, std::integral_constant<int, 3>{}); return;
-                case 4: fn(b, std::integral_constant<int, 4>{}); return;
-                case 6: fn(b, std::integral_constant<int, 6>{}); return;
-                case 8: fn(b, std::integral_constant<int, 8>{}); return;
-                default: break;
-            }
-        }
-        fn(b, std::integral_constant<int, 0>{});
+        if constexpr (decltype(b)::value <= 4)
+            with_group(group, [&](auto g) { fn(b, g); });
+        else
+            fn(b, std::integral_constant<int, 0>{});
+    });
+}
+
+// fn(PageRows<PG>, group) for the row or block pages of kv_dtype (the group as with_group gives it).
+template <class Fn>
+void with_page_rows(int kv_dtype, const void* pages, const void* scales, long d, long group, Fn fn) {
+    with_pages(kv_dtype, [&](auto pg) {
+        const PageRows<decltype(pg)> rows(pages, scales, d);
+        with_group(group, [&](auto g) { fn(rows, g); });
     });
 }
 
@@ -396,8 +442,9 @@ void turboquant_write(const TQPagesDesc& pg, const float* x, long slot, long pos
 void turboquant_attend(const ModelDesc& m, const LayerDesc& L, const float* q, float* out, long T,
                        const int64_t* positions, const int64_t* token_rows, const int64_t* block_tables,
                        long bt_stride, long block_size) {
-    const TQPagesDesc& K = *L.k_tq;
-    const TQPagesDesc& V = *L.v_tq;
+    // TurboQuant keys, values or both (the other side row or block pages: k_dtype / v_dtype)
+    const TQPagesDesc* K = L.k_dtype == kTurboQuantPages ? L.k_tq : nullptr;
+    const TQPagesDesc* V = L.v_dtype == kTurboQuantPages ? L.v_tq : nullptr;
     const long hq = m.num_heads, hkv = m.num_kv_heads, d = m.head_dim, group = hq / hkv;
     // the calling thread's buffers, captured by reference: the pool's threads read and write them (a
     // thread_local named inside the lambda would be each worker's own, empty, instance)
@@ -407,10 +454,13 @@ void turboquant_attend(const ModelDesc& m, const LayerDesc& L, const float* q, f
     std::vector<float>& acc = acc_buf;
     std::vector<Partial>& parts = parts_buf;
     bool sketched = false;  // inner-product keys: each query row holds its rotation, then its sketch
-    for (int i = 0; i < K.num_parts; ++i) sketched = sketched || K.parts[i].signs;
+    for (int i = 0; K && i < K->num_parts; ++i) sketched = sketched || K->parts[i].signs;
     const long qw = sketched ? 2 * d : d;
-    qr.resize(T * hq * qw);
-    for (long th = 0; th < T * hq; ++th) rotate_query(K, (th % hq) / group, q + th * d, qr.data() + th * qw, d);
+    if (K) {  // the queries in the key pages' coordinates; row keys score q itself
+        qr.resize(T * hq * qw);
+        for (long th = 0; th < T * hq; ++th) rotate_query(*K, (th % hq) / group, q + th * d, qr.data() + th * qw, d);
+    }
+    const float* qk = K ? qr.data() : q;
     const int nt = num_threads();
     long longest = 1;
     for (long t = 0; t < T; ++t) longest = positions[t] + 1 > longest ? positions[t] + 1 : longest;
@@ -433,11 +483,11 @@ void turboquant_attend(const ModelDesc& m, const LayerDesc& L, const float* q, f
             const long n = hi > lo ? hi - lo : 0;
             const Span span{block_tables + (token_rows ? token_rows[tok] : tok) * bt_stride, block_size, lo, lo + n,
                             hkv, kvh, group};
-            const float* qg = qr.data() + (tok * hq + kvh * group) * qw;
+            const float* qg = qk + (tok * hq + kvh * group) * qw;
             scores.assign(group * n + 8, 0.0f);
-            if (K.rope_mean && n > 0) {  // the pre-RoPE mean's share of each score, at each key's position
+            if (K && K->rope_mean && n > 0) {  // the pre-RoPE mean's share of each score, at each key's position
                 const long half = d / 2;
-                const float* mu = K.rope_mean + kvh * d;
+                const float* mu = K->rope_mean + kvh * d;
                 rope_terms.resize(2 * group * half);
                 float* a = rope_terms.data();
                 float* bq = a + group * half;
@@ -448,16 +498,20 @@ void turboquant_attend(const ModelDesc& m, const LayerDesc& L, const float* q, f
                         bq[g * half + i] = qh[i + half] * mu[i] - qh[i] * mu[i + half];
                     }
                 }
-                rope_mean_scores(a, bq, group, half, K.inv_freq, lo, n, scores.data());
+                rope_mean_scores(a, bq, group, half, K->inv_freq, lo, n, scores.data());
             }
             long off = 0;
-            for (int i = 0; i < K.num_parts; ++i) {
-                with_kernel(K.parts[i].bits, group, [&](auto b, auto g) {
-                    part_scores<decltype(b)::value, decltype(g)::value>(K.parts[i], off, qg, qw, d, span,
-                                                                        scores.data());
+            for (int i = 0; K && i < K->num_parts; ++i) {
+                with_kernel(K->parts[i].bits, group, [&](auto b, auto g) {
+                    rows_scores<decltype(g)::value>(CodeRows<decltype(b)::value>(K->parts[i]), &K->parts[i], off, qg,
+                                                    qw, d, span, scores.data());
                 });
-                off += K.parts[i].dim;
+                off += K->parts[i].dim;
             }
+            if (!K)
+                with_page_rows(L.k_dtype, L.k_cache, L.k_scale, d, group, [&](const auto& rows, auto g) {
+                    rows_scores<decltype(g)::value>(rows, nullptr, 0, qg, qw, d, span, scores.data());
+                });
             float* heads[kMaxGroup];
             for (long g = 0; g < group; ++g) {
                 const long slot_index = (tok * hq + kvh * group + g) * chunks + c;
@@ -466,18 +520,26 @@ void turboquant_attend(const ModelDesc& m, const LayerDesc& L, const float* q, f
                 std::fill(heads[g], heads[g] + d, 0.0f);
             }
             off = 0;
-            for (int i = 0; i < V.num_parts; ++i) {
-                with_kernel(V.parts[i].bits, group, [&](auto b, auto g) {
-                    part_values<decltype(b)::value, decltype(g)::value>(V.parts[i], off, scores.data(), span, heads);
+            for (int i = 0; V && i < V->num_parts; ++i) {
+                with_kernel(V->parts[i].bits, group, [&](auto b, auto g) {
+                    rows_values<decltype(g)::value>(CodeRows<decltype(b)::value>(V->parts[i]), off, scores.data(), span,
+                                                    heads);
                 });
-                off += V.parts[i].dim;
+                off += V->parts[i].dim;
             }
+            if (!V)
+                with_page_rows(L.v_dtype, L.v_cache, L.v_scale, d, group, [&](const auto& rows, auto g) {
+                    rows_values<decltype(g)::value>(rows, 0, scores.data(), span, heads);
+                });
         }
     });
     merged.resize(d);
     for (long th = 0; th < T * hq; ++th) {  // merge the chunks of each (token, head), then rotate back
         attention::merge_chunks(parts.data() + th * chunks, acc.data() + th * chunks * d, chunks, d, merged.data());
-        rotate_back(V, (th % hq) / group, merged.data(), out + th * d, d);
+        if (V)
+            rotate_back(*V, (th % hq) / group, merged.data(), out + th * d, d);
+        else
+            std::copy(merged.begin(), merged.begin() + d, out + th * d);
     }
 }
 
@@ -487,18 +549,33 @@ extern "C" {
 
 // Attention of T tokens over TurboQuant pages on the module path (prefill chunks; turboquant_prod keys, which the
 // decode step does not write): q, out (T, hq, d) float32, token t at positions[t] reading block table row
-// token_rows[t]; k, v the pages (values: the MSE variant). Returns 0, or -1 for shapes or pages it does not take.
-int bd_turboquant_attention(const bd::TQPagesDesc* k, const bd::TQPagesDesc* v, const float* q, float* out, long T,
-                            long hq, long hkv, long d, float scale, long window, const int64_t* positions,
+// token_rows[t]; k, v the TurboQuant pages (values: the MSE variant) of the side whose k_dtype / v_dtype is 5; the
+// other side may be row or block pages (k_cache / v_cache with k_scale / v_scale, kv_pages.h's types 0–4, 6–9).
+// Returns 0, or -1 for shapes or pages it does not take.
+int bd_turboquant_attention(int k_dtype, int v_dtype, const bd::TQPagesDesc* k, const bd::TQPagesDesc* v,
+                            void* k_cache, void* v_cache, void* k_scale, void* v_scale, const float* q, float* out,
+                            long T, long hq, long hkv, long d, float scale, long window, const int64_t* positions,
                             const int64_t* token_rows, const int64_t* block_tables, long bt_stride, long block_size) {
     if (hkv <= 0 || hq % hkv || hq / hkv > bd::kMaxGroup || d % 8 || d > bd::kMaxHeadDim) return -1;
-    for (const bd::TQPagesDesc* pg : {k, v})
+    for (int side = 0; side < 2; ++side) {
+        const int dtype = side ? v_dtype : k_dtype;
+        const bd::TQPagesDesc* pg = side ? v : k;
+        if (dtype != bd::kTurboQuantPages) {  // row or block pages beside TurboQuant's
+            bool known = false;
+            bd::with_pages(dtype, [&](auto p) { known = d % decltype(p)::ALIGN == 0; });
+            if (!known || !(side ? v_cache : k_cache)) return -1;
+            continue;
+        }
+        if (!pg) return -1;
         for (int i = 0; i < pg->num_parts; ++i)
-            if (pg->parts[i].bits < 1 || pg->parts[i].bits > 8 || (pg == v && pg->parts[i].signs)) return -1;
+            if (pg->parts[i].bits < 1 || pg->parts[i].bits > 8 || (side && pg->parts[i].signs)) return -1;
+    }
+    if (k_dtype != bd::kTurboQuantPages && v_dtype != bd::kTurboQuantPages) return -1;  // bd_paged_attention's
     bd::ModelDesc m{};
     m.num_heads = hq, m.num_kv_heads = hkv, m.head_dim = d, m.attention_scale = scale;
     bd::LayerDesc L{};
-    L.window = window, L.k_tq = k, L.v_tq = v, L.k_dtype = L.v_dtype = bd::kTurboQuantPages;
+    L.window = window, L.k_tq = k, L.v_tq = v, L.k_dtype = k_dtype, L.v_dtype = v_dtype;
+    L.k_cache = k_cache, L.v_cache = v_cache, L.k_scale = k_scale, L.v_scale = v_scale;
     bd::turboquant_attend(m, L, q, out, T, positions, token_rows, block_tables, bt_stride, block_size);
     return 0;
 }

@@ -50,8 +50,9 @@ struct LayerDesc;
 // Quantize one token's (num_heads, head_dim) rows x, at position ``pos``, into slot ``slot`` of the pages.
 void turboquant_write(const TQPagesDesc& pages, const float* x, long slot, long pos, long num_heads, long head_dim);
 
-// attend<P> of decoder.cpp on TurboQuant pages (L.k_tq, L.v_tq): q, out (T, Hq, D); token t reads block table
-// row token_rows[t] (null: row t).
+// attend<P> of decoder.cpp on TurboQuant pages: keys (L.k_dtype 5: L.k_tq), values (L.v_dtype 5: L.v_tq) or both,
+// the other side row or block pages (L.k_cache / L.v_cache of kv_pages.h); q, out (T, Hq, D); token t reads block
+// table row token_rows[t] (null: row t).
 void turboquant_attend(const ModelDesc& m, const LayerDesc& L, const float* q, float* out, long T,
                        const int64_t* positions, const int64_t* token_rows, const int64_t* block_tables,
                        long bt_stride, long block_size);
