@@ -332,6 +332,15 @@ def test_cli_table_and_bad_flags(ckpt, fake_machine, capsys):
     assert "LO,HI" in capsys.readouterr().err
 
 
+def test_cli_plans_a_kv_budget_before_it_runs(ckpt, fake_machine, capsys):
+    """``--formats gguf:auto:<bits>`` (or ``--kv-cache-dtype auto:<bits>``): the budget is planned on calibration
+    windows, as generate and serve plan it, and the plan runs (its table in the system's info)."""
+    assert main(["bench", "--model", str(ckpt), "--quick", "--threads", "1", "--peers", "none", "--formats",
+                 "int8:auto:6", "--parts", "context", "--contexts", "20", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)["systems"]["bytediet int8:auto:6"]["info"]
+    assert info["kv_cache_dtype"].startswith("auto:6 [") and "k=" in info["kv_cache_dtype"]
+
+
 @pytest.mark.slow
 def test_cli_default_model_quick(capsys):
     assert main(["bench", "--quick", "--peers", "none", "--json"]) == 0

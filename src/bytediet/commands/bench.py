@@ -123,7 +123,17 @@ def load_system(args: argparse.Namespace, threads: int, weights, kv_cache_dtype:
         return BytedietSystem.tensor_parallel(args.model, args.tensor_parallel_size, threads=threads, weights=weights,
                                               activations=args.activations, **common)
     loaded = load_model(args.model, dtype=torch.float32, weights=weights, keep_packed=True, activations=args.activations)
-    return BytedietSystem(loaded, threads=threads, **common)
+    system = BytedietSystem(loaded, threads=threads, **common)
+    if kv_cache_dtype.strip().lower().startswith("auto:"):  # a byte budget: planned as generate/serve plan it
+        from ..eval.harness import calibrated_kv_codec
+
+        codec = calibrated_kv_codec(kv_cache_dtype, *loaded, dict(KV_BUDGET_CALIBRATION))
+        system.kv_cache_dtype, system.kv_state = codec.name, codec.calibration_state()
+    return system
+
+
+# how bench plans a KV budget (--kv-cache-dtype / --formats gguf:auto:<bits>): generate's and serve's defaults
+KV_BUDGET_CALIBRATION = {"corpus": "prideprejudice", "windows": 1, "window_len": 512, "seed": 0}
 
 
 def _run(args: argparse.Namespace, config, parts: list[str], ours, variants: list, hardware, progress) -> int:
