@@ -410,14 +410,10 @@ inline __m512 load16(const typename P::T* r, long i) {
     } else if constexpr (std::is_same_v<P, PagesInt8>) {  // codes + 128
         const __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r + i)));
         return _mm512_cvtepi32_ps(_mm512_sub_epi32(c, _mm512_set1_epi32(128)));
-    } else {  // two of the page type's 8-value loads (blocks: from one block, its scales read once)
-        __m256 lo, hi;
-        if constexpr (P::BLOCKS) {
-            const typename P::T* b = r + (i >> 5) * P::row_size(32);
-            lo = P::load8_in(b, i & 31), hi = P::load8_in(b, (i & 31) + 8);
-        } else {
-            lo = P::load8(r, i), hi = P::load8(r, i + 8);
-        }
+    } else if constexpr (P::BLOCKS) {  // half a GGML block, decoded 16 values at once
+        return P::load16_in(r + (i >> 5) * P::row_size(32), i & 31);
+    } else {  // two of the page type's 8-value loads
+        const __m256 lo = P::load8(r, i), hi = P::load8(r, i + 8);
         return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(lo)), _mm256_castps_pd(hi), 1));
     }
 }

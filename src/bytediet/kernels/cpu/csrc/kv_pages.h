@@ -264,6 +264,28 @@ struct BlockPages : PageTraits {
     static constexpr long ALIGN = 32;
     static long row_size(long d) { return d / 32 * F::BYTES; }
     static __m256 load8(const T* r, long j) { return load8_in(r + (j >> 5) * F::BYTES, j & 31); }
+#ifdef __AVX512F__
+    static __m512 load16_in(const T* b, long o) {  // elements [o, o + 16) of the block at b (o: 0 or 16), one pass
+        SubScales s;
+        F::scales(b, s);
+        __m512i c;
+        if constexpr (std::is_same_v<F, Q8_0>) {
+            c = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2 + o)));
+        } else {  // nibble halves: elements 0–15 the low nibbles of the 16 code bytes, 16–31 their high nibbles
+            const uint8_t* qs = b + (std::is_same_v<F, Q4_0> ? 2 : std::is_same_v<F, Q4_1> ? 4 : 6);
+            c = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));
+            c = _mm512_and_si512(o ? _mm512_srli_epi32(c, 4) : c, _mm512_set1_epi32(0x0F));
+            if constexpr (std::is_same_v<F, Q5_0>) {  // bit j of the 32 high bits adds 16 to element j
+                uint32_t qh;
+                std::memcpy(&qh, b + 2, 4);
+                c = _mm512_mask_or_epi32(c, static_cast<__mmask16>(qh >> o), c, _mm512_set1_epi32(16));
+            }
+        }
+        const __m512 f = _mm512_cvtepi32_ps(c);
+        const __m512 dv = _mm512_set1_ps(s.d_lo[0]), mv = _mm512_set1_ps(s.m[0]);
+        return FUSED ? _mm512_fmadd_ps(dv, f, mv) : _mm512_add_ps(_mm512_mul_ps(dv, f), mv);
+    }
+#endif
     static __m256 load8_in(const T* b, long o) {  // elements [o, o + 8) of the block at b
         SubScales s;
         F::scales(b, s);
