@@ -309,11 +309,16 @@ void with_kernel(int bits, long group, Fn fn) {
     });
 }
 
-// fn(PageRows<PG>{}, group) for the row or block pages of kv_dtype (the group as with_group gives it).
+template <class T>
+struct TypeTag {  // a type handed to a generic lambda: TypeTag<T>::type
+    using type = T;
+};
+
+// fn(TypeTag<PageRows<PG>>, group) for the row or block pages of kv_dtype (the group as with_group gives it).
 template <class Fn>
 void with_page_rows(int kv_dtype, long group, Fn fn) {
     with_pages(kv_dtype, [&](auto pg) {
-        with_group(group, [&](auto g) { fn(static_cast<PageRows<decltype(pg)>*>(nullptr), g); });
+        with_group(group, [&](auto g) { fn(TypeTag<PageRows<decltype(pg)>>{}, g); });
     });
 }
 
@@ -517,8 +522,8 @@ void turboquant_attend(const ModelDesc& m, const LayerDesc& L, const float* q, f
                 off += K->parts[i].dim;
             }
             if (!K)
-                with_page_rows(L.k_dtype, group, [&](auto* rows, auto g) {
-                    rows_scores<decltype(g)::value, std::remove_pointer_t<decltype(rows)>>(
+                with_page_rows(L.k_dtype, group, [&](auto rows, auto g) {
+                    rows_scores<decltype(g)::value, typename decltype(rows)::type>(
                         RowPagesDesc{L.k_cache, L.k_scale}, nullptr, 0, qg, qw, d, span, scores.data());
                 });
             float* heads[kMaxGroup];
@@ -537,8 +542,8 @@ void turboquant_attend(const ModelDesc& m, const LayerDesc& L, const float* q, f
                 off += V->parts[i].dim;
             }
             if (!V)
-                with_page_rows(L.v_dtype, group, [&](auto* rows, auto g) {
-                    rows_values<decltype(g)::value, std::remove_pointer_t<decltype(rows)>>(
+                with_page_rows(L.v_dtype, group, [&](auto rows, auto g) {
+                    rows_values<decltype(g)::value, typename decltype(rows)::type>(
                         RowPagesDesc{L.v_cache, L.v_scale}, d, 0, scores.data(), span, heads);
                 });
         }
