@@ -210,22 +210,6 @@ void for_each_row_block(const AttendCall& a, const Item& it, const typename P::T
     if (filled) fn(first, filled);
 }
 
-// The row of KV head kvh at one slot as floats (widened into tile where the pages are not float32), and its scale
-// (int8/fp8, QJL's norms, else 1) in scale. Not for pages scored on their codes.
-template <class P>
-inline const float* row_at(const AttendCall& a, const typename P::T* pages, const void* scale_pages,
-                           const CodePagesDesc* side, long slot, long kvh, float* tile, float& scale) {
-    const long hkv = a.m.num_kv_heads, d = a.m.head_dim, rs = P::row_size(d);
-    if constexpr (P::SIDE) {  // code pages: scales, zero points, staging beside the pages, from the slot
-        scale = P::row_scale_at(*side, slot, kvh, hkv, d);
-        return P::widen_at(*side, pages, slot, kvh, hkv, d, tile);
-    } else {
-        const long idx = slot * hkv + kvh;
-        scale = P::SCALED ? row_scale(scale_pages, idx) : 1.0f;
-        return widen_row<P>(pages + idx * rs, d, tile);
-    }
-}
-
 // The rows of KV head kvh at the block's slots as stored (w.codes: keys scored on their codes), their scales
 // (QJL's norms) in w.row_scales.
 template <class P>
@@ -304,29 +288,28 @@ constexpr int kGroupTile = 4;
 template <class P>
 constexpr bool kRowsInRegisters = !P::SIDE && !P::ON_CODES;
 
-// A row of KV head kvh at one slot as the streaming passes read it: the stored row itself (row pages) or floats
-// (widened into tile), with its scale.
+// A row of KV head kvh at one slot as the streaming passes read it, with its scale (int8/fp8, else 1): the stored
+// row itself (row and block pages), or for code pages floats widened into tile from their side data (scales, zero
+// points, staging pages). Keys scored on their codes (ON_CODES) have their own pass and never come here.
 template <class P>
 using WideRow = std::conditional_t<kRowsInRegisters<P>, const typename P::T*, const float*>;
 
 template <class P>
 inline WideRow<P> wide_row_at(const AttendCall& a, const typename P::T* pages, const void* scale_pages,
                               const CodePagesDesc* side, long slot, long kvh, float* tile, float& scale) {
+    const long hkv = a.m.num_kv_heads, d = a.m.head_dim;
     if constexpr (kRowsInRegisters<P>) {
-        const long idx = slot * a.m.num_kv_heads + kvh;
+        const long idx = slot * hkv + kvh;
         scale = P::SCALED ? row_scale(scale_pages, idx) : 1.0f;
-        return pages + idx * P::row_size(a.m.head_dim);
-    } else if constexpr (P::ON_CODES) {  // keys scored on their codes never come here (passes)
-        return nullptr;
+        return pages + idx * P::row_size(d);
     } else {
-        return row_at<P>(a, pages, scale_pages, side, slot, kvh, tile, scale);
+        scale = P::row_scale_at(*side, slot, kvh, hkv, d);
+        return P::widen_at(*side, pages, slot, kvh, hkv, d, tile);
     }
 }
 
 // The AVX2 kernels: 8 floats a load.
 struct Lanes8 {
-    static constexpr long kWidth = 8;
-
     template <class P>
     static __m256 load(WideRow<P> r, long i) {
         if constexpr (kRowsInRegisters<P>)
@@ -424,8 +407,6 @@ inline __m256 fold512(__m512 v) {  // the two 256-bit halves of v added
 
 // The AVX-512 kernels: 16 floats a load.
 struct Lanes16 {
-    static constexpr long kWidth = 16;
-
     template <class P>
     static __m512 load(WideRow<P> r, long i) {
         if constexpr (kRowsInRegisters<P>)
