@@ -227,28 +227,25 @@ struct Q5HighBits {
 inline constexpr Q5HighBits kQ5HighBits{};
 
 template <class F>
-inline __m128i block_codes8(const uint8_t* b, long o);
-
+constexpr long kCodeBytesAt = 2;  // where a block's code bytes start: after its f16 scale (q8_0, q4_0)
 template <>
-inline __m128i block_codes8<Q8_0>(const uint8_t* b, long o) {
-    return _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 2 + o));
-}
+constexpr long kCodeBytesAt<Q4_1> = 4;  // after scale and minimum
+template <>
+constexpr long kCodeBytesAt<Q5_0> = 6;  // after scale and the 32 high bits (at b + 2)
 
 inline __m128i nibbles8(const uint8_t* qs, long o) {  // elements o .. o + 7 of a nibble-halves block
     const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(qs + (o & 15)));
     return _mm_and_si128(o & 16 ? _mm_srli_epi16(bytes, 4) : bytes, _mm_set1_epi8(0x0F));
 }
 
-template <>
-inline __m128i block_codes8<Q4_0>(const uint8_t* b, long o) { return nibbles8(b + 2, o); }
-
-template <>
-inline __m128i block_codes8<Q4_1>(const uint8_t* b, long o) { return nibbles8(b + 4, o); }
-
-template <>
-inline __m128i block_codes8<Q5_0>(const uint8_t* b, long o) {
-    const __m128i high = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(&kQ5HighBits.bytes[b[2 + (o >> 3)]]));
-    return _mm_or_si128(nibbles8(b + 6, o), high);
+template <class F>
+inline __m128i block_codes8(const uint8_t* b, long o) {
+    const uint8_t* qs = b + kCodeBytesAt<F>;
+    if constexpr (std::is_same_v<F, Q8_0>) return _mm_loadl_epi64(reinterpret_cast<const __m128i*>(qs + o));
+    const __m128i c = nibbles8(qs, o);
+    if constexpr (std::is_same_v<F, Q5_0>)
+        return _mm_or_si128(c, _mm_loadl_epi64(reinterpret_cast<const __m128i*>(&kQ5HighBits.bytes[b[2 + (o >> 3)]])));
+    return c;
 }
 
 // llama.cpp's KV block types (kvcache/ggml_block.py): a row is D/32 GGML blocks of format F (block_formats.h's
@@ -268,11 +265,11 @@ struct BlockPages : PageTraits {
     static __m512 load16_in(const T* b, long o) {  // elements [o, o + 16) of the block at b (o: 0 or 16), one pass
         SubScales s;
         F::scales(b, s);
+        const uint8_t* qs = b + kCodeBytesAt<F>;
         __m512i c;
         if constexpr (std::is_same_v<F, Q8_0>) {
-            c = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2 + o)));
+            c = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + o)));
         } else {  // nibble halves: elements 0–15 the low nibbles of the 16 code bytes, 16–31 their high nibbles
-            const uint8_t* qs = b + (std::is_same_v<F, Q4_0> ? 2 : std::is_same_v<F, Q4_1> ? 4 : 6);
             c = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));
             c = _mm512_and_si512(o ? _mm512_srli_epi32(c, 4) : c, _mm512_set1_epi32(0x0F));
             if constexpr (std::is_same_v<F, Q5_0>) {  // bit j of the 32 high bits adds 16 to element j

@@ -181,6 +181,10 @@ struct RowPagesDesc {  // row or block pages (kv_pages.h) and their row scales (
     const void* scales;
 };
 
+// The part whose QJL residual (inner-product keys) the score pass adds, or null: from a reader's descriptor.
+inline const TQPartDesc* residual_part(const TQPartDesc& P) { return P.signs ? &P : nullptr; }
+inline const TQPartDesc* residual_part(const RowPagesDesc&) { return nullptr; }
+
 template <class PG>
 struct PageRows {
     const typename PG::T* pages;
@@ -194,14 +198,14 @@ struct PageRows {
 };
 
 // scores (group, n) += scale · (q·row) over the rows R reads, the query coordinates at `off` of each (group, qw)
-// row of qr; for TurboQuant inner-product keys (part P with signs) plus √(π/2)/d_p · ‖r‖ · (S_p R_p q)·sign, the
+// row of qr; for TurboQuant inner-product keys (a part with signs) plus √(π/2)/d_p · ‖r‖ · (S_p R_p q)·sign, the
 // sketched coordinates at `off` + d. G: the group size when known at compile time (accumulators in registers).
 template <int G, class Rows, class Desc>
-void rows_scores(const Desc& desc, const TQPartDesc* P, long off, const float* qr, long qw, long d, const Span& s,
-                 float* scores) {
+void rows_scores(const Desc& desc, long off, const float* qr, long qw, long d, const Span& s, float* scores) {
     const Rows R(desc, d);
     const long words = R.words, group = G ? G : s.group;
-    const bool signs = P && P->signs;
+    const TQPartDesc* P = residual_part(desc);
+    const bool signs = P != nullptr;
     const float coef = P ? static_cast<float>(std::sqrt(M_PI / 2) / static_cast<double>(P->dim)) : 0.0f;
     ScoreFold<G> fold(group, s.hi - s.lo, s.lo, scores);
     for_each_slot(s.table, s.block_size, s.lo, s.hi, [&](long p, long slot) {
@@ -244,9 +248,9 @@ inline void for_each_weighted_row(const Rows& R, const float* probs, const Span&
 }
 
 // acc[g][off …] += p_g · scale · row over the rows R reads (TurboQuant part P: ‖v_p‖ · c[idx], the values summed in
-// rotated coordinates; row pages: as stored). With the group known
-// at compile time, WP words (8 coordinates each) at a time in registers over all positions, the codes of the other
-// words re-read from L1 on the next sweep — accumulating in memory cost a load and a store per multiply-add.
+// rotated coordinates; row pages: as stored). With the group known at compile time, WP words (8 coordinates each)
+// at a time in registers over all positions, the codes of the other words re-read from L1 on the next sweep —
+// accumulating in memory cost a load and a store per multiply-add.
 template <int G, class Rows, class Desc>
 void rows_values(const Desc& desc, long d, long off, const float* probs, const Span& s, float* const* acc) {
     const Rows R(desc, d);
@@ -516,15 +520,15 @@ void turboquant_attend(const ModelDesc& m, const LayerDesc& L, const float* q, f
             long off = 0;
             for (int i = 0; K && i < K->num_parts; ++i) {
                 with_kernel(K->parts[i].bits, group, [&](auto b, auto g) {
-                    rows_scores<decltype(g)::value, CodeRows<decltype(b)::value>>(K->parts[i], &K->parts[i], off, qg,
-                                                                                   qw, d, span, scores.data());
+                    rows_scores<decltype(g)::value, CodeRows<decltype(b)::value>>(K->parts[i], off, qg, qw, d, span,
+                                                                                   scores.data());
                 });
                 off += K->parts[i].dim;
             }
             if (!K)
                 with_page_rows(L.k_dtype, group, [&](auto rows, auto g) {
                     rows_scores<decltype(g)::value, typename decltype(rows)::type>(
-                        RowPagesDesc{L.k_cache, L.k_scale}, nullptr, 0, qg, qw, d, span, scores.data());
+                        RowPagesDesc{L.k_cache, L.k_scale}, 0, qg, qw, d, span, scores.data());
                 });
             float* heads[kMaxGroup];
             for (long g = 0; g < group; ++g) {
