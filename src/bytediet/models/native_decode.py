@@ -68,24 +68,18 @@ def _pages_or_objection(cache) -> tuple[Optional[dict], str]:
     both sides or on one side beside any of the others (an ``auto:<bits>`` plan's k=q5_0,v=turboquant4)."""
     halves = (cache.keys, cache.values) if isinstance(cache, CompressedCache) else ()
     tq = [isinstance(h, TurboQuantPages) for h in halves]
-    if all(tq) and tq:
-        objection = _turboquant_objection(cache.keys) or _turboquant_objection(cache.values)
+    if any(tq):  # TurboQuant pages (their spec) on both sides, or on one beside row or block pages (k=q5_0,v=turboquant4)
+        objection = next(filter(None, (_turboquant_objection(h) for h, t in zip(halves, tq) if t)), None)
         if objection:
             return None, objection
-        return dict(kv_dtype="turboquant", k_cache=None, v_cache=None, k_tq=cache.keys.page_spec(),
-                    v_tq=cache.values.page_spec()), ""
-    if any(tq):  # TurboQuant on one side, row or block pages on the other (an auto:<bits> plan's k=q5_0,v=turboquant4)
-        tq_half, row_half = (cache.keys, cache.values) if tq[0] else (cache.values, cache.keys)
-        objection = _turboquant_objection(tq_half)
-        rows = row_half.native_pages()
-        if objection or rows is None or rows[0] not in ATTENTION_PAGE_TYPES:
-            return None, objection or (f"KV cache of {type(cache.keys).__name__} keys, {type(cache.values).__name__} "
-                                       "values has no native step (TurboQuant pages read beside row or block pages "
-                                       "only)")
-        spec, (dtype, pages, scales) = tq_half.page_spec(), rows[:3]
-        k, v = (("turboquant", None, None, spec), (dtype, pages, scales, None))[::1 if tq[0] else -1]
-        return dict(kv_dtype=k[0], v_dtype=v[0], k_cache=k[1], v_cache=v[1], k_scale=k[2], v_scale=v[2], k_tq=k[3],
-                    v_tq=v[3], k_rot=_rotation(cache.keys), v_rot=_rotation(cache.values)), ""
+        sides = [("turboquant", None, None, h.page_spec()) if t else (*(h.native_pages() or (None,) * 3)[:3], None)
+                 for h, t in zip(halves, tq)]
+        if any(dtype not in ("turboquant", *ATTENTION_PAGE_TYPES) for dtype, *_ in sides):
+            return None, (f"KV cache of {type(cache.keys).__name__} keys, {type(cache.values).__name__} values has no "
+                          "native step (TurboQuant pages read beside row or block pages only)")
+        (kt, kc, ks, ktq), (vt, vc, vs, vtq) = sides
+        return dict(kv_dtype=kt, v_dtype=None if vt == kt else vt, k_cache=kc, v_cache=vc, k_scale=ks, v_scale=vs,
+                    k_tq=ktq, v_tq=vtq, k_rot=_rotation(cache.keys), v_rot=_rotation(cache.values)), ""
     pages = cache.attention_pages()
     sides = pages and (pages.pop("k_side", None), pages.pop("v_side", None))
     if pages is not None and sides == (None, None):
