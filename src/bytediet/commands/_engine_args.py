@@ -5,6 +5,9 @@ import argparse
 
 from ..engine.params import SamplingParams
 
+# How a KV budget (auto:<bits>) is planned unless --kv-calib-* say otherwise; bench plans its budgets this way too.
+KV_CALIBRATION = {"corpus": "prideprejudice", "windows": 1, "window_len": 512, "seed": 0}
+
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model and memory")
@@ -27,13 +30,16 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="KV-cache codec (auto, fp32, bf16, int8, q8_0, k=q8_0,v=q4_0, turboquant3.5, ...) or a budget "
                         "auto:<bits> (e.g. auto:4.5): per layer and for K and V, the codecs of least measured "
                         "attention error within that many bits per coordinate all-in, chosen by a calibration pass")
-    g.add_argument("--kv-calib-windows", type=int, default=1, metavar="N",
-                   help="calibration windows (corpus calibration split) for a KV budget (default 1)")
-    g.add_argument("--kv-calib-len", type=int, default=512, help="tokens per KV calibration window (default 512)")
+    g.add_argument("--kv-calib-windows", type=int, default=KV_CALIBRATION["windows"], metavar="N",
+                   help="calibration windows (corpus calibration split) for a KV budget "
+                        f"(default {KV_CALIBRATION['windows']})")
+    g.add_argument("--kv-calib-len", type=int, default=KV_CALIBRATION["window_len"],
+                   help=f"tokens per KV calibration window (default {KV_CALIBRATION['window_len']})")
     g.add_argument("--save-config", default=None, metavar="FILE",
                    help="write what ran as a run config (model, weights, KV codec with its calibration state or "
                         "plan, engine settings), reusable with --config")
-    g.add_argument("--kv-calib-corpus", default="prideprejudice", help="corpus of the KV calibration (default prideprejudice)")
+    g.add_argument("--kv-calib-corpus", default=KV_CALIBRATION["corpus"],
+                   help=f"corpus of the KV calibration (default {KV_CALIBRATION['corpus']})")
     g.add_argument("--kv-cache-memory", default="1GiB", help="memory budget of the KV cache (e.g. 512MiB, 2GiB)")
     g.add_argument("--block-size", type=int, default=None,
                    help="tokens per KV block (default 16, or the codec's minimum if larger: kivi's group of 32)")
@@ -128,8 +134,8 @@ def plan_kv_budget_for(args: argparse.Namespace) -> dict:
 
     model, tokenizer = load_model(args.model, dtype=args.dtype, weights=args.weights, keep_packed=args.keep_packed,
                                   activations=args.activations)
-    calibration = {"corpus": args.kv_calib_corpus, "windows": args.kv_calib_windows, "window_len": args.kv_calib_len,
-                   "seed": 0}
+    calibration = dict(KV_CALIBRATION, corpus=args.kv_calib_corpus, windows=args.kv_calib_windows,
+                       window_len=args.kv_calib_len)
     codec = calibrated_kv_codec(args.kv_cache_dtype, model, tokenizer, calibration)
     print(codec.plan_table(model.config.num_kv_heads, model.config.head_dim), file=sys.stderr, flush=True)
     return {"kv_cache_dtype": codec.name, "kv_calibration_state": codec.calibration_state(),

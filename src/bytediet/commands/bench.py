@@ -127,13 +127,11 @@ def load_system(args: argparse.Namespace, threads: int, weights, kv_cache_dtype:
     if kv_cache_dtype.strip().lower().startswith("auto:"):  # a byte budget: planned as generate/serve plan it
         from ..eval.harness import calibrated_kv_codec
 
-        codec = calibrated_kv_codec(kv_cache_dtype, *loaded, dict(KV_BUDGET_CALIBRATION))
+        from ._engine_args import KV_CALIBRATION
+
+        codec = calibrated_kv_codec(kv_cache_dtype, *loaded, dict(KV_CALIBRATION))
         system.kv_cache_dtype, system.kv_state = codec.name, codec.calibration_state()
     return system
-
-
-# how bench plans a KV budget (--kv-cache-dtype / --formats gguf:auto:<bits>): generate's and serve's defaults
-KV_BUDGET_CALIBRATION = {"corpus": "prideprejudice", "windows": 1, "window_len": 512, "seed": 0}
 
 
 def _run(args: argparse.Namespace, config, parts: list[str], ours, variants: list, hardware, progress) -> int:

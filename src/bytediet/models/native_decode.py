@@ -68,7 +68,7 @@ def _pages_or_objection(cache) -> tuple[Optional[dict], str]:
     both sides or on one side beside any of the others (an ``auto:<bits>`` plan's k=q5_0,v=turboquant4)."""
     halves = (cache.keys, cache.values) if isinstance(cache, CompressedCache) else ()
     tq = [isinstance(h, TurboQuantPages) for h in halves]
-    if any(tq):  # TurboQuant pages (their spec) on both sides, or on one beside row or block pages (k=q5_0,v=turboquant4)
+    if any(tq):  # TurboQuant pages (their spec) on both sides, or on one beside row/block pages (k=q5_0,v=turboquant4)
         objection = next(filter(None, (_turboquant_objection(h) for h, t in zip(halves, tq) if t)), None)
         if objection:
             return None, objection
