@@ -3,8 +3,8 @@
 The novels come from the Debian package ``r-cran-janeaustenr`` (Julia Silge's *janeaustenr*,
 Project Gutenberg texts, MIT licence).  Its data sit in an R lazy-load database
 (``data/Rdata.rdb`` / ``.rdx``), one character vector per novel, one element per printed line;
-:mod:`bytediet.eval.rdata` decodes it without R.  A novel's text is its lines joined with "\\n"
-(empty lines kept), so Pride and Prejudice starts ``"PRIDE AND PREJUDICE\\n\\nBy Jane Austen"``.
+:mod:`bytediet.eval.r_lazyload` decodes it without R (with the `rdata` package).  A novel's text is
+its lines joined with "\\n" (empty lines kept), so Pride and Prejudice starts ``"PRIDE AND PREJUDICE\\n\\nBy Jane Austen"``.
 
 Texts are cached as ``$BYTEDIET_CACHE/austen/<name>.txt`` (default ``~/.cache/bytediet``), so
 only the first call needs ``apt-get``.  ``python -m bytediet.eval.corpus --fetch`` fills the cache.
@@ -24,7 +24,7 @@ from typing import Sequence
 import torch
 
 from bytediet.errors import BytedietError, ConfigError
-from bytediet.eval.rdata import RDataError, RObject, read_lazyload_db
+from bytediet.eval.r_lazyload import RDataError, character_vector, read_lazyload_db
 
 # Object names in the package -> titles, in publication order (1811 ... 1817).
 NOVELS: dict[str, str] = {
@@ -58,11 +58,12 @@ def extract_novels(rdata_base: str | Path) -> dict[str, str]:
         objects = read_lazyload_db(rdata_base)
     except (OSError, RDataError) as exc:
         raise BytedietError(f"cannot read the janeaustenr data at {rdata_base}: {exc}") from exc
-    missing = [n for n in NOVELS if not (isinstance(objects.get(n), RObject) and objects[n].kind == "character")]
+    lines = {name: character_vector(objects.get(name)) for name in NOVELS}
+    missing = [name for name, value in lines.items() if value is None]
     if missing:
         raise BytedietError(f"the janeaustenr data at {rdata_base} lack the novels {missing}; "
                             f"found objects {sorted(objects)}")
-    return {name: "\n".join(line or "" for line in objects[name].value) for name in NOVELS}
+    return {name: "\n".join(line or "" for line in value) for name, value in lines.items()}
 
 
 def _download_rdata(workdir: Path) -> Path:
