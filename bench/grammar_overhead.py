@@ -119,7 +119,8 @@ def main() -> None:
         r = results[name]
         print(f"{name:11s} " + (r["error"] if "error" in r else
                                 f"{r['us_per_token']:8.1f} us/token (matcher {r['matcher_us_per_token']:.1f}, mask "
-                                f"{r['apply_us_per_token']:.1f}; first pass {r['first_pass_us_per_token']:.0f})  compile {1e3 * r['compile_s']:.1f} ms  "
+                                f"{r['apply_us_per_token']:.1f}; first pass {r['first_pass_us_per_token']:.0f})  "
+                                f"compile {1e3 * r['compile_s']:.1f} ms  "
                                 f"tokenizer tables {r['setup_s']:.2f} s"))
 
 

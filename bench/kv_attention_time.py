@@ -206,7 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(out))
         return 0
-    print(f"{'context':>8s} {'codec':20s} {'ms/layer':>9s} {'ms/step':>9s} {'vs SDPA fp32':>12s} {'MB/step':>8s} {'GB/s':>6s}")
+    print(f"{'context':>8s} {'codec':20s} {'ms/layer':>9s} {'ms/step':>9s} "
+          f"{'vs SDPA fp32':>12s} {'MB/step':>8s} {'GB/s':>6s}")
     for r in rows:
         if "error" in r:
             print(f"{r['context']:8d} {r['codec']:20s} {r['error'][:60]}")

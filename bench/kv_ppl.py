@@ -3,9 +3,9 @@
 Each codec stores K/V of every layer and attention reads them back from the compressed pages (prefill
 included), so the perplexity change is the codec's whole effect. Also reported: the mean per-token KL of the
 codec's next-token distribution from bf16 KV's (never negative, so less noisy than a perplexity difference on
-few windows, which a small perturbation can move either way), and each window's own perplexity change. Windows are ``--tokens`` long (≥ 2k by
-default) from the evaluation split of the six novels (:mod:`bytediet.eval.corpus`). The paged block size is
-32 so that KIVI's default group of 32 fits a page.
+few windows, which a small perturbation can move either way), and each window's own perplexity change. Windows are
+``--tokens`` long (≥ 2k by default) from the evaluation split of the six novels (:mod:`bytediet.eval.corpus`). The
+paged block size is 32 so that KIVI's default group of 32 fits a page.
 
 Codecs with calibration hooks (fp8's static scales; TurboQuant's channel means, outlier channels and
 layout) are calibrated on ``--cal-windows`` windows of the *calibration* split (never evaluated on), from

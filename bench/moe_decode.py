@@ -139,13 +139,15 @@ def main(argv=None) -> int:
     if args.json:
         print(json.dumps(result))
         return 0
-    print(f"{config.name}: {config.num_parameters / 1e6:.1f} M parameters, {config.num_active_parameters / 1e6:.1f} M active")
+    print(f"{config.name}: {config.num_parameters / 1e6:.1f} M parameters, "
+          f"{config.num_active_parameters / 1e6:.1f} M active")
     print(f"{'T':>4} {'method':>12} {'ms':>9} {'expert MB read':>15} {'GB/s':>7}")
     for r in result["block"]:
         print(f"{r['tokens']:>4} {r['method']:>12} {r['ms']:>9.2f} {r['expert_weight_mb']:>15.1f} {r['gb_per_s']:>7.2f}")
     for r in result["decode"]:
         print(f"decode {r['weights']}: {r['decode_tok_s']:.1f} tok/s; reads {r['active_bytes_per_step_mb']:.1f} of "
-              f"{r['total_weight_mb']:.1f} MB per step = {r['achieved_gb_s']:.2f} GB/s (machine {r['machine_read_gb_s']:.1f} GB/s; "
+              f"{r['total_weight_mb']:.1f} MB per step = {r['achieved_gb_s']:.2f} GB/s "
+              f"(machine {r['machine_read_gb_s']:.1f} GB/s; "
               f"roofline {r['roofline_decode_tok_s']:.1f} tok/s, {r['roofline_decode_mb']:.1f} MB)")
     return 0
 

@@ -20,14 +20,14 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from quant_ppl import perplexity  # noqa: E402
+from quant_ppl import perplexity
 
-from bytediet.calibrate import CalibrationConfig, calibrate_and_quantize  # noqa: E402
-from bytediet.calibrate.recover import Recovery, RecoveryConfig  # noqa: E402
-from bytediet.eval.corpus import calibration_windows, make_windows, tokenize_corpus  # noqa: E402
-from bytediet.models.loader import load_model  # noqa: E402
-from bytediet.models.quantize import QuantizeConfig, quantize  # noqa: E402
-from bytediet.progress import rich_meter, rich_progress  # noqa: E402
+from bytediet.calibrate import CalibrationConfig, calibrate_and_quantize
+from bytediet.calibrate.recover import Recovery, RecoveryConfig
+from bytediet.eval.corpus import calibration_windows, make_windows, tokenize_corpus
+from bytediet.models.loader import load_model
+from bytediet.models.quantize import QuantizeConfig, quantize
+from bytediet.progress import rich_meter, rich_progress
 
 
 def main(argv=None) -> int:

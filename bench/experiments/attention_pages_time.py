@@ -3,8 +3,9 @@
 B sequences each decode one token at context CTX over a model's layers of separate (cold) pages — SmolLM2's shapes
 (30 layers, 9 query heads, 3 KV heads, head dim 64) or, with ``--shape gemma3``, Gemma-3-270M's (18 layers, 4 query
 heads, 1 KV head, head dim 256); blocks of 16 — every layer one ``ops.attention_over_pages`` call; the median of 9
-steps. ``BYTEDIET_KERNELS=avx2`` times the portable variant. Page types: fp32, bf16, fp16 (torch tensors) or any the native attention writes (int8, fp8,
-q8_0, …). ``--shuffle`` scatters the blocks (the prefetch goes through the block table).
+steps. ``BYTEDIET_KERNELS=avx2`` times the portable variant. Page types: fp32, bf16, fp16 (torch tensors) or any
+the native attention writes (int8, fp8, q8_0, …). ``--shuffle`` scatters the blocks (the prefetch goes through the
+block table).
 
     .venv/bin/python bench/experiments/attention_pages_time.py 16 2057 fp32
     .venv/bin/python bench/experiments/attention_pages_time.py 1 8192 int8
@@ -62,7 +63,8 @@ def main() -> None:
     page_bytes = sum(t.numel() * t.element_size() for (k, _), (v, _) in layers for t in (k, v))
     kv_bytes = page_bytes * a.context / (blocks * BLOCK)  # the positions read, not the block tails
     m = statistics.median(times)
-    print(f"{a.shape} {a.kv_dtype} batch {a.batch} context {a.context}: {m * 1e3:.2f} ms a step (min {min(times) * 1e3:.2f}), "
+    print(f"{a.shape} {a.kv_dtype} batch {a.batch} context {a.context}: {m * 1e3:.2f} ms a step "
+          f"(min {min(times) * 1e3:.2f}), "
           f"{kv_bytes / 1e9:.2f} GB of pages → {kv_bytes / m / 1e9:.1f} GB/s")
 
 

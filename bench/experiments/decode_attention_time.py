@@ -16,9 +16,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from tests.kernels.test_ops_decode_step import BLOCK, random_spec  # noqa: E402
+from tests.kernels.test_ops_decode_step import BLOCK, random_spec
 
-from bytediet.kernels import ops  # noqa: E402
+from bytediet.kernels import ops
 
 context = int(sys.argv[1]) if len(sys.argv) > 1 else 8192
 kv = sys.argv[2] if len(sys.argv) > 2 else "fp32"

@@ -22,7 +22,8 @@ for the codec, one 2048-token eval window to measure), values exact, and the mea
   does since session 3) against a constant post-RoPE mean (session 2). The other experiments keep the
   constant mean, as measured in session 3 before the change.
 
-    .venv/bin/python bench/experiments/tq_key_alternatives_sim.py [transform|layers|window|groups|rope] [default|gemma3-270m]
+    .venv/bin/python bench/experiments/tq_key_alternatives_sim.py \
+        [transform|layers|window|groups|rope] [default|gemma3-270m]
 """
 from __future__ import annotations
 
@@ -181,8 +182,8 @@ def layers(config, cal, ev, sens) -> None:
     for target in BUDGETS:
         idx = torch.zeros(config.num_layers, dtype=torch.long)     # every layer starts at the lowest budget
         for _ in range(int(round((target - budgets[0]) / 0.5 * config.num_layers))):
-            gain = torch.tensor([kl_cal[l, i] - kl_cal[l, i + 1] if i + 1 < len(budgets) else -1e9
-                                 for l, i in enumerate(idx.tolist())])
+            gain = torch.tensor([kl_cal[lay, i] - kl_cal[lay, i + 1] if i + 1 < len(budgets) else -1e9
+                                 for lay, i in enumerate(idx.tolist())])
             idx[int(gain.argmax())] += 1
         uniform = float(kl_ev[:, budgets.index(target)].mean())
         allocated = float(kl_ev[torch.arange(config.num_layers), idx].mean())

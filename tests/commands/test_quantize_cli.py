@@ -1,4 +1,4 @@
-"""``bytediet quantize`` on a tiny Hugging Face checkpoint: save, reload with generate, calibration, budgets, bad input."""
+"""``bytediet quantize`` on a tiny Hugging Face checkpoint: save, reload, calibration, budgets, bad input."""
 from __future__ import annotations
 
 import json

@@ -73,11 +73,11 @@ def rows(draw):
 @settings(max_examples=120, deadline=None)
 @given(batch=st.lists(rows(), min_size=1, max_size=5), candidates=st.sampled_from([1, 3, 8, 1024]))
 def test_processed_distribution_matches_reference(batch, candidates):
-    V = max(len(l) for l, _ in batch)
+    V = max(len(row) for row, _ in batch)
     # pad the shorter rows with -inf (a padded vocabulary), as the model's tail columns would be
     logits = torch.full((len(batch), V), NEG_INF)
-    for i, (l, _) in enumerate(batch):
-        logits[i, : len(l)] = l
+    for i, (row, _) in enumerate(batch):
+        logits[i, : len(row)] = row
     params = [p for _, p in batch]
     with mock.patch.object(sampling, "NUCLEUS_CANDIDATES", candidates):  # partial and full sorts
         probs = Sampler.processed_probs(logits, params)

@@ -28,7 +28,7 @@ def tiny_text(n_words: int = 5000, seed: int = 0) -> str:
     """Seeded pseudo-prose: sentences of common words, paragraphs separated by blank lines."""
     rng = random.Random(seed)
     out, sentence = [], []
-    for i in range(n_words):
+    for _ in range(n_words):
         sentence.append(rng.choice(_WORDS))
         if len(sentence) >= rng.randint(6, 16):
             out.append(" ".join(sentence).capitalize() + ".")

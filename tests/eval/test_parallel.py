@@ -38,7 +38,7 @@ def test_every_task_at_tp2_equals_tp1_on_the_same_ranks(ckpt):
         assert b[side]["tokens"] == a[side]["tokens"]
     assert b["kl"]["mean"] == pytest.approx(a["kl"]["mean"], rel=1e-3, abs=1e-9)
     assert b["top1_agreement"] == a["top1_agreement"]
-    answers = lambda r: [x["answer"] for x in r["tasks"]["passkey"]["test"]["answers"]]  # noqa: E731
+    answers = lambda r: [x["answer"] for x in r["tasks"]["passkey"]["test"]["answers"]]
     assert answers(two) == answers(one)
     speed_one, speed_two = one["tasks"]["speed"]["test"], two["tasks"]["speed"]["test"]
     assert speed_two["processes"] == 2 and speed_one["processes"] == 1

@@ -140,8 +140,6 @@ def test_native_layout_extreme_inputs(variant):
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_native_dequantize_equals_the_reference_decoders(variant):
     """The float decode behind the compute-bound path (ops.dequantize_blocks), for GGML and bytediet layouts."""
-    from gguf import GGMLQuantizationType as T
-
     from .test_ops_gemm_blocks import K_TYPES, SMALL_BLOCK_TYPES, random_blocks
 
     gen = torch.Generator().manual_seed(4)

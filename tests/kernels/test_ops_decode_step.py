@@ -37,7 +37,7 @@ def random_spec(gen, *, heads, kv_heads, head_dim=32, hidden=64, inter=96, layer
 
     specs = []
     for i in range(layers):
-        lin = lambda n, k, b=False: linear(n, k, gen, T.Q8_0 if i == 1 else T.Q4_1, b, interleave)  # noqa: E731
+        lin = lambda n, k, b=False: linear(n, k, gen, T.Q8_0 if i == 1 else T.Q4_1, b, interleave)
         (k_cache, k_scale), (v_cache, v_scale) = (random_pages(gen, slots, kv_heads, head_dim, t)
                                                   for t in (kv_dtype, v_dtype or kv_dtype))
         specs.append(LayerSpec(

@@ -145,7 +145,7 @@ def test_decode_step_on_turboquant_beside_row_pages_equals_reference(variant, ca
             layer.k_cache, layer.k_scale, layer.k_tq = None, None, pages
         else:
             layer.v_cache, layer.v_scale, layer.v_tq = None, None, pages
-    tensors = lambda: [t for layer in spec.layers  # noqa: E731
+    tensors = lambda: [t for layer in spec.layers
                        for t in (layer.k_cache, layer.v_cache, layer.k_scale, layer.v_scale) if t is not None] + [
         t for layer in spec.layers for pages in (layer.k_tq, layer.v_tq) if pages is not None
         for p in pages.parts for t in (p.norm, p.idx)]

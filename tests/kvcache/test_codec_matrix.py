@@ -107,11 +107,11 @@ def run_steps(spec: str, *, seed: int, hq=6, hkv=2, d=64, block_size=32, window=
         if sum(new) == 0:
             continue
         meta = step_metadata(plan, done, new, block_size)
-        cat = lambda xs: torch.cat([x[dn:dn + m] for x, dn, m in zip(xs, done, new)])  # noqa: E731
+        cat = lambda xs: torch.cat([x[dn:dn + m] for x, dn, m in zip(xs, done, new)])
         cache.write(cat(k_true), cat(v_true), meta.slot_mapping)
         out = cache.attend(cat(q_true), meta, scale, window)
         ref_dec, ref_true = [], []
-        for s, (blocks, _) in enumerate(plan):
+        for s, (_blocks, _) in enumerate(plan):
             if new[s] == 0:
                 continue
             ctx = done[s] + new[s]

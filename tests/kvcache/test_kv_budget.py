@@ -49,7 +49,7 @@ def test_sensitive_layers_get_more_bits():
     errors = _errors(sens, rng)
     errors[2]["k"] = {s: 50 * e for s, e in errors[2]["k"].items()}   # and layer 2's keys alone (outlier channels)
     plan = allocate(errors, NBYTES, 4.5, H, D)
-    bits = lambda i, role: NBYTES[role][plan[i][role]] * 8 / (H * D)  # noqa: E731
+    bits = lambda i, role: NBYTES[role][plan[i][role]] * 8 / (H * D)
     calm = max(bits(i, r) for i in (0, 4, 5) for r in ("k", "v"))
     assert min(bits(i, r) for i in (1, 3) for r in ("k", "v")) > calm
     assert bits(2, "k") > bits(2, "v")

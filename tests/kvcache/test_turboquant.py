@@ -10,7 +10,7 @@ from bytediet.errors import ConfigError
 from bytediet.kvcache import get_kv_codec
 from bytediet.kvcache.lloyd_max import sphere_coordinate_codebook
 from bytediet.kvcache.rotation import random_rotation, rotation_kind
-from bytediet.kvcache.turboquant import resolve_layout
+from bytediet.kvcache.turboquant_layout import resolve_layout
 from bytediet.kvcache.turboquant_core import TurboQuantizer
 
 # Theorem 1 of the paper, rounded there; b = 3 is printed as 0.03 but the Lloyd–Max value is 0.0345

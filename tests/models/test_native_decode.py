@@ -218,7 +218,7 @@ def tq_model(arch, **overrides):
     """A tiny model at head dim 64 (TurboQuant's layouts at the real models' head dims)."""
     config = tiny_config(arch, head_dim=64, **overrides)
     model = model_from_state(config, random_state(config))
-    for name, lin in model.linear_layers():
+    for _name, lin in model.linear_layers():
         lin.set_weight(lin.dequantized_weight(), get_weight_format("gguf-q8_0"))
         lin.format.with_activations("f32")
     return model

@@ -24,8 +24,8 @@ def dense_reference(config, state, ids: torch.Tensor) -> torch.Tensor:
     L, H, KV, D = ids.shape[0], config.num_heads, config.num_kv_heads, config.head_dim
     x = state["model.embed_tokens.weight"][ids] * config.embedding_scale
     for i in range(config.num_layers):
-        p = lambda n: state[f"model.layers.{i}.{n}"]  # noqa: E731
-        lin = lambda t, n: t @ p(n + ".weight").T + (p(n + ".bias") if config.attention_bias else 0)  # noqa: E731
+        p = lambda n: state[f"model.layers.{i}.{n}"]
+        lin = lambda t, n: t @ p(n + ".weight").T + (p(n + ".bias") if config.attention_bias else 0)
         h = norm(x, p("input_layernorm.weight"))
         q = lin(h, "self_attn.q_proj").view(L, H, D)
         k = lin(h, "self_attn.k_proj").view(L, KV, D)

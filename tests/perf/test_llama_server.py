@@ -55,7 +55,7 @@ class _Fake(BaseHTTPRequestHandler):
 
     short, error, delay = 0, False, 0.01
 
-    def do_POST(self):  # noqa: N802 (http.server's name)
+    def do_POST(self):  # http.server's name
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")

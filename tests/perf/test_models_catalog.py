@@ -60,6 +60,6 @@ def test_catalogue_matches_the_checkpoints_the_engine_loads(spec, name):
 
 def test_a_non_catalogue_spec_goes_to_the_loader(monkeypatch):
     loader = pytest.importorskip("bytediet.models.loader")
-    fake = lambda spec: get_model_config("llama-2-7b") if spec == "x.gguf" else None  # noqa: E731
+    fake = lambda spec: get_model_config("llama-2-7b") if spec == "x.gguf" else None
     monkeypatch.setattr(loader, "load_config", fake)
     assert get_model_config("x.gguf").num_parameters == get_model_config("llama-2-7b").num_parameters

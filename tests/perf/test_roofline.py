@@ -114,7 +114,7 @@ def test_tiny_prefill_causal_pairs_and_sliding_window():
 def _reference_step(cfg: ModelConfig, batch: int, new: int, ctx: int) -> float:
     """Run the GEMMs of one step of a random llama layer stack under FlopCounterMode."""
     h, d, nh, nkv = cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
-    lin = lambda o, i: torch.randn(o, i)  # noqa: E731
+    lin = lambda o, i: torch.randn(o, i)
     x = torch.randn(batch, new, h)
     with FlopCounterMode(display=False) as counter:
         for _ in range(cfg.num_layers):

@@ -164,7 +164,7 @@ def test_calibration_stats_give_channel_norms():
         runner.run_block(0, runner.embed())
     hook.remove()
     x = torch.cat(captured)
-    from bytediet.quant.sparse24 import channel_norms
+    from bytediet.quant.pruning import channel_norms
 
     assert torch.allclose(channel_norms(stats["model.layers.0.mlp.down_proj"]), x.norm(dim=0), rtol=1e-4)
 

@@ -6,11 +6,11 @@ context (so any accepted request generates at most 31 tokens per sequence).
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+
+from bytediet.server.config import ServerConfig
 
 schemathesis = pytest.importorskip("schemathesis")
-from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
-
-from bytediet.server.config import ServerConfig  # noqa: E402
 
 EXAMPLES = 8
 

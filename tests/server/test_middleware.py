@@ -4,7 +4,6 @@ from __future__ import annotations
 import logging
 import socket
 
-import httpx
 import pytest
 
 from bytediet.server.config import ServerConfig

@@ -9,11 +9,13 @@ from .base import (CALIBRATION_METHODS, CalibrationConfig, calibrate_and_quantiz
                    get_calibration_method)
 
 # every built-in method registers itself here, when the package is imported (one line per method file)
-from . import awq  # noqa: E402,F401  isort: skip
-from . import gptq  # noqa: E402,F401  isort: skip
-from . import smoothquant  # noqa: E402,F401  isort: skip
-from . import wanda  # noqa: E402,F401  isort: skip
-from . import sparsegpt  # noqa: E402,F401  isort: skip
+# isort: off
+from . import awq
+from . import gptq
+from . import smoothquant
+from . import wanda
+from . import sparsegpt
+# isort: on
 
 __all__ = ["CALIBRATION_METHODS", "CalibrationConfig", "calibrate_and_quantize", "calibration_method_names",
            "get_calibration_method"]

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
-from typing import Callable, Iterator, Mapping, Optional, Sequence
+from typing import Callable, Iterator, Mapping, Optional
 
 import torch
 import torch.nn as nn
@@ -25,7 +25,7 @@ from ..errors import ConfigError
 from ..kvcache import AttentionMetadata, get_kv_codec
 from ..models.layers import Linear
 from ..models.quantize import build_format, quantize
-from ..progress import Progress, no_progress, rich_progress  # noqa: F401 (re-exported for the methods)
+from ..progress import Progress, no_progress
 from ..registry import Registry
 
 @dataclass(frozen=True)
@@ -219,7 +219,7 @@ CALIBRATION_METHODS: Registry = Registry("calibration method")
 
 
 def calibration_method_names() -> list[str]:
-    """Every registered calibration method (the built-in modules register when :mod:`bytediet.calibrate` is imported)."""
+    """Every registered calibration method (built-in ones register when :mod:`bytediet.calibrate` is imported)."""
     return CALIBRATION_METHODS.names()
 
 

@@ -16,7 +16,7 @@ import gguf
 import numpy as np
 from gguf import GGMLQuantizationType
 
-from ..errors import CheckpointError, ConfigError
+from ..errors import ConfigError
 from ..kernels.ggml_codecs import ENCODERS
 from ..models.arch import ARCHITECTURES
 from ..models.gguf import copy_metadata, finish_writer, gguf_field

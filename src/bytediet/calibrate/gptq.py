@@ -149,7 +149,7 @@ def gptq_model(model, config: QuantizeConfig, windows: torch.Tensor, gptq: GPTQC
 
 @CALIBRATION_METHODS.register("gptq")
 def run_gptq(model, config: QuantizeConfig, windows: torch.Tensor, progress: Progress = no_progress, **settings):
-    """The registered method: GPTQ-packed int4 block layers for ``quantize(..., prepacked=)``; :class:`GPTQConfig` fields."""
+    """The registered method: GPTQ-packed int4 layers for ``quantize(..., prepacked=)``; :class:`GPTQConfig` fields."""
     return gptq_model(model, config, windows, GPTQConfig(**settings), progress)
 
 

@@ -136,7 +136,7 @@ def choose(sensitivity: dict[str, dict[str, float]], nbytes: dict[str, dict[str,
     """Greedy: cheapest everywhere, then the best damage-reduction-per-byte upgrade until the estimate fits."""
     order = {u: sorted(c, key=lambda s: nbytes[u][s]) for u, c in sensitivity.items()}
     pick = {u: cands[0] for u, cands in order.items()}
-    damage = lambda u, s: max(sensitivity[u][s], 0.0)  # noqa: E731 (a unit never helps the total)
+    damage = lambda u, s: max(sensitivity[u][s], 0.0)  # a unit never helps the total
     while sum(damage(u, s) for u, s in pick.items()) > budget:
         best = None
         for u, cur in pick.items():

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from ..errors import ConfigError
 from ..kvcache import AttentionMetadata
-from ..progress import Meter, no_meter
+from ..progress import no_meter
 from ..quant.base import Packed, WeightFormat
 from ..quant.fp4 import unpack_nibbles
 from ..quant.int4 import Int4

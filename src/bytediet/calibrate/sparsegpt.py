@@ -110,7 +110,7 @@ def sparsegpt_model(model, config: QuantizeConfig, windows: torch.Tensor, sparse
 
 @CALIBRATION_METHODS.register("sparsegpt")
 def run_sparsegpt(model, config: QuantizeConfig, windows: torch.Tensor, progress: Progress = no_progress, **settings):
-    """The registered method: SparseGPT-pruned layers for ``quantize(..., prepacked=)``; :class:`SparseGPTConfig` fields."""
+    """The registered method: SparseGPT-pruned layers for ``quantize(..., prepacked=)``; :class:`SparseGPTConfig`."""
     return sparsegpt_model(model, config, windows, SparseGPTConfig(**settings), progress)
 
 

@@ -1,8 +1,8 @@
 """Wanda: prune by |weight| × input-activation norm, calibrated block by block (Sun et al. 2023, arXiv 2306.11695).
 
-For every pruned layer (2:4, :mod:`bytediet.quant.sparse24`; 50 %, :mod:`bytediet.quant.unstructured`) inside the decoder blocks, the calibration
-windows give ‖X_j‖₂ per input channel, and each group of four keeps the two weights of largest
-|w_ij| · ‖X_j‖₂ (the paper's metric, compared per output row — here per group of 4 along the row, the
+For every pruned layer (2:4, :mod:`bytediet.quant.sparse24`; 50 %, :mod:`bytediet.quant.unstructured`) inside the
+decoder blocks, the calibration windows give ‖X_j‖₂ per input channel, and each group of four keeps the two weights
+of largest |w_ij| · ‖X_j‖₂ (the paper's metric, compared per output row — here per group of 4 along the row, the
 2:4 constraint). As in the paper's code, blocks are pruned in order: block i's statistics come from the
 outputs of the already-pruned blocks 0..i−1. No weight is updated (unlike SparseGPT), so the method is
 one forward pass per block plus a top-2 per group.

@@ -1,12 +1,14 @@
 """``bytediet quantize``: quantize a checkpoint (optionally calibrated / mixed precision) and save it.
 
-    bytediet quantize --model M --format F [--calibrate awq|gptq|smoothquant|wanda|sparsegpt] [--calib-samples N --calib-len L]
+    bytediet quantize --model M --format F [--calibrate awq|gptq|smoothquant|wanda|sparsegpt]
+                      [--calib-samples N --calib-len L]
                       [--overrides 'pattern=fmt,…'] [--max-kl X | --max-ppl-increase P] --out DIR
                       [--export-gguf FILE --gguf-type q8_0] [--json]
 
 A pruned checkpoint (sparse24, sparse24-int8, sparse50) is fine-tuned back towards the dense model by
-``bytediet recover`` (:mod:`bytediet.commands.recover`). The output directory is written atomically by :func:`bytediet.models.checkpoint.save_quantized`
-(nothing is left behind on error); ``bytediet generate --model DIR`` loads it.
+``bytediet recover`` (:mod:`bytediet.commands.recover`). The output directory is written atomically by
+:func:`bytediet.models.checkpoint.save_quantized` (nothing is left behind on error); ``bytediet generate --model DIR``
+loads it.
 """
 from __future__ import annotations
 

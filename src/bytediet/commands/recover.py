@@ -95,7 +95,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         for h in result["history"]:
             print(f"step {h['step']:5d}  tokens {h['tokens']:9,d}  perplexity {h['ppl']:.3f}")
-        print(f"recovered the pruned / INT4 layers of {model_dir} for {result['steps']} steps ({result['tokens']:,} tokens); "
+        print(f"recovered the pruned / INT4 layers of {model_dir} for {result['steps']} steps "
+              f"({result['tokens']:,} tokens); "
               f"saved {out}", file=sys.stderr)
     return 0
 

@@ -83,7 +83,7 @@ class Workers:
         if self.failed is None and any(p.is_alive() for p in self.procs):
             try:
                 self.group.broadcast_object(Stop())
-            except Exception:  # noqa: BLE001 - a worker already gone; it is terminated below
+            except Exception:  # a worker already gone; it is terminated below
                 pass
         deadline = time.monotonic() + timeout_s
         for p in self.procs:
@@ -142,7 +142,7 @@ def _stored_error(store, rank: int) -> str:
         if store.check([f"error/{rank}"]):
             text = store.get(f"error/{rank}").decode(errors="replace").strip().splitlines()
             return f": {text[-1]}" if text else ""
-    except Exception:  # noqa: BLE001 - the store itself is gone; the exit code is all there is
+    except Exception:  # the store itself is gone; the exit code is all there is
         pass
     return ""
 

@@ -4,7 +4,8 @@ The novels come from the Debian package ``r-cran-janeaustenr`` (Julia Silge's *j
 Project Gutenberg texts, MIT licence).  Its data sit in an R lazy-load database
 (``data/Rdata.rdb`` / ``.rdx``), one character vector per novel, one element per printed line;
 :mod:`bytediet.eval.r_lazyload` decodes it without R (with the `rdata` package).  A novel's text is
-its lines joined with "\\n" (empty lines kept), so Pride and Prejudice starts ``"PRIDE AND PREJUDICE\\n\\nBy Jane Austen"``.
+its lines joined with "\\n" (empty lines kept), so Pride and Prejudice starts
+``"PRIDE AND PREJUDICE\\n\\nBy Jane Austen"``.
 
 Texts are cached as ``$BYTEDIET_CACHE/austen/<name>.txt`` (default ``~/.cache/bytediet``), so
 only the first call needs ``apt-get``.  ``python -m bytediet.eval.corpus --fetch`` fills the cache.
@@ -198,8 +199,8 @@ def calibration_windows(tokenizer, config, bos: bool = True) -> torch.Tensor:
 
     ``config`` names the text and its size (:class:`bytediet.calibrate.base.CalibrationConfig`: ``samples``,
     ``seq_len``, ``corpus``, ``seed``); with ``bos`` each window starts with the tokenizer's BOS, as
-    evaluation does (weight calibration); KV calibration takes the bare windows. Weight calibration (AWQ, GPTQ, ...) and KV calibration both cut
-    their windows here.
+    evaluation does (weight calibration); KV calibration takes the bare windows. Weight calibration (AWQ, GPTQ, ...)
+    and KV calibration both cut their windows here.
     """
     ids = tokenize_corpus(tokenizer, config.corpus)
     try:

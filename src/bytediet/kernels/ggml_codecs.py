@@ -31,7 +31,7 @@ def _nibbles_halves(qs: torch.Tensor) -> torch.Tensor:
 
 
 def _bits(b: torch.Tensor, nbits: int) -> torch.Tensor:
-    """(n, m) uint8 → (n, m·8) uint8 in {0, 1}; bit j of the little-endian bit string (np.packbits bitorder="little")."""
+    """(n, m) uint8 → (n, m·8) uint8 in {0, 1}: bit j of the little-endian bit string (np.packbits "little")."""
     shifts = torch.arange(8, dtype=torch.uint8, device=b.device)
     return ((b[..., None] >> shifts) & 1).flatten(-2)[..., :nbits]
 

@@ -324,7 +324,7 @@ def _code_side(kv_dtype: str, side: Optional[CodePageSide], d: int) -> tuple[Opt
         return None, []
     if side is None:
         raise ValueError(f"{kv_dtype!r} pages need their CodePageSide (scales, zero points)")
-    as_type = lambda t, dtype: None if t is None else t.to(dtype).contiguous()  # noqa: E731
+    as_type = lambda t, dtype: None if t is None else t.to(dtype).contiguous()
     scale, zero, stage = (as_type(t, torch.float16) for t in (side.scale, side.zero, side.stage))
     stage_of = as_type(side.stage_of, torch.int32)
     transform, table = (as_type(t, torch.float32) for t in (side.transform, side.table))
@@ -415,7 +415,7 @@ def attention_over_pages(q: torch.Tensor, positions: torch.Tensor, token_rows: t
         return _turboquant_attention(lib, q, positions, token_rows, block_tables, block_size, scale, window, kv_dtype,
                                      v_dtype, k_side, v_side, k_cache, v_cache, k_scale, v_scale)
     readable = ATTENTION_PAGE_TYPES + CODE_PAGE_TYPES
-    fits = lambda t: d % PAGE_ALIGN.get(t, 8) == 0 and (t != "polarquant" or d <= POLAR_MAX_DIM)  # noqa: E731
+    fits = lambda t: d % PAGE_ALIGN.get(t, 8) == 0 and (t != "polarquant" or d <= POLAR_MAX_DIM)
     if (lib is None or d % 8 or q.dtype != torch.float32 or kv_dtype not in readable or v_dtype not in readable
             or not (fits(kv_dtype) and fits(v_dtype))):
         return reference.attention_over_pages(q, positions, token_rows, block_tables, block_size, scale, window,

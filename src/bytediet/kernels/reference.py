@@ -417,7 +417,7 @@ def _k_codes(ggml_type: int, sb: torch.Tensor) -> torch.Tensor:
 
 
 def _k_blocks(ggml_type: int, codes: torch.Tensor) -> torch.Tensor:
-    """The inverse of :func:`_k_codes` for the code bytes: (..., 8, 32) → Q4_K qs (..., 128) or Q6_K ql + qh (..., 192)."""
+    """Inverse of :func:`_k_codes` for the code bytes: (..., 8, 32) → Q4_K qs (..., 128) or Q6_K ql + qh (..., 192)."""
     lead = codes.shape[:-2]
     if ggml_type == 12:
         c = codes.reshape(*lead, 4, 2, 32)

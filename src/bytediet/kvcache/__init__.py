@@ -2,19 +2,21 @@
 from .base import KV_CODECS, AttentionMetadata, KVCodec, LayerKVCache, default_block_size, get_kv_codec
 
 # every built-in codec registers itself here, when the package is imported (one line per codec file)
-from . import full  # noqa: E402,F401  isort: skip
-from . import int8  # noqa: E402,F401  isort: skip
-from . import turboquant  # noqa: E402,F401  isort: skip
-from . import fp8  # noqa: E402,F401  isort: skip
-from . import fp8_vllm  # noqa: E402,F401  isort: skip
-from . import qjl  # noqa: E402,F401  isort: skip
-from . import kivi  # noqa: E402,F401  isort: skip
-from . import polarquant  # noqa: E402,F401  isort: skip
-from . import q8_0  # noqa: E402,F401  isort: skip
-from . import q5_0  # noqa: E402,F401  isort: skip
-from . import q4_1  # noqa: E402,F401  isort: skip
-from . import q4_0  # noqa: E402,F401  isort: skip
-from . import hfquant  # noqa: E402,F401  isort: skip
-from . import rotated  # noqa: E402,F401  isort: skip  (after int8 and q8_0, whose halves it rotates)
+# isort: off
+from . import full
+from . import int8
+from . import turboquant
+from . import fp8
+from . import fp8_vllm
+from . import qjl
+from . import kivi
+from . import polarquant
+from . import q8_0
+from . import q5_0
+from . import q4_1
+from . import q4_0
+from . import hfquant
+from . import rotated  # after int8 and q8_0, whose halves it rotates
+# isort: on
 
 __all__ = ["KV_CODECS", "AttentionMetadata", "KVCodec", "LayerKVCache", "default_block_size", "get_kv_codec"]

@@ -68,7 +68,7 @@ class AttentionMetadata:
         return int(self.positions.shape[0])
 
     def to(self, device: torch.device | str) -> "AttentionMetadata":
-        move = lambda t: t.to(device)  # noqa: E731
+        move = lambda t: t.to(device)
         return AttentionMetadata(
             move(self.positions), move(self.slot_mapping), move(self.query_start_loc), move(self.context_lens),
             move(self.block_tables), self.block_size, self.query_lens_list, self.context_lens_list, self.seq_ids,

@@ -121,7 +121,7 @@ class CompressedCache(LayerKVCache):
         qpos = torch.arange(ctx - n, ctx, device=q.device).repeat(group)                   # (G,)
         prepared = self.keys.prepare_query(qg)
         m = torch.full((hkv, group * n, 1), float("-inf"), device=q.device)
-        l = torch.zeros(hkv, group * n, 1, device=q.device)
+        denom = torch.zeros(hkv, group * n, 1, device=q.device)  # l in the recurrence above
         acc = None
         first = 0 if window is None else max(0, ctx - n - window + 1)
         slots_all = sequence_slots(block_table, ctx, self.block_size)
@@ -140,11 +140,11 @@ class CompressedCache(LayerKVCache):
             m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
             p = torch.exp(s - m_safe)
             corr = torch.exp(m - m_safe)
-            l = l * corr + p.sum(-1, keepdim=True)
+            denom = denom * corr + p.sum(-1, keepdim=True)
             part = self.values.weighted_sum(p, slots)
             acc = part if acc is None else acc * corr + part
             m = m_new
-        o = self.values.finish(acc / l)                                                     # (H, G, D)
+        o = self.values.finish(acc / denom)                                                 # (H, G, D)
         return o.reshape(hkv, group, n, d).permute(2, 0, 1, 3).reshape(n, hq, d)
 
 

@@ -1,4 +1,4 @@
-"""Split specs ``k=<spec>,v=<spec>``: keys and values stored by different codecs (e.g. k=turboquant_prod3,v=turboquant3).
+"""Split specs ``k=<spec>,v=<spec>``: keys and values in different codecs (e.g. k=turboquant_prod3,v=turboquant3).
 
 Any codec built from halves (:class:`CompressedCodec`) or a full-precision codec (fp32/bf16/fp16) can be
 either side; the spec's order does not matter, both sides are required.

@@ -2,8 +2,8 @@
 
 ``<bits>`` is the **all-in** budget in bits per stored coordinate, fp16 norms included (at head dim 64 one
 norm costs 0.25 bits). The layout is solved per head dim (:func:`resolve_layout`): the largest base width
-b ∈ 1…4 whose single instance fits (uncalibrated default), then — the paper's *outlier split* (§4.3) — the largest number of
-outlier channels (a multiple of 8) that can get b+1 bits in a second instance with its own norm, rotation
+b ∈ 1…4 whose single instance fits (uncalibrated default), then — the paper's *outlier split* (§4.3) — the largest
+number of outlier channels (a multiple of 8) that can get b+1 bits in a second instance with its own norm, rotation
 and codebook. E.g. at D = 128: ``turboquant2.5`` = 32 channels at 3 bits + 96 at 2 bits + 2 fp16 norms,
 ``turboquant3.5`` = 32 at 4 + 96 at 3; at D = 64, ``turboquant3.5`` = plain 3-bit (3.25 bits all-in).
 
@@ -42,7 +42,7 @@ from .halves import HalfCodec, HalfPages
 from .rotation import rotation_kind
 from .state import layer_map
 from .turboquant_core import TQCodes, TurboQuantizer
-from .turboquant_layout import choose_layout, layout_bits, resolve_layout  # noqa: F401 (re-exported)
+from .turboquant_layout import choose_layout, layout_bits
 
 MIN_BITS, MAX_BITS = 1.0, 5.0
 
@@ -107,7 +107,7 @@ class TurboQuantPages(HalfPages):
 
     def _codes(self, i: int, slots: torch.Tensor, head_major: bool) -> TQCodes:
         p, s = self.parts[i], self.store[i]
-        tr = (lambda t: t.transpose(0, 1)) if head_major else (lambda t: t)  # noqa: E731
+        tr = (lambda t: t.transpose(0, 1)) if head_major else (lambda t: t)
         idx = bitpack.unpack(tr(s["idx"][slots]), p.mse_bits, p.dim) if p.mse_bits else None
         c = TQCodes(tr(s["norm"][slots]), idx)
         if p.variant == "prod":

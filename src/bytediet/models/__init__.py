@@ -1,2 +1,2 @@
 """Models: checkpoint readers, architecture adapters, the transformer, tokenizers."""
-from . import gemma3, llama, mixtral, olmoe, qwen2_moe  # noqa: F401  (register the architecture adapters)
+from . import gemma3, llama, mixtral, olmoe, qwen2_moe  # register the architecture adapters

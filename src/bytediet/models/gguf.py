@@ -8,13 +8,16 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import numpy as np
 
 from ..config import ModelConfig
 from ..errors import CheckpointError
 from .arch import ARCHITECTURES, Architecture
+
+if TYPE_CHECKING:
+    import gguf
 
 
 @dataclass

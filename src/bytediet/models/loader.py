@@ -56,7 +56,8 @@ def resolve_model_path(spec: str | os.PathLike) -> Path:
     path = Path(text).expanduser()
     if not path.exists():
         raise CheckpointError(
-            f"{path}: no such file or directory (give a .gguf file, a Hugging Face directory, or one of {', '.join(MODEL_ALIASES)})"
+            f"{path}: no such file or directory (give a .gguf file, a Hugging Face directory, "
+            f"or one of {', '.join(MODEL_ALIASES)})"
         )
     return path
 

@@ -120,7 +120,8 @@ def why_not_native(model: CausalLM, caches: list) -> Optional[str]:
     kinds = {type(lin.format).__name__ for _, lin in model.linear_layers() if lin.format is not None}
     for name, lin in model.linear_layers():
         if name != "lm_head" and _linear(lin) is None:
-            return f"weight format {lin.format.spec()} of {name} has no native kernel (formats: {', '.join(sorted(kinds))})"
+            return (f"weight format {lin.format.spec()} of {name} has no native kernel "
+                    f"(formats: {', '.join(sorted(kinds))})")
     modes = {lin.format.activations for name, lin in model.linear_layers() if name != "lm_head"}
     if len(modes) != 1:
         return f"mixed activation modes {sorted(modes)}"
@@ -192,8 +193,8 @@ def native_decoder(model: CausalLM, caches: list) -> Optional[NativeDecoder]:
     layers = []
     for layer, cache in zip(model.model.layers, caches):
         attn, mlp = layer.self_attn, layer.mlp
-        norm = lambda m: None if m is None else m.weight.detach().float().contiguous()  # noqa: E731
-        lin = lambda m: _linear(m, x4)  # noqa: E731
+        norm = lambda m: None if m is None else m.weight.detach().float().contiguous()
+        lin = lambda m: _linear(m, x4)
         layers.append(LayerSpec(
             attn_norm=norm(layer.input_layernorm), post_attn_norm=norm(layer.post_attention_layernorm),
             inv_freq=attn.rope.inv_freq.float().contiguous(), **_pages(cache),

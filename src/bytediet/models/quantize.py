@@ -8,8 +8,8 @@ Output-layer policy (``output_policy="protect"``, the default): unless an overri
 names it, ``lm_head`` — which is the token embedding itself in tied models and the layer most
 sensitive to rounding — is kept at int8 when the format has fewer than 8 bits per weight, and left
 as it is when the format already has 8 or more (llama.cpp likewise keeps ``output.weight`` at
-Q6_K / Q8_0). ``output_policy="same"`` quantizes it like every other layer. Every layer is quantized from its dequantized float weight
-*before* any layer is replaced, so a bad spec or shape raises and leaves the model untouched.
+Q6_K / Q8_0). ``output_policy="same"`` quantizes it like every other layer. Every layer is quantized from its
+dequantized float weight *before* any layer is replaced, so a bad spec or shape raises and leaves the model untouched.
 """
 from __future__ import annotations
 

@@ -102,7 +102,7 @@ def read_gguf_tokenizer_meta(path_or_reader) -> GGUFTokenizerMeta:
             "re-convert it with llama.cpp's convert_hf_to_gguf.py, which embeds the vocabulary"
         )
     types = _numeric_array(reader, "tokenizer.ggml.token_type")
-    scalar = lambda name: _field(reader, "tokenizer.ggml." + name)  # noqa: E731
+    scalar = lambda name: _field(reader, "tokenizer.ggml." + name)
     return GGUFTokenizerMeta(
         model=scalar("model"),
         pre=scalar("pre") or "default",

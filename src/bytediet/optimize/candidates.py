@@ -167,7 +167,7 @@ def _enumerate(registry, table, reference, fits, quick_families, quick: bool, on
         if quick:
             names = [n for n in quick_families if n in registry]
         specs_by_family = [(n, _variants(registry, n, table)) for n in names]
-    for family, specs in specs_by_family:
+    for _family, specs in specs_by_family:
         for spec in specs:
             reason = fits(spec)
             if reason is None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from ..eval.kv_pareto import clip_limit, pareto_front  # noqa: F401 (pareto_front re-exported)
+from ..eval.kv_pareto import clip_limit, pareto_front
 from ..eval.plots import save_figure
 
 STEP_STYLE = {"baseline": ("#333333", "s"), "weights": ("#4878d0", "o"), "kv": ("#ee854a", "^"),

@@ -158,7 +158,8 @@ def summary_markdown(report: dict) -> str:
     none = (f"not needed (no weight format better than the budget's best on {report['objective']} was missing "
             "the budget)")
     lines.append("4. **Sensitive layers:** " + ("; ".join(
-        f"`{x['label']}` {'meets' if x['within_budget'] else 'misses'} the budget ({x['ppl_increase_pct']:+.2f}%)"
+        f"`{x['label']}` {'meets' if x['within_budget'] else 'misses'} the budget "
+        f"({x['ppl_increase_pct']:+.2f}%)"
         for x in sens) if sens else none) + ".")
     lines += ["", "Run it: `bytediet generate --config recommended.json` or `bytediet serve --config "
                   "recommended.json`. Every number is in `report.json`; figures: `pareto.png`, `roofline.png`.",

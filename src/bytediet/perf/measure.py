@@ -27,7 +27,7 @@ import torch
 
 from ..errors import BytedietError
 from .hardware import HardwareSpec
-from ..kernels.cpu.build import cpu_model  # noqa: F401 (one reader of /proc/cpuinfo, re-exported)
+from ..kernels.cpu.build import cpu_model  # the one reader of /proc/cpuinfo
 
 CACHE_VERSION = 1
 
@@ -66,10 +66,10 @@ def _gemm_flops(dtype: torch.dtype, n: int, budget_s: float) -> Optional[float]:
             return None
         a = torch.randint(-100, 100, (n, n), dtype=torch.int8)
         b = torch.randint(-100, 100, (n, n), dtype=torch.int8)
-        fn = lambda: torch._int_mm(a, b)  # noqa: E731
+        fn = lambda: torch._int_mm(a, b)
     else:
         a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
-        fn = lambda: torch.matmul(a, b)  # noqa: E731
+        fn = lambda: torch.matmul(a, b)
     try:
         t = _best_time(fn, repeats=5, budget_s=budget_s)
     except RuntimeError:  # the op has no kernel for this dtype on this build
@@ -103,7 +103,7 @@ def measure(threads: int = 2, read_mib: int = 1024) -> dict:
         y = torch.empty_like(x)
         read_bw = x.numel() * 4 / _best_time(lambda: x.sum(), repeats=5, budget_s=1.5)
         copy_bw = 2 * x.numel() * 4 / _best_time(lambda: y.copy_(x), repeats=5, budget_s=1.5)
-        del x, y
+        x = y = None  # free the probe's buffers before the GEMMs (the lambdas above are done with them)
         peaks = {"fp32": _gemm_flops(torch.float32, 1024, 1.5)}
         for name, dt, size in (("bf16", torch.bfloat16, 1024), ("fp16", torch.float16, 512), ("int8", torch.int8, 512)):
             value = _gemm_flops(dt, size, 1.0)

@@ -290,7 +290,7 @@ class _Ctx:
 
 def _phase(ctx: _Ctx, phase: str, batch: int, q_per_seq: int, pairs: list[int], kv_read: list[int]) -> PhaseCost:
     c, t, nl = ctx.cfg, batch * q_per_seq, ctx.cfg.num_layers
-    h, d, i, v = c.hidden_size, c.head_dim, c.intermediate_size, c.vocab_size
+    h, d, v = c.hidden_size, c.head_dim, c.vocab_size
     norms_per_layer = 4 if c.sandwich_norm else 2
     norm_bytes = (nl * norms_per_layer + 1) * 2 * t * h * ctx.act
     if c.qk_norm:
@@ -374,7 +374,7 @@ def analyze(config: ModelConfig, hardware: HardwareSpec, *, weights: WeightsLike
     dtype = ("fp32" if hardware.measured else "bf16") if compute_dtype == "auto" else compute_dtype.lower()
     ctx = _Ctx(config, hardware, weights, kv, hardware.peak(dtype), 4.0 if dtype == "fp32" else 2.0, tp)
     windows = [config.window_for(layer) for layer in range(config.num_layers)]
-    clip = lambda n, w: n if w is None else min(n, w)  # noqa: E731
+    clip = lambda n, w: n if w is None else min(n, w)
     prefill = _phase(ctx, "prefill", batch, length, [causal_pairs(length, w) for w in windows], [0] * len(windows))
     decode = _phase(ctx, "decode", batch, 1, [clip(context, w) for w in windows],
                     [clip(context, w) - 1 for w in windows])

@@ -30,7 +30,7 @@ class WeightFormat(ABC):
 
     @abstractmethod
     def quantize(self, weight: torch.Tensor, stats: Optional[Any] = None) -> Packed:
-        """weight: (out_features, in_features) float → packed tensors. ``stats``: calibration data if the format uses it."""
+        """(out_features, in_features) float weight → packed tensors; ``stats``: calibration data, if any."""
 
     @abstractmethod
     def dequantize(self, packed: Packed) -> torch.Tensor:

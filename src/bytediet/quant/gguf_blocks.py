@@ -24,7 +24,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from ..errors import CheckpointError, ConfigError
 from ..kernels import ops
 from .base import WEIGHT_FORMATS, Packed, WeightFormat
-from .common import ACTIVATION_MODES, NativeActivations, activations_only, check_block_cut, check_weight  # noqa: F401 (ACTIVATION_MODES re-exported)
+from .common import NativeActivations, activations_only, check_block_cut, check_weight
 from ..kernels.ggml_codecs import DECODERS, ENCODERS
 
 

@@ -32,7 +32,7 @@ from ..kernels import native_layouts
 from .base import WEIGHT_FORMATS, Packed
 from .common import NativeActivations, activations_only, no_parameters, shard_columns_in_units
 from .int8 import quantize_rows_int8
-from .pruning import PrunedFormat, channel_norms, kept_values, top_half  # noqa: F401 (channel_norms re-exported)
+from .pruning import PrunedFormat, kept_values, top_half
 
 GROUP = 4
 KEEP = 2

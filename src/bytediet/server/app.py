@@ -1,9 +1,10 @@
 """The OpenAI-compatible FastAPI app: ``build_app(async_engine, "model-name", config=ServerConfig(...))``.
 
 Endpoints: ``GET /v1/models`` and ``/v1/models/{id}``, ``POST /v1/completions``, ``POST /v1/chat/completions``
-(both stream Server-Sent Events with ``"stream": true``), ``POST /tokenize`` and ``/detokenize``, ``GET /tokenizer_info``,
-``GET /health`` (503 once the engine thread has stopped), ``GET /metrics`` (Prometheus text),
-``GET /version``, ``GET /`` (a chat page with live metrics, ``web/index.html``), and ``/docs`` (Swagger UI, its assets served from this process: it renders offline).
+(both stream Server-Sent Events with ``"stream": true``), ``POST /tokenize`` and ``/detokenize``,
+``GET /tokenizer_info``, ``GET /health`` (503 once the engine thread has stopped), ``GET /metrics`` (Prometheus text),
+``GET /version``, ``GET /`` (a chat page with live metrics, ``web/index.html``), and ``/docs`` (Swagger UI, its assets
+served from this process: it renders offline).
 The middlewares (``middleware.py``) add API keys, CORS, the body limit, draining and request ids.
 With ``own_engine=True`` the app shuts the engine down when the ASGI server stops it.
 """
