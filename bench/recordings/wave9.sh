@@ -7,7 +7,7 @@
 # Needs llama-cpp-python in .venv (pip install -c constraints.txt llama-cpp-python). About 25 minutes on 2 cores;
 # run it on a quiet machine (each JSON file records the load average before and after).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 B=".venv/bin/bytediet bench --threads 2"
 OUT=bench/results
 for rep in 1 2; do

@@ -8,7 +8,7 @@
 # Needs llama-cpp-python in .venv (pip install -c constraints.txt llama-cpp-python). About 15 minutes on 2 cores;
 # run it on a quiet machine (each JSON file records the load average before and after).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 B=".venv/bin/bytediet bench --threads 2"
 OUT=bench/results
 $B --parts roofline --roofline-batches 1,16 --peers none --json --out $OUT/bench-roofline-wave10.json > /dev/null

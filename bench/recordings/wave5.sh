@@ -5,7 +5,7 @@
 # Needs llama-cpp-python in .venv (pip install -c constraints.txt llama-cpp-python). About 20 minutes on
 # 2 cores; run it on a quiet machine (each JSON file records the load average before and after).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 B=".venv/bin/bytediet bench --threads 2"
 OUT=bench/results
 $B --parts single --peers llama.cpp --formats fp32,int8,int4-g64,mxfp4,sparse24-int8 \

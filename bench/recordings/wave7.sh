@@ -6,7 +6,7 @@
 # Needs llama-cpp-python in .venv (pip install -c constraints.txt llama-cpp-python). About 20 minutes on 2 cores;
 # run it on a quiet machine (each JSON file records the load average before and after).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 B=".venv/bin/bytediet bench --threads 2"
 OUT=bench/results
 $B --parts single --peers llama.cpp --json --out $OUT/bench-single-smollm2-wave7.json > /dev/null
