@@ -34,9 +34,10 @@ def attention_over_pages(q: torch.Tensor, positions: torch.Tensor, token_rows: t
 
 def run(q, positions, token_rows, block_tables, block_size, scale, window, kv_dtype, k_cache, v_cache,
         k_scale=None, v_scale=None, v_dtype=None, k_side=None, v_side=None, *, num_splits: Optional[int] = None,
-        block_m: Optional[int] = None) -> torch.Tensor:
+        block_m: Optional[int] = None, precision: Optional[str] = None) -> torch.Tensor:
     """:func:`attention_over_pages` with the tiling chosen by hand (tests): ``block_m`` tokens a tile, the context
-    of each cut into ``num_splits`` slices."""
+    of each cut into ``num_splits`` slices, ``precision`` the float32 dots' (tl.dot's input_precision: "ieee" in the
+    interpreter, else "tf32")."""
     v_dtype = v_dtype or kv_dtype
     for dtype in (kv_dtype, v_dtype):
         if dtype in CODE_PAGE_TYPES:
@@ -80,7 +81,7 @@ def run(q, positions, token_rows, block_tables, block_size, scale, window, kv_dt
         g, int(window or 0), scale * 1.4426950408889634, d, part, lse, *k_args, *v_args,
         KT=KV_PAGE_TYPES.index(kv_dtype), VT=KV_PAGE_TYPES.index(v_dtype), DP=dp, HALF=half,
         HP=max(16, triton_next_pow2(half)), **k_const, **v_const, BLOCK_M=block_m, G_PAD=g_pad, BLOCK_N=block_n,
-        SPLITS=num_splits, DOT_PREC="ieee" if interpreting() else "tf32", num_warps=4 if block_m == 1 else 8)
+        SPLITS=num_splits, DOT_PREC=precision or ("ieee" if interpreting() else "tf32"), num_warps=4 if block_m == 1 else 8)
     if num_splits > 1:
         K._merge_kernel[(t * hq,)](part, lse, out, d, SPLITS=num_splits, SP=triton_next_pow2(num_splits), DP=dp)
     return _value_output(v_dtype, v_side, out, hkv) if v_dtype == "turboquant" else out
