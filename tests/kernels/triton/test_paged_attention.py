@@ -16,10 +16,10 @@ import torch
 
 pytest.importorskip("triton", reason="triton is not installed")
 
-from bytediet.kernels import reference  # noqa: E402
-from bytediet.kernels.decoder_spec import TurboQuantPageSpec, TurboQuantPart  # noqa: E402
-from bytediet.kernels.triton import paged_attention as pa  # noqa: E402
-from bytediet.kvcache.turboquant_core import TurboQuantizer  # noqa: E402
+from bytediet.kernels import reference
+from bytediet.kernels.decoder_spec import TurboQuantPageSpec, TurboQuantPart
+from bytediet.kernels.triton import paged_attention as pa
+from bytediet.kvcache.turboquant_core import TurboQuantizer
 
 BLOCK = 16
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the interpreter on the CPU
@@ -148,7 +148,8 @@ def test_bf16_pages_at_fp32_tolerance():
     (k, _), (v, _) = row_pages(gen, slots, 2, 64, "bf16"), row_pages(gen, slots, 2, 64, "bf16")
     q = torch.randn(1, 4, 64, generator=gen)
     want = reference.attention_over_pages(q, positions, rows, bt, BLOCK, 0.125, None, "bf16", k, v)
-    rounded = reference.attention_over_pages(q.bfloat16().float(), positions, rows, bt, BLOCK, 0.125, None, "bf16", k, v)
+    rounded = reference.attention_over_pages(q.bfloat16().float(), positions, rows, bt, BLOCK, 0.125, None, "bf16",
+                                             k, v)
     assert (rounded - want).abs().max().item() > 50 * 2e-5 * max(1.0, want.abs().max().item())
 
 

@@ -12,7 +12,7 @@ from typing import Optional
 
 import torch
 
-from ..decoder_spec import (BLOCK_PAGE_TYPES, CODE_PAGE_TYPES, FLOAT_PAGE_DTYPES, KV_PAGE_TYPES, TurboQuantPageSpec)
+from ..decoder_spec import BLOCK_PAGE_TYPES, CODE_PAGE_TYPES, FLOAT_PAGE_DTYPES, KV_PAGE_TYPES, TurboQuantPageSpec
 from .runtime import available, interpreting
 
 __all__ = ["attention_over_pages", "available", "check_shapes"]
@@ -81,7 +81,8 @@ def run(q, positions, token_rows, block_tables, block_size, scale, window, kv_dt
         g, int(window or 0), scale * 1.4426950408889634, d, part, lse, *k_args, *v_args,
         KT=KV_PAGE_TYPES.index(kv_dtype), VT=KV_PAGE_TYPES.index(v_dtype), DP=dp, HALF=half,
         HP=max(16, triton_next_pow2(half)), **k_const, **v_const, BLOCK_M=block_m, G_PAD=g_pad, BLOCK_N=block_n,
-        SPLITS=num_splits, DOT_PREC=precision or ("ieee" if interpreting() else "tf32"), num_warps=4 if block_m == 1 else 8)
+        SPLITS=num_splits, DOT_PREC=precision or ("ieee" if interpreting() else "tf32"),
+        num_warps=4 if block_m == 1 else 8)
     if num_splits > 1:
         K._merge_kernel[(t * hq,)](part, lse, out, d, SPLITS=num_splits, SP=triton_next_pow2(num_splits), DP=dp)
     return _value_output(v_dtype, v_side, out, hkv) if v_dtype == "turboquant" else out

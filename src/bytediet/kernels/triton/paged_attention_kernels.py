@@ -190,7 +190,7 @@ def _attn_kernel(
     first = valid_m & (tl.sum(same.to(tl.int32), axis=1) == 0)
     n_runs = tl.sum(first.to(tl.int32), axis=0)
     done_m = ~valid_m
-    for _ in range(0, n_runs):
+    for _ in range(n_runs):
         row = tl.min(tl.where(done_m, BIG, rows_m), axis=0)
         done_m = done_m | (rows_m == row)
         sel = valid_r & (rows_r == row)
