@@ -15,7 +15,7 @@ import torch
 from ..decoder_spec import BLOCK_PAGE_TYPES, CODE_PAGE_TYPES, FLOAT_PAGE_DTYPES, KV_PAGE_TYPES, TurboQuantPageSpec
 from .runtime import available, interpreting
 
-__all__ = ["attention_over_pages", "available", "check_shapes"]
+__all__ = ["attention_over_pages", "available"]
 
 TRITON_PAGE_TYPES = tuple(FLOAT_PAGE_DTYPES) + ("int8", "fp8") + tuple(BLOCK_PAGE_TYPES) + ("turboquant",)
 
@@ -194,22 +194,3 @@ def _value_output(v_dtype, spec, out, hkv) -> torch.Tensor:
         x = x + spec.mean.float()[None, :, None, :]
     return x.reshape(t, hq, d)
 
-
-def check_shapes() -> list[dict]:
-    """Realistic shapes for a GPU check against the reference twin: Llama-3-8B (32/8 heads of 128), a 1B model
-    (32/8 of 64), Gemma-3 (8/4 of 256, window 1024), Qwen2 (28/4 of 128); decode batches over long ragged contexts
-    and one prefill chunk after a prefix-cache hit; (name, hq, hkv, d, window, [(new tokens, context)], page types)."""
-    mixes = [("bf16", "bf16"), ("fp16", "fp16"), ("int8", "int8"), ("fp8", "fp8"), ("q8_0", "q8_0"),
-             ("q8_0", "q4_0"), ("q5_0", "q4_1"), ("int8", "q4_0"), ("turboquant", "turboquant"),
-             ("q5_0", "turboquant")]
-    return [
-        dict(name="llama3-8b-decode-b16", hq=32, hkv=8, d=128, window=None,
-             seqs=[(1, c) for c in (4096, 1, 777, 2048, 3000, 17, 4095, 1500) * 2], mixes=mixes),
-        dict(name="1b-decode-b64", hq=32, hkv=8, d=64, window=None, seqs=[(1, 64 + 61 * i) for i in range(64)],
-             mixes=mixes),
-        dict(name="gemma3-window-decode", hq=8, hkv=4, d=256, window=1024, seqs=[(1, c) for c in (3000, 500, 1025)],
-             mixes=mixes),
-        dict(name="llama3-8b-prefill-after-hit", hq=32, hkv=8, d=128, window=None, seqs=[(512, 2560), (1, 900)],
-             mixes=mixes),
-        dict(name="qwen2-prefill", hq=28, hkv=4, d=128, window=None, seqs=[(256, 256)], mixes=mixes[:5]),
-    ]
