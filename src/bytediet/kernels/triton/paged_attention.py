@@ -64,12 +64,9 @@ def run(q, positions, token_rows, block_tables, block_size, scale, window, kv_dt
     k_args, k_const = _side_args(kv_dtype, k_cache, k_scale, k_side, dummy, keys=True)
     v_args, v_const = _side_args(v_dtype, v_cache, v_scale, v_side, dummy, keys=False)
 
-    g_pad = triton_next_pow2(g)
-    if block_m is None:
-        block_m = 1 if t <= block_tables.shape[0] else max(1, 64 // g_pad)
-    g_pad = max(g_pad, 16 // block_m)                       # tl.dot's rows: at least 16
-    dp = max(16, triton_next_pow2(d))
-    block_n = 64 if dp <= 128 and not interpreting() else 32
+    tq = "turboquant" in (kv_dtype, v_dtype)
+    cfg = tiling(t <= block_tables.shape[0], g, d, tq, block_m)
+    block_m, dp = cfg["BLOCK_M"], max(16, triton_next_pow2(d))
     tiles = -(-t // block_m)
     if num_splits is None:
         num_splits = _splits(q, tiles * hkv, block_tables.shape[1] * block_size) if block_m == 1 else 1
@@ -80,12 +77,23 @@ def run(q, positions, token_rows, block_tables, block_size, scale, window, kv_dt
         kq, qx, ra, rb, invf, positions, token_rows, block_tables, block_tables.stride(0), block_size, t, hq, hkv,
         g, int(window or 0), scale * 1.4426950408889634, d, part, lse, *k_args, *v_args,
         KT=KV_PAGE_TYPES.index(kv_dtype), VT=KV_PAGE_TYPES.index(v_dtype), DP=dp, HALF=half,
-        HP=max(16, triton_next_pow2(half)), **k_const, **v_const, BLOCK_M=block_m, G_PAD=g_pad, BLOCK_N=block_n,
-        SPLITS=num_splits, DOT_PREC=precision or ("ieee" if interpreting() else "tf32"),
-        num_warps=4 if block_m == 1 else 8)
+        HP=max(16, triton_next_pow2(half)), **k_const, **v_const, **cfg, SPLITS=num_splits,
+        DOT_PREC=precision or ("ieee" if interpreting() else "tf32"))
     if num_splits > 1:
         K._merge_kernel[(t * hq,)](part, lse, out, d, SPLITS=num_splits, SP=triton_next_pow2(num_splits), DP=dp)
     return _value_output(v_dtype, v_side, out, hkv) if v_dtype == "turboquant" else out
+
+
+def tiling(decode: bool, g: int, d: int, turboquant: bool, block_m: Optional[int] = None) -> dict:
+    """The kernel's tile: BLOCK_M tokens × G_PAD query heads (rows, ≥ 16 for tl.dot), BLOCK_N keys a step, warps.
+    Decodes take one token a program; prefill tiles 64 rows (32 over TurboQuant pages, whose dots stage more
+    operands in shared memory); 32 keys a step for head_dim > 128, TurboQuant pages and the interpreter."""
+    gp = triton_next_pow2(g)
+    if block_m is None:
+        block_m = 1 if decode else max(1, (32 if turboquant else 64) // gp)
+    wide = d > 128 or turboquant or interpreting()
+    return {"BLOCK_M": block_m, "G_PAD": max(gp, 16 // block_m), "BLOCK_N": 32 if wide else 64,
+            "num_warps": 4 if block_m == 1 else 8}
 
 
 def triton_next_pow2(n: int) -> int:

@@ -134,3 +134,49 @@ def _time(fn, reps: int) -> float:
         fn()
     torch.cuda.synchronize()
     return (time.perf_counter() - t0) * 1e3 / reps
+
+
+# (keys, values, decode, query heads per KV head, head_dim): the configurations compile_for builds by default
+COMPILE_CASES = [("q5_0", "turboquant", True, 4, 128), ("turboquant", "q4_0", False, 4, 128),
+                 ("bf16", "fp8", True, 2, 256), ("int8", "q8_0", False, 7, 64)]
+_PTR = {"fp32": "*fp32", "bf16": "*bf16", "fp16": "*fp16"}
+
+
+def compile_for(arch: int = 90, cases=COMPILE_CASES) -> list[dict]:
+    """Compile the kernels ahead of time for CUDA sm_``arch`` (no GPU needed, triton's own ptxas; the interpreter
+    off): catches what only the compiler sees. TurboQuant sides: 2 parts (16 + d−16 keys, inner-product with a
+    pre-RoPE mean; 8 + d−8 values). → one dict per case: shared memory bytes of the compiled kernel."""
+    import inspect
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from ..decoder_spec import KV_PAGE_TYPES
+    from . import paged_attention_kernels as K
+    from .paged_attention import tiling, triton_next_pow2
+
+    target, out = GPUTarget("cuda", arch, 32), []
+    names = list(inspect.signature(K._attn_kernel.fn).parameters)
+    for kt, vt, decode, g, d in cases:
+        dp, cfg = max(16, triton_next_pow2(d)), tiling(decode, g, d, "turboquant" in (kt, vt))
+        const = {"KT": KV_PAGE_TYPES.index(kt), "VT": KV_PAGE_TYPES.index(vt), "DP": dp, "HALF": d // 2,
+                 "HP": max(16, triton_next_pow2(d // 2)), "SPLITS": 4 if decode else 1, "DOT_PREC": "tf32",
+                 **{k: v for k, v in cfg.items() if k != "num_warps"}}
+        for side, dtype, split in (("K_", kt, (16, 4, 2)), ("V_", vt, (8, 4, 3))):
+            n0, b0, b1 = split if dtype == "turboquant" else (16, 8, 8)
+            const.update({side + "NP": 2 if dtype == "turboquant" else 1, side + "D0": n0, side + "D1": d - n0,
+                          side + "B0": b0, side + "B1": b1, side + "P0": max(16, triton_next_pow2(n0)),
+                          side + "P1": max(16, triton_next_pow2(d - n0))})
+        const.update(K_PROD=kt == "turboquant", K_ROPE=kt == "turboquant")
+        types = {"qk_scale": "fp32", "POS": "*i32", "ROWS": "*i32", "BT": "*i32", "KP": _PTR.get(kt, "*u8"),
+                 "VP": _PTR.get(vt, "*u8"), "KS": "*fp16", "VS": "*fp16"}
+        types.update({n: {"I": "*u8", "G": "*u8", "N": "*fp16", "R": "*fp16", "C": "*fp32"}[n[1]]
+                      for n in names if n[0] in "KV" and n[1] in "INRCG" and n[-1] in "01"})
+        ints = {"T", "Hq", "G", "D"}
+        sig = {n: "constexpr" if n in const else types.get(n, "*fp32" if n.isupper() and n not in ints else "i32")
+               for n in names}
+        src = ASTSource(K._attn_kernel, sig, {(i,): const[n] for i, n in enumerate(names) if n in const})
+        compiled = triton.compile(src, target=target, options={"num_warps": cfg["num_warps"]})
+        out.append({"k": kt, "v": vt, "decode": decode, "g": g, "d": d, "shared": compiled.metadata.shared})
+    return out

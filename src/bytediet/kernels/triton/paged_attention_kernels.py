@@ -16,8 +16,12 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-# page type ids (decoder_spec.KV_PAGE_TYPES)
-FP32, BF16, FP16, INT8, FP8, TURBOQUANT, Q8_0, Q5_0, Q4_1, Q4_0 = range(10)
+from ..decoder_spec import KV_PAGE_TYPES
+
+# page type ids: their indices in decoder_spec.KV_PAGE_TYPES
+FP32, BF16, FP16, INT8, FP8, TURBOQUANT, Q8_0, Q5_0, Q4_1 = (
+    tl.constexpr(KV_PAGE_TYPES.index(n)) for n in ("fp32", "bf16", "fp16", "int8", "fp8", "turboquant", "q8_0", "q5_0",
+                                                   "q4_1"))
 
 
 @triton.jit
@@ -45,9 +49,9 @@ def _page_rows(TYPE: tl.constexpr, P, S, slots, head, p_slot, p_head, s_slot, s_
     cols = tl.arange(0, DP)
     m = n_mask[:, None] & (cols < D)[None, :]
     base = (slots * p_slot + head * p_head)[:, None]
-    if TYPE <= FP16:
+    if TYPE == FP32 or TYPE == BF16 or TYPE == FP16:
         x = tl.load(P + base + cols[None, :], mask=m, other=0.0).to(tl.float32)
-    elif TYPE <= FP8:
+    elif TYPE == INT8 or TYPE == FP8:
         code = tl.load(P + base + cols[None, :], mask=m, other=0).to(tl.int32)
         sc = tl.load(S + slots * s_slot + head * s_head, mask=n_mask, other=0.0).to(tl.float32)[:, None]
         if TYPE == INT8:
@@ -70,7 +74,7 @@ def _page_rows(TYPE: tl.constexpr, P, S, slots, head, p_slot, p_head, s_slot, s_
             b0 = base + blk * 20
             nib = (tl.load(P + b0 + 4 + (j % 16), mask=m, other=0).to(tl.int32) >> ((j // 16) * 4)) & 15
             x = _f16_bytes(P, b0, m) * nib.to(tl.float32) + _f16_bytes(P, b0 + 2, m)
-        else:
+        else:                                                       # q4_0
             b0 = base + blk * 18
             nib = (tl.load(P + b0 + 2 + (j % 16), mask=m, other=0).to(tl.int32) >> ((j // 16) * 4)) & 15
             x = _f16_bytes(P, b0, m) * (nib - 8).to(tl.float32)
