@@ -139,6 +139,21 @@ def test_default_tiling_prefill():  # more tokens than rows: the prefill tiles c
     check("default-prefill", "fp16", "q5_0", 4, 2, 32, None, [(6, 18), (1, 9)])
 
 
+def test_tokens_in_any_order_int64_tables():
+    """The kernel reads each token's row and position, not their order: a shuffled mixed batch (a prefill chunk's
+    tokens apart, decodes between them) in tiles of 4, int64 block tables; no tokens at all gives an empty output."""
+    gen = torch.Generator().manual_seed(11)
+    bt, positions, rows, slots = ragged_batch([(5, 21), (1, 17), (3, 9), (1, 4)], gen)
+    order = torch.randperm(len(positions), generator=gen)
+    (k, ks), (v, vs) = row_pages(gen, slots, 2, 32, "q4_0"), row_pages(gen, slots, 2, 32, "int8")
+    q = torch.randn(len(positions), 4, 32, generator=gen)
+    args = (q[order], positions[order], rows[order], bt.long(), BLOCK, 0.2, 6, "q4_0", k, v, None, vs, "int8")
+    want = reference.attention_over_pages(*args)
+    got = kernel(*args, block_m=4)
+    assert (got - want).abs().max().item() <= 2e-5 * max(1.0, want.abs().max().item())
+    assert kernel(q[:0], positions[:0], rows[:0], *args[3:]).shape == (0, 4, 32)
+
+
 def test_bf16_pages_at_fp32_tolerance():
     """bf16 pages, float32 queries: the kernel must dot in float32 (the interpreter's bf16 tl.dot is wrong). The
     tolerance catches a bf16 dot: rounding q to bf16 moves the twin's output by far more than it."""
