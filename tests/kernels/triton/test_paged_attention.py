@@ -154,6 +154,23 @@ def test_tokens_in_any_order_int64_tables():
     assert kernel(q[:0], positions[:0], rows[:0], *args[3:]).shape == (0, 4, 32)
 
 
+@pytest.mark.parametrize("splits", [1, 2])
+def test_padded_decode_reads_no_page(splits):
+    """A padded batch's dummy token (its block-table row all −1, as a CUDA-graph bucket pads) reads nothing and
+    gives zeros; the real decodes beside it equal the twin."""
+    gen = torch.Generator().manual_seed(12)
+    bt, positions, rows, slots = ragged_batch([(1, 21), (1, 7)], gen)
+    bt = torch.cat([bt, torch.full((1, bt.shape[1]), -1, dtype=bt.dtype)])
+    (k, _), (v, _) = row_pages(gen, slots, 1, 32, "fp16"), row_pages(gen, slots, 1, 32, "q8_0")
+    q = torch.randn(3, 2, 32, generator=gen)
+    args = (q, torch.cat([positions, torch.tensor([0])]), torch.cat([rows, torch.tensor([2])]), bt, BLOCK, 0.2, None,
+            "fp16", k, v, None, None, "q8_0")
+    want = reference.attention_over_pages(q[:2], positions, rows, *args[3:])
+    got = kernel(*args, num_splits=splits)
+    assert (got[:2] - want).abs().max().item() <= 2e-5 * max(1.0, want.abs().max().item())
+    assert torch.equal(got[2], torch.zeros(2, 32))
+
+
 def test_bf16_pages_at_fp32_tolerance():
     """bf16 pages, float32 queries: the kernel must dot in float32 (the interpreter's bf16 tl.dot is wrong). The
     tolerance catches a bf16 dot: rounding q to bf16 moves the twin's output by far more than it."""

@@ -215,8 +215,9 @@ def _attn_kernel(
         for start in range(s_lo, s_hi, BLOCK_N):
             kpos = start + tl.arange(0, BLOCK_N)
             n_mask = kpos < s_hi
-            page = tl.load(BT + row.to(tl.int64) * bt_stride + kpos // block_size, mask=n_mask, other=0)
-            slots = page.to(tl.int64) * block_size + kpos % block_size
+            page = tl.load(BT + row.to(tl.int64) * bt_stride + kpos // block_size, mask=n_mask, other=-1)
+            n_mask = n_mask & (page >= 0)                     # no page (a padded batch's −1 entry): no read
+            slots = tl.maximum(page.to(tl.int64), 0) * block_size + kpos % block_size
             # scores (R, N)
             if KT == TURBOQUANT:
                 s = _tq_part_scores(q0, qx0, KI0, KN0, KC0, KG0, KR0, slots, head, hkv, n_mask, K_D0, K_B0, K_P0,
@@ -273,7 +274,9 @@ def _merge_kernel(PART, LSE, OUT, D, SPLITS: tl.constexpr, SP: tl.constexpr, DP:
     sp = tl.arange(0, SP)
     cols = tl.arange(0, DP)
     lse = tl.load(LSE + row * SPLITS + sp, mask=sp < SPLITS, other=float("-inf"))
-    w = tl.exp2(lse - tl.max(lse, axis=0))
+    top = tl.max(lse, axis=0)
+    w = tl.exp2(lse - tl.where(top > float("-inf"), top, 0.0))    # all slices empty (no page): weights 0
     part = tl.load(PART + (row * SPLITS + sp[:, None]) * D + cols[None, :],
                    mask=(sp < SPLITS)[:, None] & (cols < D)[None, :] & (lse > float("-inf"))[:, None], other=0.0)
-    tl.store(OUT + row * D + cols, tl.sum(part * w[:, None], axis=0) / tl.sum(w, axis=0), mask=cols < D)
+    total = tl.sum(w, axis=0)
+    tl.store(OUT + row * D + cols, tl.sum(part * w[:, None], axis=0) / tl.where(total > 0, total, 1.0), mask=cols < D)
