@@ -164,7 +164,7 @@ def test_tokens_in_any_order_int64_tables():
     gen = torch.Generator().manual_seed(11)
     bt, positions, rows, slots = ragged_batch([(5, 21), (1, 17), (3, 9), (1, 4)], gen)
     order = torch.randperm(len(positions), generator=gen)
-    (k, ks), (v, vs) = row_pages(gen, slots, 2, 32, "q4_0"), row_pages(gen, slots, 2, 32, "int8")
+    (k, _), (v, vs) = row_pages(gen, slots, 2, 32, "q4_0"), row_pages(gen, slots, 2, 32, "int8")
     q = torch.randn(len(positions), 4, 32, generator=gen)
     args = (q[order], positions[order], rows[order], bt.long(), BLOCK, 0.2, 6, "q4_0", k, v, None, vs, "int8")
     want = reference.attention_over_pages(*args)

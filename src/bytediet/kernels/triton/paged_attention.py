@@ -159,7 +159,7 @@ def _side_args(dtype, pages, scales, spec, dummy, keys: bool):
         s_strides = (s.stride(0), s.stride(1)) if scales is not None else (0, 0)
         args = [pages, s, pages.stride(0), pages.stride(1), *s_strides]
         args += [dummy] * (10 if keys else 6)
-        const = {pre + "NP": 1, pre + "D0": 16, pre + "D1": 16, pre + "B0": 8, pre + "B1": 8, pre + "P0": 16,
+        const = {pre + "NP": 1, pre + "D0": 0, pre + "D1": 0, pre + "B0": 8, pre + "B1": 8, pre + "P0": 16,
                  pre + "P1": 16}
         if keys:
             const.update(K_PROD=False, K_ROPE=False)
@@ -178,7 +178,7 @@ def _side_args(dtype, pages, scales, spec, dummy, keys: bool):
         if keys:
             args += [dummy, dummy] if p.signs is None else [p.signs.contiguous(), p.res_norm.contiguous()]
     p0, p1 = parts[0], parts[-1]
-    const = {pre + "NP": len(parts), pre + "D0": p0.dim, pre + "D1": p1.dim if len(parts) == 2 else 16,
+    const = {pre + "NP": len(parts), pre + "D0": p0.dim, pre + "D1": p1.dim if len(parts) == 2 else 0,
              pre + "B0": p0.bits, pre + "B1": p1.bits, pre + "P0": max(16, triton_next_pow2(p0.dim)),
              pre + "P1": max(16, triton_next_pow2(p1.dim)) if len(parts) == 2 else 16}
     if keys:
