@@ -246,6 +246,17 @@ def test_code_pages_raise_one_line():
                                 "fp4", torch.zeros(16, 1, 32), torch.zeros(16, 1, 32))
 
 
+def test_check_pages_before_the_first_step():
+    pa.check_pages("q8_0", "q4_0")
+    pa.check_pages("turboquant", "bf16", k_side=tq_pages(torch.Generator(), 16, 1, 64, [(16, 4), (48, 2)], "prod"))
+    with pytest.raises(NotImplementedError, match="'qjl2-keys' pages"):
+        pa.check_pages("qjl2-keys", "int8")
+    with pytest.raises(NotImplementedError, match="1 or 2 parts, not 3"):
+        pa.check_pages("int8", "turboquant", v_side=tq_pages(torch.Generator(), 16, 1, 64, [(16, 4), (16, 3), (32, 2)]))
+    with pytest.raises(NotImplementedError, match="TurboQuant values of the MSE variant"):
+        pa.check_pages("fp16", "turboquant", v_side=tq_pages(torch.Generator(), 16, 1, 64, [(64, 2)], "prod"))
+
+
 def test_check_runs_small_shapes():  # the device check's function, on tiny shapes in the interpreter
     from bytediet.kernels.triton import paged_attention_check as pc
 
