@@ -29,3 +29,6 @@ class EngineConfig:
             raise ConfigError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
         if self.tensor_parallel_size < 1:
             raise ConfigError(f"tensor_parallel_size must be at least 1, got {self.tensor_parallel_size}")
+        if self.scheduler.max_num_batched_tokens < self.cache.block_size:
+            raise ConfigError(f"--max-num-batched-tokens {self.scheduler.max_num_batched_tokens} is smaller than one "
+                              f"KV block ({self.cache.block_size} tokens); raise it or lower --block-size")

@@ -81,11 +81,14 @@ class LLMEngine:
 
     # -- requests -------------------------------------------------------------------------------
     def add_request(self, prompt_token_ids: Sequence[int], params: SamplingParams,
-                    request_id: Optional[str] = None) -> Request:
-        """Validate and queue one sequence (``params.n`` must be 1 here; the LLM API expands n)."""
+                    request_id: Optional[str] = None, priority: int = 0) -> Request:
+        """Validate and queue one sequence (``params.n`` must be 1 here; the LLM API expands n). ``priority``:
+        smaller runs first under the ``priority`` scheduling policy (ignored by ``fcfs``)."""
         ids = self.validate(prompt_token_ids, params)
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            raise ConfigError(f"priority: must be an integer, got {priority!r}")
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
-        req = Request(rid, ids, params, eos_token_ids=self.eos_token_ids)
+        req = Request(rid, ids, params, eos_token_ids=self.eos_token_ids, priority=priority)
         req.seq_id = next(self._ids)
         self.scheduler.add_request(req)
         self._detok[rid] = _Detok(StopStringDetector(params.stop, params.include_stop_str_in_output))
