@@ -50,6 +50,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "priority"],
                    help="fcfs: arrival order; priority: requests' integer priority, smaller first, then arrival")
     g.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
+    g.add_argument("--speculative-config", default=None, metavar="JSON",
+                   help='speculative decoding, vLLM\'s JSON shape: \'{"method": "ngram", "num_speculative_tokens": 4, '
+                        '"prompt_lookup_min": 2, "prompt_lookup_max": 4}\' (prompt lookup; docs/speculative.md)')
     g.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default: torch's choice; per process with --tensor-parallel-size)")
     g.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, metavar="N",
@@ -103,6 +106,7 @@ def build_llm(args: argparse.Namespace):
         max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
         long_prefill_token_threshold=args.long_prefill_token_threshold, scheduling_policy=args.scheduling_policy,
         enable_prefix_caching=not args.no_prefix_caching, num_threads=args.threads, **kv_kwargs,
+        speculative_config=args.speculative_config,
         tensor_parallel_size=args.tensor_parallel_size,
     )
     if getattr(args, "save_config", None):
@@ -125,6 +129,7 @@ def save_run_config(llm, args: argparse.Namespace):
                              "max_num_batched_tokens": sched.max_num_batched_tokens, "max_num_seqs": sched.max_num_seqs,
                              "long_prefill_token_threshold": sched.long_prefill_token_threshold,
                              "scheduling_policy": sched.policy,
+                             "speculative_config": llm.config.speculative and llm.config.speculative.to_dict(),
                              "enable_prefix_caching": cache.enable_prefix_caching},
                      notes={"source": "bytediet --save-config"}).write(args.save_config)
     print(f"wrote {path}", file=sys.stderr)

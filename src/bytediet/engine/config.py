@@ -7,6 +7,7 @@ from typing import Mapping, Optional
 from ..config import SchedulerConfig
 from ..errors import ConfigError
 from ..kvcache.config import CacheConfig
+from .speculative import SpeculativeConfig
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,7 @@ class EngineConfig:
     num_threads: Optional[int] = None
     seed: int = 0
     tensor_parallel_size: int = 1  # processes the model is split across (bytediet.distributed)
+    speculative: Optional[SpeculativeConfig] = None  # speculative decoding (engine/speculative.py), None: off
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "weight_overrides", dict(self.weight_overrides))

@@ -11,6 +11,7 @@ from ..config import SchedulerConfig
 from ..errors import ConfigError
 from ..kvcache.base import get_kv_codec
 from ..kvcache.config import CacheConfig
+from .speculative import SpeculativeConfig
 from .config import EngineConfig
 from .engine import LLMEngine, StepOutput, set_threads
 from .params import SamplingParams
@@ -56,6 +57,8 @@ class LLM:
     ``enable_prefix_caching``, ``enable_chunked_prefill``, ``seed``, ``num_threads``;
     ``keep_packed`` (default True: a GGUF runs on its native blocks; ``weights="fp32"`` is the dequantized
     reference) and ``activations`` (``q16``, ``q8`` or ``f32``: how those blocks multiply).
+    ``speculative_config``: speculative decoding in vLLM's JSON shape (a dict or its JSON text, e.g.
+    ``{"method": "ngram", "num_speculative_tokens": 4}``; :mod:`bytediet.engine.speculative`).
     ``kv_calibration_state``: what calibration taught the ``kv_cache_dtype`` codec (plain data or a file path;
     see :class:`~bytediet.kvcache.config.CacheConfig`).
     ``loaded=(model, tokenizer)`` uses a model already loaded (and perhaps quantized); ``config.weights`` and
@@ -71,7 +74,8 @@ class LLM:
                  long_prefill_token_threshold: int = 0, scheduling_policy: str = "fcfs",
                  enable_prefix_caching: bool = True, enable_chunked_prefill: bool = True, seed: int = 0,
                  num_threads: Optional[int] = None, keep_packed: bool = True, activations: str = "q16",
-                 tensor_parallel_size: int = 1, loaded=None, kv_calibration_state=None) -> None:
+                 tensor_parallel_size: int = 1, loaded=None, kv_calibration_state=None,
+                 speculative_config=None) -> None:
         from ..models.loader import load_model
 
         set_threads(num_threads)
@@ -84,6 +88,7 @@ class LLM:
         self.config = EngineConfig(
             model=str(model), dtype=dtype, weights=weights, weight_overrides=overrides, seed=seed,
             num_threads=num_threads, tensor_parallel_size=tensor_parallel_size,
+            speculative=SpeculativeConfig.parse(speculative_config),
             cache=CacheConfig(block_size=block_size, kv_cache_memory=kv_cache_memory, kv_cache_dtype=kv_cache_dtype,
                               enable_prefix_caching=enable_prefix_caching, num_blocks=num_blocks,
                               kv_calibration_state=kv_calibration_state),

@@ -57,6 +57,8 @@ class Request:
         self.num_registered_blocks = 0
         self.eos_token_ids = eos_token_ids
         self.generator: Optional[torch.Generator] = make_generator(params.seed)
+        self.draft_token_ids: list[int] = []  # speculative drafts for the next step (engine/speculative.py)
+        self.draft = None  # its AdaptiveDraft, made on the first proposal
 
     @property
     def num_prompt_tokens(self) -> int:

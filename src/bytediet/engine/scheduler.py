@@ -20,12 +20,13 @@ from .request import FinishReason, Request, RequestStatus
 @dataclass
 class ScheduledRequest:
     request: Request
-    num_tokens: int  # tokens computed this step, starting at request.num_computed_tokens
+    num_tokens: int  # tokens computed this step, starting at request.num_computed_tokens (drafts included)
+    drafts: list[int] = field(default_factory=list)  # speculative tokens after the last one, verified this step
 
     @property
     def samples(self) -> bool:
         """True when this step reaches the request's last token, so its logits give the next token."""
-        return self.request.num_computed_tokens + self.num_tokens == self.request.num_tokens
+        return self.request.num_computed_tokens + self.num_tokens - len(self.drafts) == self.request.num_tokens
 
     @property
     def prompt_logprob_positions(self) -> range:
@@ -87,6 +88,8 @@ class Scheduler:
             if req.status is not RequestStatus.RUNNING:
                 continue  # preempted earlier in this step
             n = min(req.num_tokens - req.num_computed_tokens, budget, self.config.prefill_chunk)
+            drafts = self._drafts(req, budget) if n == 1 else []
+            n += len(drafts)
             while not self.block_manager.can_allocate(req, n):
                 victim = self._victim(req)
                 if victim is None:
@@ -99,13 +102,13 @@ class Scheduler:
             if req.status is not RequestStatus.RUNNING:
                 continue  # req itself was preempted
             if not self.block_manager.can_allocate(req, n):
-                n = self._capacity(req)
+                drafts, n = [], min(n - len(drafts), self._capacity(req))
                 if n == 0:  # the whole cache holds this one sequence and it cannot grow
                     self._finish(req, FinishReason.LENGTH)
                     out.finished.append(req)
                     continue
             self.block_manager.allocate(req, n)
-            out.scheduled.append(ScheduledRequest(req, n))
+            out.scheduled.append(ScheduledRequest(req, n, drafts))
             budget -= n
         if not out.preempted:
             self._schedule_waiting(out, budget)
@@ -136,25 +139,33 @@ class Scheduler:
             out.scheduled.append(ScheduledRequest(req, n))
             budget -= n
 
-    def update_from_output(self, out: SchedulerOutput, sampled: dict[str, tuple[int, object]]) -> list[Request]:
+    def update_from_output(self, out: SchedulerOutput, sampled: dict[str, tuple]) -> list[Request]:
         """Advance computed counts, append sampled tokens, finish requests that hit a token stop.
 
-        ``sampled`` maps request id → (token id, logprobs) for the requests whose step sampled.
+        ``sampled`` maps request id → (token id, logprobs), or for a request that verified drafts (token ids,
+        logprobs) lists: its accepted drafts and the target's own token. The KV written for rejected drafts is
+        rolled back: the computed count and the block table return to the accepted length.
         Returns the requests that finished in this step.
         """
         finished = []
         for s in out.scheduled:
             req = s.request
-            req.num_computed_tokens += s.num_tokens
-            self.block_manager.cache_full_blocks(req)
-            if req.request_id not in sampled:
-                continue
-            token, logprobs = sampled[req.request_id]
-            req.append_token(token, logprobs)
-            reason = req.check_token_stop(self.max_model_len)
-            if reason is not None:
-                self._finish(req, reason)
-                finished.append(req)
+            got = sampled.get(req.request_id)
+            tokens, logprobs = ([], []) if got is None else (
+                (got[0], got[1]) if isinstance(got[0], list) else ([got[0]], [got[1]]))
+            rejected = len(s.drafts) - (len(tokens) - 1) if s.drafts and tokens else len(s.drafts)
+            req.num_computed_tokens += s.num_tokens - rejected
+            for token, lp in zip(tokens, logprobs):
+                req.append_token(token, lp)
+                reason = req.check_token_stop(self.max_model_len)
+                if reason is not None:
+                    self._finish(req, reason)
+                    finished.append(req)
+                    break
+            if req.status is RequestStatus.RUNNING:
+                if rejected:
+                    self.block_manager.trim(req)
+                self.block_manager.cache_full_blocks(req)
         return finished
 
     def finish_requests(self, request_ids, reason: FinishReason) -> list[Request]:
@@ -168,6 +179,15 @@ class Scheduler:
         return done
 
     # -- internals ------------------------------------------------------------------------------
+    def _drafts(self, req: Request, budget: int) -> list[int]:
+        """The request's speculative drafts that fit this step: the budget, the context window, ``max_tokens``."""
+        if not req.draft_token_ids:
+            return []
+        room = min(budget - 1, self.max_model_len - req.num_tokens - 1)
+        if req.params.max_tokens is not None:
+            room = min(room, req.params.max_tokens - req.num_output_tokens - 1)
+        return req.draft_token_ids[:max(0, room)]
+
     def _rank(self, req: Request) -> tuple:
         """Sort key of the policy: smaller runs first and is preempted last."""
         if self.config.policy == "priority":
@@ -220,6 +240,7 @@ class Scheduler:
         self.running.remove(req)
         self.block_manager.free(req)
         req.num_computed_tokens = 0
+        req.draft_token_ids = []
         req.num_preemptions += 1
         req.status = RequestStatus.WAITING
         self.num_preemptions += 1
