@@ -155,17 +155,19 @@ class Scheduler:
                 (got[0], got[1]) if isinstance(got[0], list) else ([got[0]], [got[1]]))
             rejected = len(s.drafts) - (len(tokens) - 1) if s.drafts and tokens else len(s.drafts)
             req.num_computed_tokens += s.num_tokens - rejected
+            reason = None
             for token, lp in zip(tokens, logprobs):
                 req.append_token(token, lp)
                 reason = req.check_token_stop(self.max_model_len)
                 if reason is not None:
-                    self._finish(req, reason)
-                    finished.append(req)
                     break
-            if req.status is RequestStatus.RUNNING:
-                if rejected:
-                    self.block_manager.trim(req)
-                self.block_manager.cache_full_blocks(req)
+            if s.drafts:  # the KV of rejected drafts (and of drafts after a stop) is not the text's
+                req.num_computed_tokens = min(req.num_computed_tokens, req.num_tokens - 1)
+                self.block_manager.trim(req)
+            self.block_manager.cache_full_blocks(req)
+            if reason is not None:
+                self._finish(req, reason)
+                finished.append(req)
         return finished
 
     def finish_requests(self, request_ids, reason: FinishReason) -> list[Request]:
