@@ -194,3 +194,44 @@ def test_requests_with_penalties_do_not_speculate(repetitive):
     llm = _llm(model, NGRAM)
     llm.generate(prompts[:2], SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True, repetition_penalty=1.3))
     assert llm.engine.stats.spec_verifications == 0
+
+
+@pytest.fixture(scope="module")
+def draft_pair(tmp_path_factory):
+    """Two tiny llama checkpoints with one tokenizer and different random weights, and one with another tokenizer."""
+    from safetensors.torch import save_file
+
+    from tests.eval.test_harness import write_tiny_checkpoint
+
+    root = tmp_path_factory.mktemp("draft-pair")
+    target = write_tiny_checkpoint(root / "target", seed=0)
+    draft = write_tiny_checkpoint(root / "draft", seed=0)
+    config = tiny_config("llama", vocab_size=300, max_position_embeddings=512)
+    state = random_state(model_from_state(config, random_state(config, 0)).config, seed=9)
+    save_file({k: v.contiguous() for k, v in state.items()}, str(draft / "model.safetensors"))
+    other = write_tiny_checkpoint(root / "other", seed=5)
+    return target, draft, other
+
+
+def test_a_draft_model_keeps_greedy_output_exact(draft_pair):
+    target, draft, _ = draft_pair
+    prompts = ["the cat sat on the mat and the cat sat", "a b c a b c a b"]
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, logprobs=1)
+    plain = LLM(str(target), num_blocks=64, block_size=4).generate(prompts, params)
+    for drafter in (str(target), str(draft)):            # a perfect draft (the target itself) and a poor one
+        llm = LLM(str(target), num_blocks=64, block_size=4,
+                  speculative_config={"method": "draft_model", "model": drafter, "num_speculative_tokens": 3})
+        out = llm.generate(prompts, params)
+        for a, b in zip(out, plain):
+            assert_same_or_tie(a.outputs[0].token_ids, b.outputs[0])
+        assert llm.engine.stats.spec_draft_tokens > 0
+        if drafter == str(target):
+            assert llm.engine.stats.spec_accepted_tokens > 0.8 * llm.engine.stats.spec_draft_tokens
+        assert llm.engine.num_free_blocks == llm.engine.block_manager.num_blocks
+
+
+def test_a_draft_model_with_another_tokenizer_is_refused(draft_pair):
+    target, _, other = draft_pair
+    with pytest.raises(ConfigError, match="another tokenizer"):
+        LLM(str(target), num_blocks=16, block_size=4,
+            speculative_config={"method": "draft_model", "model": str(other), "num_speculative_tokens": 2})

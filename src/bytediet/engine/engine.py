@@ -79,7 +79,8 @@ class LLMEngine:
         self.scheduler.release_hook = self._release
         self.sampler = Sampler(seed=config.seed)
         self.speculative = config.speculative
-        self.proposer = None if config.speculative is None else make_proposer(config.speculative)
+        self.proposer = None if config.speculative is None else make_proposer(config.speculative, tokenizer,
+                                                                               config.num_threads)
         self.stats = EngineStats()
         self._detok: dict[str, _Detok] = {}
         self._ids = itertools.count()
@@ -205,6 +206,7 @@ class LLMEngine:
             return
         decoding = [r for r in self.scheduler.running if r.num_computed_tokens + 1 == r.num_tokens]
         too_many = len(decoding) > self.speculative.disable_by_batch_size
+        work = []
         for r in decoding:
             r.draft_token_ids = []
             if too_many or not eligible(r.params):
@@ -213,7 +215,10 @@ class LLMEngine:
                 r.draft = AdaptiveDraft(self.speculative.num_speculative_tokens)
             k = r.draft.length()
             if k:
-                r.draft_token_ids = self.proposer.propose(r.all_token_ids, k)
+                work.append((r, k))
+        drafts = self.proposer.propose_many([(r.all_token_ids, k) for r, k in work]) if work else []
+        for (r, _), d in zip(work, drafts):
+            r.draft_token_ids = d
 
     @staticmethod
     def _score_prompts(out, logits: torch.Tensor) -> None:

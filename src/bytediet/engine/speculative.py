@@ -14,7 +14,8 @@ to the accepted length). Proposals come from the text itself (**prompt lookup**,
 sequence's last n tokens (n from ``prompt_lookup_max`` down to ``prompt_lookup_min``) looked up earlier in the
 sequence, and the tokens that followed them there. :class:`AdaptiveDraft` lowers a request's k when its drafts are
 rejected, to 0 when they do not pay, and probes again later; a batch of more than ``disable_by_batch_size``
-decoding sequences (where a step is no longer memory-bound) does not speculate.
+decoding sequences (where a step is no longer memory-bound) does not speculate. A **draft model** (any smaller model with the target's
+tokenizer, :class:`DraftModelProposer`) drafts greedily instead.
 
 Requests with penalties, logits processors (structured output) or prompt logprobs do not speculate: each of
 their rows would need the state after the drafts before it.
@@ -95,6 +96,9 @@ class NgramProposer:
 
     def __init__(self, lookup_min: int, lookup_max: int) -> None:
         self.lookup_min, self.lookup_max = lookup_min, lookup_max
+
+    def propose_many(self, work: Sequence[tuple[Sequence[int], int]]) -> list[list[int]]:
+        return [self.propose(tokens, k) for tokens, k in work]
 
     def propose(self, tokens: Sequence[int], k: int) -> list[int]:
         """Up to ``k`` draft tokens to follow ``tokens`` (empty when no n-gram recurs)."""
@@ -181,9 +185,59 @@ def _draw(p: torch.Tensor, gen: torch.Generator) -> int:
     return int(inverse_cdf(p.unsqueeze(0), u)[0])
 
 
-def make_proposer(config: SpeculativeConfig):
-    """The proposer of ``config.method``."""
+class DraftModelProposer:
+    """Drafts from a smaller model with the same tokenizer: its own engine decodes ``k`` tokens greedily after each
+    sequence's text. Each proposal is a new draft request whose prompt is the text so far, so the draft engine's
+    prefix cache keeps what it computed before and only the tokens since its last full block are prefilled again
+    (rejected drafts need no rollback there). A greedy draft is a point mass, which :func:`verify` expects."""
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+
+    def propose_many(self, work: Sequence[tuple[Sequence[int], int]]) -> list[list[int]]:
+        """[(tokens, k)] → drafts, all sequences drafted together (continuous batching in the draft engine)."""
+        ids = []
+        for tokens, k in work:
+            if k <= 0:
+                ids.append(None)
+                continue
+            req = self.engine.add_request(list(tokens), SamplingParams(temperature=0.0, max_tokens=k, ignore_eos=True))
+            ids.append(req)
+        while self.engine.has_unfinished_requests():
+            self.engine.step()
+        out = []
+        for req in ids:
+            out.append([] if req is None else list(req.output_token_ids))
+            if req is not None:
+                self.engine.forget(req.request_id)
+        return out
+
+
+def check_same_tokenizer(target, draft) -> None:
+    """Refuse a draft model whose tokenizer differs from the target's (its drafts would be other tokens)."""
+    vocab = [getattr(t, "get_vocab", lambda: None)() for t in (target, draft)]
+    if vocab[0] is not None and vocab[1] is not None:
+        same = vocab[0] == vocab[1]
+    else:
+        probe = "The quick brown fox, 12 ½ times: naïve café."
+        same = all(hasattr(t, "encode") for t in (target, draft)) and \
+            target.encode(probe, add_special_tokens=False) == draft.encode(probe, add_special_tokens=False)
+    if not same:
+        raise ConfigError("speculative config: \"model\" (the draft model) has another tokenizer than the target; "
+                          "a draft model must share the target's tokenizer (e.g. a smaller model of the same family)")
+
+
+def make_proposer(config: SpeculativeConfig, target_tokenizer=None, num_threads: Optional[int] = None):
+    """The proposer of ``config.method`` (a draft model is loaded here, with a small KV pool of its own)."""
     if config.method == "ngram":
         return NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
-    raise ConfigError("speculative config: method draft_model is not supported by this engine yet; use "
-                      '{"method": "ngram", ...} (prompt lookup)')
+    from ..kvcache.config import CacheConfig
+    from ..models.loader import load_model
+    from .config import EngineConfig
+    from .engine import LLMEngine
+
+    model, tokenizer = load_model(config.model, keep_packed=True)
+    check_same_tokenizer(target_tokenizer, tokenizer)
+    engine_config = EngineConfig(model=config.model, cache=CacheConfig(kv_cache_memory="256MiB"),
+                                 num_threads=num_threads)
+    return DraftModelProposer(LLMEngine(model, tokenizer, engine_config))
