@@ -26,8 +26,11 @@ if [ ! -d "$root/src" ]; then
   tar -xzf "$root"/sdist/llama_cpp_python-"$version".tar.gz -C "$tmp" --strip-components=1
   mv "$tmp" "$root/src"
 fi
-# GGML_NATIVE: -march=native, as llama-cpp-python's own wheel build does; LLAMA_CURL off: no downloads.
-nice -n 10 cmake -S "$root/src/vendor/llama.cpp" -B "$root/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+# GGML_NATIVE=ON (-march=native, as llama-cpp-python's own wheel build), or, where the CPU advertises AMX, every
+# other ISA flag on and AMX off (bytediet.perf.llama_build); LLAMA_CURL off: no downloads.
+isa_args="$(PYTHONPATH="$here/src" "$python" -m bytediet.perf.llama_build)"
+# shellcheck disable=SC2086
+nice -n 10 cmake -S "$root/src/vendor/llama.cpp" -B "$root/build" -DCMAKE_BUILD_TYPE=Release $isa_args \
   -DLLAMA_CURL=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DBUILD_SHARED_LIBS=OFF >&2
 nice -n 10 cmake --build "$root/build" --target llama-server -j "${JOBS:-2}" >&2
 [ -x "$binary" ] || { echo "the build finished without $binary" >&2; exit 1; }

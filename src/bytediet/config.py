@@ -160,6 +160,9 @@ def parse_bytes(text: str | int) -> int:
     return int(float(m.group(1)) * _UNITS[unit])
 
 
+SCHEDULING_POLICIES = ("fcfs", "priority")
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
     """Token budget per step and concurrency limit (vLLM v1 semantics)."""
@@ -167,9 +170,23 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 512
     max_num_seqs: int = 64
     enable_chunked_prefill: bool = True
+    #: most prompt tokens one request computes in a step (0: no cap, the budget is the cap)
+    long_prefill_token_threshold: int = 0
+    #: "fcfs" (arrival order) or "priority" (lowest ``priority`` value first, then arrival; vLLM's meaning)
+    policy: str = "fcfs"
 
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens < 1:
             raise ConfigError("max_num_batched_tokens must be at least 1")
         if self.max_num_seqs < 1:
             raise ConfigError("max_num_seqs must be at least 1")
+        if not 0 <= self.long_prefill_token_threshold <= self.max_num_batched_tokens:
+            raise ConfigError(f"--long-prefill-token-threshold {self.long_prefill_token_threshold} must be between 0 "
+                              f"(no cap) and --max-num-batched-tokens ({self.max_num_batched_tokens})")
+        if self.policy not in SCHEDULING_POLICIES:
+            raise ConfigError(f"--scheduling-policy {self.policy!r}: choose one of {', '.join(SCHEDULING_POLICIES)}")
+
+    @property
+    def prefill_chunk(self) -> int:
+        """Most prompt tokens one request computes in a step."""
+        return self.long_prefill_token_threshold or self.max_num_batched_tokens

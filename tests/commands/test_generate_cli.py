@@ -30,6 +30,22 @@ def test_generate_json_says_which_codec_and_block_size_ran():
     assert data["weights"]
 
 
+def test_generate_speculates_with_prompt_lookup_and_reports_it():
+    prompt = "one two three four five six one two three four five six one two three"
+    spec = '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2}'
+    base = CLI + ["generate", "--prompt", prompt, "--max-tokens", "12", "--json", "--ignore-eos"]
+    r = subprocess.run(base + ["--speculative-config", spec], capture_output=True, text=True, timeout=300)
+    plain = subprocess.run(base, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and plain.returncode == 0, r.stderr + plain.stderr
+    data, want = json.loads(r.stdout), json.loads(plain.stdout)
+    assert data["completion_token_ids"] == want["completion_token_ids"]            # greedy: the same text
+    s = data["speculative"]
+    assert s["method"] == "ngram" and s["draft_tokens"] > 0 and 0 <= s["accepted_tokens"] <= s["draft_tokens"]
+    bad = subprocess.run(base + ["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 20}'],
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "num_speculative_tokens" in bad.stderr and "Traceback" not in bad.stderr
+
+
 def test_generate_rejects_bad_sampling_values_with_exit_code_2():
     r = subprocess.run(CLI + ["generate", "--prompt", "hi", "--top-p", "1.5"], capture_output=True, text=True,
                        timeout=300)

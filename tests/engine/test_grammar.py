@@ -60,3 +60,28 @@ def test_first_token_must_open_an_object():
 def test_a_schema_that_cannot_compile_is_a_config_error():
     with pytest.raises(ConfigError, match="response_format"):
         GrammarCompiler(Letters(), V).json_mask({"type": "object", "properties": {"a": {"type": "nonsense"}}})
+
+
+@pytest.mark.parametrize("kind", ["integer", "number"])
+def test_an_unbounded_number_stops_at_16_digits(kind):
+    """A model that always prefers another digit cannot run away: the value ends after 16 digits."""
+    schema = {"type": "object", "properties": {"a": {"type": kind}}, "required": ["a"], "additionalProperties": False}
+    mask = GrammarCompiler(Letters(), V).json_mask(schema)
+    text = greedy_under_mask(mask, prefer='{"a:9}', steps=60)
+    value = json.loads(text)
+    assert len(str(int(value["a"]))) == 16 and mask.is_completed
+
+
+def test_bound_numbers_keeps_given_bounds_and_data():
+    from bytediet.engine.grammar import NUMBER_BOUND, bound_numbers
+
+    schema = {"type": "object", "properties": {
+        "n": {"type": ["integer", "null"]}, "b": {"type": "integer", "minimum": 0},
+        "e": {"enum": [{"type": "integer"}]}, "items": {"type": "array", "items": {"type": "number"}}}}
+    out = bound_numbers(schema)
+    props = out["properties"]
+    assert props["n"]["maximum"] == NUMBER_BOUND and props["n"]["minimum"] == -NUMBER_BOUND
+    assert props["b"] == {"type": "integer", "minimum": 0}
+    assert props["e"] == {"enum": [{"type": "integer"}]}
+    assert props["items"]["items"]["maximum"] == NUMBER_BOUND
+    assert schema["properties"]["n"] == {"type": ["integer", "null"]}  # the caller's schema is not changed

@@ -311,3 +311,18 @@ def test_logits_processors_are_validated_and_not_serialised():
     params = SamplingParams(logits_processors=(lambda ids, row: row,))
     assert "logits_processors" not in params.to_dict()
     assert SamplingParams.from_dict(params.to_dict()) == params  # compare=False: processors are not identity
+
+
+@pytest.mark.parametrize("vocab", [7, 256, 1000, 49152 + 3])
+def test_two_level_inverse_cdf_picks_what_one_running_sum_picks(vocab):
+    """The block-then-token search equals a float64 running sum over the whole row, zero-probability runs too."""
+    g = torch.Generator().manual_seed(vocab)
+    probs = (torch.randn(16, vocab, generator=g) * 3).softmax(dim=-1)
+    probs[:, vocab // 3: vocab // 3 + 300] = 0  # a run of zeros that may span a whole block
+    u = torch.rand(16, generator=g, dtype=torch.float64)
+    u[0], u[1] = 0.0, 1.0 - 1e-17
+    cdf = probs.double().cumsum(dim=-1)
+    expected = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(1), right=True).squeeze(1).clamp(max=vocab - 1)
+    got = inverse_cdf(probs, u)
+    assert (probs.gather(1, got.unsqueeze(1)) > 0).all()
+    assert got[2:].tolist() == expected[2:].tolist()

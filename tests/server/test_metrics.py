@@ -77,3 +77,21 @@ def test_two_apps_keep_separate_registries(server):
 
     build_app(server.engine, "tiny")  # a second app on the same engine must not clash with the first
     assert ("bytediet:prompt_tokens_total", ()) in scrape(server.app)
+
+
+def test_speculative_counters_count_drafts_and_accepted_tokens(make_server):
+    srv = make_server(speculative_config={"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1})
+    before = scrape(srv.app)
+
+    async def go():
+        async with client(srv.app) as c:
+            return await c.post("/v1/completions", json={"prompt": "abcabcabcabcabc", "max_tokens": 16,
+                                                         "ignore_eos": True, "temperature": 0})
+    r = run(go())
+    assert r.status_code == 200, r.text
+    after = scrape(srv.app)
+    stats = srv.core.stats
+    assert delta(before, after, "bytediet:spec_decode_num_draft_tokens_total") == stats.spec_draft_tokens > 0
+    assert delta(before, after, "bytediet:spec_decode_num_accepted_tokens_total") == stats.spec_accepted_tokens
+    assert delta(before, after, "bytediet:spec_decode_num_drafts_total") == stats.spec_verifications
+    assert delta(before, after, "bytediet:generation_tokens_total") == 16

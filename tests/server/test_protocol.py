@@ -52,3 +52,33 @@ def test_stream_options_without_stream_is_a_400(server, endpoint, extra):
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "stream_options", bad.text
     assert "stream" in bad.json()["error"]["message"]
     assert ok.status_code == 200 and '"usage":{' in ok.text
+
+
+@pytest.mark.parametrize("endpoint,extra", [("completions", {"prompt": "x"}), ("chat/completions", {"messages": USER})])
+@pytest.mark.parametrize("priority", ["high", 1.5, "3", None, [1]])
+def test_priority_of_the_wrong_type_is_a_400(server, endpoint, extra, priority):
+    async def go():
+        async with client(server.app) as c:
+            return await c.post(f"/v1/{endpoint}", json={**extra, "max_tokens": 1, "priority": priority})
+    r = run(go())
+    assert r.status_code == 400 and r.json()["error"]["param"] == "priority", r.text
+    assert not server.core.has_unfinished_requests()
+
+
+def test_priority_reaches_the_scheduler(make_server):
+    """Under the priority policy a request's ``priority`` orders the waiting queue (vLLM's field)."""
+    srv = make_server(scheduling_policy="priority")
+    seen = []
+    add = srv.core.add_request
+
+    def spy(ids, params, request_id=None, priority=0):
+        seen.append(priority)
+        return add(ids, params, request_id, priority)
+    srv.core.add_request = spy
+
+    async def go():
+        async with client(srv.app) as c:
+            return await c.post("/v1/completions", json={"prompt": "x", "max_tokens": 1, "priority": -4})
+    r = run(go())
+    assert r.status_code == 200, r.text
+    assert seen == [-4]

@@ -45,7 +45,14 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="tokens per KV block (default 16, or the codec's minimum if larger: kivi's group of 32)")
     g.add_argument("--max-num-batched-tokens", type=int, default=512, help="token budget per engine step")
     g.add_argument("--max-num-seqs", type=int, default=64, help="most requests running at once")
+    g.add_argument("--long-prefill-token-threshold", type=int, default=0, metavar="N",
+                   help="most prompt tokens one request computes per step (0: no cap beyond the budget)")
+    g.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "priority"],
+                   help="fcfs: arrival order; priority: requests' integer priority, smaller first, then arrival")
     g.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
+    g.add_argument("--speculative-config", default=None, metavar="JSON",
+                   help='speculative decoding, vLLM\'s JSON shape: \'{"method": "ngram", "num_speculative_tokens": 4, '
+                        '"prompt_lookup_min": 2, "prompt_lookup_max": 4}\' (prompt lookup; docs/speculative.md)')
     g.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default: torch's choice; per process with --tensor-parallel-size)")
     g.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, metavar="N",
@@ -97,7 +104,9 @@ def build_llm(args: argparse.Namespace):
         args.model, dtype=args.dtype, weights=args.weights, keep_packed=args.keep_packed, activations=args.activations,
         kv_cache_memory=args.kv_cache_memory, block_size=args.block_size,
         max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
+        long_prefill_token_threshold=args.long_prefill_token_threshold, scheduling_policy=args.scheduling_policy,
         enable_prefix_caching=not args.no_prefix_caching, num_threads=args.threads, **kv_kwargs,
+        speculative_config=args.speculative_config,
         tensor_parallel_size=args.tensor_parallel_size,
     )
     if getattr(args, "save_config", None):
@@ -118,6 +127,9 @@ def save_run_config(llm, args: argparse.Namespace):
                      kv_calibration_state=to_plain(cache.kv_calibration_state),
                      engine={"kv_cache_memory": cache.kv_cache_memory, "block_size": cache.block_size,
                              "max_num_batched_tokens": sched.max_num_batched_tokens, "max_num_seqs": sched.max_num_seqs,
+                             "long_prefill_token_threshold": sched.long_prefill_token_threshold,
+                             "scheduling_policy": sched.policy,
+                             "speculative_config": llm.config.speculative and llm.config.speculative.to_dict(),
                              "enable_prefix_caching": cache.enable_prefix_caching},
                      notes={"source": "bytediet --save-config"}).write(args.save_config)
     print(f"wrote {path}", file=sys.stderr)

@@ -33,7 +33,12 @@ def register(sub) -> None:
     p.add_argument("--requests-per-level", type=int, default=None,
                    help="requests per concurrency level: max(level, this) (default 4)")
     p.add_argument("--parts", default="single,concurrency,roofline",
-                   help="which parts to run (comma-separated): single, concurrency, roofline, context")
+                   help="which parts to run (comma-separated): single, concurrency, roofline, context; or "
+                        "speculative on its own (batch-1 decode with and without --speculative-config on copy-heavy "
+                        "and open prompts, beside llama.cpp's prompt-lookup decoding)")
+    p.add_argument("--speculative-config", default=None, metavar="JSON",
+                   help='the speculative part\'s config (default {"method": "ngram", "num_speculative_tokens": 4})')
+    p.add_argument("--spec-max-tokens", type=int, default=128, help="speculative part: tokens decoded per prompt")
     p.add_argument("--contexts", default=None, metavar="N,N,...",
                    help="context part: contexts (tokens) each batch-1 decode run ends at (default 512,2048,8192)")
     p.add_argument("--weights", default=None, metavar="FMT",
@@ -89,8 +94,10 @@ def run(args: argparse.Namespace) -> int:
 
     config = bench_config(args)
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
+    if parts == ["speculative"]:
+        return run_speculative(args, config)
     if not parts or set(parts) - set(PARTS):
-        raise ConfigError(f"--parts: choose from {', '.join(PARTS)}, got {args.parts!r}")
+        raise ConfigError(f"--parts: choose from {', '.join(PARTS)} (or speculative on its own), got {args.parts!r}")
     if args.weights:
         from ..quant import get_weight_format
 
@@ -108,6 +115,33 @@ def run(args: argparse.Namespace) -> int:
     finally:  # tensor parallel: stop the ranks, also when a part failed
         for system in (*variants, ours):
             system.close()
+
+
+def run_speculative(args: argparse.Namespace, config) -> int:
+    """``--parts speculative``: one JSON object (``--json``) or a table of decode tok/s per task and system."""
+    from ..engine.speculative import SpeculativeConfig
+    from ..eval.corpus import novel_text
+    from ..perf.speculative_bench import run_speculative_bench
+
+    spec = SpeculativeConfig.parse(args.speculative_config or '{"method": "ngram", "num_speculative_tokens": 4}')
+    names = [] if args.peers.strip().lower() in ("", "none") else [n.strip() for n in args.peers.split(",")]
+    progress = (lambda msg: print(f"[bench] {msg}", file=sys.stderr, flush=True))
+    result = run_speculative_bench(args.model, spec.to_dict(), threads=config.threads,
+                                   max_tokens=16 if args.quick else args.spec_max_tokens, text=novel_text("persuasion"),
+                                   peers=names, progress=progress)
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=1))
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    tasks = list(result["systems"]["bytediet"])
+    print("decode tok/s   " + "".join(f"{t:>10}" for t in tasks))
+    for name, rows in result["systems"].items():
+        cells = "".join(f"{rows[t]['decode_tokens_per_s']:10.1f}" if t in rows else f"{'—':>10}" for t in tasks)
+        print(f"{name:15s}{cells}")
+    for name, r in result["ratios"].items():
+        print(f"bytediet+spec / {name:17s}" + "".join(f"{r[t]:9.2f}×" for t in tasks))
+    return 0
 
 
 def load_system(args: argparse.Namespace, threads: int, weights, kv_cache_dtype: str):

@@ -74,8 +74,11 @@ def generation_summary(llm, n_prompt: int, n_out: int, ttft: float, total: float
     decode_time = max(total - ttft, 1e-9)
     decode_tps = (n_out - 1) / decode_time if n_out > 1 else 0.0
     weight_bytes = llm.model.weight_bytes()
-    # batch 1: every decode step reads every weight once (a MoE model: only the top-k experts)
-    achieved = llm.model.decode_weight_bytes() * decode_tps
+    stats = llm.engine.stats
+    # batch 1: every decode step reads every weight once (a MoE model: only the top-k experts); a step that
+    # verified speculative drafts yielded several tokens for one read
+    steps_per_s = max(n_out - 1 - stats.spec_accepted_tokens, 0) / decode_time if n_out > 1 else 0.0
+    achieved = llm.model.decode_weight_bytes() * steps_per_s
     peak = this_machine(measure_if_missing=True, threads=llm.config.num_threads or 2).memory_bandwidth
     return {
         "prompt_tokens": n_prompt, "generated_tokens": n_out, "ttft_s": ttft, "total_s": total,
@@ -83,7 +86,18 @@ def generation_summary(llm, n_prompt: int, n_out: int, ttft: float, total: float
         "weight_bytes": weight_bytes, "achieved_weight_gb_per_s": achieved / 1e9,
         "measured_read_gb_per_s": peak / 1e9, "fraction_of_read_bandwidth": achieved / peak,
         "load_s": llm.load_time,
+        **({"speculative": speculative_summary(llm)} if llm.config.speculative else {}),
     }
+
+
+def speculative_summary(llm) -> dict:
+    """Drafts proposed and kept: acceptance rate and mean tokens a verifying step yields (accepted + its own)."""
+    s = llm.engine.stats
+    return {**llm.config.speculative.to_dict(), "verifications": s.spec_verifications,
+            "draft_tokens": s.spec_draft_tokens, "accepted_tokens": s.spec_accepted_tokens,
+            "acceptance_rate": s.spec_accepted_tokens / s.spec_draft_tokens if s.spec_draft_tokens else None,
+            "mean_tokens_per_verification": (1 + s.spec_accepted_tokens / s.spec_verifications
+                                             if s.spec_verifications else None)}
 
 
 def format_summary(s: dict) -> str:
@@ -91,4 +105,6 @@ def format_summary(s: dict) -> str:
             f"TTFT {s['ttft_s'] * 1e3:.0f} ms, decode {s['decode_tokens_per_s']:.1f} tok/s, "
             f"weights {s['weight_bytes'] / 1e6:.0f} MB → {s['achieved_weight_gb_per_s']:.2f} GB/s achieved "
             f"= {100 * s['fraction_of_read_bandwidth']:.0f}% of this machine's measured "
-            f"{s['measured_read_gb_per_s']:.1f} GB/s read bandwidth")
+            f"{s['measured_read_gb_per_s']:.1f} GB/s read bandwidth"
+            + (f"; speculative: {s['speculative']['accepted_tokens']} of {s['speculative']['draft_tokens']} drafts "
+               f"accepted" if s.get("speculative") else ""))

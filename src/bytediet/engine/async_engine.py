@@ -31,14 +31,14 @@ class AsyncEngine:
 
     # -- public API (event-loop side) ---------------------------------------------------------
     async def generate(self, prompt_token_ids: Sequence[int], params: SamplingParams,
-                       request_id: Optional[str] = None) -> AsyncIterator[StepOutput]:
+                       request_id: Optional[str] = None, priority: int = 0) -> AsyncIterator[StepOutput]:
         """Validate, queue and stream one request; raises ``ConfigError`` before queueing on bad input."""
         ids = self.engine.validate(prompt_token_ids, params)  # read-only checks: safe off-thread
         rid = request_id or f"async-{next(self._ids)}"
         loop = asyncio.get_running_loop()
         outputs: asyncio.Queue = asyncio.Queue()
         self._streams[rid] = (loop, outputs)
-        self._send(("add", rid, ids, params))
+        self._send(("add", rid, ids, params, priority))
         finished = False
         try:
             while True:
@@ -87,9 +87,9 @@ class AsyncEngine:
             except queue.Empty:
                 return
             if cmd[0] == "add":
-                _, rid, ids, params = cmd
+                _, rid, ids, params, priority = cmd
                 try:
-                    self.engine.add_request(ids, params, request_id=rid)
+                    self.engine.add_request(ids, params, request_id=rid, priority=priority)
                 except Exception as exc:  # e.g. a duplicate id: report to that stream only
                     self._deliver(rid, exc)
             elif cmd[0] == "abort":

@@ -122,6 +122,16 @@ class BlockManager:
                 self.hash_to_block.setdefault(h, block.block_id)
         request.num_registered_blocks = max(request.num_registered_blocks, full)
 
+    def trim(self, request: Request) -> None:
+        """Give back the blocks beyond the request's computed tokens (rejected speculative drafts' slots)."""
+        keep = -(-request.num_computed_tokens // self.block_size)
+        for block_id in reversed(request.block_ids[keep:]):
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self.free_blocks[block_id] = None
+        del request.block_ids[keep:]
+
     def free(self, request: Request) -> None:
         """Release the request's blocks (last block first, so a shared prefix's head stays cached longest)."""
         for block_id in reversed(request.block_ids):

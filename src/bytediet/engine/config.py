@@ -7,6 +7,7 @@ from typing import Mapping, Optional
 from ..config import SchedulerConfig
 from ..errors import ConfigError
 from ..kvcache.config import CacheConfig
+from .speculative import SpeculativeConfig
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,7 @@ class EngineConfig:
     num_threads: Optional[int] = None
     seed: int = 0
     tensor_parallel_size: int = 1  # processes the model is split across (bytediet.distributed)
+    speculative: Optional[SpeculativeConfig] = None  # speculative decoding (engine/speculative.py), None: off
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "weight_overrides", dict(self.weight_overrides))
@@ -29,3 +31,6 @@ class EngineConfig:
             raise ConfigError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
         if self.tensor_parallel_size < 1:
             raise ConfigError(f"tensor_parallel_size must be at least 1, got {self.tensor_parallel_size}")
+        if self.scheduler.max_num_batched_tokens < self.cache.block_size:
+            raise ConfigError(f"--max-num-batched-tokens {self.scheduler.max_num_batched_tokens} is smaller than one "
+                              f"KV block ({self.cache.block_size} tokens); raise it or lower --block-size")

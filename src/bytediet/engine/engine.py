@@ -20,6 +20,7 @@ from .params import SamplingParams
 from .request import FinishReason, Request
 from .runner import ModelRunner, torch_threads
 from .sampling import Sampler, TokenLogprobs, token_logprobs
+from .speculative import AdaptiveDraft, eligible, make_proposer, verify
 from .scheduler import Scheduler
 from .stop import StopStringDetector
 
@@ -53,6 +54,9 @@ class EngineStats:
     generated_tokens: int = 0
     steps: int = 0
     forward_time: float = 0.0
+    spec_verifications: int = 0   # request-steps that verified speculative drafts
+    spec_draft_tokens: int = 0    # drafts proposed to the target
+    spec_accepted_tokens: int = 0  # drafts the target kept
 
 
 class LLMEngine:
@@ -74,6 +78,9 @@ class LLMEngine:
         self.scheduler = Scheduler(sched, self.block_manager, self.max_model_len)
         self.scheduler.release_hook = self._release
         self.sampler = Sampler(seed=config.seed)
+        self.speculative = config.speculative
+        self.proposer = None if config.speculative is None else make_proposer(config.speculative, tokenizer,
+                                                                               config.num_threads)
         self.stats = EngineStats()
         self._detok: dict[str, _Detok] = {}
         self._ids = itertools.count()
@@ -81,11 +88,14 @@ class LLMEngine:
 
     # -- requests -------------------------------------------------------------------------------
     def add_request(self, prompt_token_ids: Sequence[int], params: SamplingParams,
-                    request_id: Optional[str] = None) -> Request:
-        """Validate and queue one sequence (``params.n`` must be 1 here; the LLM API expands n)."""
+                    request_id: Optional[str] = None, priority: int = 0) -> Request:
+        """Validate and queue one sequence (``params.n`` must be 1 here; the LLM API expands n). ``priority``:
+        smaller runs first under the ``priority`` scheduling policy (ignored by ``fcfs``)."""
         ids = self.validate(prompt_token_ids, params)
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            raise ConfigError(f"priority: must be an integer, got {priority!r}")
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
-        req = Request(rid, ids, params, eos_token_ids=self.eos_token_ids)
+        req = Request(rid, ids, params, eos_token_ids=self.eos_token_ids, priority=priority)
         req.seq_id = next(self._ids)
         self.scheduler.add_request(req)
         self._detok[rid] = _Detok(StopStringDetector(params.stop, params.include_stop_str_in_output))
@@ -143,22 +153,72 @@ class LLMEngine:
         logits = self.runner.run(out)
         self.stats.forward_time += time.perf_counter() - t0
         self.stats.steps += 1
-        samplers = [s.request for s in out.scheduled if s.samples]
-        self._score_prompts(out, logits[len(samplers):])
-        sampled: dict[str, tuple[int, Optional[TokenLogprobs]]] = {}
-        if samplers:
-            so = self.sampler(
-                logits[:len(samplers)], [r.params for r in samplers],
-                prompt_ids=[r.prompt_token_ids for r in samplers], output_ids=[r.output_token_ids for r in samplers],
-                generators=[r.generator for r in samplers],
-            )
-            for r, tok, lp in zip(samplers, so.token_ids.tolist(), so.logprobs):
-                sampled[r.request_id] = (tok, lp)
+        sampling = [s for s in out.scheduled if s.samples]
+        rows = sum(1 + len(s.drafts) for s in sampling)
+        self._score_prompts(out, logits[rows:])
+        sampled = self._sample(sampling, logits[:rows])
+        before = {s.request.request_id: s.request.num_output_tokens for s in sampling}
         self.scheduler.update_from_output(out, sampled)
-        self.stats.generated_tokens += len(sampled)
-        for r in samplers:
-            results.append(self._emit(r))
+        for s in sampling:
+            r = s.request
+            new = r.num_output_tokens - before[r.request_id]
+            self.stats.generated_tokens += new
+            results.append(self._emit(r, new))
+        self._propose()
         return results
+
+    def _sample(self, sampling, logits: torch.Tensor) -> dict:
+        """request id → (token ids, logprobs): one sampled token per plain request, the verified drafts and the
+        target's own token per request that speculated (:func:`~bytediet.engine.speculative.verify`)."""
+        sampled: dict = {}
+        plain, plain_rows, row = [], [], 0
+        for s in sampling:
+            r = s.request
+            if s.drafts:
+                mine = logits[row:row + 1 + len(s.drafts)]
+                verdict = verify(mine, s.drafts, r.params, self.sampler, r.generator)
+                lps = [None] * len(verdict.tokens)
+                if r.params.logprobs is not None:
+                    lps = token_logprobs(mine[verdict.rows], torch.tensor(verdict.tokens, device=mine.device),
+                                         r.params.logprobs)
+                sampled[r.request_id] = (verdict.tokens, lps)
+                r.draft.update(len(s.drafts), verdict.accepted_drafts)
+                self.stats.spec_verifications += 1
+                self.stats.spec_draft_tokens += len(s.drafts)
+                self.stats.spec_accepted_tokens += verdict.accepted_drafts
+            else:
+                plain.append(r)
+                plain_rows.append(row)
+            row += 1 + len(s.drafts)
+        if plain:
+            so = self.sampler(
+                logits[plain_rows], [r.params for r in plain],
+                prompt_ids=[r.prompt_token_ids for r in plain], output_ids=[r.output_token_ids for r in plain],
+                generators=[r.generator for r in plain],
+            )
+            for r, tok, lp in zip(plain, so.token_ids.tolist(), so.logprobs):
+                sampled[r.request_id] = ([tok], [lp])
+        return sampled
+
+    def _propose(self) -> None:
+        """Drafts for the next step of every decoding request that may speculate (none above the batch limit)."""
+        if self.proposer is None:
+            return
+        decoding = [r for r in self.scheduler.running if r.num_computed_tokens + 1 == r.num_tokens]
+        too_many = len(decoding) > self.speculative.disable_by_batch_size
+        work = []
+        for r in decoding:
+            r.draft_token_ids = []
+            if too_many or not eligible(r.params):
+                continue
+            if r.draft is None:
+                r.draft = AdaptiveDraft(self.speculative.num_speculative_tokens)
+            k = r.draft.length()
+            if k:
+                work.append((r, k))
+        drafts = self.proposer.propose_many([(r.all_token_ids, k) for r, k in work]) if work else []
+        for (r, _), d in zip(work, drafts):
+            r.draft_token_ids = d
 
     @staticmethod
     def _score_prompts(out, logits: torch.Tensor) -> None:
@@ -174,26 +234,33 @@ class LLMEngine:
                                                   req.params.prompt_logprobs)
             row += len(positions)
 
-    def _emit(self, req: Request) -> StepOutput:
+    def _emit(self, req: Request, count: int = 1) -> StepOutput:
+        """The step's output of ``req``: its ``count`` new tokens (several after verified drafts), their text, and
+        the finish; a stop string inside them ends the request there (the tokens after it are dropped)."""
         state = self._detok[req.request_id]
-        token = req.output_token_ids[-1]
+        first = req.num_output_tokens - count
         delta = ""
-        if self.tokenizer is not None and not state.stop.stopped:
-            piece = self._new_text(state, req, token)
-            if req.is_finished and state.decoder is not None:
+        for i in range(first, req.num_output_tokens):
+            if self.tokenizer is None or state.stop.stopped:
+                break
+            piece = self._new_text(state, req, req.output_token_ids[i])
+            last = i == req.num_output_tokens - 1
+            if last and req.is_finished and state.decoder is not None:
                 piece += state.decoder.flush()  # bytes held back for a character that never completed
             if piece:
                 update = state.stop.feed(piece)
-                delta = update.delta
+                delta += update.delta
                 if update.stopped and not req.is_finished:
+                    del req.output_token_ids[i + 1:], req.output_logprobs[i + 1:]
                     req.stop_reason = update.stop
                     self.scheduler.finish_requests(req.request_id, FinishReason.STOP)
         if req.is_finished:
             delta += "" if state.stop.stopped else state.stop.finish()
-        lp = req.output_logprobs[-1] if req.output_logprobs else None
-        prompt_lps = req.prompt_logprobs if req.num_output_tokens == 1 else None
-        return StepOutput(req.request_id, [token], delta, req.is_finished,
-                          req.finish_reason.value if req.finish_reason else None, [lp], prompt_lps)
+        tokens = req.output_token_ids[first:]
+        lps = req.output_logprobs[first:] if req.output_logprobs else [None] * len(tokens)
+        prompt_lps = req.prompt_logprobs if first == 0 else None
+        return StepOutput(req.request_id, tokens, delta, req.is_finished,
+                          req.finish_reason.value if req.finish_reason else None, lps, prompt_lps)
 
     def _new_text(self, state: _Detok, req: Request, token: int) -> str:
         """The text ``token`` completes: O(1) per token with an incremental decoder (the full output is

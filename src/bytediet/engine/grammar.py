@@ -54,6 +54,27 @@ def tokenizer_info(tokenizer, vocab_size: int):
     return xgr.TokenizerInfo(vocab, vocab_type=xgr.VocabType.RAW, vocab_size=vocab_size, stop_token_ids=stop)
 
 
+#: the bound given to an integer or number the schema leaves unbounded: 16 digits, as llama.cpp's JSON grammar
+NUMBER_BOUND = 10**16 - 1
+_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+_DATA_KEYS = ("enum", "const", "default", "examples")  # JSON values, not schemas
+
+
+def bound_numbers(schema):
+    """A copy of ``schema`` whose unbounded ``integer`` / ``number`` types are bounded by ±NUMBER_BOUND, so a small
+    model cannot emit digits until ``max_tokens``; a bound the schema gives is kept."""
+    if isinstance(schema, list):
+        return [bound_numbers(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: v if k in _DATA_KEYS else bound_numbers(v) for k, v in schema.items()}
+    kinds = out.get("type")
+    kinds = kinds if isinstance(kinds, list) else [kinds]
+    if ("integer" in kinds or "number" in kinds) and not any(b in out for b in _BOUNDS):
+        out.update(minimum=-NUMBER_BOUND, maximum=NUMBER_BOUND)
+    return out
+
+
 class GrammarCompiler:
     """Compiles grammars for one tokenizer; compiled grammars are cached by their schema text."""
 
@@ -75,8 +96,9 @@ class GrammarCompiler:
                 raise ConfigError(f"response_format: the JSON schema cannot be compiled: {exc}") from None
 
     def json_mask(self, schema: Optional[dict]) -> "GrammarMask":
-        """A fresh mask (one per sequence) for values matching ``schema`` (``None``: any JSON object)."""
-        text = None if schema is None else json.dumps(schema)  # key order is the order properties are written
+        """A fresh mask (one per sequence) for values matching ``schema`` (``None``: any JSON object); integers and
+        numbers without bounds get ±(10^16 − 1) (:func:`bound_numbers`)."""
+        text = None if schema is None else json.dumps(bound_numbers(schema))  # key order: the properties' order
         return GrammarMask(self.compile_json(text), self.vocab_size)
 
 

@@ -11,6 +11,7 @@ from ..config import SchedulerConfig
 from ..errors import ConfigError
 from ..kvcache.base import get_kv_codec
 from ..kvcache.config import CacheConfig
+from .speculative import SpeculativeConfig
 from .config import EngineConfig
 from .engine import LLMEngine, StepOutput, set_threads
 from .params import SamplingParams
@@ -52,9 +53,12 @@ class LLM:
 
     Keyword arguments mirror the CLI flags: ``dtype``, ``weights`` (format applied at load time),
     ``kv_cache_dtype``, ``kv_cache_memory``, ``block_size``, ``num_blocks``, ``max_num_batched_tokens``,
-    ``max_num_seqs``, ``enable_prefix_caching``, ``enable_chunked_prefill``, ``seed``, ``num_threads``;
+    ``max_num_seqs``, ``long_prefill_token_threshold``, ``scheduling_policy`` (``fcfs`` or ``priority``),
+    ``enable_prefix_caching``, ``enable_chunked_prefill``, ``seed``, ``num_threads``;
     ``keep_packed`` (default True: a GGUF runs on its native blocks; ``weights="fp32"`` is the dequantized
     reference) and ``activations`` (``q16``, ``q8`` or ``f32``: how those blocks multiply).
+    ``speculative_config``: speculative decoding in vLLM's JSON shape (a dict or its JSON text, e.g.
+    ``{"method": "ngram", "num_speculative_tokens": 4}``; :mod:`bytediet.engine.speculative`).
     ``kv_calibration_state``: what calibration taught the ``kv_cache_dtype`` codec (plain data or a file path;
     see :class:`~bytediet.kvcache.config.CacheConfig`).
     ``loaded=(model, tokenizer)`` uses a model already loaded (and perhaps quantized); ``config.weights`` and
@@ -67,9 +71,11 @@ class LLM:
     def __init__(self, model: str = "default", *, dtype: str = "float32", weights: Optional[str] = None,
                  kv_cache_dtype: str = "auto", kv_cache_memory: Union[str, int] = "1GiB", block_size: Optional[int] = None,
                  num_blocks: Optional[int] = None, max_num_batched_tokens: int = 512, max_num_seqs: int = 64,
+                 long_prefill_token_threshold: int = 0, scheduling_policy: str = "fcfs",
                  enable_prefix_caching: bool = True, enable_chunked_prefill: bool = True, seed: int = 0,
                  num_threads: Optional[int] = None, keep_packed: bool = True, activations: str = "q16",
-                 tensor_parallel_size: int = 1, loaded=None, kv_calibration_state=None) -> None:
+                 tensor_parallel_size: int = 1, loaded=None, kv_calibration_state=None,
+                 speculative_config=None) -> None:
         from ..models.loader import load_model
 
         set_threads(num_threads)
@@ -82,11 +88,14 @@ class LLM:
         self.config = EngineConfig(
             model=str(model), dtype=dtype, weights=weights, weight_overrides=overrides, seed=seed,
             num_threads=num_threads, tensor_parallel_size=tensor_parallel_size,
+            speculative=SpeculativeConfig.parse(speculative_config),
             cache=CacheConfig(block_size=block_size, kv_cache_memory=kv_cache_memory, kv_cache_dtype=kv_cache_dtype,
                               enable_prefix_caching=enable_prefix_caching, num_blocks=num_blocks,
                               kv_calibration_state=kv_calibration_state),
             scheduler=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
-                                      enable_chunked_prefill=enable_chunked_prefill),
+                                      enable_chunked_prefill=enable_chunked_prefill,
+                                      long_prefill_token_threshold=long_prefill_token_threshold,
+                                      policy=scheduling_policy),
         )
         t0 = time.perf_counter()
         self.workers = None
@@ -176,13 +185,15 @@ class LLM:
 
     # -- generation -----------------------------------------------------------------------------
     def generate(self, prompts: Union[Prompt, Sequence[Prompt]], sampling_params: Optional[
-                 Union[SamplingParams, Sequence[SamplingParams]]] = None) -> list[RequestOutput]:
-        """Generate for every prompt together (continuous batching); results in prompt order."""
+                 Union[SamplingParams, Sequence[SamplingParams]]] = None,
+                 priority: Optional[Sequence[int]] = None) -> list[RequestOutput]:
+        """Generate for every prompt together (continuous batching); results in prompt order. ``priority``: one
+        integer per prompt for the ``priority`` scheduling policy (smaller first)."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         token_lists = [self.encode(p) for p in prompts]
         texts = [p if isinstance(p, str) else None for p in prompts]
-        return self._run(token_lists, texts, sampling_params)
+        return self._run(token_lists, texts, sampling_params, priority)
 
     def chat(self, conversations: Union[Sequence[Message], Sequence[Sequence[Message]]],
              sampling_params: Optional[SamplingParams] = None) -> list[RequestOutput]:
@@ -193,20 +204,23 @@ class LLM:
         ids = [self.tokenizer.encode(r, add_special_tokens=False) for r in rendered]
         return self._run(ids, rendered, sampling_params)
 
-    def _run(self, token_lists, texts, sampling_params) -> list[RequestOutput]:
+    def _run(self, token_lists, texts, sampling_params, priority=None) -> list[RequestOutput]:
         params = sampling_params or SamplingParams()
         params_list = list(params) if isinstance(params, (list, tuple)) else [params] * len(token_lists)
         if len(params_list) != len(token_lists):
             raise ConfigError("sampling_params: give one per prompt, or a single one for all")
+        priorities = [0] * len(token_lists) if priority is None else list(priority)
+        if len(priorities) != len(token_lists):
+            raise ConfigError("priority: give one per prompt")
         for ids, p in zip(token_lists, params_list):  # validate everything before queueing anything
             for i in range(p.n):
                 self.engine.validate(ids, p.for_completion(i))
         outputs, children = [], {}
-        for ids, text, p in zip(token_lists, texts, params_list):
+        for ids, text, p, rank in zip(token_lists, texts, params_list, priorities):
             ro = RequestOutput(request_id=f"gen-{len(outputs)}-{id(ids)}", prompt=text, prompt_token_ids=ids)
             outputs.append(ro)
             for i in range(p.n):
-                req = self.engine.add_request(ids, p.for_completion(i))
+                req = self.engine.add_request(ids, p.for_completion(i), priority=rank)
                 children[req.request_id] = (ro, i, req)
         while self.engine.has_unfinished_requests():
             self.engine.step()

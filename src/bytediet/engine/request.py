@@ -31,7 +31,8 @@ class Request:
     """One sequence being generated. ``block_ids`` is owned by the block manager."""
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                 arrival_time: Optional[float] = None, eos_token_ids: frozenset[int] = frozenset()) -> None:
+                 arrival_time: Optional[float] = None, eos_token_ids: frozenset[int] = frozenset(),
+                 priority: int = 0) -> None:
         self.request_id = request_id
         self.seq_id = -1  # the engine's integer id, for codecs that keep per-sequence state
         self.prompt_token_ids = list(prompt_token_ids)
@@ -42,6 +43,7 @@ class Request:
             None if params.prompt_logprobs is None else [None]
         self.params = params
         self.arrival_time = time.perf_counter() if arrival_time is None else arrival_time
+        self.priority = priority  # the "priority" policy runs smaller values first (vLLM's meaning)
         self.first_token_time: Optional[float] = None
         self.finish_time: Optional[float] = None
         self.status = RequestStatus.WAITING
@@ -55,6 +57,8 @@ class Request:
         self.num_registered_blocks = 0
         self.eos_token_ids = eos_token_ids
         self.generator: Optional[torch.Generator] = make_generator(params.seed)
+        self.draft_token_ids: list[int] = []  # speculative drafts for the next step (engine/speculative.py)
+        self.draft = None  # its AdaptiveDraft, made on the first proposal
 
     @property
     def num_prompt_tokens(self) -> int:

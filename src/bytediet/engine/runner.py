@@ -5,6 +5,7 @@ It owns the model and the per-layer KV pages; it makes no scheduling decision.
 from __future__ import annotations
 
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Optional
 
 import torch
@@ -78,8 +79,8 @@ class ModelRunner:
     def prepare(self, out: SchedulerOutput) -> tuple[torch.Tensor, AttentionMetadata, torch.Tensor]:
         """Flatten the batch: input ids (T,), metadata, and the rows whose logits are needed (N,).
 
-        The rows: one per request that samples, in schedule order, then each request's
-        ``prompt_logprob_positions`` (schedule order, ascending positions).
+        The rows: one per request that samples (1 + its drafts for one that verifies speculative drafts), in
+        schedule order, then each request's ``prompt_logprob_positions`` (schedule order, ascending positions).
         """
         bs = self.block_size
         ids, positions, slots, qlens, clens, logit_rows, tables, seq_ids = [], [], [], [], [], [], [], []
@@ -88,7 +89,7 @@ class ModelRunner:
         for s in out.scheduled:
             prompt_rows.extend(row + p - s.request.num_computed_tokens for p in s.prompt_logprob_positions)
             req, start, n = s.request, s.request.num_computed_tokens, s.num_tokens
-            ids.extend(req.all_token_ids[start:start + n])
+            ids.extend(req.all_token_ids[start:start + n - len(s.drafts)] + s.drafts)
             pos = range(start, start + n)
             positions.extend(pos)
             slots.extend(req.block_ids[p // bs] * bs + p % bs for p in pos)
@@ -98,7 +99,7 @@ class ModelRunner:
             seq_ids.append(req.seq_id)
             row += n
             if s.samples:
-                logit_rows.append(row - 1)
+                logit_rows.extend(range(row - 1 - len(s.drafts), row))
         logit_rows += prompt_rows
         width = max(len(t) for t in tables)
         block_tables = torch.full((len(tables), width), -1, dtype=torch.int64)
@@ -119,7 +120,10 @@ class ModelRunner:
     def run(self, out: SchedulerOutput) -> torch.Tensor:
         """Logits (N, vocab) float32 of the rows :meth:`prepare` picks: the sampling requests', then prompt rows."""
         input_ids, meta, logit_rows = self.prepare(out)
-        if self.decoder is not None and all(n == 1 for n in meta.query_lens_list) and self.decoder.ready():
+        if self.decoder is not None and _decoding_only(out) and self.decoder.ready():
+            if len(input_ids) > len(meta.query_lens_list):  # drafts: each query row its own copy of the block table
+                lens = torch.tensor(meta.query_lens_list, dtype=torch.int64, device=meta.block_tables.device)
+                meta = replace(meta, block_tables=meta.block_tables.repeat_interleave(lens, dim=0))
             return self.decoder.logits(input_ids, meta, logit_rows)
         if self.decoder is not None and self.workers is None and self.prefill_threads > torch.get_num_threads():
             with torch_threads(self.prefill_threads):  # the engine lowered them for the native decode step
@@ -128,6 +132,13 @@ class ModelRunner:
             return self.workers.run(input_ids, meta, logit_rows,
                                     lambda: self.model(input_ids, meta, self.caches, logit_rows))
         return self.model(input_ids, meta, self.caches, logit_rows)  # (0, vocab) when nobody samples
+
+
+def _decoding_only(out: SchedulerOutput) -> bool:
+    """Every scheduled request computes its one last token (and its drafts): the one-call native step runs it, the
+    query rows of one sequence attending causally over the pages the step writes first."""
+    return all(s.request.num_computed_tokens + 1 == s.request.num_tokens and s.num_tokens == 1 + len(s.drafts)
+               for s in out.scheduled)
 
 
 @contextmanager

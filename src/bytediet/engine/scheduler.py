@@ -2,9 +2,10 @@
 
 Contract (vLLM v1): ``add_request``, ``schedule`` → :class:`SchedulerOutput`, ``update_from_output``,
 ``finish_requests``. It never touches tensors. Chunked prefill: a prompt longer than the remaining
-budget is computed over several steps, mixed with other requests' decodes. Preemption by recompute:
-when blocks run out, the youngest running request gives its blocks back and is requeued at the front,
-keeping its generated tokens (they are recomputed with the prompt later).
+budget (or than ``long_prefill_token_threshold``) is computed over several steps, mixed with other requests'
+decodes, which are scheduled first. Preemption by recompute: when blocks run out, the youngest running request
+(under the ``priority`` policy: the lowest in priority) gives its blocks back and is requeued, keeping its
+generated tokens (they are recomputed with the prompt later).
 """
 from __future__ import annotations
 
@@ -19,12 +20,13 @@ from .request import FinishReason, Request, RequestStatus
 @dataclass
 class ScheduledRequest:
     request: Request
-    num_tokens: int  # tokens computed this step, starting at request.num_computed_tokens
+    num_tokens: int  # tokens computed this step, starting at request.num_computed_tokens (drafts included)
+    drafts: list[int] = field(default_factory=list)  # speculative tokens after the last one, verified this step
 
     @property
     def samples(self) -> bool:
         """True when this step reaches the request's last token, so its logits give the next token."""
-        return self.request.num_computed_tokens + self.num_tokens == self.request.num_tokens
+        return self.request.num_computed_tokens + self.num_tokens - len(self.drafts) == self.request.num_tokens
 
     @property
     def prompt_logprob_positions(self) -> range:
@@ -76,33 +78,38 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def schedule(self) -> SchedulerOutput:
-        """Pick the requests and token counts of the next step within the budget."""
+        """Pick the requests and token counts of the next step within the budget: every running decode first,
+        then running prompts' next chunks, then waiting prompts (each chunk at most ``prefill_chunk`` tokens)."""
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
-        i = 0
-        while i < len(self.running) and budget > 0:
-            req = self.running[i]
-            n = min(req.num_tokens - req.num_computed_tokens, budget)
+        for req in sorted(self.running, key=lambda r: r.num_computed_tokens < r.num_prompt_tokens):
+            if budget <= 0:
+                break
+            if req.status is not RequestStatus.RUNNING:
+                continue  # preempted earlier in this step
+            n = min(req.num_tokens - req.num_computed_tokens, budget, self.config.prefill_chunk)
+            drafts = self._drafts(req, budget) if n == 1 else []
+            n += len(drafts)
             while not self.block_manager.can_allocate(req, n):
-                victim = self.running[-1]  # the youngest
-                if victim is req and len(self.running) == 1:
+                victim = self._victim(req)
+                if victim is None:
                     break  # alone and still out of blocks: handled below
+                budget += self._unschedule(out, victim)
                 self._preempt(victim)
                 out.preempted.append(victim)
                 if victim is req:
                     break
             if req.status is not RequestStatus.RUNNING:
-                break  # req itself was preempted: nobody younger is left
+                continue  # req itself was preempted
             if not self.block_manager.can_allocate(req, n):
-                n = self._capacity(req)
+                drafts, n = [], min(n - len(drafts), self._capacity(req))
                 if n == 0:  # the whole cache holds this one sequence and it cannot grow
                     self._finish(req, FinishReason.LENGTH)
                     out.finished.append(req)
                     continue
             self.block_manager.allocate(req, n)
-            out.scheduled.append(ScheduledRequest(req, n))
+            out.scheduled.append(ScheduledRequest(req, n, drafts))
             budget -= n
-            i += 1
         if not out.preempted:
             self._schedule_waiting(out, budget)
         return out
@@ -110,7 +117,7 @@ class Scheduler:
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
         bm = self.block_manager
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            req = self.waiting[0]
+            req = self._next_waiting()
             if req.num_computed_tokens == 0:
                 cached = bm.allocate_cached_prefix(req)
                 if req.num_preemptions == 0:
@@ -118,7 +125,7 @@ class Scheduler:
             remaining = req.num_tokens - req.num_computed_tokens
             if remaining > budget and not self.config.enable_chunked_prefill:
                 break
-            n = min(remaining, budget)
+            n = min(remaining, budget, self.config.prefill_chunk)
             if not bm.can_allocate(req, n):
                 if self.running or out.scheduled:
                     break  # wait for running requests to free blocks
@@ -126,28 +133,38 @@ class Scheduler:
                 if n == 0:
                     break
             bm.allocate(req, n)
-            self.waiting.popleft()
+            self.waiting.remove(req)
             req.status = RequestStatus.RUNNING
             self.running.append(req)
             out.scheduled.append(ScheduledRequest(req, n))
             budget -= n
 
-    def update_from_output(self, out: SchedulerOutput, sampled: dict[str, tuple[int, object]]) -> list[Request]:
+    def update_from_output(self, out: SchedulerOutput, sampled: dict[str, tuple]) -> list[Request]:
         """Advance computed counts, append sampled tokens, finish requests that hit a token stop.
 
-        ``sampled`` maps request id → (token id, logprobs) for the requests whose step sampled.
+        ``sampled`` maps request id → (token id, logprobs), or for a request that verified drafts (token ids,
+        logprobs) lists: its accepted drafts and the target's own token. The KV written for rejected drafts is
+        rolled back: the computed count and the block table return to the accepted length.
         Returns the requests that finished in this step.
         """
         finished = []
         for s in out.scheduled:
             req = s.request
-            req.num_computed_tokens += s.num_tokens
+            got = sampled.get(req.request_id)
+            tokens, logprobs = ([], []) if got is None else (
+                (got[0], got[1]) if isinstance(got[0], list) else ([got[0]], [got[1]]))
+            rejected = len(s.drafts) - (len(tokens) - 1) if s.drafts and tokens else len(s.drafts)
+            req.num_computed_tokens += s.num_tokens - rejected
+            reason = None
+            for token, lp in zip(tokens, logprobs):
+                req.append_token(token, lp)
+                reason = req.check_token_stop(self.max_model_len)
+                if reason is not None:
+                    break
+            if s.drafts:  # the KV of rejected drafts (and of drafts after a stop) is not the text's
+                req.num_computed_tokens = min(req.num_computed_tokens, req.num_tokens - 1)
+                self.block_manager.trim(req)
             self.block_manager.cache_full_blocks(req)
-            if req.request_id not in sampled:
-                continue
-            token, logprobs = sampled[req.request_id]
-            req.append_token(token, logprobs)
-            reason = req.check_token_stop(self.max_model_len)
             if reason is not None:
                 self._finish(req, reason)
                 finished.append(req)
@@ -164,6 +181,43 @@ class Scheduler:
         return done
 
     # -- internals ------------------------------------------------------------------------------
+    def _drafts(self, req: Request, budget: int) -> list[int]:
+        """The request's speculative drafts that fit this step: the budget, the context window, ``max_tokens``."""
+        if not req.draft_token_ids:
+            return []
+        room = min(budget - 1, self.max_model_len - req.num_tokens - 1)
+        if req.params.max_tokens is not None:
+            room = min(room, req.params.max_tokens - req.num_output_tokens - 1)
+        return req.draft_token_ids[:max(0, room)]
+
+    def _rank(self, req: Request) -> tuple:
+        """Sort key of the policy: smaller runs first and is preempted last."""
+        if self.config.policy == "priority":
+            return (req.priority, req.arrival_time)
+        return (req.arrival_time,)
+
+    def _next_waiting(self) -> Request:
+        """The waiting request admitted next: the queue's head (fcfs), or the first by priority then arrival."""
+        if self.config.policy == "priority":
+            return min(self.waiting, key=self._rank)
+        return self.waiting[0]
+
+    def _victim(self, req: Request):
+        """Whom ``req`` preempts when blocks run out: the youngest running request (fcfs) or the lowest in
+        priority, possibly ``req`` itself; None when ``req`` is alone."""
+        if len(self.running) == 1:
+            return None
+        if self.config.policy == "priority":
+            return max(self.running, key=self._rank)
+        return self.running[-1]
+
+    def _unschedule(self, out: SchedulerOutput, req: Request) -> int:
+        """Take ``req`` out of this step's batch (it is about to be preempted); returns the tokens it had."""
+        for i, s in enumerate(out.scheduled):
+            if s.request is req:
+                return out.scheduled.pop(i).num_tokens
+        return 0
+
     def _capacity(self, req: Request) -> int:
         """Tokens ``req`` could still compute with its own blocks plus every free block."""
         bm = self.block_manager
@@ -188,6 +242,7 @@ class Scheduler:
         self.running.remove(req)
         self.block_manager.free(req)
         req.num_computed_tokens = 0
+        req.draft_token_ids = []
         req.num_preemptions += 1
         req.status = RequestStatus.WAITING
         self.num_preemptions += 1

@@ -39,7 +39,7 @@ from ..errors import ConfigError
 
 VERSION = 1
 ENGINE_KEYS = ("kv_cache_memory", "block_size", "num_blocks", "max_num_batched_tokens", "max_num_seqs",
-               "enable_prefix_caching", "enable_chunked_prefill", "seed", "num_threads", "keep_packed", "activations")
+               "long_prefill_token_threshold", "scheduling_policy", "speculative_config", "enable_prefix_caching", "enable_chunked_prefill", "seed", "num_threads", "keep_packed", "activations")
 DTYPES = ("float32", "bfloat16", "float16")
 _KEYS = ("bytediet_run_config", "model", "dtype", "weights", "weight_overrides", "kv_cache_dtype", "kv_calibration",
          "kv_calibration_state", "engine", "notes")

@@ -309,6 +309,18 @@ def ratios(ours: dict, peer: dict) -> dict:
     return out
 
 
+def crippled_peer(measured: dict) -> str:
+    """Why no ratio may be reported against this peer's measurement ('' when it ran at its best): llama.cpp with its
+    repacked kernels (extra buffer types) off runs several times slower than a user's build on the same CPU."""
+    info = measured.get("info") or {}
+    if info.get("extra_buffer_types") is False:
+        from .llama_build import REBUILD_HINT
+
+        return (f"{info.get('system', 'the peer')} ran with its repacked kernels off "
+                f"({info.get('extra_buffer_types_note')}); {REBUILD_HINT}")
+    return ""
+
+
 def machine_info() -> dict:
     from .measure import cpu_model
 
@@ -362,7 +374,10 @@ def run_bench(ours, peers: Sequence, config: BenchConfig, *, parts: Sequence[str
     mine = [ours.name] + [v.name for v in variants if v.name in result["systems"]]
     for peer in peers:
         result["systems"][peer.name] = _run_peer(peer, ctx, parts)
-        if result["systems"][peer.name]["available"]:
+        refused = crippled_peer(result["systems"][peer.name])
+        if refused:
+            result["ratios"][peer.name] = {"refused": refused}
+        elif result["systems"][peer.name]["available"]:
             result["ratios"][peer.name] = ratios(result["systems"][ours.name], result["systems"][peer.name])
             for name in mine[1:]:
                 result["ratios"][peer.name][name] = ratios(result["systems"][name], result["systems"][peer.name])

@@ -270,7 +270,11 @@ class LlamaCppSystem:
                                        n_threads_batch=threads, seed=0, verbose=False)
 
     def info(self) -> dict:
+        import llama_cpp
+
+        system_info = llama_cpp.llama_print_system_info()
         return {"system": "llama.cpp", "package": f"llama-cpp-python {self.version}", "source": str(self.path),
+                "system_info": system_info.decode() if isinstance(system_info, bytes) else str(system_info),
                 "weights": "GGUF blocks as stored", "weight_bytes": gguf_tensor_bytes(self.path),
                 "threads": self.threads, "concurrency_mode": "sequential (one sequence per llama_cpp.Llama context)",
                 "extra_buffer_types": self.extra_buffer_types, "extra_buffer_types_note": self.extra_note}

@@ -88,7 +88,7 @@ def _prepare(state: ServerState, body: ChatCompletionRequest) -> tuple[list[int]
                               "leave one of them out")
         masks = state.grammars.masks(schema) if schema is not None else state.grammars.masks_for(body.response_format)
         prompt = chat_token_ids(state, body, tools.system_text(specs) if schema is not None else None)
-        return prompt, make_jobs(state, [prompt], params, masks), schema is not None
+        return prompt, make_jobs(state, [prompt], params, masks, body.priority), schema is not None
     except BytedietError as exc:
         aliases = {"prompt": "messages", "logprobs": "top_logprobs", "max_tokens": body.max_tokens_field}
         raise APIError.bad_request(exc, aliases, FIELDS) from exc

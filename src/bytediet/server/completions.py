@@ -128,7 +128,8 @@ def _prepare(state: ServerState, body: CompletionRequest) -> tuple[list[list[int
             raise ConfigError(f"prompt: {len(body.prompt)} prompts in one request exceed the server's limit of "
                               f"{state.config.max_prompts_per_request}; split the batch over several requests")
         prompts = prompt_token_ids(state, body.prompt)
-        jobs = make_jobs(state, prompts, params, state.grammars.masks_for(body.response_format))
+        jobs = make_jobs(state, prompts, params, state.grammars.masks_for(body.response_format),
+                         body.priority)
         echoes = [echo_text(state.tokenizer, p, ids) if body.echo else ""
                   for p, ids in zip(split_prompts(body.prompt), prompts)]
         return prompts, jobs, echoes

@@ -72,6 +72,13 @@ class _EngineCollector(Collector):
                             bm.prefix_hits * bm.block_size)
         yield self._counter("num_preemptions", "Requests preempted to free KV blocks.",
                             engine.scheduler.num_preemptions)
+        stats = engine.stats
+        yield self._counter("spec_decode_num_drafts", "Request-steps that verified speculative drafts.",
+                            stats.spec_verifications)
+        yield self._counter("spec_decode_num_draft_tokens", "Speculative draft tokens proposed.",
+                            stats.spec_draft_tokens)
+        yield self._counter("spec_decode_num_accepted_tokens", "Speculative draft tokens the target accepted.",
+                            stats.spec_accepted_tokens)
         info = GaugeMetricFamily(PREFIX + "engine_info", "What is served (value 1): KV codec and weight format.",
                                  labels=["model_name", "kv_codec", "weight_format"])
         info.add_metric(self.labels + [self.kv_codec, self.weight_format], 1.0)

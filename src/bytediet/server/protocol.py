@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Literal, Optional, Union
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, ValidationInfo, field_validator
 
 from ..engine.params import SamplingParams
 from ..errors import ConfigError
@@ -69,6 +69,7 @@ class _SamplingRequest(_Schema):
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
     logit_bias: Optional[dict[str, float]] = None
+    priority: StrictInt = 0  # vLLM's field: smaller runs first under --scheduling-policy priority
 
     @field_validator("stream_options")
     @classmethod

@@ -90,6 +90,7 @@ class Job:
     index: int
     prompt_ids: list[int]
     params: SamplingParams  # n == 1, its own seed
+    priority: int = 0  # the scheduler's order under --scheduling-policy priority (smaller first)
 
 
 @dataclass
@@ -124,7 +125,7 @@ def new_id(prefix: str) -> str:
 
 
 def make_jobs(state: ServerState, prompts: Sequence[list[int]], params: SamplingParams,
-              new_mask: Optional[Callable[[], Callable]] = None) -> list[Job]:
+              new_mask: Optional[Callable[[], Callable]] = None, priority: int = 0) -> list[Job]:
     """Validate every sequence before any is queued (so a bad one fails the request with nothing running).
 
     As vLLM and OpenAI do, ``max_tokens`` that cannot fit after the prompt is an error, not a silent cut;
@@ -152,7 +153,7 @@ def make_jobs(state: ServerState, prompts: Sequence[list[int]], params: Sampling
                     f"window of {state.max_model_len} tokens; ask for at most {room}")
             if new_mask is not None:
                 sub = replace(sub, logits_processors=(new_mask(),))
-            jobs.append(Job(p * params.n + i, ids, sub))
+            jobs.append(Job(p * params.n + i, ids, sub, priority))
     return jobs
 
 
@@ -167,7 +168,7 @@ async def run_jobs(state: ServerState, jobs: list[Job], request_id: str) -> Asyn
     state.sequences += len(jobs)
 
     async def pump(job: Job) -> None:
-        stream = state.engine.generate(job.prompt_ids, job.params, f"{request_id}-{job.index}")
+        stream = state.engine.generate(job.prompt_ids, job.params, f"{request_id}-{job.index}", job.priority)
         try:
             async with aclosing(state.metrics.track(stream, len(job.prompt_ids), arrival)) as tracked:
                 async for out in tracked:
