@@ -166,3 +166,12 @@ def test_calibration_windows_too_short_to_split_name_the_flags():
 
     with pytest.raises(ConfigError, match=r"--kv-calib-len of at least 64"):
         split_windows([torch.arange(40)])
+
+
+def test_rank_correlation_is_spearmans_rho():
+    from bytediet.calibrate.kv_budget import rank_correlation
+
+    assert rank_correlation([1, 2, 3, 4], [10, 20, 30, 400]) == pytest.approx(1.0)
+    assert rank_correlation([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert rank_correlation([1, 2, 2, 3], [1, 2, 3, 4]) == pytest.approx(0.9486832980505138)   # scipy.stats.spearmanr
+    assert rank_correlation([1, 2], [2, 1]) is None

@@ -61,6 +61,7 @@ class KVPlan:
     states: dict = field(default_factory=dict)        # spec → calibration state of the calibrated codecs used
     validation: dict = field(default_factory=dict)    # proposal → mean KL on the validation windows
     chosen: str = "plan"                      # the proposal of least validation KL ("plan" or "uniform <spec>")
+    estimated: dict = field(default_factory=dict)     # proposal → Σ per-layer attention error (the proxy)
 
     def state(self) -> dict:
         """The :class:`~bytediet.kvcache.auto.BudgetCodec` calibration state."""
@@ -72,7 +73,7 @@ class KVPlan:
     def to_dict(self) -> dict:
         return {"budget": self.budget, "bits": self.bits, "plan": self.plan, "estimated_error": self.estimated_error,
                 "errors": self.errors, "validation_kl": self.validation, "chosen": self.chosen,
-                "calibrated": sorted(self.states)}
+                "calibrated": sorted(self.states), "estimated_error_by_proposal": self.estimated}
 
     def verdict(self) -> str:
         """What the chosen proposal beat on validation, and by how much (mean KL)."""
@@ -282,10 +283,34 @@ def plan_from_errors(sens: Sensitivity, budget: float, num_kv_heads: int, head_d
         validation = validate_proposals(model, sens, budget, proposals, progress)
         chosen = min(validation, key=lambda name: (validation[name], name != "plan"))
         plan = proposals[chosen]
-    est = sum(sens.errors[i]["k"][p["k"]] + sens.errors[i]["v"][p["v"]] for i, p in enumerate(plan))
+    proxy = lambda p: sum(sens.errors[i]["k"][x["k"]] + sens.errors[i]["v"][x["v"]] for i, x in enumerate(p))  # noqa: E731
     specs = [x for p in plan for x in (p["k"], p["v"])]
-    return KVPlan(budget, [dict(p) for p in plan], bits(plan), sens.errors, est, sens.states(specs), validation,
-                  chosen)
+    return KVPlan(budget, [dict(p) for p in plan], bits(plan), sens.errors, proxy(plan), sens.states(specs), validation,
+                  chosen, {name: proxy(p) for name, p in proposals.items()})
+
+
+def rank_correlation(xs: Sequence[float], ys: Sequence[float]) -> Optional[float]:
+    """Spearman's ρ of two equally long samples (average ranks for ties); None below 3 points."""
+    if len(xs) < 3:
+        return None
+
+    def ranks(v):
+        order = sorted(range(len(v)), key=lambda i: v[i])
+        r = [0.0] * len(v)
+        i = 0
+        while i < len(order):
+            j = i
+            while j + 1 < len(order) and v[order[j + 1]] == v[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                r[order[k]] = (i + j) / 2
+            i = j + 1
+        return torch.tensor(r, dtype=torch.float64)
+
+    a, b = ranks(list(xs)), ranks(list(ys))
+    a, b = a - a.mean(), b - b.mean()
+    den = float(a.norm() * b.norm())
+    return float(a @ b) / den if den > 0 else None
 
 
 def validate_proposals(model, sens: Sensitivity, budget: float, proposals: dict, progress: Progress = no_progress

@@ -29,6 +29,7 @@ import torch
 
 from ..errors import ConfigError
 from .corpus import make_windows, tokenize_corpus
+from ..calibrate.kv_budget import rank_correlation
 from .fidelity import kl_per_position, next_token_pairs, token_nll
 
 ANCHORS = ("q8_0", "fp8_vllm", "k=q8_0,v=q4_0", "q5_0", "q4_1", "q4_0", "hf4", "hf2", "kivi4", "kivi2")
@@ -172,7 +173,8 @@ def _budget_entries(model, budgets, cal, note, progress):
             continue
         codec.load_calibration_state(plan.state(), rope=getattr(model, "rope", None))
         entries.append((codec.name, "budget", codec, {"calibrated": note, "validation": plan.verdict(),
-                                                      "validation_kl": plan.validation, "chosen": plan.chosen}))
+                                                      "validation_kl": plan.validation, "chosen": plan.chosen,
+                                                      "proxy_error": plan.estimated}))
     return entries, failed
 
 
@@ -220,6 +222,7 @@ def kv_pareto(model, tokenizer, *, corpus: str = "prideprejudice", windows: int 
         except ConfigError as exc:          # e.g. a head dim the codec cannot take: listed, not fatal
             records.append({"spec": spec, "kind": kind, "error": str(exc)})
     ok = [r for r in records if "error" not in r]
+    proxy = [(r["proxy_error"][n], kl) for r in ok if r.get("proxy_error") for n, kl in r["validation_kl"].items()]
     for i in pareto_front([(r["bytes_per_token"], r["ppl_change_pct"]) for r in ok]):
         ok[i]["frontier"] = True
     return {"model": getattr(model, "source_path", "") or c.name, "model_name": c.name,
@@ -230,6 +233,8 @@ def kv_pareto(model, tokenizer, *, corpus: str = "prideprejudice", windows: int 
                          "passkey_trials": passkey_trials, "capacity_memory": int(memory),
                          "capacity_len": capacity_len},
             "notes": checks.notes, "window_starts": [w.start for w in wins], "records": records,
+            "proxy_rank_correlation": rank_correlation([p for p, _ in proxy], [k for _, k in proxy]),
+            "proxy_points": len(proxy),
             "frontier": [r["spec"] for r in sorted(ok, key=lambda r: r["bytes_per_token"]) if r.get("frontier")],
             "elapsed_s": time.perf_counter() - t0}
 
