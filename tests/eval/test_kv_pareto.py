@@ -30,7 +30,7 @@ def tiny(ckpt):
 def result(ckpt, tiny):
     return kv_pareto(*tiny, corpus=str(ckpt / "corpus.txt"), windows=2, window_len=48,
                      anchors=("q8_0", "k=q8_0,v=q4_0", "q4_0"), ours=("bf16", "turboquant2"),
-                     budgets=(6.0, 0.5), calib_windows=1, calib_len=48, passkey_lengths=(1024, 240),
+                     budgets=(6.0, 0.5), calib_windows=1, calib_len=64, passkey_lengths=(1024, 240),
                      passkey_depths=(0.5,), passkey_trials=1)
 
 
@@ -102,3 +102,12 @@ def test_the_plot_clips_and_lists_off_scale_points(tmp_path, result):
     assert off_scale([r for r in fake["records"] if "error" not in r], top)[-1] == "broken: +3884.0 %"
     path = plot_kv_pareto(fake, tmp_path / "kv_pareto.png")
     assert path.stat().st_size > 10_000
+
+
+def test_codecs_with_calibration_hooks_run_calibrated_and_say_on_what(result):
+    recs = {r["spec"]: r for r in result["records"]}
+    assert recs["turboquant2"]["calibrated"] == "1 × 64 tokens of " + result["settings"]["corpus"] + \
+        "'s calibration split" and "calibrated" in recs["turboquant2"]["codec"]
+    assert "uncalibrated" not in recs["turboquant2"]["codec"]
+    assert recs["q8_0"]["calibrated"] is None and recs["bf16"]["calibrated"] is None   # no hooks
+    assert recs["auto:6"]["calibrated"] and recs["auto:6"]["validation"].startswith("validation mean KL")

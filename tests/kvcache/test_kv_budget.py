@@ -119,3 +119,59 @@ def test_a_plan_of_rotated_halves_runs_in_the_engine_at_its_inner_codecs_bytes()
     expected = sum(NBYTES["k"][p["k"]] + NBYTES["v"][p["v"]] for p in plan)           # every layer's, all-in
     assert llm.engine.runner.bytes_per_token == pytest.approx(expected)
     assert len(llm.generate([[1, 2, 3, 4]])[0].outputs[0].token_ids) > 0
+
+
+def test_validation_rejects_a_plan_worse_than_a_uniform_candidate():
+    """Error tables that lie (TurboQuant-2 keys and q4_0 values 'free') make the allocator propose that mix; end to
+    end on the validation half a uniform candidate of the budget is better, and it is chosen instead."""
+    from bytediet.calibrate.kv_budget import measure_errors, plan_from_errors
+
+    cfg = tiny_config("llama", hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=64)
+    model = model_from_state(cfg, random_state(cfg, seed=4))
+    windows = [torch.randint(0, cfg.vocab_size, (96,), generator=torch.Generator().manual_seed(i)) for i in range(2)]
+    sens = measure_errors(model, windows)
+    lie = {"k": "turboquant2", "v": "q4_0"}
+    for layer in sens.errors:
+        for role in ("k", "v"):
+            layer[role] = {spec: (0.0 if spec == lie[role] else 1.0) for spec in layer[role]}
+    plan = plan_from_errors(sens, 4.5, cfg.num_kv_heads, cfg.head_dim, model)
+    assert plan.chosen != "plan" and plan.chosen.startswith("uniform ")
+    assert plan.validation[plan.chosen] < plan.validation["plan"]
+    assert all(p == {"k": plan.chosen.split()[1], "v": plan.chosen.split()[1]} for p in plan.plan)
+    assert "beat" in plan.verdict() and "plan" in plan.verdict()
+    unvalidated = plan_from_errors(sens, 4.5, cfg.num_kv_heads, cfg.head_dim)
+    assert unvalidated.plan == [lie] * cfg.num_layers and not unvalidated.validation
+
+
+def test_a_plan_carries_its_calibrated_codecs_states_into_the_engine():
+    from bytediet import LLM
+    from bytediet.calibrate.kv_budget import measure_errors
+
+    cfg = tiny_config("llama", hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=64)
+    model = model_from_state(cfg, random_state(cfg, seed=4))
+    sens = measure_errors(model, [torch.randint(0, cfg.vocab_size, (96,))], candidates=("q4_0", "turboquant3"))
+    assert sens.codecs["turboquant3"].calibration_state() is not None
+    state = {"budget": 4.5, "plan": [{"k": "turboquant3", "v": "q4_0"}] * cfg.num_layers,
+             "states": sens.states(["turboquant3", "q4_0"])}
+    assert set(state["states"]) == {"turboquant3"}
+    llm = LLM("tiny", loaded=(model, None), kv_cache_dtype="auto:4.5", kv_calibration_state=state, num_blocks=8,
+              block_size=16)
+    key_half = llm.engine.runner.codec.layers[0].key_half
+    assert "calibrated" in key_half.describe(64) and "uncalibrated" not in key_half.describe(64)
+    assert llm.engine.runner.codec.calibration_state()["states"] == state["states"]
+
+
+def test_calibration_windows_too_short_to_split_name_the_flags():
+    from bytediet.calibrate.kv_budget import split_windows
+
+    with pytest.raises(ConfigError, match=r"--kv-calib-len of at least 64"):
+        split_windows([torch.arange(40)])
+
+
+def test_rank_correlation_is_spearmans_rho():
+    from bytediet.calibrate.kv_budget import rank_correlation
+
+    assert rank_correlation([1, 2, 3, 4], [10, 20, 30, 400]) == pytest.approx(1.0)
+    assert rank_correlation([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert rank_correlation([1, 2, 2, 3], [1, 2, 3, 4]) == pytest.approx(0.9486832980505138)   # scipy.stats.spearmanr
+    assert rank_correlation([1, 2], [2, 1]) is None

@@ -248,3 +248,22 @@ def test_pre_rope_mean_through_the_paged_attention_matches_the_decoded_reference
     torch.testing.assert_close(out, attention_over_context(q, k_dec, v_dec, 0.125, None), atol=2e-5, rtol=1e-4)
     with pytest.raises(ValueError, match="pass positions"):
         cache.write(keys[:1], values[:1], meta.slot_mapping[:1])
+
+
+def test_uncalibrated_use_warns_and_points_to_the_calibration_flag():
+    import warnings
+
+    from bytediet.calibrate.kv import calibrate_from_samples, needs_calibration
+
+    codec = get_kv_codec("turboquant4")
+    assert needs_calibration(codec) and needs_calibration(get_kv_codec("k=q8_0,v=turboquant3"))
+    assert not needs_calibration(get_kv_codec("q4_0"))
+    with pytest.warns(UserWarning, match="uncalibrated.*--kv-calib-windows"):
+        codec.create_cache(0, 4, 16, 2, 64, torch.float32, "cpu")
+    g = torch.Generator().manual_seed(0)
+    samples = [{"k": torch.randn(64, 2, 64, generator=g), "v": torch.randn(64, 2, 64, generator=g),
+                "q": torch.randn(64, 4, 64, generator=g)}]
+    calibrate_from_samples(codec, samples)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        codec.create_cache(0, 4, 16, 2, 64, torch.float32, "cpu")   # calibrated: no warning

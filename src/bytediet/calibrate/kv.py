@@ -113,6 +113,13 @@ def has_calibration(codec: KVCodec) -> bool:
         hasattr(getattr(codec, h, None), "calibrate") for h in ("key_half", "value_half"))
 
 
+def needs_calibration(codec: KVCodec) -> bool:
+    """Whether ``codec`` must be calibrated to be usable: a budget (its plan), or a codec or half that says so
+    (TurboQuant: without a channel mean and calibrated outlier channels, keys with outliers can collapse)."""
+    parts = (codec, getattr(codec, "key_half", None), getattr(codec, "value_half", None))
+    return isinstance(codec, BudgetCodec) or any(getattr(p, "needs_calibration", False) for p in parts)
+
+
 def calibrate_codec(codec: KVCodec, model, windows: Sequence[torch.Tensor],
                     max_samples: Optional[int] = 8192) -> KVCodec:
     """Capture K/V/Q on ``windows`` and calibrate ``codec`` in place (returned for chaining).
@@ -123,7 +130,9 @@ def calibrate_codec(codec: KVCodec, model, windows: Sequence[torch.Tensor],
     if isinstance(codec, BudgetCodec):
         from .kv_budget import plan_kv_budget
 
-        codec.load_calibration_state(plan_kv_budget(model, windows, codec.budget).state())
+        plan = plan_kv_budget(model, windows, codec.budget)
+        codec.load_calibration_state(plan.state(), rope=getattr(model, "rope", None))
+        codec.verdict = plan.verdict()
         return codec
     if not has_calibration(codec):
         return codec

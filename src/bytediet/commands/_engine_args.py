@@ -98,7 +98,8 @@ def build_llm(args: argparse.Namespace):
             kwargs["tensor_parallel_size"] = args.tensor_parallel_size
         return LLM(**kwargs)
     kv_kwargs = {"kv_cache_dtype": args.kv_cache_dtype}
-    if args.kv_cache_dtype.strip().lower().startswith("auto:"):
+    if args.kv_cache_dtype.strip().lower().startswith("auto:") or (args.kv_calib_windows > 0
+                                                                   and _needs_calibration(args.kv_cache_dtype)):
         kv_kwargs = plan_kv_budget_for(args)
     llm = LLM(
         args.model, dtype=args.dtype, weights=args.weights, keep_packed=args.keep_packed, activations=args.activations,
@@ -136,9 +137,17 @@ def save_run_config(llm, args: argparse.Namespace):
     return path
 
 
+def _needs_calibration(spec: str) -> bool:
+    from ..calibrate.kv import needs_calibration
+    from ..kvcache import get_kv_codec
+
+    return needs_calibration(get_kv_codec(spec))
+
+
 def plan_kv_budget_for(args: argparse.Namespace) -> dict:
-    """A KV budget (``--kv-cache-dtype auto:<bits>``): load the model as it will run, choose the per-layer plan on
-    the calibration windows, print it (stderr) and hand over ``loaded``, the budget's name and the plan (its state)."""
+    """A KV budget (``--kv-cache-dtype auto:<bits>``) or a codec that needs calibration (TurboQuant): load the model
+    as it will run, choose the per-layer plan / calibrate on the calibration windows, say so (stderr) and hand over
+    ``loaded``, the codec's name and its calibration state."""
     import sys
 
     from ..eval.harness import calibrated_kv_codec
@@ -149,6 +158,11 @@ def plan_kv_budget_for(args: argparse.Namespace) -> dict:
     calibration = dict(KV_CALIBRATION, corpus=args.kv_calib_corpus, windows=args.kv_calib_windows,
                        window_len=args.kv_calib_len)
     codec = calibrated_kv_codec(args.kv_cache_dtype, model, tokenizer, calibration)
-    print(codec.plan_table(model.config.num_kv_heads, model.config.head_dim), file=sys.stderr, flush=True)
+    if hasattr(codec, "plan_table"):
+        print(codec.plan_table(model.config.num_kv_heads, model.config.head_dim), file=sys.stderr, flush=True)
+    else:
+        print(f"KV {codec.name} calibrated on {args.kv_calib_windows} × {args.kv_calib_len} tokens of "
+              f"{args.kv_calib_corpus}'s calibration split (--kv-calib-windows 0 runs it uncalibrated)",
+              file=sys.stderr, flush=True)
     return {"kv_cache_dtype": codec.name, "kv_calibration_state": codec.calibration_state(),
             "loaded": (model, tokenizer)}

@@ -7,6 +7,7 @@ import sys
 from typing import Any
 
 from ..errors import ConfigError
+from ._engine_args import _needs_calibration
 from ._parse import floats, positive_ints
 
 
@@ -16,9 +17,10 @@ def register(subparsers) -> None:
     p.add_argument("--model", default="default", help="model name or path (default: SmolLM2-135M-Instruct)")
     p.add_argument("--weights", default=None, help="weight format applied to every linear layer (e.g. int8, int4-g64)")
     p.add_argument("--kv-cache-dtype", default=None, help="KV-cache codec (e.g. bf16, int8, turboquant3.5)")
-    p.add_argument("--kv-calib-windows", type=int, default=0, metavar="N",
+    p.add_argument("--kv-calib-windows", type=int, default=None, metavar="N",
                    help="calibrate a KV codec that has calibration hooks (fp8, turboquant) on N windows of "
-                        "--kv-calib-len tokens of the corpus's calibration split (default 0: uncalibrated fallback)")
+                        "--kv-calib-len tokens of the corpus's calibration split (default: 2 for the codecs that need "
+                        "it — budgets, TurboQuant — else none; 0: uncalibrated fallback)")
     p.add_argument("--kv-calib-len", type=int, default=1024, help="tokens per KV calibration window (default 1024)")
     p.add_argument("--windows", type=int, default=8, help="evaluation windows (default 8)")
     p.add_argument("--window-len", type=int, default=512, help="tokens per window (default 512)")
@@ -76,8 +78,8 @@ def run(args: argparse.Namespace) -> int:
     from ..eval.harness import evaluate
 
     kv_calibration = None
-    if args.kv_cache_dtype and args.kv_cache_dtype.strip().lower().startswith("auto:") and args.kv_calib_windows <= 0:
-        args.kv_calib_windows = 2   # a budget needs its plan: the default calibration
+    if args.kv_calib_windows is None:   # a budget needs its plan, TurboQuant its means: the default calibration
+        args.kv_calib_windows = 2 if args.kv_cache_dtype and _needs_calibration(args.kv_cache_dtype) else 0
     if args.kv_calib_windows > 0:
         kv_calibration = {"corpus": args.corpus, "windows": args.kv_calib_windows, "window_len": args.kv_calib_len,
                           "seed": args.seed}
@@ -121,7 +123,7 @@ def run_kv_pareto(args: argparse.Namespace) -> int:
     result = kp.kv_pareto(model, tokenizer, corpus=args.corpus, windows=args.windows, window_len=args.window_len,
                           seed=args.seed, anchors=_specs(args.kv_pareto_anchors, kp.ANCHORS),
                           ours=_specs(args.kv_pareto_codecs, kp.OURS), budgets=budgets,
-                          calib_windows=max(args.kv_calib_windows, 1), calib_len=args.kv_calib_len,
+                          calib_windows=max(args.kv_calib_windows or 0, 1), calib_len=args.kv_calib_len,
                           passkey_lengths=positive_ints(args.passkey_lengths or "2048,4096,8192") if passkey else (),
                           passkey_depths=floats(args.passkey_depths or "0.25,0.5,0.75"),
                           passkey_trials=args.passkey_trials,

@@ -10,6 +10,9 @@ path with that codec, and is compared position by position with the same model o
 * passkey retrieval (:class:`bytediet.eval.tasks.PasskeyTask`, through the engine) at each prompt length,
   as retrieved / trials — the same seeded prompts for every entry and for the bf16 reference row; lengths
   beyond the model's context are skipped with a note;
+* ``calibrated``: which calibration the entry ran with (codecs with calibration hooks — TurboQuant's means and
+  outlier channels, FP8's scales — are calibrated once on the calibration windows, as the engine runs them after
+  ``--kv-calib-windows``; None: the codec has no hooks); budgets also say what their plan beat on validation;
 * capacity: concurrent ``capacity_len``-token sequences the engine runs in a fixed KV memory (by default what
   ``reference_sequences`` of them take in bf16), sized by the engine itself
   (:func:`bytediet.engine.runner.sequence_capacity`: block pool and per-sequence staging).
@@ -26,6 +29,7 @@ import torch
 
 from ..errors import ConfigError
 from .corpus import make_windows, tokenize_corpus
+from ..calibrate.kv_budget import rank_correlation
 from .fidelity import kl_per_position, next_token_pairs, token_nll
 
 ANCHORS = ("q8_0", "fp8_vllm", "k=q8_0,v=q4_0", "q5_0", "q4_1", "q4_0", "hf4", "hf2", "kivi4", "kivi2")
@@ -129,28 +133,48 @@ def _reference(model, ref_codec, wins, bos, progress) -> tuple[list, float, int]
     return reference, nll, n_tok
 
 
-def _budget_entries(model, tokenizer, budgets, corpus, seed, calib_windows, calib_len, progress):
-    """(entries, error records) of the budgets: one sensitivity pass, then one plan per budget."""
+def _calibration(model, tokenizer, corpus, seed, calib_windows, calib_len):
+    """(windows, what they are): the corpus's calibration split, disjoint from the evaluation windows."""
     from ..calibrate.base import CalibrationConfig
+    from .corpus import calibration_windows
+
+    cal = calibration_windows(tokenizer, CalibrationConfig(samples=calib_windows, seq_len=calib_len, corpus=corpus,
+                                                           seed=seed), bos=False)
+    return cal, f"{calib_windows} × {calib_len} tokens of {corpus}'s calibration split"
+
+
+def _calibrated(codec, model, windows, note: str):
+    """(codec, calibration note): calibrated on ``windows`` when it has calibration hooks, as the engine runs it
+    after ``--kv-calib-windows``."""
+    from ..calibrate.kv import calibrate_codec, has_calibration
+
+    if not has_calibration(codec):
+        return codec, None
+    return calibrate_codec(codec, model, windows), note
+
+
+def _budget_entries(model, budgets, cal, note, progress):
+    """(entries, error records) of the budgets: one sensitivity pass (candidates calibrated on the fit half of the
+    calibration windows), then one plan per budget, validated on the other half."""
     from ..calibrate.kv_budget import measure_errors, plan_from_errors
     from ..kvcache import get_kv_codec
-    from .corpus import calibration_windows
 
     if not budgets:
         return [], []
     c = model.config
-    cal = calibration_windows(tokenizer, CalibrationConfig(samples=calib_windows, seq_len=calib_len, corpus=corpus,
-                                                           seed=seed), bos=False)
-    errors = measure_errors(model, cal, progress=progress)
+    sens = measure_errors(model, cal, progress=progress)
     entries, failed = [], []
     for b in budgets:
         codec = get_kv_codec(f"auto:{b:g}")
         try:
-            codec.load_calibration_state(plan_from_errors(errors, b, c.num_kv_heads, c.head_dim).state())
+            plan = plan_from_errors(sens, b, c.num_kv_heads, c.head_dim, model, progress)
         except ConfigError as exc:          # a budget below every candidate: listed with its reason
             failed.append({"spec": codec.name, "kind": "budget", "error": str(exc)})
             continue
-        entries.append((codec.name, "budget", codec))
+        codec.load_calibration_state(plan.state(), rope=getattr(model, "rope", None))
+        entries.append((codec.name, "budget", codec, {"calibrated": note, "validation": plan.verdict(),
+                                                      "validation_kl": plan.validation, "chosen": plan.chosen,
+                                                      "proxy_error": plan.estimated}))
     return entries, failed
 
 
@@ -184,14 +208,21 @@ def kv_pareto(model, tokenizer, *, corpus: str = "prideprejudice", windows: int 
                "bytes_per_token": ref_bpt, "capacity": checks.capacity(ref_codec),
                "passkey": checks.passkey("bf16", ref_codec)}      # first: a passkey setting that fails, fails here
 
-    entries = [(s, "anchor", get_kv_codec(s)) for s in anchors] + [(s, "bytediet", get_kv_codec(s)) for s in ours]
-    planned, records = _budget_entries(model, tokenizer, budgets, corpus, seed, calib_windows, calib_len, progress)
-    for spec, kind, codec in progress(entries + planned, "KV codecs"):
+    cal, note = _calibration(model, tokenizer, corpus, seed, calib_windows, calib_len)
+    entries = []
+    for kind, specs in (("anchor", anchors), ("bytediet", ours)):
+        for s in specs:
+            codec, calibrated = _calibrated(get_kv_codec(s), model, cal, note)
+            entries.append((s, kind, codec, {"calibrated": calibrated}))
+    planned, records = _budget_entries(model, budgets, cal, note, progress)
+    for spec, kind, codec, extra in progress(entries + planned, "KV codecs"):
         try:
-            records.append(_measure(model, codec, spec, kind, wins, bos, reference, n_tok, ref_nll, checks))
+            records.append({**_measure(model, codec, spec, kind, wins, bos, reference, n_tok, ref_nll, checks),
+                            **extra})
         except ConfigError as exc:          # e.g. a head dim the codec cannot take: listed, not fatal
             records.append({"spec": spec, "kind": kind, "error": str(exc)})
     ok = [r for r in records if "error" not in r]
+    proxy = [(r["proxy_error"][n], kl) for r in ok if r.get("proxy_error") for n, kl in r["validation_kl"].items()]
     for i in pareto_front([(r["bytes_per_token"], r["ppl_change_pct"]) for r in ok]):
         ok[i]["frontier"] = True
     return {"model": getattr(model, "source_path", "") or c.name, "model_name": c.name,
@@ -202,6 +233,8 @@ def kv_pareto(model, tokenizer, *, corpus: str = "prideprejudice", windows: int 
                          "passkey_trials": passkey_trials, "capacity_memory": int(memory),
                          "capacity_len": capacity_len},
             "notes": checks.notes, "window_starts": [w.start for w in wins], "records": records,
+            "proxy_rank_correlation": rank_correlation([p for p, _ in proxy], [k for _, k in proxy]),
+            "proxy_points": len(proxy),
             "frontier": [r["spec"] for r in sorted(ok, key=lambda r: r["bytes_per_token"]) if r.get("frontier")],
             "elapsed_s": time.perf_counter() - t0}
 

@@ -4,9 +4,13 @@ all-in (codes, scales, norms, windows — every codec's own ``bytes_per_token``)
 The budget becomes a **plan** — per layer, a codec for the keys and one for the values — chosen by a calibration
 pass that measures each layer's attention error under each candidate and allocates bytes where they buy the most
 (:mod:`bytediet.calibrate.kv_budget`). The plan is this codec's calibration state, plain data that travels in
-run configs (issue 15)::
+run configs::
 
-    {"budget": 4.5, "plan": [{"k": "q8_0", "v": "q4_0"}, {"k": "turboquant4", "v": "q4_0"}, ...]}
+    {"budget": 4.5, "plan": [{"k": "q8_0", "v": "q4_0"}, {"k": "turboquant4", "v": "q4_0"}, ...],
+     "states": {"turboquant4": {...}}}
+
+``states`` holds the calibration state of each calibrated codec the plan uses (TurboQuant's means and outlier
+channels, fitted on the calibration text); a plan without it runs those codecs uncalibrated.
 
 Layer ``i`` is stored by ``k=<plan[i].k>,v=<plan[i].v>`` (:mod:`bytediet.kvcache.split`). The block pool is sized
 by the mean bytes per token over the layers, so the whole cache is exactly the plan's size. Without a plan the
@@ -34,6 +38,8 @@ class BudgetCodec(KVCodec):
         self.budget = budget
         self.name = f"auto:{budget:g}"
         self.plan: Optional[list[dict]] = None
+        self.states: dict = {}       # spec → calibration state of the plan's calibrated codecs
+        self.verdict: Optional[str] = None   # what the plan beat on validation, when it was just chosen
         self.layers: list[KVCodec] = []
 
     @classmethod
@@ -45,7 +51,12 @@ class BudgetCodec(KVCodec):
 
     # -- the plan is the calibration state ----------------------------------------------------------
     def calibration_state(self) -> Optional[dict]:
-        return None if self.plan is None else {"budget": self.budget, "plan": [dict(p) for p in self.plan]}
+        if self.plan is None:
+            return None
+        out = {"budget": self.budget, "plan": [dict(p) for p in self.plan]}
+        if self.states:
+            out["states"] = self.states
+        return out
 
     def load_calibration_state(self, state: dict, rope=None) -> None:
         from .base import get_kv_codec
@@ -55,12 +66,25 @@ class BudgetCodec(KVCodec):
         plan = state.get("plan")
         if not isinstance(plan, list) or not plan or not all(isinstance(p, dict) and set(p) == {"k", "v"} for p in plan):
             raise ConfigError(f"{self.name}: the plan must be a list of {{'k': codec, 'v': codec}}, one per layer")
-        self.layers = [split_codec(f"k={p['k']},v={p['v']}", get_kv_codec) for p in plan]
+        states = state.get("states") or {}
+        if not isinstance(states, dict):
+            raise ConfigError(f"{self.name}: 'states' must map a codec spec to its calibration state")
+        built: dict = {}
+
+        def build(spec: str):  # one codec per spec, calibrated with its state from the plan where it has one
+            if spec not in built:
+                built[spec] = get_kv_codec(spec)
+                if spec in states:
+                    built[spec].load_calibration_state(states[spec], rope=rope)
+            return built[spec]
+
+        self.layers = [split_codec(f"k={p['k']},v={p['v']}", build) for p in plan]
         for i, codec in enumerate(self.layers):
             if codec.min_block_size() > 16:
                 raise ConfigError(f"{self.name}: layer {i}'s codec {codec.name} needs blocks of "
                                   f"{codec.min_block_size()} tokens; plans use codecs that page 16-token blocks")
         self.plan = [dict(p) for p in plan]
+        self.states = dict(states)
 
     def _need_plan(self) -> None:
         if self.plan is None:
@@ -95,7 +119,8 @@ class BudgetCodec(KVCodec):
         """The plan, one line per layer with its all-in bits (what ``generate``/``serve``/``eval`` print)."""
         bits = self.layer_bits(num_kv_heads, head_dim)
         mean = sum(bits) / len(bits)
-        lines = [f"KV plan for {self.name}: {mean:.3f} bits per coordinate all-in"]
+        lines = [f"KV plan for {self.name}: {mean:.3f} bits per coordinate all-in"
+                 + (f"; {self.verdict}" if self.verdict else "")]
         lines += [f"  layer {i:2d}: k={p['k']:<14} v={p['v']:<14} {b:.3f} bits"
                   for i, (p, b) in enumerate(zip(self.plan, bits))]
         return "\n".join(lines)

@@ -29,6 +29,7 @@ module path runs, its attention native).
 from __future__ import annotations
 
 import re
+import warnings
 from typing import Optional
 
 import torch
@@ -214,6 +215,7 @@ class TurboQuantHalf(HalfCodec):
     * the layout (:func:`choose_layout`), one for all layers, from the mean importance profile.
     """
     head_state = ("ranking", "means", "rope_means")  # per-KV-head calibration state, sliced per tensor-parallel rank
+    needs_calibration = True  # uncalibrated, keys with outlier channels can collapse (bench/KV_RESULTS.md §13)
 
     def __init__(self, bits: float, variant: str, rotation: str) -> None:
         self.bits, self.variant, self.rotation = bits, variant, rotation
@@ -251,6 +253,11 @@ class TurboQuantHalf(HalfCodec):
         return num_heads * layout_bits(self.layout(head_dim), self.variant) / 8
 
     def create(self, layer, role, num_blocks, block_size, num_heads, head_dim, device):
+        if not self.profiles and device != "meta":
+            warnings.warn(f"{self.name} runs uncalibrated (no channel mean, outlier channels from the first prefill): "
+                          "on models with key outliers its error can be many times the calibrated one. Calibrate it: "
+                          "--kv-calib-windows 1 (generate, serve, eval), or "
+                          "bytediet.calibrate.kv.calibrate_codec(codec, model, windows)", UserWarning, stacklevel=2)
         layout = self.layout(head_dim)
         seed = 7919 * layer + (0 if role == "k" else 104729)
         parts = [TurboQuantizer(n, b, self.variant, self.rotation, seed + 17 * i) for i, (n, b) in enumerate(layout)]

@@ -223,16 +223,17 @@ class Recipe:
         from ..eval.corpus import calibration_windows
 
         key = replace(cand, step="", kv="auto") if cand is not None else None
-        errors = self._kv_errors.get(key) if key is not None else None
-        if errors is None:
+        sens = self._kv_errors.get(key) if key is not None else None
+        if sens is None:
             cal = self.kv_calibration
             windows = calibration_windows(self.tokenizer, CalibrationConfig(samples=cal["windows"],
                                           seq_len=cal["window_len"], corpus=cal["corpus"], seed=cal["seed"]), bos=False)
-            errors = measure_errors(model, windows)
+            sens = measure_errors(model, windows)
             if key is not None:
-                self._kv_errors[key] = errors
+                self._kv_errors[key] = sens
         c = model.config
-        codec.load_calibration_state(plan_from_errors(errors, codec.budget, c.num_kv_heads, c.head_dim).state())
+        plan = plan_from_errors(sens, codec.budget, c.num_kv_heads, c.head_dim, model)
+        codec.load_calibration_state(plan.state(), rope=getattr(model, "rope", None))
         return codec
 
     def calibration(self):
