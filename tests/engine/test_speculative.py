@@ -235,3 +235,9 @@ def test_a_draft_model_with_another_tokenizer_is_refused(draft_pair):
     with pytest.raises(ConfigError, match="another tokenizer"):
         LLM(str(target), num_blocks=16, block_size=4,
             speculative_config={"method": "draft_model", "model": str(other), "num_speculative_tokens": 2})
+
+
+def test_a_kv_codec_with_per_sequence_staging_is_refused_with_speculation(repetitive):
+    model, _ = repetitive
+    with pytest.raises(ConfigError, match="kivi2.*--kv-cache-dtype"):
+        LLM(loaded=(model, None), num_blocks=64, block_size=32, kv_cache_dtype="kivi2", speculative_config=NGRAM)

@@ -79,6 +79,11 @@ class LLMEngine:
         self.scheduler.release_hook = self._release
         self.sampler = Sampler(seed=config.seed)
         self.speculative = config.speculative
+        if config.speculative is not None and self.runner.max_sequences is not None:
+            raise ConfigError(f"speculative decoding rolls rejected drafts back slot by slot; the KV codec "
+                              f"{config.cache.kv_cache_dtype!r} keeps per-sequence staging that cannot roll back: "
+                              "choose another --kv-cache-dtype (e.g. int8, q8_0, turboquant4) or drop "
+                              "--speculative-config")
         self.proposer = None if config.speculative is None else make_proposer(config.speculative, tokenizer,
                                                                                config.num_threads)
         self.stats = EngineStats()
