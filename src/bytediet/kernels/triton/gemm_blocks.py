@@ -17,6 +17,7 @@ from typing import Optional
 import torch
 
 from .. import native_layouts
+from . import gemv_blocks
 from .block_decode import round_bf16, triton, tl, weight_tile
 
 GEMV_MAX_M = 4
@@ -147,17 +148,7 @@ def gemm_blocks(type_id: int, blocks: torch.Tensor, x: torch.Tensor, bias: Optio
     group, sym = _int4_params(t)
     b = bias.contiguous() if bias is not None else blocks  # any pointer when there is no bias
     if m <= GEMV_MAX_M:
-        bn, bk = (16, 64) if interpreting() else (32, 128)
-        k_steps = triton.cdiv(k, bk)
-        splits = split_k or _split_k(triton.cdiv(n, bn), m, k_steps, x.device)
-        k_per_split = triton.cdiv(k_steps, splits) * bk
-        splits = triton.cdiv(k, k_per_split)
-        out = torch.empty(splits, m, n, dtype=x.dtype if splits == 1 else torch.float32, device=x.device)
-        _gemv_kernel[(triton.cdiv(n, bn), m, splits)](
-            x2, blocks, b, out, n, k, blocks.shape[1], x2.stride(0), out.stride(0), out.stride(1), k_per_split,
-            TYPE=t, GROUP=group, SYM=sym, HAS_BIAS=bias is not None,
-            ROUND_BF16=_round_bf16(out.dtype), BN=bn, BK=bk, num_warps=4)
-        y = out[0] if splits == 1 else out.sum(0).to(x.dtype)
+        y = _gemv(t, blocks, x2, bias, b, n, k, group, sym, split_k)
     else:
         dot_f32 = interpreting() or x.dtype == torch.float32
         bm = 16 if m <= 16 else 32 if m <= 32 else 64
@@ -168,6 +159,32 @@ def gemm_blocks(type_id: int, blocks: torch.Tensor, x: torch.Tensor, bias: Optio
                            TYPE=t, GROUP=group, SYM=sym, HAS_BIAS=bias is not None, DOT_F32=dot_f32,
                            ROUND_BF16=_round_bf16(y.dtype), BM=bm, BN=bn, BK=bk, num_warps=4, num_stages=3)
     return y.reshape(*x.shape[:-1], n)
+
+
+def _gemv(t, blocks, x2, bias, b, n, k, group, sym, split_k):
+    """The GEMV of a few rows: block-structured where the layout allows (:mod:`.gemv_blocks`), else per element."""
+    m = x2.shape[0]
+    structured = t in gemv_blocks.TYPES
+    if structured:
+        bn, bk = (16, 64) if interpreting() else (16, 256)
+    else:
+        bn, bk = (16, 64) if interpreting() else (32, 128)
+    k_steps = triton.cdiv(k, bk)
+    splits = split_k or _split_k(triton.cdiv(n, bn), m, k_steps, x2.device)
+    k_per_split = triton.cdiv(k_steps, splits) * bk
+    splits = triton.cdiv(k, k_per_split)
+    out = torch.empty(splits, m, n, dtype=x2.dtype if splits == 1 else torch.float32, device=x2.device)
+    grid = (triton.cdiv(n, bn), m, splits)
+    common = (x2, blocks, b, out, n, k, blocks.shape[1], x2.stride(0), out.stride(0), out.stride(1), k_per_split)
+    if structured:
+        head, bw, bb, co = gemv_blocks.run_geometry(t, group, sym)
+        gemv_blocks.gemv_kernel[grid](*common, TYPE=t, SYM=sym, HEAD=head, BW=bw, BB=bb, CO=co,
+                                      HAS_BIAS=bias is not None, ROUND_BF16=_round_bf16(out.dtype), BN=bn,
+                                      NB=bk // 32, num_warps=4)
+    else:
+        _gemv_kernel[grid](*common, TYPE=t, GROUP=group, SYM=sym, HAS_BIAS=bias is not None,
+                           ROUND_BF16=_round_bf16(out.dtype), BN=bn, BK=bk, num_warps=4)
+    return out[0] if splits == 1 else out.sum(0).to(x2.dtype)
 
 
 def dequantize_blocks(type_id: int, blocks: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
