@@ -17,7 +17,7 @@ from typing import Optional
 import torch
 
 from .. import native_layouts
-from . import gemv_blocks
+from . import runs
 from .block_decode import round_bf16, triton, tl, weight_tile
 
 GEMV_MAX_M = 4
@@ -150,21 +150,14 @@ def gemm_blocks(type_id: int, blocks: torch.Tensor, x: torch.Tensor, bias: Optio
     if m <= GEMV_MAX_M:
         y = _gemv(t, blocks, x2, bias, b, n, k, group, sym, split_k)
     else:
-        dot_f32 = interpreting() or x.dtype == torch.float32
-        bm = 16 if m <= 16 else 32 if m <= 32 else 64
-        bn, bk = (16, 32) if interpreting() else (64 if m <= 32 else 128, 64)
-        y = torch.empty(m, n, dtype=x.dtype, device=x.device)
-        grid = (triton.cdiv(m, bm), triton.cdiv(n, bn))
-        _gemm_kernel[grid](x2, blocks, b, y, m, n, k, blocks.shape[1], x2.stride(0), y.stride(0),
-                           TYPE=t, GROUP=group, SYM=sym, HAS_BIAS=bias is not None, DOT_F32=dot_f32,
-                           ROUND_BF16=_round_bf16(y.dtype), BM=bm, BN=bn, BK=bk, num_warps=4, num_stages=3)
+        y = _gemm(t, blocks, x2, bias, b, n, k, group, sym)
     return y.reshape(*x.shape[:-1], n)
 
 
 def _gemv(t, blocks, x2, bias, b, n, k, group, sym, split_k):
-    """The GEMV of a few rows: block-structured where the layout allows (:mod:`.gemv_blocks`), else per element."""
+    """The GEMV of a few rows: block-structured where the layout allows (:mod:`.runs`), else per element."""
     m = x2.shape[0]
-    structured = t in gemv_blocks.TYPES
+    structured = t in runs.TYPES
     if structured:
         bn, bk = (16, 64) if interpreting() else (16, 256)
     else:
@@ -177,14 +170,34 @@ def _gemv(t, blocks, x2, bias, b, n, k, group, sym, split_k):
     grid = (triton.cdiv(n, bn), m, splits)
     common = (x2, blocks, b, out, n, k, blocks.shape[1], x2.stride(0), out.stride(0), out.stride(1), k_per_split)
     if structured:
-        head, bw, bb, co = gemv_blocks.run_geometry(t, group, sym)
-        gemv_blocks.gemv_kernel[grid](*common, TYPE=t, SYM=sym, HEAD=head, BW=bw, BB=bb, CO=co,
+        head, bw, bb, co = runs.run_geometry(t, group, sym)
+        runs.gemv_kernel[grid](*common, TYPE=t, SYM=sym, HEAD=head, BW=bw, BB=bb, CO=co,
                                       HAS_BIAS=bias is not None, ROUND_BF16=_round_bf16(out.dtype), BN=bn,
                                       NB=bk // 32, num_warps=4)
     else:
         _gemv_kernel[grid](*common, TYPE=t, GROUP=group, SYM=sym, HAS_BIAS=bias is not None,
                            ROUND_BF16=_round_bf16(out.dtype), BN=bn, BK=bk, num_warps=4)
     return out[0] if splits == 1 else out.sum(0).to(x2.dtype)
+
+
+def _gemm(t, blocks, x2, bias, b, n, k, group, sym):
+    """The tiled tl.dot product of many rows: block-structured where the layout allows (:mod:`.runs`)."""
+    m = x2.shape[0]
+    dot_f32 = interpreting() or x2.dtype == torch.float32
+    bm = 16 if m <= 16 else 32 if m <= 32 else 64
+    bn, bk = (16, 32) if interpreting() else (64 if m <= 32 else 128, 64)
+    y = torch.empty(m, n, dtype=x2.dtype, device=x2.device)
+    grid = (triton.cdiv(m, bm), triton.cdiv(n, bn))
+    common = (x2, blocks, b, y, m, n, k, blocks.shape[1], x2.stride(0), y.stride(0))
+    if t in runs.TYPES:
+        head, bw, bb, co = runs.run_geometry(t, group, sym)
+        runs.gemm_kernel[grid](*common, TYPE=t, SYM=sym, HEAD=head, BW=bw, BB=bb, CO=co, HAS_BIAS=bias is not None,
+                               DOT_F32=dot_f32, ROUND_BF16=_round_bf16(y.dtype), BM=bm, BN=bn, NB=bk // 32,
+                               num_warps=4, num_stages=3)
+    else:
+        _gemm_kernel[grid](*common, TYPE=t, GROUP=group, SYM=sym, HAS_BIAS=bias is not None, DOT_F32=dot_f32,
+                           ROUND_BF16=_round_bf16(y.dtype), BM=bm, BN=bn, BK=bk, num_warps=4, num_stages=3)
+    return y
 
 
 def dequantize_blocks(type_id: int, blocks: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
