@@ -10,7 +10,8 @@ each run's scales once, instead of decoding every weight by address arithmetic (
   columns 2j and 2j + 1: elements j and j + 16) and multiplies it by x's tile loaded in the same column order.
 
 The other layouts take :mod:`.gemm_blocks`'s per-element kernels.
-"""from __future__ import annotations
+"""
+from __future__ import annotations
 
 from .block_decode import (FP8_ROW, INT4_FIRST, INT4_LAST, INT8_ROW, MXFP4, NVFP4, Q4_0, Q4_1, Q8_0, _e2m1, _e4m3,
                            _e8m0, _f16, _f32, round_bf16, tl, triton)
