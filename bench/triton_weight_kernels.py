@@ -21,6 +21,7 @@ import os
 import statistics
 import sys
 import time
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -35,9 +36,10 @@ READ_BYTES = 256 << 20
 
 def packed(name: str, n: int, k: int, gen: torch.Generator) -> tuple[int, torch.Tensor]:
     """(layout id, rows) of a random (n, k) weight, quantized by the repo's own codecs/formats."""
+    from gguf import GGMLQuantizationType as T
+
     from bytediet.kernels.ggml_codecs import ENCODERS
     from bytediet.quant import get_weight_format
-    from gguf import GGMLQuantizationType as T
 
     if name in GGUF:
         t = T(GGUF[name])
@@ -107,8 +109,8 @@ def time_format(name: str, device: str, shapes: dict, ms, repeats: int, gen) -> 
                  for _ in range(max(1, min(8, READ_BYTES // (2 * n * k))) if many else 1)]
         for m in ms:
             x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
-            us = median_us(lambda r: gemm_blocks(t, r, x), copies, repeats, device)
-            base = median_us(lambda w: F.linear(x, w), dense, repeats, device)
+            us = median_us(partial(gemm_blocks, t, x=x), copies, repeats, device)
+            base = median_us(partial(F.linear, x), dense, repeats, device)
             out[f"{shape_name} {n}x{k} M={m}"] = {"us": round(us, 2), "bytes": nbytes,
                                                   "GB/s": round(nbytes / us / 1e3, 1), "bf16_us": round(base, 2),
                                                   "speedup": round(base / us, 2)}
@@ -126,17 +128,17 @@ def time_tensor_core_paths(name: str, shapes: dict, ms, repeats: int) -> dict:
                 return {"skipped": fp8.fp8_unsupported_reason(device)}
             q = torch.randn(n, k, device=device).clamp(-400, 400).to(torch.float8_e4m3fn)
             s = torch.rand(n, device=device)
-            fn = lambda x: fp8.fp8_linear(x, q, s)  # noqa: E731
+            fn = partial(fp8.fp8_linear, qweight=q, scale=s)
         else:
             from bytediet.kernels.triton import sparse24
             if sparse24.semi_structured_unsupported_reason(device):
                 return {"skipped": sparse24.semi_structured_unsupported_reason(device)}
             mask = torch.tensor([1, 1, 0, 0], device=device, dtype=torch.bfloat16).repeat(n, k // 4)
             w = sparse24.to_semi_structured(torch.randn(n, k, device=device, dtype=torch.bfloat16) * mask)
-            fn = lambda x: sparse24.sparse24_linear(x, w)  # noqa: E731
+            fn = partial(sparse24.sparse24_linear, weight=w)
         for m in ms:
-            x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
-            out[f"{shape_name} {n}x{k} M={m}"] = {"us": round(median_us(lambda _: fn(x), [0] * 8, repeats, "cuda"), 2)}
+            xs = [torch.randn(m, k, device=device, dtype=torch.bfloat16) for _ in range(8)]
+            out[f"{shape_name} {n}x{k} M={m}"] = {"us": round(median_us(fn, xs, repeats, "cuda"), 2)}
     return out
 
 

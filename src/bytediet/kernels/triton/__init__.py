@@ -1,1 +1,1 @@
-"""GPU kernels in Triton (imported only where used, so bytediet imports without triton); run with TRITON_INTERPRET=1 on the CPU."""
+"""GPU kernels in Triton, imported only where used (bytediet imports without triton); TRITON_INTERPRET=1 runs them."""

@@ -7,8 +7,6 @@ Twin: :func:`bytediet.kernels.reference.fp8_w8a8_linear`. Needs no triton.
 """
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
 from .. import native_layouts
@@ -18,7 +16,7 @@ FP8_MIN_CAPABILITY = (8, 9)  # Ada (sm_89), Hopper (sm_90), Blackwell: the chips
 ROWWISE_MIN_CAPABILITY = (9, 0)  # per-row scales inside the GEMM (elsewhere they are applied after it)
 
 
-def fp8_unsupported_reason(device: torch.device) -> Optional[str]:
+def fp8_unsupported_reason(device: torch.device) -> str | None:
     """None where W8A8 FP8 runs on ``device``, else the one-line reason."""
     device = torch.device(device)
     if not hasattr(torch, "_scaled_mm"):
@@ -49,8 +47,8 @@ def _rowwise(device: torch.device, out_dtype: torch.dtype) -> bool:
     return device.type == "cpu" or torch.cuda.get_device_capability(device) >= ROWWISE_MIN_CAPABILITY
 
 
-def fp8_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, bias: Optional[torch.Tensor] = None,
-               rowwise: Optional[bool] = None) -> torch.Tensor:
+def fp8_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None,
+               rowwise: bool | None = None) -> torch.Tensor:
     """y = x · (qweight · scale)ᵀ (+ bias) with x rounded to E4M3 per token, on FP8 tensor cores.
 
     x: (..., K) float on qweight's device; qweight: (N, K) float8_e4m3fn; scale: (N,) float32; K and N multiples

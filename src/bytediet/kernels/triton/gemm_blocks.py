@@ -12,13 +12,12 @@ Q5_K/Q6_K and bytediet's INT8_ROW, INT4_GROUPS (± zero point), MXFP4, NVFP4, FP
 from __future__ import annotations
 
 import os
-from typing import Optional
 
 import torch
 
 from .. import native_layouts
 from . import runs
-from .block_decode import round_bf16, triton, tl, weight_tile
+from .block_decode import round_bf16, tl, triton, weight_tile
 
 GEMV_MAX_M = 4
 _GGML = {2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34), 12: (256, 144), 13: (256, 176),
@@ -130,8 +129,8 @@ def _split_k(n_tiles: int, m: int, k_steps: int, device: torch.device) -> int:
     return max(1, min(k_steps, (2 * sms) // max(1, n_tiles * m)))
 
 
-def gemm_blocks(type_id: int, blocks: torch.Tensor, x: torch.Tensor, bias: Optional[torch.Tensor] = None,
-                split_k: Optional[int] = None) -> torch.Tensor:
+def gemm_blocks(type_id: int, blocks: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None = None,
+                split_k: int | None = None) -> torch.Tensor:
     """y = x · Wᵀ (+ bias) for W (N, K) in packed rows ``blocks`` (N, row bytes) uint8 of layout ``type_id``.
 
     x: (..., K) float (fp32/fp16/bf16, on blocks' device) → y (..., N) in x's dtype, accumulated in float32.

@@ -13,8 +13,25 @@ The other layouts take :mod:`.gemm_blocks`'s per-element kernels.
 """
 from __future__ import annotations
 
-from .block_decode import (FP8_ROW, INT4_FIRST, INT4_LAST, INT8_ROW, MXFP4, NVFP4, Q4_0, Q4_1, Q8_0, _e2m1, _e4m3,
-                           _e8m0, _f16, _f32, round_bf16, tl, triton)
+from .block_decode import (
+    FP8_ROW,
+    INT4_FIRST,
+    INT4_LAST,
+    INT8_ROW,
+    MXFP4,
+    NVFP4,
+    Q4_0,
+    Q4_1,
+    Q8_0,
+    _e2m1,
+    _e4m3,
+    _e8m0,
+    _f16,
+    _f32,
+    round_bf16,
+    tl,
+    triton,
+)
 
 NIBBLE_TYPES = frozenset({Q4_0, Q4_1, MXFP4, NVFP4, *range(INT4_FIRST, INT4_LAST + 1)})
 BYTE_TYPES = frozenset({Q8_0, INT8_ROW, FP8_ROW})

@@ -8,8 +8,6 @@ values and metadata: the same 9 bits a weight); a step is then one ``F.linear``.
 """
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 import torch.nn.functional as F
 
@@ -18,7 +16,7 @@ from .. import native_layouts
 MIN_CAPABILITY = (8, 0)  # Ampere: the first sparse tensor cores
 
 
-def semi_structured_unsupported_reason(device: torch.device) -> Optional[str]:
+def semi_structured_unsupported_reason(device: torch.device) -> str | None:
     """None where 2:4 semi-structured sparse GEMMs run on ``device``, else the one-line reason."""
     device = torch.device(device)
     if not hasattr(torch.sparse, "to_sparse_semi_structured"):
@@ -55,7 +53,7 @@ def sparse24_weight_from_rows(rows: torch.Tensor, dtype: torch.dtype = torch.flo
     return to_semi_structured(dequantize_blocks(native_layouts.SPARSE24_F16, rows, dtype))
 
 
-def sparse24_linear(x: torch.Tensor, weight, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+def sparse24_linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """y = x · Wᵀ (+ bias) for ``weight`` from :func:`to_semi_structured`: x (..., K) in its dtype → (..., N)."""
     n, k = weight.shape
     y = F.linear(x.reshape(-1, k).to(weight.dtype), weight, None if bias is None else bias.to(weight.dtype))
