@@ -16,7 +16,7 @@ import os
 import torch
 
 from .. import native_layouts
-from . import runs
+from . import kquants, runs
 from .block_decode import round_bf16, tl, triton, weight_tile
 
 GEMV_MAX_M = 4
@@ -139,63 +139,61 @@ def gemm_blocks(type_id: int, blocks: torch.Tensor, x: torch.Tensor, bias: torch
     k = _check(t, blocks)
     if x.shape[-1] != k:
         raise ValueError(f"weight rows hold {k} values, activations {x.shape[-1]}")
-    n = blocks.shape[0]
     x2 = x.reshape(-1, k)
     x2 = x2 if x2.stride(-1) == 1 else x2.contiguous()
     blocks = blocks.contiguous()
-    m = x2.shape[0]
-    group, sym = _int4_params(t)
-    b = bias.contiguous() if bias is not None else blocks  # any pointer when there is no bias
-    if m <= GEMV_MAX_M:
-        y = _gemv(t, blocks, x2, bias, b, n, k, group, sym, split_k)
-    else:
-        y = _gemm(t, blocks, x2, bias, b, n, k, group, sym)
-    return y.reshape(*x.shape[:-1], n)
+    bias = None if bias is None else bias.contiguous()
+    y = _gemv(t, blocks, x2, bias, split_k) if x2.shape[0] <= GEMV_MAX_M else _gemm(t, blocks, x2, bias)
+    return y.reshape(*x.shape[:-1], blocks.shape[0])
 
 
-def _gemv(t, blocks, x2, bias, b, n, k, group, sym, split_k):
-    """The GEMV of a few rows: block-structured where the layout allows (:mod:`.runs`), else per element."""
-    m = x2.shape[0]
-    structured = t in runs.TYPES
-    if structured:
-        bn, bk = (16, 64) if interpreting() else (16, 256)
-    else:
-        bn, bk = (16, 64) if interpreting() else (32, 128)
+def _gemv(t: int, blocks: torch.Tensor, x2: torch.Tensor, bias, split_k) -> torch.Tensor:
+    """The GEMV of a few rows (M, K): block-structured where the layout allows (:mod:`.runs`, :mod:`.kquants`),
+    else per element; the K range split over programs (partial sums in float32) when N leaves SMs idle."""
+    (m, k), n = x2.shape, blocks.shape[0]
+    family = "runs" if t in runs.TYPES else "kquants" if t in kquants.TYPES else "elements"
+    bn, bk = _GEMV_TILES[family][interpreting()]
     k_steps = triton.cdiv(k, bk)
     splits = split_k or _split_k(triton.cdiv(n, bn), m, k_steps, x2.device)
     k_per_split = triton.cdiv(k_steps, splits) * bk
     splits = triton.cdiv(k, k_per_split)
     out = torch.empty(splits, m, n, dtype=x2.dtype if splits == 1 else torch.float32, device=x2.device)
     grid = (triton.cdiv(n, bn), m, splits)
-    common = (x2, blocks, b, out, n, k, blocks.shape[1], x2.stride(0), out.stride(0), out.stride(1), k_per_split)
-    if structured:
+    args = (x2, blocks, blocks if bias is None else bias, out, n, k, blocks.shape[1], x2.stride(0), out.stride(0),
+            out.stride(1), k_per_split)
+    flags = dict(TYPE=t, HAS_BIAS=bias is not None, ROUND_BF16=_round_bf16(out.dtype), BN=bn, num_warps=4)
+    group, sym = _int4_params(t)
+    if family == "runs":
         head, bw, bb, co = runs.run_geometry(t, group, sym)
-        runs.gemv_kernel[grid](*common, TYPE=t, SYM=sym, HEAD=head, BW=bw, BB=bb, CO=co,
-                                      HAS_BIAS=bias is not None, ROUND_BF16=_round_bf16(out.dtype), BN=bn,
-                                      NB=bk // 32, num_warps=4)
+        runs.gemv_kernel[grid](*args, SYM=sym, HEAD=head, BW=bw, BB=bb, CO=co, NB=bk // 32, **flags)
+    elif family == "kquants":
+        kquants.gemv_kernel[grid](*args, NB=bk // 256, **flags)
     else:
-        _gemv_kernel[grid](*common, TYPE=t, GROUP=group, SYM=sym, HAS_BIAS=bias is not None,
-                           ROUND_BF16=_round_bf16(out.dtype), BN=bn, BK=bk, num_warps=4)
+        _gemv_kernel[grid](*args, GROUP=group, SYM=sym, BK=bk, **flags)
     return out[0] if splits == 1 else out.sum(0).to(x2.dtype)
 
 
-def _gemm(t, blocks, x2, bias, b, n, k, group, sym):
-    """The tiled tl.dot product of many rows: block-structured where the layout allows (:mod:`.runs`)."""
-    m = x2.shape[0]
-    dot_f32 = interpreting() or x2.dtype == torch.float32
+# (BN rows, BK weights) per GEMV program, for the GPU (False) and the interpreter (True: one or two programs)
+_GEMV_TILES = {"runs": {False: (16, 256), True: (16, 64)}, "kquants": {False: (16, 512), True: (16, 256)},
+               "elements": {False: (32, 128), True: (16, 64)}}
+
+
+def _gemm(t: int, blocks: torch.Tensor, x2: torch.Tensor, bias) -> torch.Tensor:
+    """The tiled tl.dot product of many rows (M, K): block-structured where the layout allows (:mod:`.runs`)."""
+    (m, k), n = x2.shape, blocks.shape[0]
     bm = 16 if m <= 16 else 32 if m <= 32 else 64
     bn, bk = (16, 32) if interpreting() else (64 if m <= 32 else 128, 64)
     y = torch.empty(m, n, dtype=x2.dtype, device=x2.device)
     grid = (triton.cdiv(m, bm), triton.cdiv(n, bn))
-    common = (x2, blocks, b, y, m, n, k, blocks.shape[1], x2.stride(0), y.stride(0))
+    args = (x2, blocks, blocks if bias is None else bias, y, m, n, k, blocks.shape[1], x2.stride(0), y.stride(0))
+    flags = dict(TYPE=t, HAS_BIAS=bias is not None, DOT_F32=interpreting() or x2.dtype == torch.float32,
+                 ROUND_BF16=_round_bf16(y.dtype), BM=bm, BN=bn, num_warps=4, num_stages=3)
+    group, sym = _int4_params(t)
     if t in runs.TYPES:
         head, bw, bb, co = runs.run_geometry(t, group, sym)
-        runs.gemm_kernel[grid](*common, TYPE=t, SYM=sym, HEAD=head, BW=bw, BB=bb, CO=co, HAS_BIAS=bias is not None,
-                               DOT_F32=dot_f32, ROUND_BF16=_round_bf16(y.dtype), BM=bm, BN=bn, NB=bk // 32,
-                               num_warps=4, num_stages=3)
+        runs.gemm_kernel[grid](*args, SYM=sym, HEAD=head, BW=bw, BB=bb, CO=co, NB=bk // 32, **flags)
     else:
-        _gemm_kernel[grid](*common, TYPE=t, GROUP=group, SYM=sym, HAS_BIAS=bias is not None, DOT_F32=dot_f32,
-                           ROUND_BF16=_round_bf16(y.dtype), BM=bm, BN=bn, BK=bk, num_warps=4, num_stages=3)
+        _gemm_kernel[grid](*args, GROUP=group, SYM=sym, BK=bk, **flags)
     return y
 
 
