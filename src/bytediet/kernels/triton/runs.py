@@ -1,5 +1,5 @@
 """Block-structured dequantize-GEMV and GEMM for the layouts whose codes lie in runs of 32 weights: Q4_0, Q4_1,
-INT4_GROUPS (± zero point), MXFP4, NVFP4 (4-bit, GGML's Q4 order) and Q8_0, INT8_ROW, FP8_ROW (a byte a weight).
+Q5_0, Q5_1 (their fifth bits in a 32-bit word beside), INT4_GROUPS (± zero point), MXFP4, NVFP4 (4-bit, GGML's Q4 order) and Q8_0, INT8_ROW, FP8_ROW (a byte a weight).
 
 Per K step a program reads a (BN rows, NB runs, 16 or 32 bytes) tile of codes with contiguous (vector) loads and
 each run's scales once, instead of decoding every weight by address arithmetic (:mod:`.block_decode`):
@@ -22,6 +22,8 @@ from .block_decode import (
     NVFP4,
     Q4_0,
     Q4_1,
+    Q5_0,
+    Q5_1,
     Q8_0,
     _e2m1,
     _e4m3,
@@ -33,14 +35,15 @@ from .block_decode import (
     triton,
 )
 
-NIBBLE_TYPES = frozenset({Q4_0, Q4_1, MXFP4, NVFP4, *range(INT4_FIRST, INT4_LAST + 1)})
+NIBBLE_TYPES = frozenset({Q4_0, Q4_1, Q5_0, Q5_1, MXFP4, NVFP4, *range(INT4_FIRST, INT4_LAST + 1)})
 BYTE_TYPES = frozenset({Q8_0, INT8_ROW, FP8_ROW})
 TYPES = NIBBLE_TYPES | BYTE_TYPES
 
 
 def run_geometry(type_id: int, group: int, symmetric: bool) -> tuple[int, int, int, int]:
     """(row header bytes, weights per block, bytes per block, offset of the codes in a block) of a layout."""
-    fixed = {Q4_0: (0, 32, 18, 2), Q4_1: (0, 32, 20, 4), MXFP4: (0, 32, 17, 1), NVFP4: (4, 32, 18, 2),
+    fixed = {Q4_0: (0, 32, 18, 2), Q4_1: (0, 32, 20, 4), Q5_0: (0, 32, 22, 6), Q5_1: (0, 32, 24, 8),
+             MXFP4: (0, 32, 17, 1), NVFP4: (4, 32, 18, 2),
              Q8_0: (0, 32, 34, 2), INT8_ROW: (4, 32, 32, 0), FP8_ROW: (4, 32, 32, 0)}
     if type_id in fixed:
         return fixed[type_id]
@@ -89,12 +92,13 @@ def gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, row_bytes, stride_xm, stride_y
         x_lo = tl.load(x_ptr + xo, mask=cm[:, None], other=0.0).to(tl.float32)
         if NIBBLES:
             x_hi = tl.load(x_ptr + xo + 16, mask=cm[:, None], other=0.0).to(tl.float32)
-            s_lo = tl.sum(_code_values(b & 15, TYPE) * x_lo[None, :, :], axis=2)  # (BN, NB)
-            s_hi = tl.sum(_code_values(b >> 4, TYPE) * x_hi[None, :, :], axis=2)
-            if TYPE == Q4_0 or (INT4 and SYM):
+            q_lo, q_hi = _nibbles(b, blk, j, mask, TYPE)
+            s_lo = tl.sum(_code_values(q_lo, TYPE) * x_lo[None, :, :], axis=2)  # (BN, NB)
+            s_hi = tl.sum(_code_values(q_hi, TYPE) * x_hi[None, :, :], axis=2)
+            if TYPE == Q4_0 or TYPE == Q5_0 or (INT4 and SYM):
                 sx = tl.sum(x_lo, axis=1) + tl.sum(x_hi, axis=1)
-                part = _f16(blk, mask) * (s_lo + s_hi - 8.0 * sx[None, :])
-            elif TYPE == Q4_1 or INT4:
+                part = _f16(blk, mask) * (s_lo + s_hi - (16.0 if TYPE == Q5_0 else 8.0) * sx[None, :])
+            elif TYPE == Q4_1 or TYPE == Q5_1 or INT4:
                 sx = tl.sum(x_lo, axis=1) + tl.sum(x_hi, axis=1)
                 part = _f16(blk, mask) * (s_lo + s_hi) + _f16(blk + 2, mask) * sx[None, :]
             elif TYPE == MXFP4:
@@ -135,7 +139,7 @@ def _run_scales(blk, row_scale, mask, TYPE: tl.constexpr, SYM: tl.constexpr):
         lo, hi, add = row_scale + zero, row_scale + zero, zero
     else:  # a float16 scale (Q4_0, Q8_0, INT4 symmetric) and an offset (Q4_1, INT4 asymmetric)
         d = _f16(blk, mask)
-        if TYPE == Q4_1 or (INT4 and not SYM):
+        if TYPE == Q4_1 or TYPE == Q5_1 or (INT4 and not SYM):
             add = _f16(blk + 2, mask)
         else:
             add = zero
@@ -144,22 +148,37 @@ def _run_scales(blk, row_scale, mask, TYPE: tl.constexpr, SYM: tl.constexpr):
 
 
 @triton.jit
-def _weights(b, lo, hi, add, TYPE: tl.constexpr, SYM: tl.constexpr):
-    """Codes b (BN, NB, 16|32) int32 and a run's scales → weights (BN, NB·32) in run order, as the reference
-    decoder computes them (same float32 operations)."""
+def _nibbles(b, blk, j, mask, TYPE: tl.constexpr):
+    """Code bytes b (BN, NB, 16) of runs at blk (BN, NB) → the codes of elements j and j + 16 (int32); Q5_0/Q5_1
+    add bit e of their 32-bit ``qh`` (2 bytes after Q5_0's scale, 4 after Q5_1's scale and offset)."""
+    q_lo = b & 15
+    q_hi = b >> 4
+    if TYPE == Q5_0 or TYPE == Q5_1:
+        qh = blk[:, :, None] + (2 if TYPE == Q5_0 else 4) + (j >> 3)[None, None, :]
+        bit = (j & 7)[None, None, :]
+        q_lo = q_lo | (((tl.load(qh, mask=mask[:, :, None], other=0).to(tl.int32) >> bit) & 1) << 4)
+        q_hi = q_hi | (((tl.load(qh + 2, mask=mask[:, :, None], other=0).to(tl.int32) >> bit) & 1) << 4)
+    return q_lo, q_hi
+
+
+@triton.jit
+def _weights(b, q_lo, q_hi, lo, hi, add, TYPE: tl.constexpr, SYM: tl.constexpr):
+    """Codes (bytes b (BN, NB, 32), or the 4/5-bit codes q_lo, q_hi (BN, NB, 16)) and a run's scales → weights
+    (BN, NB·32) in run order, as the reference decoder computes them (same float32 operations)."""
     INT4: tl.constexpr = TYPE >= INT4_FIRST and TYPE <= INT4_LAST
     BN: tl.constexpr = b.shape[0]
     NB: tl.constexpr = b.shape[1]
     if TYPE == Q8_0 or TYPE == INT8_ROW or TYPE == FP8_ROW:
         return tl.reshape(_code_values(b, TYPE) * lo, (BN, NB * 32))
-    q_lo = _code_values(b & 15, TYPE)
-    q_hi = _code_values(b >> 4, TYPE)
-    if TYPE == Q4_0 or (INT4 and SYM):
-        w_lo, w_hi = (q_lo - 8.0) * lo, (q_hi - 8.0) * hi
-    elif TYPE == Q4_1 or INT4:
-        w_lo, w_hi = q_lo * lo + add, q_hi * hi + add
+    v_lo = _code_values(q_lo, TYPE)
+    v_hi = _code_values(q_hi, TYPE)
+    if TYPE == Q4_0 or TYPE == Q5_0 or (INT4 and SYM):
+        bias: tl.constexpr = 16.0 if TYPE == Q5_0 else 8.0
+        w_lo, w_hi = (v_lo - bias) * lo, (v_hi - bias) * hi
+    elif TYPE == Q4_1 or TYPE == Q5_1 or INT4:
+        w_lo, w_hi = v_lo * lo + add, v_hi * hi + add
     else:  # MXFP4, NVFP4
-        w_lo, w_hi = q_lo * lo, q_hi * hi
+        w_lo, w_hi = v_lo * lo, v_hi * hi
     return tl.reshape(tl.join(w_lo, w_hi), (BN, NB * 32))
 
 
@@ -190,7 +209,11 @@ def gemm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, row_bytes, stride_xm, strid
         codes = blk + CO + ((c * 32 % BW) // 32 * HALF)[None, :]
         b = tl.load(codes[:, :, None] + j[None, None, :], mask=mask[:, :, None], other=0).to(tl.int32)
         lo, hi, add = _run_scales(blk, row_scale, mask, TYPE, SYM)
-        w = _weights(b, lo, hi, add, TYPE, SYM)  # (BN, NB·32)
+        if NIBBLES:
+            q_lo, q_hi = _nibbles(b, blk, j, mask, TYPE)
+        else:
+            q_lo, q_hi = b, b
+        w = _weights(b, q_lo, q_hi, lo, hi, add, TYPE, SYM)  # (BN, NB·32)
         k = c0 * 32 + elem
         xt = tl.load(x_ptr + m[:, None] * stride_xm + k[None, :], mask=(m[:, None] < M) & (k[None, :] < K),
                      other=0.0)
