@@ -10,8 +10,8 @@ Q5_K/Q6_K and bytediet's INT8_ROW, INT4_GROUPS (± zero point), MXFP4, NVFP4, FP
   dtype (bf16/fp16 tensor cores), in the interpreter both operands are float32 (its bf16 dot is wrong).
 
 Three kernel families, chosen by layout: :mod:`.runs` (codes in runs of 32: Q4_0/Q4_1/Q5_0/Q5_1/Q8_0, INT8_ROW,
-INT4_GROUPS, MXFP4, NVFP4, FP8_ROW; GEMV and GEMM), :mod:`.kquants` (Q4_K/Q5_K/Q6_K; GEMV) and the per-element
-decoder of :mod:`.block_decode` here (every layout: the K-quants' GEMM, sparse24's GEMV and GEMM, dequantize).
+INT4_GROUPS, MXFP4, NVFP4, FP8_ROW), :mod:`.kquants` (Q4_K/Q5_K/Q6_K), each a GEMV and a GEMM, and the
+per-element decoder of :mod:`.block_decode` here (every layout: sparse24's GEMV and GEMM, dequantize_blocks).
 """
 from __future__ import annotations
 
@@ -203,7 +203,8 @@ _GEMV_TILES = {"runs": {False: (16, 256), True: (16, 64)}, "kquants": {False: (1
 
 
 def _gemm(t: int, blocks: torch.Tensor, x2: torch.Tensor, bias) -> torch.Tensor:
-    """The tiled tl.dot product of many rows (M, K): block-structured where the layout allows (:mod:`.runs`)."""
+    """The tiled tl.dot product of many rows (M, K): block-structured where the layout allows (:mod:`.runs`,
+    :mod:`.kquants`), else per element."""
     (m, k), n = x2.shape, blocks.shape[0]
     bm = 16 if m <= 16 else 32 if m <= 32 else 64
     bn, bk = (16, 32) if interpreting() else (64 if m <= 32 else 128, 64)
@@ -216,6 +217,8 @@ def _gemm(t: int, blocks: torch.Tensor, x2: torch.Tensor, bias) -> torch.Tensor:
     if t in runs.TYPES:
         head, bw, bb, co = runs.run_geometry(t, group, sym)
         runs.gemm_kernel[grid](*args, SYM=sym, HEAD=head, BW=bw, BB=bb, CO=co, NB=bk // 32, **flags)
+    elif t in kquants.TYPES:
+        kquants.gemm_kernel[grid](*args, NB=1, **flags)
     else:
         _gemm_kernel[grid](*args, GROUP=group, SYM=sym, BK=bk, **flags)
     return y
