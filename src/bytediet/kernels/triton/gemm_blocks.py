@@ -11,7 +11,8 @@ Q5_K/Q6_K and bytediet's INT8_ROW, INT4_GROUPS (± zero point), MXFP4, NVFP4, FP
 
 Three kernel families, chosen by layout: :mod:`.runs` (codes in runs of 32: Q4_0/Q4_1/Q5_0/Q5_1/Q8_0, INT8_ROW,
 INT4_GROUPS, MXFP4, NVFP4, FP8_ROW), :mod:`.kquants` (Q4_K/Q5_K/Q6_K), each a GEMV and a GEMM, and the
-per-element decoder of :mod:`.block_decode` here (every layout: sparse24's GEMV and GEMM, dequantize_blocks).
+per-element decoder of :mod:`.block_decode` here (every layout: sparse24's GEMM, dequantize_blocks);
+:mod:`.sparse24_blocks` is the 2:4 layouts' GEMV.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import os
 import torch
 
 from .. import native_layouts
-from . import kquants, runs
+from . import kquants, runs, sparse24_blocks
 from .block_decode import round_bf16, tl, triton, weight_tile
 
 GEMV_MAX_M = 4
@@ -171,10 +172,10 @@ def gemm_blocks(type_id: int, blocks: torch.Tensor, x: torch.Tensor, bias: torch
 
 
 def _gemv(t: int, blocks: torch.Tensor, x2: torch.Tensor, bias, split_k) -> torch.Tensor:
-    """The GEMV of a few rows (M, K): block-structured where the layout allows (:mod:`.runs`, :mod:`.kquants`),
-    else per element; the K range split over programs (partial sums in float32) when N leaves SMs idle."""
+    """The GEMV of a few rows (M, K): block-structured where the layout allows (:mod:`.runs`, :mod:`.kquants`,
+    :mod:`.sparse24_blocks`), else per element; the K range split over programs (partial sums in float32) when N leaves SMs idle."""
     (m, k), n = x2.shape, blocks.shape[0]
-    family = "runs" if t in runs.TYPES else "kquants" if t in kquants.TYPES else "elements"
+    family = next((name for name, mod in _FAMILIES.items() if t in mod.TYPES), "elements")
     bn, bk = _GEMV_TILES[family][interpreting()]
     k_steps = triton.cdiv(k, bk)
     splits = split_k or _split_k(triton.cdiv(n, bn), m, k_steps, x2.device)
@@ -192,6 +193,8 @@ def _gemv(t: int, blocks: torch.Tensor, x2: torch.Tensor, bias, split_k) -> torc
         runs.gemv_kernel[grid](*args, SYM=sym, HEAD=head, BW=bw, BB=bb, CO=co, NB=bk // 32, **flags)
     elif family == "kquants":
         kquants.gemv_kernel[grid](*args, NB=bk // 256, **flags)
+    elif family == "sparse24":
+        sparse24_blocks.gemv_kernel[grid](*args, NB=bk // 32, **flags)
     else:
         _gemv_kernel[grid](*args, GROUP=group, SYM=sym, BK=bk, **flags)
     return out[0] if splits == 1 else out.sum(0).to(x2.dtype)
@@ -199,7 +202,8 @@ def _gemv(t: int, blocks: torch.Tensor, x2: torch.Tensor, bias, split_k) -> torc
 
 # (BN rows, BK weights) per GEMV program, for the GPU (False) and the interpreter (True: one or two programs)
 _GEMV_TILES = {"runs": {False: (16, 256), True: (16, 64)}, "kquants": {False: (16, 512), True: (16, 256)},
-               "elements": {False: (32, 128), True: (16, 64)}}
+               "sparse24": {False: (16, 256), True: (16, 64)}, "elements": {False: (32, 128), True: (16, 64)}}
+_FAMILIES = {"runs": runs, "kquants": kquants, "sparse24": sparse24_blocks}
 
 
 def _gemm(t: int, blocks: torch.Tensor, x2: torch.Tensor, bias) -> torch.Tensor:
