@@ -7,7 +7,15 @@ scale is applied once per row.
 """
 from __future__ import annotations
 
-from .block_decode import SPARSE24_F16, SPARSE24_INT8, _f16, _f32, round_bf16, tl, triton
+from .block_decode import (
+    SPARSE24_F16,
+    SPARSE24_INT8,
+    _f16,
+    _f32,
+    round_bf16,
+    tl,
+    triton,
+)
 
 TYPES = frozenset({SPARSE24_F16, SPARSE24_INT8})
 
