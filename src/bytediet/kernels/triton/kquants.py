@@ -14,10 +14,19 @@ The GEMM decodes a super-block as its 8 sub-blocks of 32 consecutive weights (ea
 """
 from __future__ import annotations
 
-from .block_decode import Q4_K, Q5_K, Q6_K, _f16, _k_scale_min, round_bf16, tl, triton
+from .block_decode import (
+    Q4_K,
+    Q5_K,
+    Q6_K,
+    _f16,
+    _k_scale_min,
+    ids,
+    round_bf16,
+    tl,
+    triton,
+)
 
-TYPES = frozenset({Q4_K, Q5_K, Q6_K})
-SUPER_BYTES = {Q4_K: 144, Q5_K: 176, Q6_K: 210}
+TYPES = ids(Q4_K, Q5_K, Q6_K)
 
 
 @triton.jit

@@ -12,12 +12,13 @@ from .block_decode import (
     SPARSE24_INT8,
     _f16,
     _f32,
+    ids,
     round_bf16,
     tl,
     triton,
 )
 
-TYPES = frozenset({SPARSE24_F16, SPARSE24_INT8})
+TYPES = ids(SPARSE24_F16, SPARSE24_INT8)
 
 
 @triton.jit
