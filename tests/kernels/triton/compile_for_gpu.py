@@ -60,7 +60,7 @@ def main() -> int:
         for name, kernel, consts, y in kernels_of(t):
             try:
                 compile_kernel(kernel, consts, a.arch, y)
-            except Exception as e:  # report every failure, one line each (its first cause), then fail
+            except Exception as e:  # noqa: BLE001 - report every failure, one line each (its first cause), then fail
                 failures += 1
                 while e.__cause__ is not None:
                     e = e.__cause__
