@@ -1,1 +1,1 @@
-"""GPU kernels in Triton (runnable on the CPU under TRITON_INTERPRET=1); triton is imported only by their modules."""
+"""GPU kernels in Triton, imported only where used (bytediet imports without triton); TRITON_INTERPRET=1 runs them."""
