@@ -164,8 +164,8 @@ def test_a_plan_carries_its_calibrated_codecs_states_into_the_engine():
 def test_calibration_windows_too_short_to_split_name_the_flags():
     from bytediet.calibrate.kv_budget import split_windows
 
-    with pytest.raises(ConfigError, match=r"--kv-calib-len of at least 64"):
-        split_windows([torch.arange(40)])
+    with pytest.raises(ConfigError, match=r"--kv-calib-len of at least 32"):
+        split_windows([torch.arange(20)])
 
 
 def test_rank_correlation_is_spearmans_rho():

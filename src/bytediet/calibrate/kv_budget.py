@@ -190,7 +190,7 @@ def check_budget(budget: float, nbytes: dict, h: int, d: int) -> None:
 
 
 #: fewest tokens of each half of a calibration window (the first half fits the plan, the second validates it)
-MIN_HALF_WINDOW = 32
+MIN_HALF_WINDOW = 16
 
 
 def split_windows(windows: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
