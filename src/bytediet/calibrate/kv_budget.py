@@ -272,8 +272,8 @@ def plan_from_errors(sens: Sensitivity, budget: float, num_kv_heads: int, head_d
     per_coord = 8 / (2 * num_kv_heads * head_dim)
     bits = lambda p: sum(nbytes["k"][x["k"]] + nbytes["v"][x["v"]] for x in p) * per_coord / len(p)  # noqa: E731
     proposals = {"plan": plan}
-    for spec in sens.codecs:
-        if spec in nbytes["k"] and spec in nbytes["v"]:
+    for spec in sens.codecs:  # the candidates every layer could store on both sides (their errors were measured)
+        if all(spec in e["k"] and spec in e["v"] for e in sens.errors):
             uniform = [{"k": spec, "v": spec}] * len(plan)
             if bits(uniform) <= budget + 1e-9:
                 proposals[f"uniform {spec}"] = uniform
