@@ -64,7 +64,8 @@ def engine_description(llm) -> dict:
             "kv_cache_dtype": llm.engine.runner.codec.describe(llm.model.config.head_dim),  # the codec that ran
             "block_size": cache.block_size,
             "kernels": {**describe(), "decode_step": llm.engine.runner.decode_path,
-                        "prefill_gemm": dense_gemm.describe()}}
+                        "prefill_gemm": dense_gemm.describe()},
+            "device": llm.engine.runner.describe()}  # backend (native / triton), the GPU path's kernels
 
 
 def generation_summary(llm, n_prompt: int, n_out: int, ttft: float, total: float) -> dict:

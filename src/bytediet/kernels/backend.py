@@ -1,0 +1,96 @@
+"""Which backend multiplies and attends: the native CPU kernels, or Triton (the GPU's kernels).
+
+Triton runs where the tensors are on CUDA, and everywhere when ``BYTEDIET_BACKEND=triton`` is set: the GPU code
+path on the CPU, its kernels in Triton's interpreter (``TRITON_INTERPRET=1``, set here if it is not), which is how
+the tests keep that path from rotting without a GPU. The model's layers ask :func:`triton_selected` once per call
+and hand their tensors to :func:`gemm` / :func:`attention_over_pages`; nothing else in the code names a backend.
+"""
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import torch
+
+from ..errors import ConfigError
+
+BACKEND_ENV = "BYTEDIET_BACKEND"
+BACKENDS = ("auto", "triton")  # auto: native kernels on the CPU, Triton on CUDA
+
+
+def forced() -> bool:
+    """Whether ``BYTEDIET_BACKEND=triton`` asks for the Triton kernels whatever the device."""
+    value = os.environ.get(BACKEND_ENV, "auto").strip().lower() or "auto"
+    if value not in BACKENDS:
+        raise ConfigError(f"{BACKEND_ENV}={value!r}: choose one of {', '.join(BACKENDS)}")
+    return value == "triton"
+
+
+def triton_selected(x: torch.Tensor) -> bool:
+    """Whether the Triton kernels run on ``x``: it is on CUDA, or ``BYTEDIET_BACKEND=triton`` is set."""
+    return x.device.type == "cuda" or forced()
+
+
+def name_for(device: torch.device | str) -> str:
+    """The backend that runs on ``device``: ``triton`` (CUDA, or forced), else ``native`` (the CPU kernels)."""
+    return "triton" if torch.device(device).type == "cuda" or forced() else "native"
+
+
+def _interpret_without_gpu() -> None:
+    """``BYTEDIET_BACKEND=triton`` without a GPU: Triton's interpreter, chosen before triton is first imported."""
+    if os.environ.get(BACKEND_ENV, "").strip().lower() == "triton" and not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+_interpret_without_gpu()
+
+
+def _triton_modules():
+    """(gemm_blocks module, paged_attention module), imported on first use."""
+    try:
+        from .triton import gemm_blocks, paged_attention
+    except ImportError as e:
+        raise ConfigError(f"the Triton kernels cannot be imported ({e}); install triton (pip install triton) or run "
+                          "with --device cpu") from e
+    return gemm_blocks, paged_attention
+
+
+def has_gemm(type_id: int) -> bool:
+    """Whether the Triton GEMM multiplies weights of this kernel type id (a GGML type or a bytediet layout)."""
+    gemm_blocks, _ = _triton_modules()
+    return int(type_id) in gemm_blocks.TYPES
+
+
+def has_attention(kv_dtype: str, v_dtype: Optional[str] = None) -> bool:
+    """Whether the Triton paged attention reads key pages of ``kv_dtype`` and value pages of ``v_dtype``."""
+    _, paged_attention = _triton_modules()
+    return kv_dtype in paged_attention.TRITON_PAGE_TYPES and (v_dtype or kv_dtype) in paged_attention.TRITON_PAGE_TYPES
+
+
+def gemm(type_id: int, blocks: torch.Tensor, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """x (..., K) times the weight in ``blocks`` (out, row bytes) of layout ``type_id`` → (..., out) in x's dtype."""
+    gemm_blocks, _ = _triton_modules()
+    return gemm_blocks.gemm_blocks(int(type_id), blocks, x, bias)
+
+
+def attention_over_pages(q: torch.Tensor, positions: torch.Tensor, token_rows: torch.Tensor,
+                         block_tables: torch.Tensor, block_size: int, scale: float, window: Optional[int],
+                         kv_dtype: str, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                         k_scale: Optional[torch.Tensor] = None, v_scale: Optional[torch.Tensor] = None,
+                         v_dtype: Optional[str] = None, k_side=None, v_side=None) -> torch.Tensor:
+    """:func:`bytediet.kernels.ops.attention_over_pages` by the Triton paged attention (split-K flash-decoding),
+    in q's dtype."""
+    _, paged_attention = _triton_modules()
+    out = paged_attention.attention_over_pages(q, positions, token_rows, block_tables, block_size, scale, window,
+                                               kv_dtype, k_cache, v_cache, k_scale, v_scale, v_dtype, k_side, v_side)
+    return out.to(q.dtype)  # the kernel accumulates and returns float32
+
+
+def describe(device: torch.device | str) -> dict:
+    """What multiplies and attends on ``device``: the backend, and for Triton whether it is compiled or
+    interpreted (``TRITON_INTERPRET=1``: the CPU test path)."""
+    backend = name_for(device)
+    out = {"backend": backend, "device": str(device)}
+    if backend == "triton":
+        out["triton"] = "interpreter" if os.environ.get("TRITON_INTERPRET") == "1" else "compiled"
+    return out
