@@ -77,7 +77,12 @@ def generation_summary(llm, n_prompt: int, n_out: int, ttft: float, total: float
     weight_bytes = llm.model.weight_bytes()
     # batch 1: every decode step reads every weight once (a MoE model: only the top-k experts)
     achieved = llm.model.decode_weight_bytes() * decode_tps
-    peak = this_machine(measure_if_missing=True, threads=llm.config.num_threads or 2).memory_bandwidth
+    if llm.config.device == "cuda":  # the GPU's own measured read bandwidth
+        from ..perf.measure_gpu import this_gpu
+
+        peak = this_gpu().memory_bandwidth
+    else:
+        peak = this_machine(measure_if_missing=True, threads=llm.config.num_threads or 2).memory_bandwidth
     return {
         "prompt_tokens": n_prompt, "generated_tokens": n_out, "ttft_s": ttft, "total_s": total,
         "prefill_tokens_per_s": n_prompt / ttft if ttft else None, "decode_tokens_per_s": decode_tps,

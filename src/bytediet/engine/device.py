@@ -29,13 +29,17 @@ def resolve_device(name: str) -> str:
 
 def move_model(model, device: str):
     """The model on ``device`` (its CPU-only kernel copies dropped there); a CUDA out-of-memory is the user's error."""
-    if model.device.type == torch.device(device).type:
+    if device == "cpu" and model.device.type == "cpu":
         return model
+    head, table = model.lm_head, model.model.embed_tokens.weight
+    tied = head.format is not None and "weight" in head.packed and head.packed["weight"].data_ptr() == table.data_ptr()
     try:
-        model.to(device)
+        model.to(device)  # moves every parameter and buffer (a module already there stays)
     except torch.cuda.OutOfMemoryError as e:
         raise ConfigError(f"out of GPU memory loading the model's {model.weight_bytes() / GiB:.1f} GiB of weights "
                           f"onto {device}; choose a smaller --weights format (e.g. int4-g128)") from e
+    if tied:  # Module.to copies each tensor once: one table for the embedding and the LM head again
+        head.set_packed(head.format, {"weight": model.model.embed_tokens.weight.data})
     for _, lin in model.linear_layers():
         lin.interleaved, lin._native = None, None  # the native CPU kernels' copies: not used on the device
     return model

@@ -70,7 +70,7 @@ class Linear(nn.Module):
         """(kernel type id, rows) that the Triton GEMM multiplies, on the weight's device (made once), or None:
         a float weight (F.linear) or a format with no block layout (the engine refuses it on the GPU path)."""
         if self._device_layout is None:
-            layout = None if self.format is None else self.format.native_layout(self.packed)
+            layout = None if self.format is None else _layout_on(self.format, self.packed, self.packed_device())
             self._device_layout = (None if layout is None else (layout[0], layout[1].contiguous()),)
         return self._device_layout[0]
 
@@ -107,6 +107,18 @@ class Linear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.in_features}→{self.out_features}, format={self.format.spec() if self.format else None}"
+
+
+def _layout_on(fmt: WeightFormat, packed: Packed, device: torch.device) -> Optional[tuple[int, torch.Tensor]]:
+    """``fmt.native_layout(packed)`` on ``device``: repacked there, or on the CPU and moved where a packing step
+    has no kernel on the device."""
+    try:
+        return fmt.native_layout(packed)
+    except RuntimeError:  # a repack written for CPU tensors (device mismatch)
+        if device.type == "cpu":
+            raise
+        layout = fmt.native_layout({k: t.cpu() for k, t in packed.items()})
+        return None if layout is None else (layout[0], layout[1].to(device))
 
 
 class RMSNorm(nn.Module):
