@@ -385,7 +385,7 @@ def speed_section(run: Run, out: dict, hardware) -> None:
             continue
         vocab = shape["vocab_size"]
         ids = lambda b, n: torch.randint(3, vocab - 1, (b, n), generator=g).tolist()  # noqa: E731
-        for spec in (("fp32", "int8") if DRY else SPEED_FORMATS):
+        for spec in (("int8",) if DRY else SPEED_FORMATS):
             def measure(spec=spec):
                 model, config = _bytediet_from_hf(hf, hf_config, spec, dtype)
                 llm = LLM(shape_name, loaded=(model, None), device=run.device, dtype=str(dtype).replace("torch.", ""),
