@@ -315,6 +315,30 @@ def gemm_blocks(ggml_type: int, blocks: torch.Tensor, x: torch.Tensor, bias: Opt
     return y.to(x.dtype).reshape(*x.shape[:-1], w.shape[0])
 
 
+
+E4M3_MAX = 448.0  # the largest float8_e4m3fn value
+
+
+def quantize_rows_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token E4M3 activations for W8A8 FP8: x (M, K) float → codes (M, K) float8_e4m3fn of x / s and
+    s (M, 1) float32 = amax(row) / 448 (1 for a zero row), the cast rounding to nearest even."""
+    xf = x.float()
+    s = xf.abs().amax(dim=1, keepdim=True) / E4M3_MAX
+    s = torch.where(s > 0, s, torch.ones_like(s))
+    return (xf / s).clamp_(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn), s
+
+
+def fp8_w8a8_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor,
+                    bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Twin of ``kernels/triton/fp8.py``: y = (s_x · x_q) · (qweight · scale)ᵀ (+ bias), x rounded per token by
+    :func:`quantize_rows_fp8`. x (..., K); qweight (N, K) float8_e4m3fn; scale (N,) float32 → (..., N) in x's
+    dtype, computed in float64."""
+    xq, sx = quantize_rows_fp8(x.reshape(-1, x.shape[-1]))
+    y = (xq.double() * sx.double()) @ (qweight.double() * scale.double()[:, None]).T
+    if bias is not None:
+        y = y + bias.double()
+    return y.to(x.dtype).reshape(*x.shape[:-1], qweight.shape[0])
+
 # --- row-interleaved (x4) weights (twins of kernels/cpu/csrc/gemm_x4.cpp) ------------------------------------
 
 _X4_SCALES = {2: 1, 3: 2, 6: 1, 8: 1}  # f16 scales per block: Q4_0 d; Q4_1 d, m; Q5_0 d; Q8_0 d
