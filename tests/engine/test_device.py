@@ -74,9 +74,9 @@ def test_a_kv_codec_without_a_gpu_kernel_is_refused_at_start(monkeypatch):
 def test_a_weight_format_without_a_gpu_kernel_is_refused(monkeypatch):
     model = _tiny("llama", "int8")
     lin = model.model.layers[0].mlp.up_proj
-    lin._device_layout = ((12345, lin.device_layout()[1]),)  # a layout no Triton kernel reads
+    monkeypatch.setattr(lin.format, "native_layout", lambda packed: (12345, packed["qweight"]))  # no kernel reads it
     monkeypatch.setenv(backend.BACKEND_ENV, "triton")
-    with pytest.raises(ConfigError, match="has no GPU kernel"):
+    with pytest.raises(ConfigError, match="no GPU kernel"):
         check_kernels(model, [])
 
 

@@ -70,13 +70,13 @@ def kv_budget_from_free_memory(model, utilization: float, reserve: int) -> int:
 def check_kernels(model, caches) -> None:
     """On the Triton path, refuse (one line, naming it) a weight format or KV page type that has no GPU kernel."""
     for name, lin in model.linear_layers():
-        layout = lin.device_layout()
-        if layout is None and lin.format is not None and lin.format.name not in ("fp32", "bf16", "fp16"):
+        try:
+            weight = lin.device_weight(model.dtype)
+        except ConfigError as e:
+            raise ConfigError(f"weight format {lin.format.spec()} ({name}): {e}") from e
+        if weight is None and lin.format is not None and lin.format.name not in ("fp32", "bf16", "fp16"):
             raise ConfigError(f"weight format {lin.format.spec()} ({name}) has no GPU kernel; run with --device cpu "
                               "or quantize to int8, int4-gN, fp8, mxfp4, nvfp4, sparse24 or a GGUF block type")
-        if layout is not None and not backend.has_gemm(layout[0]):
-            raise ConfigError(f"weight format {lin.format.spec()} ({name}, kernel type {layout[0]}) has no GPU kernel; "
-                              "run with --device cpu")
     for i, cache in enumerate(caches):
         pages = cache.attention_pages()
         if pages is None or not backend.has_attention(pages["kv_dtype"], pages.get("v_dtype")):
@@ -93,8 +93,8 @@ def describe(model, caches, decode: str) -> dict:
     layouts = {}
     for _, lin in model.linear_layers():
         if lin.format is not None:
-            layout = lin.device_layout()
-            layouts[lin.format.spec()] = "torch F.linear" if layout is None else f"triton gemm_blocks type {layout[0]}"
+            weight = lin.device_weight(model.dtype)
+            layouts[lin.format.spec()] = "torch F.linear" if weight is None else weight.kernel
     pages = caches[0].attention_pages() if caches else None
     kv = None if pages is None else f"{pages['kv_dtype']}/{pages.get('v_dtype') or pages['kv_dtype']}"
     return {**out, "linear": layouts, "attention": f"triton paged attention ({kv} pages)", "decode": decode}

@@ -8,11 +8,13 @@ and hand their tensors to :func:`gemm` / :func:`attention_over_pages`; nothing e
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
 from ..errors import ConfigError
+from . import native_layouts
 
 BACKEND_ENV = "BYTEDIET_BACKEND"
 BACKENDS = ("auto", "triton")  # auto: native kernels on the CPU, Triton on CUDA
@@ -65,6 +67,53 @@ def has_attention(kv_dtype: str, v_dtype: Optional[str] = None) -> bool:
     """Whether the Triton paged attention reads key pages of ``kv_dtype`` and value pages of ``v_dtype``."""
     _, paged_attention = _triton_modules()
     return kv_dtype in paged_attention.TRITON_PAGE_TYPES and (v_dtype or kv_dtype) in paged_attention.TRITON_PAGE_TYPES
+
+
+@dataclass(frozen=True)
+class DeviceWeight:
+    """A linear layer's weight as the GPU path multiplies it, prepared once (:func:`prepare`): ``kernel`` names
+    what runs (reported by ``generate --json`` and ``bench``); calling it gives x (..., K) · Wᵀ (+ bias)."""
+
+    kernel: str
+    type_id: int
+    blocks: Optional[torch.Tensor] = None  # the packed rows the Triton GEMM reads
+    fp8: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # (E4M3 codes (N, K), scale (N,)): W8A8 _scaled_mm
+    sparse: Optional[torch.Tensor] = None  # PyTorch's semi-structured 2:4 tensor (cuSPARSELt / CUTLASS)
+
+    def __call__(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+        if self.fp8 is not None:
+            from .triton.fp8 import fp8_linear
+
+            return fp8_linear(x, *self.fp8, bias)
+        if self.sparse is not None:
+            from .triton.sparse24 import sparse24_linear
+
+            return sparse24_linear(x, self.sparse, bias)
+        return gemm(self.type_id, self.blocks, x, bias)
+
+
+def prepare(type_id: int, blocks: torch.Tensor, dtype: torch.dtype) -> DeviceWeight:
+    """The weight of layout ``type_id`` (rows ``blocks`` on its device) for activations of ``dtype``: FP8_ROW on
+    FP8 tensor cores (W8A8 through ``torch._scaled_mm``, sm_89+), SPARSE24_F16 on 2:4 sparse tensor cores
+    (sm_80+, shapes they take) — on CUDA; every other layout, and those elsewhere, by the Triton GEMM."""
+    t = int(type_id)
+    if blocks.device.type == "cuda" and t == native_layouts.FP8_ROW:
+        from .triton.fp8 import fp8_unsupported_reason, fp8_weight_from_rows
+
+        if fp8_unsupported_reason(blocks.device) is None and blocks.shape[0] % 16 == 0:
+            qweight, scale = fp8_weight_from_rows(blocks)
+            if qweight.shape[1] % 16 == 0:
+                return DeviceWeight("fp8 W8A8 torch._scaled_mm", t, fp8=(qweight, scale))
+    if blocks.device.type == "cuda" and t == native_layouts.SPARSE24_F16 and dtype in (torch.float16, torch.bfloat16):
+        from .triton.sparse24 import semi_structured_unsupported_reason, sparse24_weight_from_rows
+
+        k = native_layouts.row_weights(t, blocks.shape[1])
+        if semi_structured_unsupported_reason(blocks.device) is None and blocks.shape[0] % 64 == 0 and k % 128 == 0:
+            return DeviceWeight("sparse24 semi-structured (2:4 tensor cores)", t,
+                                sparse=sparse24_weight_from_rows(blocks, dtype))
+    if not has_gemm(t):
+        raise ConfigError(f"weight layout {t} has no GPU kernel; run with --device cpu")
+    return DeviceWeight(f"triton gemm_blocks type {t}", t, blocks=blocks.contiguous())
 
 
 def gemm(type_id: int, blocks: torch.Tensor, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:

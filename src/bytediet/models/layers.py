@@ -27,7 +27,7 @@ class Linear(nn.Module):
         self._packed_keys: list[str] = []
         self.interleaved: Optional[torch.Tensor] = None  # a row-interleaved copy for the native kernels, if any
         self._native: Optional[tuple[int, torch.Tensor]] = None  # format.native_layout, made on first use
-        self._device_layout: Optional[tuple] = None  # (format.native_layout on the weight's device,) for Triton
+        self._device_weight: Optional[tuple] = None  # (backend.DeviceWeight or None,): the GPU path's, made once
 
     @property
     def packed(self) -> Packed:
@@ -38,7 +38,7 @@ class Linear(nn.Module):
         for k in self._packed_keys:
             delattr(self, "packed_" + k)
         self.format, self._packed_keys, self.interleaved, self._native = fmt, list(packed), None, None
-        self._device_layout = None
+        self._device_weight = None
         for k, t in packed.items():
             self.register_buffer("packed_" + k, t, persistent=True)
 
@@ -66,21 +66,22 @@ class Linear(nn.Module):
             self._native = (layout[0], layout[1].contiguous())
         return self._native
 
-    def device_layout(self) -> Optional[tuple[int, torch.Tensor]]:
-        """(kernel type id, rows) that the Triton GEMM multiplies, on the weight's device (made once), or None:
-        a float weight (F.linear) or a format with no block layout (the engine refuses it on the GPU path)."""
-        if self._device_layout is None:
+    def device_weight(self, dtype: torch.dtype = torch.float32) -> Optional[backend.DeviceWeight]:
+        """The weight as the GPU path multiplies it (kernels/backend.py: the Triton GEMM over the format's block
+        layout, or FP8 / 2:4 tensor cores on CUDA), made once for activations of ``dtype`` on the weight's
+        device; None for a float weight (F.linear) or a format with no block layout (refused at engine start)."""
+        if self._device_weight is None:
             layout = None if self.format is None else _layout_on(self.format, self.packed, self.packed_device())
-            self._device_layout = (None if layout is None else (layout[0], layout[1].contiguous()),)
-        return self._device_layout[0]
+            self._device_weight = (None if layout is None else backend.prepare(layout[0], layout[1], dtype),)
+        return self._device_weight[0]
 
     def packed_device(self) -> torch.device:
         return getattr(self, "packed_" + self._packed_keys[0]).device if self._packed_keys else torch.device("cpu")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        layout = self.device_layout() if backend.triton_selected(x) else None
-        if layout is not None:  # the GPU path (CUDA, or BYTEDIET_BACKEND=triton): kernels/backend.py
-            return backend.gemm(layout[0], layout[1], x, self.bias)
+        weight = self.device_weight(x.dtype) if backend.triton_selected(x) else None
+        if weight is not None:  # the GPU path (CUDA, or BYTEDIET_BACKEND=triton): kernels/backend.py
+            return weight(x, self.bias)
         native = self.native_weight() if x.device.type == "cpu" else None
         if (native is not None and x.numel() >= ops.DENSE_GEMM_MIN_ROWS * self.in_features
                 and self.format.activations in ("q16", "f32")):
