@@ -80,7 +80,8 @@ class LLM:
         from ..models.loader import load_model
 
         set_threads(num_threads)
-        device = resolve_device(device)
+        # tensor parallelism runs on CPU processes (gloo) unless asked for CUDA, which it does not take yet
+        device = resolve_device("cpu" if device == "auto" and tensor_parallel_size > 1 else device)
         if device == "cuda" and tensor_parallel_size > 1:
             raise ConfigError("--device cuda with --tensor-parallel-size > 1 is not supported yet; use one GPU")
         overrides = {}

@@ -84,6 +84,7 @@ def spec_from_gpu_measurement(m: dict) -> HardwareSpec:
     return HardwareSpec(
         id="this-gpu", name=f"this GPU: {m['gpu']}", peak_flops=m["peak_flops"], memory_bytes=m["memory_bytes"],
         memory_bandwidth=m["read_bandwidth"], onchip_bytes=m.get("llc_bytes"), measured=True,
+        compute_dtype_default="bf16",
         sources={"peak_flops": where, "memory_bandwidth": where, "memory_bytes": "torch.cuda device properties"},
         notes=f"copy bandwidth {m['copy_bandwidth'] / 1e9:.0f} GB/s (read + write counted); torch {m['torch']}.",
     )
