@@ -37,6 +37,8 @@ DRY = "--dry-run" in sys.argv
 if DRY:  # the GPU code path on the CPU: chosen before torch or triton is imported
     os.environ["BYTEDIET_BACKEND"] = "triton"
     os.environ.setdefault("TRITON_INTERPRET", "1")
+else:  # the CPU's native kernels are not used on the GPU path: never build them there
+    os.environ.setdefault("BYTEDIET_KERNELS", "reference")
 sys.path.insert(0, str(ROOT / "src"))
 try:
     import gguf  # noqa: F401

@@ -101,3 +101,15 @@ def test_cuda_greedy_tokens_equal_the_cpu_path():
     cpu_tokens, _, _ = _greedy(copy.deepcopy(model))
     llm = LLM("tiny", loaded=(model, None), num_blocks=8, block_size=16, device="cuda")
     assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY)] == cpu_tokens
+
+
+@pytest.mark.parametrize("kv", ["int8", "rot-q8_0", "k=q8_0,v=q4_0", "turboquant"])
+def test_triton_backend_reads_quantized_kv_pages_as_the_cpu_path(kv, monkeypatch):
+    config = tiny_config("llama", head_dim=32)  # whole llama.cpp blocks of 32 values a head
+    model = model_from_state(config, random_state(config, seed=3))
+    cpu_tokens, cpu_logits, _ = _greedy(copy.deepcopy(model), kv_cache_dtype=kv)
+    monkeypatch.setenv(backend.BACKEND_ENV, "triton")
+    tokens, logits, runner = _greedy(model, kv_cache_dtype=kv)
+    assert runner.describe()["attention"].startswith("triton paged attention")
+    assert tokens == cpu_tokens
+    torch.testing.assert_close(logits, cpu_logits, atol=2e-2, rtol=2e-2)

@@ -130,8 +130,10 @@ def attention_over_pages(q: torch.Tensor, positions: torch.Tensor, token_rows: t
     """:func:`bytediet.kernels.ops.attention_over_pages` by the Triton paged attention (split-K flash-decoding),
     in q's dtype."""
     _, paged_attention = _triton_modules()
-    out = paged_attention.attention_over_pages(q, positions, token_rows, block_tables, block_size, scale, window,
-                                               kv_dtype, k_cache, v_cache, k_scale, v_scale, v_dtype, k_side, v_side)
+    # a float32 model gets float32 dots unless torch allows TF32 for its own float32 products
+    exact = q.dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32
+    out = paged_attention.run(q, positions, token_rows, block_tables, block_size, scale, window, kv_dtype, k_cache,
+                              v_cache, k_scale, v_scale, v_dtype, k_side, v_side, precision="ieee" if exact else None)
     return out.to(q.dtype)  # the kernel accumulates and returns float32
 
 
