@@ -345,17 +345,20 @@ def _bytediet_from_hf(hf, hf_config, fmt_spec: str, dtype: torch.dtype):
     """bytediet's model of the same weights, each linear quantized to ``fmt_spec`` (on the weights' device where the
     format's quantizer runs there, else on the CPU and moved)."""
     from bytediet.models.loader import build_model
+    from bytediet.models.quantize import QuantizeConfig
     from bytediet.models.safetensors import ARCHITECTURES
     from bytediet.quant import get_weight_format
 
     config = ARCHITECTURES.get("llama")().config_from_hf(hf_config.to_dict())
     model = build_model(config, dtype)
     modules = dict(model.named_modules())
-    fmt = get_weight_format(fmt_spec)
+    plain = "bf16" if dtype == torch.bfloat16 else "fp32"
+    policy = QuantizeConfig(format=fmt_spec)  # the layers --weights quantizes (the LM head as its policy says)
     for name, t in hf.state_dict().items():
         mod_name, _, kind = name.rpartition(".")
         module = modules[mod_name]
         if kind == "weight" and hasattr(module, "set_weight"):
+            fmt = get_weight_format(policy.spec_for(mod_name) or plain)
             try:
                 module.set_packed(fmt, fmt.quantize(t))
                 if any(p.device != t.device for p in module.packed.values()):
@@ -365,8 +368,7 @@ def _bytediet_from_hf(hf, hf_config, fmt_spec: str, dtype: torch.dtype):
         else:
             setattr(module, kind, torch.nn.Parameter(t, requires_grad=False))
     if config.tie_word_embeddings:
-        model.lm_head.set_packed(get_weight_format("bf16" if dtype == torch.bfloat16 else "fp32"),
-                                 {"weight": model.model.embed_tokens.weight.data})
+        model.lm_head.set_packed(get_weight_format(plain), {"weight": model.model.embed_tokens.weight.data})
     model.source_path = f"<random {hf_config.hidden_size}-wide llama>"
     return model, config
 
@@ -434,19 +436,21 @@ def speed_section(run: Run, out: dict, hardware) -> None:
 def _peer(hf, batches, prompt: int, new: int, ids) -> dict:
     """transformers with a static KV cache and the forward compiled (torch.compile mode="reduce-overhead",
     fullgraph: gpt-fast's recipe, as transformers documents it) — on the GPU; eager on the CPU (a dry run)."""
+    from transformers import StaticCache
+
     compiled = torch.cuda.is_available() and not DRY
-    hf.generation_config.cache_implementation = "static"
     hf.generation_config.eos_token_id = None
     if compiled:
         hf.generation_config.disable_compile = True  # compiled here, once, not by generate's own auto-compile
         hf.forward = torch.compile(hf.forward, mode="reduce-overhead", fullgraph=True)
     dev = next(hf.parameters()).device
+    cache_len = prompt + new + 8  # one static cache length for every call: each batch's shapes compile once
 
     def generate(b, n, m):
         x = torch.tensor(ids(b, n), device=dev)
         with torch.no_grad():
             hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=m, min_new_tokens=m, do_sample=False,
-                        pad_token_id=0)
+                        pad_token_id=0, past_key_values=StaticCache(config=hf.config, max_cache_len=cache_len))
     r = {"recipe": "transformers static cache" + (" + torch.compile(reduce-overhead, fullgraph)" if compiled else
                                                    " (eager: no GPU)")}
     for b in batches:

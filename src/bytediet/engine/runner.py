@@ -76,6 +76,8 @@ class ModelRunner:
         self.graphs = None
         if cuda_graphs and self.max_sequences is None:
             self._capture(cuda_graphs)
+        elif cuda_graphs:  # per-sequence KV state (KIVI's staging pages) moves outside any graph
+            self.decode_path += ", eager (the KV codec keeps per-sequence state)"
         # tensor parallel (bytediet.distributed.launch.Workers): ranks 1..N-1 mirror each forward on their shards
         self.workers = workers
         if workers is not None:
