@@ -50,7 +50,7 @@ def _matmul_flops(dtype: torch.dtype, n: int, device) -> Optional[float]:
         return None
 
 
-def measure_gpu(device: str = "cuda", read_mib: int = 4096) -> dict:
+def measure_gpu(device: str = "cuda", read_mib: int = 2048) -> dict:
     """Every probe once on ``device``: a JSON-able dict (B/s, FLOP/s) shaped like :func:`measure.measure`'s."""
     device = torch.device(device)
     props = torch.cuda.get_device_properties(device)
