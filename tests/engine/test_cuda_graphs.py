@@ -49,3 +49,40 @@ def test_graph_replay_equals_eager_decode():
         assert (llm.engine.runner.graphs is None) == eager, llm.engine.runner.decode_path
         runs.append([o.outputs[0].token_ids for o in llm.generate([[1, 2, 3], [4, 5], [6]], params)])
     assert runs[0] == runs[1]
+
+
+def test_the_static_buffers_give_the_eager_decode_steps_logits():
+    """What a graph captures — the forward over the padded static buffers — equals an eager decode step, and its
+    padding rows touch only the padding block (run on the CPU: no capture, the same tensors)."""
+    from bytediet.engine.cuda_graphs import DecodeGraphs
+    from bytediet.kvcache.base import AttentionMetadata
+    from tests.conftest import model_from_state, random_state, tiny_config
+
+    config = tiny_config("llama")
+    model = model_from_state(config, random_state(config))
+    bs, num_blocks = 4, 12
+    caches = model.new_caches(num_blocks + 1, bs, "fp32")
+    lengths, tables = [7, 3, 10], [[0, 1], [2], [3, 4, 5]]
+    for first, n in zip((0, 2, 3), lengths):  # prefill each sequence in its own blocks
+        model(torch.arange(1, n + 1), AttentionMetadata.for_single_sequence(n, bs, first_block=first), caches)
+    pos = torch.tensor(lengths)  # one new token each
+    block_tables = torch.full((3, 3), -1)
+    for i, t in enumerate(tables):
+        block_tables[i, :len(t)] = torch.tensor(t)
+    slots = torch.stack([block_tables[i, p // bs] * bs + p % bs for i, p in enumerate(pos.tolist())])
+    meta = AttentionMetadata(pos, slots, torch.arange(4), pos + 1, block_tables, bs, [1, 1, 1], (pos + 1).tolist())
+    ids = torch.tensor([5, 6, 7])
+    eager = model(ids, meta, caches, torch.arange(3))
+    before = [c.k[:num_blocks * bs].clone() for c in caches]
+
+    graphs = DecodeGraphs(model, caches, max_num_seqs=8, width=6, pad_block=num_blocks, block_size=bs)
+    size = graphs.fill(ids, meta)
+    assert size == 4
+    static = graphs.forward(size)[:3]
+    torch.testing.assert_close(static, eager, rtol=1e-5, atol=1e-5)
+    others = torch.ones(num_blocks * bs, dtype=torch.bool)
+    others[slots] = False  # the real rows rewrite their own slots (the same values, to rounding)
+    for c, b in zip(caches, before):  # the padding row wrote into the padding block only
+        assert torch.equal(c.k[:num_blocks * bs][others], b[others])
+        torch.testing.assert_close(c.k[slots], b[slots])
+        assert c.k[num_blocks * bs].abs().sum() > 0  # ... at its first slot

@@ -71,7 +71,8 @@ class DecodeGraphs:
         meta.__dict__["token_rows"] = self.rows[:size]  # the cached property, as a static buffer (no host copy)
         return meta
 
-    def _forward(self, size: int) -> torch.Tensor:
+    def forward(self, size: int) -> torch.Tensor:
+        """The forward pass a graph captures: the first ``size`` rows of the static buffers → logits (size, vocab)."""
         return self.model(self.ids[:size], self._meta(size), self.caches, self.rows[:size])
 
     @torch.inference_mode()
@@ -79,11 +80,11 @@ class DecodeGraphs:
         """Capture every bucket, the largest first, all in one memory pool."""
         pool = None
         for size in reversed(self.sizes):
-            self._forward(size)  # warm up: compile the kernels, settle the allocator
+            self.forward(size)  # warm up: compile the kernels, settle the allocator
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                self.logits[size] = self._forward(size)
+                self.logits[size] = self.forward(size)
             pool = graph.pool() if pool is None else pool
             self.graphs[size] = graph
         torch.cuda.synchronize()
@@ -94,13 +95,17 @@ class DecodeGraphs:
         return (all(q == 1 for q in meta.query_lens_list) and bucket_for(n, self.sizes) is not None
                 and logit_rows.shape[0] == n and meta.block_tables.shape[1] <= self.width)
 
-    def run(self, input_ids: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        """Logits (n, vocab) of a decode step of n sequences, by replaying its bucket's graph."""
-        n = input_ids.shape[0]
-        size = bucket_for(n, self.sizes)
+    def fill(self, input_ids: torch.Tensor, meta: AttentionMetadata) -> int:
+        """Copy a decode step of n sequences into the static buffers (padded); returns its bucket."""
+        size = bucket_for(input_ids.shape[0], self.sizes)
         padded = pad_decode_batch(input_ids, meta.positions, meta.slot_mapping, meta.context_lens, meta.block_tables,
                                   size, self.width, self.pad_block, self.block_size)
         for buf, value in zip((self.ids, self.positions, self.slots, self.context_lens, self.tables), padded):
             buf[:size].copy_(value)
+        return size
+
+    def run(self, input_ids: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """Logits (n, vocab) of a decode step of n sequences, by replaying its bucket's graph."""
+        size = self.fill(input_ids, meta)
         self.graphs[size].replay()
-        return self.logits[size][:n].clone()
+        return self.logits[size][:input_ids.shape[0]].clone()
