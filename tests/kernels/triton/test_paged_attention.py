@@ -121,6 +121,25 @@ def test_decode_split_k_mha():
     check("split-mha", "fp16", "q4_1", 4, 4, 32, None, [(1, 33), (1, 2)], num_splits=2)
 
 
+def test_head_dim_96_gqa3_window():  # three GGML blocks a row, head_dim padded to 128 in registers
+    check("d96", "q5_0", "q4_1", 6, 2, 96, 11, [(1, 31), (1, 50)])
+
+
+@pytest.mark.parametrize("dtype", ["int8", "fp8"])
+def test_every_code_of_int8_and_fp8_values(dtype):
+    """One key in context: the output is the value row itself, so every one of the 256 codes (fp8's subnormals and
+    extremes; its two NaN codes, which the codecs never write, left out) must come back exactly as the twin reads it."""
+    codes = torch.arange(256, dtype=torch.uint8)
+    if dtype == "fp8":
+        codes[[0x7F, 0xFF]] = 0
+    v = codes.reshape(1, 1, 256).repeat(BLOCK, 1, 1)
+    scales = torch.full((BLOCK, 1, 1), 0.75, dtype=torch.float16)
+    k = torch.randn(BLOCK, 1, 256).half()
+    args = (torch.randn(1, 1, 256), torch.tensor([0]), torch.tensor([0]), torch.tensor([[0]]), BLOCK, 0.1, None,
+            "fp16", k, v, None, scales, dtype)
+    assert torch.equal(kernel(*args), reference.attention_over_pages(*args))
+
+
 # keys and values of different types, as llama.cpp's k=q8_0,v=q4_0 and the auto: plans mix them
 MIXED = [("q8_0", "q4_0"), ("int8", "q5_0"), ("bf16", "q4_1"), ("fp8", "fp16"), ("q4_0", "fp32"), ("q5_0", "fp8")]
 
@@ -145,7 +164,7 @@ def test_tokens_in_any_order_int64_tables():
     gen = torch.Generator().manual_seed(11)
     bt, positions, rows, slots = ragged_batch([(5, 21), (1, 17), (3, 9), (1, 4)], gen)
     order = torch.randperm(len(positions), generator=gen)
-    (k, ks), (v, vs) = row_pages(gen, slots, 2, 32, "q4_0"), row_pages(gen, slots, 2, 32, "int8")
+    (k, _), (v, vs) = row_pages(gen, slots, 2, 32, "q4_0"), row_pages(gen, slots, 2, 32, "int8")
     q = torch.randn(len(positions), 4, 32, generator=gen)
     args = (q[order], positions[order], rows[order], bt.long(), BLOCK, 0.2, 6, "q4_0", k, v, None, vs, "int8")
     want = reference.attention_over_pages(*args)
@@ -225,6 +244,17 @@ def test_code_pages_raise_one_line():
     with pytest.raises(ValueError, match="unknown KV page type 'fp4'"):
         pa.attention_over_pages(q, torch.tensor([0]), torch.tensor([0]), torch.tensor([[0]]), BLOCK, 0.1, None,
                                 "fp4", torch.zeros(16, 1, 32), torch.zeros(16, 1, 32))
+
+
+def test_check_pages_before_the_first_step():
+    pa.check_pages("q8_0", "q4_0")
+    pa.check_pages("turboquant", "bf16", k_side=tq_pages(torch.Generator(), 16, 1, 64, [(16, 4), (48, 2)], "prod"))
+    with pytest.raises(NotImplementedError, match="'qjl2-keys' pages"):
+        pa.check_pages("qjl2-keys", "int8")
+    with pytest.raises(NotImplementedError, match="1 or 2 parts, not 3"):
+        pa.check_pages("int8", "turboquant", v_side=tq_pages(torch.Generator(), 16, 1, 64, [(16, 4), (16, 3), (32, 2)]))
+    with pytest.raises(NotImplementedError, match="TurboQuant values of the MSE variant"):
+        pa.check_pages("fp16", "turboquant", v_side=tq_pages(torch.Generator(), 16, 1, 64, [(64, 2)], "prod"))
 
 
 def test_check_runs_small_shapes():  # the device check's function, on tiny shapes in the interpreter

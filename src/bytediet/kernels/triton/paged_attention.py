@@ -15,7 +15,7 @@ import torch
 from ..decoder_spec import BLOCK_PAGE_TYPES, CODE_PAGE_TYPES, FLOAT_PAGE_DTYPES, KV_PAGE_TYPES, TurboQuantPageSpec
 from .runtime import available, interpreting
 
-__all__ = ["attention_over_pages", "available"]
+__all__ = ["attention_over_pages", "available", "check_pages"]
 
 TRITON_PAGE_TYPES = tuple(FLOAT_PAGE_DTYPES) + ("int8", "fp8") + tuple(BLOCK_PAGE_TYPES) + ("turboquant",)
 
@@ -32,12 +32,9 @@ def attention_over_pages(q: torch.Tensor, positions: torch.Tensor, token_rows: t
                k_scale, v_scale, v_dtype, k_side, v_side)
 
 
-def run(q, positions, token_rows, block_tables, block_size, scale, window, kv_dtype, k_cache, v_cache,
-        k_scale=None, v_scale=None, v_dtype=None, k_side=None, v_side=None, *, num_splits: Optional[int] = None,
-        block_m: Optional[int] = None, precision: Optional[str] = None) -> torch.Tensor:
-    """:func:`attention_over_pages` with the tiling chosen by hand (tests): ``block_m`` tokens a tile, the context
-    of each cut into ``num_splits`` slices, ``precision`` the float32 dots' (tl.dot's input_precision: "ieee" in the
-    interpreter, else "tf32")."""
+def check_pages(kv_dtype: str, v_dtype: Optional[str] = None, k_side=None, v_side=None) -> None:
+    """Raise a one-line NotImplementedError (a page type or TurboQuant layout without a Triton kernel) or ValueError
+    (an unknown page type) unless the kernel reads these pages: for a caller to check once, before the first step."""
     v_dtype = v_dtype or kv_dtype
     for dtype in (kv_dtype, v_dtype):
         if dtype in CODE_PAGE_TYPES:
@@ -45,6 +42,26 @@ def run(q, positions, token_rows, block_tables, block_size, scale, window, kv_dt
                                       f"use a KV cache of {', '.join(TRITON_PAGE_TYPES)}")
         if dtype not in TRITON_PAGE_TYPES:
             raise ValueError(f"unknown KV page type {dtype!r}; choose one of: {', '.join(TRITON_PAGE_TYPES)}")
+    if kv_dtype == "turboquant":
+        parts = _parts(k_side, "keys")
+        if any((p.signs is None) != (parts[0].signs is None) for p in parts):
+            raise NotImplementedError("the Triton paged attention reads TurboQuant keys whose parts are all MSE or "
+                                      "all inner-product")
+    if v_dtype == "turboquant":
+        parts = _parts(v_side, "values")
+        if parts[0].signs is not None or v_side.rope_mean is not None:
+            raise NotImplementedError("the Triton paged attention reads TurboQuant values of the MSE variant "
+                                      "without a pre-RoPE mean")
+
+
+def run(q, positions, token_rows, block_tables, block_size, scale, window, kv_dtype, k_cache, v_cache,
+        k_scale=None, v_scale=None, v_dtype=None, k_side=None, v_side=None, *, num_splits: Optional[int] = None,
+        block_m: Optional[int] = None, precision: Optional[str] = None) -> torch.Tensor:
+    """:func:`attention_over_pages` with the tiling chosen by hand (tests): ``block_m`` tokens a tile, the context
+    of each cut into ``num_splits`` slices, ``precision`` the float32 dots' (tl.dot's input_precision: "ieee" in the
+    interpreter, else "tf32")."""
+    v_dtype = v_dtype or kv_dtype
+    check_pages(kv_dtype, v_dtype, k_side, v_side)
     from . import paged_attention_kernels as K  # triton only now
 
     t, hq, d = q.shape
@@ -112,11 +129,11 @@ def _splits(q: torch.Tensor, programs: int, capacity: int) -> int:
 def _parts(spec: TurboQuantPageSpec, what: str):
     """Check the parts of TurboQuant pages the kernel reads (1 or 2 parts, 1–8 MSE bits, whole bytes a row)."""
     if not 1 <= len(spec.parts) <= 2:
-        raise NotImplementedError(f"Triton paged attention reads TurboQuant {what} of 1 or 2 parts, "
+        raise NotImplementedError(f"the Triton paged attention reads TurboQuant {what} of 1 or 2 parts, "
                                   f"not {len(spec.parts)}")
     for p in spec.parts:
         if not 1 <= p.bits <= 8 or p.dim * p.bits % 8 or p.dim % 8:
-            raise NotImplementedError(f"Triton paged attention reads TurboQuant {what} of 1-8 bits a code and "
+            raise NotImplementedError(f"the Triton paged attention reads TurboQuant {what} of 1-8 bits a code and "
                                       f"whole-byte rows, not a part of {p.dim} channels at {p.bits} bits")
     return spec.parts
 
@@ -128,7 +145,7 @@ def _key_query(kv_dtype, spec, qf, hkv, dummy):
     b = q₂μ₁ − q₁μ₂. A constant mean adds q·μ to every score of a query: the softmax ignores it."""
     if kv_dtype != "turboquant":
         return qf.contiguous(), dummy, dummy, dummy, dummy
-    parts = _parts(spec, "keys")
+    parts = spec.parts
     t, hq, d = qf.shape
     qg = qf.view(t, hkv, hq // hkv, d)
     qs = qg if spec.channels is None else torch.gather(qg, -1, spec.channels[None, :, None, :].expand_as(qg))
@@ -159,15 +176,12 @@ def _side_args(dtype, pages, scales, spec, dummy, keys: bool):
         s_strides = (s.stride(0), s.stride(1)) if scales is not None else (0, 0)
         args = [pages, s, pages.stride(0), pages.stride(1), *s_strides]
         args += [dummy] * (10 if keys else 6)
-        const = {pre + "NP": 1, pre + "D0": 16, pre + "D1": 16, pre + "B0": 8, pre + "B1": 8, pre + "P0": 16,
+        const = {pre + "NP": 1, pre + "D0": 0, pre + "D1": 0, pre + "B0": 8, pre + "B1": 8, pre + "P0": 16,
                  pre + "P1": 16}
         if keys:
             const.update(K_PROD=False, K_ROPE=False)
         return args, const
-    parts = _parts(spec, "keys" if keys else "values")
-    if not keys and (parts[0].signs is not None or spec.rope_mean is not None):
-        raise NotImplementedError("Triton paged attention reads TurboQuant values of the MSE variant without a "
-                                  "pre-RoPE mean")
+    parts = spec.parts
     for p in parts:
         if not (p.idx.is_contiguous() and p.norm.is_contiguous()):
             raise ValueError("TurboQuant pages (norm, idx) must be contiguous")
@@ -178,14 +192,11 @@ def _side_args(dtype, pages, scales, spec, dummy, keys: bool):
         if keys:
             args += [dummy, dummy] if p.signs is None else [p.signs.contiguous(), p.res_norm.contiguous()]
     p0, p1 = parts[0], parts[-1]
-    const = {pre + "NP": len(parts), pre + "D0": p0.dim, pre + "D1": p1.dim if len(parts) == 2 else 16,
+    const = {pre + "NP": len(parts), pre + "D0": p0.dim, pre + "D1": p1.dim if len(parts) == 2 else 0,
              pre + "B0": p0.bits, pre + "B1": p1.bits, pre + "P0": max(16, triton_next_pow2(p0.dim)),
              pre + "P1": max(16, triton_next_pow2(p1.dim)) if len(parts) == 2 else 16}
     if keys:
         const.update(K_PROD=p0.signs is not None, K_ROPE=spec.rope_mean is not None)
-        if any((p.signs is None) != (p0.signs is None) for p in parts):
-            raise NotImplementedError("Triton paged attention reads TurboQuant keys whose parts are all MSE or all "
-                                      "inner-product")
     return args, const
 
 

@@ -119,7 +119,7 @@ def check(device: str = "cuda", shapes: Optional[list[dict]] = None, seed: int =
                    "err_fp32": err["ieee"], "err_default": err[None],
                    "ok": err["ieee"] <= 1e-4 and err[None] <= 2e-2}
             if str(device).startswith("cuda"):
-                ms = _time(lambda: run(*dev_args, **sides), reps)
+                ms = _time(lambda a=dev_args, s=sides: run(*a, **s), reps)
                 row.update(ms=ms, kv_gbps=_bytes(k, v, shape["seqs"], hkv) / ms / 1e6)
             results.append(row)
     return results

@@ -200,18 +200,18 @@ def _attn_kernel(
         sel = valid_r & (rows_r == row)
         run_lo = tl.min(tl.where(sel, lo_r, BIG), axis=0)
         run_hi = tl.max(tl.where(sel, pos_r + 1, 0), axis=0)
-        per = tl.cdiv(tl.cdiv(run_hi - run_lo, SPLITS), BLOCK_N) * BLOCK_N
+        per = ((run_hi - run_lo + SPLITS - 1) // SPLITS + BLOCK_N - 1) // BLOCK_N * BLOCK_N
         s_lo = run_lo + split * per
         s_hi = tl.minimum(s_lo + per, run_hi)
 
         m_i = tl.full((R,), -1.0e30, tl.float32)
-        l_i = tl.zeros((R,), tl.float32)
+        l_i = tl.full((R,), 0.0, tl.float32)
         if VT == TURBOQUANT:
-            acc0 = tl.zeros((R, V_P0), tl.float32)
-            acc1 = tl.zeros((R, V_P1), tl.float32)
+            acc0 = tl.full((R, V_P0), 0.0, tl.float32)
+            acc1 = tl.full((R, V_P1), 0.0, tl.float32)
         else:
-            acc0 = tl.zeros((R, DP), tl.float32)
-            acc1 = tl.zeros((R, 16), tl.float32)
+            acc0 = tl.full((R, DP), 0.0, tl.float32)
+            acc1 = tl.full((R, 16), 0.0, tl.float32)
         for start in range(s_lo, s_hi, BLOCK_N):
             kpos = start + tl.arange(0, BLOCK_N)
             n_mask = kpos < s_hi
