@@ -109,9 +109,17 @@ def test_batched_shapes_large_scales_and_zero_rows():
 
 def test_bad_input_gets_a_clear_error():
     rows = torch.zeros(4, 18, dtype=torch.uint8)
-    with pytest.raises(NotImplementedError, match="layout 16 has no Triton kernel"):
+    with pytest.raises(NotImplementedError, match="GGML IQ2_XXS has no Triton kernel"):
         tg.gemm_blocks(16, rows, torch.randn(1, 32))  # IQ2_XXS: not a layout read here
     with pytest.raises(ValueError, match="hold 32 values, activations 64"):
         tg.gemm_blocks(int(T.Q4_0), rows, torch.randn(1, 64))
     with pytest.raises(ValueError, match="whole number of blocks"):
         tg.dequantize_blocks(nl.INT8_ROW, torch.zeros(4, 3, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="uint8"):
+        tg.gemm_blocks(int(T.Q4_0), rows.float(), torch.randn(1, 32))
+
+
+def test_outside_the_interpreter_cpu_tensors_get_a_clear_error(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(RuntimeError, match="run on CUDA tensors"):
+        tg.gemm_blocks(int(T.Q4_0), torch.zeros(4, 18, dtype=torch.uint8), torch.randn(1, 32))

@@ -13,10 +13,16 @@ try:
 except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError("bytediet's GPU kernels need triton: pip install 'triton>=3.6'") from e
 
-# GGML type ids (gguf.GGMLQuantizationType) and bytediet layout ids (native_layouts), as plain ints for constexprs
-Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K = 2, 3, 6, 7, 8, 12, 13, 14
-INT8_ROW, MXFP4, NVFP4, SPARSE24_INT8, FP8_ROW, SPARSE24_F16 = 100, 107, 108, 109, 110, 111
-INT4_FIRST, INT4_LAST = 101, 106
+# GGML type ids (gguf.GGMLQuantizationType) and bytediet layout ids (native_layouts), as constexprs: compiled
+# @triton.jit code reads only constexpr globals (Python code uses ``.value``)
+Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K = map(tl.constexpr, (2, 3, 6, 7, 8, 12, 13, 14))
+INT8_ROW, MXFP4, NVFP4, SPARSE24_INT8, FP8_ROW, SPARSE24_F16 = map(tl.constexpr, (100, 107, 108, 109, 110, 111))
+INT4_FIRST, INT4_LAST = tl.constexpr(101), tl.constexpr(106)
+
+
+def ids(*layouts) -> frozenset[int]:
+    """The plain ints of layout constexprs."""
+    return frozenset(c.value for c in layouts)
 
 
 @triton.jit

@@ -4,10 +4,15 @@ The twin is :func:`bytediet.kernels.reference.gemm_blocks` with ``activations="f
 are multiplied as they are). Every layout of :mod:`.block_decode` is read: GGML Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/
 Q5_K/Q6_K and bytediet's INT8_ROW, INT4_GROUPS (± zero point), MXFP4, NVFP4, FP8_ROW, SPARSE24_INT8/F16.
 
-* M ≤ :data:`GEMV_MAX_M` rows (decode): one program per (BN outputs, row, K split); the weight tile is summed
-  against x in float32 (CUDA cores: the step is bound by reading W), split over K when N alone leaves SMs idle.
+* M ≤ :data:`GEMV_MAX_M` rows (decode): one program per (BN outputs, row, K split), float32 sums on CUDA cores
+  (the step is bound by reading W), the K range split when N alone leaves SMs idle.
 * larger M (prefill, big batches): a tiled ``tl.dot`` with float32 accumulation; on the GPU W is rounded to x's
   dtype (bf16/fp16 tensor cores), in the interpreter both operands are float32 (its bf16 dot is wrong).
+
+Three kernel families, chosen by layout: :mod:`.runs` (codes in runs of 32: Q4_0/Q4_1/Q5_0/Q5_1/Q8_0, INT8_ROW,
+INT4_GROUPS, MXFP4, NVFP4, FP8_ROW), :mod:`.kquants` (Q4_K/Q5_K/Q6_K), each a GEMV and a GEMM, and the
+per-element decoder of :mod:`.block_decode` here (every layout: sparse24's GEMM, dequantize_blocks);
+:mod:`.sparse24_blocks` is the 2:4 layouts' GEMV.
 """
 from __future__ import annotations
 
@@ -16,7 +21,7 @@ import os
 import torch
 
 from .. import native_layouts
-from . import kquants, runs
+from . import kquants, runs, sparse24_blocks
 from .block_decode import round_bf16, tl, triton, weight_tile
 
 GEMV_MAX_M = 4
@@ -39,13 +44,27 @@ def row_weights(type_id: int, row_bytes: int) -> int:
     """K of a packed row of ``row_bytes`` bytes in layout ``type_id``; a clear error for a layout not read here."""
     t = int(type_id)
     if t not in TYPES:
-        raise NotImplementedError(f"weight layout {t} has no Triton kernel (read: {sorted(TYPES)})")
+        ggml = ", ".join(_name(i).split()[-1] for i in sorted(_GGML))
+        raise NotImplementedError(f"weight layout {_name(t)} has no Triton kernel (they read GGML {ggml} and "
+                                  f"bytediet's layouts {min(native_layouts.TYPES)}–{max(native_layouts.TYPES)})")
     if t in _GGML:
         weights, nbytes = _GGML[t]
         if row_bytes % nbytes:
             raise ValueError(f"GGML type {t}: {row_bytes} bytes per row is not a whole number of blocks")
         return row_bytes // nbytes * weights
     return native_layouts.row_weights(t, row_bytes)
+
+
+def _name(t: int) -> str:
+    """A layout's name: GGML's type name (Q4_K…) or bytediet's layout id."""
+    from gguf import GGMLQuantizationType
+
+    if t in native_layouts.TYPES:
+        return f"bytediet layout {t}"
+    try:
+        return f"GGML {GGMLQuantizationType(t).name}"
+    except ValueError:
+        return f"unknown layout {t}"
 
 
 def _int4_params(t: int) -> tuple[int, bool]:
@@ -114,10 +133,15 @@ def _dequant_kernel(w_ptr, y_ptr, N, K, row_bytes, TYPE: tl.constexpr, GROUP: tl
     tl.store(y_ptr + n.to(tl.int64) * K + k, w.to(y_ptr.dtype.element_ty), mask=(n < N) & (k < K))
 
 
-def _check(type_id: int, blocks: torch.Tensor) -> int:
-    """K of ``blocks`` (N, row bytes) uint8, checked."""
+def _check(type_id: int, blocks: torch.Tensor, x: torch.Tensor | None = None) -> int:
+    """K of ``blocks`` (N, row bytes) uint8, checked (and that blocks and x are where the kernels can run)."""
     if blocks.dtype != torch.uint8 or blocks.dim() != 2:
         raise ValueError(f"packed weight rows must be a 2-D uint8 tensor, got {tuple(blocks.shape)} {blocks.dtype}")
+    if blocks.device.type != "cuda" and not interpreting():
+        raise RuntimeError(f"the Triton weight kernels run on CUDA tensors (or with TRITON_INTERPRET=1), "
+                           f"not on {blocks.device}")
+    if x is not None and x.device != blocks.device:
+        raise ValueError(f"activations on {x.device}, weight rows on {blocks.device}: put them on one device")
     return row_weights(type_id, blocks.shape[1])
 
 
@@ -136,7 +160,7 @@ def gemm_blocks(type_id: int, blocks: torch.Tensor, x: torch.Tensor, bias: torch
     x: (..., K) float (fp32/fp16/bf16, on blocks' device) → y (..., N) in x's dtype, accumulated in float32.
     ``split_k`` forces the GEMV's K split (tests); by default it is chosen from the SM count."""
     t = int(type_id)
-    k = _check(t, blocks)
+    k = _check(t, blocks, x)
     if x.shape[-1] != k:
         raise ValueError(f"weight rows hold {k} values, activations {x.shape[-1]}")
     x2 = x.reshape(-1, k)
@@ -148,10 +172,10 @@ def gemm_blocks(type_id: int, blocks: torch.Tensor, x: torch.Tensor, bias: torch
 
 
 def _gemv(t: int, blocks: torch.Tensor, x2: torch.Tensor, bias, split_k) -> torch.Tensor:
-    """The GEMV of a few rows (M, K): block-structured where the layout allows (:mod:`.runs`, :mod:`.kquants`),
-    else per element; the K range split over programs (partial sums in float32) when N leaves SMs idle."""
+    """The GEMV of a few rows (M, K): block-structured where the layout allows (:mod:`.runs`, :mod:`.kquants`,
+    :mod:`.sparse24_blocks`), else per element; the K range split over programs (partial sums in float32) when N leaves SMs idle."""
     (m, k), n = x2.shape, blocks.shape[0]
-    family = "runs" if t in runs.TYPES else "kquants" if t in kquants.TYPES else "elements"
+    family = next((name for name, mod in _FAMILIES.items() if t in mod.TYPES), "elements")
     bn, bk = _GEMV_TILES[family][interpreting()]
     k_steps = triton.cdiv(k, bk)
     splits = split_k or _split_k(triton.cdiv(n, bn), m, k_steps, x2.device)
@@ -161,13 +185,16 @@ def _gemv(t: int, blocks: torch.Tensor, x2: torch.Tensor, bias, split_k) -> torc
     grid = (triton.cdiv(n, bn), m, splits)
     args = (x2, blocks, blocks if bias is None else bias, out, n, k, blocks.shape[1], x2.stride(0), out.stride(0),
             out.stride(1), k_per_split)
-    flags = dict(TYPE=t, HAS_BIAS=bias is not None, ROUND_BF16=_round_bf16(out.dtype), BN=bn, num_warps=4)
+    flags = {"TYPE": t, "HAS_BIAS": bias is not None, "ROUND_BF16": _round_bf16(out.dtype), "BN": bn,
+             "num_warps": 4}
     group, sym = _int4_params(t)
     if family == "runs":
         head, bw, bb, co = runs.run_geometry(t, group, sym)
         runs.gemv_kernel[grid](*args, SYM=sym, HEAD=head, BW=bw, BB=bb, CO=co, NB=bk // 32, **flags)
     elif family == "kquants":
         kquants.gemv_kernel[grid](*args, NB=bk // 256, **flags)
+    elif family == "sparse24":
+        sparse24_blocks.gemv_kernel[grid](*args, NB=bk // 32, **flags)
     else:
         _gemv_kernel[grid](*args, GROUP=group, SYM=sym, BK=bk, **flags)
     return out[0] if splits == 1 else out.sum(0).to(x2.dtype)
@@ -175,23 +202,27 @@ def _gemv(t: int, blocks: torch.Tensor, x2: torch.Tensor, bias, split_k) -> torc
 
 # (BN rows, BK weights) per GEMV program, for the GPU (False) and the interpreter (True: one or two programs)
 _GEMV_TILES = {"runs": {False: (16, 256), True: (16, 64)}, "kquants": {False: (16, 512), True: (16, 256)},
-               "elements": {False: (32, 128), True: (16, 64)}}
+               "sparse24": {False: (16, 256), True: (16, 64)}, "elements": {False: (32, 128), True: (16, 64)}}
+_FAMILIES = {"runs": runs, "kquants": kquants, "sparse24": sparse24_blocks}
 
 
 def _gemm(t: int, blocks: torch.Tensor, x2: torch.Tensor, bias) -> torch.Tensor:
-    """The tiled tl.dot product of many rows (M, K): block-structured where the layout allows (:mod:`.runs`)."""
+    """The tiled tl.dot product of many rows (M, K): block-structured where the layout allows (:mod:`.runs`,
+    :mod:`.kquants`), else per element."""
     (m, k), n = x2.shape, blocks.shape[0]
     bm = 16 if m <= 16 else 32 if m <= 32 else 64
     bn, bk = (16, 32) if interpreting() else (64 if m <= 32 else 128, 64)
     y = torch.empty(m, n, dtype=x2.dtype, device=x2.device)
     grid = (triton.cdiv(m, bm), triton.cdiv(n, bn))
     args = (x2, blocks, blocks if bias is None else bias, y, m, n, k, blocks.shape[1], x2.stride(0), y.stride(0))
-    flags = dict(TYPE=t, HAS_BIAS=bias is not None, DOT_F32=interpreting() or x2.dtype == torch.float32,
-                 ROUND_BF16=_round_bf16(y.dtype), BM=bm, BN=bn, num_warps=4, num_stages=3)
+    flags = {"TYPE": t, "HAS_BIAS": bias is not None, "DOT_F32": interpreting() or x2.dtype == torch.float32,
+             "ROUND_BF16": _round_bf16(y.dtype), "BM": bm, "BN": bn, "num_warps": 4, "num_stages": 3}
     group, sym = _int4_params(t)
     if t in runs.TYPES:
         head, bw, bb, co = runs.run_geometry(t, group, sym)
         runs.gemm_kernel[grid](*args, SYM=sym, HEAD=head, BW=bw, BB=bb, CO=co, NB=bk // 32, **flags)
+    elif t in kquants.TYPES:
+        kquants.gemm_kernel[grid](*args, NB=1, **flags)
     else:
         _gemm_kernel[grid](*args, GROUP=group, SYM=sym, BK=bk, **flags)
     return y

@@ -30,21 +30,23 @@ from .block_decode import (
     _e8m0,
     _f16,
     _f32,
+    ids,
     round_bf16,
     tl,
     triton,
 )
 
-NIBBLE_TYPES = frozenset({Q4_0, Q4_1, Q5_0, Q5_1, MXFP4, NVFP4, *range(INT4_FIRST, INT4_LAST + 1)})
-BYTE_TYPES = frozenset({Q8_0, INT8_ROW, FP8_ROW})
+NIBBLE_TYPES = ids(Q4_0, Q4_1, Q5_0, Q5_1, MXFP4, NVFP4) | frozenset(range(INT4_FIRST.value, INT4_LAST.value + 1))
+BYTE_TYPES = ids(Q8_0, INT8_ROW, FP8_ROW)
 TYPES = NIBBLE_TYPES | BYTE_TYPES
 
 
 def run_geometry(type_id: int, group: int, symmetric: bool) -> tuple[int, int, int, int]:
     """(row header bytes, weights per block, bytes per block, offset of the codes in a block) of a layout."""
     fixed = {Q4_0: (0, 32, 18, 2), Q4_1: (0, 32, 20, 4), Q5_0: (0, 32, 22, 6), Q5_1: (0, 32, 24, 8),
-             MXFP4: (0, 32, 17, 1), NVFP4: (4, 32, 18, 2),
-             Q8_0: (0, 32, 34, 2), INT8_ROW: (4, 32, 32, 0), FP8_ROW: (4, 32, 32, 0)}
+             MXFP4: (0, 32, 17, 1), NVFP4: (4, 32, 18, 2), Q8_0: (0, 32, 34, 2), INT8_ROW: (4, 32, 32, 0),
+             FP8_ROW: (4, 32, 32, 0)}
+    fixed = {c.value: geometry for c, geometry in fixed.items()}
     if type_id in fixed:
         return fixed[type_id]
     return (0, group, (2 if symmetric else 4) + group // 2, 2 if symmetric else 4)  # INT4_GROUPS
@@ -69,7 +71,7 @@ def gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, row_bytes, stride_xm, stride_y
                 CO: tl.constexpr, HAS_BIAS: tl.constexpr, ROUND_BF16: tl.constexpr, BN: tl.constexpr,
                 NB: tl.constexpr):
     """y[split, m, n-tile] = Σ over this split's K range (whole runs of 32) of W[n, k] · x[m, k], float32."""
-    NIBBLES: tl.constexpr = TYPE != Q8_0 and TYPE != INT8_ROW and TYPE != FP8_ROW
+    NIBBLES: tl.constexpr = (TYPE != Q8_0 and TYPE != INT8_ROW) and TYPE != FP8_ROW
     HALF: tl.constexpr = 16 if NIBBLES else 32  # code bytes per run
     INT4: tl.constexpr = TYPE >= INT4_FIRST and TYPE <= INT4_LAST
     pid_n, m, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -95,10 +97,10 @@ def gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, row_bytes, stride_xm, stride_y
             q_lo, q_hi = _nibbles(b, blk, j, mask, TYPE)
             s_lo = tl.sum(_code_values(q_lo, TYPE) * x_lo[None, :, :], axis=2)  # (BN, NB)
             s_hi = tl.sum(_code_values(q_hi, TYPE) * x_hi[None, :, :], axis=2)
-            if TYPE == Q4_0 or TYPE == Q5_0 or (INT4 and SYM):
+            if (TYPE == Q4_0 or TYPE == Q5_0) or (INT4 and SYM):
                 sx = tl.sum(x_lo, axis=1) + tl.sum(x_hi, axis=1)
                 part = _f16(blk, mask) * (s_lo + s_hi - (16.0 if TYPE == Q5_0 else 8.0) * sx[None, :])
-            elif TYPE == Q4_1 or TYPE == Q5_1 or INT4:
+            elif (TYPE == Q4_1 or TYPE == Q5_1) or INT4:
                 sx = tl.sum(x_lo, axis=1) + tl.sum(x_hi, axis=1)
                 part = _f16(blk, mask) * (s_lo + s_hi) + _f16(blk + 2, mask) * sx[None, :]
             elif TYPE == MXFP4:
@@ -139,7 +141,7 @@ def _run_scales(blk, row_scale, mask, TYPE: tl.constexpr, SYM: tl.constexpr):
         lo, hi, add = row_scale + zero, row_scale + zero, zero
     else:  # a float16 scale (Q4_0, Q8_0, INT4 symmetric) and an offset (Q4_1, INT4 asymmetric)
         d = _f16(blk, mask)
-        if TYPE == Q4_1 or TYPE == Q5_1 or (INT4 and not SYM):
+        if (TYPE == Q4_1 or TYPE == Q5_1) or (INT4 and not SYM):
             add = _f16(blk + 2, mask)
         else:
             add = zero
@@ -168,18 +170,20 @@ def _weights(b, q_lo, q_hi, lo, hi, add, TYPE: tl.constexpr, SYM: tl.constexpr):
     INT4: tl.constexpr = TYPE >= INT4_FIRST and TYPE <= INT4_LAST
     BN: tl.constexpr = b.shape[0]
     NB: tl.constexpr = b.shape[1]
-    if TYPE == Q8_0 or TYPE == INT8_ROW or TYPE == FP8_ROW:
-        return tl.reshape(_code_values(b, TYPE) * lo, (BN, NB * 32))
-    v_lo = _code_values(q_lo, TYPE)
-    v_hi = _code_values(q_hi, TYPE)
-    if TYPE == Q4_0 or TYPE == Q5_0 or (INT4 and SYM):
-        bias: tl.constexpr = 16.0 if TYPE == Q5_0 else 8.0
-        w_lo, w_hi = (v_lo - bias) * lo, (v_hi - bias) * hi
-    elif TYPE == Q4_1 or TYPE == Q5_1 or INT4:
-        w_lo, w_hi = v_lo * lo + add, v_hi * hi + add
-    else:  # MXFP4, NVFP4
-        w_lo, w_hi = v_lo * lo, v_hi * hi
-    return tl.reshape(tl.join(w_lo, w_hi), (BN, NB * 32))
+    if (TYPE == Q8_0 or TYPE == INT8_ROW) or TYPE == FP8_ROW:  # one return: compiled code keeps every statement
+        w = tl.reshape(_code_values(b, TYPE) * lo, (BN, NB * 32))
+    else:
+        v_lo = _code_values(q_lo, TYPE)
+        v_hi = _code_values(q_hi, TYPE)
+        if (TYPE == Q4_0 or TYPE == Q5_0) or (INT4 and SYM):
+            bias: tl.constexpr = 16.0 if TYPE == Q5_0 else 8.0
+            w_lo, w_hi = (v_lo - bias) * lo, (v_hi - bias) * hi
+        elif (TYPE == Q4_1 or TYPE == Q5_1) or INT4:
+            w_lo, w_hi = v_lo * lo + add, v_hi * hi + add
+        else:  # MXFP4, NVFP4
+            w_lo, w_hi = v_lo * lo, v_hi * hi
+        w = tl.reshape(tl.join(w_lo, w_hi), (BN, NB * 32))
+    return w
 
 
 @triton.jit
@@ -188,7 +192,7 @@ def gemm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, row_bytes, stride_xm, strid
                 CO: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_F32: tl.constexpr, ROUND_BF16: tl.constexpr,
                 BM: tl.constexpr, BN: tl.constexpr, NB: tl.constexpr):
     """y[m-tile, n-tile] = x[m-tile] · W[n-tile]ᵀ over K steps of NB runs, float32 accumulation."""
-    NIBBLES: tl.constexpr = TYPE != Q8_0 and TYPE != INT8_ROW and TYPE != FP8_ROW
+    NIBBLES: tl.constexpr = (TYPE != Q8_0 and TYPE != INT8_ROW) and TYPE != FP8_ROW
     HALF: tl.constexpr = 16 if NIBBLES else 32
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
     m = pid_m * BM + tl.arange(0, BM)
