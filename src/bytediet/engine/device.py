@@ -67,7 +67,7 @@ def kv_budget_from_free_memory(model, utilization: float, reserve: int) -> int:
     return budget
 
 
-def check_kernels(model, caches) -> None:
+def check_kernels(model, caches, codec_name: str = "") -> None:
     """On the Triton path, refuse (one line, naming it) a weight format or KV page type that has no GPU kernel."""
     for name, lin in model.linear_layers():
         try:
@@ -79,10 +79,13 @@ def check_kernels(model, caches) -> None:
                               "or quantize to int8, int4-gN, fp8, mxfp4, nvfp4, sparse24 or a GGUF block type")
     for i, cache in enumerate(caches):
         pages = cache.attention_pages()
-        if pages is None or not backend.has_attention(pages["kv_dtype"], pages.get("v_dtype")):
-            what = cache.__class__.__name__ if pages is None else f"{pages['kv_dtype']}/{pages.get('v_dtype')}"
-            raise ConfigError(f"KV cache pages of layer {i} ({what}) have no GPU attention kernel; choose another "
-                              "--kv-cache-dtype (bf16, int8, fp8, q8_0, q4_0, turboquant…) or --device cpu")
+        try:
+            if pages is None:
+                raise ConfigError("its pages have no reader outside the codec")
+            backend.check_attention(pages)
+        except ConfigError as e:
+            raise ConfigError(f"KV cache {codec_name} (layer {i}): no GPU attention kernel ({e}); choose another "
+                              "--kv-cache-dtype (bf16, int8, fp8, q8_0, q4_0, turboquant…) or --device cpu") from e
 
 
 def describe(model, caches, decode: str) -> dict:

@@ -68,7 +68,7 @@ class ModelRunner:
         self.bytes_per_token = self.codec.bytes_per_token(c.num_kv_heads, c.head_dim) * c.num_layers
         self.max_sequences = sequence_limit(self.caches)  # the codec's per-sequence state (KIVI's staging)
         if triton:  # the GPU path: every linear and attention by the Triton kernels, refused at start if one lacks
-            check_kernels(model, self.caches)
+            check_kernels(model, self.caches, self.codec.name)
         self.decoder = None if triton else native_decoder(model, self.caches)  # None: the module path runs
         self.prefill_threads = 1  # torch threads for steps with prefill chunks (the engine sets it)
         self.decode_path = ("native" if self.decoder is not None else "triton" if triton

@@ -63,10 +63,14 @@ def has_gemm(type_id: int) -> bool:
     return int(type_id) in gemm_blocks.TYPES
 
 
-def has_attention(kv_dtype: str, v_dtype: Optional[str] = None) -> bool:
-    """Whether the Triton paged attention reads key pages of ``kv_dtype`` and value pages of ``v_dtype``."""
+def check_attention(pages: dict) -> None:
+    """Refuse (ConfigError, one line) pages the Triton paged attention does not read: ``pages`` as a cache's
+    ``attention_pages()`` gives them (page types, TurboQuant layouts); checked once, before the first step."""
     _, paged_attention = _triton_modules()
-    return kv_dtype in paged_attention.TRITON_PAGE_TYPES and (v_dtype or kv_dtype) in paged_attention.TRITON_PAGE_TYPES
+    try:
+        paged_attention.check_pages(pages["kv_dtype"], pages.get("v_dtype"), pages.get("k_side"), pages.get("v_side"))
+    except (NotImplementedError, ValueError) as e:
+        raise ConfigError(str(e).splitlines()[0]) from e
 
 
 @dataclass(frozen=True)
