@@ -56,7 +56,7 @@ class ModelRunner:
     """``cuda_graphs``: the most sequences a captured decode graph holds (0: none; the engine asks for them on
     CUDA unless ``enforce_eager``)."""
 
-    def __init__(self, model: CausalLM, cache: CacheConfig, workers=None, cuda_graphs: int = 0) -> None:
+    def __init__(self, model: CausalLM, cache: CacheConfig, workers=None, *, cuda_graphs: int = 0) -> None:
         self.model = model
         self.block_size = cache.block_size
         self.codec = cache.build_codec(model.dtype, getattr(model, "rope", None))  # built once, from name + state
