@@ -70,6 +70,7 @@ class Run:
     def __init__(self, budget_s: float, device: str) -> None:
         self.start, self.budget, self.device = time.perf_counter(), budget_s, device
         self.results: dict = {"dry_run": DRY, "device": device, "budget_s": budget_s, "sections": {}}
+        self.shapes, self.formats = list(SHAPES), list(SPEED_FORMATS)  # what the speed section runs
 
     def left(self) -> float:
         return self.budget - (time.perf_counter() - self.start)
@@ -177,7 +178,7 @@ def gemm_section(run: Run, out: dict) -> None:
     from bytediet.quant import get_weight_format
 
     n, k = (64, 256) if DRY else (4096, 4096)
-    rows = (3,) if DRY else (1, 16, 64, 512)
+    rows = (3,) if DRY else (1, 16, 512)  # a decode row (GEMV), a small batch, a prefill tile (GEMM)
     g = torch.Generator().manual_seed(0)
     w = torch.randn(n, k, generator=g) * 0.05
     for spec in GEMM_FORMATS:
@@ -193,7 +194,7 @@ def gemm_section(run: Run, out: dict) -> None:
             blocks = blocks.contiguous().to(run.device)
             res = {"type": int(t), "bytes": blocks.numel()}
             tolerance = 2e-2
-            for dtype in ((torch.float32,) if DRY else (torch.bfloat16, torch.float32)):
+            for dtype in ((torch.float32,) if DRY else (torch.bfloat16,)):  # each dtype compiles its own kernels
                 weight = backend.prepare(t, blocks, dtype)  # what the engine runs (W8A8 fp8 / 2:4 on CUDA)
                 res[f"kernel_{str(dtype).replace('torch.', '')}"] = weight.kernel
                 tolerance = 6e-2 if weight.fp8 is not None else tolerance  # activations rounded to E4M3 too
@@ -389,7 +390,7 @@ def speed_section(run: Run, out: dict, hardware) -> None:
     dtype = torch.float32 if DRY else torch.bfloat16
     batches, prompt, new = ((1, 2), 12, 3) if DRY else ((1, 16, 64), 128, 64)
     long_prompt = 24 if DRY else 2048
-    shapes = {"tiny": TINY_SHAPE} if DRY else SHAPES
+    shapes = {"tiny": TINY_SHAPE} if DRY else {k: v for k, v in SHAPES.items() if k in run.shapes}
     g = torch.Generator().manual_seed(4)
     for shape_name, shape in shapes.items():
         res = out.setdefault(shape_name, {})
@@ -403,7 +404,7 @@ def speed_section(run: Run, out: dict, hardware) -> None:
             continue
         vocab = shape["vocab_size"]
         ids = lambda b, n: torch.randint(3, vocab - 1, (b, n), generator=g).tolist()  # noqa: E731
-        for spec in (("int8",) if DRY else SPEED_FORMATS):
+        for spec in (("int8",) if DRY else run.formats):
             def measure(spec=spec):
                 model, config = _bytediet_from_hf(hf, hf_config, spec, dtype)
                 llm = LLM(shape_name, loaded=(model, None), device=run.device, dtype=str(dtype).replace("torch.", ""),
@@ -427,13 +428,13 @@ def speed_section(run: Run, out: dict, hardware) -> None:
                 del llm, model
                 return r
             run.item(res, spec, measure, need_s=8 if DRY else 45)
-        run.item(res, "peer", lambda: _peer(hf, batches, prompt, new, ids), need_s=8 if DRY else 90)
+        run.item(res, "peer", lambda: _peer(run, hf, batches, prompt, new, ids), need_s=8 if DRY else 90)
         del hf
         if run.device == "cuda":
             torch.cuda.empty_cache()
 
 
-def _peer(hf, batches, prompt: int, new: int, ids) -> dict:
+def _peer(run: Run, hf, batches, prompt: int, new: int, ids) -> dict:
     """transformers with a static KV cache and the forward compiled (torch.compile mode="reduce-overhead",
     fullgraph: gpt-fast's recipe, as transformers documents it) — on the GPU; eager on the CPU (a dry run)."""
     from transformers import StaticCache
@@ -454,6 +455,9 @@ def _peer(hf, batches, prompt: int, new: int, ids) -> dict:
     r = {"recipe": "transformers static cache" + (" + torch.compile(reduce-overhead, fullgraph)" if compiled else
                                                    " (eager: no GPU)")}
     for b in batches:
+        if run.left() < (5 if DRY else 60):  # a compile per batch shape: skip what no longer fits
+            r[f"batch{b}"] = {"skipped": f"time guard: {run.left():.0f} s left"}
+            continue
         generate(b, prompt, 3)  # compiles this batch's shapes
         r[f"batch{b}"] = _decode_rate(generate, b, prompt, new)
     return r
@@ -498,12 +502,17 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=None, help="the JSON file (default bench/results/device_check-<time>.json)")
     p.add_argument("--budget-s", type=float, default=None, help="time guard in seconds (default 450; dry run 240)")
     p.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {','.join(SECTIONS)}")
+    p.add_argument("--shapes", default=",".join(SHAPES), help=f"speed: model shapes ({','.join(SHAPES)})")
+    p.add_argument("--formats", default=",".join(SPEED_FORMATS), help="speed: weight formats, in run order")
     args = p.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() and not args.dry_run else "cpu"
     if not args.dry_run and device != "cuda":
         print("device_check: torch sees no CUDA GPU here; run with --dry-run for the CPU path", file=sys.stderr)
         return 2
     run = Run(args.budget_s or (240.0 if args.dry_run else 450.0), device)
+    run.shapes = [x.strip() for x in args.shapes.split(",") if x.strip()]
+    run.formats = [x.strip() for x in args.formats.split(",") if x.strip()]
+    run.results.update(shapes=run.shapes, formats=run.formats)
     chosen = [s.strip() for s in args.sections.split(",") if s.strip()]
     hardware = None
     for name in SECTIONS:
