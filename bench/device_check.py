@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import os
 import platform
@@ -99,11 +100,18 @@ class Run:
         if self.left() < need_s:
             out[key] = {"skipped": f"time guard: {self.left():.0f} s left"}
             return None
+        t0 = time.perf_counter()
         try:
             out[key] = fn()
         except Exception as e:  # noqa: BLE001 - recorded, the section goes on
             out[key] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
             print(f"  {key}: {out[key]['error']}", file=sys.stderr, flush=True)
+        finally:
+            gc.collect()  # the entry's models, KV pools and graphs go before the next one's
+            if self.device == "cuda":
+                torch.cuda.empty_cache()
+        if isinstance(out[key], dict):
+            out[key].setdefault("seconds", round(time.perf_counter() - t0, 2))
         return out[key]
 
 
