@@ -1,5 +1,5 @@
 """Measure a CUDA GPU's ceilings as :mod:`bytediet.perf.measure` measures the CPU's: read and copy bandwidth of its
-memory, and matmul FLOP/s per dtype (bf16, fp16, tf32, fp8 where ``torch._scaled_mm`` runs).
+memory, and matmul FLOP/s per dtype (bf16, fp16, fp32, tf32, fp8 where ``torch._scaled_mm`` runs).
 
 Timed with CUDA events, best of a few repeats after a warm-up; ~2 s in all. Cached beside the CPU's measurements,
 one file per GPU model and host (``bytediet roofline --measure`` and ``bench --measure`` re-measure).
@@ -40,7 +40,7 @@ def _matmul_flops(dtype: torch.dtype, n: int, device) -> Optional[float]:
             a8, b8 = a.to(dtype), b.t().contiguous().to(dtype).t()  # _scaled_mm: column-major right operand
             one = torch.ones((), device=device)
             fn = lambda: torch._scaled_mm(a8, b8, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)  # noqa: E731
-        elif dtype == torch.float32:  # tf32 tensor cores, as cuBLAS runs float32 products when allowed
+        elif dtype == torch.float32:  # float32, or tf32 tensor cores where torch allows them (the caller's setting)
             fn = lambda: torch.matmul(a, b)  # noqa: E731
         else:
             a, b = a.to(dtype), b.to(dtype)
@@ -60,15 +60,16 @@ def measure_gpu(device: str = "cuda", read_mib: int = 2048) -> dict:
     read_bw = nbytes / (_best_ms(lambda: x.sum(dtype=torch.float32)) / 1e3)
     copy_bw = 2 * nbytes / (_best_ms(lambda: y.copy_(x)) / 1e3)
     del x, y
+    peaks = {name: _matmul_flops(dt, 8192, device) for name, dt in (
+        ("bf16", torch.bfloat16), ("fp16", torch.float16), ("fp8", torch.float8_e4m3fn))}
     allow = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = True
     try:
-        peaks = {name: _matmul_flops(dt, 8192, device) for name, dt in (
-            ("bf16", torch.bfloat16), ("fp16", torch.float16), ("tf32", torch.float32), ("fp8", torch.float8_e4m3fn))}
+        for name, tf32 in (("fp32", False), ("tf32", True)):  # float32 products as computed, and on tf32 cores
+            torch.backends.cuda.matmul.allow_tf32 = tf32
+            peaks[name] = _matmul_flops(torch.float32, 8192, device)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = allow
     peaks = {k: v for k, v in peaks.items() if v is not None}
-    peaks["fp32"] = peaks.get("tf32", peaks["bf16"] / 8)  # the roofline's float32 figure: what cuBLAS runs it at
     return {
         "version": CACHE_VERSION, "host": socket.gethostname(), "cpu": props.name, "gpu": props.name, "threads": 0,
         "torch": torch.__version__, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
