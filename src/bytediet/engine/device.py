@@ -42,6 +42,7 @@ def move_model(model, device: str):
         head.set_packed(head.format, {"weight": model.model.embed_tokens.weight.data})
     for _, lin in model.linear_layers():
         lin.interleaved, lin._native = None, None  # the native CPU kernels' copies: not used on the device
+        lin._device_weight = None  # the GPU path's prepared weight: made again, on the device
     return model
 
 
