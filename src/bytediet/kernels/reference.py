@@ -315,7 +315,6 @@ def gemm_blocks(ggml_type: int, blocks: torch.Tensor, x: torch.Tensor, bias: Opt
     return y.to(x.dtype).reshape(*x.shape[:-1], w.shape[0])
 
 
-
 E4M3_MAX = 448.0  # the largest float8_e4m3fn value
 
 
@@ -338,6 +337,7 @@ def fp8_w8a8_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor,
     if bias is not None:
         y = y + bias.double()
     return y.to(x.dtype).reshape(*x.shape[:-1], qweight.shape[0])
+
 
 # --- row-interleaved (x4) weights (twins of kernels/cpu/csrc/gemm_x4.cpp) ------------------------------------
 

@@ -103,6 +103,7 @@ def test_batched_shapes_large_scales_and_zero_rows():
     x[0, 4] = 0.0
     y = tg.gemm_blocks(t, rows, x)
     assert y.shape == (2, 9, 7)
+    assert tg.gemm_blocks(t, rows, x[:, :0]).shape == (2, 0, 7)
     assert torch.equal(y[0, 4], torch.zeros(7))
     assert_within_rounding(y, reference.gemm_blocks(t, rows, x, None, "f32"), x, w)
 

@@ -167,6 +167,8 @@ def gemm_blocks(type_id: int, blocks: torch.Tensor, x: torch.Tensor, bias: torch
     x2 = x2 if x2.stride(-1) == 1 else x2.contiguous()
     blocks = blocks.contiguous()
     bias = None if bias is None else bias.contiguous()
+    if x2.shape[0] == 0:  # no rows: no launch (a grid of size 0 is an error)
+        return x.new_empty(*x.shape[:-1], blocks.shape[0])
     y = _gemv(t, blocks, x2, bias, split_k) if x2.shape[0] <= GEMV_MAX_M else _gemm(t, blocks, x2, bias)
     return y.reshape(*x.shape[:-1], blocks.shape[0])
 
