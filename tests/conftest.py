@@ -18,6 +18,8 @@ from bytediet.models.loader import build_model
 from bytediet.quant import get_weight_format
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+if not torch.cuda.is_available():  # Triton kernels run in its interpreter here; read before triton is first imported
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 # Property tests draw the same examples on every run (CI must not turn red on a new random draw);
 # HYPOTHESIS_PROFILE=explore searches afresh, to look for new counterexamples on purpose.

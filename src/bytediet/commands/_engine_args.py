@@ -40,7 +40,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                         "plan, engine settings), reusable with --config")
     g.add_argument("--kv-calib-corpus", default=KV_CALIBRATION["corpus"],
                    help=f"corpus of the KV calibration (default {KV_CALIBRATION['corpus']})")
-    g.add_argument("--kv-cache-memory", default="1GiB", help="memory budget of the KV cache (e.g. 512MiB, 2GiB)")
+    g.add_argument("--kv-cache-memory", default=None,
+                   help="memory budget of the KV cache (e.g. 512MiB, 2GiB; default 1GiB on the CPU, on CUDA what "
+                        "--gpu-memory-utilization leaves free)")
     g.add_argument("--block-size", type=int, default=None,
                    help="tokens per KV block (default 16, or the codec's minimum if larger: kivi's group of 32)")
     g.add_argument("--max-num-batched-tokens", type=int, default=512, help="token budget per engine step")
@@ -58,6 +60,26 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, metavar="N",
                    help="split the model across N processes (Megatron-style; gloo on CPU, NCCL on CUDA); "
                         "each process gets the CPU cores / N threads unless --threads is given")
+    add_device_args(p)
+
+
+def add_device_args(p: argparse.ArgumentParser) -> None:
+    """``--device`` and the GPU's settings (every command that runs a model takes them)."""
+    g = p.add_argument_group("device")
+    g.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                   help="where the model, KV cache and sampling run (auto: cuda where torch sees a GPU); on cuda "
+                        "every linear and the paged attention run Triton kernels (docs/gpu.md)")
+    g.add_argument("--gpu-memory-utilization", type=float, default=0.9, metavar="F",
+                   help="share of the GPU's memory the engine may fill; the KV cache gets what the weights and "
+                        "activations leave (default 0.9)")
+    g.add_argument("--enforce-eager", action="store_true",
+                   help="run decode steps eagerly on cuda (default: replay CUDA graphs per batch-size bucket)")
+
+
+def device_kwargs(args: argparse.Namespace) -> dict:
+    """The LLM keyword arguments of :func:`add_device_args`' flags."""
+    return {"device": args.device, "gpu_memory_utilization": args.gpu_memory_utilization,
+            "enforce_eager": args.enforce_eager}
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -91,7 +113,7 @@ def build_llm(args: argparse.Namespace):
     if getattr(args, "config", None):
         from ..optimize.run_config import load_run_config
 
-        kwargs = load_run_config(args.config)
+        kwargs = {**load_run_config(args.config), **device_kwargs(args)}
         if args.threads:
             kwargs["num_threads"] = args.threads
         if args.tensor_parallel_size > 1:
@@ -108,7 +130,7 @@ def build_llm(args: argparse.Namespace):
         long_prefill_token_threshold=args.long_prefill_token_threshold, scheduling_policy=args.scheduling_policy,
         enable_prefix_caching=not args.no_prefix_caching, num_threads=args.threads, **kv_kwargs,
         speculative_config=args.speculative_config,
-        tensor_parallel_size=args.tensor_parallel_size,
+        tensor_parallel_size=args.tensor_parallel_size, **device_kwargs(args),
     )
     if getattr(args, "save_config", None):
         save_run_config(llm, args)

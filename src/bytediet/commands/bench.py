@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from ._engine_args import add_device_args
 from ._parse import positive_ints
 
 
@@ -53,6 +54,7 @@ def register(sub) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=512, help="bytediet token budget per step")
     p.add_argument("--measure", action="store_true", help="re-measure this machine's bandwidth before the run")
     p.add_argument("--quick", action="store_true", help="tiny workloads (seconds; for tests and CI)")
+    add_device_args(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     p.add_argument("--out", default=None, metavar="FILE.json", help="also write the JSON here")
     p.set_defaults(handler=run)
@@ -105,7 +107,13 @@ def run(args: argparse.Namespace) -> int:
     progress = (lambda msg: print(f"[bench] {msg}", file=sys.stderr, flush=True))
     variants = [LazyVariant(spec, args, config, progress) for spec in _formats(args)]
     torch.set_num_threads(config.threads)
-    hardware = this_machine(measure_if_missing=True, threads=config.threads, remeasure=args.measure)
+    args.device = bench_device(args)
+    if args.device == "cuda":  # the GPU's own ceilings: the roofline predicts for it
+        from ..perf.measure_gpu import this_gpu
+
+        hardware = this_gpu(remeasure=args.measure)
+    else:
+        hardware = this_machine(measure_if_missing=True, threads=config.threads, remeasure=args.measure)
     tp = args.tensor_parallel_size
     progress(f"loading {args.model}" + (f" with weights {args.weights}" if args.weights else "")
              + (f" across {tp} processes" if tp > 1 else ""))
@@ -144,6 +152,15 @@ def run_speculative(args: argparse.Namespace, config) -> int:
     return 0
 
 
+def bench_device(args: argparse.Namespace) -> str:
+    """--device resolved (auto: cuda where torch sees a GPU; tensor parallelism stays on the CPU)."""
+    from ..engine.device import resolve_device
+
+    if args.tensor_parallel_size > 1 and args.device == "cuda":
+        raise ConfigError("--device cuda with --tensor-parallel-size > 1 is not supported yet; use one GPU")
+    return resolve_device("cpu" if args.tensor_parallel_size > 1 and args.device == "auto" else args.device)
+
+
 def load_system(args: argparse.Namespace, threads: int, weights, kv_cache_dtype: str):
     """bytediet's system for ``weights``: the model loaded in this process, or split across
     ``--tensor-parallel-size`` processes that each load their own shard."""
@@ -156,8 +173,11 @@ def load_system(args: argparse.Namespace, threads: int, weights, kv_cache_dtype:
     if args.tensor_parallel_size > 1:
         return BytedietSystem.tensor_parallel(args.model, args.tensor_parallel_size, threads=threads, weights=weights,
                                               activations=args.activations, **common)
-    loaded = load_model(args.model, dtype=torch.float32, weights=weights, keep_packed=True, activations=args.activations)
-    system = BytedietSystem(loaded, threads=threads, **common)
+    device = getattr(args, "device", "cpu")
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32  # the GPU computes in bf16, the CPU in float32
+    loaded = load_model(args.model, dtype=dtype, weights=weights, keep_packed=True, activations=args.activations)
+    system = BytedietSystem(loaded, threads=threads, device=device, enforce_eager=getattr(args, "enforce_eager", False),
+                            **common)
     if kv_cache_dtype.strip().lower().startswith("auto:"):  # a byte budget: planned as generate/serve plan it
         from ..eval.harness import calibrated_kv_codec
 
@@ -182,7 +202,7 @@ def _run(args: argparse.Namespace, config, parts: list[str], ours, variants: lis
         progress(f"loading peers: {', '.join(names)}")
     n_ctx = 256 * -(-(config.longest_sequence(parts) + 16) // 256)
     peers = make_peers(names, path, threads=config.threads, n_ctx=n_ctx,
-                       pad_token_id=eos[0])
+                       pad_token_id=eos[0], device=args.device)
     extra = {"command": command_line(args), "model": str(path)}
 
     def write(partial: dict) -> None:
@@ -266,6 +286,8 @@ def command_line(args: argparse.Namespace) -> str:
              f"--kv-cache-dtype {args.kv_cache_dtype}", f"--max-num-batched-tokens {args.max_num_batched_tokens}"]
     if args.tensor_parallel_size > 1:
         flags.append(f"--tensor-parallel-size {args.tensor_parallel_size}")
+    if getattr(args, "device", "cpu") != "cpu":
+        flags.append(f"--device {args.device}" + (" --enforce-eager" if args.enforce_eager else ""))
     for flag, value in (("--weights", args.weights), ("--formats", args.formats), ("--contexts", args.contexts),
                         ("--activations", args.activations),
                         ("--concurrency", args.concurrency),

@@ -64,7 +64,8 @@ def engine_description(llm) -> dict:
             "kv_cache_dtype": llm.engine.runner.codec.describe(llm.model.config.head_dim),  # the codec that ran
             "block_size": cache.block_size,
             "kernels": {**describe(), "decode_step": llm.engine.runner.decode_path,
-                        "prefill_gemm": dense_gemm.describe()}}
+                        "prefill_gemm": dense_gemm.describe()},
+            "device": llm.engine.runner.describe()}  # backend (native / triton), the GPU path's kernels
 
 
 def generation_summary(llm, n_prompt: int, n_out: int, ttft: float, total: float) -> dict:
@@ -79,7 +80,12 @@ def generation_summary(llm, n_prompt: int, n_out: int, ttft: float, total: float
     # verified speculative drafts yielded several tokens for one read
     steps_per_s = max(n_out - 1 - stats.spec_accepted_tokens, 0) / decode_time if n_out > 1 else 0.0
     achieved = llm.model.decode_weight_bytes() * steps_per_s
-    peak = this_machine(measure_if_missing=True, threads=llm.config.num_threads or 2).memory_bandwidth
+    if llm.config.device == "cuda":  # the GPU's own measured read bandwidth
+        from ..perf.measure_gpu import this_gpu
+
+        peak = this_gpu().memory_bandwidth
+    else:
+        peak = this_machine(measure_if_missing=True, threads=llm.config.num_threads or 2).memory_bandwidth
     return {
         "prompt_tokens": n_prompt, "generated_tokens": n_out, "ttft_s": ttft, "total_s": total,
         "prefill_tokens_per_s": n_prompt / ttft if ttft else None, "decode_tokens_per_s": decode_tps,

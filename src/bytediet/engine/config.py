@@ -24,11 +24,18 @@ class EngineConfig:
     seed: int = 0
     tensor_parallel_size: int = 1  # processes the model is split across (bytediet.distributed)
     speculative: Optional[SpeculativeConfig] = None  # speculative decoding (engine/speculative.py), None: off
+    device: str = "cpu"  # where the model, KV pool and sampler live: cpu or cuda (resolved once, engine/device.py)
+    gpu_memory_utilization: float = 0.9  # CUDA: the share of the device's memory the engine may fill (vLLM's)
+    enforce_eager: bool = False  # CUDA: run decode steps eagerly instead of replaying CUDA graphs
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "weight_overrides", dict(self.weight_overrides))
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ConfigError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.device not in ("cpu", "cuda"):
+            raise ConfigError(f"device must be cpu or cuda once resolved (engine/device.py), got {self.device!r}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.tensor_parallel_size < 1:
             raise ConfigError(f"tensor_parallel_size must be at least 1, got {self.tensor_parallel_size}")
         if self.scheduler.max_num_batched_tokens < self.cache.block_size:

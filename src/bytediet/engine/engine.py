@@ -64,7 +64,8 @@ class LLMEngine:
 
     def __init__(self, model, tokenizer, config: EngineConfig, workers=None) -> None:
         self.model, self.tokenizer, self.config = model, tokenizer, config
-        self.runner = ModelRunner(model, config.cache, workers)  # workers: tensor-parallel ranks 1..N-1
+        graphs = config.scheduler.max_num_seqs if config.device == "cuda" and not config.enforce_eager else 0
+        self.runner = ModelRunner(model, config.cache, workers, cuda_graphs=graphs)  # workers: TP ranks 1..N-1
         if self.runner.decoder is not None:  # the kernel pool gets the threads; torch gets one inside each step
             ops.native_library().set_num_threads(config.num_threads or torch.get_num_threads())
         self.block_manager = BlockManager(self.runner.num_blocks, config.cache.block_size,

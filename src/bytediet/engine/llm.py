@@ -13,11 +13,13 @@ from ..kvcache.base import get_kv_codec
 from ..kvcache.config import CacheConfig
 from .speculative import SpeculativeConfig
 from .config import EngineConfig
+from .device import activation_reserve, kv_budget_from_free_memory, move_model, resolve_device
 from .engine import LLMEngine, StepOutput, set_threads
 from .params import SamplingParams
 from .sampling import TokenLogprobs
 
 Message = dict
+DEFAULT_KV_MEMORY = "1GiB"  # the KV pool's budget on the CPU unless kv_cache_memory says otherwise
 Prompt = Union[str, Sequence[int]]
 
 
@@ -66,19 +68,27 @@ class LLM:
     the model across N processes (:mod:`bytediet.distributed`; this one is rank 0): call :meth:`shutdown`
     to stop them before building another. :meth:`rebuild_engine` changes the engine's settings without reloading;
     :meth:`score` and :meth:`collective_rpc` run a forward pass / a function on every rank's model.
+    ``device`` (``auto``, ``cpu``, ``cuda``; auto picks CUDA where torch sees a GPU) holds the model, KV pool and
+    sampler; on CUDA ``kv_cache_memory=None`` (the default) sizes the pool from the free device memory,
+    ``gpu_memory_utilization`` of it in all, and ``enforce_eager`` turns off the decode step's CUDA graphs.
     """
 
     def __init__(self, model: str = "default", *, dtype: str = "float32", weights: Optional[str] = None,
-                 kv_cache_dtype: str = "auto", kv_cache_memory: Union[str, int] = "1GiB", block_size: Optional[int] = None,
+                 kv_cache_dtype: str = "auto", kv_cache_memory: Union[str, int, None] = None,
+                 block_size: Optional[int] = None,
                  num_blocks: Optional[int] = None, max_num_batched_tokens: int = 512, max_num_seqs: int = 64,
                  long_prefill_token_threshold: int = 0, scheduling_policy: str = "fcfs",
                  enable_prefix_caching: bool = True, enable_chunked_prefill: bool = True, seed: int = 0,
                  num_threads: Optional[int] = None, keep_packed: bool = True, activations: str = "q16",
-                 tensor_parallel_size: int = 1, loaded=None, kv_calibration_state=None,
-                 speculative_config=None) -> None:
+                 tensor_parallel_size: int = 1, loaded=None, kv_calibration_state=None, device: str = "auto",
+                 gpu_memory_utilization: float = 0.9, enforce_eager: bool = False, speculative_config=None) -> None:
         from ..models.loader import load_model
 
         set_threads(num_threads)
+        # tensor parallelism runs on CPU processes (gloo) unless asked for CUDA, which it does not take yet
+        device = resolve_device("cpu" if device == "auto" and tensor_parallel_size > 1 else device)
+        if device == "cuda" and tensor_parallel_size > 1:
+            raise ConfigError("--device cuda with --tensor-parallel-size > 1 is not supported yet; use one GPU")
         overrides = {}
         if loaded is not None and weights is None:
             # a model handed over already quantized (a run config's per-module formats): record its true spec
@@ -87,9 +97,11 @@ class LLM:
                 weights, overrides = quantized.format, dict(quantized.overrides)
         self.config = EngineConfig(
             model=str(model), dtype=dtype, weights=weights, weight_overrides=overrides, seed=seed,
-            num_threads=num_threads, tensor_parallel_size=tensor_parallel_size,
+            num_threads=num_threads, tensor_parallel_size=tensor_parallel_size, device=device,
+            gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager,
             speculative=SpeculativeConfig.parse(speculative_config),
-            cache=CacheConfig(block_size=block_size, kv_cache_memory=kv_cache_memory, kv_cache_dtype=kv_cache_dtype,
+            cache=CacheConfig(block_size=block_size, kv_cache_memory=kv_cache_memory or DEFAULT_KV_MEMORY,
+                              kv_cache_dtype=kv_cache_dtype,
                               enable_prefix_caching=enable_prefix_caching, num_blocks=num_blocks,
                               kv_calibration_state=kv_calibration_state),
             scheduler=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
@@ -106,6 +118,12 @@ class LLM:
         else:
             self.model, self.tokenizer = loaded or load_model(model, dtype=dtype, weights=weights,
                                                               keep_packed=keep_packed, activations=activations)
+        move_model(self.model, device)
+        if device == "cuda" and kv_cache_memory is None and num_blocks is None:  # the pool fills what is free
+            sched = self.config.scheduler
+            budget = kv_budget_from_free_memory(self.model, gpu_memory_utilization, activation_reserve(
+                self.model, sched.max_num_batched_tokens, sched.max_num_seqs))
+            self.config = replace(self.config, cache=replace(self.config.cache, kv_cache_memory=budget))
         self.load_time = time.perf_counter() - t0
         try:
             self.engine = LLMEngine(self.model, self.tokenizer, self.config, workers=self.workers)

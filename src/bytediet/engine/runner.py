@@ -10,10 +10,14 @@ from typing import Optional
 
 import torch
 
+from ..kernels import backend
 from ..kvcache.base import AttentionMetadata, KVCodec
 from ..kvcache.config import CacheConfig
 from ..models.native_decode import native_decoder, why_not_native
 from ..models.transformer import CausalLM
+from .cuda_graphs import DecodeGraphs
+from .device import check_kernels
+from .device import describe as describe_device
 from .scheduler import SchedulerOutput
 
 
@@ -50,22 +54,52 @@ def sequence_capacity(codec: KVCodec, model: CausalLM, cache: CacheConfig, seq_l
 
 
 class ModelRunner:
-    def __init__(self, model: CausalLM, cache: CacheConfig, workers=None) -> None:
+    """``cuda_graphs``: the most sequences a captured decode graph holds (0: none; the engine asks for them on
+    CUDA unless ``enforce_eager``)."""
+
+    def __init__(self, model: CausalLM, cache: CacheConfig, workers=None, *, cuda_graphs: int = 0) -> None:
         self.model = model
         self.block_size = cache.block_size
         self.codec = cache.build_codec(model.dtype, getattr(model, "rope", None))  # built once, from name + state
         self.num_blocks = cache.num_blocks or num_blocks_for_budget(self.codec, model, cache)
-        self.caches = model.new_caches(self.num_blocks, self.block_size, self.codec)
+        triton = backend.triton_selected(torch.empty(0, device=model.device))
+        # a decode graph's padding rows read and write one block past the block manager's pool
+        self.caches = model.new_caches(self.num_blocks + (1 if cuda_graphs else 0), self.block_size, self.codec)
         c = model.config
         self.bytes_per_token = self.codec.bytes_per_token(c.num_kv_heads, c.head_dim) * c.num_layers
         self.max_sequences = sequence_limit(self.caches)  # the codec's per-sequence state (KIVI's staging)
-        self.decoder = native_decoder(model, self.caches)  # None: every step runs the module path
+        if triton:  # the GPU path: every linear and attention by the Triton kernels, refused at start if one lacks
+            check_kernels(model, self.caches, self.codec.name)
+        self.decoder = None if triton else native_decoder(model, self.caches)  # None: the module path runs
         self.prefill_threads = 1  # torch threads for steps with prefill chunks (the engine sets it)
-        self.decode_path = "native" if self.decoder is not None else f"modules ({why_not_native(model, self.caches)})"
+        self.decode_path = ("native" if self.decoder is not None else "triton" if triton
+                            else f"modules ({why_not_native(model, self.caches)})")
+        self.graphs = None
+        if cuda_graphs and self.max_sequences is None:
+            self._capture(cuda_graphs)
+        elif cuda_graphs:  # per-sequence KV state (KIVI's staging pages) moves outside any graph
+            self.decode_path += ", eager (the KV codec keeps per-sequence state)"
         # tensor parallel (bytediet.distributed.launch.Workers): ranks 1..N-1 mirror each forward on their shards
         self.workers = workers
         if workers is not None:
             workers.allocate(self.codec, self.num_blocks, self.block_size)
+
+    def _capture(self, max_num_seqs: int) -> None:
+        """Capture the decode graphs (:mod:`bytediet.engine.cuda_graphs`); a capture that fails leaves the steps
+        eager and says why in ``decode_path`` (reported by ``generate --json`` and ``bench``)."""
+        width = min(self.num_blocks, -(-self.model.config.max_position_embeddings // self.block_size))
+        try:
+            graphs = DecodeGraphs(self.model, self.caches, max_num_seqs, width, self.num_blocks, self.block_size)
+            graphs.capture()
+        except Exception as e:  # noqa: BLE001 - reported: the decode path names the failure
+            self.decode_path += f", eager (CUDA graph capture failed: {type(e).__name__}: {str(e).splitlines()[0]})"
+            return
+        self.graphs = graphs
+        self.decode_path += f", CUDA graphs for batch {','.join(map(str, graphs.sizes))}"
+
+    def describe(self) -> dict:
+        """What runs on which device: the backend, each weight layout's kernel, the attention's, the decode step."""
+        return describe_device(self.model, self.caches, self.decode_path)
 
     def kv_cache_bytes(self) -> int:
         return sum(cache.nbytes() for cache in self.caches)
@@ -120,6 +154,8 @@ class ModelRunner:
     def run(self, out: SchedulerOutput) -> torch.Tensor:
         """Logits (N, vocab) float32 of the rows :meth:`prepare` picks: the sampling requests', then prompt rows."""
         input_ids, meta, logit_rows = self.prepare(out)
+        if self.graphs is not None and self.workers is None and self.graphs.fits(meta, logit_rows):
+            return self.graphs.run(input_ids, meta)
         if self.decoder is not None and _decoding_only(out) and self.decoder.ready():
             if len(input_ids) > len(meta.query_lens_list):  # drafts: each query row its own copy of the block table
                 lens = torch.tensor(meta.query_lens_list, dtype=torch.int64, device=meta.block_tables.device)

@@ -121,7 +121,8 @@ def _engine(subject, **kwargs):
     if subject.llm is not None:
         subject.llm.rebuild_engine(**settings)
         return subject.llm
-    return LLM(subject.label, loaded=(subject.model, subject.tokenizer), **settings)
+    return LLM(subject.label, loaded=(subject.model, subject.tokenizer), device=subject.model.device.type,
+               **settings)  # the engine runs where the measured model is
 
 
 @EVAL_TASKS.register("passkey")

@@ -74,8 +74,8 @@ def _like_input(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 
 def gelu_tanh_mul(gate: torch.Tensor, up: torch.Tensor, variant: Optional[str] = None) -> torch.Tensor:
     """See :func:`bytediet.kernels.reference.gelu_tanh_mul` (one native pass over float32 CPU tensors)."""
-    lib = _library(variant)
-    if (lib is None or gate.device.type != "cpu" or gate.dtype != torch.float32 or up.dtype != torch.float32
+    lib = _library(variant) if gate.device.type == "cpu" else None  # no native build for GPU tensors
+    if (lib is None or gate.dtype != torch.float32 or up.dtype != torch.float32
             or gate.shape != up.shape):
         return reference.gelu_tanh_mul(gate, up)
     gate, up = gate.contiguous(), up.contiguous()
@@ -86,8 +86,8 @@ def gelu_tanh_mul(gate: torch.Tensor, up: torch.Tensor, variant: Optional[str] =
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, variant: Optional[str] = None) -> torch.Tensor:
     """See :func:`bytediet.kernels.reference.rms_norm` (one native pass over float32 CPU rows)."""
-    lib = _library(variant)
-    if (lib is None or x.device.type != "cpu" or x.dtype != torch.float32 or weight.dtype != torch.float32
+    lib = _library(variant) if x.device.type == "cpu" else None  # no native build for GPU tensors
+    if (lib is None or x.dtype != torch.float32 or weight.dtype != torch.float32
             or x.shape[-1] != weight.numel() or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))):
         return reference.rms_norm(x, weight, eps)  # autograd (recovery training) needs the torch ops
     x = x.contiguous()

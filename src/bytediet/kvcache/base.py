@@ -22,7 +22,7 @@ from typing import Optional
 import torch
 
 from ..errors import ConfigError
-from ..kernels import ops
+from ..kernels import backend, ops
 from ..registry import Registry
 
 
@@ -142,10 +142,13 @@ class LayerKVCache(ABC):
         Prefill chunks used to keep the codec's gather + SDPA; on the Zen 5 VM the native kernel is faster
         (Gemma-3, 512 tokens: 383 → 325 ms per prefill, 2048: 2.1 → 1.55 s) or equal (SmolLM2), bench/RESULTS.md
         "Recording 9"."""
-        if q.dtype != torch.float32 or self.head_dim % 8 or (torch.is_grad_enabled() and q.requires_grad):
+        if torch.is_grad_enabled() and q.requires_grad:
             return None  # autograd (recovery training) needs the codec's differentiable read
         pages = self.attention_pages()
-        if pages is None or ops.native_library() is None:
+        if pages is not None and backend.triton_selected(q):  # the GPU path: kernels/backend.py
+            return backend.attention_over_pages(q, meta.positions, meta.token_rows, meta.block_tables,
+                                                meta.block_size, scale, window, **pages)
+        if q.dtype != torch.float32 or self.head_dim % 8 or pages is None or ops.native_library() is None:
             return None
         return ops.attention_over_pages(q, meta.positions, meta.token_rows, meta.block_tables, meta.block_size,
                                         scale, window, **pages)

@@ -17,6 +17,7 @@ from typing import Optional
 import torch
 
 from ..errors import ConfigError
+from ..kernels import backend
 from ..kernels.decoder_spec import ATTENTION_PAGE_TYPES
 from ..kernels.reference import sequence_slots
 from .base import AttentionMetadata, KVCodec, LayerKVCache
@@ -89,10 +90,10 @@ class CompressedCache(LayerKVCache):
         """The native attention over the pages in place; rotated halves (R: pages hold x Rᵀ) by q·k = (q Rᵀ)·(k Rᵀ)
         and Σ p v = (Σ p v Rᵀ) R — the query rotated before the kernel, the output after."""
         rk, rv = self.keys.rotation, self.values.rotation
-        if rk is not None and q.dtype == torch.float32:
-            q = q @ rk.T
+        if rk is not None and (q.dtype == torch.float32 or backend.triton_selected(q)):
+            q = (q.float() @ rk.T).to(q.dtype)
         out = super().attend_natively(q, meta, scale, window)
-        return out if out is None or rv is None else out @ rv
+        return out if out is None or rv is None else (out.float() @ rv).to(out.dtype)
 
     def attend(self, q: torch.Tensor, meta: AttentionMetadata, scale: float,
                window: Optional[int] = None) -> torch.Tensor:

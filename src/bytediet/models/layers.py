@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..kernels import dense_gemm, ops
+from ..kernels import backend, dense_gemm, ops
 from ..kvcache.base import AttentionMetadata, LayerKVCache
 from ..quant.base import Packed, WeightFormat
 
@@ -27,6 +27,7 @@ class Linear(nn.Module):
         self._packed_keys: list[str] = []
         self.interleaved: Optional[torch.Tensor] = None  # a row-interleaved copy for the native kernels, if any
         self._native: Optional[tuple[int, torch.Tensor]] = None  # format.native_layout, made on first use
+        self._device_weight: Optional[tuple] = None  # (backend.DeviceWeight or None,): the GPU path's, made once
 
     @property
     def packed(self) -> Packed:
@@ -37,6 +38,7 @@ class Linear(nn.Module):
         for k in self._packed_keys:
             delattr(self, "packed_" + k)
         self.format, self._packed_keys, self.interleaved, self._native = fmt, list(packed), None, None
+        self._device_weight = None
         for k, t in packed.items():
             self.register_buffer("packed_" + k, t, persistent=True)
 
@@ -64,10 +66,22 @@ class Linear(nn.Module):
             self._native = (layout[0], layout[1].contiguous())
         return self._native
 
+    def device_weight(self, dtype: torch.dtype = torch.float32) -> Optional[backend.DeviceWeight]:
+        """The weight as the GPU path multiplies it (kernels/backend.py: the Triton GEMM over the format's block
+        layout, or FP8 / 2:4 tensor cores on CUDA), made once for activations of ``dtype`` on the weight's
+        device; None for a float weight (F.linear) or a format with no block layout (refused at engine start)."""
+        if self._device_weight is None:
+            layout = None if self.format is None else _layout_on(self.format, self.packed, self.packed_device())
+            self._device_weight = (None if layout is None else backend.prepare(layout[0], layout[1], dtype),)
+        return self._device_weight[0]
+
     def packed_device(self) -> torch.device:
         return getattr(self, "packed_" + self._packed_keys[0]).device if self._packed_keys else torch.device("cpu")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weight = self.device_weight(x.dtype) if backend.triton_selected(x) else None
+        if weight is not None:  # the GPU path (CUDA, or BYTEDIET_BACKEND=triton): kernels/backend.py
+            return weight(x, self.bias)
         native = self.native_weight() if x.device.type == "cpu" else None
         if (native is not None and x.numel() >= ops.DENSE_GEMM_MIN_ROWS * self.in_features
                 and self.format.activations in ("q16", "f32")):
@@ -94,6 +108,18 @@ class Linear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.in_features}→{self.out_features}, format={self.format.spec() if self.format else None}"
+
+
+def _layout_on(fmt: WeightFormat, packed: Packed, device: torch.device) -> Optional[tuple[int, torch.Tensor]]:
+    """``fmt.native_layout(packed)`` on ``device``: repacked there, or on the CPU and moved where a packing step
+    has no kernel on the device."""
+    try:
+        return fmt.native_layout(packed)
+    except RuntimeError:  # a repack written for CPU tensors (device mismatch)
+        if device.type == "cpu":
+            raise
+        layout = fmt.native_layout({k: t.cpu() for k, t in packed.items()})
+        return None if layout is None else (layout[0], layout[1].to(device))
 
 
 class RMSNorm(nn.Module):

@@ -32,7 +32,7 @@ def _generate(model, tokenizer, prompt: list[int], new_tokens: int) -> tuple[flo
     from ..engine.llm import LLM
     from ..engine.params import SamplingParams
 
-    llm = LLM("profile", loaded=(model, tokenizer), enable_prefix_caching=False,
+    llm = LLM("profile", loaded=(model, tokenizer), enable_prefix_caching=False, device=model.device.type,
               kv_cache_memory=64 << 20, max_num_batched_tokens=max(512, len(prompt)))
     llm.generate([prompt[:8]], SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True))  # warm-up
     out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True))[0]

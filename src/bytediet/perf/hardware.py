@@ -50,6 +50,7 @@ class HardwareSpec:
     sources: Mapping[str, str] = field(default_factory=dict)
     notes: str = ""
     measured: bool = False
+    compute_dtype_default: Optional[str] = None  # what the engine computes in here (None: bf16; fp32 on measured CPUs)
 
     def __post_init__(self) -> None:
         if self.memory_bytes <= 0 or self.memory_bandwidth <= 0:

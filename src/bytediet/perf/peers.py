@@ -51,7 +51,7 @@ class BytedietSystem:
     name = "bytediet"
 
     def __init__(self, source, *, threads: int = 2, kv_cache_dtype: str = "auto", max_num_batched_tokens: int = 512,
-                 block_size: Optional[int] = None) -> None:
+                 block_size: Optional[int] = None, device: str = "cpu", enforce_eager: bool = False) -> None:
         from ..engine.llm import LLM
 
         self.kv_state = None  # the calibration state of a calibrated codec (it travels with the name)
@@ -67,6 +67,11 @@ class BytedietSystem:
         from ..kvcache.base import default_block_size
 
         self.threads, self.kv_cache_dtype = threads, kv_cache_dtype
+        self.device, self.enforce_eager = device, enforce_eager  # the engine's device (the model is moved there)
+        if device != "cpu" and self._ranks is None:
+            from ..engine.device import move_model
+
+            move_model(self.model, device)
         self.block_size = block_size or default_block_size(kv_cache_dtype)
         self.max_num_batched_tokens = max_num_batched_tokens
         self._llm, self._key = None, None
@@ -122,6 +127,11 @@ class BytedietSystem:
 
         from ..kernels import dense_gemm
 
+        if self.device != "cpu":  # the GPU path: which kernel runs each weight layout and the attention
+            from ..engine.device import describe as describe_device
+
+            return describe_device(self.model, self.model.new_caches(1, self.block_size, self.kv_codec()),
+                                   "triton" + ("" if self.enforce_eager else ", CUDA graphs"))
         reason = why_not_native(self.model, self.model.new_caches(1, self.block_size, self.kv_codec()))
         return {**describe(), "decode_step": "native" if reason is None else f"modules ({reason})",
                 "prefill_gemm": dense_gemm.describe()}
@@ -146,7 +156,8 @@ class BytedietSystem:
                 self._llm = self._ranks
             else:
                 self._llm = LLM(str(getattr(self.model, "source_path", "model")), loaded=(self.model, self.tokenizer),
-                                num_threads=self.threads, **settings)
+                                num_threads=self.threads, device=self.device, enforce_eager=self.enforce_eager,
+                                **settings)
             self._key = (concurrency, tokens)
         return self._llm
 
@@ -227,10 +238,13 @@ def linear_pass_s(model, batch: int, repeats: int = 3) -> float:
     layers = [lin for _, lin in model.linear_layers()]
     inputs = {n: torch.randn(batch, n, dtype=model.dtype, device=model.device) for n in {lin.in_features for lin in layers}}
     best = math.inf
+    cuda = model.device.type == "cuda"
     for _ in range(repeats + 1):  # the first pass warms up
         t0 = time.perf_counter()
         for lin in layers:
             lin(inputs[lin.in_features])
+        if cuda:  # the kernels have run, not only been queued
+            torch.cuda.synchronize()
         best = min(best, time.perf_counter() - t0)
     return best
 
@@ -408,17 +422,31 @@ class TransformersSystem:
 
     def __init__(self, hf_model, threads: int, pad_token_id: int, source: str = "") -> None:
         self.model, self.threads, self.pad, self.source = hf_model.eval(), threads, pad_token_id, source
+        self.recipe = "eager, float32"
 
     @classmethod
-    def load(cls, path: Path, threads: int, pad_token_id: int) -> "TransformersSystem":
-        """The same checkpoint in float32: a GGUF is dequantized by ``from_pretrained(dir, gguf_file=name)``."""
+    def load(cls, path: Path, threads: int, pad_token_id: int, device: str = "cpu") -> "TransformersSystem":
+        """The same checkpoint in float32: a GGUF is dequantized by ``from_pretrained(dir, gguf_file=name)``. On
+        CUDA: bfloat16, a static KV cache and the forward compiled (:meth:`compile`)."""
         import transformers  # a test/bench-only dependency
 
         path = Path(path)
         kwargs = {"gguf_file": path.name} if path.is_file() else {}
+        dtype = torch.bfloat16 if device == "cuda" else torch.float32
         model = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent if path.is_file() else path),
-                                                                  dtype=torch.float32, **kwargs)
-        return cls(model, threads, pad_token_id, str(path))
+                                                                  dtype=dtype, **kwargs)
+        system = cls(model.to(device), threads, pad_token_id, str(path))
+        if device == "cuda":
+            system.compile()
+        return system
+
+    def compile(self) -> None:
+        """gpt-fast's recipe as transformers documents it: a static KV cache and the forward compiled with
+        ``torch.compile(mode="reduce-overhead", fullgraph=True)`` (CUDA graphs); each batch shape compiles once."""
+        self.model.generation_config.cache_implementation = "static"
+        self.model.generation_config.disable_compile = True  # compiled here, not again by generate()
+        self.model.forward = torch.compile(self.model.forward, mode="reduce-overhead", fullgraph=True)
+        self.recipe = f"static cache + torch.compile(reduce-overhead, fullgraph), {self.model.dtype}"
 
     def info(self) -> dict:
         import transformers
@@ -429,7 +457,8 @@ class TransformersSystem:
                 seen.add(p.data_ptr())
                 total += p.numel() * p.element_size()
         return {"system": "transformers", "package": f"transformers {transformers.__version__}", "source": self.source,
-                "weights": "float32", "weight_bytes": total, "threads": self.threads,
+                "weights": str(self.model.dtype).replace("torch.", ""), "weight_bytes": total, "threads": self.threads,
+                "recipe": self.recipe, "device": str(self.model.device),
                 "concurrency_mode": "generate() on waves of `concurrency` requests, left-padded"}
 
     @torch.inference_mode()
@@ -445,6 +474,7 @@ class TransformersSystem:
                 ids[i, width - len(p):] = torch.tensor(list(p), dtype=torch.long)
                 mask[i, width - len(p):] = 1
             clock = _StepClock()
+            ids, mask = ids.to(self.model.device), mask.to(self.model.device)
             self.model.generate(ids, attention_mask=mask, max_new_tokens=steps, min_new_tokens=steps,
                                 do_sample=False, pad_token_id=self.pad, streamer=clock)
             for p, n in zip(wave, outs):
@@ -463,14 +493,14 @@ def gguf_tensor_bytes(path: Path) -> int:
 
 
 def make_peers(names: Sequence[str], model_path: Optional[Path], *, threads: int, n_ctx: int,
-               pad_token_id: int) -> list:
+               pad_token_id: int, device: str = "cpu") -> list:
     """Build each named peer on the same checkpoint, or an :class:`Unavailable` that says why it cannot run."""
     peers: list = []
     for name in names:
         if name not in PEERS:
             raise ConfigError(f"unknown peer {name!r}; choose from {', '.join(PEERS)} or 'none'")
         try:
-            peers.append(_load_peer(name, Path(model_path or ""), threads, n_ctx, pad_token_id))
+            peers.append(_load_peer(name, Path(model_path or ""), threads, n_ctx, pad_token_id, device))
         except ImportError as exc:
             package = {"llama.cpp": "llama-cpp-python", "llama-server": "llama-cpp-python",
                        "transformers": "transformers"}[name]
@@ -482,7 +512,7 @@ def make_peers(names: Sequence[str], model_path: Optional[Path], *, threads: int
     return peers
 
 
-def _load_peer(name: str, path: Path, threads: int, n_ctx: int, pad_token_id: int):
+def _load_peer(name: str, path: Path, threads: int, n_ctx: int, pad_token_id: int, device: str = "cpu"):
     is_gguf = path.is_file() and path.suffix.lower() == ".gguf"
     if name in ("llama.cpp", "llama-server"):
         from .llama_server import LlamaServerSystem
@@ -504,4 +534,4 @@ def _load_peer(name: str, path: Path, threads: int, n_ctx: int, pad_token_id: in
         return LlamaCppPeer(single, server)
     if not (is_gguf or (path / "config.json").is_file()):
         raise ConfigError("transformers needs a GGUF file or a Hugging Face directory with config.json")
-    return TransformersSystem.load(path, threads, pad_token_id)
+    return TransformersSystem.load(path, threads, pad_token_id, device)

@@ -363,15 +363,16 @@ def analyze(config: ModelConfig, hardware: HardwareSpec, *, weights: WeightsLike
     """Predict prefill and decode for ``batch`` sequences; decode attends to ``context`` tokens.
 
     ``weights``: bits per weight, or a weight format. ``kv``: bits per K/V coordinate, or a KV codec.
-    ``prompt_len`` (default ``context``) is the prefill length L. ``compute_dtype`` "auto" is fp32 on
-    a measured CPU (what the engine runs there) and bf16 elsewhere.
+    ``prompt_len`` (default ``context``) is the prefill length L. ``compute_dtype`` "auto" is the hardware's
+    ``compute_dtype_default``, else fp32 on a measured CPU (what the engine runs there) and bf16 elsewhere.
     """
     if batch < 1 or context < 1 or tp < 1:
         raise ConfigError("batch, context and tp must be at least 1")
     length = context if prompt_len is None else prompt_len
     if length < 1:
         raise ConfigError("prompt length must be at least 1")
-    dtype = ("fp32" if hardware.measured else "bf16") if compute_dtype == "auto" else compute_dtype.lower()
+    auto = hardware.compute_dtype_default or ("fp32" if hardware.measured else "bf16")
+    dtype = auto if compute_dtype == "auto" else compute_dtype.lower()
     ctx = _Ctx(config, hardware, weights, kv, hardware.peak(dtype), 4.0 if dtype == "fp32" else 2.0, tp)
     windows = [config.window_for(layer) for layer in range(config.num_layers)]
     clip = lambda n, w: n if w is None else min(n, w)
