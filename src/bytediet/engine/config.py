@@ -4,9 +4,32 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping, Optional
 
-from ..config import SchedulerConfig
+from ..config import SchedulerConfig, parse_bytes
 from ..errors import ConfigError
 from ..kvcache.config import CacheConfig
+
+
+@dataclass(frozen=True)
+class OffloadConfig:
+    """KV tiers below the pool (docs/kv-tiers.md): host RAM (``ram_size`` bytes, 0 = none) and a disk directory
+    (``dir``, None = none; ``disk_size`` bytes), optionally re-encoded at rest with ``codec`` (a KV codec name)."""
+
+    dir: Optional[str] = None
+    ram_size: int = 0
+    disk_size: int = 40 << 30
+    codec: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        for name in ("ram_size", "disk_size"):
+            object.__setattr__(self, name, parse_bytes(getattr(self, name)))
+            if getattr(self, name) < 0:
+                raise ConfigError(f"kv offload {name} must not be negative")
+        if self.dir is not None:
+            object.__setattr__(self, "dir", str(self.dir))
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.dir) or self.ram_size > 0
 
 
 @dataclass(frozen=True)
@@ -22,6 +45,7 @@ class EngineConfig:
     num_threads: Optional[int] = None
     seed: int = 0
     tensor_parallel_size: int = 1  # processes the model is split across (bytediet.distributed)
+    offload: OffloadConfig = field(default_factory=OffloadConfig)  # KV tiers below the pool
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "weight_overrides", dict(self.weight_overrides))

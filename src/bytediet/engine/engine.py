@@ -5,8 +5,10 @@
 """
 from __future__ import annotations
 
+import atexit
 import itertools
 import time
+import weakref
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional, Sequence
 
@@ -16,6 +18,7 @@ from ..errors import ConfigError
 from ..kernels import ops
 from .block_manager import BlockManager
 from .config import EngineConfig
+from .kv_tiers import build_tier_store
 from .params import SamplingParams
 from .request import FinishReason, Request
 from .runner import ModelRunner, torch_threads
@@ -63,8 +66,11 @@ class LLMEngine:
         self.runner = ModelRunner(model, config.cache, workers)  # workers: tensor-parallel ranks 1..N-1
         if self.runner.decoder is not None:  # the kernel pool gets the threads; torch gets one inside each step
             ops.native_library().set_num_threads(config.num_threads or torch.get_num_threads())
+        self.tiers = build_tier_store(config.offload, model, self.runner, config.cache)  # None: no KV tiers
         self.block_manager = BlockManager(self.runner.num_blocks, config.cache.block_size,
-                                          config.cache.enable_prefix_caching)
+                                          config.cache.enable_prefix_caching, self.tiers)
+        if self.tiers is not None:  # the pool's cached blocks go down to the tiers when the process ends
+            atexit.register(_close_engine, weakref.ref(self))
         self.max_model_len = model.config.max_position_embeddings
         sched = config.scheduler
         if self.runner.max_sequences is not None and self.runner.max_sequences < sched.max_num_seqs:
@@ -138,10 +144,15 @@ class LLMEngine:
         out = self.scheduler.schedule()
         results = [self._finished_output(r) for r in out.finished]
         if not out:
+            if self.tiers is not None and any(r.tier_load is not None for r in self.scheduler.waiting):
+                self.tiers.wait(0.005)  # nothing to run until a disk read lands
             return results
         t0 = time.perf_counter()
         logits = self.runner.run(out)
-        self.stats.forward_time += time.perf_counter() - t0
+        elapsed = time.perf_counter() - t0
+        self.stats.forward_time += elapsed
+        if self.tiers is not None and all(s.num_tokens > 1 for s in out.scheduled):
+            self.tiers.observe_prefill(out.num_tokens, elapsed)  # the tiers' policy: load only when faster
         self.stats.steps += 1
         samplers = [s.request for s in out.scheduled if s.samples]
         self._score_prompts(out, logits[len(samplers):])
@@ -225,6 +236,12 @@ class LLMEngine:
             req.finish_time = time.perf_counter()
         self.runner.free_sequence(req.seq_id)
 
+    def close(self) -> None:
+        """With KV tiers: hand the pool's cached blocks down, finish the disk writes, release the directory."""
+        if self.tiers is not None:
+            self.block_manager.offload_cached()
+            self.tiers.close()
+
     # -- introspection ------------------------------------------------------------------------
     @property
     def num_free_blocks(self) -> int:
@@ -238,6 +255,12 @@ class LLMEngine:
         """Why the engine can no longer step (a tensor-parallel worker died or hung), else None."""
         workers = self.runner.workers
         return None if workers is None else workers.problem()
+
+
+def _close_engine(ref) -> None:
+    engine = ref()
+    if engine is not None:
+        engine.close()
 
 
 def set_threads(num_threads: Optional[int]) -> None:

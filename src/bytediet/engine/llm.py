@@ -11,7 +11,7 @@ from ..config import SchedulerConfig
 from ..errors import ConfigError
 from ..kvcache.base import get_kv_codec
 from ..kvcache.config import CacheConfig
-from .config import EngineConfig
+from .config import EngineConfig, OffloadConfig
 from .engine import LLMEngine, StepOutput, set_threads
 from .params import SamplingParams
 from .sampling import TokenLogprobs
@@ -62,6 +62,8 @@ class LLM:
     the model across N processes (:mod:`bytediet.distributed`; this one is rank 0): call :meth:`shutdown`
     to stop them before building another. :meth:`rebuild_engine` changes the engine's settings without reloading;
     :meth:`score` and :meth:`collective_rpc` run a forward pass / a function on every rank's model.
+    KV tiers (docs/kv-tiers.md): ``kv_offload_size`` (host RAM, e.g. "4GiB"), ``kv_offload_dir`` with
+    ``kv_offload_disk_size`` (disk), ``kv_offload_codec`` (re-encode at rest, e.g. "rot-q8_0").
     """
 
     def __init__(self, model: str = "default", *, dtype: str = "float32", weights: Optional[str] = None,
@@ -69,7 +71,9 @@ class LLM:
                  num_blocks: Optional[int] = None, max_num_batched_tokens: int = 512, max_num_seqs: int = 64,
                  enable_prefix_caching: bool = True, enable_chunked_prefill: bool = True, seed: int = 0,
                  num_threads: Optional[int] = None, keep_packed: bool = True, activations: str = "q16",
-                 tensor_parallel_size: int = 1, loaded=None, kv_calibration_state=None) -> None:
+                 tensor_parallel_size: int = 1, loaded=None, kv_calibration_state=None,
+                 kv_offload_dir: Optional[str] = None, kv_offload_size: Union[str, int] = 0,
+                 kv_offload_disk_size: Union[str, int] = "40GiB", kv_offload_codec: Optional[str] = None) -> None:
         from ..models.loader import load_model
 
         set_threads(num_threads)
@@ -82,6 +86,8 @@ class LLM:
         self.config = EngineConfig(
             model=str(model), dtype=dtype, weights=weights, weight_overrides=overrides, seed=seed,
             num_threads=num_threads, tensor_parallel_size=tensor_parallel_size,
+            offload=OffloadConfig(dir=kv_offload_dir, ram_size=kv_offload_size, disk_size=kv_offload_disk_size,
+                                  codec=kv_offload_codec),
             cache=CacheConfig(block_size=block_size, kv_cache_memory=kv_cache_memory, kv_cache_dtype=kv_cache_dtype,
                               enable_prefix_caching=enable_prefix_caching, num_blocks=num_blocks,
                               kv_calibration_state=kv_calibration_state),
@@ -105,7 +111,9 @@ class LLM:
             raise
 
     def shutdown(self) -> None:
-        """Stop the tensor-parallel workers, if any (the engine cannot step afterwards)."""
+        """Stop the tensor-parallel workers, if any (the engine cannot step afterwards), and close the KV tiers."""
+        if getattr(self, "engine", None) is not None:
+            self.engine.close()
         if self.workers is not None:
             self.workers.shutdown()
 
@@ -129,6 +137,7 @@ class LLM:
             cache.setdefault("num_blocks", None)
         config = replace(self.config, cache=replace(self.config.cache, **cache), scheduler=replace(
             self.config.scheduler, **{k: v for k, v in settings.items() if k in sched_keys}))
+        self.engine.close()  # its KV tiers' directory is released for the new engine
         self.engine = None  # its pool (and the workers' pages) goes first
         self.config = config
         self.engine = LLMEngine(self.model, self.tokenizer, config, workers=self.workers)

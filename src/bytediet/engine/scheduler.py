@@ -109,10 +109,14 @@ class Scheduler:
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
         bm = self.block_manager
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            req = self.waiting[0]
+        loading = 0  # requests at the head whose cached blocks are still coming back from a lower tier
+        while len(self.waiting) > loading and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            req = self.waiting[loading]
             if req.num_computed_tokens == 0:
                 cached = bm.allocate_cached_prefix(req)
+                if cached is None:  # not ready: the others go ahead of it
+                    loading += 1
+                    continue
                 if req.num_preemptions == 0:
                     req.num_cached_tokens = cached
             remaining = req.num_tokens - req.num_computed_tokens
@@ -126,7 +130,7 @@ class Scheduler:
                 if n == 0:
                     break
             bm.allocate(req, n)
-            self.waiting.popleft()
+            del self.waiting[loading]
             req.status = RequestStatus.RUNNING
             self.running.append(req)
             out.scheduled.append(ScheduledRequest(req, n))
