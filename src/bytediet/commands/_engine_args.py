@@ -46,6 +46,16 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-num-batched-tokens", type=int, default=512, help="token budget per engine step")
     g.add_argument("--max-num-seqs", type=int, default=64, help="most requests running at once")
     g.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
+    t = p.add_argument_group("KV tiers (docs/kv-tiers.md)")
+    t.add_argument("--kv-offload-size", default="0", metavar="SIZE",
+                   help="host-RAM tier for prefix-cache blocks evicted from the KV pool, e.g. 4GiB (default 0: none)")
+    t.add_argument("--kv-offload-dir", default=None, metavar="DIR",
+                   help="disk tier: keep evicted prefix-cache blocks in DIR, found again after a restart")
+    t.add_argument("--kv-offload-disk-size", default="40GiB", metavar="SIZE",
+                   help="most bytes the disk tier keeps in --kv-offload-dir (LRU; default 40GiB)")
+    t.add_argument("--kv-offload-codec", default=None, metavar="CODEC",
+                   help="re-encode offloaded blocks with this smaller KV codec (e.g. rot-q8_0 under a bf16 pool); "
+                        "default: the pool's own pages, bit for bit")
     g.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default: torch's choice; per process with --tensor-parallel-size)")
     g.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, metavar="N",
@@ -89,7 +99,7 @@ def build_llm(args: argparse.Namespace):
             kwargs["num_threads"] = args.threads
         if args.tensor_parallel_size > 1:
             kwargs["tensor_parallel_size"] = args.tensor_parallel_size
-        return LLM(**kwargs)
+        return LLM(**kwargs, **offload_kwargs(args))
     kv_kwargs = {"kv_cache_dtype": args.kv_cache_dtype}
     if args.kv_cache_dtype.strip().lower().startswith("auto:"):
         kv_kwargs = plan_kv_budget_for(args)
@@ -98,11 +108,17 @@ def build_llm(args: argparse.Namespace):
         kv_cache_memory=args.kv_cache_memory, block_size=args.block_size,
         max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
         enable_prefix_caching=not args.no_prefix_caching, num_threads=args.threads, **kv_kwargs,
-        tensor_parallel_size=args.tensor_parallel_size,
+        tensor_parallel_size=args.tensor_parallel_size, **offload_kwargs(args),
     )
     if getattr(args, "save_config", None):
         save_run_config(llm, args)
     return llm
+
+
+def offload_kwargs(args: argparse.Namespace) -> dict:
+    """The KV tiers' flags as LLM(...) keywords."""
+    return {"kv_offload_dir": args.kv_offload_dir, "kv_offload_size": args.kv_offload_size,
+            "kv_offload_disk_size": args.kv_offload_disk_size, "kv_offload_codec": args.kv_offload_codec}
 
 
 def save_run_config(llm, args: argparse.Namespace):
