@@ -8,7 +8,7 @@ from __future__ import annotations
 import atexit
 import itertools
 import time
-import weakref
+from functools import partial
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional, Sequence
 
@@ -39,6 +39,8 @@ class StepOutput:
     new_logprobs: list[Optional[TokenLogprobs]] = field(default_factory=list)
     # with the first token of a request that asked for prompt logprobs: one entry per prompt token (None first)
     prompt_logprobs: Optional[list[Optional[TokenLogprobs]]] = None
+    # with the first token, when KV tiers are on: prompt tokens served by each tier ("pool", "ram", "disk")
+    cached_tokens: Optional[dict[str, int]] = None
 
 
 @dataclass
@@ -69,8 +71,10 @@ class LLMEngine:
         self.tiers = build_tier_store(config.offload, model, self.runner, config.cache)  # None: no KV tiers
         self.block_manager = BlockManager(self.runner.num_blocks, config.cache.block_size,
                                           config.cache.enable_prefix_caching, self.tiers)
+        self._at_exit = None
         if self.tiers is not None:  # the pool's cached blocks go down to the tiers when the process ends
-            atexit.register(_close_engine, weakref.ref(self))
+            self._at_exit = partial(_close_tiers, self.block_manager, self.tiers)
+            atexit.register(self._at_exit)
         self.max_model_len = model.config.max_position_embeddings
         sched = config.scheduler
         if self.runner.max_sequences is not None and self.runner.max_sequences < sched.max_num_seqs:
@@ -203,8 +207,9 @@ class LLMEngine:
             delta += "" if state.stop.stopped else state.stop.finish()
         lp = req.output_logprobs[-1] if req.output_logprobs else None
         prompt_lps = req.prompt_logprobs if req.num_output_tokens == 1 else None
+        cached = dict(req.cached_tokens_by_tier) if self.tiers is not None and req.num_output_tokens == 1 else None
         return StepOutput(req.request_id, [token], delta, req.is_finished,
-                          req.finish_reason.value if req.finish_reason else None, [lp], prompt_lps)
+                          req.finish_reason.value if req.finish_reason else None, [lp], prompt_lps, cached)
 
     def _new_text(self, state: _Detok, req: Request, token: int) -> str:
         """The text ``token`` completes: O(1) per token with an incremental decoder (the full output is
@@ -238,9 +243,10 @@ class LLMEngine:
 
     def close(self) -> None:
         """With KV tiers: hand the pool's cached blocks down, finish the disk writes, release the directory."""
-        if self.tiers is not None:
-            self.block_manager.offload_cached()
-            self.tiers.close()
+        if self._at_exit is not None:
+            atexit.unregister(self._at_exit)
+            self._at_exit = None
+            _close_tiers(self.block_manager, self.tiers)
 
     # -- introspection ------------------------------------------------------------------------
     @property
@@ -257,10 +263,9 @@ class LLMEngine:
         return None if workers is None else workers.problem()
 
 
-def _close_engine(ref) -> None:
-    engine = ref()
-    if engine is not None:
-        engine.close()
+def _close_tiers(block_manager: BlockManager, tiers) -> None:
+    block_manager.offload_cached()
+    tiers.close()
 
 
 def set_threads(num_threads: Optional[int]) -> None:

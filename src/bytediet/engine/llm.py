@@ -38,6 +38,7 @@ class RequestOutput:
     outputs: list[CompletionOutput] = field(default_factory=list)
     prompt_logprobs: Optional[list[Optional[TokenLogprobs]]] = None  # SamplingParams.prompt_logprobs; None first
     num_cached_tokens: int = 0
+    cached_tokens_by_tier: dict = field(default_factory=dict)  # with KV tiers: prompt tokens per "pool"/"ram"/"disk"
     arrival_time: float = 0.0
     first_token_time: Optional[float] = None
     finish_time: Optional[float] = None
@@ -227,6 +228,8 @@ class LLM:
             ))
             ro.prompt_logprobs = ro.prompt_logprobs or req.prompt_logprobs
             ro.arrival_time = req.arrival_time
+            if req.num_cached_tokens >= ro.num_cached_tokens:
+                ro.cached_tokens_by_tier = dict(req.cached_tokens_by_tier)
             ro.num_cached_tokens = max(ro.num_cached_tokens, req.num_cached_tokens)
             ro.first_token_time = min(filter(None, [ro.first_token_time, req.first_token_time]), default=None)
             ro.finish_time = max(filter(None, [ro.finish_time, req.finish_time]), default=None)
