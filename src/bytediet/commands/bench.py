@@ -33,7 +33,8 @@ def register(sub) -> None:
     p.add_argument("--requests-per-level", type=int, default=None,
                    help="requests per concurrency level: max(level, this) (default 4)")
     p.add_argument("--parts", default="single,concurrency,roofline",
-                   help="which parts to run (comma-separated): single, concurrency, roofline, context")
+                   help="which parts to run (comma-separated): single, concurrency, roofline, context, prefix-cache "
+                        "(KV tiers: a repeated long prompt cold / RAM hit / disk hit, and a multi-turn chat)")
     p.add_argument("--contexts", default=None, metavar="N,N,...",
                    help="context part: contexts (tokens) each batch-1 decode run ends at (default 512,2048,8192)")
     p.add_argument("--weights", default=None, metavar="FMT",
@@ -293,6 +294,35 @@ def print_tables(r: dict) -> None:
     _print_formats(console, r)
     if "context_roofline" in r:
         _print_context(console, r)
+    if "prefix_cache" in r:
+        _print_prefix_cache(console, r["prefix_cache"])
+
+
+def _print_prefix_cache(console, pc: dict) -> None:
+    from rich.table import Table
+
+    if "skipped" in pc:
+        console.print(f"[yellow]prefix-cache: {pc['skipped']}[/]")
+        return
+    rp = pc["repeated_prompt"]
+    t = Table(title=f"KV tiers: a {rp['prompt_tokens']}-token prompt again (pool of {rp['pool_blocks']} blocks)")
+    for col in ("run", "TTFT ms", "× cold", "cached tokens", "tokens = cold"):
+        t.add_column(col, justify="left" if col in ("run", "cached tokens") else "right")
+    for name in ("cold", "ram_hit", "disk_hit"):
+        x = rp[name]
+        t.add_row(name, _f(x["ttft_s"], ".0f", 1e3), _f(x["ttft_s"] / rp["cold"]["ttft_s"], ".2f"),
+                  str(x["cached_tokens"]), str(x["tokens_equal_cold"]))
+    console.print(t)
+    ch = pc["multi_turn_chat"]
+    t = Table(title=f"KV tiers: multi-turn chat, {ch['conversations']} conversations over {ch['system_prompts']} "
+                    f"system prompts of {ch['system_tokens']} tokens (pool {ch['pool_blocks']} blocks)")
+    for col in ("tiers", "TTFT mean ms", "TTFT p50 ms", "out tok/s"):
+        t.add_column(col, justify="left" if col == "tiers" else "right")
+    for name in ("tiers_off", "tiers_on"):
+        x = ch[name]
+        t.add_row(name, _f(x["ttft_mean_s"], ".0f", 1e3), _f(x["ttft_p50_s"], ".0f", 1e3),
+                  _f(x["output_tokens_per_s"], ".1f"))
+    console.print(t)
 
 
 def _print_formats(console, r: dict) -> None:
