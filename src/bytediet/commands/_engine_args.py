@@ -112,7 +112,29 @@ def build_llm(args: argparse.Namespace):
     )
     if getattr(args, "save_config", None):
         save_run_config(llm, args)
+    seed_tier_policy(llm)
     return llm
+
+
+def seed_tier_policy(llm, prompt_len: int = 512) -> None:
+    """KV tiers: until the engine has timed a prefill, the tiers' load-or-recompute policy uses the roofline's
+    prefill time per token on this machine (skipped when the machine has not been measured)."""
+    tiers = llm.engine.tiers
+    if tiers is None or tiers.seconds_per_token is not None:
+        return
+    from ..errors import BytedietError
+    from ..perf.bench import ModelWeightBits
+    from ..perf.measure import this_machine
+    from ..perf.roofline import analyze
+
+    try:
+        hardware = this_machine(measure_if_missing=False, threads=llm.config.num_threads or 2)
+    except BytedietError:
+        return
+    model = llm.model
+    pred = analyze(model.config, hardware, weights=ModelWeightBits(model), kv=llm.engine.runner.codec,
+                   prompt_len=prompt_len, context=prompt_len)
+    tiers.seconds_per_token = pred.prefill.time / prompt_len
 
 
 def offload_kwargs(args: argparse.Namespace) -> dict:

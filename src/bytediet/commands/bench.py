@@ -37,6 +37,10 @@ def register(sub) -> None:
                         "(KV tiers: a repeated long prompt cold / RAM hit / disk hit, and a multi-turn chat)")
     p.add_argument("--contexts", default=None, metavar="N,N,...",
                    help="context part: contexts (tokens) each batch-1 decode run ends at (default 512,2048,8192)")
+    p.add_argument("--prefix-prompt-len", type=int, default=None, metavar="N",
+                   help="prefix-cache part: tokens of the repeated prompt (default 8192)")
+    p.add_argument("--kv-offload-size", default=None, metavar="SIZE",
+                   help="prefix-cache part: the KV tiers' host-RAM size (default 4GiB)")
     p.add_argument("--weights", default=None, metavar="FMT",
                    help="bytediet weight format (e.g. int8, int4-g64, fp32); default: the GGUF's native blocks")
     p.add_argument("--formats", default=None, metavar="FMT[:KV],...",
@@ -79,6 +83,10 @@ def bench_config(args: argparse.Namespace):
         overrides["roofline_prompt_len"] = args.roofline_context
     if args.contexts:
         overrides["contexts"] = positive_ints(args.contexts, "--contexts")
+    if args.prefix_prompt_len is not None:
+        overrides["prefix_prompt_len"] = args.prefix_prompt_len
+    if args.kv_offload_size is not None:
+        overrides["prefix_offload_size"] = args.kv_offload_size
     return BenchConfig.quick(**overrides) if args.quick else BenchConfig(**overrides)
 
 
@@ -238,7 +246,8 @@ def command_line(args: argparse.Namespace) -> str:
                         ("--concurrency", args.concurrency),
                         ("--roofline-batches", args.roofline_batches), ("--roofline-context", args.roofline_context),
                         ("--prompt-lens", args.prompt_lens),
-                        ("--output-lens", args.output_lens), ("--requests-per-level", args.requests_per_level)):
+                        ("--output-lens", args.output_lens), ("--requests-per-level", args.requests_per_level),
+                        ("--prefix-prompt-len", args.prefix_prompt_len), ("--kv-offload-size", args.kv_offload_size)):
         if value:
             flags.append(f"{flag} {value}")
     return " ".join(["bytediet bench", *flags, *(["--quick"] if args.quick else [])])

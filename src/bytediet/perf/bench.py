@@ -117,7 +117,7 @@ class BenchConfig:
 
     def __post_init__(self) -> None:
         positive = ("threads", "prefill_len", "prefill_repeats", "decode_prompt_len", "decode_new_tokens",
-                    "min_requests", "roofline_prompt_len", "roofline_steps")
+                    "min_requests", "roofline_prompt_len", "roofline_steps", "prefix_prompt_len")
         if self.context_new_tokens < 2:
             raise ConfigError("bench: context_new_tokens must be at least 2 (decode speed needs two tokens)")
         if any(n <= self.context_new_tokens for n in self.contexts):
