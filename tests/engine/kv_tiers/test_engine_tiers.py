@@ -200,3 +200,15 @@ def test_smollm2_greedy_tokens_equal_a_cold_run_with_a_pool_that_forces_eviction
     out = tiered.generate([prompt], params)[0]
     assert tiered.engine.tiers.stats["ram"].hit_tokens >= 64 and out.num_cached_tokens == 192
     assert out.outputs[0].token_ids == cold
+
+
+def test_re_encoded_at_rest_holds_more_blocks_and_comes_back_close():
+    config = tiny_config("llama", head_dim=32)  # llama.cpp's q8_0 blocks are 32 wide
+    model = model_from_state(config, random_state(config, seed=3))
+    lossless = llm(model, kv_cache_dtype="bf16", kv_offload_size="1MiB")
+    small = llm(model, kv_cache_dtype="bf16", kv_offload_size="1MiB", kv_offload_codec="rot-q8_0")
+    assert lossless.engine.tiers.pages.block_bytes / small.engine.tiers.pages.block_bytes >= 1.8
+    cold, *_, again = run(small, [PROMPT, *OTHERS, PROMPT])
+    assert again.num_cached_tokens == 40 and small.engine.tiers.stats["ram"].hit_tokens == 40
+    a, b = cold.outputs[0].logprobs[0].top, again.outputs[0].logprobs[0].top
+    assert abs(a[0][1] - dict(b).get(a[0][0], -1e9)) < 0.1  # the greedy token's logprob, within a lossy codec's error

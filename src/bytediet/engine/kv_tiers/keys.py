@@ -38,10 +38,13 @@ def model_fingerprint(model) -> str:
         h.update(f"{name}{tuple(t.shape)}{t.dtype}".encode())
         if t.device.type == "meta" or t.numel() == 0:
             continue
-        flat = t.detach().reshape(-1)
-        n = max(1, 4096 // max(flat.element_size(), 1))
-        for part in (flat[:n], flat[-n:]):
-            h.update(part.cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        try:
+            flat = t.detach().reshape(-1)
+            n = max(1, 4096 // max(flat.element_size(), 1))
+            for part in (flat[:n], flat[-n:]):
+                h.update(part.cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        except (RuntimeError, TypeError):  # a tensor type without plain bytes: its name, shape and dtype only
+            h.update(b"?")
     return h.hexdigest()
 
 
