@@ -153,9 +153,11 @@ class TierStore:
         """Begin loading (key, tier, block id, first position) entries; RAM bytes are taken now, disk reads queued."""
         load = TierLoad()
         for key, tier, block_id, pos in entries:
-            data = self.ram.get(key) if tier == "ram" else self._reader.submit(self._read_disk, key)
-            if tier == "ram":
+            data = self.ram.get(key) if tier == "ram" else None
+            if data is not None:
                 self.ram.move_to_end(key)
+            elif self.disk is not None and key in self.disk:  # (also a RAM block evicted since it was found)
+                tier, data = "disk", self._reader.submit(self._read_disk, key)
             load.entries.append([key, tier, block_id, pos, data])
         return load
 
