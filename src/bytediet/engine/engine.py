@@ -8,8 +8,8 @@ from __future__ import annotations
 import atexit
 import itertools
 import time
-from functools import partial
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any, Optional, Sequence
 
 import torch

@@ -185,16 +185,18 @@ def test_another_models_directory_is_ignored_and_said_once(model, tmp_path, capl
     mine.shutdown()
 
 
-def test_smollm2_greedy_tokens_equal_a_cold_run_with_a_pool_that_forces_eviction(smollm2):
-    model, tokenizer = smollm2
+@pytest.mark.parametrize("name", ["smollm2", pytest.param("gemma3", marks=pytest.mark.slow)])
+def test_real_model_greedy_tokens_equal_a_cold_run_with_a_pool_that_forces_eviction(name, request):
+    loaded = request.getfixturevalue(name)
+    model, tokenizer = loaded
     from bytediet.eval.corpus import load_corpus
 
     text = load_corpus("prideprejudice")
     prompt = tokenizer.encode(text[30000:32000], add_special_tokens=False)[:200]
     filler = tokenizer.encode(text[40000:44000], add_special_tokens=False)[:300]
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
-    cold = LLM(loaded=smollm2, num_blocks=64).generate([prompt], params)[0].outputs[0].token_ids
-    tiered = LLM(loaded=smollm2, num_blocks=24, kv_offload_size="256MiB")  # 384 tokens: the filler evicts
+    cold = LLM(loaded=loaded, num_blocks=64).generate([prompt], params)[0].outputs[0].token_ids
+    tiered = LLM(loaded=loaded, num_blocks=24, kv_offload_size="256MiB")  # 384 tokens: the filler evicts
     tiered.generate([prompt], params)
     tiered.generate([filler], params)
     out = tiered.generate([prompt], params)[0]

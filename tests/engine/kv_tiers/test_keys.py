@@ -9,7 +9,8 @@ import torch
 from bytediet.engine.kv_tiers.keys import chain_key, model_fingerprint, tier_salt
 from tests.conftest import model_from_state, random_state, tiny_config
 
-BASE = dict(model_fp="m", codec_name="fp32", codec_state=None, block_size=16, layout="[]", stored_as=None)
+BASE = {"model_fp": "m", "codec_name": "fp32", "codec_state": None, "block_size": 16, "layout": "[]",
+        "stored_as": None}
 
 
 def test_salt_changes_with_model_codec_state_block_size_layout_and_at_rest_codec():

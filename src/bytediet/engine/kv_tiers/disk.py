@@ -173,7 +173,6 @@ class DiskTier:
     def _bad(self, key: bytes, path: Path, why: str) -> None:
         self._discard(path, why)
         self._drop(key)
-        return None
 
     def _discard(self, path: Path, why: str) -> None:
         log.warning("KV tiers: ignoring %s (%s); it is deleted and the tokens recomputed", path, why)
