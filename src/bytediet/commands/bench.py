@@ -165,7 +165,7 @@ def _run(args: argparse.Namespace, config, parts: list[str], ours, variants: lis
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)
             Path(args.out).write_text(json.dumps({**partial, **extra}, indent=2) + "\n")
 
-    corpus = corpus_token_ids(tokenizer, model.config.vocab_size, config.longest_sequence(parts), config.seed)
+    corpus = corpus_token_ids(tokenizer, model.config.vocab_size, config.corpus_tokens(parts), config.seed)
     result = {**run_bench(ours, peers, config, parts=parts, hardware=hardware, progress=progress, checkpoint=write,
                           corpus=corpus, variants=variants), **extra}
     write(result)

@@ -156,6 +156,14 @@ class BenchConfig:
         """Tokens the longest request of these parts holds (corpus length, the peers' context size)."""
         return max([self.max_sequence_len, *(self.contexts if "context" in parts else ())])
 
+    def corpus_tokens(self, parts: Sequence[str]) -> int:
+        """Distinct corpus tokens the parts' prompts are cut from (the prefix-cache part's prompts never repeat)."""
+        if "prefix-cache" not in parts:
+            return self.longest_sequence(parts)
+        chat = (self.chat_system_prompts * self.chat_system_len
+                + self.chat_conversations * self.chat_turns * self.chat_turn_len)
+        return max(self.longest_sequence(parts), 2 * self.prefix_prompt_len, chat)
+
     def to_dict(self) -> dict:
         return asdict(self)
 
@@ -346,7 +354,7 @@ def run_bench(ours, peers: Sequence, config: BenchConfig, *, parts: Sequence[str
         raise ConfigError(f"unknown bench part(s) {sorted(bad)}; choose from {', '.join(PARTS)}")
     if corpus is None and ours.tokenizer is not None:
         raise ConfigError("run_bench: pass corpus=bytediet.eval.corpus.corpus_token_ids(...) for a model with a tokenizer")
-    ids, label = corpus or random_token_ids(ours.model.config.vocab_size, config.longest_sequence(parts), config.seed)
+    ids, label = corpus or random_token_ids(ours.model.config.vocab_size, config.corpus_tokens(parts), config.seed)
     if hardware is None and ("roofline" in parts or "context" in parts):
         from .measure import this_machine
 

@@ -40,7 +40,8 @@ def _slice(ids: Sequence[int], start: int, n: int) -> list[int]:
 
 
 def repeated_prompt(ours, config, ids: Sequence[int], progress: Progress) -> dict:
-    n, new, bs = config.prefix_prompt_len, config.prefix_new_tokens, ours.block_size
+    new, bs = config.prefix_new_tokens, ours.block_size
+    n = min(config.prefix_prompt_len, ours.model.config.max_position_embeddings - new - 1)  # within the context
     prompt, filler = _slice(ids, 0, n), _slice(ids, n, n)
     blocks = -(-(n + new) // bs) + 2  # one sequence: the filler evicts the prompt's blocks
     with tempfile.TemporaryDirectory(prefix="bytediet-kv-tiers-") as d:
@@ -72,7 +73,7 @@ def multi_turn_chat(ours, config, ids: Sequence[int], progress: Progress) -> dic
     requests = []
     for t in range(config.chat_turns):
         for c in range(convs):
-            user = [_slice(ids, 7919 * (c + 1) + j * turn, turn) for j in range(t + 1)]
+            user = [_slice(ids, k * s + (c * config.chat_turns + j) * turn, turn) for j in range(t + 1)]
             requests.append(systems[c % k] + [tok for u in user for tok in u])
     longest = max(len(r) for r in requests) + new
     blocks = max(-(-k * s // (4 * ours.block_size)), -(-longest // ours.block_size) + 1)  # prefixes 4x the pool
