@@ -123,7 +123,7 @@ class FakeTiers:
     def key(self, parent, tokens):
         return (parent, tuple(tokens))
 
-    def save(self, key, block_id, first_position):
+    def save(self, key, block_id, first_position, wait=False):
         self.saved.append((block_id, first_position))
         self.held[key] = ("ram", block_id)
 

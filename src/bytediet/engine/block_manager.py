@@ -189,7 +189,7 @@ class BlockManager:
         saved = 0
         for block in self.blocks:
             if block.block_hash is not None and block.tier_key is not None:
-                self.tiers.save(block.tier_key, block.block_id, block.position)
+                self.tiers.save(block.tier_key, block.block_id, block.position, wait=True)
                 saved += 1
         return saved
 

@@ -80,3 +80,21 @@ def test_policy_loads_only_when_the_measured_load_beats_the_measured_prefill():
     s.seconds_per_byte["ram"] = 1e-6 / BLOCK
     assert not s.worth("disk", 3) and s.worth("ram", 3)
     s.close()
+
+
+def test_a_disk_writer_that_falls_behind_drops_evictions_but_not_the_shutdown_flush(tmp_path, monkeypatch):
+    import time
+
+    s = store(ram_blocks=0, disk_dir=tmp_path)
+    real_write = s.disk.write
+    monkeypatch.setattr(s.disk, "write", lambda key, data: (time.sleep(0.01), real_write(key, data))[1])
+    keys = [s.key(None, [i]) for i in range(80)]
+    for i, k in enumerate(keys[:70]):
+        s.save(k, i % 16, 0)  # faster than the disk: beyond 64 queued blocks, dropped
+    dropped = s.dropped_writes
+    assert dropped > 0
+    for i, k in enumerate(keys[70:]):  # the queue is still full: these wait for the writer
+        s.save(k, i % 16, 0, wait=True)
+    s.flush()
+    assert s.dropped_writes == dropped and all(k in s.disk for k in keys[70:])
+    s.close()

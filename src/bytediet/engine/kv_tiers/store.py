@@ -76,8 +76,9 @@ class TierStore:
         return chain_key(self.salt if parent is None else parent, tokens)
 
     # -- saving ----------------------------------------------------------------------------------------
-    def save(self, key: bytes, block_id: int, first_position: int) -> None:
-        """A block leaves the pool: keep its bytes (unless a tier has them already)."""
+    def save(self, key: bytes, block_id: int, first_position: int, wait: bool = False) -> None:
+        """A block leaves the pool: keep its bytes (unless a tier has them already). ``wait`` (at shutdown): when
+        the disk writer is behind, wait for it instead of keeping the block in RAM only."""
         if self._closed:
             return
         if key in self.ram:
@@ -90,8 +91,10 @@ class TierStore:
         self._put_ram(key, data)
         if self.disk is not None:
             if self._pending_bytes + data.numel() > max(self.ram_capacity, 64 * self.pages.block_bytes):
-                self.dropped_writes += 1  # the disk is slower than evictions: keep the RAM copy only
-                return
+                if not wait:
+                    self.dropped_writes += 1  # the disk is slower than evictions: keep the RAM copy only
+                    return
+                self._writes.join()
             self._pending_bytes += data.numel()
             self._writes.put((key, data))
 
