@@ -4,7 +4,11 @@ from __future__ import annotations
 import argparse
 from unittest import mock
 
-from bytediet.commands._engine_args import add_model_args, offload_kwargs, seed_tier_policy
+from bytediet.commands._engine_args import (
+    add_model_args,
+    offload_kwargs,
+    seed_tier_policy,
+)
 from bytediet.engine.llm import LLM
 from bytediet.errors import BytedietError
 from bytediet.perf.hardware import get_hardware

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import tempfile
 import time
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from .bench import percentile
 

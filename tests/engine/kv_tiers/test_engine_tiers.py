@@ -74,7 +74,7 @@ def test_a_ram_tier_hit_equals_a_pool_hit_bit_for_bit(model):
 
 
 def test_a_restart_finds_the_blocks_on_disk(model, tmp_path):
-    _, cold, pool_hit = reference(model)
+    _, _, pool_hit = reference(model)
     first = llm(model, kv_offload_dir=str(tmp_path))
     run(first, [PROMPT])
     first.shutdown()  # the pool's cached blocks go down to disk
@@ -188,7 +188,7 @@ def test_another_models_directory_is_ignored_and_said_once(model, tmp_path, capl
 @pytest.mark.parametrize("name", ["smollm2", pytest.param("gemma3", marks=pytest.mark.slow)])
 def test_real_model_greedy_tokens_equal_a_cold_run_with_a_pool_that_forces_eviction(name, request):
     loaded = request.getfixturevalue(name)
-    model, tokenizer = loaded
+    tokenizer = loaded[1]
     from bytediet.eval.corpus import load_corpus
 
     text = load_corpus("prideprejudice")

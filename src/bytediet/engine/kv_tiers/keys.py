@@ -11,7 +11,8 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
-from typing import Iterable, Optional
+from collections.abc import Iterable
+from typing import Optional
 
 import torch
 

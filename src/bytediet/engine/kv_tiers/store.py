@@ -59,7 +59,7 @@ class TierStore:
         self.seconds_per_byte: dict[str, Optional[float]] = {t: None for t in TIERS}  # measured load cost
         self.seconds_per_token: Optional[float] = None  # measured prefill cost (the engine reports it)
         self._pending_bytes = 0
-        self._writes: "queue.Queue[Optional[tuple]]" = queue.Queue()
+        self._writes: queue.Queue[Optional[tuple]] = queue.Queue()
         self._writer = threading.Thread(target=self._write_loop, name="kv-tiers-writer", daemon=True)
         self._reader = ThreadPoolExecutor(1, thread_name_prefix="kv-tiers-reader")
         self._wake = threading.Event()
