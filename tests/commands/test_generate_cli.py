@@ -87,3 +87,20 @@ def test_generate_with_tensor_parallel_size_2_matches_one_process(tmp_path):
         data["prompt_token_ids"], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))[0].outputs[0]
     assert data["completion_token_ids"] == one.token_ids
     assert "tensor parallel" in json.dumps(data)  # the decode path it reports
+
+
+def test_generate_finds_its_prompt_on_disk_after_a_restart_and_says_so(tmp_path):
+    prompt = "The quick brown fox jumps over the lazy dog. " * 8
+    flags = ["generate", "--prompt", prompt, "--max-tokens", "3", "--json", "--kv-offload-dir", str(tmp_path)]
+    runs = [subprocess.run(CLI + flags, capture_output=True, text=True, timeout=300) for _ in range(2)]
+    assert all(r.returncode == 0 for r in runs), runs[0].stderr + runs[1].stderr
+    cold, warm = (json.loads(r.stdout) for r in runs)
+    assert cold["cached_prompt_tokens"] == {"pool": 0}
+    assert warm["cached_prompt_tokens"]["disk"] == 16 * ((len(warm["prompt_token_ids"]) - 1) // 16)
+    assert warm["completion_token_ids"] == cold["completion_token_ids"]
+
+
+def test_generate_rejects_an_offload_size_below_one_block_in_one_line():
+    r = subprocess.run(CLI + ["generate", "--prompt", "hi", "--kv-offload-size", "1KiB"], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 2 and "below one block" in r.stderr and len(r.stderr.strip().splitlines()) == 1

@@ -109,3 +109,100 @@ def test_reset_prefix_cache_forgets_every_hash():
     bm.reset_prefix_cache()
     assert not bm.hash_to_block and all(b.block_hash is None for b in bm.blocks)
     assert bm.allocate_cached_prefix(make_request("b", 8)) == 0
+
+
+class FakeTiers:
+    """A tier store without tensors: records what the block manager asks, holds keys in a dict."""
+
+    def __init__(self, worth: bool = True, ready: bool = True) -> None:
+        self.held: dict = {}  # key → (tier, pool block it came from)
+        self.saved: list = []
+        self.loaded: list = []
+        self.worth_it, self.ready, self.skipped_blocks = worth, ready, 0
+
+    def key(self, parent, tokens):
+        return (parent, tuple(tokens))
+
+    def save(self, key, block_id, first_position, wait=False):
+        self.saved.append((block_id, first_position))
+        self.held[key] = ("ram", block_id)
+
+    def find(self, keys):
+        out = []
+        for k in keys:
+            if k not in self.held:
+                break
+            out.append(self.held[k][0])
+        return out
+
+    def worth(self, tier, n):
+        return self.worth_it
+
+    def skipped(self, tier, n):
+        self.skipped_blocks += n
+
+    def start(self, entries):
+        tiers = self
+
+        class Load:
+            def __init__(self):
+                self.entries = [list(e) + [None] for e in entries]
+
+            def done(self):
+                return tiers.ready
+
+        return Load()
+
+    def finish(self, load):
+        self.loaded += [(e[2], e[3]) for e in load.entries]
+        return len(load.entries)
+
+
+def test_evicted_blocks_go_to_the_tiers_oldest_freed_first_and_come_back_before_prefill():
+    tiers = FakeTiers()
+    bm = BlockManager(4, 4, tiers=tiers)
+    a = computed(bm, make_request("a", 13), 13)  # 3 full blocks (0, 1, 2) + 1 partial (3)
+    bm.free(a)  # freed last block first: 3, 2, 1, 0
+    b = computed(bm, make_request("b", 8, first_token=100), 8)  # takes 3 (no hash) then 2 (a's third block)
+    assert b.block_ids == [3, 2] and tiers.saved == [(2, 8)]
+    bm.free(b)
+    again = make_request("a2", 13)
+    assert bm.allocate_cached_prefix(again) == 12  # blocks 0, 1 from the pool; the third from the tiers
+    assert again.cached_tokens_by_tier == {"pool": 8, "ram": 4}
+    assert tiers.loaded == [(again.block_ids[2], 8)] and len(again.block_ids) == 3
+
+
+def evicted_prefix(tiers) -> BlockManager:
+    """A 6-block pool whose request a (9 tokens: two full blocks) was pushed down to ``tiers`` by b."""
+    bm = BlockManager(6, 4, tiers=tiers)
+    bm.free(computed(bm, make_request("a", 9), 9))
+    bm.free(computed(bm, make_request("b", 24, first_token=100), 24))  # takes every block: a's two go down
+    assert sorted(tiers.saved) == [(0, 0), (1, 4)]
+    return bm
+
+
+def test_a_pending_load_returns_none_until_done_and_an_abort_gives_the_blocks_back():
+    tiers = FakeTiers(ready=False)
+    bm = evicted_prefix(tiers)
+    again = make_request("a2", 9)
+    assert bm.allocate_cached_prefix(again) is None and bm.allocate_cached_prefix(again) is None
+    assert again.num_computed_tokens == 0 and len(again.block_ids) == 2 and bm.num_free_blocks == 4
+    tiers.ready = True
+    assert bm.allocate_cached_prefix(again) == 8 and again.cached_tokens_by_tier == {"pool": 0, "ram": 8}
+    assert again.num_registered_blocks == 2 and again.block_hashes[1] in bm.hash_to_block
+    bm.free(again)
+    tiers.held.clear()
+    other = make_request("a3", 9)
+    assert bm.allocate_cached_prefix(other) == 8 and other.cached_tokens_by_tier == {"pool": 8}  # loaded: in the pool
+    bm2 = evicted_prefix(FakeTiers(ready=False))
+    pending = make_request("a4", 9)
+    assert bm2.allocate_cached_prefix(pending) is None and bm2.num_free_blocks == 4
+    bm2.free(pending)  # aborted while its blocks were loading
+    assert pending.tier_load is None and bm2.num_free_blocks == 6 and ref_counts(bm2) == [0] * 6
+
+
+def test_a_load_predicted_slower_than_recompute_is_skipped():
+    tiers = FakeTiers(worth=False)
+    bm = evicted_prefix(tiers)
+    again = make_request("a2", 9)
+    assert bm.allocate_cached_prefix(again) == 0 and again.block_ids == [] and tiers.skipped_blocks == 2

@@ -1,8 +1,12 @@
 """The scheduler on its own: fake requests, a real block manager, no model (vLLM's tests/v1/core/test_scheduler.py)."""
 from __future__ import annotations
 
+from bytediet.config import SchedulerConfig
+from bytediet.engine.block_manager import BlockManager
 from bytediet.engine.request import FinishReason, RequestStatus
+from bytediet.engine.scheduler import Scheduler
 from tests.engine.fakes import make_request, make_scheduler, ref_counts, scheduled, step
+from tests.engine.test_block_manager import FakeTiers, computed
 
 
 def test_token_budget_splits_a_prompt_across_steps():
@@ -176,3 +180,19 @@ def test_a_preempted_request_resumes_before_requests_that_never_ran():
     assert out.preempted == [b] and finished == [a] and list(sched.waiting) == [b, c]
     out, _ = step(sched)                 # b comes back first (all 9 tokens recomputed); c waits for blocks
     assert scheduled(out) == {"b": 9} and list(sched.waiting) == [c]
+
+
+def test_a_request_whose_blocks_are_loading_lets_the_next_ones_go_first():
+    tiers = FakeTiers(ready=False)
+    bm = BlockManager(16, 4, tiers=tiers)
+    bm.free(computed(bm, make_request("a", 9), 9))
+    bm.free(computed(bm, make_request("fill", 60, first_token=200), 60))  # a's blocks go down a tier
+    sched = Scheduler(SchedulerConfig(), bm, 1024)
+    loading, other = make_request("a2", 9), make_request("b", 5, first_token=100)
+    sched.add_request(loading)
+    sched.add_request(other)
+    out, _ = step(sched)
+    assert scheduled(out) == {"b": 5} and list(sched.waiting) == [loading]
+    tiers.ready = True
+    out, _ = step(sched)
+    assert scheduled(out) == {"a2": 1, "b": 1} and loading.num_cached_tokens == 8

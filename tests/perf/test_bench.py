@@ -437,3 +437,18 @@ def test_cli_tensor_parallel_refusals_and_shutdown_on_error(ckpt, fake_machine_2
                  "-tp", "2"]) == 2
     assert "a part failed" in capsys.readouterr().err
     assert not tp_ranks_alive()  # the ranks were stopped on the way out
+
+
+def test_prefix_cache_part_measures_cold_ram_and_disk_hits_with_equal_tokens(ckpt, fake_machine, capsys):
+    assert main(["bench", "--model", str(ckpt), "--quick", "--threads", "1", "--peers", "none",
+                 "--parts", "prefix-cache", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)["prefix_cache"]
+    rp = r["repeated_prompt"]
+    assert rp["cold"]["cached_tokens"] == {"pool": 0}
+    assert rp["ram_hit"]["cached_tokens"].get("ram", 0) > 0 and rp["disk_hit"]["cached_tokens"].get("disk", 0) > 0
+    assert all(rp[k]["tokens_equal_cold"] for k in ("ram_hit", "disk_hit"))
+    ch = r["multi_turn_chat"]
+    assert ch["requests"] == 8 and ch["tiers_on"]["ttft_p50_s"] > 0 and ch["tiers_off"]["output_tokens_per_s"] > 0
+    assert main(["bench", "--model", str(ckpt), "--quick", "--threads", "1", "--peers", "none",
+                 "--parts", "prefix-cache"]) == 0
+    assert "KV tiers" in capsys.readouterr().out

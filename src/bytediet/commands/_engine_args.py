@@ -55,6 +55,16 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--speculative-config", default=None, metavar="JSON",
                    help='speculative decoding, vLLM\'s JSON shape: \'{"method": "ngram", "num_speculative_tokens": 4, '
                         '"prompt_lookup_min": 2, "prompt_lookup_max": 4}\' (prompt lookup; docs/speculative.md)')
+    t = p.add_argument_group("KV tiers (docs/kv-tiers.md)")
+    t.add_argument("--kv-offload-size", default="0", metavar="SIZE",
+                   help="host-RAM tier for prefix-cache blocks evicted from the KV pool, e.g. 4GiB (default 0: none)")
+    t.add_argument("--kv-offload-dir", default=None, metavar="DIR",
+                   help="disk tier: keep evicted prefix-cache blocks in DIR, found again after a restart")
+    t.add_argument("--kv-offload-disk-size", default="40GiB", metavar="SIZE",
+                   help="most bytes the disk tier keeps in --kv-offload-dir (LRU; default 40GiB)")
+    t.add_argument("--kv-offload-codec", default=None, metavar="CODEC",
+                   help="re-encode offloaded blocks with this smaller KV codec (e.g. rot-q8_0 under a bf16 pool); "
+                        "default: the pool's own pages, bit for bit")
     g.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default: torch's choice; per process with --tensor-parallel-size)")
     g.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, metavar="N",
@@ -118,7 +128,7 @@ def build_llm(args: argparse.Namespace):
             kwargs["num_threads"] = args.threads
         if args.tensor_parallel_size > 1:
             kwargs["tensor_parallel_size"] = args.tensor_parallel_size
-        return LLM(**kwargs)
+        return LLM(**kwargs, **offload_kwargs(args))
     kv_kwargs = {"kv_cache_dtype": args.kv_cache_dtype}
     if args.kv_cache_dtype.strip().lower().startswith("auto:") or (args.kv_calib_windows > 0
                                                                    and _needs_calibration(args.kv_cache_dtype)):
@@ -130,11 +140,39 @@ def build_llm(args: argparse.Namespace):
         long_prefill_token_threshold=args.long_prefill_token_threshold, scheduling_policy=args.scheduling_policy,
         enable_prefix_caching=not args.no_prefix_caching, num_threads=args.threads, **kv_kwargs,
         speculative_config=args.speculative_config,
-        tensor_parallel_size=args.tensor_parallel_size, **device_kwargs(args),
+        tensor_parallel_size=args.tensor_parallel_size, **device_kwargs(args), **offload_kwargs(args),
     )
     if getattr(args, "save_config", None):
         save_run_config(llm, args)
+    seed_tier_policy(llm)
     return llm
+
+
+def seed_tier_policy(llm, prompt_len: int = 512) -> None:
+    """KV tiers: until the engine has timed a prefill, the tiers' load-or-recompute policy uses the roofline's
+    prefill time per token on this machine (skipped when the machine has not been measured)."""
+    tiers = llm.engine.tiers
+    if tiers is None or tiers.seconds_per_token is not None:
+        return
+    from ..errors import BytedietError
+    from ..perf.bench import ModelWeightBits
+    from ..perf.measure import this_machine
+    from ..perf.roofline import analyze
+
+    try:
+        hardware = this_machine(measure_if_missing=False, threads=llm.config.num_threads or 2)
+    except BytedietError:
+        return
+    model = llm.model
+    pred = analyze(model.config, hardware, weights=ModelWeightBits(model), kv=llm.engine.runner.codec,
+                   prompt_len=prompt_len, context=prompt_len)
+    tiers.seconds_per_token = pred.prefill.time / prompt_len
+
+
+def offload_kwargs(args: argparse.Namespace) -> dict:
+    """The KV tiers' flags as LLM(...) keywords."""
+    return {"kv_offload_dir": args.kv_offload_dir, "kv_offload_size": args.kv_offload_size,
+            "kv_offload_disk_size": args.kv_offload_disk_size, "kv_offload_codec": args.kv_offload_codec}
 
 
 def save_run_config(llm, args: argparse.Namespace):

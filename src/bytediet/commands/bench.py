@@ -34,7 +34,8 @@ def register(sub) -> None:
     p.add_argument("--requests-per-level", type=int, default=None,
                    help="requests per concurrency level: max(level, this) (default 4)")
     p.add_argument("--parts", default="single,concurrency,roofline",
-                   help="which parts to run (comma-separated): single, concurrency, roofline, context; or "
+                   help="which parts to run (comma-separated): single, concurrency, roofline, context, prefix-cache "
+                        "(KV tiers: a repeated long prompt cold / RAM hit / disk hit, and a multi-turn chat); or "
                         "speculative on its own (batch-1 decode with and without --speculative-config on copy-heavy "
                         "and open prompts, beside llama.cpp's prompt-lookup decoding)")
     p.add_argument("--speculative-config", default=None, metavar="JSON",
@@ -42,6 +43,10 @@ def register(sub) -> None:
     p.add_argument("--spec-max-tokens", type=int, default=128, help="speculative part: tokens decoded per prompt")
     p.add_argument("--contexts", default=None, metavar="N,N,...",
                    help="context part: contexts (tokens) each batch-1 decode run ends at (default 512,2048,8192)")
+    p.add_argument("--prefix-prompt-len", type=int, default=None, metavar="N",
+                   help="prefix-cache part: tokens of the repeated prompt (default 8192)")
+    p.add_argument("--kv-offload-size", default=None, metavar="SIZE",
+                   help="prefix-cache part: the KV tiers' host-RAM size (default 4GiB)")
     p.add_argument("--weights", default=None, metavar="FMT",
                    help="bytediet weight format (e.g. int8, int4-g64, fp32); default: the GGUF's native blocks")
     p.add_argument("--formats", default=None, metavar="FMT[:KV],...",
@@ -85,6 +90,10 @@ def bench_config(args: argparse.Namespace):
         overrides["roofline_prompt_len"] = args.roofline_context
     if args.contexts:
         overrides["contexts"] = positive_ints(args.contexts, "--contexts")
+    if args.prefix_prompt_len is not None:
+        overrides["prefix_prompt_len"] = args.prefix_prompt_len
+    if args.kv_offload_size is not None:
+        overrides["prefix_offload_size"] = args.kv_offload_size
     return BenchConfig.quick(**overrides) if args.quick else BenchConfig(**overrides)
 
 
@@ -210,7 +219,7 @@ def _run(args: argparse.Namespace, config, parts: list[str], ours, variants: lis
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)
             Path(args.out).write_text(json.dumps({**partial, **extra}, indent=2) + "\n")
 
-    corpus = corpus_token_ids(tokenizer, model.config.vocab_size, config.longest_sequence(parts), config.seed)
+    corpus = corpus_token_ids(tokenizer, model.config.vocab_size, config.corpus_tokens(parts), config.seed)
     result = {**run_bench(ours, peers, config, parts=parts, hardware=hardware, progress=progress, checkpoint=write,
                           corpus=corpus, variants=variants), **extra}
     write(result)
@@ -293,7 +302,8 @@ def command_line(args: argparse.Namespace) -> str:
                         ("--concurrency", args.concurrency),
                         ("--roofline-batches", args.roofline_batches), ("--roofline-context", args.roofline_context),
                         ("--prompt-lens", args.prompt_lens),
-                        ("--output-lens", args.output_lens), ("--requests-per-level", args.requests_per_level)):
+                        ("--output-lens", args.output_lens), ("--requests-per-level", args.requests_per_level),
+                        ("--prefix-prompt-len", args.prefix_prompt_len), ("--kv-offload-size", args.kv_offload_size)):
         if value:
             flags.append(f"{flag} {value}")
     return " ".join(["bytediet bench", *flags, *(["--quick"] if args.quick else [])])
@@ -349,6 +359,35 @@ def print_tables(r: dict) -> None:
     _print_formats(console, r)
     if "context_roofline" in r:
         _print_context(console, r)
+    if "prefix_cache" in r:
+        _print_prefix_cache(console, r["prefix_cache"])
+
+
+def _print_prefix_cache(console, pc: dict) -> None:
+    from rich.table import Table
+
+    if "skipped" in pc:
+        console.print(f"[yellow]prefix-cache: {pc['skipped']}[/]")
+        return
+    rp = pc["repeated_prompt"]
+    t = Table(title=f"KV tiers: a {rp['prompt_tokens']}-token prompt again (pool of {rp['pool_blocks']} blocks)")
+    for col in ("run", "TTFT ms", "× cold", "cached tokens", "tokens = cold"):
+        t.add_column(col, justify="left" if col in ("run", "cached tokens") else "right")
+    for name in ("cold", "ram_hit", "disk_hit"):
+        x = rp[name]
+        t.add_row(name, _f(x["ttft_s"], ".0f", 1e3), _f(x["ttft_s"] / rp["cold"]["ttft_s"], ".2f"),
+                  str(x["cached_tokens"]), str(x["tokens_equal_cold"]))
+    console.print(t)
+    ch = pc["multi_turn_chat"]
+    t = Table(title=f"KV tiers: multi-turn chat, {ch['conversations']} conversations over {ch['system_prompts']} "
+                    f"system prompts of {ch['system_tokens']} tokens (pool {ch['pool_blocks']} blocks)")
+    for col in ("tiers", "TTFT mean ms", "TTFT p50 ms", "out tok/s"):
+        t.add_column(col, justify="left" if col == "tiers" else "right")
+    for name in ("tiers_off", "tiers_on"):
+        x = ch[name]
+        t.add_row(name, _f(x["ttft_mean_s"], ".0f", 1e3), _f(x["ttft_p50_s"], ".0f", 1e3),
+                  _f(x["output_tokens_per_s"], ".1f"))
+    console.print(t)
 
 
 def _print_formats(console, r: dict) -> None:

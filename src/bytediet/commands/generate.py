@@ -32,8 +32,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         prompt_ids = llm.encode(prompt)
     t0 = time.perf_counter()
-    ttft, text, token_ids, finish = None, [], [], None
+    ttft, text, token_ids, finish, cached = None, [], [], None, None
     for out in llm.stream(prompt_ids, params):
+        cached = out.cached_tokens if out.cached_tokens is not None else cached
         if ttft is None and out.new_token_ids:
             ttft = time.perf_counter() - t0
         token_ids += out.new_token_ids
@@ -47,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({
             "model": llm.model.source_path, **engine_description(llm), "prompt": prompt, "prompt_token_ids": prompt_ids,
             "completion": "".join(text), "completion_token_ids": token_ids, "finish_reason": finish, **summary,
+            **({"cached_prompt_tokens": cached} if cached is not None else {}),
         }))
     else:
         print()

@@ -61,6 +61,8 @@ class AsyncEngine:
         self._stop = True
         self._wake.set()
         self._thread.join(timeout=30)
+        if not self._thread.is_alive():
+            self.engine.close()
 
     @property
     def is_alive(self) -> bool:

@@ -4,10 +4,33 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping, Optional
 
-from ..config import SchedulerConfig
+from ..config import SchedulerConfig, parse_bytes
 from ..errors import ConfigError
 from ..kvcache.config import CacheConfig
 from .speculative import SpeculativeConfig
+
+
+@dataclass(frozen=True)
+class OffloadConfig:
+    """KV tiers below the pool (docs/kv-tiers.md): host RAM (``ram_size`` bytes, 0 = none) and a disk directory
+    (``dir``, None = none; ``disk_size`` bytes), optionally re-encoded at rest with ``codec`` (a KV codec name)."""
+
+    dir: Optional[str] = None
+    ram_size: int = 0
+    disk_size: int = 40 << 30
+    codec: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        for name in ("ram_size", "disk_size"):
+            object.__setattr__(self, name, parse_bytes(getattr(self, name)))
+            if getattr(self, name) < 0:
+                raise ConfigError(f"kv offload {name} must not be negative")
+        if self.dir is not None:
+            object.__setattr__(self, "dir", str(self.dir))
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.dir) or self.ram_size > 0
 
 
 @dataclass(frozen=True)
@@ -27,6 +50,7 @@ class EngineConfig:
     device: str = "cpu"  # where the model, KV pool and sampler live: cpu or cuda (resolved once, engine/device.py)
     gpu_memory_utilization: float = 0.9  # CUDA: the share of the device's memory the engine may fill (vLLM's)
     enforce_eager: bool = False  # CUDA: run decode steps eagerly instead of replaying CUDA graphs
+    offload: OffloadConfig = field(default_factory=OffloadConfig)  # KV tiers below the pool
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "weight_overrides", dict(self.weight_overrides))

@@ -5,9 +5,11 @@
 """
 from __future__ import annotations
 
+import atexit
 import itertools
 import time
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any, Optional, Sequence
 
 import torch
@@ -16,6 +18,7 @@ from ..errors import ConfigError
 from ..kernels import ops
 from .block_manager import BlockManager
 from .config import EngineConfig
+from .kv_tiers import build_tier_store
 from .params import SamplingParams
 from .request import FinishReason, Request
 from .runner import ModelRunner, torch_threads
@@ -37,6 +40,8 @@ class StepOutput:
     new_logprobs: list[Optional[TokenLogprobs]] = field(default_factory=list)
     # with the first token of a request that asked for prompt logprobs: one entry per prompt token (None first)
     prompt_logprobs: Optional[list[Optional[TokenLogprobs]]] = None
+    # with the first token, when KV tiers are on: prompt tokens served by each tier ("pool", "ram", "disk")
+    cached_tokens: Optional[dict[str, int]] = None
 
 
 @dataclass
@@ -68,8 +73,13 @@ class LLMEngine:
         self.runner = ModelRunner(model, config.cache, workers, cuda_graphs=graphs)  # workers: TP ranks 1..N-1
         if self.runner.decoder is not None:  # the kernel pool gets the threads; torch gets one inside each step
             ops.native_library().set_num_threads(config.num_threads or torch.get_num_threads())
+        self.tiers = build_tier_store(config.offload, model, self.runner, config.cache)  # None: no KV tiers
         self.block_manager = BlockManager(self.runner.num_blocks, config.cache.block_size,
-                                          config.cache.enable_prefix_caching)
+                                          config.cache.enable_prefix_caching, self.tiers)
+        self._at_exit = None
+        if self.tiers is not None:  # the pool's cached blocks go down to the tiers when the process ends
+            self._at_exit = partial(_close_tiers, self.block_manager, self.tiers)
+            atexit.register(self._at_exit)
         self.max_model_len = model.config.max_position_embeddings
         sched = config.scheduler
         if self.runner.max_sequences is not None and self.runner.max_sequences < sched.max_num_seqs:
@@ -154,10 +164,15 @@ class LLMEngine:
         out = self.scheduler.schedule()
         results = [self._finished_output(r) for r in out.finished]
         if not out:
+            if self.tiers is not None and any(r.tier_load is not None for r in self.scheduler.waiting):
+                self.tiers.wait(0.005)  # nothing to run until a disk read lands
             return results
         t0 = time.perf_counter()
         logits = self.runner.run(out)
-        self.stats.forward_time += time.perf_counter() - t0
+        elapsed = time.perf_counter() - t0
+        self.stats.forward_time += elapsed
+        if self.tiers is not None and all(s.num_tokens > 1 for s in out.scheduled):
+            self.tiers.observe_prefill(out.num_tokens, elapsed)  # the tiers' policy: load only when faster
         self.stats.steps += 1
         sampling = [s for s in out.scheduled if s.samples]
         rows = sum(1 + len(s.drafts) for s in sampling)
@@ -265,8 +280,9 @@ class LLMEngine:
         tokens = req.output_token_ids[first:]
         lps = req.output_logprobs[first:] if req.output_logprobs else [None] * len(tokens)
         prompt_lps = req.prompt_logprobs if first == 0 else None
+        cached = dict(req.cached_tokens_by_tier) if self.tiers is not None and first == 0 else None
         return StepOutput(req.request_id, tokens, delta, req.is_finished,
-                          req.finish_reason.value if req.finish_reason else None, lps, prompt_lps)
+                          req.finish_reason.value if req.finish_reason else None, lps, prompt_lps, cached)
 
     def _new_text(self, state: _Detok, req: Request, token: int) -> str:
         """The text ``token`` completes: O(1) per token with an incremental decoder (the full output is
@@ -298,6 +314,13 @@ class LLMEngine:
             req.finish_time = time.perf_counter()
         self.runner.free_sequence(req.seq_id)
 
+    def close(self) -> None:
+        """With KV tiers: hand the pool's cached blocks down, finish the disk writes, release the directory."""
+        if self._at_exit is not None:
+            atexit.unregister(self._at_exit)
+            self._at_exit = None
+            _close_tiers(self.block_manager, self.tiers)
+
     # -- introspection ------------------------------------------------------------------------
     @property
     def num_free_blocks(self) -> int:
@@ -311,6 +334,11 @@ class LLMEngine:
         """Why the engine can no longer step (a tensor-parallel worker died or hung), else None."""
         workers = self.runner.workers
         return None if workers is None else workers.problem()
+
+
+def _close_tiers(block_manager: BlockManager, tiers) -> None:
+    block_manager.offload_cached()
+    tiers.close()
 
 
 def set_threads(num_threads: Optional[int]) -> None:

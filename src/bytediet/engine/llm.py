@@ -11,9 +11,9 @@ from ..config import SchedulerConfig
 from ..errors import ConfigError
 from ..kvcache.base import get_kv_codec
 from ..kvcache.config import CacheConfig
-from .speculative import SpeculativeConfig
-from .config import EngineConfig
+from .config import EngineConfig, OffloadConfig
 from .device import activation_reserve, kv_budget_from_free_memory, move_model, resolve_device
+from .speculative import SpeculativeConfig
 from .engine import LLMEngine, StepOutput, set_threads
 from .params import SamplingParams
 from .sampling import TokenLogprobs
@@ -41,6 +41,7 @@ class RequestOutput:
     outputs: list[CompletionOutput] = field(default_factory=list)
     prompt_logprobs: Optional[list[Optional[TokenLogprobs]]] = None  # SamplingParams.prompt_logprobs; None first
     num_cached_tokens: int = 0
+    cached_tokens_by_tier: dict = field(default_factory=dict)  # with KV tiers: prompt tokens per "pool"/"ram"/"disk"
     arrival_time: float = 0.0
     first_token_time: Optional[float] = None
     finish_time: Optional[float] = None
@@ -71,6 +72,8 @@ class LLM:
     ``device`` (``auto``, ``cpu``, ``cuda``; auto picks CUDA where torch sees a GPU) holds the model, KV pool and
     sampler; on CUDA ``kv_cache_memory=None`` (the default) sizes the pool from the free device memory,
     ``gpu_memory_utilization`` of it in all, and ``enforce_eager`` turns off the decode step's CUDA graphs.
+    KV tiers (docs/kv-tiers.md): ``kv_offload_size`` (host RAM, e.g. "4GiB"), ``kv_offload_dir`` with
+    ``kv_offload_disk_size`` (disk), ``kv_offload_codec`` (re-encode at rest, e.g. "rot-q8_0").
     """
 
     def __init__(self, model: str = "default", *, dtype: str = "float32", weights: Optional[str] = None,
@@ -81,7 +84,9 @@ class LLM:
                  enable_prefix_caching: bool = True, enable_chunked_prefill: bool = True, seed: int = 0,
                  num_threads: Optional[int] = None, keep_packed: bool = True, activations: str = "q16",
                  tensor_parallel_size: int = 1, loaded=None, kv_calibration_state=None, device: str = "auto",
-                 gpu_memory_utilization: float = 0.9, enforce_eager: bool = False, speculative_config=None) -> None:
+                 gpu_memory_utilization: float = 0.9, enforce_eager: bool = False, speculative_config=None,
+                 kv_offload_dir: Optional[str] = None, kv_offload_size: Union[str, int] = 0,
+                 kv_offload_disk_size: Union[str, int] = "40GiB", kv_offload_codec: Optional[str] = None) -> None:
         from ..models.loader import load_model
 
         set_threads(num_threads)
@@ -100,6 +105,8 @@ class LLM:
             num_threads=num_threads, tensor_parallel_size=tensor_parallel_size, device=device,
             gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager,
             speculative=SpeculativeConfig.parse(speculative_config),
+            offload=OffloadConfig(dir=kv_offload_dir, ram_size=kv_offload_size, disk_size=kv_offload_disk_size,
+                                  codec=kv_offload_codec),
             cache=CacheConfig(block_size=block_size, kv_cache_memory=kv_cache_memory or DEFAULT_KV_MEMORY,
                               kv_cache_dtype=kv_cache_dtype,
                               enable_prefix_caching=enable_prefix_caching, num_blocks=num_blocks,
@@ -132,7 +139,9 @@ class LLM:
             raise
 
     def shutdown(self) -> None:
-        """Stop the tensor-parallel workers, if any (the engine cannot step afterwards)."""
+        """Stop the tensor-parallel workers, if any (the engine cannot step afterwards), and close the KV tiers."""
+        if getattr(self, "engine", None) is not None:
+            self.engine.close()
         if self.workers is not None:
             self.workers.shutdown()
 
@@ -156,6 +165,7 @@ class LLM:
             cache.setdefault("num_blocks", None)
         config = replace(self.config, cache=replace(self.config.cache, **cache), scheduler=replace(
             self.config.scheduler, **{k: v for k, v in settings.items() if k in sched_keys}))
+        self.engine.close()  # its KV tiers' directory is released for the new engine
         self.engine = None  # its pool (and the workers' pages) goes first
         self.config = config
         self.engine = LLMEngine(self.model, self.tokenizer, config, workers=self.workers)
@@ -250,6 +260,8 @@ class LLM:
             ))
             ro.prompt_logprobs = ro.prompt_logprobs or req.prompt_logprobs
             ro.arrival_time = req.arrival_time
+            if req.num_cached_tokens >= ro.num_cached_tokens:
+                ro.cached_tokens_by_tier = dict(req.cached_tokens_by_tier)
             ro.num_cached_tokens = max(ro.num_cached_tokens, req.num_cached_tokens)
             ro.first_token_time = min(filter(None, [ro.first_token_time, req.first_token_time]), default=None)
             ro.finish_time = max(filter(None, [ro.finish_time, req.finish_time]), default=None)

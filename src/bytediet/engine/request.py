@@ -55,6 +55,9 @@ class Request:
         self.block_ids: list[int] = []
         self.block_hashes: list[int] = []  # chained hashes of full blocks, memoised by the block manager
         self.num_registered_blocks = 0
+        self.tier_keys: list[bytes] = []  # the same chain as the tiers key it (KV tiers only)
+        self.tier_load = None  # blocks coming back from a tier below the pool (kv_tiers.TierLoad)
+        self.cached_tokens_by_tier: dict[str, int] = {}  # prompt tokens served by "pool", "ram", "disk"
         self.eos_token_ids = eos_token_ids
         self.generator: Optional[torch.Generator] = make_generator(params.seed)
         self.draft_token_ids: list[int] = []  # speculative drafts for the next step (engine/speculative.py)

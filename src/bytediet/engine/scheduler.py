@@ -116,10 +116,14 @@ class Scheduler:
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
         bm = self.block_manager
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            req = self._next_waiting()
+        loading: set[int] = set()  # requests whose cached blocks are still coming back from a lower tier
+        while len(self.waiting) > len(loading) and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            req = self._next_waiting(loading)
             if req.num_computed_tokens == 0:
                 cached = bm.allocate_cached_prefix(req)
+                if cached is None:  # not ready: the others go ahead of it
+                    loading.add(id(req))
+                    continue
                 if req.num_preemptions == 0:
                     req.num_cached_tokens = cached
             remaining = req.num_tokens - req.num_computed_tokens
@@ -196,11 +200,13 @@ class Scheduler:
             return (req.priority, req.arrival_time)
         return (req.arrival_time,)
 
-    def _next_waiting(self) -> Request:
-        """The waiting request admitted next: the queue's head (fcfs), or the first by priority then arrival."""
+    def _next_waiting(self, skip: set[int]) -> Request:
+        """The waiting request admitted next, past those in ``skip`` (ids): the first in the queue (fcfs), or the
+        first by priority then arrival."""
+        ready = (r for r in self.waiting if id(r) not in skip)
         if self.config.policy == "priority":
-            return min(self.waiting, key=self._rank)
-        return self.waiting[0]
+            return min(ready, key=self._rank)
+        return next(ready)
 
     def _victim(self, req: Request):
         """Whom ``req`` preempts when blocks run out: the youngest running request (fcfs) or the lowest in

@@ -28,6 +28,10 @@ class FullPrecisionCache(LayerKVCache):
         self.k.index_copy_(0, slot_mapping, k.to(self.k.dtype))
         self.v.index_copy_(0, slot_mapping, v.to(self.v.dtype))
 
+    def decode(self, slots: torch.Tensor, positions: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(L,) slots → float32 (k, v), each (L, H, D) (as :meth:`CompressedCache.decode`)."""
+        return self.k[slots].float(), self.v[slots].float()
+
     def native_pages(self) -> Optional[dict]:
         kv_dtype = _PAGE_TYPES.get(self.k.dtype)
         return None if kv_dtype is None else dict(kv_dtype=kv_dtype, k_cache=self.k, v_cache=self.v)

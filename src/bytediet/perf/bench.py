@@ -31,7 +31,7 @@ from typing import Callable, Optional, Protocol, Sequence
 from ..errors import ConfigError
 
 Progress = Callable[[str], None]
-PARTS = ("single", "concurrency", "roofline", "context")
+PARTS = ("single", "concurrency", "roofline", "context", "prefix-cache")
 VARIANT_PARTS = ("single", "context")  # the parts extra bytediet systems (other weight formats) run
 CONCURRENCY_INFO = ("system", "package", "version", "concurrency_mode", "last_server_command")  # what ran the sweep
 
@@ -103,11 +103,21 @@ class BenchConfig:
     roofline_steps: int = 16
     contexts: tuple[int, ...] = (512, 2048, 8192)  # context part: the context each decode run ends at
     context_new_tokens: int = 48
+    # prefix-cache part (bytediet.perf.prefix_cache): a repeated long prompt, and a multi-turn chat
+    prefix_prompt_len: int = 8192
+    prefix_new_tokens: int = 16
+    prefix_offload_size: str = "4GiB"
+    chat_system_prompts: int = 8
+    chat_system_len: int = 2048
+    chat_conversations: int = 32
+    chat_turns: int = 2
+    chat_turn_len: int = 64
+    chat_new_tokens: int = 16
     seed: int = 0
 
     def __post_init__(self) -> None:
         positive = ("threads", "prefill_len", "prefill_repeats", "decode_prompt_len", "decode_new_tokens",
-                    "min_requests", "roofline_prompt_len", "roofline_steps")
+                    "min_requests", "roofline_prompt_len", "roofline_steps", "prefix_prompt_len")
         if self.context_new_tokens < 2:
             raise ConfigError("bench: context_new_tokens must be at least 2 (decode speed needs two tokens)")
         if any(n <= self.context_new_tokens for n in self.contexts):
@@ -131,7 +141,9 @@ class BenchConfig:
         small = dict(prefill_len=24, prefill_repeats=1, decode_prompt_len=24, decode_new_tokens=6,
                      concurrency=(1, 4), min_requests=2, prompt_len_range=(8, 32), output_len_range=(2, 6),
                      roofline_batches=(1, 4), roofline_prompt_len=8, roofline_steps=3, contexts=(24, 48),
-                     context_new_tokens=4)
+                     context_new_tokens=4, prefix_prompt_len=64, prefix_new_tokens=4, prefix_offload_size="64MiB",
+                     chat_system_prompts=2, chat_system_len=64, chat_conversations=4, chat_turns=2, chat_turn_len=8,
+                     chat_new_tokens=3)
         return cls(**{**small, **overrides})
 
     @property
@@ -143,6 +155,14 @@ class BenchConfig:
     def longest_sequence(self, parts: Sequence[str]) -> int:
         """Tokens the longest request of these parts holds (corpus length, the peers' context size)."""
         return max([self.max_sequence_len, *(self.contexts if "context" in parts else ())])
+
+    def corpus_tokens(self, parts: Sequence[str]) -> int:
+        """Distinct corpus tokens the parts' prompts are cut from (the prefix-cache part's prompts never repeat)."""
+        if "prefix-cache" not in parts:
+            return self.longest_sequence(parts)
+        chat = (self.chat_system_prompts * self.chat_system_len
+                + self.chat_conversations * self.chat_turns * self.chat_turn_len)
+        return max(self.longest_sequence(parts), 2 * self.prefix_prompt_len, chat)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -346,7 +366,7 @@ def run_bench(ours, peers: Sequence, config: BenchConfig, *, parts: Sequence[str
         raise ConfigError(f"unknown bench part(s) {sorted(bad)}; choose from {', '.join(PARTS)}")
     if corpus is None and ours.tokenizer is not None:
         raise ConfigError("run_bench: pass corpus=bytediet.eval.corpus.corpus_token_ids(...) for a model with a tokenizer")
-    ids, label = corpus or random_token_ids(ours.model.config.vocab_size, config.longest_sequence(parts), config.seed)
+    ids, label = corpus or random_token_ids(ours.model.config.vocab_size, config.corpus_tokens(parts), config.seed)
     if hardware is None and ("roofline" in parts or "context" in parts):
         from .measure import this_machine
 
@@ -364,6 +384,10 @@ def run_bench(ours, peers: Sequence, config: BenchConfig, *, parts: Sequence[str
         result["roofline"] = roofline_section(ours, hardware, ctx, result["systems"][ours.name].get("single"))
     if "context" in parts:
         result["context_roofline"] = context_roofline(ours, hardware, config, result["systems"][ours.name]["context"])
+    if "prefix-cache" in parts:
+        from .prefix_cache import measure_prefix_cache
+
+        result["prefix_cache"] = measure_prefix_cache(ours, config, ids, progress)
     checkpoint(result)
     variant_parts = [p for p in parts if p in VARIANT_PARTS]
     for variant in variants:

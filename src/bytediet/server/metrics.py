@@ -10,7 +10,9 @@ several apps can coexist in one process):
 * engine state read at scrape time (:class:`_EngineCollector`): running / waiting requests, KV-cache
   usage (1 - free blocks / blocks), prefix-cache queries and hits (in tokens, as vLLM counts them),
   preemptions, and what is served: ``engine_info{kv_codec, weight_format}`` and the KV cache's
-  compression ratio against fp16 (16 / the codec's stored bits per coordinate).
+  compression ratio against fp16 (16 / the codec's stored bits per coordinate); with KV tiers (docs/kv-tiers.md),
+  per tier (``ram``, ``disk``): prompt tokens loaded (hits) and recomputed by the policy, bytes held, load latency
+  (a summary: count and total seconds), and the tokens no tier held (misses).
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from contextlib import aclosing
 from typing import AsyncIterator, Optional
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
 from prometheus_client.registry import Collector
 
 from ..engine.engine import StepOutput
@@ -85,6 +87,32 @@ class _EngineCollector(Collector):
         yield info
         yield self._gauge("kv_cache_compression_ratio", "KV-cache bytes at fp16 / bytes as stored by the codec.",
                           self.compression)
+        if engine.tiers is not None:
+            yield from self._tiers(engine.tiers)
+
+    def _tiers(self, tiers):
+        """The KV tiers below the pool, one ``tier`` label each."""
+        families = {
+            "hits": CounterMetricFamily(PREFIX + "kv_offload_hit_tokens", "Prompt tokens loaded from a KV tier.",
+                                        labels=["model_name", "tier"]),
+            "skipped": CounterMetricFamily(PREFIX + "kv_offload_skipped_tokens",
+                                           "Prompt tokens a KV tier held but recomputed (loading predicted slower).",
+                                           labels=["model_name", "tier"]),
+            "bytes": GaugeMetricFamily(PREFIX + "kv_offload_bytes", "Bytes of KV blocks held by a tier.",
+                                       labels=["model_name", "tier"]),
+            "latency": SummaryMetricFamily(PREFIX + "kv_offload_load_seconds", "Time to load a request's blocks.",
+                                           labels=["model_name", "tier"]),
+        }
+        held = tiers.tier_bytes()
+        for tier, s in tiers.stats.items():
+            labels = self.labels + [tier]
+            families["hits"].add_metric(labels, s.hit_tokens)
+            families["skipped"].add_metric(labels, s.skipped_tokens)
+            families["bytes"].add_metric(labels, held[tier])
+            families["latency"].add_metric(labels, s.loads, s.load_seconds)
+        yield from families.values()
+        yield self._counter("kv_offload_miss_tokens", "Prompt tokens looked up below the pool and found in no tier.",
+                            tiers.miss_tokens)
 
 
 class ServerMetrics:

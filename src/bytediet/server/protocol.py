@@ -225,10 +225,16 @@ class ChatCompletionRequest(_SamplingRequest):
 
 
 # --------------------------------------------------------------------------------------- responses
+class PromptTokensDetails(_Schema):
+    cached_tokens: int  # prompt tokens not computed: found in the KV pool or a tier below it
+    cached_tokens_by_tier: dict[str, int] = Field(default_factory=dict)  # bytediet's: "pool", "ram", "disk"
+
+
 class Usage(_Schema):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: Optional[PromptTokensDetails] = Field(None, exclude_if=_omit_none)  # with KV tiers on
 
 
 class CompletionLogprobs(_Schema):

@@ -27,7 +27,7 @@ from ..errors import ConfigError
 from .config import ServerConfig
 from .errors import APIError
 from .metrics import ServerMetrics
-from .protocol import Usage
+from .protocol import PromptTokensDetails, Usage
 from .shutdown import Drain
 from .structured import Grammars
 
@@ -103,10 +103,13 @@ class Choice:
     logprobs: list[TokenLogprobs] = field(default_factory=list)
     finish_reason: Optional[str] = None
     prompt_logprobs: Optional[list[Optional[TokenLogprobs]]] = None  # the engine's, with the first token
+    cached_tokens: Optional[dict[str, int]] = None  # prompt tokens per KV tier (with KV tiers on)
 
     def add(self, out: StepOutput) -> None:
         if out.prompt_logprobs is not None:
             self.prompt_logprobs = out.prompt_logprobs
+        if out.cached_tokens is not None:
+            self.cached_tokens = out.cached_tokens
         self.text.append(out.delta_text)
         self.token_ids += out.new_token_ids
         self.logprobs += [lp for lp in out.new_logprobs if lp is not None]
@@ -116,8 +119,13 @@ class Choice:
 
 def usage(num_prompt_tokens: int, choices: Sequence[Choice]) -> Usage:
     generated = sum(len(c.token_ids) for c in choices)
+    tiers = [c.cached_tokens for c in choices if c.cached_tokens is not None]
+    details = None
+    if tiers:  # the prompt is counted once: the choice that found the most of it
+        best = max(tiers, key=lambda t: sum(t.values()))
+        details = PromptTokensDetails(cached_tokens=sum(best.values()), cached_tokens_by_tier=best)
     return Usage(prompt_tokens=num_prompt_tokens, completion_tokens=generated,
-                 total_tokens=num_prompt_tokens + generated)
+                 total_tokens=num_prompt_tokens + generated, prompt_tokens_details=details)
 
 
 def new_id(prefix: str) -> str:

@@ -1,0 +1,228 @@
+"""The tier store: moves evicted blocks' bytes between the pool, host RAM and disk; the block manager decides.
+
+``save`` (a block leaves the pool) copies its bytes to the RAM tier at once (before the block is overwritten) and
+queues them for the disk tier (write-through, on a writer thread, so a restart finds them). ``find`` says which tier
+holds each of a run of keys; ``worth`` is the policy (load only where the measured load time beats the measured
+prefill time of those tokens); ``start`` begins a load (disk reads on a reader thread) and ``finish`` copies the
+bytes of a completed load into the pool's blocks, on the engine's thread, so no step ever sees half a block.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from .disk import DiskTier
+from .keys import chain_key
+
+log = logging.getLogger("bytediet.kv_tiers")
+TIERS = ("ram", "disk")
+EWMA = 0.3  # weight of the newest measurement in the policy's running averages
+
+
+@dataclass
+class TierStats:
+    hit_tokens: int = 0      # tokens loaded from this tier into the pool
+    skipped_tokens: int = 0  # tokens found here but recomputed (the policy predicted the load slower)
+    loads: int = 0
+    load_seconds: float = 0.0
+    blocks_written: int = 0
+
+
+@dataclass
+class TierLoad:
+    """One request's blocks coming back: (key, tier, block id, first position, bytes or a pending read)."""
+
+    entries: list = field(default_factory=list)
+    started: float = field(default_factory=time.perf_counter)
+
+    def done(self) -> bool:
+        return all(not isinstance(e[4], Future) or e[4].done() for e in self.entries)
+
+
+class TierStore:
+    def __init__(self, pages, salt: bytes, block_size: int, ram_capacity: int, disk: Optional[DiskTier]) -> None:
+        self.pages, self.salt, self.block_size = pages, salt, block_size
+        self.ram_capacity, self.disk = ram_capacity, disk
+        self.ram: OrderedDict[bytes, torch.Tensor] = OrderedDict()  # least recently used first
+        self.ram_bytes = 0
+        self.stats = {t: TierStats() for t in TIERS}
+        self.miss_tokens = 0  # tokens looked up below the pool and found in no tier
+        self.dropped_writes = 0  # blocks the disk writer could not keep up with
+        self.seconds_per_byte: dict[str, Optional[float]] = {t: None for t in TIERS}  # measured load cost
+        self.seconds_per_token: Optional[float] = None  # measured prefill cost (the engine reports it)
+        self._pending_bytes = 0
+        self._writes: queue.Queue[Optional[tuple]] = queue.Queue()
+        self._writer = threading.Thread(target=self._write_loop, name="kv-tiers-writer", daemon=True)
+        self._reader = ThreadPoolExecutor(1, thread_name_prefix="kv-tiers-reader")
+        self._wake = threading.Event()
+        self._closed = False
+        if disk is not None:
+            self._writer.start()
+
+    # -- keys ------------------------------------------------------------------------------------------
+    @property
+    def root(self) -> bytes:
+        return self.salt
+
+    def key(self, parent: Optional[bytes], tokens) -> bytes:
+        return chain_key(self.salt if parent is None else parent, tokens)
+
+    # -- saving ----------------------------------------------------------------------------------------
+    def save(self, key: bytes, block_id: int, first_position: int, wait: bool = False) -> None:
+        """A block leaves the pool: keep its bytes (unless a tier has them already). ``wait`` (at shutdown): when
+        the disk writer is behind, wait for it instead of keeping the block in RAM only."""
+        if self._closed:
+            return
+        if key in self.ram:
+            self.ram.move_to_end(key)
+            return
+        if self.disk is not None and key in self.disk:
+            self.disk.touch(key)
+            return
+        data = self.pages.read(block_id, first_position)
+        self._put_ram(key, data)
+        if self.disk is not None:
+            if self._pending_bytes + data.numel() > max(self.ram_capacity, 64 * self.pages.block_bytes):
+                if not wait:
+                    self.dropped_writes += 1  # the disk is slower than evictions: keep the RAM copy only
+                    return
+                self._writes.join()
+            self._pending_bytes += data.numel()
+            self._writes.put((key, data))
+
+    def _put_ram(self, key: bytes, data: torch.Tensor) -> None:
+        if data.numel() > self.ram_capacity:
+            return
+        self.ram[key] = data
+        self.ram_bytes += data.numel()
+        while self.ram_bytes > self.ram_capacity:
+            _, old = self.ram.popitem(last=False)
+            self.ram_bytes -= old.numel()
+
+    def _write_loop(self) -> None:
+        while True:
+            item = self._writes.get()
+            if item is None:
+                return
+            key, data = item
+            try:
+                if self.disk.write(key, data):
+                    self.stats["disk"].blocks_written += 1
+            except Exception as exc:  # never let a write kill the thread: that block is simply not kept
+                log.warning("KV tiers: a disk write failed (%s)", exc)
+            finally:
+                self._pending_bytes -= data.numel()
+                self._writes.task_done()
+
+    def flush(self) -> None:
+        """Wait until every queued disk write is done."""
+        if self.disk is not None and self._writer.is_alive():
+            self._writes.join()
+
+    # -- finding and loading ---------------------------------------------------------------------------
+    def find(self, keys: list[bytes]) -> list[str]:
+        """The tier of each key of the longest run of ``keys`` that some tier holds."""
+        tiers = []
+        for k in keys:
+            if k in self.ram:
+                tiers.append("ram")
+            elif self.disk is not None and k in self.disk:
+                tiers.append("disk")
+            else:
+                break
+        self.miss_tokens += (len(keys) - len(tiers)) * self.block_size
+        return tiers
+
+    def worth(self, tier: str, num_blocks: int) -> bool:
+        """Whether loading ``num_blocks`` from ``tier`` is predicted faster than recomputing their tokens
+        (both from measurements; with none yet, loading is tried and measured)."""
+        spb, spt = self.seconds_per_byte[tier], self.seconds_per_token
+        if spb is None or spt is None:
+            return True
+        return spb * num_blocks * self.pages.block_bytes < spt * num_blocks * self.block_size
+
+    def skipped(self, tier: str, num_blocks: int) -> None:
+        self.stats[tier].skipped_tokens += num_blocks * self.block_size
+
+    def start(self, entries: list[tuple[bytes, str, int, int]]) -> TierLoad:
+        """Begin loading (key, tier, block id, first position) entries; RAM bytes are taken now, disk reads queued."""
+        load = TierLoad()
+        for key, tier, block_id, pos in entries:
+            data = self.ram.get(key) if tier == "ram" else None
+            if data is not None:
+                self.ram.move_to_end(key)
+            elif self.disk is not None and key in self.disk:  # (also a RAM block evicted since it was found)
+                tier, data = "disk", self._reader.submit(self._read_disk, key)
+            load.entries.append([key, tier, block_id, pos, data])
+        return load
+
+    def _read_disk(self, key: bytes) -> Optional[torch.Tensor]:
+        data = self.disk.read(key)
+        self._wake.set()
+        return data
+
+    def finish(self, load: TierLoad) -> int:
+        """Copy a completed load into the pool; returns how many leading blocks arrived intact (the rest, after the
+        first block that was lost or corrupt, are left to be recomputed)."""
+        n, t0 = 0, time.perf_counter()
+        per_tier = {t: 0 for t in TIERS}
+        for key, tier, block_id, pos, data in load.entries:
+            if isinstance(data, Future):
+                data = data.result()
+            if data is None:
+                break
+            self.pages.write(block_id, data, pos)
+            if tier == "disk":
+                self._put_ram(key, data)
+            per_tier[tier] += 1
+            n += 1
+        now = time.perf_counter()
+        for tier, blocks in per_tier.items():
+            if not blocks:
+                continue
+            s = self.stats[tier]
+            s.hit_tokens += blocks * self.block_size
+            s.loads += 1
+            seconds = (now - load.started) if tier == "disk" else (now - t0)
+            s.load_seconds += seconds
+            self._observe(tier, seconds / (blocks * self.pages.block_bytes))
+        return n
+
+    def wait(self, timeout: float) -> None:
+        """Sleep until a disk read completes (or ``timeout``): the engine has nothing else to run."""
+        self._wake.wait(timeout)
+        self._wake.clear()
+
+    def _observe(self, tier: str, seconds_per_byte: float) -> None:
+        old = self.seconds_per_byte[tier]
+        self.seconds_per_byte[tier] = seconds_per_byte if old is None else (1 - EWMA) * old + EWMA * seconds_per_byte
+
+    def observe_prefill(self, tokens: int, seconds: float) -> None:
+        """The engine's measured prefill cost: ``seconds`` for a step that computed ``tokens`` prompt tokens."""
+        if tokens <= 0:
+            return
+        x, old = seconds / tokens, self.seconds_per_token
+        self.seconds_per_token = x if old is None else (1 - EWMA) * old + EWMA * x
+
+    # -- introspection and shutdown --------------------------------------------------------------------
+    def tier_bytes(self) -> dict[str, int]:
+        return {"ram": self.ram_bytes, "disk": self.disk.bytes if self.disk is not None else 0}
+
+    def close(self) -> None:
+        """Finish the disk writes, stop the threads, release the directory's lock."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.disk is not None:
+            self._writes.put(None)
+            self._writer.join()
+            self.disk.close()
+        self._reader.shutdown(wait=True)
