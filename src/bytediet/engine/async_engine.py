@@ -15,6 +15,7 @@ from typing import AsyncIterator, Optional, Sequence
 
 from .engine import LLMEngine, StepOutput
 from .params import SamplingParams
+from .snapshot import EngineCounters, EngineInfo, engine_counters, engine_info
 
 
 class AsyncEngine:
@@ -26,6 +27,7 @@ class AsyncEngine:
         self._wake = threading.Event()
         self._stop = False
         self._error: Optional[BaseException] = None
+        self._info: Optional[EngineInfo] = None
         self._thread = threading.Thread(target=self._loop, name="bytediet-engine", daemon=True)
         self._thread.start()
 
@@ -74,6 +76,23 @@ class AsyncEngine:
     @property
     def num_waiting(self) -> int:
         return len(self.engine.scheduler.waiting)
+
+    # -- what the server reads (the same on EngineProcess, the out-of-process engine) -------------
+    @property
+    def info(self) -> EngineInfo:
+        if self._info is None:
+            self._info = engine_info(self.engine)
+        return self._info
+
+    def counters(self) -> EngineCounters:
+        return engine_counters(self.engine)
+
+    @property
+    def failure(self) -> Optional[str]:
+        return self.engine.failure
+
+    def validate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> list[int]:
+        return self.engine.validate(prompt_token_ids, params)  # read-only checks: safe off-thread
 
     # -- engine thread --------------------------------------------------------------------------
     def _send(self, command: tuple) -> None:
