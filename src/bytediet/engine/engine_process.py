@@ -167,6 +167,7 @@ class EngineProcess:
                     self._counters = msg[1]
         except (EOFError, OSError):
             pass
+        self._proc.join(timeout=1)  # for its exit status
         self._dead = f"the engine process has stopped (exit status {self._proc.exitcode}); restart the server"
         self._deliver([(rid, EngineDied(self._dead)) for rid in list(self._streams)])
 
