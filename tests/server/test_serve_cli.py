@@ -22,7 +22,7 @@ def test_defaults_bind_loopback_and_take_engine_flags():
     args = build_parser().parse_args(["serve", "--model", "gemma3-270m", "--served-model-name", "g", "g2",
                                       "--kv-cache-dtype", "int8", "--max-num-seqs", "4", "--port", "9001"])
     assert args.served_model_name == ["g", "g2"] and args.kv_cache_dtype == "int8" and args.max_num_seqs == 4
-    assert args.engine_process and not build_parser().parse_args(["serve", "--no-engine-process"]).engine_process
+    assert not args.engine_process and build_parser().parse_args(["serve", "--engine-process"]).engine_process
 
 
 def test_bad_port_is_a_user_error(capsys):

@@ -49,10 +49,10 @@ def register(sub) -> None:
                         "(default: the model's context, capped by what --kv-cache-memory holds)")
     g.add_argument("--shutdown-timeout", type=float, default=30.0,
                    help="seconds running requests may take to finish after SIGTERM/SIGINT before they are aborted")
-    g.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=True,
+    g.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=False,
                    help="run the engine core (model, scheduler, sampling, detokenization) in a process of its own, "
-                        "so HTTP, JSON, SSE and tokenization never take its GIL (default); --no-engine-process runs "
-                        "it on a thread of the server's process")
+                        "so HTTP, JSON, SSE and tokenization never take its GIL (default: off, the engine runs on a "
+                        "thread of the server's process; see docs/engine_process.md)")
     add_model_args(p)
     p.set_defaults(handler=run)
 

@@ -121,6 +121,16 @@ class AsyncEngine:
             loop, q = target
             loop.call_soon_threadsafe(q.put_nowait, item)
 
+    def _deliver_step(self, outputs: list[StepOutput]) -> None:
+        """A step's outputs to their streams: one ``call_soon_threadsafe`` (one self-pipe write) per event loop."""
+        by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+        for out in outputs:
+            target = self._streams.get(out.request_id)
+            if target is not None:
+                by_loop.setdefault(target[0], []).append((target[1], out))
+        for loop, batch in by_loop.items():
+            loop.call_soon_threadsafe(_put_all, batch)
+
     def _loop(self) -> None:
         while not self._stop:
             self._drain_commands()
@@ -135,7 +145,12 @@ class AsyncEngine:
                     self._deliver(rid, exc)
                     self.engine.abort_request(rid)
                 continue
+            self._deliver_step(outputs)
             for out in outputs:
-                self._deliver(out.request_id, out)
                 if out.finished:
                     self.engine.forget(out.request_id)
+
+
+def _put_all(batch: list) -> None:
+    for q, item in batch:
+        q.put_nowait(item)
