@@ -23,9 +23,9 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
-from server_load import measure, serve_command, wait_healthy  # noqa: E402
+from server_load import measure, serve_command, wait_healthy
 
-from bytediet.perf.llama_server import free_port  # noqa: E402
+from bytediet.perf.llama_server import free_port
 
 MODES = {"thread": "--no-engine-process", "process": "--engine-process"}
 # (substring of a frame, category): the innermost matching frame names a sample's category
@@ -54,7 +54,7 @@ def cpu_seconds(pid: int) -> dict[int, float]:
 
 
 def children(pid: int) -> list[int]:
-    text = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
+    text = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True, check=False).stdout
     return [int(p) for p in text.split()]
 
 

@@ -78,7 +78,7 @@ def test_metrics_show_the_engine_counters(remote):
         async with client(remote.app) as c:
             return (await c.get("/metrics")).text
     text = run(scrape())
-    value = (lambda name: float(re.search(rf"^bytediet:{name}\{{[^}}]*\}} (\S+)$", text, re.M).group(1)))
+    value = (lambda name: float(re.search(rf"^bytediet:{name}\{{[^}}]*\}} (\S+)$", text, re.MULTILINE).group(1)))
     assert value("kv_cache_usage_perc") == 0.0 and value("num_requests_running") == 0.0
     assert value("prefix_cache_queries_total") > 0
     assert 'kv_codec="' in text and value("kv_cache_compression_ratio") > 0
