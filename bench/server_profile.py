@@ -29,10 +29,12 @@ from bytediet.perf.llama_server import free_port
 
 MODES = {"thread": "--no-engine-process", "process": "--engine-process"}
 # (substring of a frame, category): the innermost matching frame names a sample's category
-CATEGORIES = [("runner.py", "forward"), ("kernels/", "forward"), ("models/", "forward"), ("sampling.py", "sampling"),
+CATEGORIES = [("_write_to_self", "hand-off to the event loop"), ("runner.py", "forward"), ("kernels/", "forward"),
+              ("models/", "forward"), ("sampling.py", "sampling"),
               ("_emit", "detokenize + stop strings"), ("scheduler.py", "scheduler"),
               ("block_manager.py", "scheduler"), ("engine_counters", "counters"), ("connection.py", "pipe"),
-              ("pickle", "pipe"), ("_deliver", "hand-off to the event loop"), ("call_soon_threadsafe", "hand-off to the event loop"),
+              ("pickle", "pipe"), ("_deliver", "hand-off to the event loop"),
+              ("call_soon_threadsafe", "hand-off to the event loop"),
               ("_drain_commands", "commands"), ("take_commands", "commands"), ("model_dump_json", "JSON + SSE"),
               ("json", "JSON + SSE"), ("server/serving.py", "serving"), ("server/completions.py", "serving"),
               ("server/chat.py", "serving"), ("metrics.py", "metrics"), ("tokenizer", "tokenization"),

@@ -110,6 +110,7 @@ class EngineProcess:
             if self._proc.is_alive():
                 self._proc.kill()
                 self._proc.join(timeout=5)
+        self._reader.join(timeout=5)  # the engine's last counters (the server logs its blocks in use)
         self._outbox.put(None)
         self._conn.close()
 
@@ -222,6 +223,8 @@ def _engine_main(conn, factory: Callable, args: tuple) -> None:
         return
     try:
         _Core(engine, conn).run()
+    except (EOFError, OSError):  # the API process is gone (a broken pipe): nothing is left to serve
+        pass
     finally:
         if hasattr(built, "shutdown"):
             built.shutdown()
@@ -239,10 +242,7 @@ class _Core:
         engine = self.engine
         while True:
             busy = engine.has_unfinished_requests()
-            try:
-                if self.conn.poll(0 if busy else 0.5) and not self.take_commands():
-                    return
-            except (EOFError, OSError):  # the API process is gone
+            if self.conn.poll(0 if busy else 0.5) and not self.take_commands():
                 return
             if not engine.has_unfinished_requests():
                 continue
