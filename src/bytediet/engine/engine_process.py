@@ -237,6 +237,7 @@ class _Core:
         self.engine, self.conn = engine, conn
         self.requests: set[str] = set()
         self.compiler = None  # the grammar compiler, built on the first structured-output request
+        self.sent: Optional[EngineCounters] = None  # the counters last sent while idle
 
     def run(self) -> None:
         engine = self.engine
@@ -244,7 +245,11 @@ class _Core:
             busy = engine.has_unfinished_requests()
             if self.conn.poll(0 if busy else 0.5) and not self.take_commands():
                 return
-            if not engine.has_unfinished_requests():
+            if not engine.has_unfinished_requests():  # idle: the counters still change (aborts, a worker dying)
+                counters = engine_counters(engine)
+                if counters != self.sent:
+                    self.conn.send(("counters", counters))
+                    self.sent = counters
                 continue
             try:
                 outputs = engine.step()
@@ -267,7 +272,8 @@ class _Core:
         errors = []
         while self.conn.poll(0):
             cmd = self.conn.recv()
-            if cmd[0] == "stop":
+            if cmd[0] == "stop":  # the last counters first: the server logs the KV blocks still in use
+                self.conn.send(("counters", engine_counters(self.engine)))
                 return False
             if cmd[0] == "add":
                 _, rid, ids, params, priority = cmd
@@ -280,7 +286,7 @@ class _Core:
                 self.engine.abort_request(cmd[1])
                 self.engine.forget(cmd[1])
                 self.requests.discard(cmd[1])
-        if errors or not self.engine.has_unfinished_requests():
+        if errors:
             self.conn.send(("error", errors, engine_counters(self.engine)))
         return True
 
