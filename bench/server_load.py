@@ -102,7 +102,7 @@ def serve_command(args, port: int, *extra: str) -> list[str]:
     """``bytediet serve`` on ``port`` sized for the load (a KV pool of ``--kv-cache-memory``, one slot per client)."""
     return [sys.executable, "-m", "bytediet.cli", "serve", "--port", str(port), "--model", args.model,
             "--kv-cache-memory", args.kv_cache_memory, "--max-num-seqs", str(args.clients), "--threads",
-            str(args.threads), *extra]
+            str(args.threads), *getattr(args, "serve_arg", []), *extra]
 
 
 def run_bytediet(args) -> dict:
@@ -253,6 +253,8 @@ def main() -> None:
     ap.add_argument("--sigterm-after", type=float, default=None, metavar="S",
                     help="bytediet only: SIGTERM the server S seconds into the load and check the graceful shutdown")
     ap.add_argument("--shutdown-timeout", type=float, default=30.0, help="bytediet serve --shutdown-timeout")
+    ap.add_argument("--serve-arg", action="append", default=[], metavar="ARG",
+                    help="one more argument for bytediet serve (repeatable), e.g. --serve-arg=--no-engine-process")
     ap.add_argument("--json", action="store_true", help="print one JSON object (system → report)")
     args = ap.parse_args()
     if args.sigterm_after is not None:

@@ -48,6 +48,11 @@ def tiny_llm(context: int = 256, **kw) -> LLM:
     return LLM(loaded=(model, CharTokenizer()), **kw)
 
 
+def tiny_engine(**kw):
+    """``tiny_llm(**kw)``'s engine: the factory an ``EngineProcess`` runs in its own process."""
+    return tiny_llm(**kw).engine
+
+
 @pytest.fixture
 def server():
     """``server.app`` (the ASGI app), ``server.engine`` (its AsyncEngine), ``server.llm`` (the offline twin)."""

@@ -22,6 +22,7 @@ def test_defaults_bind_loopback_and_take_engine_flags():
     args = build_parser().parse_args(["serve", "--model", "gemma3-270m", "--served-model-name", "g", "g2",
                                       "--kv-cache-dtype", "int8", "--max-num-seqs", "4", "--port", "9001"])
     assert args.served_model_name == ["g", "g2"] and args.kv_cache_dtype == "int8" and args.max_num_seqs == 4
+    assert not args.engine_process and build_parser().parse_args(["serve", "--engine-process"]).engine_process
 
 
 def test_bad_port_is_a_user_error(capsys):
@@ -53,11 +54,12 @@ def test_server_flags_become_the_server_config(monkeypatch):
     assert server_config(build_parser().parse_args(["serve"])).api_keys == ()
 
 
-def test_real_process_serves_the_default_model():
+@pytest.mark.parametrize("mode", ["--engine-process", "--no-engine-process"])
+def test_real_process_serves_the_default_model(mode):
     port = free_port()
     log = tempfile.TemporaryFile()
     cmd = [sys.executable, "-m", "bytediet.cli", "serve", "--port", str(port), "--log-level", "warning",
-           "--kv-cache-memory", "64MiB", "--served-model-name", "smol"]
+           "--kv-cache-memory", "64MiB", "--served-model-name", "smol", mode]
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     base = f"http://127.0.0.1:{port}"
     try:

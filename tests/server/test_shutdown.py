@@ -78,11 +78,12 @@ def _stream(base: str, body: dict, out: dict, key: str) -> None:
         out[key + "_error"] = repr(exc)
 
 
-def test_sigterm_then_sigint_exits_0_without_traceback():
+@pytest.mark.parametrize("mode", ["--engine-process", "--no-engine-process"])
+def test_sigterm_then_sigint_exits_0_without_traceback(mode):
     port = free_port()
     log = tempfile.TemporaryFile()
     proc = subprocess.Popen([sys.executable, "-m", "bytediet.cli", "serve", "--port", str(port), "--log-level",
-                             "info", "--kv-cache-memory", "64MiB", "--shutdown-timeout", "60"],
+                             "info", "--kv-cache-memory", "64MiB", "--shutdown-timeout", "60", mode],
                             stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     base, out = f"http://127.0.0.1:{port}", {}
     try:

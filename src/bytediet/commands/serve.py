@@ -49,6 +49,10 @@ def register(sub) -> None:
                         "(default: the model's context, capped by what --kv-cache-memory holds)")
     g.add_argument("--shutdown-timeout", type=float, default=30.0,
                    help="seconds running requests may take to finish after SIGTERM/SIGINT before they are aborted")
+    g.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=False,
+                   help="run the engine core (model, scheduler, sampling, detokenization) in a process of its own, "
+                        "so HTTP, JSON, SSE and tokenization never take its GIL (default: off, the engine runs on a "
+                        "thread of the server's process; see docs/engine_process.md)")
     add_model_args(p)
     p.set_defaults(handler=run)
 
@@ -81,38 +85,56 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def build_engine(args: argparse.Namespace):
+    """The model and engine of ``args`` (in the engine process with --engine-process)."""
+    return build_llm(args)
+
+
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from ..engine.async_engine import AsyncEngine
     from ..server.app import build_app
     from ..server.shutdown import GracefulServer
-    from .generate import engine_description
 
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}")
     config = server_config(args)
     sock = bind(args.host, args.port)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s: %(name)s: %(message)s")
-    llm = build_llm(args)
-    engine = AsyncEngine(llm.engine)
+    engine, owner = start_engine(args)
     names = args.served_model_name or [args.model]
     try:
         app = build_app(engine, names, own_engine=True, config=config)
         state = app.state.server
         port = sock.getsockname()[1]
         sock.listen(2048)
-        capped = "" if state.max_model_len == llm.engine.max_model_len else \
-            f" (the model's {llm.engine.max_model_len} capped by the KV cache; raise --kv-cache-memory for more)"
-        print(f"bytediet: serving {llm.model.source_path} as {', '.join(names)} on http://{args.host}:{port} "
-              f"(context {state.max_model_len} tokens{capped}, {llm.engine.block_manager.num_blocks} KV blocks "
-              f"of {llm.engine.block_manager.block_size} tokens, KV codec "
-              f"{engine_description(llm)['kv_cache_dtype']}{', API key required' if config.api_keys else ''})",
-              file=sys.stderr, flush=True)
+        info = engine.info
+        capped = "" if state.max_model_len == info.max_model_len else \
+            f" (the model's {info.max_model_len} capped by the KV cache; raise --kv-cache-memory for more)"
+        where = "in its own process" if args.engine_process else "on a thread"
+        print(f"bytediet: serving {info.source_path} as {', '.join(names)} on http://{args.host}:{port} "
+              f"(context {state.max_model_len} tokens{capped}, {info.num_blocks} KV blocks "
+              f"of {info.block_size} tokens, KV codec {info.kv_codec}, engine {where}"
+              f"{', API key required' if config.api_keys else ''})", file=sys.stderr, flush=True)
         uv = uvicorn.Config(app, log_level=args.log_level, access_log=False, timeout_graceful_shutdown=5,
                             lifespan="on")
         GracefulServer(uv, state.drain, config.shutdown_timeout).run(sockets=[sock])
     finally:  # the app's lifespan already did this unless uvicorn failed to start
         engine.shutdown()
+        if owner is not None:
+            owner.shutdown()
         sock.close()
     return 0
+
+
+def start_engine(args: argparse.Namespace):
+    """(the server's engine, the LLM to shut down after it or None): an ``EngineProcess`` with --engine-process,
+    else an ``AsyncEngine`` on a thread of this process."""
+    if args.engine_process:
+        from ..engine.engine_process import EngineProcess
+
+        return EngineProcess(build_engine, args), None
+    from ..engine.async_engine import AsyncEngine
+
+    llm = build_engine(args)
+    return AsyncEngine(llm.engine), llm

@@ -15,6 +15,7 @@ from typing import AsyncIterator, Optional, Sequence
 
 from .engine import LLMEngine, StepOutput
 from .params import SamplingParams
+from .snapshot import EngineCounters, EngineInfo, engine_counters, engine_info
 
 
 class AsyncEngine:
@@ -26,6 +27,7 @@ class AsyncEngine:
         self._wake = threading.Event()
         self._stop = False
         self._error: Optional[BaseException] = None
+        self._info: Optional[EngineInfo] = None
         self._thread = threading.Thread(target=self._loop, name="bytediet-engine", daemon=True)
         self._thread.start()
 
@@ -77,6 +79,23 @@ class AsyncEngine:
     def num_waiting(self) -> int:
         return len(self.engine.scheduler.waiting)
 
+    # -- what the server reads (the same on EngineProcess, the out-of-process engine) -------------
+    @property
+    def info(self) -> EngineInfo:
+        if self._info is None:
+            self._info = engine_info(self.engine)
+        return self._info
+
+    def counters(self) -> EngineCounters:
+        return engine_counters(self.engine)
+
+    @property
+    def failure(self) -> Optional[str]:
+        return self.engine.failure
+
+    def validate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> list[int]:
+        return self.engine.validate(prompt_token_ids, params)  # read-only checks: safe off-thread
+
     # -- engine thread --------------------------------------------------------------------------
     def _send(self, command: tuple) -> None:
         self._commands.put(command)
@@ -104,6 +123,16 @@ class AsyncEngine:
             loop, q = target
             loop.call_soon_threadsafe(q.put_nowait, item)
 
+    def _deliver_step(self, outputs: list[StepOutput]) -> None:
+        """A step's outputs to their streams: one ``call_soon_threadsafe`` (one self-pipe write) per event loop."""
+        by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+        for out in outputs:
+            target = self._streams.get(out.request_id)
+            if target is not None:
+                by_loop.setdefault(target[0], []).append((target[1], out))
+        for loop, batch in by_loop.items():
+            loop.call_soon_threadsafe(_put_all, batch)
+
     def _loop(self) -> None:
         while not self._stop:
             self._drain_commands()
@@ -118,7 +147,12 @@ class AsyncEngine:
                     self._deliver(rid, exc)
                     self.engine.abort_request(rid)
                 continue
+            self._deliver_step(outputs)
             for out in outputs:
-                self._deliver(out.request_id, out)
                 if out.finished:
                     self.engine.forget(out.request_id)
+
+
+def _put_all(batch: list) -> None:
+    for q, item in batch:
+        q.put_nowait(item)

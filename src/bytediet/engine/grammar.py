@@ -99,14 +99,15 @@ class GrammarCompiler:
         """A fresh mask (one per sequence) for values matching ``schema`` (``None``: any JSON object); integers and
         numbers without bounds get ±(10^16 − 1) (:func:`bound_numbers`)."""
         text = None if schema is None else json.dumps(bound_numbers(schema))  # key order: the properties' order
-        return GrammarMask(self.compile_json(text), self.vocab_size)
+        return GrammarMask(self.compile_json(text), self.vocab_size, text)
 
 
 class GrammarMask:
     """One sequence's grammar state; call it as ``mask(output_ids, logits)`` before each sampled token."""
 
-    def __init__(self, compiled, vocab_size: int) -> None:
+    def __init__(self, compiled, vocab_size: int, schema_text: Optional[str] = None) -> None:
         xgr = _xgrammar()
+        self.schema_text = schema_text  # what it was compiled from (an engine process compiles its own copy)
         self._xgr = xgr
         self.matcher = xgr.GrammarMatcher(compiled)
         self.bitmask = xgr.allocate_token_bitmask(1, vocab_size)  # (1, ceil(V / 32)) int32

@@ -53,15 +53,15 @@ def build_app(engine: AsyncEngine, served_model_names: Union[str, Sequence[str]]
         raise ValueError("served_model_names: give at least one non-empty model name")
     config = config or ServerConfig()
     state = ServerState(engine, names, metrics or ServerMetrics(engine, names[0]),
-                        served_model_len(engine.engine, config.max_model_len), config)
+                        served_model_len(engine.info, config.max_model_len), config)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
         yield
         if own_engine:
             engine.shutdown()
-            bm = engine.engine.block_manager
-            log.info("engine stopped; KV blocks in use: %d of %d", bm.num_blocks - bm.num_free_blocks, bm.num_blocks)
+            total = engine.info.num_blocks
+            log.info("engine stopped; KV blocks in use: %d of %d", total - engine.counters().num_free_blocks, total)
 
     app = FastAPIOffline(title="bytediet", version=__version__, lifespan=lifespan, static_url="/docs/static",
                          description="OpenAI-compatible completions and chat completions, served by bytediet.")
@@ -72,8 +72,8 @@ def build_app(engine: AsyncEngine, served_model_names: Union[str, Sequence[str]]
     @app.get("/health")
     async def health() -> Response:
         if not engine_alive(engine):
-            return error_response(503, "the engine thread has stopped; restart the server", type="server_error")
-        failure = engine.engine.failure
+            return error_response(503, "the engine has stopped; restart the server", type="server_error")
+        failure = engine.failure
         if failure is not None:  # a tensor-parallel worker died: every step would fail
             return error_response(503, failure, type="server_error")
         return JSONResponse({"status": "ok"})
@@ -92,7 +92,7 @@ def build_app(engine: AsyncEngine, served_model_names: Union[str, Sequence[str]]
         return {"version": __version__, "torch": torch.__version__, "python": platform.python_version()}
 
     def card(name: str) -> ModelCard:
-        return ModelCard(id=name, created=state.created, root=getattr(engine.engine.model, "source_path", None),
+        return ModelCard(id=name, created=state.created, root=engine.info.source_path,
                          max_model_len=state.max_model_len)
 
     @app.get("/v1/models", response_model=ModelList, responses=ERRORS)
@@ -143,5 +143,5 @@ def _add_middleware(app: FastAPI, state: ServerState) -> None:
 
 
 def engine_alive(engine: AsyncEngine) -> bool:
-    """Whether the engine's background thread still runs (it stops only on shutdown)."""
+    """Whether the engine's thread (or process, :class:`EngineProcess`) still runs (it stops only on shutdown)."""
     return engine.is_alive

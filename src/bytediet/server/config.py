@@ -46,15 +46,14 @@ class ServerConfig:
             raise ConfigError(f"--shutdown-timeout must be >= 0 seconds, got {self.shutdown_timeout}")
 
 
-def served_model_len(engine, requested: Optional[int]) -> int:
+def served_model_len(info, requested: Optional[int]) -> int:
     """The context length the server promises: checked once, at start, against the model and the KV cache.
 
     One sequence of the full length must fit in the KV cache (as vLLM checks at start-up). Without
     ``requested`` the model's context is capped at the cache's capacity (the start line says so);
     an explicit ``requested`` larger than either is an error telling the user what to change.
     """
-    model_len = engine.max_model_len
-    capacity = engine.block_manager.num_blocks * engine.block_manager.block_size
+    model_len, capacity = info.max_model_len, info.capacity  # an engine.snapshot.EngineInfo
     if requested is None:
         return min(model_len, capacity)
     if requested > model_len:

@@ -7,7 +7,8 @@ several apps can coexist in one process):
   requests finished by reason, prompt and generated tokens, time to first token, time per output
   token (the gap between consecutive engine outputs, divided by the tokens they carry) and
   end-to-end latency. One engine sequence counts as one request (``n = 3`` counts three).
-* engine state read at scrape time (:class:`_EngineCollector`): running / waiting requests, KV-cache
+* engine state read at scrape time (:class:`_EngineCollector`, the engine's ``counters()``): running /
+  waiting requests, KV-cache
   usage (1 - free blocks / blocks), prefix-cache queries and hits (in tokens, as vLLM counts them),
   preemptions, and what is served: ``engine_info{kv_codec, weight_format}`` and the KV cache's
   compression ratio against fp16 (16 / the codec's stored bits per coordinate); with KV tiers (docs/kv-tiers.md),
@@ -37,18 +38,13 @@ E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 4
 
 
 class _EngineCollector(Collector):
-    """Reads the engine's queues and block manager at scrape time (plain reads, safe under the GIL)."""
+    """Reads the engine's counters at scrape time (after its last step; the same in-thread or out of process)."""
 
     def __init__(self, async_engine, model_name: str) -> None:
-        from ..kvcache import get_kv_codec
-
         self.async_engine, self.labels = async_engine, [model_name]
-        engine = async_engine.engine
-        config = engine.model.config
-        codec = get_kv_codec(engine.config.cache.kv_cache_dtype, engine.model.dtype)
-        self.kv_codec = codec.describe(config.head_dim)
-        self.compression = 16.0 / codec.bits_per_coordinate(config.num_kv_heads, config.head_dim)
-        self.weight_format = ",".join(engine.model.weight_formats())
+        info = async_engine.info
+        self.kv_codec, self.compression, self.weight_format = info.kv_codec, info.kv_compression, info.weight_format
+        self.num_blocks, self.block_size = info.num_blocks, info.block_size
 
     def _gauge(self, name: str, doc: str, value: float) -> GaugeMetricFamily:
         g = GaugeMetricFamily(PREFIX + name, doc, labels=["model_name"])
@@ -61,33 +57,29 @@ class _EngineCollector(Collector):
         return c
 
     def collect(self):
-        engine = self.async_engine.engine
-        bm = engine.block_manager
-        yield self._gauge("num_requests_running", "Requests being computed.", self.async_engine.num_running)
-        yield self._gauge("num_requests_waiting", "Requests queued for their first schedule.",
-                          self.async_engine.num_waiting)
+        c = self.async_engine.counters()
+        yield self._gauge("num_requests_running", "Requests being computed.", c.num_running)
+        yield self._gauge("num_requests_waiting", "Requests queued for their first schedule.", c.num_waiting)
         yield self._gauge("kv_cache_usage_perc", "Fraction of KV-cache blocks in use (1 = full).",
-                          1.0 - bm.num_free_blocks / max(bm.num_blocks, 1))
+                          1.0 - c.num_free_blocks / max(self.num_blocks, 1))
         yield self._counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
-                            bm.prefix_queries * bm.block_size)
+                            c.prefix_queries * self.block_size)
         yield self._counter("prefix_cache_hits", "Prompt tokens found in the prefix cache.",
-                            bm.prefix_hits * bm.block_size)
-        yield self._counter("num_preemptions", "Requests preempted to free KV blocks.",
-                            engine.scheduler.num_preemptions)
-        stats = engine.stats
+                            c.prefix_hits * self.block_size)
+        yield self._counter("num_preemptions", "Requests preempted to free KV blocks.", c.num_preemptions)
         yield self._counter("spec_decode_num_drafts", "Request-steps that verified speculative drafts.",
-                            stats.spec_verifications)
-        yield self._counter("spec_decode_num_draft_tokens", "Speculative draft tokens proposed.",
-                            stats.spec_draft_tokens)
+                            c.spec_verifications)
+        yield self._counter("spec_decode_num_draft_tokens", "Speculative draft tokens proposed.", c.spec_draft_tokens)
         yield self._counter("spec_decode_num_accepted_tokens", "Speculative draft tokens the target accepted.",
-                            stats.spec_accepted_tokens)
+                            c.spec_accepted_tokens)
         info = GaugeMetricFamily(PREFIX + "engine_info", "What is served (value 1): KV codec and weight format.",
                                  labels=["model_name", "kv_codec", "weight_format"])
         info.add_metric(self.labels + [self.kv_codec, self.weight_format], 1.0)
         yield info
         yield self._gauge("kv_cache_compression_ratio", "KV-cache bytes at fp16 / bytes as stored by the codec.",
                           self.compression)
-        if engine.tiers is not None:
+        engine = getattr(self.async_engine, "engine", None)  # in-process engine (thread mode): its KV tiers
+        if engine is not None and getattr(engine, "tiers", None) is not None:
             yield from self._tiers(engine.tiers)
 
     def _tiers(self, tiers):

@@ -54,11 +54,11 @@ class ServerState:
     grammars: Grammars = None  # set in __post_init__
 
     def __post_init__(self) -> None:
-        self.grammars = Grammars(self.engine.engine)
+        self.grammars = Grammars(self.engine.info)
 
     @property
     def tokenizer(self):
-        return self.engine.engine.tokenizer
+        return self.engine.info.tokenizer
 
     @property
     def num_waiting(self) -> int:
@@ -151,7 +151,7 @@ def make_jobs(state: ServerState, prompts: Sequence[list[int]], params: Sampling
                               "tokens (at least one token must be generated); shorten the prompt")
         for i in range(params.n):
             sub = params.for_completion(i)
-            ids = state.engine.engine.validate(ids, sub)
+            ids = state.engine.validate(ids, sub)
             room = state.max_model_len - len(ids)
             if sub.max_tokens is None:
                 sub = replace(sub, max_tokens=room)

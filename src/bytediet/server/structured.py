@@ -17,8 +17,8 @@ from .protocol import ResponseFormat
 class Grammars:
     """The server's grammar compiler, built lazily and at most once."""
 
-    def __init__(self, engine) -> None:
-        self.engine = engine
+    def __init__(self, info) -> None:
+        self.info = info  # the engine's EngineInfo
         self._compiler: Optional[GrammarCompiler] = None
         self._lock = threading.Lock()
 
@@ -26,10 +26,10 @@ class Grammars:
     def compiler(self) -> GrammarCompiler:
         with self._lock:
             if self._compiler is None:
-                if self.engine.tokenizer is None:
+                if self.info.tokenizer is None:
                     raise ConfigError("response_format: this model has no tokenizer, so its output cannot be "
                                       "constrained; leave response_format out")
-                self._compiler = GrammarCompiler(self.engine.tokenizer, self.engine.model.config.vocab_size)
+                self._compiler = GrammarCompiler(self.info.tokenizer, self.info.vocab_size)
             return self._compiler
 
     def masks_for(self, fmt: Optional[ResponseFormat]) -> Optional[Callable[[], object]]:

@@ -76,7 +76,7 @@ async def tokenize(body: TokenizeRequest, state: ServerState) -> TokenizeRespons
 async def detokenize(body: DetokenizeRequest, state: ServerState) -> DetokenizeResponse:
     state.model_name(body.model)
     tok = _tokenizer(state)
-    vocab = state.engine.engine.model.config.vocab_size
+    vocab = state.engine.info.vocab_size
     bad = [t for t in body.tokens if not 0 <= t < vocab]
     if bad:
         raise APIError.bad_request(ConfigError(f"tokens: id {bad[0]} is outside the vocabulary [0, {vocab - 1}]"),
