@@ -14,14 +14,13 @@ from typing import Optional
 import torch
 
 from . import native_layouts, reference, tuning
+from .types import Activations, KVPage, WeightType
 from .cpu.dispatch import NativeLibrary, native
-from .decoder_spec import (ATTENTION_PAGE_TYPES, BLOCK_PAGE_TYPES, CODE_PAGE_TYPES, FLOAT_PAGE_DTYPES, KV_PAGE_TYPES,
+from .decoder_spec import (ATTENTION_PAGE_TYPES, BLOCK_PAGE_TYPES, CODE_PAGE_TYPES, FLOAT_PAGE_DTYPES,
                            PAGE_ALIGN, POLAR_MAX_DIM, CodePageSide, DecoderSpec, LinearSpec, TurboQuantPageSpec)
 from .ggml_codecs import block_size_of
 
-# GGML Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q4_K Q5_K Q6_K, and bytediet's int8/int4 layouts (native_layouts.TYPES)
-NATIVE_GEMM_TYPES = frozenset({2, 3, 6, 7, 8, 12, 13, 14}) | native_layouts.TYPES
-_ACTIVATION_MODES = {"q8": 0, "f32": 1, "q16": 2, "q8-token": 3}  # q8-token: one int8 scale per row (int8-w8a8)
+NATIVE_GEMM_TYPES = frozenset(WeightType)  # GGML's block types and bytediet's layouts the native GEMMs multiply
 
 
 def _library(variant: Optional[str]) -> Optional[NativeLibrary]:
@@ -147,10 +146,8 @@ def gemm_blocks(ggml_type: int, blocks: torch.Tensor, x: torch.Tensor, bias: Opt
         if lib is not None:
             _say_reference_once(f"GGML type {int(ggml_type)}")
         return reference.gemm_blocks(ggml_type, blocks, x, bias, activations)
-    mode = _ACTIVATION_MODES.get(activations)
-    if mode is None:
-        raise ValueError(f"activations must be one of {', '.join(_ACTIVATION_MODES)}, got {activations!r}")
-    if int(ggml_type) in native_layouts.FLOAT_TYPES and mode != 1:
+    mode = Activations.named(activations)
+    if int(ggml_type) in native_layouts.FLOAT_TYPES and mode != Activations.F32:
         raise ValueError(f"layout {int(ggml_type)} holds float values: it multiplies f32 activations, not {activations!r}")
     x2 = _float_rows(x)
     n, m, k = blocks.shape[0], x2.shape[0], x2.shape[1]
@@ -278,7 +275,7 @@ def gemm_x4(ggml_type: int, packed: torch.Tensor, x: torch.Tensor, bias: Optiona
     y = torch.empty(m, n, dtype=torch.float32)
     b = None if bias is None else bias.float().contiguous()
     rc = lib.bd_gemm_x4(int(ggml_type), packed.data_ptr(), n, k, x2.data_ptr(), m, y.data_ptr(), _ptr(b),
-                        _ACTIVATION_MODES[activations])
+                        Activations.named(activations))
     if rc != 0:
         raise ValueError(f"GGML type {int(ggml_type)} ({n}×{k}) has no interleaved kernel")
     return _like_input(y, x)
@@ -384,8 +381,8 @@ def _model_desc(spec: DecoderSpec) -> _Model:
         layer.window = ls.window
         layer.k_scale, layer.v_scale = _ptr(ls.k_scale), _ptr(ls.v_scale)
         layer.k_rot, layer.v_rot = _ptr(ls.k_rot), _ptr(ls.v_rot)
-        layer.k_dtype = KV_PAGE_TYPES.index(ls.kv_dtype)
-        layer.v_dtype = KV_PAGE_TYPES.index(ls.v_dtype or ls.kv_dtype)
+        layer.k_dtype = KVPage.named(ls.kv_dtype)
+        layer.v_dtype = KVPage.named(ls.v_dtype or ls.kv_dtype)
         if ls.kv_dtype == "turboquant":  # keys, values or both (the other side's pages: k_cache / v_cache)
             keep.append(_tq_desc(ls.k_tq))
             layer.k_tq = ctypes.addressof(keep[-1])
@@ -394,7 +391,7 @@ def _model_desc(spec: DecoderSpec) -> _Model:
             layer.v_tq = ctypes.addressof(keep[-1])
     model = _Model(ctypes.cast(layers, ctypes.POINTER(_Layer)), len(spec.layers), spec.hidden, spec.intermediate,
                    spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.eps, spec.attention_scale, int(spec.gelu),
-                   int(spec.sandwich), _ACTIVATION_MODES[spec.activations], 0)
+                   int(spec.sandwich), Activations.named(spec.activations), 0)
     model._layers, model._tq = layers, keep  # keep what the struct points at alive with it
     return model
 
@@ -424,7 +421,7 @@ def attention_over_pages(q: torch.Tensor, positions: torch.Tensor, token_rows: t
     positions, token_rows, block_tables = (x.to(torch.int64).contiguous() for x in (positions, token_rows, block_tables))
     (k_desc, k_keep), (v_desc, v_keep) = _code_side(kv_dtype, k_side, d), _code_side(v_dtype, v_side, d)
     out = torch.empty_like(q)
-    rc = lib.bd_paged_attention(KV_PAGE_TYPES.index(kv_dtype), KV_PAGE_TYPES.index(v_dtype), q.data_ptr(),
+    rc = lib.bd_paged_attention(KVPage.named(kv_dtype), KVPage.named(v_dtype), q.data_ptr(),
                                 out.data_ptr(), t, hq, k_cache.shape[1], d, scale, window or 0, positions.data_ptr(),
                                 token_rows.data_ptr(), block_tables.data_ptr(), block_tables.shape[1], block_size,
                                 k_cache.data_ptr(), v_cache.data_ptr(), _ptr(k_scale), _ptr(v_scale),
@@ -465,7 +462,7 @@ def _turboquant_attention(lib, q, positions, token_rows, block_tables, block_siz
     k_desc, v_desc = (_tq_desc(side) if dtype == "turboquant" else None
                       for dtype, side in ((kv_dtype, k_side), (v_dtype, v_side)))
     out = torch.empty_like(q)
-    rc = lib.bd_turboquant_attention(KV_PAGE_TYPES.index(kv_dtype), KV_PAGE_TYPES.index(v_dtype),
+    rc = lib.bd_turboquant_attention(KVPage.named(kv_dtype), KVPage.named(v_dtype),
                                      None if k_desc is None else ctypes.addressof(k_desc),
                                      None if v_desc is None else ctypes.addressof(v_desc),
                                      _ptr(k_cache), _ptr(v_cache), _ptr(k_scale), _ptr(v_scale), q.data_ptr(),
@@ -501,7 +498,7 @@ def read_kv_rows(kv_dtype: str, pages: torch.Tensor, scales: Optional[torch.Tens
     pages = pages.contiguous()
     scales = None if scales is None else scales.contiguous()
     out = torch.empty(*pages.shape[:-1], d, dtype=torch.float32)
-    lib.bd_read_kv_rows(KV_PAGE_TYPES.index(kv_dtype), pages.data_ptr(), _ptr(scales), pages[..., 0].numel(), d,
+    lib.bd_read_kv_rows(KVPage.named(kv_dtype), pages.data_ptr(), _ptr(scales), pages[..., 0].numel(), d,
                         out.data_ptr())
     return out
 
@@ -516,7 +513,7 @@ def write_kv_rows(kv_dtype: str, x: torch.Tensor, variant: Optional[str] = None)
     dtype, width = _page_row(kv_dtype, d)
     pages = torch.empty(*x.shape[:-1], width, dtype=dtype)
     scales = torch.empty(*x.shape[:-1], 1, dtype=torch.float16) if kv_dtype in ("int8", "fp8") else None
-    lib.bd_write_kv_rows(KV_PAGE_TYPES.index(kv_dtype), x.data_ptr(), x[..., 0].numel(), d, pages.data_ptr(),
+    lib.bd_write_kv_rows(KVPage.named(kv_dtype), x.data_ptr(), x[..., 0].numel(), d, pages.data_ptr(),
                          _ptr(scales))
     return pages, scales
 

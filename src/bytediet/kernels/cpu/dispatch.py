@@ -21,6 +21,7 @@ SIGNATURES = {  # C ABI of csrc/*.cpp: name → (restype, argtypes)
     "bd_num_threads": (_INT, []),
     "bd_set_spin_us": (None, [_INT]),
     "bd_isa": (ctypes.c_char_p, []),
+    "bd_type_ids": (ctypes.c_char_p, []),
     "bd_gemm_blocks": (_INT, [_INT, _VOID_P, _LONG, _LONG, _VOID_P, _LONG, _VOID_P, _VOID_P, _INT]),
     "bd_dequantize_blocks": (_INT, [_INT, _VOID_P, _LONG, _LONG, _VOID_P]),
     "bd_dequantize_blocks_bf16": (_INT, [_INT, _VOID_P, _LONG, _LONG, _VOID_P]),
@@ -60,6 +61,15 @@ class NativeLibrary:
 
     def __getattr__(self, name: str):
         return getattr(self.lib, name)
+
+    def type_ids(self) -> dict[str, dict[str, int]]:
+        """Every id the library names (csrc/types.h): {family: {NAME: value}}."""
+        ids: dict[str, dict[str, int]] = {}
+        for line in self.lib.bd_type_ids().decode().split():
+            key, value = line.split("=")
+            family, name = key.split(".")
+            ids.setdefault(family, {})[name] = int(value)
+        return ids
 
     def set_num_threads(self, n: int) -> None:
         self.lib.bd_set_num_threads(max(1, int(n)))

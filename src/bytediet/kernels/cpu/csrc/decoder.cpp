@@ -82,20 +82,22 @@ inline void prefetch_bytes(const char* p, long bytes) {  // the cache lines of [
 // Linear layers sharing one input: quantized once (q8) or summed per block once (f32).
 class Input {
   public:
-    Input(const float* x, long m, long k, int activations, Scratch& s) : x_(x), m_(m), k_(k), act_(activations), s_(s) {
-        if (act_ == 1) {
+    Input(const float* x, long m, long k, int activations, Scratch& s)
+        : x_(x), m_(m), k_(k), act_(static_cast<Activations>(activations)), s_(s) {
+        if (act_ == Activations::F32) {
             s.sums.resize(m * (k / 32));
             block_sums(x, m, k, s.sums.data());
         } else {
-            rows_ = act_ == 3 ? s.act.quantize_per_token(x, m, k) : s.act.quantize(x, m, k, act_ == 2);
+            rows_ = act_ == Activations::Q8_TOKEN ? s.act.quantize_per_token(x, m, k)
+                                                   : s.act.quantize(x, m, k, act_ == Activations::Q16);
         }
     }
     void apply(const LinearDesc& l, float* y) const {
         const long nb = k_ / 32;
         if (panel(l, y)) return;
-        if (act_ != 1 && l.interleaved)
+        if (act_ != Activations::F32 && l.interleaved)
             gemm_x4_q8(l.ggml_type, l.blocks, l.n, l.k, rows_, m_, y, l.n, l.bias);
-        else if (act_ != 1)
+        else if (act_ != Activations::F32)
             gemm_blocks_q8(l.ggml_type, l.blocks, l.n, l.k, rows_, m_, y, l.n, l.bias);
         else
             gemm_blocks_f32(l.ggml_type, l.blocks, l.n, l.k, FloatRows{x_, s_.sums.data(), k_, nb}, m_, y, l.n, l.bias);
@@ -103,7 +105,7 @@ class Input {
 
     // Products of this input by several weights (q/k/v, gate/up): one parallel region when all are interleaved.
     void apply_all(std::initializer_list<std::pair<const LinearDesc*, float*>> outs) const {
-        bool fused = act_ != 1 && m_ < kPanelMinRows;
+        bool fused = act_ != Activations::F32 && m_ < kPanelMinRows;
         for (auto& o : outs) fused = fused && o.first->interleaved;
         if (!fused) {
             for (auto& o : outs) apply(*o.first, o.second);
@@ -121,7 +123,7 @@ class Input {
     // (gemm_panel.cpp) where this build has it — 1.2–1.7× the x4 kernels at 16 rows on a Zen 5 VM.
     static constexpr long kPanelMinRows = 8;
     bool panel(const LinearDesc& l, float* y) const {
-        if (act_ != 2 || m_ < kPanelMinRows) return false;
+        if (act_ != Activations::Q16 || m_ < kPanelMinRows) return false;
         const uint8_t* src = l.interleaved ? l.source : l.blocks;
         return src && gemm_panel_q16(l.ggml_type, src, l.n, l.k, rows_, m_, y, l.n, l.bias) == 0;
     }
@@ -129,7 +131,7 @@ class Input {
     QuantizedRows rows_{};  // q8/q16: the quantized input in the scratch buffers
     const float* x_;
     long m_, k_;
-    int act_;
+    Activations act_;
     Scratch& s_;
 };
 
@@ -742,7 +744,7 @@ void layer_step(const ModelDesc& m, const LayerDesc& L, float* x, long T, const 
     Passes ps;
     if (L.k_dtype == kTurboQuantPages || L.v_dtype == kTurboQuantPages)  // either side (row pages beside)
         turboquant_attend(m, L, s.q.data(), s.att.data(), T, positions, nullptr, block_tables, bt_stride, block_size);
-    else if (L.k_dtype < kFirstCodePages && L.v_dtype < kFirstCodePages && passes(L.k_dtype, L.v_dtype, d, ps))
+    else if (!has_side_data(L.k_dtype) && !has_side_data(L.v_dtype) && passes(L.k_dtype, L.v_dtype, d, ps))
         attend(m, L, s.q.data(), s.att.data(), T, positions, nullptr, block_tables, bt_stride, block_size, s, ps);
     if (L.v_rot) rotate_rows(s.att.data(), T * hq, d, L.v_rot, true);
     {
@@ -776,7 +778,7 @@ extern "C" {
 // decodes of models the one-call step does not cover): q, out (T, hq, d) float32; token t at positions[t]
 // reads block table row token_rows[t] of block_tables (bt_stride entries per row); key pages (slots, hkv,
 // row_size(d)) of page type k_dtype, value pages of v_dtype (int8/fp8: fp16 scales (slots, hkv)); window 0 =
-// full causal; code pages (ids from 10, code_pages.h) with their side data k_side / v_side (bd::CodePagesDesc, else null).
+// full causal; code pages (code_pages.h) with their side data k_side / v_side (bd::CodePagesDesc, else null).
 // Returns 0, -1 for a page type the attention does not read, a head_dim it does not fit, or missing side data.
 int bd_paged_attention(int k_dtype, int v_dtype, const float* q, float* out, long T, long hq, long hkv, long d,
                        float scale, long window, const int64_t* positions, const int64_t* token_rows,
@@ -784,7 +786,7 @@ int bd_paged_attention(int k_dtype, int v_dtype, const float* q, float* out, lon
                        void* k_scale, void* v_scale, const void* k_side, const void* v_side) {
     bd::Passes ps;
     if (hkv <= 0 || hq % hkv || !bd::passes(k_dtype, v_dtype, d, ps)) return -1;
-    if ((k_dtype >= bd::kFirstCodePages && !k_side) || (v_dtype >= bd::kFirstCodePages && !v_side)) return -1;
+    if ((bd::has_side_data(k_dtype) && !k_side) || (bd::has_side_data(v_dtype) && !v_side)) return -1;
     static thread_local bd::Scratch scratch;
     bd::ModelDesc m{};
     m.num_heads = hq, m.num_kv_heads = hkv, m.head_dim = d, m.attention_scale = scale;
@@ -800,7 +802,7 @@ int bd_paged_attention(int k_dtype, int v_dtype, const float* q, float* out, lon
 // row pages or a d they do not fit.
 int bd_read_kv_rows(int kv_dtype, const void* pages, const void* scales, long rows, long d, float* out) {
     bd::Passes ps;
-    if (kv_dtype >= bd::kFirstCodePages || !bd::passes(kv_dtype, kv_dtype, d, ps)) return -1;
+    if (bd::has_side_data(kv_dtype) || !bd::passes(kv_dtype, kv_dtype, d, ps)) return -1;
     bd::with_pages(kv_dtype, [&](auto p) {
         using P = decltype(p);
         const typename P::T* r = static_cast<const typename P::T*>(pages);
@@ -817,7 +819,7 @@ int bd_read_kv_rows(int kv_dtype, const void* pages, const void* scales, long ro
 // (rows): the decode step's write of a new token's keys or values. Returns 0, -1 as bd_read_kv_rows.
 int bd_write_kv_rows(int kv_dtype, const float* x, long rows, long d, void* pages, void* scales) {
     bd::Passes ps;
-    if (kv_dtype >= bd::kFirstCodePages || !bd::passes(kv_dtype, kv_dtype, d, ps)) return -1;
+    if (bd::has_side_data(kv_dtype) || !bd::passes(kv_dtype, kv_dtype, d, ps)) return -1;
     for (long i = 0; i < rows; ++i) bd::write_row(kv_dtype, x + i * d, d, pages, scales, i);
     return 0;
 }
