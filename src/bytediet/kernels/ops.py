@@ -14,13 +14,26 @@ from typing import Optional
 import torch
 
 from . import native_layouts, reference, tuning
-from .types import Activations, KVPage, WeightType
+from .types import Activations, KVPage, Status, WeightType
 from .cpu.dispatch import NativeLibrary, native
+from .cpu.structs import CodePagesDesc, LayerDesc, LinearDesc, ModelDesc, TQPagesDesc, TQPartDesc
 from .decoder_spec import (ATTENTION_PAGE_TYPES, BLOCK_PAGE_TYPES, CODE_PAGE_TYPES, FLOAT_PAGE_DTYPES,
                            PAGE_ALIGN, POLAR_MAX_DIM, CodePageSide, DecoderSpec, LinearSpec, TurboQuantPageSpec)
 from .ggml_codecs import block_size_of
 
 NATIVE_GEMM_TYPES = frozenset(WeightType)  # GGML's block types and bytediet's layouts the native GEMMs multiply
+
+
+class NativeKernelError(ValueError):
+    """A native entry point refused its input (a :class:`~bytediet.kernels.types.Status` other than OK) and did no
+    work; the message says which input and where it runs instead."""
+
+
+def _status_name(rc: int) -> str:
+    try:
+        return Status(rc).name.lower().replace("_", " ")
+    except ValueError:
+        return f"status {rc}"
 
 
 def _library(variant: Optional[str]) -> Optional[NativeLibrary]:
@@ -283,39 +296,7 @@ def gemm_x4(ggml_type: int, packed: torch.Tensor, x: torch.Tensor, bias: Optiona
 
 # --- the one-call decode step --------------------------------------------------------------------------------
 
-class _Linear(ctypes.Structure):  # mirrors bd::LinearDesc in csrc/decoder.h
-    _fields_ = [("blocks", ctypes.c_void_p), ("bias", ctypes.c_void_p), ("n", ctypes.c_int64), ("k", ctypes.c_int64),
-                ("ggml_type", ctypes.c_int32), ("interleaved", ctypes.c_int32), ("source", ctypes.c_void_p)]
-
-
-class _Layer(ctypes.Structure):  # mirrors bd::LayerDesc
-    _fields_ = [(name, ctypes.c_void_p) for name in (
-        "attn_norm", "post_attn_norm", "pre_ffn_norm", "post_ffn_norm", "q_norm", "k_norm", "inv_freq",
-        "k_cache", "v_cache")] + [(name, _Linear) for name in ("q", "k", "v", "o", "gate", "up", "down")] + [
-        ("window", ctypes.c_int64), ("k_scale", ctypes.c_void_p), ("v_scale", ctypes.c_void_p),
-        ("k_dtype", ctypes.c_int32), ("v_dtype", ctypes.c_int32), ("k_tq", ctypes.c_void_p), ("v_tq", ctypes.c_void_p),
-        ("k_rot", ctypes.c_void_p), ("v_rot", ctypes.c_void_p)]
-
-
-class _TQPart(ctypes.Structure):  # mirrors bd::TQPartDesc in csrc/turboquant_pages.h
-    _fields_ = [(name, ctypes.c_void_p) for name in ("rotation", "codebook", "norm", "idx")] + [
-        ("dim", ctypes.c_int64), ("bits", ctypes.c_int32), ("pad", ctypes.c_int32)] + [
-        (name, ctypes.c_void_p) for name in ("signs", "res_norm", "sketch")]
-
-
-class _TQPages(ctypes.Structure):  # mirrors bd::TQPagesDesc
-    _fields_ = [("parts", _TQPart * 2), ("channels", ctypes.c_void_p), ("mean", ctypes.c_void_p),
-                ("rope_mean", ctypes.c_void_p), ("inv_freq", ctypes.c_void_p),
-                ("num_parts", ctypes.c_int32), ("pad", ctypes.c_int32)]
-
-
-class _CodePages(ctypes.Structure):  # mirrors bd::CodePagesDesc in csrc/code_pages.h
-    _fields_ = ([(name, ctypes.c_void_p) for name in ("scale", "zero", "stage_of", "stage")]
-                + [("group", ctypes.c_int64), ("window", ctypes.c_int64), ("transform", ctypes.c_void_p),
-                   ("table", ctypes.c_void_p)])
-
-
-def _code_side(kv_dtype: str, side: Optional[CodePageSide], d: int) -> tuple[Optional[_CodePages], list]:
+def _code_side(kv_dtype: str, side: Optional[CodePageSide], d: int) -> tuple[Optional[CodePagesDesc], list]:
     """(the C struct of a code page type's side data, the tensors it points into) — (None, []) for other pages."""
     if kv_dtype not in CODE_PAGE_TYPES:
         return None, []
@@ -335,41 +316,34 @@ def _code_side(kv_dtype: str, side: Optional[CodePageSide], d: int) -> tuple[Opt
     if missing:
         raise ValueError(f"{kv_dtype!r} pages need their {', '.join(missing)}")
     keep = [t for t in (scale, zero, stage_of, stage, transform, table) if t is not None]
-    return _CodePages(_ptr(scale), _ptr(zero), _ptr(stage_of), _ptr(stage), side.group, window, _ptr(transform),
+    return CodePagesDesc(_ptr(scale), _ptr(zero), _ptr(stage_of), _ptr(stage), side.group, window, _ptr(transform),
                       _ptr(table)), keep
-
-
-class _Model(ctypes.Structure):  # mirrors bd::ModelDesc
-    _fields_ = [("layers", ctypes.POINTER(_Layer))] + [(name, ctypes.c_int64) for name in (
-        "num_layers", "hidden", "intermediate", "num_heads", "num_kv_heads", "head_dim")] + [
-        ("eps", ctypes.c_float), ("attention_scale", ctypes.c_float), ("gelu", ctypes.c_int32),
-        ("sandwich", ctypes.c_int32), ("activations", ctypes.c_int32), ("pad", ctypes.c_int32)]
 
 
 def _ptr(t: Optional[torch.Tensor]) -> Optional[int]:
     return None if t is None else t.data_ptr()
 
 
-def _linear_desc(lin: LinearSpec) -> _Linear:
-    return _Linear(_ptr(lin.blocks), _ptr(lin.bias), lin.n, lin.k, lin.ggml_type, int(lin.interleaved),
+def _linear_desc(lin: LinearSpec) -> LinearDesc:
+    return LinearDesc(_ptr(lin.blocks), _ptr(lin.bias), lin.n, lin.k, lin.ggml_type, int(lin.interleaved),
                    _ptr(lin.source))
 
 
-def _tq_desc(pages: TurboQuantPageSpec) -> _TQPages:
+def _tq_desc(pages: TurboQuantPageSpec) -> TQPagesDesc:
     if not 1 <= len(pages.parts) <= 2:
         raise ValueError(f"the native step reads TurboQuant pages of 1 or 2 parts, got {len(pages.parts)}")
     if (pages.rope_mean is None) != (pages.inv_freq is None):
         raise ValueError("TurboQuant pages with a pre-RoPE mean need the layer's inv_freq, and only they do")
-    desc = _TQPages(channels=_ptr(pages.channels), mean=_ptr(pages.mean), rope_mean=_ptr(pages.rope_mean),
+    desc = TQPagesDesc(channels=_ptr(pages.channels), mean=_ptr(pages.mean), rope_mean=_ptr(pages.rope_mean),
                     inv_freq=_ptr(pages.inv_freq), num_parts=len(pages.parts))
     for i, p in enumerate(pages.parts):
-        desc.parts[i] = _TQPart(_ptr(p.rotation), _ptr(p.codebook), _ptr(p.norm), _ptr(p.idx), p.dim, p.bits, 0,
+        desc.parts[i] = TQPartDesc(_ptr(p.rotation), _ptr(p.codebook), _ptr(p.norm), _ptr(p.idx), p.dim, p.bits, 0,
                                 _ptr(p.signs), _ptr(p.res_norm), _ptr(p.sketch))
     return desc
 
 
-def _model_desc(spec: DecoderSpec) -> _Model:
-    layers = (_Layer * len(spec.layers))()
+def _model_desc(spec: DecoderSpec) -> ModelDesc:
+    layers = (LayerDesc * len(spec.layers))()
     keep = []  # the TurboQuant descriptors the layers point at
     for i, ls in enumerate(spec.layers):
         layer = layers[i]
@@ -389,7 +363,7 @@ def _model_desc(spec: DecoderSpec) -> _Model:
         if (ls.v_dtype or ls.kv_dtype) == "turboquant":
             keep.append(_tq_desc(ls.v_tq))
             layer.v_tq = ctypes.addressof(keep[-1])
-    model = _Model(ctypes.cast(layers, ctypes.POINTER(_Layer)), len(spec.layers), spec.hidden, spec.intermediate,
+    model = ModelDesc(ctypes.cast(layers, ctypes.POINTER(LayerDesc)), len(spec.layers), spec.hidden, spec.intermediate,
                    spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.eps, spec.attention_scale, int(spec.gelu),
                    int(spec.sandwich), Activations.named(spec.activations), 0)
     model._layers, model._tq = layers, keep  # keep what the struct points at alive with it
@@ -498,8 +472,10 @@ def read_kv_rows(kv_dtype: str, pages: torch.Tensor, scales: Optional[torch.Tens
     pages = pages.contiguous()
     scales = None if scales is None else scales.contiguous()
     out = torch.empty(*pages.shape[:-1], d, dtype=torch.float32)
-    lib.bd_read_kv_rows(KVPage.named(kv_dtype), pages.data_ptr(), _ptr(scales), pages[..., 0].numel(), d,
-                        out.data_ptr())
+    rc = lib.bd_read_kv_rows(KVPage.named(kv_dtype), pages.data_ptr(), _ptr(scales), pages[..., 0].numel(), d,
+                             out.data_ptr())
+    if rc != 0:
+        raise NativeKernelError(f"the native kernels read no {kv_dtype!r} rows of {d} values")
     return out
 
 
@@ -513,8 +489,10 @@ def write_kv_rows(kv_dtype: str, x: torch.Tensor, variant: Optional[str] = None)
     dtype, width = _page_row(kv_dtype, d)
     pages = torch.empty(*x.shape[:-1], width, dtype=dtype)
     scales = torch.empty(*x.shape[:-1], 1, dtype=torch.float16) if kv_dtype in ("int8", "fp8") else None
-    lib.bd_write_kv_rows(KVPage.named(kv_dtype), x.data_ptr(), x[..., 0].numel(), d, pages.data_ptr(),
-                         _ptr(scales))
+    rc = lib.bd_write_kv_rows(KVPage.named(kv_dtype), x.data_ptr(), x[..., 0].numel(), d, pages.data_ptr(),
+                              _ptr(scales))
+    if rc != 0:
+        raise NativeKernelError(f"the native kernels write no {kv_dtype!r} rows of {d} values")
     return pages, scales
 
 
@@ -529,8 +507,13 @@ def decode_step(spec: DecoderSpec, x: torch.Tensor, positions: torch.Tensor, slo
     x = x.to(torch.float32).contiguous().clone()
     positions, slots = positions.contiguous(), slots.contiguous()
     block_tables = block_tables.contiguous()
-    lib.bd_decode_step(ctypes.addressof(spec.native), x.data_ptr(), x.shape[0], positions.data_ptr(), slots.data_ptr(),
-                       block_tables.data_ptr(), block_tables.shape[1], block_size)
+    rc = lib.bd_decode_step(ctypes.addressof(spec.native), x.data_ptr(), x.shape[0], positions.data_ptr(),
+                            slots.data_ptr(), block_tables.data_ptr(), block_tables.shape[1], block_size)
+    if rc != Status.OK:
+        pages = sorted({(ls.kv_dtype, ls.v_dtype or ls.kv_dtype) for ls in spec.layers})
+        raise NativeKernelError(f"the native decode step refused its layers' pages ({_status_name(rc)}): keys/values "
+                                f"{', '.join('/'.join(p) for p in pages)} at head_dim {spec.head_dim}; it reads row, "
+                                "block and TurboQuant pages only — run these layers on the module path")
     return x
 
 
@@ -546,5 +529,6 @@ def turboquant_write(pages: TurboQuantPageSpec, x: torch.Tensor, slots: torch.Te
     slots = slots.to(torch.int64).contiguous()
     pos = (torch.zeros_like(slots) if positions is None else positions).to(torch.int64).contiguous()
     desc = _tq_desc(pages)
-    lib.bd_turboquant_write(ctypes.addressof(desc), x.data_ptr(), x.shape[0], slots.data_ptr(), pos.data_ptr(),
-                            x.shape[1], x.shape[2])
+    if lib.bd_turboquant_write(ctypes.addressof(desc), x.data_ptr(), x.shape[0], slots.data_ptr(), pos.data_ptr(),
+                               x.shape[1], x.shape[2]) != 0:
+        raise NativeKernelError("the native TurboQuant write refused its pages")

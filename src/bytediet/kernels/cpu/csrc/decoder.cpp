@@ -709,6 +709,27 @@ void add_residual(const ModelDesc& m, float* x, float* out, long T, const float*
     }
 }
 
+// Whether the decode step reads and writes layer L's pages (else it must do no work): TurboQuant on either side
+// (the MSE codes: the step writes no inner-product signs), or row or block pages on both sides that the attention
+// passes read at this head_dim, with their scales where the type keeps them. ps: the passes of the latter.
+Status step_pages(const ModelDesc& m, const LayerDesc& L, Passes& ps) {
+    const bool tq_k = L.k_dtype == kTurboQuantPages, tq_v = L.v_dtype == kTurboQuantPages;
+    if ((tq_k && !L.k_tq) || (tq_v && !L.v_tq)) return Status::MISSING_PAGES;
+    if (tq_k || tq_v) {
+        for (const TQPagesDesc* pg : {tq_k ? L.k_tq : nullptr, tq_v ? L.v_tq : nullptr})
+            for (int i = 0; pg && i < pg->num_parts && i < 2; ++i)
+                if (pg->parts[i].signs) return Status::UNSUPPORTED_PAGES;
+        return turboquant_reads(m, L) ? Status::OK : Status::UNSUPPORTED_PAGES;
+    }
+    if (has_side_data(L.k_dtype) || has_side_data(L.v_dtype) || !passes(L.k_dtype, L.v_dtype, m.head_dim, ps))
+        return Status::UNSUPPORTED_PAGES;
+    bool scales = true;
+    with_pages(L.k_dtype, [&](auto p) { scales = scales && (!decltype(p)::SCALED || L.k_scale); });
+    with_pages(L.v_dtype, [&](auto p) { scales = scales && (!decltype(p)::SCALED || L.v_scale); });
+    return L.k_cache && L.v_cache && scales ? Status::OK : Status::MISSING_PAGES;
+}
+
+// One layer of the step; its pages passed step_pages (bd_decode_step checks every layer before any work).
 void layer_step(const ModelDesc& m, const LayerDesc& L, float* x, long T, const int64_t* positions,
                 const int64_t* slots, const int64_t* block_tables, long bt_stride, long block_size, Scratch& s) {
     const long H = m.hidden, hq = m.num_heads, hkv = m.num_kv_heads, d = m.head_dim, I = m.intermediate;
@@ -742,9 +763,10 @@ void layer_step(const ModelDesc& m, const LayerDesc& L, float* x, long T, const 
         }
     }
     Passes ps;
+    step_pages(m, L, ps);
     if (L.k_dtype == kTurboQuantPages || L.v_dtype == kTurboQuantPages)  // either side (row pages beside)
         turboquant_attend(m, L, s.q.data(), s.att.data(), T, positions, nullptr, block_tables, bt_stride, block_size);
-    else if (!has_side_data(L.k_dtype) && !has_side_data(L.v_dtype) && passes(L.k_dtype, L.v_dtype, d, ps))
+    else
         attend(m, L, s.q.data(), s.att.data(), T, positions, nullptr, block_tables, bt_stride, block_size, s, ps);
     if (L.v_rot) rotate_rows(s.att.data(), T * hq, d, L.v_rot, true);
     {
@@ -826,9 +848,15 @@ int bd_write_kv_rows(int kv_dtype, const float* x, long rows, long d, void* page
 
 // x: (T, hidden) float32 embeddings in, hidden states after the last layer out (before the final norm).
 // Token t is the one new token of a sequence: positions[t], slots[t] (its cache slot), block table row t
-// (bt_stride entries) of its pages. Returns 0.
+// (bt_stride entries) of its pages. Returns Status::OK, or (having done no work: x and the pages untouched)
+// UNSUPPORTED_PAGES / MISSING_PAGES for a layer whose pages the step cannot read and write (step_pages).
 int bd_decode_step(const bd::ModelDesc* m, float* x, long T, const int64_t* positions, const int64_t* slots,
                    const int64_t* block_tables, long bt_stride, long block_size) {
+    for (long l = 0; l < m->num_layers; ++l) {
+        bd::Passes ps;
+        const bd::Status st = bd::step_pages(*m, m->layers[l], ps);
+        if (st != bd::Status::OK) return bd::id(st);
+    }
     static thread_local bd::Scratch scratch;
     for (long l = 0; l < m->num_layers; ++l)
         bd::layer_step(*m, m->layers[l], x, T, positions, slots, block_tables, bt_stride, block_size, scratch);

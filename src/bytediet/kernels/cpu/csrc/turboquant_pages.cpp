@@ -562,6 +562,26 @@ void turboquant_attend(const ModelDesc& m, const LayerDesc& L, const float* q, f
     }
 }
 
+bool turboquant_reads(const ModelDesc& m, const LayerDesc& L) {
+    const long hq = m.num_heads, hkv = m.num_kv_heads, d = m.head_dim;
+    if (hkv <= 0 || hq % hkv || hq / hkv > kMaxGroup || d % 8 || d > kMaxHeadDim) return false;
+    if (L.k_dtype != kTurboQuantPages && L.v_dtype != kTurboQuantPages) return false;  // bd_paged_attention's
+    for (int side = 0; side < 2; ++side) {
+        const int dtype = side ? L.v_dtype : L.k_dtype;
+        const TQPagesDesc* pg = side ? L.v_tq : L.k_tq;
+        if (dtype != kTurboQuantPages) {  // row or block pages beside TurboQuant's
+            bool known = false;
+            with_pages(dtype, [&](auto p) { known = d % decltype(p)::ALIGN == 0; });
+            if (!known || !(side ? L.v_cache : L.k_cache)) return false;
+            continue;
+        }
+        if (!pg || pg->num_parts < 1 || pg->num_parts > 2) return false;
+        for (int i = 0; i < pg->num_parts; ++i)
+            if (pg->parts[i].bits < 1 || pg->parts[i].bits > 8 || (side && pg->parts[i].signs)) return false;
+    }
+    return true;
+}
+
 }  // namespace bd
 
 extern "C" {
@@ -575,26 +595,12 @@ int bd_turboquant_attention(int k_dtype, int v_dtype, const bd::TQPagesDesc* k, 
                             void* k_cache, void* v_cache, void* k_scale, void* v_scale, const float* q, float* out,
                             long T, long hq, long hkv, long d, float scale, long window, const int64_t* positions,
                             const int64_t* token_rows, const int64_t* block_tables, long bt_stride, long block_size) {
-    if (hkv <= 0 || hq % hkv || hq / hkv > bd::kMaxGroup || d % 8 || d > bd::kMaxHeadDim) return -1;
-    for (int side = 0; side < 2; ++side) {
-        const int dtype = side ? v_dtype : k_dtype;
-        const bd::TQPagesDesc* pg = side ? v : k;
-        if (dtype != bd::kTurboQuantPages) {  // row or block pages beside TurboQuant's
-            bool known = false;
-            bd::with_pages(dtype, [&](auto p) { known = d % decltype(p)::ALIGN == 0; });
-            if (!known || !(side ? v_cache : k_cache)) return -1;
-            continue;
-        }
-        if (!pg) return -1;
-        for (int i = 0; i < pg->num_parts; ++i)
-            if (pg->parts[i].bits < 1 || pg->parts[i].bits > 8 || (side && pg->parts[i].signs)) return -1;
-    }
-    if (k_dtype != bd::kTurboQuantPages && v_dtype != bd::kTurboQuantPages) return -1;  // bd_paged_attention's
     bd::ModelDesc m{};
     m.num_heads = hq, m.num_kv_heads = hkv, m.head_dim = d, m.attention_scale = scale;
     bd::LayerDesc L{};
     L.window = window, L.k_tq = k, L.v_tq = v, L.k_dtype = k_dtype, L.v_dtype = v_dtype;
     L.k_cache = k_cache, L.v_cache = v_cache, L.k_scale = k_scale, L.v_scale = v_scale;
+    if (!bd::turboquant_reads(m, L)) return -1;
     bd::turboquant_attend(m, L, q, out, T, positions, token_rows, block_tables, bt_stride, block_size);
     return 0;
 }
