@@ -10,11 +10,8 @@ from . import fp8_vllm  # noqa: E402,F401  isort: skip
 from . import qjl  # noqa: E402,F401  isort: skip
 from . import kivi  # noqa: E402,F401  isort: skip
 from . import polarquant  # noqa: E402,F401  isort: skip
-from . import q8_0  # noqa: E402,F401  isort: skip
-from . import q5_0  # noqa: E402,F401  isort: skip
-from . import q4_1  # noqa: E402,F401  isort: skip
-from . import q4_0  # noqa: E402,F401  isort: skip
+from . import ggml_block  # noqa: E402,F401  isort: skip  (q8_0, q5_0, q4_1, q4_0)
 from . import hfquant  # noqa: E402,F401  isort: skip
-from . import rotated  # noqa: E402,F401  isort: skip  (after int8 and q8_0, whose halves it rotates)
+from . import rotated  # noqa: E402,F401  isort: skip  (after int8 and ggml_block, whose halves it rotates)
 
 __all__ = ["KV_CODECS", "AttentionMetadata", "KVCodec", "LayerKVCache", "default_block_size", "get_kv_codec"]
