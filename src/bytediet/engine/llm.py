@@ -12,7 +12,8 @@ from ..errors import ConfigError
 from ..kvcache.base import get_kv_codec
 from ..kvcache.config import CacheConfig
 from .config import EngineConfig
-from .engine import LLMEngine, StepOutput, set_threads
+from .engine import LLMEngine, StepOutput
+from .runner import set_threads
 from .params import SamplingParams
 from .sampling import TokenLogprobs
 

@@ -9,6 +9,7 @@ from typing import Optional
 
 import torch
 
+from ..kernels import ops
 from ..kvcache.base import AttentionMetadata, KVCodec
 from ..kvcache.config import CacheConfig
 from ..models.native_decode import native_decoder, why_not_native
@@ -49,7 +50,12 @@ def sequence_capacity(codec: KVCodec, model: CausalLM, cache: CacheConfig, seq_l
 
 
 class ModelRunner:
-    def __init__(self, model: CausalLM, cache: CacheConfig, workers=None) -> None:
+    """Turns a scheduled batch into tensors and logits; owns the model, the KV pages and the thread policy.
+
+    ``num_threads``: the native kernels' pool when the native decode step runs (default: torch's threads).
+    """
+
+    def __init__(self, model: CausalLM, cache: CacheConfig, workers=None, num_threads: Optional[int] = None) -> None:
         self.model = model
         self.block_size = cache.block_size
         self.codec = cache.build_codec(model.dtype, getattr(model, "rope", None))  # built once, from name + state
@@ -59,7 +65,9 @@ class ModelRunner:
         self.bytes_per_token = self.codec.bytes_per_token(c.num_kv_heads, c.head_dim) * c.num_layers
         self.max_sequences = sequence_limit(self.caches)  # the codec's per-sequence state (KIVI's staging)
         self.decoder = native_decoder(model, self.caches)  # None: every step runs the module path
-        self.prefill_threads = 1  # torch threads for steps with prefill chunks (the engine sets it)
+        self.prefill_threads = 1  # torch threads for steps with prefill chunks (set by each step_threads)
+        if self.decoder is not None:  # the kernel pool gets the threads; torch gets one inside each step
+            ops.native_library().set_num_threads(num_threads or torch.get_num_threads())
         self.decode_path = "native" if self.decoder is not None else f"modules ({why_not_native(model, self.caches)})"
         # tensor parallel (bytediet.distributed.launch.Workers): ranks 1..N-1 mirror each forward on their shards
         self.workers = workers
@@ -115,6 +123,18 @@ class ModelRunner:
         return (torch.tensor(ids, dtype=torch.int64, device=device), meta.to(device),
                 torch.tensor(logit_rows, dtype=torch.int64, device=device))
 
+    @contextmanager
+    def step_threads(self):
+        """The threads of one engine step (schedule, run, sample): with the native decode step, torch keeps one
+        thread (its OpenMP workers would spin on the cores the kernel pool needs) and :meth:`run` gives it back its
+        threads for steps with prefill chunks, whose attention and large float GEMMs are torch's."""
+        if self.decoder is None:
+            yield
+            return
+        self.prefill_threads = torch.get_num_threads()
+        with torch_threads(1):
+            yield
+
     @torch.inference_mode()
     def run(self, out: SchedulerOutput) -> torch.Tensor:
         """Logits (N, vocab) float32 of the rows :meth:`prepare` picks: the sampling requests', then prompt rows."""
@@ -122,7 +142,7 @@ class ModelRunner:
         if self.decoder is not None and all(n == 1 for n in meta.query_lens_list) and self.decoder.ready():
             return self.decoder.logits(input_ids, meta, logit_rows)
         if self.decoder is not None and self.workers is None and self.prefill_threads > torch.get_num_threads():
-            with torch_threads(self.prefill_threads):  # the engine lowered them for the native decode step
+            with torch_threads(self.prefill_threads):  # step_threads lowered them for the native decode step
                 return self.model(input_ids, meta, self.caches, logit_rows)
         if self.workers is not None:
             return self.workers.run(input_ids, meta, logit_rows,
@@ -130,16 +150,16 @@ class ModelRunner:
         return self.model(input_ids, meta, self.caches, logit_rows)  # (0, vocab) when nobody samples
 
 
+def set_threads(num_threads: Optional[int]) -> None:
+    """The process's torch threads, where the user names a count (``LLM(num_threads=…)``); None keeps torch's."""
+    if num_threads:
+        torch.set_num_threads(num_threads)
+
+
 @contextmanager
 def torch_threads(n: int):
-    """torch's intra-op threads set to ``n`` inside the block, restored after it.
-
-    When every linear layer runs on the native kernels' own pool, torch's OpenMP threads only spin after each
-    of its (small) parallel regions and take the core the pool's worker needs: with both at 2 threads a
-    512-token prefill took 3.5 s instead of 2.6 s. Scoped to the step, so code after the engine keeps its threads;
-    the runner gives torch its threads back for the forward pass of a step with prefill chunks (its attention
-    and the float GEMMs of products of 64 or more rows are torch's).
-    """
+    """torch's intra-op threads set to ``n`` inside the block, restored after it (scoped to a step, so code after
+    the engine keeps its threads; why the step lowers them: :meth:`ModelRunner.step_threads`)."""
     before = torch.get_num_threads()
     torch.set_num_threads(n)
     try:

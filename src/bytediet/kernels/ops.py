@@ -9,11 +9,12 @@ from __future__ import annotations
 import ctypes
 import functools
 import warnings
-from typing import Optional
+from dataclasses import dataclass
+from typing import Callable, Optional
 
 import torch
 
-from . import native_layouts, reference, tuning
+from . import dense_gemm, native_layouts, reference, tuning
 from .types import Activations, KVPage, Status, WeightType
 from .cpu.dispatch import NativeLibrary, native
 from .cpu.structs import CodePagesDesc, LayerDesc, LinearDesc, ModelDesc, TQPagesDesc, TQPartDesc
@@ -235,11 +236,50 @@ def gemm_panel(ggml_type: int, blocks: torch.Tensor, x: torch.Tensor, bias: Opti
     return _like_input(y, x)
 
 
-# Products with at least this many activation rows (prefill chunks, scoring) decode the weight to float32 once
-# and run PyTorch's float GEMM (MKL/oneDNN) in the q16 and f32 activation modes (models/layers.py): compute-bound,
-# where that GEMM beats the integer row kernels
-# (measured on a Zen 3 VM: 420 against 272 tok/s prefill for SmolLM2; bench/RESULTS.md, Recording 4).
+# Products of at least this many rows (prefill chunks) in the q16 and f32 modes decode the weight once for a float
+# GEMM (or the panel GEMM): compute-bound, where it beats the integer row kernels (bench/RESULTS.md, Recording 4).
 DENSE_GEMM_MIN_ROWS = 64
+
+
+@dataclass
+class LinearWeight:
+    """What :func:`linear` needs to choose the kernel of one linear layer: its shape, its activation mode
+    (``types.Activations`` names), the rows a native block kernel multiplies (``native``: (WeightType id, rows),
+    or None), the row-interleaved copy of them (``interleaved``, of GGML type ``interleaved_type``, or None), and
+    ``apply(x, bias)``, the weight format's own product (``WeightFormat.apply``) for everything else."""
+
+    in_features: int
+    out_features: int
+    activations: Optional[str]  # None: a format without native kernels (float weights)
+    apply: Callable[[torch.Tensor, Optional[torch.Tensor]], torch.Tensor]
+    native: Optional[tuple[int, torch.Tensor]] = None
+    interleaved: Optional[torch.Tensor] = None
+    interleaved_type: Optional[int] = None
+
+
+def linear(w: LinearWeight, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """y = x Wᵀ (+ bias), x (..., in_features) → (..., out_features), by the one kernel chosen here for this weight,
+    input and machine: the panel GEMM or a decoded float GEMM for prefill-sized q16/f32 inputs, the interleaved (x4)
+    kernels, the block kernels, else the format's own product. A new backend adds its branch here."""
+    native = w.native if x.device.type == "cpu" else None
+    if native is not None and x.numel() >= DENSE_GEMM_MIN_ROWS * w.in_features and w.activations in ("q16", "f32"):
+        # compute-bound: for q16, int8 dot products on a register-blocked panel of the weight where the library has
+        # them, or the weight decoded once and a float GEMM (bf16 where asked for, dense_gemm.py); exact fp32 for
+        # f32. q8 keeps its integer kernel, and q8-token (int8-w8a8) the rounding that defines the format.
+        q16 = x.dtype == torch.float32 and w.activations == "q16"
+        grad = torch.is_grad_enabled() and x.requires_grad  # recovery training: keep F.linear's backward
+        if (q16 and not grad and dense_gemm.kind() == "int8" and has_gemm_panel(native[0])
+                and tuned_kernel(native[0], w.out_features, w.in_features, PREFILL_TUNE_ROWS) != "fp32"):
+            return gemm_panel(native[0], native[1], x, bias)
+        gemm = dense_gemm.dtype() if q16 else x.dtype
+        y = torch.nn.functional.linear(x.to(gemm), dequantize_blocks(native[0], native[1], dtype=gemm)).to(x.dtype)
+        return y if bias is None else y + bias.to(x.dtype)
+    if w.interleaved is not None and w.activations in X4_ACTIVATIONS:
+        # the same weight laid out for the x4 kernels; a layer since switched to another mode reads its blocks below
+        return gemm_x4(w.interleaved_type, w.interleaved, x, bias, w.activations)
+    if native is not None:
+        return gemm_blocks(native[0], native[1], x, bias, w.activations)
+    return w.apply(x, bias)
 
 
 # --- row-interleaved (x4) weights ----------------------------------------------------------------------------
