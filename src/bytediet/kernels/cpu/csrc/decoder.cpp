@@ -21,6 +21,8 @@
 #include "isa.h"
 #include "code_pages.h"
 #include "kv_pages.h"
+#include "lanes_avx2.h"
+#include "lanes_avx512.h"
 #include "threadpool.h"
 
 namespace bd {
@@ -73,10 +75,6 @@ void rope(float* q, long hq, float* k, long hkv, long d, const float* inv_freq, 
 // follows late: without this the score loop waits on memory for most of its time. Eight positions ahead
 // (6 KiB of SmolLM2 fp32 keys): 16–64 ran slower on the Zen 5 VM (batch 16 at 2k: 64 rows 85 ms, 8 rows 70 ms).
 constexpr long kPrefetchRows = 8;
-
-inline void prefetch_bytes(const char* p, long bytes) {  // the cache lines of [p, p + bytes)
-    for (long i = 0; i < bytes; i += 64) _mm_prefetch(p + i, _MM_HINT_T0);
-}
 
 
 // Linear layers sharing one input: quantized once (q8) or summed per block once (f32).
@@ -288,15 +286,6 @@ constexpr int kGroupTile = 4;
 // are widened in registers by the streaming passes, a vector a load, never through the tile (its store and reload
 // cost int8 pages more than their 4× fewer bytes saved: batch 1 at 8k context ran at fp32's speed).
 template <class P>
-constexpr bool kRowsInRegisters = !P::SIDE && !P::ON_CODES;
-
-// A row of KV head kvh at one slot as the streaming passes read it, with its scale (int8/fp8, else 1): the stored
-// row itself (row and block pages), or for code pages floats widened into tile from their side data (scales, zero
-// points, staging pages). Keys scored on their codes (ON_CODES) have their own pass and never come here.
-template <class P>
-using WideRow = std::conditional_t<kRowsInRegisters<P>, const typename P::T*, const float*>;
-
-template <class P>
 inline WideRow<P> wide_row_at(const AttendCall& a, const typename P::T* pages, const void* scale_pages,
                               const CodePagesDesc* side, long slot, long kvh, float* tile, float& scale) {
     const long hkv = a.m.num_kv_heads, d = a.m.head_dim;
@@ -310,174 +299,6 @@ inline WideRow<P> wide_row_at(const AttendCall& a, const typename P::T* pages, c
     }
 }
 
-// The AVX2 kernels: 8 floats a load.
-struct Lanes8 {
-    template <class P>
-    static __m256 load(WideRow<P> r, long i) {
-        if constexpr (kRowsInRegisters<P>)
-            return P::load8(r, i);
-        else
-            return _mm256_loadu_ps(r + i);
-    }
-
-    // One key row k (d floats) against NG queries q[0..NG): each product's 8 lanes stored at out + 64·g (a head's
-    // 8 positions lie 8 floats apart, reduced together by hsum8_rows).
-    template <class P, int NG, long D = 0>  // D: head_dim known at compile time (0: d)
-    static void dots(const float* const* q, WideRow<P> k, long d, float* out) {
-        if constexpr (D > 0) d = D;
-        __m256 acc[NG];
-#pragma GCC unroll 4
-        for (int g = 0; g < NG; ++g) acc[g] = _mm256_setzero_ps();
-#pragma GCC unroll 8
-        for (long i = 0; i < d; i += 8) {
-            const __m256 kv = load<P>(k, i);
-#pragma GCC unroll 4
-            for (int g = 0; g < NG; ++g) acc[g] = _mm256_fmadd_ps(_mm256_loadu_ps(q[g] + i), kv, acc[g]);
-        }
-#pragma GCC unroll 4
-        for (int g = 0; g < NG; ++g) _mm256_storeu_ps(out + 64 * g, acc[g]);
-    }
-
-    // acc[g] (d floats) += Σ_j p[g][j] · v[j] over n rows for NG heads, 8·U columns at a time in U·NG of the 16
-    // ymm registers (U = 4 up to 3 heads, 2 for 4). ahead (n pointers, or null): memory to prefetch, ahead_bytes
-    // from each, one per row between the rows' products.
-    template <class P, int NG>
-    static void weighted(const float* const* p, const WideRow<P>* v, long n, long d, float* const* acc,
-                         const char* const* ahead = nullptr, long ahead_bytes = 0) {
-        constexpr int U = NG <= 3 ? 4 : 2;
-        long c = 0;
-        for (; c + 8 * U <= d; c += 8 * U) {
-            __m256 a[NG][U];
-#pragma GCC unroll 4
-            for (int g = 0; g < NG; ++g)
-                for (int u = 0; u < U; ++u) a[g][u] = _mm256_loadu_ps(acc[g] + c + 8 * u);
-            for (long j = 0; j < n; ++j) {
-                if (ahead && c == 0 && ahead[j]) prefetch_bytes(ahead[j], ahead_bytes);
-                __m256 wj[NG];
-#pragma GCC unroll 4
-                for (int g = 0; g < NG; ++g) wj[g] = _mm256_set1_ps(p[g][j]);
-#pragma GCC unroll 4
-                for (int u = 0; u < U; ++u) {
-                    const __m256 vu = load<P>(v[j], c + 8 * u);
-#pragma GCC unroll 4
-                    for (int g = 0; g < NG; ++g) a[g][u] = _mm256_fmadd_ps(wj[g], vu, a[g][u]);
-                }
-            }
-#pragma GCC unroll 4
-            for (int g = 0; g < NG; ++g)
-                for (int u = 0; u < U; ++u) _mm256_storeu_ps(acc[g] + c + 8 * u, a[g][u]);
-        }
-        for (; c < d; c += 8) {
-            __m256 a[NG];
-#pragma GCC unroll 4
-            for (int g = 0; g < NG; ++g) a[g] = _mm256_loadu_ps(acc[g] + c);
-            for (long j = 0; j < n; ++j) {
-                const __m256 vj = load<P>(v[j], c);
-#pragma GCC unroll 4
-                for (int g = 0; g < NG; ++g) a[g] = _mm256_fmadd_ps(_mm256_set1_ps(p[g][j]), vj, a[g]);
-            }
-#pragma GCC unroll 4
-            for (int g = 0; g < NG; ++g) _mm256_storeu_ps(acc[g] + c, a[g]);
-        }
-    }
-};
-
-#ifdef __AVX512F__
-template <class P>
-inline __m512 load16(const typename P::T* r, long i) {
-    if constexpr (std::is_same_v<P, PagesF32>) {
-        return _mm512_loadu_ps(r + i);
-    } else if constexpr (std::is_same_v<P, PagesBF16>) {
-        const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(r + i)));
-        return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
-    } else if constexpr (std::is_same_v<P, PagesF16>) {
-        return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(r + i)));
-    } else if constexpr (std::is_same_v<P, PagesInt8>) {  // codes + 128
-        const __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r + i)));
-        return _mm512_cvtepi32_ps(_mm512_sub_epi32(c, _mm512_set1_epi32(128)));
-    } else if constexpr (P::BLOCKS) {  // half a GGML block, decoded 16 values at once
-        return P::load16_in(r + (i >> 5) * P::row_size(32), i & 31);
-    } else {  // two of the page type's 8-value loads
-        const __m256 lo = P::load8(r, i), hi = P::load8(r, i + 8);
-        return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(lo)), _mm256_castps_pd(hi), 1));
-    }
-}
-
-inline __m256 fold512(__m512 v) {  // the two 256-bit halves of v added
-    return _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
-}
-
-// The AVX-512 kernels: 16 floats a load.
-struct Lanes16 {
-    template <class P>
-    static __m512 load(WideRow<P> r, long i) {
-        if constexpr (kRowsInRegisters<P>)
-            return load16<P>(r, i);
-        else
-            return _mm512_loadu_ps(r + i);
-    }
-
-    // One key row k (d floats) against NG queries q[0..NG): each product's 16 lanes folded to 8, stored at
-    // out + 64·g (a head's 8 positions lie 8 floats apart, reduced together by hsum8_rows).
-    template <class P, int NG, long D = 0>  // D: head_dim known at compile time (0: d), so the queries stay in registers
-    static void dots(const float* const* q, WideRow<P> k, long d, float* out) {
-        if constexpr (D > 0) d = D;
-        __m512 acc[NG];
-#pragma GCC unroll 4
-        for (int g = 0; g < NG; ++g) acc[g] = _mm512_setzero_ps();
-#pragma GCC unroll 16
-        for (long i = 0; i < d; i += 16) {
-            const __m512 kv = load<P>(k, i);
-#pragma GCC unroll 4
-            for (int g = 0; g < NG; ++g) acc[g] = _mm512_fmadd_ps(_mm512_loadu_ps(q[g] + i), kv, acc[g]);
-        }
-#pragma GCC unroll 4
-        for (int g = 0; g < NG; ++g) _mm256_storeu_ps(out + 64 * g, fold512(acc[g]));
-    }
-
-    // acc[g] (d floats) += Σ_j p[g][j] · v[j] over n rows for NG heads: 64 columns at a time in 4·NG registers.
-    // ahead (n pointers, or null): memory to prefetch, ahead_bytes from each, one per row between the rows' products.
-    template <class P, int NG>
-    static void weighted(const float* const* p, const WideRow<P>* v, long n, long d, float* const* acc,
-                         const char* const* ahead = nullptr, long ahead_bytes = 0) {
-        long c = 0;
-        for (; c + 64 <= d; c += 64) {
-            __m512 a[NG][4];
-#pragma GCC unroll 4
-            for (int g = 0; g < NG; ++g)
-                for (int u = 0; u < 4; ++u) a[g][u] = _mm512_loadu_ps(acc[g] + c + 16 * u);
-            for (long j = 0; j < n; ++j) {
-                if (ahead && c == 0 && ahead[j]) prefetch_bytes(ahead[j], ahead_bytes);
-                const __m512 v0 = load<P>(v[j], c), v1 = load<P>(v[j], c + 16), v2 = load<P>(v[j], c + 32),
-                             v3 = load<P>(v[j], c + 48);
-#pragma GCC unroll 4
-                for (int g = 0; g < NG; ++g) {
-                    const __m512 wj = _mm512_set1_ps(p[g][j]);
-                    a[g][0] = _mm512_fmadd_ps(wj, v0, a[g][0]);
-                    a[g][1] = _mm512_fmadd_ps(wj, v1, a[g][1]);
-                    a[g][2] = _mm512_fmadd_ps(wj, v2, a[g][2]);
-                    a[g][3] = _mm512_fmadd_ps(wj, v3, a[g][3]);
-                }
-            }
-#pragma GCC unroll 4
-            for (int g = 0; g < NG; ++g)
-                for (int u = 0; u < 4; ++u) _mm512_storeu_ps(acc[g] + c + 16 * u, a[g][u]);
-        }
-        for (; c < d; c += 16) {
-            __m512 a[NG];
-#pragma GCC unroll 4
-            for (int g = 0; g < NG; ++g) a[g] = _mm512_loadu_ps(acc[g] + c);
-            for (long j = 0; j < n; ++j) {
-                const __m512 vj = load<P>(v[j], c);
-#pragma GCC unroll 4
-                for (int g = 0; g < NG; ++g) a[g] = _mm512_fmadd_ps(_mm512_set1_ps(p[g][j]), vj, a[g]);
-            }
-#pragma GCC unroll 4
-            for (int g = 0; g < NG; ++g) _mm512_storeu_ps(acc[g] + c, a[g]);
-        }
-    }
-};
-#endif  // __AVX512F__
 
 // fn(first head, NG) over the group's heads, kGroupTile at a time, NG a compile-time constant.
 template <class Fn>
@@ -600,7 +421,7 @@ bool passes(int k_dtype, int v_dtype, long d, Passes& ps) {
             ps.keys = &key_pass_on_codes<P>;
         } else if (kd % 8 == 0) {
             ps.keys = &key_pass_stream<P, Lanes8>;
-#ifdef __AVX512F__
+#if BD_AVX512
             if (kd % 16 == 0) ps.keys = &key_pass_stream<P, Lanes16>;
 #endif
         }
@@ -609,7 +430,7 @@ bool passes(int k_dtype, int v_dtype, long d, Passes& ps) {
         fits(p);
         if constexpr (!P::ON_CODES) {  // codes scored as keys are not values
             if (d % 8 == 0) ps.values = &value_pass_stream<P, Lanes8>;
-#ifdef __AVX512F__
+#if BD_AVX512
             if (d % 16 == 0) ps.values = &value_pass_stream<P, Lanes16>;
 #endif
         }
@@ -631,12 +452,8 @@ void attend(const ModelDesc& m, const LayerDesc& L, const float* q, float* out, 
             tiles.push_back(t);
     const long ntiles = static_cast<long>(tiles.size());
     tiles.push_back(T);
-    long longest = 1;
-    for (long t = 0; t < T; ++t) longest = positions[t] + 1 > longest ? positions[t] + 1 : longest;
-    // two chunks per thread (an uneven split costs half a chunk), none shorter than 128 positions
-    long chunks = (2 * nt + ntiles - 1) / ntiles;
-    if (chunks > (longest + 127) / 128) chunks = (longest + 127) / 128;
-    if (chunks < 1) chunks = 1;
+    long longest;
+    const long chunks = attention::context_chunks(nt, ntiles, positions, T, &longest);
     const long chunk_len = (longest + chunks - 1) / chunks;
     std::vector<float>& acc = s.chunk_acc;  // the caller's buffers: the pool's threads write into them
     std::vector<Partial>& parts = s.chunk_parts;

@@ -262,7 +262,7 @@ struct BlockPages : PageTraits {
     static constexpr long ALIGN = 32;
     static long row_size(long d) { return d / 32 * F::BYTES; }
     static __m256 load8(const T* r, long j) { return load8_in(r + (j >> 5) * F::BYTES, j & 31); }
-#ifdef __AVX512F__
+#if BD_AVX512
     static __m512 load16_in(const T* b, long o) {  // elements [o, o + 16) of the block at b (o: 0 or 16), one pass
         SubScales s;
         F::scales(b, s);
