@@ -169,9 +169,7 @@ class LayerKVCache(ABC):
         """Attention of a step's queries — decodes, prefill chunks, or both — by the native kernel over the pages in
         place (no gather: a prefill chunk's tokens share each page row read, 8 at a time), or None where it does
         not apply: no native kernels, pages it cannot read, a non-float32 query, a query that needs gradients.
-        Prefill chunks used to keep the codec's gather + SDPA; on the Zen 5 VM the native kernel is faster
-        (Gemma-3, 512 tokens: 383 → 325 ms per prefill, 2048: 2.1 → 1.55 s) or equal (SmolLM2), bench/RESULTS.md
-        "Recording 9"."""
+        Prefill chunks take it too: faster than the codec's gather + SDPA (bench/RESULTS.md, Recording 9)."""
         if q.dtype != torch.float32 or self.head_dim % 8 or (torch.is_grad_enabled() and q.requires_grad):
             return None  # autograd (recovery training) needs the codec's differentiable read
         pages = self.attention_pages()

@@ -97,8 +97,8 @@ class NativeDecoder:
     which every sequence has exactly one new token.
     """
 
-    def __init__(self, model: CausalLM, spec: DecoderSpec, lm_head: Optional[LinearSpec], caches: list) -> None:
-        self.model, self.spec, self.lm_head, self.caches = model, spec, lm_head, caches
+    def __init__(self, model: CausalLM, spec: DecoderSpec, caches: list) -> None:
+        self.model, self.spec, self.caches = model, spec, caches
         self.pending = _pending_channels(caches)
 
     def ready(self) -> bool:
@@ -154,5 +154,6 @@ def native_decoder(model: CausalLM, caches: list) -> Optional[NativeDecoder]:
                        attention_scale=model.model.layers[0].self_attn.scale, gelu=c.hidden_act == "gelu_tanh",
                        sandwich=c.sandwich_norm, activations=activations)
     head = model.lm_head
-    lm_head = _linear(head, getattr(head.format, "activations", None) in ("q8", "q16"))
-    return NativeDecoder(model, spec, lm_head, caches)
+    if getattr(head.format, "activations", None) in ("q8", "q16"):
+        _linear(head, interleave=True)  # gives lm_head its interleaved copy, which model.head multiplies with
+    return NativeDecoder(model, spec, caches)

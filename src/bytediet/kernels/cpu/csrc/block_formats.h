@@ -170,15 +170,15 @@ struct Q6_K : NoRowHeader {  // 16-element int8 scales, 6-bit codes stored as 4 
     }
 };
 
-// bytediet's own formats, repacked once at load time (kernels/native_layouts.py; type ids 100–106).
+// bytediet's own formats, repacked once at load time (kernels/native_layouts.py; types.h's WeightType from 100).
 
 // int4-gG: blocks of G weights, [scale f16][offset f16, asymmetric only][G/2 bytes of nibbles in Q4 order].
-template <int G, bool ASYM>
+template <int G, bool SYMMETRIC>  // as native_layouts.INT4_GROUPS' (group, symmetric) key
 struct Int4Groups : NoRowHeader {
-    static constexpr int SUB = G / 32, CODES = ASYM ? 4 : 2, BYTES = CODES + G / 2;
+    static constexpr int SUB = G / 32, CODES = SYMMETRIC ? 2 : 4, BYTES = CODES + G / 2;
     static constexpr bool SIGNED = false, SPLIT = false;
     static void scales(const uint8_t* b, SubScales& s) {
-        const float d = f16_to_f32(b), m = ASYM ? f16_to_f32(b + 2) : -8.0f * d;
+        const float d = f16_to_f32(b), m = SYMMETRIC ? -8.0f * d : f16_to_f32(b + 2);
         for (int j = 0; j < SUB; ++j) {
             s.d_lo[j] = s.d_hi[j] = d;
             s.m[j] = m;
@@ -416,12 +416,12 @@ int with_format(int ggml_type, Fn fn) {
         case WeightType::Q5_K: fn(Q5_K{}); return 0;
         case WeightType::Q6_K: fn(Q6_K{}); return 0;
         case WeightType::INT8_ROW: fn(Int8Row{}); return 0;
-        case WeightType::INT4_G32_ASYM: fn(Int4Groups<32, true>{}); return 0;
-        case WeightType::INT4_G64_ASYM: fn(Int4Groups<64, true>{}); return 0;
-        case WeightType::INT4_G128_ASYM: fn(Int4Groups<128, true>{}); return 0;
-        case WeightType::INT4_G32_SYM: fn(Int4Groups<32, false>{}); return 0;
-        case WeightType::INT4_G64_SYM: fn(Int4Groups<64, false>{}); return 0;
-        case WeightType::INT4_G128_SYM: fn(Int4Groups<128, false>{}); return 0;
+        case WeightType::INT4_G32_ASYM: fn(Int4Groups<32, false>{}); return 0;
+        case WeightType::INT4_G64_ASYM: fn(Int4Groups<64, false>{}); return 0;
+        case WeightType::INT4_G128_ASYM: fn(Int4Groups<128, false>{}); return 0;
+        case WeightType::INT4_G32_SYM: fn(Int4Groups<32, true>{}); return 0;
+        case WeightType::INT4_G64_SYM: fn(Int4Groups<64, true>{}); return 0;
+        case WeightType::INT4_G128_SYM: fn(Int4Groups<128, true>{}); return 0;
         case WeightType::MXFP4_BLOCKS: fn(MXFP4Blocks{}); return 0;
         case WeightType::NVFP4_BLOCKS: fn(NVFP4Blocks{}); return 0;
         case WeightType::SPARSE24_INT8: fn(Sparse24Int8{}); return 0;

@@ -71,9 +71,8 @@ void rope(float* q, long hq, float* k, long hkv, long d, const float* inv_freq, 
     }
 }
 
-// The KV rows of one head are 1–3 cache lines apart from the next position's, a stride the hardware prefetcher
-// follows late: without this the score loop waits on memory for most of its time. Eight positions ahead
-// (6 KiB of SmolLM2 fp32 keys): 16–64 ran slower on the Zen 5 VM (batch 16 at 2k: 64 rows 85 ms, 8 rows 70 ms).
+// Positions ahead whose rows the key pass on codes prefetches: a head's rows are strided, which the hardware
+// prefetcher follows late (8: the fastest measured, bench/RESULTS.md, Recording 10).
 constexpr long kPrefetchRows = 8;
 
 
@@ -118,7 +117,7 @@ class Input {
 
   private:
     // A step of many rows (a batch of decodes) with q16 activations: the register-blocked panel GEMM
-    // (gemm_panel.cpp) where this build has it — 1.2–1.7× the x4 kernels at 16 rows on a Zen 5 VM.
+    // (gemm_panel.cpp) where this build has it, faster than x4 from 8 rows (bench/RESULTS.md, Recording 10).
     static constexpr long kPanelMinRows = 8;
     bool panel(const LinearDesc& l, float* y) const {
         if (act_ != Activations::Q16 || m_ < kPanelMinRows) return false;
@@ -140,11 +139,10 @@ class Input {
 // An item walks its chunk's positions in order, 16 at a time, and for every KV head reads the rows once
 // for all the query heads that share it (GQA), leaving a partial (max, Σexp, Σexp·v) per (token, head);
 // a second pass merges the chunks. q, out: (T, Hq, D).
-// Walking positions (not heads) outermost reads each page front to back — a head-major walk touched every
-// third row group of a page and ran at a quarter of the read bandwidth. The streaming passes (below) read each row
-// once for all the heads that share it, keys in address order, prefetch between the products — batch 16 at 2k
-// context (SmolLM2, fp32 pages, AVX-512) went from 64 to 34 ms of attention a step, the pure read of its pages
-// being 22. Keys scored on their codes (QJL) keep a head-major pass, 8 keys per reduction (P::dot8).
+// Positions (not heads) are walked outermost, so each page is read front to back; the streaming passes (below)
+// read each row once for all the heads that share it, keys in address order, prefetching between the products
+// (why: bench/RESULTS.md, Recording 10). Keys scored on their codes (QJL) keep a head-major pass, 8 keys per
+// reduction (P::dot8).
 // Page rows are read in place in their stored type and widened once per row (kv_pages.h); int8/fp8 rows' scales
 // multiply the row's score and its softmax weight. Keys and values may be stored in different page types
 // (k=q8_0,v=q4_0): an item's key pass and value pass are each instantiated per page type and chosen once per
@@ -153,8 +151,7 @@ class Input {
 constexpr long kRowBlock = 16;  // positions per block (rows gathered, and for narrow pages widened)
 constexpr long kQueryTile = 8;  // tokens of one prefill chunk sharing the row reads
 // The streaming passes prefetch the rows this many positions ahead, one position's rows between two positions'
-// products (batch 16 at 2k on the Zen 5 VM: keys 30 → 18 ms a step, 8 ahead best of 4/8/16; values 28.6 →
-// 24.7 ms, 16 ahead best of 8/16/32). A burst of a whole block's prefetches at once mostly went unused.
+// products (the fastest of 4/8/16 and 8/16/32: bench/RESULTS.md, Recording 10).
 constexpr long kKeyAhead = 8;
 constexpr long kValueAhead = 16;
 
@@ -274,12 +271,9 @@ void finish_values(const CodePagesDesc& side, float* out, long rows, long d) {
 
 // The streaming passes (any row or block page type, head_dim a multiple of the vector width): every key row is
 // loaded once for all the query heads that share it (GQA, up to kGroupTile at a time) and every value row once for
-// all their outputs. Per (position, KV head) of SmolLM2 (3 query heads, D = 64) the AVX-512 kernels take ~40
-// instructions for the scores and ~20 for the values, against ~80 and ~50 of dot8/weighted_sum per head — fewer
-// instructions per byte of page also let the out-of-order window run further ahead into the page stream. The walk
-// (address order, prefetch between products) is one template; its vector kernels are Lanes16's (AVX-512: 16 floats
-// a load) where the build has them and head_dim % 16 == 0, else Lanes8's (AVX2). The two sets stay separate code:
-// one kernel written once over the width made the AVX-512 passes 35 → 41 ms (batch 16 at 2k, session 10).
+// all their outputs. The walk (address order, prefetch between products) is one template; its vector kernels are
+// Lanes16's (lanes_avx512.h: 16 floats a load) where the build has them and head_dim % 16 == 0, else Lanes8's
+// (lanes_avx2.h); two separate sets, not one over the width (bench/RESULTS.md, Recording 11).
 constexpr int kGroupTile = 4;
 
 // Row and block pages (float, bf16, fp16, int8, fp8 rows; llama.cpp's q8_0/q5_0/q4_1/q4_0 blocks: not code pages)
@@ -313,10 +307,9 @@ inline void for_each_head_tile(long group, Fn fn) {
     }
 }
 
-// Keys in address order — every KV head's row of a position before the next position's (a head-major walk of a
-// 16-position block read the block three times over, a stride the prefetchers follow badly: the pure read of
-// SmolLM2's keys took 18 ms per batch-16 step at 2k that way and 10.6 ms in address order). Each row's dots with
-// its heads' queries are folded to 8 lanes and kept (w.folded) until 8 positions are in, then reduced 8 at a time.
+// Keys in address order — every KV head's row of a position before the next position's (a stride the prefetchers
+// follow: bench/RESULTS.md, Recording 10). Each row's dots with its heads' queries are folded to 8 lanes and kept
+// (w.folded) until 8 positions are in, then reduced 8 at a time.
 template <class P, class V>
 void key_pass_stream(const AttendCall& a, const Item& it, Worker& w) {
     const long hq = a.m.num_heads, hkv = a.m.num_kv_heads, kd = a.kd, group = hq / hkv, d = a.m.head_dim;
@@ -597,7 +590,7 @@ void layer_step(const ModelDesc& m, const LayerDesc& L, float* x, long T, const 
         Input in(s.h.data(), T, H, m.activations, s);
         in.apply_all({{&L.gate, s.gate.data()}, {&L.up, s.up.data()}});
     }
-    if (m.gelu)  // vectorised: a libm tanh/exp per element cost ~0.7 ms of a Gemma-3 step (36 864 of them)
+    if (m.gelu)  // vectorised, not a libm tanh per element (bench/RESULTS.md, Recording 5)
         gated_range<true>(s.gate.data(), s.up.data(), s.gate.data(), 0, T * I);
     else
         gated_range<false>(s.gate.data(), s.up.data(), s.gate.data(), 0, T * I);

@@ -1,5 +1,5 @@
 // TurboQuant pages in the native decode step (see turboquant_pages.h): the write of a new token and
-// flash-decoding attention on the codes, with the work split of decoder.cpp's attend<P>:
+// flash-decoding attention on the codes, with the work split of decoder.cpp's attend (attention::context_chunks):
 // work items are (token, KV head, context chunk); an item scores the chunk's keys for all the query heads of
 // its GQA group from codes unpacked in registers (8 codes: one broadcast word, a variable shift and a mask;
 // centroids by an in-register permute for b ≤ 4, a gather above), keeps a partial (max, Σexp, Σexp·norm·c)
