@@ -16,11 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-# The native kernels' thread pool and PyTorch's OpenMP pool share the cores. libgomp's threads spin for
-# GOMP_SPINCOUNT iterations after each parallel torch op (300 000 by default: milliseconds), and a native
-# product started meanwhile runs beside a spinning thread at about half speed (Gemma-3's 512-token prefill on
-# a Zen 5 VM: 380 → 210 ms in its int8 GEMMs, bench/RESULTS.md "Recording 9"). A short spin keeps
-# back-to-back torch ops fast. It must be set before torch loads libgomp; a user's own setting wins.
+# libgomp's threads spin after each parallel torch op (300 000 iterations by default), slowing a native product
+# started meanwhile on the shared cores (bench/RESULTS.md, Recording 9); a short spin keeps back-to-back torch ops
+# fast. Set before torch loads libgomp; a user's own setting wins.
 OMP_SPINCOUNT = "10000"
 if "torch" not in sys.modules:
     os.environ.setdefault("GOMP_SPINCOUNT", OMP_SPINCOUNT)

@@ -439,8 +439,6 @@ def test_engine_decodes_natively_on_turboquant_after_a_one_token_prompt():
 def test_turboquant_prod_without_mse_codes_says_its_attention_is_the_codecs_own_read():
     """turboquant_prod2.5 at head dim 32 keeps no MSE codes (0 + the 1-bit residual): no native reader, said so."""
     from bytediet.kvcache import get_kv_codec
-    from bytediet.models.native_decode import _turboquant_objection
-
     keys = get_kv_codec("turboquant_prod2.5", torch.float32).create_cache(0, 4, 16, 2, 32, torch.float32, "cpu").keys
-    assert "the codec's own read" in _turboquant_objection(keys)
+    assert "the codec's own read" in keys.step_objection()
     assert keys.native_pages() is None

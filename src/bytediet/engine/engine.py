@@ -15,13 +15,12 @@ from typing import Any, Optional, Sequence
 import torch
 
 from ..errors import ConfigError
-from ..kernels import ops
 from .block_manager import BlockManager
 from .config import EngineConfig
 from .kv_tiers import build_tier_store
 from .params import SamplingParams
 from .request import FinishReason, Request
-from .runner import ModelRunner, torch_threads
+from .runner import ModelRunner
 from .sampling import Sampler, TokenLogprobs, token_logprobs
 from .speculative import AdaptiveDraft, eligible, make_proposer, verify
 from .scheduler import Scheduler
@@ -70,9 +69,8 @@ class LLMEngine:
     def __init__(self, model, tokenizer, config: EngineConfig, workers=None) -> None:
         self.model, self.tokenizer, self.config = model, tokenizer, config
         graphs = config.scheduler.max_num_seqs if config.device == "cuda" and not config.enforce_eager else 0
-        self.runner = ModelRunner(model, config.cache, workers, cuda_graphs=graphs)  # workers: TP ranks 1..N-1
-        if self.runner.decoder is not None:  # the kernel pool gets the threads; torch gets one inside each step
-            ops.native_library().set_num_threads(config.num_threads or torch.get_num_threads())
+        # workers: tensor-parallel ranks 1..N-1; the runner owns the thread policy (ModelRunner.step_threads)
+        self.runner = ModelRunner(model, config.cache, workers, config.num_threads, cuda_graphs=graphs)
         self.tiers = build_tier_store(config.offload, model, self.runner, config.cache)  # None: no KV tiers
         self.block_manager = BlockManager(self.runner.num_blocks, config.cache.block_size,
                                           config.cache.enable_prefix_caching, self.tiers)
@@ -154,10 +152,7 @@ class LLMEngine:
     # -- the loop -------------------------------------------------------------------------------
     def step(self) -> list[StepOutput]:
         """One engine iteration: schedule, run the model, sample, update; returns per-request deltas."""
-        if self.runner.decoder is None:
-            return self._step()
-        self.runner.prefill_threads = torch.get_num_threads()  # prefill steps run torch's float GEMMs, SDPA
-        with torch_threads(1):
+        with self.runner.step_threads():
             return self._step()
 
     def _step(self) -> list[StepOutput]:
@@ -339,8 +334,3 @@ class LLMEngine:
 def _close_tiers(block_manager: BlockManager, tiers) -> None:
     block_manager.offload_cached()
     tiers.close()
-
-
-def set_threads(num_threads: Optional[int]) -> None:
-    if num_threads:
-        torch.set_num_threads(num_threads)

@@ -13,8 +13,9 @@ from ..kvcache.base import get_kv_codec
 from ..kvcache.config import CacheConfig
 from .config import EngineConfig, OffloadConfig
 from .device import activation_reserve, kv_budget_from_free_memory, move_model, resolve_device
+from .engine import LLMEngine, StepOutput
+from .runner import set_threads
 from .speculative import SpeculativeConfig
-from .engine import LLMEngine, StepOutput, set_threads
 from .params import SamplingParams
 from .sampling import TokenLogprobs
 

@@ -10,7 +10,7 @@ from typing import Optional
 
 import torch
 
-from ..kernels import backend
+from ..kernels import backend, ops
 from ..kvcache.base import AttentionMetadata, KVCodec
 from ..kvcache.config import CacheConfig
 from ..models.native_decode import native_decoder, why_not_native
@@ -54,10 +54,15 @@ def sequence_capacity(codec: KVCodec, model: CausalLM, cache: CacheConfig, seq_l
 
 
 class ModelRunner:
-    """``cuda_graphs``: the most sequences a captured decode graph holds (0: none; the engine asks for them on
-    CUDA unless ``enforce_eager``)."""
+    """Turns a scheduled batch into tensors and logits; owns the model, the KV pages and the thread policy.
 
-    def __init__(self, model: CausalLM, cache: CacheConfig, workers=None, *, cuda_graphs: int = 0) -> None:
+    ``num_threads``: the native kernels' pool when the native decode step runs (default: torch's threads).
+    ``cuda_graphs``: the most sequences a captured decode graph holds (0: none; the engine asks for them on
+    CUDA unless ``enforce_eager``).
+    """
+
+    def __init__(self, model: CausalLM, cache: CacheConfig, workers=None, num_threads: Optional[int] = None, *,
+                 cuda_graphs: int = 0) -> None:
         self.model = model
         self.block_size = cache.block_size
         self.codec = cache.build_codec(model.dtype, getattr(model, "rope", None))  # built once, from name + state
@@ -71,7 +76,9 @@ class ModelRunner:
         if triton:  # the GPU path: every linear and attention by the Triton kernels, refused at start if one lacks
             check_kernels(model, self.caches, self.codec.name)
         self.decoder = None if triton else native_decoder(model, self.caches)  # None: the module path runs
-        self.prefill_threads = 1  # torch threads for steps with prefill chunks (the engine sets it)
+        self.prefill_threads = 1  # torch threads for steps with prefill chunks (set by each step_threads)
+        if self.decoder is not None:  # the kernel pool gets the threads; torch gets one inside each step
+            ops.native_library().set_num_threads(num_threads or torch.get_num_threads())
         self.decode_path = ("native" if self.decoder is not None else "triton" if triton
                             else f"modules ({why_not_native(model, self.caches)})")
         self.graphs = None
@@ -150,6 +157,18 @@ class ModelRunner:
         return (torch.tensor(ids, dtype=torch.int64, device=device), meta.to(device),
                 torch.tensor(logit_rows, dtype=torch.int64, device=device))
 
+    @contextmanager
+    def step_threads(self):
+        """The threads of one engine step (schedule, run, sample): with the native decode step, torch keeps one
+        thread (its OpenMP workers would spin on the cores the kernel pool needs) and :meth:`run` gives it back its
+        threads for steps with prefill chunks, whose attention and large float GEMMs are torch's."""
+        if self.decoder is None:
+            yield
+            return
+        self.prefill_threads = torch.get_num_threads()
+        with torch_threads(1):
+            yield
+
     @torch.inference_mode()
     def run(self, out: SchedulerOutput) -> torch.Tensor:
         """Logits (N, vocab) float32 of the rows :meth:`prepare` picks: the sampling requests', then prompt rows."""
@@ -162,7 +181,7 @@ class ModelRunner:
                 meta = replace(meta, block_tables=meta.block_tables.repeat_interleave(lens, dim=0))
             return self.decoder.logits(input_ids, meta, logit_rows)
         if self.decoder is not None and self.workers is None and self.prefill_threads > torch.get_num_threads():
-            with torch_threads(self.prefill_threads):  # the engine lowered them for the native decode step
+            with torch_threads(self.prefill_threads):  # step_threads lowered them for the native decode step
                 return self.model(input_ids, meta, self.caches, logit_rows)
         if self.workers is not None:
             return self.workers.run(input_ids, meta, logit_rows,
@@ -177,16 +196,16 @@ def _decoding_only(out: SchedulerOutput) -> bool:
                for s in out.scheduled)
 
 
+def set_threads(num_threads: Optional[int]) -> None:
+    """The process's torch threads, where the user names a count (``LLM(num_threads=…)``); None keeps torch's."""
+    if num_threads:
+        torch.set_num_threads(num_threads)
+
+
 @contextmanager
 def torch_threads(n: int):
-    """torch's intra-op threads set to ``n`` inside the block, restored after it.
-
-    When every linear layer runs on the native kernels' own pool, torch's OpenMP threads only spin after each
-    of its (small) parallel regions and take the core the pool's worker needs: with both at 2 threads a
-    512-token prefill took 3.5 s instead of 2.6 s. Scoped to the step, so code after the engine keeps its threads;
-    the runner gives torch its threads back for the forward pass of a step with prefill chunks (its attention
-    and the float GEMMs of products of 64 or more rows are torch's).
-    """
+    """torch's intra-op threads set to ``n`` inside the block, restored after it (scoped to a step, so code after
+    the engine keeps its threads; why the step lowers them: :meth:`ModelRunner.step_threads`)."""
     before = torch.get_num_threads()
     torch.set_num_threads(n)
     try:

@@ -58,9 +58,6 @@ class EvalSettings:
         if self.passkey_trials < 1 or self.speed_new_tokens < 2 or self.speed_prompt_len < 1:
             raise ConfigError("passkey_trials >= 1, speed_new_tokens >= 2 and speed_prompt_len >= 1 are required")
 
-    def window_key(self) -> tuple:
-        return (self.corpus, self.windows, self.window_len, self.seed)
-
 
 @dataclass
 class Subject:

@@ -11,6 +11,8 @@ from typing import Any, Optional
 import torch
 from gguf import GGMLQuantizationType as T
 
+from .types import KVPage, PageKind, page_names
+
 
 @dataclass
 class LinearSpec:
@@ -29,20 +31,19 @@ class LinearSpec:
     source: Optional[torch.Tensor] = None
 
 
-ROW_PAGE_TYPES = ("fp32", "bf16", "fp16", "int8", "fp8")  # pages stored as (slots, H, D) rows (ids 0..4)
+# the page types by kind (ids and names: types.KVPage). Row pages: (slots, H, D) rows of one element type
+ROW_PAGE_TYPES = page_names(PageKind.ROW)
 # llama.cpp's KV cache types (kvcache/ggml_block.py): pages (slots, H, D/32 · block bytes) uint8, each row the
-# GGML blocks of its D values (ids 6..9) → their GGML type
-BLOCK_PAGE_TYPES = {"q8_0": T.Q8_0, "q5_0": T.Q5_0, "q4_1": T.Q4_1, "q4_0": T.Q4_0}
+# GGML blocks of its D values → their GGML type (the enum member's name)
+BLOCK_PAGE_TYPES = {name: T[KVPage.named(name).name] for name in page_names(PageKind.BLOCK)}
 # code pages the native attention reads (not the decode step: their codecs quantize groups of tokens or keep
 # per-layer transforms), each with a CodePageSide (kernels/cpu/csrc/code_pages.h): per-channel keys over groups of
-# tokens at 2 and 4 bits (ids 10, 11: KIVI's, kvcache/kivi.py, and HF QuantizedCache's, kvcache/hfquant.py, behind its
+# tokens at 2 and 4 bits (KIVI's, kvcache/kivi.py, and HF QuantizedCache's, kvcache/hfquant.py, behind its
 # full-precision window), per-token asymmetric codes in groups of 32 channels (kvcache/tokenwise.py: KIVI's and QJL's
-# values) and of 64 (HF's values, behind their window) at 2 and 4 bits (ids 12..15), QJL keys of sketch m = r·D
-# (kvcache/qjl.py: r = 1..4, ids 16..19: scored on the sign bits) and PolarQuant's keys and values (id 20)
-CODE_PAGE_TYPES = ("kivi2-keys", "kivi4-keys", "int2-token-g32-asym", "int4-token-g32-asym", "int2-token-g64-asym",
-                   "int4-token-g64-asym", "qjl1-keys", "qjl2-keys", "qjl3-keys", "qjl4-keys", "polarquant")
-# the page types of the kernels; a type's id in the kernels is its index here (5: TurboQuant's codes)
-KV_PAGE_TYPES = ROW_PAGE_TYPES + ("turboquant",) + tuple(BLOCK_PAGE_TYPES) + CODE_PAGE_TYPES
+# values) and of 64 (HF's values, behind their window) at 2 and 4 bits, QJL keys of sketch m = r·D (kvcache/qjl.py:
+# r = 1..4, scored on the sign bits) and PolarQuant's keys and values
+CODE_PAGE_TYPES = page_names(PageKind.CODE)
+KV_PAGE_TYPES = tuple(m.page_name for m in KVPage)  # every page type's name, in id order
 # the row and block page types the native attention (ops.attention_over_pages) reads in place, keys of one and values
 # of another; it also reads CODE_PAGE_TYPES with their side data, and "turboquant" pages (MSE or inner-product keys,
 # MSE values) described by a TurboQuantPageSpec per half

@@ -35,21 +35,25 @@ These two hold non-integer values, so they have no integer dot product: they mul
 The kernels multiply E2M1 codes as the int8 values 2·v ∈ {0, ±1, ±2, ±3, ±4, ±6, ±8, ±12} (a byte shuffle)
 and fold the ½ into the block scale, so the FP4 formats use the same integer dot products as int4.
 
-Type ids start at 100, clear of GGML's (0–39), and travel through the same ``ggml_type`` argument.
+Type ids (``types.WeightType``) start at 100, clear of GGML's (0–39), and travel through the same
+``ggml_type`` argument.
 """
 from __future__ import annotations
 
 import torch
 
-INT8_ROW = 100
-INT4_GROUPS = {(32, False): 101, (64, False): 102, (128, False): 103,
-               (32, True): 104, (64, True): 105, (128, True): 106}
+from .types import WeightType
+
+INT8_ROW = WeightType.INT8_ROW
+INT4_GROUPS = {(32, False): WeightType.INT4_G32_ASYM, (64, False): WeightType.INT4_G64_ASYM,
+               (128, False): WeightType.INT4_G128_ASYM, (32, True): WeightType.INT4_G32_SYM,
+               (64, True): WeightType.INT4_G64_SYM, (128, True): WeightType.INT4_G128_SYM}  # (group, symmetric)
 _INT4_BY_TYPE = {t: key for key, t in INT4_GROUPS.items()}
-MXFP4_BLOCKS = 107
-NVFP4_BLOCKS = 108
-SPARSE24_INT8 = 109
-FP8_ROW = 110
-SPARSE24_F16 = 111
+MXFP4_BLOCKS = WeightType.MXFP4_BLOCKS
+NVFP4_BLOCKS = WeightType.NVFP4_BLOCKS
+SPARSE24_INT8 = WeightType.SPARSE24_INT8
+FP8_ROW = WeightType.FP8_ROW
+SPARSE24_F16 = WeightType.SPARSE24_F16
 TYPES = frozenset({INT8_ROW, *INT4_GROUPS.values(), MXFP4_BLOCKS, NVFP4_BLOCKS, SPARSE24_INT8, FP8_ROW, SPARSE24_F16})
 #: layouts of non-integer values: multiplied with float activations only (no integer dot product)
 FLOAT_TYPES = frozenset({FP8_ROW, SPARSE24_F16})

@@ -9,19 +9,32 @@ from __future__ import annotations
 import ctypes
 import functools
 import warnings
-from typing import Optional
+from dataclasses import dataclass
+from typing import Callable, Optional
 
 import torch
 
-from . import native_layouts, reference, tuning
+from . import dense_gemm, native_layouts, reference, tuning
+from .types import Activations, KVPage, Status, WeightType
 from .cpu.dispatch import NativeLibrary, native
-from .decoder_spec import (ATTENTION_PAGE_TYPES, BLOCK_PAGE_TYPES, CODE_PAGE_TYPES, FLOAT_PAGE_DTYPES, KV_PAGE_TYPES,
+from .cpu.structs import CodePagesDesc, LayerDesc, LinearDesc, ModelDesc, TQPagesDesc, TQPartDesc
+from .decoder_spec import (ATTENTION_PAGE_TYPES, BLOCK_PAGE_TYPES, CODE_PAGE_TYPES, FLOAT_PAGE_DTYPES,
                            PAGE_ALIGN, POLAR_MAX_DIM, CodePageSide, DecoderSpec, LinearSpec, TurboQuantPageSpec)
 from .ggml_codecs import block_size_of
 
-# GGML Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q4_K Q5_K Q6_K, and bytediet's int8/int4 layouts (native_layouts.TYPES)
-NATIVE_GEMM_TYPES = frozenset({2, 3, 6, 7, 8, 12, 13, 14}) | native_layouts.TYPES
-_ACTIVATION_MODES = {"q8": 0, "f32": 1, "q16": 2, "q8-token": 3}  # q8-token: one int8 scale per row (int8-w8a8)
+NATIVE_GEMM_TYPES = frozenset(WeightType)  # GGML's block types and bytediet's layouts the native GEMMs multiply
+
+
+class NativeKernelError(ValueError):
+    """A native entry point refused its input (a :class:`~bytediet.kernels.types.Status` other than OK) and did no
+    work; the message says which input and where it runs instead."""
+
+
+def _status_name(rc: int) -> str:
+    try:
+        return Status(rc).name.lower().replace("_", " ")
+    except ValueError:
+        return f"status {rc}"
 
 
 def _library(variant: Optional[str]) -> Optional[NativeLibrary]:
@@ -147,10 +160,8 @@ def gemm_blocks(ggml_type: int, blocks: torch.Tensor, x: torch.Tensor, bias: Opt
         if lib is not None:
             _say_reference_once(f"GGML type {int(ggml_type)}")
         return reference.gemm_blocks(ggml_type, blocks, x, bias, activations)
-    mode = _ACTIVATION_MODES.get(activations)
-    if mode is None:
-        raise ValueError(f"activations must be one of {', '.join(_ACTIVATION_MODES)}, got {activations!r}")
-    if int(ggml_type) in native_layouts.FLOAT_TYPES and mode != 1:
+    mode = Activations.named(activations)
+    if int(ggml_type) in native_layouts.FLOAT_TYPES and mode != Activations.F32:
         raise ValueError(f"layout {int(ggml_type)} holds float values: it multiplies f32 activations, not {activations!r}")
     x2 = _float_rows(x)
     n, m, k = blocks.shape[0], x2.shape[0], x2.shape[1]
@@ -225,11 +236,56 @@ def gemm_panel(ggml_type: int, blocks: torch.Tensor, x: torch.Tensor, bias: Opti
     return _like_input(y, x)
 
 
-# Products with at least this many activation rows (prefill chunks, scoring) decode the weight to float32 once
-# and run PyTorch's float GEMM (MKL/oneDNN) in the q16 and f32 activation modes (models/layers.py): compute-bound,
-# where that GEMM beats the integer row kernels
-# (measured on a Zen 3 VM: 420 against 272 tok/s prefill for SmolLM2; bench/RESULTS.md, Recording 4).
+# Products of at least this many rows (prefill chunks) in the q16 and f32 modes decode the weight once for a float
+# GEMM (or the panel GEMM): compute-bound, where it beats the integer row kernels (bench/RESULTS.md, Recording 4).
 DENSE_GEMM_MIN_ROWS = 64
+
+
+@dataclass
+class LinearWeight:
+    """What :func:`linear` needs to choose the kernel of one linear layer: its shape, its activation mode
+    (``types.Activations`` names), the rows a native block kernel multiplies (``native``: (WeightType id, rows),
+    or None), the row-interleaved copy of them (``interleaved``, of GGML type ``interleaved_type``, or None), and
+    ``apply(x, bias)``, the weight format's own product (``WeightFormat.apply``) for everything else."""
+
+    in_features: int
+    out_features: int
+    activations: Optional[str]  # None: a format without native kernels (float weights)
+    apply: Callable[[torch.Tensor, Optional[torch.Tensor]], torch.Tensor]
+    native: Optional[tuple[int, torch.Tensor]] = None
+    interleaved: Optional[torch.Tensor] = None
+    interleaved_type: Optional[int] = None
+    device: Optional[Callable] = None  # the GPU path: dtype → backend.DeviceWeight (or None: a float weight)
+
+
+def linear(w: LinearWeight, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """y = x Wᵀ (+ bias), x (..., in_features) → (..., out_features), by the one kernel chosen here for this weight,
+    input and machine: the panel GEMM or a decoded float GEMM for prefill-sized q16/f32 inputs, the interleaved (x4)
+    kernels, the block kernels, else the format's own product; on the GPU path (CUDA, or BYTEDIET_BACKEND=triton)
+    the Triton GEMM or the FP8 / 2:4 tensor cores as ``w.device`` prepared them (kernels/backend.py)."""
+    if w.device is not None:
+        prepared = w.device(x.dtype)
+        if prepared is not None:
+            return prepared(x, bias)
+    native = w.native if x.device.type == "cpu" else None
+    if native is not None and x.numel() >= DENSE_GEMM_MIN_ROWS * w.in_features and w.activations in ("q16", "f32"):
+        # compute-bound: for q16, int8 dot products on a register-blocked panel of the weight where the library has
+        # them, or the weight decoded once and a float GEMM (bf16 where asked for, dense_gemm.py); exact fp32 for
+        # f32. q8 keeps its integer kernel, and q8-token (int8-w8a8) the rounding that defines the format.
+        q16 = x.dtype == torch.float32 and w.activations == "q16"
+        grad = torch.is_grad_enabled() and x.requires_grad  # recovery training: keep F.linear's backward
+        if (q16 and not grad and dense_gemm.kind() == "int8" and has_gemm_panel(native[0])
+                and tuned_kernel(native[0], w.out_features, w.in_features, PREFILL_TUNE_ROWS) != "fp32"):
+            return gemm_panel(native[0], native[1], x, bias)
+        gemm = dense_gemm.dtype() if q16 else x.dtype
+        y = torch.nn.functional.linear(x.to(gemm), dequantize_blocks(native[0], native[1], dtype=gemm)).to(x.dtype)
+        return y if bias is None else y + bias.to(x.dtype)
+    if w.interleaved is not None and w.activations in X4_ACTIVATIONS:
+        # the same weight laid out for the x4 kernels; a layer since switched to another mode reads its blocks below
+        return gemm_x4(w.interleaved_type, w.interleaved, x, bias, w.activations)
+    if native is not None:
+        return gemm_blocks(native[0], native[1], x, bias, w.activations)
+    return w.apply(x, bias)
 
 
 # --- row-interleaved (x4) weights ----------------------------------------------------------------------------
@@ -278,7 +334,7 @@ def gemm_x4(ggml_type: int, packed: torch.Tensor, x: torch.Tensor, bias: Optiona
     y = torch.empty(m, n, dtype=torch.float32)
     b = None if bias is None else bias.float().contiguous()
     rc = lib.bd_gemm_x4(int(ggml_type), packed.data_ptr(), n, k, x2.data_ptr(), m, y.data_ptr(), _ptr(b),
-                        _ACTIVATION_MODES[activations])
+                        Activations.named(activations))
     if rc != 0:
         raise ValueError(f"GGML type {int(ggml_type)} ({n}×{k}) has no interleaved kernel")
     return _like_input(y, x)
@@ -286,39 +342,7 @@ def gemm_x4(ggml_type: int, packed: torch.Tensor, x: torch.Tensor, bias: Optiona
 
 # --- the one-call decode step --------------------------------------------------------------------------------
 
-class _Linear(ctypes.Structure):  # mirrors bd::LinearDesc in csrc/decoder.h
-    _fields_ = [("blocks", ctypes.c_void_p), ("bias", ctypes.c_void_p), ("n", ctypes.c_int64), ("k", ctypes.c_int64),
-                ("ggml_type", ctypes.c_int32), ("interleaved", ctypes.c_int32), ("source", ctypes.c_void_p)]
-
-
-class _Layer(ctypes.Structure):  # mirrors bd::LayerDesc
-    _fields_ = [(name, ctypes.c_void_p) for name in (
-        "attn_norm", "post_attn_norm", "pre_ffn_norm", "post_ffn_norm", "q_norm", "k_norm", "inv_freq",
-        "k_cache", "v_cache")] + [(name, _Linear) for name in ("q", "k", "v", "o", "gate", "up", "down")] + [
-        ("window", ctypes.c_int64), ("k_scale", ctypes.c_void_p), ("v_scale", ctypes.c_void_p),
-        ("k_dtype", ctypes.c_int32), ("v_dtype", ctypes.c_int32), ("k_tq", ctypes.c_void_p), ("v_tq", ctypes.c_void_p),
-        ("k_rot", ctypes.c_void_p), ("v_rot", ctypes.c_void_p)]
-
-
-class _TQPart(ctypes.Structure):  # mirrors bd::TQPartDesc in csrc/turboquant_pages.h
-    _fields_ = [(name, ctypes.c_void_p) for name in ("rotation", "codebook", "norm", "idx")] + [
-        ("dim", ctypes.c_int64), ("bits", ctypes.c_int32), ("pad", ctypes.c_int32)] + [
-        (name, ctypes.c_void_p) for name in ("signs", "res_norm", "sketch")]
-
-
-class _TQPages(ctypes.Structure):  # mirrors bd::TQPagesDesc
-    _fields_ = [("parts", _TQPart * 2), ("channels", ctypes.c_void_p), ("mean", ctypes.c_void_p),
-                ("rope_mean", ctypes.c_void_p), ("inv_freq", ctypes.c_void_p),
-                ("num_parts", ctypes.c_int32), ("pad", ctypes.c_int32)]
-
-
-class _CodePages(ctypes.Structure):  # mirrors bd::CodePagesDesc in csrc/code_pages.h
-    _fields_ = ([(name, ctypes.c_void_p) for name in ("scale", "zero", "stage_of", "stage")]
-                + [("group", ctypes.c_int64), ("window", ctypes.c_int64), ("transform", ctypes.c_void_p),
-                   ("table", ctypes.c_void_p)])
-
-
-def _code_side(kv_dtype: str, side: Optional[CodePageSide], d: int) -> tuple[Optional[_CodePages], list]:
+def _code_side(kv_dtype: str, side: Optional[CodePageSide], d: int) -> tuple[Optional[CodePagesDesc], list]:
     """(the C struct of a code page type's side data, the tensors it points into) — (None, []) for other pages."""
     if kv_dtype not in CODE_PAGE_TYPES:
         return None, []
@@ -338,41 +362,34 @@ def _code_side(kv_dtype: str, side: Optional[CodePageSide], d: int) -> tuple[Opt
     if missing:
         raise ValueError(f"{kv_dtype!r} pages need their {', '.join(missing)}")
     keep = [t for t in (scale, zero, stage_of, stage, transform, table) if t is not None]
-    return _CodePages(_ptr(scale), _ptr(zero), _ptr(stage_of), _ptr(stage), side.group, window, _ptr(transform),
+    return CodePagesDesc(_ptr(scale), _ptr(zero), _ptr(stage_of), _ptr(stage), side.group, window, _ptr(transform),
                       _ptr(table)), keep
-
-
-class _Model(ctypes.Structure):  # mirrors bd::ModelDesc
-    _fields_ = [("layers", ctypes.POINTER(_Layer))] + [(name, ctypes.c_int64) for name in (
-        "num_layers", "hidden", "intermediate", "num_heads", "num_kv_heads", "head_dim")] + [
-        ("eps", ctypes.c_float), ("attention_scale", ctypes.c_float), ("gelu", ctypes.c_int32),
-        ("sandwich", ctypes.c_int32), ("activations", ctypes.c_int32), ("pad", ctypes.c_int32)]
 
 
 def _ptr(t: Optional[torch.Tensor]) -> Optional[int]:
     return None if t is None else t.data_ptr()
 
 
-def _linear_desc(lin: LinearSpec) -> _Linear:
-    return _Linear(_ptr(lin.blocks), _ptr(lin.bias), lin.n, lin.k, lin.ggml_type, int(lin.interleaved),
+def _linear_desc(lin: LinearSpec) -> LinearDesc:
+    return LinearDesc(_ptr(lin.blocks), _ptr(lin.bias), lin.n, lin.k, lin.ggml_type, int(lin.interleaved),
                    _ptr(lin.source))
 
 
-def _tq_desc(pages: TurboQuantPageSpec) -> _TQPages:
+def _tq_desc(pages: TurboQuantPageSpec) -> TQPagesDesc:
     if not 1 <= len(pages.parts) <= 2:
         raise ValueError(f"the native step reads TurboQuant pages of 1 or 2 parts, got {len(pages.parts)}")
     if (pages.rope_mean is None) != (pages.inv_freq is None):
         raise ValueError("TurboQuant pages with a pre-RoPE mean need the layer's inv_freq, and only they do")
-    desc = _TQPages(channels=_ptr(pages.channels), mean=_ptr(pages.mean), rope_mean=_ptr(pages.rope_mean),
+    desc = TQPagesDesc(channels=_ptr(pages.channels), mean=_ptr(pages.mean), rope_mean=_ptr(pages.rope_mean),
                     inv_freq=_ptr(pages.inv_freq), num_parts=len(pages.parts))
     for i, p in enumerate(pages.parts):
-        desc.parts[i] = _TQPart(_ptr(p.rotation), _ptr(p.codebook), _ptr(p.norm), _ptr(p.idx), p.dim, p.bits, 0,
+        desc.parts[i] = TQPartDesc(_ptr(p.rotation), _ptr(p.codebook), _ptr(p.norm), _ptr(p.idx), p.dim, p.bits, 0,
                                 _ptr(p.signs), _ptr(p.res_norm), _ptr(p.sketch))
     return desc
 
 
-def _model_desc(spec: DecoderSpec) -> _Model:
-    layers = (_Layer * len(spec.layers))()
+def _model_desc(spec: DecoderSpec) -> ModelDesc:
+    layers = (LayerDesc * len(spec.layers))()
     keep = []  # the TurboQuant descriptors the layers point at
     for i, ls in enumerate(spec.layers):
         layer = layers[i]
@@ -384,17 +401,17 @@ def _model_desc(spec: DecoderSpec) -> _Model:
         layer.window = ls.window
         layer.k_scale, layer.v_scale = _ptr(ls.k_scale), _ptr(ls.v_scale)
         layer.k_rot, layer.v_rot = _ptr(ls.k_rot), _ptr(ls.v_rot)
-        layer.k_dtype = KV_PAGE_TYPES.index(ls.kv_dtype)
-        layer.v_dtype = KV_PAGE_TYPES.index(ls.v_dtype or ls.kv_dtype)
+        layer.k_dtype = KVPage.named(ls.kv_dtype)
+        layer.v_dtype = KVPage.named(ls.v_dtype or ls.kv_dtype)
         if ls.kv_dtype == "turboquant":  # keys, values or both (the other side's pages: k_cache / v_cache)
             keep.append(_tq_desc(ls.k_tq))
             layer.k_tq = ctypes.addressof(keep[-1])
         if (ls.v_dtype or ls.kv_dtype) == "turboquant":
             keep.append(_tq_desc(ls.v_tq))
             layer.v_tq = ctypes.addressof(keep[-1])
-    model = _Model(ctypes.cast(layers, ctypes.POINTER(_Layer)), len(spec.layers), spec.hidden, spec.intermediate,
+    model = ModelDesc(ctypes.cast(layers, ctypes.POINTER(LayerDesc)), len(spec.layers), spec.hidden, spec.intermediate,
                    spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.eps, spec.attention_scale, int(spec.gelu),
-                   int(spec.sandwich), _ACTIVATION_MODES[spec.activations], 0)
+                   int(spec.sandwich), Activations.named(spec.activations), 0)
     model._layers, model._tq = layers, keep  # keep what the struct points at alive with it
     return model
 
@@ -424,7 +441,7 @@ def attention_over_pages(q: torch.Tensor, positions: torch.Tensor, token_rows: t
     positions, token_rows, block_tables = (x.to(torch.int64).contiguous() for x in (positions, token_rows, block_tables))
     (k_desc, k_keep), (v_desc, v_keep) = _code_side(kv_dtype, k_side, d), _code_side(v_dtype, v_side, d)
     out = torch.empty_like(q)
-    rc = lib.bd_paged_attention(KV_PAGE_TYPES.index(kv_dtype), KV_PAGE_TYPES.index(v_dtype), q.data_ptr(),
+    rc = lib.bd_paged_attention(KVPage.named(kv_dtype), KVPage.named(v_dtype), q.data_ptr(),
                                 out.data_ptr(), t, hq, k_cache.shape[1], d, scale, window or 0, positions.data_ptr(),
                                 token_rows.data_ptr(), block_tables.data_ptr(), block_tables.shape[1], block_size,
                                 k_cache.data_ptr(), v_cache.data_ptr(), _ptr(k_scale), _ptr(v_scale),
@@ -465,7 +482,7 @@ def _turboquant_attention(lib, q, positions, token_rows, block_tables, block_siz
     k_desc, v_desc = (_tq_desc(side) if dtype == "turboquant" else None
                       for dtype, side in ((kv_dtype, k_side), (v_dtype, v_side)))
     out = torch.empty_like(q)
-    rc = lib.bd_turboquant_attention(KV_PAGE_TYPES.index(kv_dtype), KV_PAGE_TYPES.index(v_dtype),
+    rc = lib.bd_turboquant_attention(KVPage.named(kv_dtype), KVPage.named(v_dtype),
                                      None if k_desc is None else ctypes.addressof(k_desc),
                                      None if v_desc is None else ctypes.addressof(v_desc),
                                      _ptr(k_cache), _ptr(v_cache), _ptr(k_scale), _ptr(v_scale), q.data_ptr(),
@@ -501,8 +518,10 @@ def read_kv_rows(kv_dtype: str, pages: torch.Tensor, scales: Optional[torch.Tens
     pages = pages.contiguous()
     scales = None if scales is None else scales.contiguous()
     out = torch.empty(*pages.shape[:-1], d, dtype=torch.float32)
-    lib.bd_read_kv_rows(KV_PAGE_TYPES.index(kv_dtype), pages.data_ptr(), _ptr(scales), pages[..., 0].numel(), d,
-                        out.data_ptr())
+    rc = lib.bd_read_kv_rows(KVPage.named(kv_dtype), pages.data_ptr(), _ptr(scales), pages[..., 0].numel(), d,
+                             out.data_ptr())
+    if rc != 0:
+        raise NativeKernelError(f"the native kernels read no {kv_dtype!r} rows of {d} values")
     return out
 
 
@@ -516,8 +535,10 @@ def write_kv_rows(kv_dtype: str, x: torch.Tensor, variant: Optional[str] = None)
     dtype, width = _page_row(kv_dtype, d)
     pages = torch.empty(*x.shape[:-1], width, dtype=dtype)
     scales = torch.empty(*x.shape[:-1], 1, dtype=torch.float16) if kv_dtype in ("int8", "fp8") else None
-    lib.bd_write_kv_rows(KV_PAGE_TYPES.index(kv_dtype), x.data_ptr(), x[..., 0].numel(), d, pages.data_ptr(),
-                         _ptr(scales))
+    rc = lib.bd_write_kv_rows(KVPage.named(kv_dtype), x.data_ptr(), x[..., 0].numel(), d, pages.data_ptr(),
+                              _ptr(scales))
+    if rc != 0:
+        raise NativeKernelError(f"the native kernels write no {kv_dtype!r} rows of {d} values")
     return pages, scales
 
 
@@ -532,8 +553,13 @@ def decode_step(spec: DecoderSpec, x: torch.Tensor, positions: torch.Tensor, slo
     x = x.to(torch.float32).contiguous().clone()
     positions, slots = positions.contiguous(), slots.contiguous()
     block_tables = block_tables.contiguous()
-    lib.bd_decode_step(ctypes.addressof(spec.native), x.data_ptr(), x.shape[0], positions.data_ptr(), slots.data_ptr(),
-                       block_tables.data_ptr(), block_tables.shape[1], block_size)
+    rc = lib.bd_decode_step(ctypes.addressof(spec.native), x.data_ptr(), x.shape[0], positions.data_ptr(),
+                            slots.data_ptr(), block_tables.data_ptr(), block_tables.shape[1], block_size)
+    if rc != Status.OK:
+        pages = sorted({(ls.kv_dtype, ls.v_dtype or ls.kv_dtype) for ls in spec.layers})
+        raise NativeKernelError(f"the native decode step refused its layers' pages ({_status_name(rc)}): keys/values "
+                                f"{', '.join('/'.join(p) for p in pages)} at head_dim {spec.head_dim}; it reads row, "
+                                "block and TurboQuant pages only — run these layers on the module path")
     return x
 
 
@@ -549,5 +575,6 @@ def turboquant_write(pages: TurboQuantPageSpec, x: torch.Tensor, slots: torch.Te
     slots = slots.to(torch.int64).contiguous()
     pos = (torch.zeros_like(slots) if positions is None else positions).to(torch.int64).contiguous()
     desc = _tq_desc(pages)
-    lib.bd_turboquant_write(ctypes.addressof(desc), x.data_ptr(), x.shape[0], slots.data_ptr(), pos.data_ptr(),
-                            x.shape[1], x.shape[2])
+    if lib.bd_turboquant_write(ctypes.addressof(desc), x.data_ptr(), x.shape[0], slots.data_ptr(), pos.data_ptr(),
+                               x.shape[1], x.shape[2]) != 0:
+        raise NativeKernelError("the native TurboQuant write refused its pages")

@@ -11,12 +11,9 @@ from . import fp8_vllm
 from . import qjl
 from . import kivi
 from . import polarquant
-from . import q8_0
-from . import q5_0
-from . import q4_1
-from . import q4_0
+from . import ggml_block  # q8_0, q5_0, q4_1, q4_0
 from . import hfquant
-from . import rotated  # after int8 and q8_0, whose halves it rotates
+from . import rotated  # after int8 and ggml_block, whose halves it rotates
 # isort: on
 
 __all__ = ["KV_CODECS", "AttentionMetadata", "KVCodec", "LayerKVCache", "default_block_size", "get_kv_codec"]

@@ -23,6 +23,7 @@ import torch
 
 from ..errors import ConfigError
 from ..kernels import backend, ops
+from ..kernels.types import KVPage, PageKind
 from ..registry import Registry
 
 
@@ -94,6 +95,18 @@ class AttentionMetadata:
         )
 
 
+STEP_PAGE_KINDS = (PageKind.ROW, PageKind.BLOCK, PageKind.TURBOQUANT)  # what the decode step reads and writes
+
+
+@dataclass(frozen=True)
+class StepPages:
+    """What the one-call native decode step (``ops.decode_step``) reads and writes of one layer's cache: its pages
+    as ``LayerSpec`` fields (``kv_dtype``, ``k_cache`` …), or ``objection``, one line saying why it cannot."""
+
+    fields: Optional[dict] = None
+    objection: str = ""
+
+
 class LayerKVCache(ABC):
     """The KV pages of one attention layer, in the layout its codec chose."""
 
@@ -128,6 +141,23 @@ class LayerKVCache(ABC):
         staging pages) — or None for pages only the codec's own read understands."""
         return None
 
+    def step_pages(self) -> StepPages:
+        """The pages as the native decode step reads and writes them, or why it cannot: by default
+        :meth:`native_pages` when they are row or block pages (``types.PageKind``); codecs answer for themselves."""
+        pages = self.native_pages()
+        kinds = f"{type(self).__name__} ({getattr(getattr(self, 'k', None), 'dtype', '?')})"
+        if pages is None:
+            return StepPages(objection=f"KV cache {kinds} has no native step (its pages have no native read)")
+        if any(KVPage.named(pages.get(side) or pages["kv_dtype"]).kind not in STEP_PAGE_KINDS
+               for side in ("kv_dtype", "v_dtype")):
+            return StepPages(objection=f"KV cache {kinds}: {pages['kv_dtype']} pages have no native step")
+        return StepPages({k: v for k, v in pages.items() if k not in ("k_side", "v_side")})
+
+    def step_ready(self) -> bool:
+        """Whether the native decode step may run on these pages now (False while the first write has still to choose
+        part of their layout: TurboQuant's outlier channels)."""
+        return True
+
     def attention_pages(self) -> Optional[dict]:
         """The pages the native *attention* reads (``native_pages``'s fields): :meth:`native_pages` unless the pages
         are stored in a basis the fused decode step does not know (rotated K/V, :mod:`bytediet.kvcache.rotated`);
@@ -139,9 +169,7 @@ class LayerKVCache(ABC):
         """Attention of a step's queries — decodes, prefill chunks, or both — by the native kernel over the pages in
         place (no gather: a prefill chunk's tokens share each page row read, 8 at a time), or None where it does
         not apply: no native kernels, pages it cannot read, a non-float32 query, a query that needs gradients.
-        Prefill chunks used to keep the codec's gather + SDPA; on the Zen 5 VM the native kernel is faster
-        (Gemma-3, 512 tokens: 383 → 325 ms per prefill, 2048: 2.1 → 1.55 s) or equal (SmolLM2), bench/RESULTS.md
-        "Recording 9"."""
+        Prefill chunks take it too: faster than the codec's gather + SDPA (bench/RESULTS.md, Recording 9)."""
         if torch.is_grad_enabled() and q.requires_grad:
             return None  # autograd (recovery training) needs the codec's differentiable read
         pages = self.attention_pages()

@@ -20,7 +20,7 @@ from ..errors import ConfigError
 from ..kernels import backend
 from ..kernels.decoder_spec import ATTENTION_PAGE_TYPES
 from ..kernels.reference import sequence_slots
-from .base import AttentionMetadata, KVCodec, LayerKVCache
+from .base import AttentionMetadata, KVCodec, LayerKVCache, StepPages
 from .halves import HalfCodec, HalfPages
 
 CHUNK_TOKENS = 512
@@ -84,6 +84,22 @@ class CompressedCache(LayerKVCache):
             return None  # TurboQuant pages beside row or block pages only (k=q5_0,v=turboquant4), not code pages
         return dict(kv_dtype=kt, v_dtype=vt, k_cache=kc, v_cache=vc, k_scale=ks, v_scale=vs, k_side=kside,
                     v_side=vside)
+
+    def step_ready(self) -> bool:
+        return self.keys.step_ready() and self.values.step_ready()
+
+    def step_pages(self) -> StepPages:
+        """Each half's pages as the native decode step reads and writes them (``HalfPages.step_side``: row, block or
+        TurboQuant pages, in any k/v mix) with the halves' rotations, or the first half's objection."""
+        sides = [h.step_side() for h in (self.keys, self.values)]
+        objection = next((why for side, why in sides if side is None), None)
+        if objection is not None:
+            return StepPages(objection=f"KV cache of {type(self.keys).__name__} keys, {type(self.values).__name__} "
+                                       f"values has no native step: {objection}")
+        (kt, kc, ks, ktq), (vt, vc, vs, vtq) = (side for side, _ in sides)
+        rotation = lambda h: None if h.rotation is None else h.rotation.float().contiguous()  # noqa: E731
+        return StepPages(dict(kv_dtype=kt, v_dtype=None if vt == kt == "turboquant" else vt, k_cache=kc, v_cache=vc, k_scale=ks,
+                              v_scale=vs, k_tq=ktq, v_tq=vtq, k_rot=rotation(self.keys), v_rot=rotation(self.values)))
 
     def attend_natively(self, q: torch.Tensor, meta: AttentionMetadata, scale: float,
                         window: Optional[int]) -> Optional[torch.Tensor]:

@@ -1,4 +1,4 @@
-"""llama.cpp's KV-cache block types as a half codec: ``q8_0``, ``q5_0``, ``q4_0``, ``q4_1`` (``--cache-type-k/-v``).
+"""llama.cpp's KV-cache block types, each registered here: ``q8_0``, ``q5_0``, ``q4_0``, ``q4_1`` (``-ctk/-ctv``).
 
 llama.cpp stores each cached K (or V) row of one head in GGML blocks of 32 consecutive channels along the
 head dimension, per token: a block is an fp16 scale (and, for ``q4_1``, an fp16 minimum) plus 32 codes, in
@@ -27,6 +27,7 @@ from gguf import GGMLQuantizationType as T
 from ..errors import ConfigError
 from ..kernels.decoder_spec import BLOCK_PAGE_TYPES
 from ..kernels.ggml_codecs import DECODERS, ENCODERS
+from .base import KV_CODECS
 from .compressed import CompressedCodec
 from .halves import HalfCodec, HalfPages
 
@@ -77,7 +78,7 @@ class GGMLBlockHalf(HalfCodec):
 
 
 def ggml_codec_class(name: str):
-    """A codec class storing K and V both in the llama.cpp type ``name`` (each type file registers one)."""
+    """A codec class storing K and V both in the llama.cpp type ``name`` (registered below, one per type)."""
 
     class GGMLCodec(CompressedCodec):
         __doc__ = f"llama.cpp's ``{name}`` KV cache (``-ctk {name} -ctv {name}``); see :mod:`bytediet.kvcache.ggml_block`."
@@ -87,3 +88,7 @@ def ggml_codec_class(name: str):
 
     GGMLCodec.__name__ = GGMLCodec.__qualname__ = name.upper().replace("_", "") + "Codec"
     return GGMLCodec
+
+
+for _name in TYPES:  # q8_0, q5_0, q4_1, q4_0: llama.cpp's -ctk/-ctv names
+    KV_CODECS.register(_name)(ggml_codec_class(_name))

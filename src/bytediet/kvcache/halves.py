@@ -21,6 +21,7 @@ from typing import Any, Optional
 import torch
 
 from ..errors import ConfigError
+from ..kernels.types import KVPage, PageKind
 
 
 class HalfPages(ABC):
@@ -58,6 +59,21 @@ class HalfPages(ABC):
         D·bits/8)) (page type, codes, None, their ``CodePageSide``), when the native attention reads these pages
         as they are stored (see ``LayerKVCache.native_pages``), else None."""
         return None
+
+    def step_ready(self) -> bool:
+        """See ``LayerKVCache.step_ready``."""
+        return True
+
+    def step_side(self) -> tuple[Optional[tuple], str]:
+        """((page type, pages, scales, TurboQuant spec), "") as the native decode step reads and writes this half,
+        or (None, why it cannot): it reads and writes row and block pages; code pages it only reads (attention)."""
+        pages = self.native_pages()
+        if pages is None:
+            return None, f"{type(self).__name__} pages have no native read"
+        if KVPage.named(pages[0]).kind not in (PageKind.ROW, PageKind.BLOCK):
+            return None, (f"{pages[0]} pages are codes the native step does not write; the module path runs, its "
+                          "attention native")
+        return (pages[0], pages[1], pages[2], None), ""
 
     def prepare_query(self, qg: torch.Tensor) -> Any:
         return qg

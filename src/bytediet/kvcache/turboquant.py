@@ -35,6 +35,7 @@ from typing import Optional
 import torch
 
 from ..errors import ConfigError
+from ..kernels import ops
 from ..kernels.decoder_spec import TurboQuantPageSpec, TurboQuantPart
 from . import bitpack
 from .base import KV_CODECS
@@ -180,6 +181,29 @@ class TurboQuantPages(HalfPages):
         if len(self.parts) > 2 or any(not p.mse_bits for p in self.parts) or (len(self.parts) > 1 and self.channels is None):
             return None
         return "turboquant", None, None, self.page_spec()
+
+    def step_objection(self) -> Optional[str]:
+        """None when the native decode step reads and writes these pages (the MSE variant, 1 or 2 parts, head_dim up
+        to ops.TQ_MAX_HEAD_DIM), else why not, in one line."""
+        if any(p.variant != "mse" for p in self.parts):
+            read = ("its attention on the codec's own read (a part of 1-bit keys keeps no MSE codes, which the kernel "
+                    "needs)" if any(p.mse_bits == 0 for p in self.parts) else "its attention native")
+            return ("turboquant_prod keys (1-bit QJL residual) have no native step (it does not write them; the MSE "
+                    f"variant, turboquant, has); the module path runs, {read}")
+        if self.head_dim > ops.TQ_MAX_HEAD_DIM:
+            return f"TurboQuant pages of head dim {self.head_dim} (the native step reads up to {ops.TQ_MAX_HEAD_DIM})"
+        if len(self.parts) > 2:
+            return f"TurboQuant pages of {len(self.parts)} parts (the native step reads 1 or 2)"
+        return None
+
+    def step_ready(self) -> bool:
+        """False until two-part pages know their outlier channels (calibration, or the first write picks them)."""
+        return len(self.parts) < 2 or self.channels is not None
+
+    def step_side(self):
+        """(("turboquant", None, None, :meth:`page_spec`), "") or (None, :meth:`step_objection`)."""
+        objection = self.step_objection()
+        return (None, objection) if objection else (("turboquant", None, None, self.page_spec()), "")
 
     def tensors(self):
         return [t for s in self.store for t in s.values()]

@@ -134,10 +134,6 @@ class GGUFCheckpoint:
                 continue
             yield GGUFTensor(t.name, name, shape, t.tensor_type, t.data)
 
-    def tensor_types(self) -> dict[str, str]:
-        """HF-style name → GGUF type name (e.g. ``Q4_1``)."""
-        return {t.name: t.type_name for t in self.tensors()}
-
 
 # ------------------------------------------------------------------------------------- writing
 def copy_metadata(reader: "gguf.GGUFReader", writer: "gguf.GGUFWriter", skip: tuple[str, ...] = ()) -> None:

@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..kernels import backend, dense_gemm, ops
+from ..kernels import backend, ops
 from ..kvcache.base import AttentionMetadata, LayerKVCache
 from ..quant.base import Packed, WeightFormat
 
@@ -78,33 +78,18 @@ class Linear(nn.Module):
     def packed_device(self) -> torch.device:
         return getattr(self, "packed_" + self._packed_keys[0]).device if self._packed_keys else torch.device("cpu")
 
+    def weight(self, triton: bool = False) -> ops.LinearWeight:
+        """This layer's weight as the kernels choose a product for it (``ops.linear``); ``triton``: for the GPU path
+        (kernels/backend.py), which multiplies the weight as :meth:`device_weight` prepares it."""
+        if triton:
+            return ops.LinearWeight(self.in_features, self.out_features, None,
+                                    lambda x, bias: self.format.apply(x, self.packed, bias), device=self.device_weight)
+        return ops.LinearWeight(self.in_features, self.out_features, getattr(self.format, "activations", None),
+                                lambda x, bias: self.format.apply(x, self.packed, bias), self.native_weight(),
+                                self.interleaved, getattr(self.format, "ggml_type", None))
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weight = self.device_weight(x.dtype) if backend.triton_selected(x) else None
-        if weight is not None:  # the GPU path (CUDA, or BYTEDIET_BACKEND=triton): kernels/backend.py
-            return weight(x, self.bias)
-        native = self.native_weight() if x.device.type == "cpu" else None
-        if (native is not None and x.numel() >= ops.DENSE_GEMM_MIN_ROWS * self.in_features
-                and self.format.activations in ("q16", "f32")):
-            # compute-bound (a prefill chunk): for q16, int8 dot products on a register-blocked panel of the
-            # weight where the library has them, or the weight decoded once and a float GEMM (bf16 where asked
-            # for, kernels/dense_gemm.py); exact fp32 for f32. q8 keeps its integer kernel, whose measured cost
-            # the user chose, and q8-token (int8-w8a8) the rounding that defines the format.
-            q16 = x.dtype == torch.float32 and self.format.activations == "q16"
-            grad = torch.is_grad_enabled() and x.requires_grad  # recovery training: keep F.linear's backward
-            if (q16 and not grad and dense_gemm.kind() == "int8" and ops.has_gemm_panel(native[0])
-                    and ops.tuned_kernel(native[0], self.out_features, self.in_features, ops.PREFILL_TUNE_ROWS) != "fp32"):
-                return ops.gemm_panel(native[0], native[1], x, self.bias)
-            gemm = dense_gemm.dtype() if q16 else x.dtype
-            w = ops.dequantize_blocks(native[0], native[1], dtype=gemm)
-            y = F.linear(x.to(gemm), w).to(x.dtype)
-            return y if self.bias is None else y + self.bias.to(x.dtype)
-        if self.interleaved is not None and self.format.activations in ops.X4_ACTIVATIONS:
-            # the same weight, laid out for the native kernels (ops.repack_x4); a layer switched to another
-            # activation mode since (optimize varies a copy of the loaded model) reads its blocks below
-            return ops.gemm_x4(self.format.ggml_type, self.interleaved, x, self.bias, self.format.activations)
-        if native is not None:
-            return ops.gemm_blocks(native[0], native[1], x, self.bias, self.format.activations)
-        return self.format.apply(x, self.packed, self.bias)
+        return ops.linear(self.weight(backend.triton_selected(x)), x, self.bias)
 
     def extra_repr(self) -> str:
         return f"{self.in_features}→{self.out_features}, format={self.format.spec() if self.format else None}"

@@ -15,9 +15,7 @@ from typing import Optional
 import torch
 
 from ..kernels import ops
-from ..kernels.decoder_spec import ATTENTION_PAGE_TYPES, DecoderSpec, LayerSpec, LinearSpec
-from ..kvcache.compressed import CompressedCache
-from ..kvcache.turboquant import TurboQuantPages
+from ..kernels.decoder_spec import DecoderSpec, LayerSpec, LinearSpec
 from .layers import Linear
 from .transformer import CausalLM
 
@@ -40,62 +38,11 @@ def _linear(lin: Linear, interleave: bool = False) -> Optional[LinearSpec]:
     return LinearSpec(blocks, int(gtype), lin.out_features, lin.in_features, bias, interleaved=x4, source=source)
 
 
-
-
-def _turboquant_objection(half) -> Optional[str]:
-    """None when the native step reads these TurboQuant pages, else why not."""
-    if any(p.variant != "mse" for p in half.parts):
-        read = ("its attention on the codec's own read (a part of 1-bit keys keeps no MSE codes, which the kernel "
-                "needs)" if any(p.mse_bits == 0 for p in half.parts) else "its attention native")
-        return ("turboquant_prod keys (1-bit QJL residual) have no native step (it does not write them; the MSE "
-                f"variant, turboquant, has); the module path runs, {read}")
-    if half.head_dim > ops.TQ_MAX_HEAD_DIM:
-        return f"TurboQuant pages of head dim {half.head_dim} (the native step reads up to {ops.TQ_MAX_HEAD_DIM})"
-    if len(half.parts) > 2:
-        return f"TurboQuant pages of {len(half.parts)} parts (the native step reads 1 or 2)"
-    return None
-
-
-def _rotation(half) -> Optional[torch.Tensor]:
-    return None if half.rotation is None else half.rotation.float().contiguous()
-
-
 def _pages_or_objection(cache) -> tuple[Optional[dict], str]:
-    """(the cache's pages as LayerSpec fields, "") or (None, why the native step cannot read them). It reads the
-    pages ``LayerKVCache.native_pages`` describes (fp32, bf16, fp16, the ``int8`` codec's codes and fp16 scales,
-    the uncalibrated ``fp8`` codec's, llama.cpp's q8_0/q5_0/q4_1/q4_0 blocks — keys and values each of any of
-    these, as in k=q8_0,v=q4_0, also rotated: ``rot-int8``, ``rot-q8_0``) and ``turboquant`` (MSE variant) codes on
-    both sides or on one side beside any of the others (an ``auto:<bits>`` plan's k=q5_0,v=turboquant4)."""
-    halves = (cache.keys, cache.values) if isinstance(cache, CompressedCache) else ()
-    tq = [isinstance(h, TurboQuantPages) for h in halves]
-    if any(tq):  # TurboQuant pages (their spec) on both sides, or on one beside row/block pages (k=q5_0,v=turboquant4)
-        objection = next(filter(None, (_turboquant_objection(h) for h, t in zip(halves, tq) if t)), None)
-        if objection:
-            return None, objection
-        sides = [("turboquant", None, None, h.page_spec()) if t else (*(h.native_pages() or (None,) * 3)[:3], None)
-                 for h, t in zip(halves, tq)]
-        if any(dtype not in ("turboquant", *ATTENTION_PAGE_TYPES) for dtype, *_ in sides):
-            return None, (f"KV cache of {type(cache.keys).__name__} keys, {type(cache.values).__name__} values has no "
-                          "native step (TurboQuant pages read beside row or block pages only)")
-        (kt, kc, ks, ktq), (vt, vc, vs, vtq) = sides
-        return dict(kv_dtype=kt, v_dtype=None if vt == kt else vt, k_cache=kc, v_cache=vc, k_scale=ks, v_scale=vs,
-                    k_tq=ktq, v_tq=vtq, k_rot=_rotation(cache.keys), v_rot=_rotation(cache.values)), ""
-    pages = cache.attention_pages()
-    sides = pages and (pages.pop("k_side", None), pages.pop("v_side", None))
-    if pages is not None and sides == (None, None):
-        if isinstance(cache, CompressedCache):   # rotated pages (rot-int8, rot-q8_0): the step rotates q, k, v, output
-            pages.update(k_rot=_rotation(cache.keys), v_rot=_rotation(cache.values))
-        return pages, ""
-    if pages is not None:  # code pages (KIVI, QJL, PolarQuant, HF's): codes the step does not write
-        return None, (f"KV cache of {pages['kv_dtype']} keys, {pages['v_dtype']} values has no native step (it does "
-                      "not write these codes); the module path runs, its attention native")
-    if isinstance(cache, CompressedCache):
-        k, v = cache.keys, cache.values
-        kinds = f"{type(k).__name__} keys, {type(v).__name__} values"
-    else:
-        kinds = f"{type(cache).__name__} ({getattr(getattr(cache, 'k', None), 'dtype', '?')})"
-    return None, (f"KV cache {kinds} has no native step (fp32, bf16, fp16, int8, uncalibrated fp8, q8_0, q5_0, "
-                  "q4_1, q4_0 and turboquant pages have, in any k/v mix)")
+    """(the cache's pages as LayerSpec fields, "") or (None, why the native step cannot read them): the codec's own
+    answer, ``LayerKVCache.step_pages``."""
+    pages = cache.step_pages()
+    return pages.fields, pages.objection
 
 
 def _pages(cache) -> Optional[dict]:
@@ -141,9 +88,7 @@ def why_not_native(model: CausalLM, caches: list) -> Optional[str]:
 def _pending_channels(caches: list) -> list[int]:
     """Layers whose TurboQuant pages have two parts but no channel order yet: the uncalibrated codec picks the
     outlier channels on its first write (a prefill on the module path, ``TurboQuantPages.write``)."""
-    return [i for i, cache in enumerate(caches) if isinstance(cache, CompressedCache)
-            and any(isinstance(h, TurboQuantPages) and len(h.parts) > 1 and h.channels is None
-                    for h in (cache.keys, cache.values))]
+    return [i for i, cache in enumerate(caches) if not cache.step_ready()]
 
 
 class NativeDecoder:
@@ -153,8 +98,8 @@ class NativeDecoder:
     which every sequence has exactly one new token.
     """
 
-    def __init__(self, model: CausalLM, spec: DecoderSpec, lm_head: Optional[LinearSpec], caches: list) -> None:
-        self.model, self.spec, self.lm_head, self.caches = model, spec, lm_head, caches
+    def __init__(self, model: CausalLM, spec: DecoderSpec, caches: list) -> None:
+        self.model, self.spec, self.caches = model, spec, caches
         self.pending = _pending_channels(caches)
 
     def ready(self) -> bool:
@@ -210,5 +155,6 @@ def native_decoder(model: CausalLM, caches: list) -> Optional[NativeDecoder]:
                        attention_scale=model.model.layers[0].self_attn.scale, gelu=c.hidden_act == "gelu_tanh",
                        sandwich=c.sandwich_norm, activations=activations)
     head = model.lm_head
-    lm_head = _linear(head, getattr(head.format, "activations", None) in ("q8", "q16"))
-    return NativeDecoder(model, spec, lm_head, caches)
+    if getattr(head.format, "activations", None) in ("q8", "q16"):
+        _linear(head, interleave=True)  # gives lm_head its interleaved copy, which model.head multiplies with
+    return NativeDecoder(model, spec, caches)

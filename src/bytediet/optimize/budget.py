@@ -11,7 +11,8 @@ sequence at the planning context).
 * Activation precision (a record measured by the ``activations`` step, with ``activation_ppl_cost`` and
   ``activation_top1_drop`` set): its cost *against the same weights at the default precision* must also stay
   within ``max_activation_ppl_cost`` percentage points of perplexity and ``max_activation_top1_drop`` of top-1
-  agreement — issue 12's rule for a default ("within +0.3 % perplexity and ≥ 99 % top-1 agreement"), so a faster
+  agreement — the rule a faster default must meet (within +0.3 % perplexity and ≥ 99 % top-1 agreement of the
+  precision it replaces, bench/RESULTS.md "Activation precision"), so a faster
   activation path is taken only when it costs almost nothing on top of the weight format chosen.
 * Objective ``throughput``: the highest decode tok/s; ``memory``: the fewest bytes. Ties go to the
   smaller KL.

@@ -13,7 +13,7 @@ import os
 import warnings
 from typing import Optional
 
-from . import build
+from . import build, structs
 
 _VOID_P, _LONG, _INT = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
 SIGNATURES = {  # C ABI of csrc/*.cpp: name → (restype, argtypes)
@@ -21,6 +21,8 @@ SIGNATURES = {  # C ABI of csrc/*.cpp: name → (restype, argtypes)
     "bd_num_threads": (_INT, []),
     "bd_set_spin_us": (None, [_INT]),
     "bd_isa": (ctypes.c_char_p, []),
+    "bd_type_ids": (ctypes.c_char_p, []),
+    "bd_struct_layout": (ctypes.c_char_p, []),
     "bd_gemm_blocks": (_INT, [_INT, _VOID_P, _LONG, _LONG, _VOID_P, _LONG, _VOID_P, _VOID_P, _INT]),
     "bd_dequantize_blocks": (_INT, [_INT, _VOID_P, _LONG, _LONG, _VOID_P]),
     "bd_dequantize_blocks_bf16": (_INT, [_INT, _VOID_P, _LONG, _LONG, _VOID_P]),
@@ -61,6 +63,15 @@ class NativeLibrary:
     def __getattr__(self, name: str):
         return getattr(self.lib, name)
 
+    def type_ids(self) -> dict[str, dict[str, int]]:
+        """Every id the library names (csrc/types.h): {family: {NAME: value}}."""
+        ids: dict[str, dict[str, int]] = {}
+        for line in self.lib.bd_type_ids().decode().split():
+            key, value = line.split("=")
+            family, name = key.split(".")
+            ids.setdefault(family, {})[name] = int(value)
+        return ids
+
     def set_num_threads(self, n: int) -> None:
         self.lib.bd_set_num_threads(max(1, int(n)))
 
@@ -82,6 +93,7 @@ def load(variant_name: str) -> NativeLibrary:
         lib = NativeLibrary(str(path), v.name)
     except (OSError, AttributeError):  # a cached file that passed its checksum but will not load: rebuild once
         lib = NativeLibrary(str(build.build(v, force=True)), v.name)
+    structs.check(lib)  # a mirror that drifted from its struct fails here, not as garbage read later
     lib.set_num_threads(_default_threads())
     return lib
 

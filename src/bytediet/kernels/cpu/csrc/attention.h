@@ -95,6 +95,18 @@ inline Partial softmax_span(float* s, long lo, long hi, long n) {
     return Partial{mx, sum};
 }
 
+// The split of the context into chunks (flash-decoding) shared by decoder.cpp and turboquant_pages.cpp: about two
+// work items per thread over `items` (query tiles, or tokens × KV heads) — an uneven split costs half a chunk —,
+// none shorter than 128 positions; T tokens at positions[0 .. T), the longest sequence's positions in *longest.
+inline long context_chunks(int threads, long items, const int64_t* positions, long T, long* longest) {
+    *longest = 1;
+    for (long t = 0; t < T; ++t) *longest = positions[t] + 1 > *longest ? positions[t] + 1 : *longest;
+    long chunks = (2 * threads + items - 1) / items;
+    if (chunks > (*longest + 127) / 128) chunks = (*longest + 127) / 128;
+    if (chunks < 1) chunks = 1;
+    return chunks;
+}
+
 // One (token, head)'s output from its chunks: out (d) = Σ_c e^(max_c − max) acc_c / Σ_c e^(max_c − max) sum_c,
 // where parts (chunks) and acc (chunks, d) are the chunks' partials and unnormalised Σ p·v.
 inline void merge_chunks(const Partial* parts, const float* acc, long chunks, long d, float* out) {

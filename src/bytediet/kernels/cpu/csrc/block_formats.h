@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "isa.h"
+#include "types.h"
 
 namespace bd {
 
@@ -169,15 +170,15 @@ struct Q6_K : NoRowHeader {  // 16-element int8 scales, 6-bit codes stored as 4 
     }
 };
 
-// bytediet's own formats, repacked once at load time (kernels/native_layouts.py; type ids 100–106).
+// bytediet's own formats, repacked once at load time (kernels/native_layouts.py; types.h's WeightType from 100).
 
 // int4-gG: blocks of G weights, [scale f16][offset f16, asymmetric only][G/2 bytes of nibbles in Q4 order].
-template <int G, bool ASYM>
+template <int G, bool SYMMETRIC>  // as native_layouts.INT4_GROUPS' (group, symmetric) key
 struct Int4Groups : NoRowHeader {
-    static constexpr int SUB = G / 32, CODES = ASYM ? 4 : 2, BYTES = CODES + G / 2;
+    static constexpr int SUB = G / 32, CODES = SYMMETRIC ? 2 : 4, BYTES = CODES + G / 2;
     static constexpr bool SIGNED = false, SPLIT = false;
     static void scales(const uint8_t* b, SubScales& s) {
-        const float d = f16_to_f32(b), m = ASYM ? f16_to_f32(b + 2) : -8.0f * d;
+        const float d = f16_to_f32(b), m = SYMMETRIC ? -8.0f * d : f16_to_f32(b + 2);
         for (int j = 0; j < SUB; ++j) {
             s.d_lo[j] = s.d_hi[j] = d;
             s.m[j] = m;
@@ -405,27 +406,27 @@ struct Sparse24F16 : NoRowHeader, UnitSubScales {
 // fn(F{}) for the format of a kernel type id (GGML ids, then bytediet's own 100–111); -1 for another id.
 template <class Fn>
 int with_format(int ggml_type, Fn fn) {
-    switch (ggml_type) {
-        case 2: fn(Q4_0{}); return 0;
-        case 3: fn(Q4_1{}); return 0;
-        case 6: fn(Q5_0{}); return 0;
-        case 7: fn(Q5_1{}); return 0;
-        case 8: fn(Q8_0{}); return 0;
-        case 12: fn(Q4_K{}); return 0;
-        case 13: fn(Q5_K{}); return 0;
-        case 14: fn(Q6_K{}); return 0;
-        case 100: fn(Int8Row{}); return 0;
-        case 101: fn(Int4Groups<32, true>{}); return 0;
-        case 102: fn(Int4Groups<64, true>{}); return 0;
-        case 103: fn(Int4Groups<128, true>{}); return 0;
-        case 104: fn(Int4Groups<32, false>{}); return 0;
-        case 105: fn(Int4Groups<64, false>{}); return 0;
-        case 106: fn(Int4Groups<128, false>{}); return 0;
-        case 107: fn(MXFP4Blocks{}); return 0;
-        case 108: fn(NVFP4Blocks{}); return 0;
-        case 109: fn(Sparse24Int8{}); return 0;
-        case 110: fn(FP8Row{}); return 0;
-        case 111: fn(Sparse24F16{}); return 0;
+    switch (static_cast<WeightType>(ggml_type)) {
+        case WeightType::Q4_0: fn(Q4_0{}); return 0;
+        case WeightType::Q4_1: fn(Q4_1{}); return 0;
+        case WeightType::Q5_0: fn(Q5_0{}); return 0;
+        case WeightType::Q5_1: fn(Q5_1{}); return 0;
+        case WeightType::Q8_0: fn(Q8_0{}); return 0;
+        case WeightType::Q4_K: fn(Q4_K{}); return 0;
+        case WeightType::Q5_K: fn(Q5_K{}); return 0;
+        case WeightType::Q6_K: fn(Q6_K{}); return 0;
+        case WeightType::INT8_ROW: fn(Int8Row{}); return 0;
+        case WeightType::INT4_G32_ASYM: fn(Int4Groups<32, false>{}); return 0;
+        case WeightType::INT4_G64_ASYM: fn(Int4Groups<64, false>{}); return 0;
+        case WeightType::INT4_G128_ASYM: fn(Int4Groups<128, false>{}); return 0;
+        case WeightType::INT4_G32_SYM: fn(Int4Groups<32, true>{}); return 0;
+        case WeightType::INT4_G64_SYM: fn(Int4Groups<64, true>{}); return 0;
+        case WeightType::INT4_G128_SYM: fn(Int4Groups<128, true>{}); return 0;
+        case WeightType::MXFP4_BLOCKS: fn(MXFP4Blocks{}); return 0;
+        case WeightType::NVFP4_BLOCKS: fn(NVFP4Blocks{}); return 0;
+        case WeightType::SPARSE24_INT8: fn(Sparse24Int8{}); return 0;
+        case WeightType::FP8_ROW: fn(FP8Row{}); return 0;
+        case WeightType::SPARSE24_F16: fn(Sparse24F16{}); return 0;
         default: return -1;
     }
 }

@@ -1,4 +1,4 @@
-// Code pages of the native attention (decoder.cpp: attend; ids from 10, kernels/decoder_spec.py's CODE_PAGE_TYPES):
+// Code pages of the native attention (decoder.cpp: attend; ids: types.h's KVPage, PageKind.CODE in types.py):
 // pages whose codecs quantize groups of tokens or keep per-layer transforms, so the decode step neither reads nor
 // writes them. Their scales, zero points, norms, open (staged) tokens and transforms live beside the pages, not per
 // row: a row is read from its slot and KV head (SIDE: P::widen_at) with CodePagesDesc, mirrored by kernels/ops.py's
@@ -177,25 +177,30 @@ struct PagesPolar : SidePages {
     }
 };
 
-constexpr int kFirstCodePages = 10;  // ids from 10: decoder_spec.CODE_PAGE_TYPES, in order
-
 // fn(P{}) for any page type the native attention reads (row, block and code pages); false for another id.
 template <class Fn>
 bool with_attention_pages(int kv_dtype, Fn fn) {
-    switch (kv_dtype) {
-        case 10: fn(PagesChannelKeys<2>{}); return true;
-        case 11: fn(PagesChannelKeys<4>{}); return true;
-        case 12: fn(PagesTokenCodes<2, 32>{}); return true;
-        case 13: fn(PagesTokenCodes<4, 32>{}); return true;
-        case 14: fn(PagesTokenCodes<2, 64>{}); return true;
-        case 15: fn(PagesTokenCodes<4, 64>{}); return true;
-        case 16: fn(PagesQJLKeys<1>{}); return true;
-        case 17: fn(PagesQJLKeys<2>{}); return true;
-        case 18: fn(PagesQJLKeys<3>{}); return true;
-        case 19: fn(PagesQJLKeys<4>{}); return true;
-        case 20: fn(PagesPolar{}); return true;
+    switch (static_cast<KVPage>(kv_dtype)) {
+        case KVPage::KIVI2_KEYS: fn(PagesChannelKeys<2>{}); return true;
+        case KVPage::KIVI4_KEYS: fn(PagesChannelKeys<4>{}); return true;
+        case KVPage::INT2_TOKEN_G32: fn(PagesTokenCodes<2, 32>{}); return true;
+        case KVPage::INT4_TOKEN_G32: fn(PagesTokenCodes<4, 32>{}); return true;
+        case KVPage::INT2_TOKEN_G64: fn(PagesTokenCodes<2, 64>{}); return true;
+        case KVPage::INT4_TOKEN_G64: fn(PagesTokenCodes<4, 64>{}); return true;
+        case KVPage::QJL1_KEYS: fn(PagesQJLKeys<1>{}); return true;
+        case KVPage::QJL2_KEYS: fn(PagesQJLKeys<2>{}); return true;
+        case KVPage::QJL3_KEYS: fn(PagesQJLKeys<3>{}); return true;
+        case KVPage::QJL4_KEYS: fn(PagesQJLKeys<4>{}); return true;
+        case KVPage::POLARQUANT: fn(PagesPolar{}); return true;
         default: return with_pages(kv_dtype, fn);
     }
+}
+
+// Whether pages of this type are read with side data (code pages: CodePagesDesc), from the type's traits.
+inline bool has_side_data(int kv_dtype) {
+    bool side = false;
+    with_attention_pages(kv_dtype, [&](auto p) { side = decltype(p)::SIDE; });
+    return side;
 }
 
 }  // namespace bd

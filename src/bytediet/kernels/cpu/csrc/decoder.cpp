@@ -21,6 +21,8 @@
 #include "isa.h"
 #include "code_pages.h"
 #include "kv_pages.h"
+#include "lanes_avx2.h"
+#include "lanes_avx512.h"
 #include "threadpool.h"
 
 namespace bd {
@@ -69,33 +71,30 @@ void rope(float* q, long hq, float* k, long hkv, long d, const float* inv_freq, 
     }
 }
 
-// The KV rows of one head are 1–3 cache lines apart from the next position's, a stride the hardware prefetcher
-// follows late: without this the score loop waits on memory for most of its time. Eight positions ahead
-// (6 KiB of SmolLM2 fp32 keys): 16–64 ran slower on the Zen 5 VM (batch 16 at 2k: 64 rows 85 ms, 8 rows 70 ms).
+// Positions ahead whose rows the key pass on codes prefetches: a head's rows are strided, which the hardware
+// prefetcher follows late (8: the fastest measured, bench/RESULTS.md, Recording 10).
 constexpr long kPrefetchRows = 8;
-
-inline void prefetch_bytes(const char* p, long bytes) {  // the cache lines of [p, p + bytes)
-    for (long i = 0; i < bytes; i += 64) _mm_prefetch(p + i, _MM_HINT_T0);
-}
 
 
 // Linear layers sharing one input: quantized once (q8) or summed per block once (f32).
 class Input {
   public:
-    Input(const float* x, long m, long k, int activations, Scratch& s) : x_(x), m_(m), k_(k), act_(activations), s_(s) {
-        if (act_ == 1) {
+    Input(const float* x, long m, long k, int activations, Scratch& s)
+        : x_(x), m_(m), k_(k), act_(static_cast<Activations>(activations)), s_(s) {
+        if (act_ == Activations::F32) {
             s.sums.resize(m * (k / 32));
             block_sums(x, m, k, s.sums.data());
         } else {
-            rows_ = act_ == 3 ? s.act.quantize_per_token(x, m, k) : s.act.quantize(x, m, k, act_ == 2);
+            rows_ = act_ == Activations::Q8_TOKEN ? s.act.quantize_per_token(x, m, k)
+                                                   : s.act.quantize(x, m, k, act_ == Activations::Q16);
         }
     }
     void apply(const LinearDesc& l, float* y) const {
         const long nb = k_ / 32;
         if (panel(l, y)) return;
-        if (act_ != 1 && l.interleaved)
+        if (act_ != Activations::F32 && l.interleaved)
             gemm_x4_q8(l.ggml_type, l.blocks, l.n, l.k, rows_, m_, y, l.n, l.bias);
-        else if (act_ != 1)
+        else if (act_ != Activations::F32)
             gemm_blocks_q8(l.ggml_type, l.blocks, l.n, l.k, rows_, m_, y, l.n, l.bias);
         else
             gemm_blocks_f32(l.ggml_type, l.blocks, l.n, l.k, FloatRows{x_, s_.sums.data(), k_, nb}, m_, y, l.n, l.bias);
@@ -103,7 +102,7 @@ class Input {
 
     // Products of this input by several weights (q/k/v, gate/up): one parallel region when all are interleaved.
     void apply_all(std::initializer_list<std::pair<const LinearDesc*, float*>> outs) const {
-        bool fused = act_ != 1 && m_ < kPanelMinRows;
+        bool fused = act_ != Activations::F32 && m_ < kPanelMinRows;
         for (auto& o : outs) fused = fused && o.first->interleaved;
         if (!fused) {
             for (auto& o : outs) apply(*o.first, o.second);
@@ -118,10 +117,10 @@ class Input {
 
   private:
     // A step of many rows (a batch of decodes) with q16 activations: the register-blocked panel GEMM
-    // (gemm_panel.cpp) where this build has it — 1.2–1.7× the x4 kernels at 16 rows on a Zen 5 VM.
+    // (gemm_panel.cpp) where this build has it, faster than x4 from 8 rows (bench/RESULTS.md, Recording 10).
     static constexpr long kPanelMinRows = 8;
     bool panel(const LinearDesc& l, float* y) const {
-        if (act_ != 2 || m_ < kPanelMinRows) return false;
+        if (act_ != Activations::Q16 || m_ < kPanelMinRows) return false;
         const uint8_t* src = l.interleaved ? l.source : l.blocks;
         return src && gemm_panel_q16(l.ggml_type, src, l.n, l.k, rows_, m_, y, l.n, l.bias) == 0;
     }
@@ -129,7 +128,7 @@ class Input {
     QuantizedRows rows_{};  // q8/q16: the quantized input in the scratch buffers
     const float* x_;
     long m_, k_;
-    int act_;
+    Activations act_;
     Scratch& s_;
 };
 
@@ -140,11 +139,10 @@ class Input {
 // An item walks its chunk's positions in order, 16 at a time, and for every KV head reads the rows once
 // for all the query heads that share it (GQA), leaving a partial (max, Σexp, Σexp·v) per (token, head);
 // a second pass merges the chunks. q, out: (T, Hq, D).
-// Walking positions (not heads) outermost reads each page front to back — a head-major walk touched every
-// third row group of a page and ran at a quarter of the read bandwidth. The streaming passes (below) read each row
-// once for all the heads that share it, keys in address order, prefetch between the products — batch 16 at 2k
-// context (SmolLM2, fp32 pages, AVX-512) went from 64 to 34 ms of attention a step, the pure read of its pages
-// being 22. Keys scored on their codes (QJL) keep a head-major pass, 8 keys per reduction (P::dot8).
+// Positions (not heads) are walked outermost, so each page is read front to back; the streaming passes (below)
+// read each row once for all the heads that share it, keys in address order, prefetching between the products
+// (why: bench/RESULTS.md, Recording 10). Keys scored on their codes (QJL) keep a head-major pass, 8 keys per
+// reduction (P::dot8).
 // Page rows are read in place in their stored type and widened once per row (kv_pages.h); int8/fp8 rows' scales
 // multiply the row's score and its softmax weight. Keys and values may be stored in different page types
 // (k=q8_0,v=q4_0): an item's key pass and value pass are each instantiated per page type and chosen once per
@@ -153,8 +151,7 @@ class Input {
 constexpr long kRowBlock = 16;  // positions per block (rows gathered, and for narrow pages widened)
 constexpr long kQueryTile = 8;  // tokens of one prefill chunk sharing the row reads
 // The streaming passes prefetch the rows this many positions ahead, one position's rows between two positions'
-// products (batch 16 at 2k on the Zen 5 VM: keys 30 → 18 ms a step, 8 ahead best of 4/8/16; values 28.6 →
-// 24.7 ms, 16 ahead best of 8/16/32). A burst of a whole block's prefetches at once mostly went unused.
+// products (the fastest of 4/8/16 and 8/16/32: bench/RESULTS.md, Recording 10).
 constexpr long kKeyAhead = 8;
 constexpr long kValueAhead = 16;
 
@@ -274,26 +271,14 @@ void finish_values(const CodePagesDesc& side, float* out, long rows, long d) {
 
 // The streaming passes (any row or block page type, head_dim a multiple of the vector width): every key row is
 // loaded once for all the query heads that share it (GQA, up to kGroupTile at a time) and every value row once for
-// all their outputs. Per (position, KV head) of SmolLM2 (3 query heads, D = 64) the AVX-512 kernels take ~40
-// instructions for the scores and ~20 for the values, against ~80 and ~50 of dot8/weighted_sum per head — fewer
-// instructions per byte of page also let the out-of-order window run further ahead into the page stream. The walk
-// (address order, prefetch between products) is one template; its vector kernels are Lanes16's (AVX-512: 16 floats
-// a load) where the build has them and head_dim % 16 == 0, else Lanes8's (AVX2). The two sets stay separate code:
-// one kernel written once over the width made the AVX-512 passes 35 → 41 ms (batch 16 at 2k, session 10).
+// all their outputs. The walk (address order, prefetch between products) is one template; its vector kernels are
+// Lanes16's (lanes_avx512.h: 16 floats a load) where the build has them and head_dim % 16 == 0, else Lanes8's
+// (lanes_avx2.h); two separate sets, not one over the width (bench/RESULTS.md, Recording 11).
 constexpr int kGroupTile = 4;
 
 // Row and block pages (float, bf16, fp16, int8, fp8 rows; llama.cpp's q8_0/q5_0/q4_1/q4_0 blocks: not code pages)
 // are widened in registers by the streaming passes, a vector a load, never through the tile (its store and reload
 // cost int8 pages more than their 4× fewer bytes saved: batch 1 at 8k context ran at fp32's speed).
-template <class P>
-constexpr bool kRowsInRegisters = !P::SIDE && !P::ON_CODES;
-
-// A row of KV head kvh at one slot as the streaming passes read it, with its scale (int8/fp8, else 1): the stored
-// row itself (row and block pages), or for code pages floats widened into tile from their side data (scales, zero
-// points, staging pages). Keys scored on their codes (ON_CODES) have their own pass and never come here.
-template <class P>
-using WideRow = std::conditional_t<kRowsInRegisters<P>, const typename P::T*, const float*>;
-
 template <class P>
 inline WideRow<P> wide_row_at(const AttendCall& a, const typename P::T* pages, const void* scale_pages,
                               const CodePagesDesc* side, long slot, long kvh, float* tile, float& scale) {
@@ -308,174 +293,6 @@ inline WideRow<P> wide_row_at(const AttendCall& a, const typename P::T* pages, c
     }
 }
 
-// The AVX2 kernels: 8 floats a load.
-struct Lanes8 {
-    template <class P>
-    static __m256 load(WideRow<P> r, long i) {
-        if constexpr (kRowsInRegisters<P>)
-            return P::load8(r, i);
-        else
-            return _mm256_loadu_ps(r + i);
-    }
-
-    // One key row k (d floats) against NG queries q[0..NG): each product's 8 lanes stored at out + 64·g (a head's
-    // 8 positions lie 8 floats apart, reduced together by hsum8_rows).
-    template <class P, int NG, long D = 0>  // D: head_dim known at compile time (0: d)
-    static void dots(const float* const* q, WideRow<P> k, long d, float* out) {
-        if constexpr (D > 0) d = D;
-        __m256 acc[NG];
-#pragma GCC unroll 4
-        for (int g = 0; g < NG; ++g) acc[g] = _mm256_setzero_ps();
-#pragma GCC unroll 8
-        for (long i = 0; i < d; i += 8) {
-            const __m256 kv = load<P>(k, i);
-#pragma GCC unroll 4
-            for (int g = 0; g < NG; ++g) acc[g] = _mm256_fmadd_ps(_mm256_loadu_ps(q[g] + i), kv, acc[g]);
-        }
-#pragma GCC unroll 4
-        for (int g = 0; g < NG; ++g) _mm256_storeu_ps(out + 64 * g, acc[g]);
-    }
-
-    // acc[g] (d floats) += Σ_j p[g][j] · v[j] over n rows for NG heads, 8·U columns at a time in U·NG of the 16
-    // ymm registers (U = 4 up to 3 heads, 2 for 4). ahead (n pointers, or null): memory to prefetch, ahead_bytes
-    // from each, one per row between the rows' products.
-    template <class P, int NG>
-    static void weighted(const float* const* p, const WideRow<P>* v, long n, long d, float* const* acc,
-                         const char* const* ahead = nullptr, long ahead_bytes = 0) {
-        constexpr int U = NG <= 3 ? 4 : 2;
-        long c = 0;
-        for (; c + 8 * U <= d; c += 8 * U) {
-            __m256 a[NG][U];
-#pragma GCC unroll 4
-            for (int g = 0; g < NG; ++g)
-                for (int u = 0; u < U; ++u) a[g][u] = _mm256_loadu_ps(acc[g] + c + 8 * u);
-            for (long j = 0; j < n; ++j) {
-                if (ahead && c == 0 && ahead[j]) prefetch_bytes(ahead[j], ahead_bytes);
-                __m256 wj[NG];
-#pragma GCC unroll 4
-                for (int g = 0; g < NG; ++g) wj[g] = _mm256_set1_ps(p[g][j]);
-#pragma GCC unroll 4
-                for (int u = 0; u < U; ++u) {
-                    const __m256 vu = load<P>(v[j], c + 8 * u);
-#pragma GCC unroll 4
-                    for (int g = 0; g < NG; ++g) a[g][u] = _mm256_fmadd_ps(wj[g], vu, a[g][u]);
-                }
-            }
-#pragma GCC unroll 4
-            for (int g = 0; g < NG; ++g)
-                for (int u = 0; u < U; ++u) _mm256_storeu_ps(acc[g] + c + 8 * u, a[g][u]);
-        }
-        for (; c < d; c += 8) {
-            __m256 a[NG];
-#pragma GCC unroll 4
-            for (int g = 0; g < NG; ++g) a[g] = _mm256_loadu_ps(acc[g] + c);
-            for (long j = 0; j < n; ++j) {
-                const __m256 vj = load<P>(v[j], c);
-#pragma GCC unroll 4
-                for (int g = 0; g < NG; ++g) a[g] = _mm256_fmadd_ps(_mm256_set1_ps(p[g][j]), vj, a[g]);
-            }
-#pragma GCC unroll 4
-            for (int g = 0; g < NG; ++g) _mm256_storeu_ps(acc[g] + c, a[g]);
-        }
-    }
-};
-
-#ifdef __AVX512F__
-template <class P>
-inline __m512 load16(const typename P::T* r, long i) {
-    if constexpr (std::is_same_v<P, PagesF32>) {
-        return _mm512_loadu_ps(r + i);
-    } else if constexpr (std::is_same_v<P, PagesBF16>) {
-        const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(r + i)));
-        return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
-    } else if constexpr (std::is_same_v<P, PagesF16>) {
-        return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(r + i)));
-    } else if constexpr (std::is_same_v<P, PagesInt8>) {  // codes + 128
-        const __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r + i)));
-        return _mm512_cvtepi32_ps(_mm512_sub_epi32(c, _mm512_set1_epi32(128)));
-    } else if constexpr (P::BLOCKS) {  // half a GGML block, decoded 16 values at once
-        return P::load16_in(r + (i >> 5) * P::row_size(32), i & 31);
-    } else {  // two of the page type's 8-value loads
-        const __m256 lo = P::load8(r, i), hi = P::load8(r, i + 8);
-        return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(lo)), _mm256_castps_pd(hi), 1));
-    }
-}
-
-inline __m256 fold512(__m512 v) {  // the two 256-bit halves of v added
-    return _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
-}
-
-// The AVX-512 kernels: 16 floats a load.
-struct Lanes16 {
-    template <class P>
-    static __m512 load(WideRow<P> r, long i) {
-        if constexpr (kRowsInRegisters<P>)
-            return load16<P>(r, i);
-        else
-            return _mm512_loadu_ps(r + i);
-    }
-
-    // One key row k (d floats) against NG queries q[0..NG): each product's 16 lanes folded to 8, stored at
-    // out + 64·g (a head's 8 positions lie 8 floats apart, reduced together by hsum8_rows).
-    template <class P, int NG, long D = 0>  // D: head_dim known at compile time (0: d), so the queries stay in registers
-    static void dots(const float* const* q, WideRow<P> k, long d, float* out) {
-        if constexpr (D > 0) d = D;
-        __m512 acc[NG];
-#pragma GCC unroll 4
-        for (int g = 0; g < NG; ++g) acc[g] = _mm512_setzero_ps();
-#pragma GCC unroll 16
-        for (long i = 0; i < d; i += 16) {
-            const __m512 kv = load<P>(k, i);
-#pragma GCC unroll 4
-            for (int g = 0; g < NG; ++g) acc[g] = _mm512_fmadd_ps(_mm512_loadu_ps(q[g] + i), kv, acc[g]);
-        }
-#pragma GCC unroll 4
-        for (int g = 0; g < NG; ++g) _mm256_storeu_ps(out + 64 * g, fold512(acc[g]));
-    }
-
-    // acc[g] (d floats) += Σ_j p[g][j] · v[j] over n rows for NG heads: 64 columns at a time in 4·NG registers.
-    // ahead (n pointers, or null): memory to prefetch, ahead_bytes from each, one per row between the rows' products.
-    template <class P, int NG>
-    static void weighted(const float* const* p, const WideRow<P>* v, long n, long d, float* const* acc,
-                         const char* const* ahead = nullptr, long ahead_bytes = 0) {
-        long c = 0;
-        for (; c + 64 <= d; c += 64) {
-            __m512 a[NG][4];
-#pragma GCC unroll 4
-            for (int g = 0; g < NG; ++g)
-                for (int u = 0; u < 4; ++u) a[g][u] = _mm512_loadu_ps(acc[g] + c + 16 * u);
-            for (long j = 0; j < n; ++j) {
-                if (ahead && c == 0 && ahead[j]) prefetch_bytes(ahead[j], ahead_bytes);
-                const __m512 v0 = load<P>(v[j], c), v1 = load<P>(v[j], c + 16), v2 = load<P>(v[j], c + 32),
-                             v3 = load<P>(v[j], c + 48);
-#pragma GCC unroll 4
-                for (int g = 0; g < NG; ++g) {
-                    const __m512 wj = _mm512_set1_ps(p[g][j]);
-                    a[g][0] = _mm512_fmadd_ps(wj, v0, a[g][0]);
-                    a[g][1] = _mm512_fmadd_ps(wj, v1, a[g][1]);
-                    a[g][2] = _mm512_fmadd_ps(wj, v2, a[g][2]);
-                    a[g][3] = _mm512_fmadd_ps(wj, v3, a[g][3]);
-                }
-            }
-#pragma GCC unroll 4
-            for (int g = 0; g < NG; ++g)
-                for (int u = 0; u < 4; ++u) _mm512_storeu_ps(acc[g] + c + 16 * u, a[g][u]);
-        }
-        for (; c < d; c += 16) {
-            __m512 a[NG];
-#pragma GCC unroll 4
-            for (int g = 0; g < NG; ++g) a[g] = _mm512_loadu_ps(acc[g] + c);
-            for (long j = 0; j < n; ++j) {
-                const __m512 vj = load<P>(v[j], c);
-#pragma GCC unroll 4
-                for (int g = 0; g < NG; ++g) a[g] = _mm512_fmadd_ps(_mm512_set1_ps(p[g][j]), vj, a[g]);
-            }
-#pragma GCC unroll 4
-            for (int g = 0; g < NG; ++g) _mm512_storeu_ps(acc[g] + c, a[g]);
-        }
-    }
-};
-#endif  // __AVX512F__
 
 // fn(first head, NG) over the group's heads, kGroupTile at a time, NG a compile-time constant.
 template <class Fn>
@@ -490,10 +307,9 @@ inline void for_each_head_tile(long group, Fn fn) {
     }
 }
 
-// Keys in address order — every KV head's row of a position before the next position's (a head-major walk of a
-// 16-position block read the block three times over, a stride the prefetchers follow badly: the pure read of
-// SmolLM2's keys took 18 ms per batch-16 step at 2k that way and 10.6 ms in address order). Each row's dots with
-// its heads' queries are folded to 8 lanes and kept (w.folded) until 8 positions are in, then reduced 8 at a time.
+// Keys in address order — every KV head's row of a position before the next position's (a stride the prefetchers
+// follow: bench/RESULTS.md, Recording 10). Each row's dots with its heads' queries are folded to 8 lanes and kept
+// (w.folded) until 8 positions are in, then reduced 8 at a time.
 template <class P, class V>
 void key_pass_stream(const AttendCall& a, const Item& it, Worker& w) {
     const long hq = a.m.num_heads, hkv = a.m.num_kv_heads, kd = a.kd, group = hq / hkv, d = a.m.head_dim;
@@ -598,7 +414,7 @@ bool passes(int k_dtype, int v_dtype, long d, Passes& ps) {
             ps.keys = &key_pass_on_codes<P>;
         } else if (kd % 8 == 0) {
             ps.keys = &key_pass_stream<P, Lanes8>;
-#ifdef __AVX512F__
+#if BD_AVX512
             if (kd % 16 == 0) ps.keys = &key_pass_stream<P, Lanes16>;
 #endif
         }
@@ -607,7 +423,7 @@ bool passes(int k_dtype, int v_dtype, long d, Passes& ps) {
         fits(p);
         if constexpr (!P::ON_CODES) {  // codes scored as keys are not values
             if (d % 8 == 0) ps.values = &value_pass_stream<P, Lanes8>;
-#ifdef __AVX512F__
+#if BD_AVX512
             if (d % 16 == 0) ps.values = &value_pass_stream<P, Lanes16>;
 #endif
         }
@@ -629,12 +445,8 @@ void attend(const ModelDesc& m, const LayerDesc& L, const float* q, float* out, 
             tiles.push_back(t);
     const long ntiles = static_cast<long>(tiles.size());
     tiles.push_back(T);
-    long longest = 1;
-    for (long t = 0; t < T; ++t) longest = positions[t] + 1 > longest ? positions[t] + 1 : longest;
-    // two chunks per thread (an uneven split costs half a chunk), none shorter than 128 positions
-    long chunks = (2 * nt + ntiles - 1) / ntiles;
-    if (chunks > (longest + 127) / 128) chunks = (longest + 127) / 128;
-    if (chunks < 1) chunks = 1;
+    long longest;
+    const long chunks = attention::context_chunks(nt, ntiles, positions, T, &longest);
     const long chunk_len = (longest + chunks - 1) / chunks;
     std::vector<float>& acc = s.chunk_acc;  // the caller's buffers: the pool's threads write into them
     std::vector<Partial>& parts = s.chunk_parts;
@@ -707,6 +519,27 @@ void add_residual(const ModelDesc& m, float* x, float* out, long T, const float*
     }
 }
 
+// Whether the decode step reads and writes layer L's pages (else it must do no work): TurboQuant on either side
+// (the MSE codes: the step writes no inner-product signs), or row or block pages on both sides that the attention
+// passes read at this head_dim, with their scales where the type keeps them. ps: the passes of the latter.
+Status step_pages(const ModelDesc& m, const LayerDesc& L, Passes& ps) {
+    const bool tq_k = L.k_dtype == kTurboQuantPages, tq_v = L.v_dtype == kTurboQuantPages;
+    if ((tq_k && !L.k_tq) || (tq_v && !L.v_tq)) return Status::MISSING_PAGES;
+    if (tq_k || tq_v) {
+        for (const TQPagesDesc* pg : {tq_k ? L.k_tq : nullptr, tq_v ? L.v_tq : nullptr})
+            for (int i = 0; pg && i < pg->num_parts && i < 2; ++i)
+                if (pg->parts[i].signs) return Status::UNSUPPORTED_PAGES;
+        return turboquant_reads(m, L) ? Status::OK : Status::UNSUPPORTED_PAGES;
+    }
+    if (has_side_data(L.k_dtype) || has_side_data(L.v_dtype) || !passes(L.k_dtype, L.v_dtype, m.head_dim, ps))
+        return Status::UNSUPPORTED_PAGES;
+    bool scales = true;
+    with_pages(L.k_dtype, [&](auto p) { scales = scales && (!decltype(p)::SCALED || L.k_scale); });
+    with_pages(L.v_dtype, [&](auto p) { scales = scales && (!decltype(p)::SCALED || L.v_scale); });
+    return L.k_cache && L.v_cache && scales ? Status::OK : Status::MISSING_PAGES;
+}
+
+// One layer of the step; its pages passed step_pages (bd_decode_step checks every layer before any work).
 void layer_step(const ModelDesc& m, const LayerDesc& L, float* x, long T, const int64_t* positions,
                 const int64_t* slots, const int64_t* block_tables, long bt_stride, long block_size, Scratch& s) {
     const long H = m.hidden, hq = m.num_heads, hkv = m.num_kv_heads, d = m.head_dim, I = m.intermediate;
@@ -740,9 +573,10 @@ void layer_step(const ModelDesc& m, const LayerDesc& L, float* x, long T, const 
         }
     }
     Passes ps;
+    step_pages(m, L, ps);
     if (L.k_dtype == kTurboQuantPages || L.v_dtype == kTurboQuantPages)  // either side (row pages beside)
         turboquant_attend(m, L, s.q.data(), s.att.data(), T, positions, nullptr, block_tables, bt_stride, block_size);
-    else if (L.k_dtype < kFirstCodePages && L.v_dtype < kFirstCodePages && passes(L.k_dtype, L.v_dtype, d, ps))
+    else
         attend(m, L, s.q.data(), s.att.data(), T, positions, nullptr, block_tables, bt_stride, block_size, s, ps);
     if (L.v_rot) rotate_rows(s.att.data(), T * hq, d, L.v_rot, true);
     {
@@ -756,7 +590,7 @@ void layer_step(const ModelDesc& m, const LayerDesc& L, float* x, long T, const 
         Input in(s.h.data(), T, H, m.activations, s);
         in.apply_all({{&L.gate, s.gate.data()}, {&L.up, s.up.data()}});
     }
-    if (m.gelu)  // vectorised: a libm tanh/exp per element cost ~0.7 ms of a Gemma-3 step (36 864 of them)
+    if (m.gelu)  // vectorised, not a libm tanh per element (bench/RESULTS.md, Recording 5)
         gated_range<true>(s.gate.data(), s.up.data(), s.gate.data(), 0, T * I);
     else
         gated_range<false>(s.gate.data(), s.up.data(), s.gate.data(), 0, T * I);
@@ -776,7 +610,7 @@ extern "C" {
 // decodes of models the one-call step does not cover): q, out (T, hq, d) float32; token t at positions[t]
 // reads block table row token_rows[t] of block_tables (bt_stride entries per row); key pages (slots, hkv,
 // row_size(d)) of page type k_dtype, value pages of v_dtype (int8/fp8: fp16 scales (slots, hkv)); window 0 =
-// full causal; code pages (ids from 10, code_pages.h) with their side data k_side / v_side (bd::CodePagesDesc, else null).
+// full causal; code pages (code_pages.h) with their side data k_side / v_side (bd::CodePagesDesc, else null).
 // Returns 0, -1 for a page type the attention does not read, a head_dim it does not fit, or missing side data.
 int bd_paged_attention(int k_dtype, int v_dtype, const float* q, float* out, long T, long hq, long hkv, long d,
                        float scale, long window, const int64_t* positions, const int64_t* token_rows,
@@ -784,7 +618,7 @@ int bd_paged_attention(int k_dtype, int v_dtype, const float* q, float* out, lon
                        void* k_scale, void* v_scale, const void* k_side, const void* v_side) {
     bd::Passes ps;
     if (hkv <= 0 || hq % hkv || !bd::passes(k_dtype, v_dtype, d, ps)) return -1;
-    if ((k_dtype >= bd::kFirstCodePages && !k_side) || (v_dtype >= bd::kFirstCodePages && !v_side)) return -1;
+    if ((bd::has_side_data(k_dtype) && !k_side) || (bd::has_side_data(v_dtype) && !v_side)) return -1;
     static thread_local bd::Scratch scratch;
     bd::ModelDesc m{};
     m.num_heads = hq, m.num_kv_heads = hkv, m.head_dim = d, m.attention_scale = scale;
@@ -800,7 +634,7 @@ int bd_paged_attention(int k_dtype, int v_dtype, const float* q, float* out, lon
 // row pages or a d they do not fit.
 int bd_read_kv_rows(int kv_dtype, const void* pages, const void* scales, long rows, long d, float* out) {
     bd::Passes ps;
-    if (kv_dtype >= bd::kFirstCodePages || !bd::passes(kv_dtype, kv_dtype, d, ps)) return -1;
+    if (bd::has_side_data(kv_dtype) || !bd::passes(kv_dtype, kv_dtype, d, ps)) return -1;
     bd::with_pages(kv_dtype, [&](auto p) {
         using P = decltype(p);
         const typename P::T* r = static_cast<const typename P::T*>(pages);
@@ -817,16 +651,22 @@ int bd_read_kv_rows(int kv_dtype, const void* pages, const void* scales, long ro
 // (rows): the decode step's write of a new token's keys or values. Returns 0, -1 as bd_read_kv_rows.
 int bd_write_kv_rows(int kv_dtype, const float* x, long rows, long d, void* pages, void* scales) {
     bd::Passes ps;
-    if (kv_dtype >= bd::kFirstCodePages || !bd::passes(kv_dtype, kv_dtype, d, ps)) return -1;
+    if (bd::has_side_data(kv_dtype) || !bd::passes(kv_dtype, kv_dtype, d, ps)) return -1;
     for (long i = 0; i < rows; ++i) bd::write_row(kv_dtype, x + i * d, d, pages, scales, i);
     return 0;
 }
 
 // x: (T, hidden) float32 embeddings in, hidden states after the last layer out (before the final norm).
 // Token t is the one new token of a sequence: positions[t], slots[t] (its cache slot), block table row t
-// (bt_stride entries) of its pages. Returns 0.
+// (bt_stride entries) of its pages. Returns Status::OK, or (having done no work: x and the pages untouched)
+// UNSUPPORTED_PAGES / MISSING_PAGES for a layer whose pages the step cannot read and write (step_pages).
 int bd_decode_step(const bd::ModelDesc* m, float* x, long T, const int64_t* positions, const int64_t* slots,
                    const int64_t* block_tables, long bt_stride, long block_size) {
+    for (long l = 0; l < m->num_layers; ++l) {
+        bd::Passes ps;
+        const bd::Status st = bd::step_pages(*m, m->layers[l], ps);
+        if (st != bd::Status::OK) return bd::id(st);
+    }
     static thread_local bd::Scratch scratch;
     for (long l = 0; l < m->num_layers; ++l)
         bd::layer_step(*m, m->layers[l], x, T, positions, slots, block_tables, bt_stride, block_size, scratch);

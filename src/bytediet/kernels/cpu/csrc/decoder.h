@@ -31,12 +31,9 @@ struct LayerDesc {
     int64_t window;             // sliding window in tokens, 0 = full causal attention
     void* k_scale;              // int8 and fp8 pages: (slots, num_kv_heads) fp16 scales; null otherwise
     void* v_scale;
-    int32_t k_dtype;            // 0 fp32, 1 bf16, 2 fp16, 3 int8 (code = round(x / scale) + 128, scale = amax/127),
-                                // 4 fp8 (code = E4M3(x / scale), scale = amax/448),
-                                // 5 TurboQuant (k_tq; k_cache unused),
-                                // 6 q8_0, 7 q5_0, 8 q4_1, 9 q4_0 (llama.cpp's GGML blocks of 32 values per row);
-                                // not 10 and above (code pages: bd_paged_attention only, with side data)
-    int32_t v_dtype;            // the value pages' type, any of k_dtype's (5: v_tq); either side may be 5 alone
+    int32_t k_dtype;            // a KVPage (types.h): row or block pages (kv_pages.h), or TURBOQUANT (k_tq; k_cache
+                                // unused); not code pages (bd_paged_attention only, with side data)
+    int32_t v_dtype;            // the value pages' KVPage, any of k_dtype's (TURBOQUANT: v_tq), either side alone
     const TQPagesDesc* k_tq;    // TurboQuant pages (turboquant_pages.h), null otherwise
     const TQPagesDesc* v_tq;
     const float* k_rot;         // (head_dim, head_dim) R, or null: the key pages hold R·k (kvcache/rotated.py), so q
@@ -50,7 +47,7 @@ struct ModelDesc {
     float eps, attention_scale;
     int32_t gelu;               // 0: SiLU, 1: GELU (tanh)
     int32_t sandwich;           // gemma3's norms after attention and after the MLP
-    int32_t activations;        // 0: q8, 1: f32, 2: q16, 3: int8 per token (see gemm_blocks.cpp)
+    int32_t activations;        // an Activations (types.h; see gemm_blocks.cpp)
     int32_t pad;
 };
 

@@ -419,7 +419,7 @@ thread_local std::vector<float> t_sums;
 
 extern "C" {
 
-// act_mode: 0 q8, 1 f32, 2 q16, 3 int8 per token. Returns 0, or -1 for a block type without a kernel, -2 for
+// act_mode: an Activations (types.h): Q8, F32, Q16, Q8_TOKEN (int8 per token). Returns 0, or -1 for a block type without a kernel, -2 for
 // K not a multiple of the super-block, -3 for integer activations on a FLOAT format (fp8, sparse24 fp16).
 int bd_gemm_blocks(int ggml_type, const uint8_t* w, long N, long K, const float* x, long M, float* y,
                    const float* bias, int act_mode) {
@@ -427,9 +427,11 @@ int bd_gemm_blocks(int ggml_type, const uint8_t* w, long N, long K, const float*
     if (sb == 0) return -1;
     if (K % sb) return -2;
     const long nb = K / 32;
-    if (act_mode == 0 || act_mode == 2)
-        return bd::gemm_blocks_q8(ggml_type, w, N, K, t_act.quantize(x, M, K, act_mode == 2), M, y, N, bias);
-    if (act_mode == 3)  // int8 per token (int8-w8a8)
+    const auto mode = static_cast<bd::Activations>(act_mode);
+    if (mode == bd::Activations::Q8 || mode == bd::Activations::Q16)
+        return bd::gemm_blocks_q8(ggml_type, w, N, K, t_act.quantize(x, M, K, mode == bd::Activations::Q16), M, y, N,
+                                  bias);
+    if (mode == bd::Activations::Q8_TOKEN)  // int8 per token (int8-w8a8)
         return bd::gemm_blocks_q8(ggml_type, w, N, K, t_act.quantize_per_token(x, M, K), M, y, N, bias);
     t_sums.resize(M * nb);
     bd::block_sums(x, M, K, t_sums.data());

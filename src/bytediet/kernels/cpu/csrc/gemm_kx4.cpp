@@ -22,7 +22,7 @@
 namespace bd {
 namespace {
 
-constexpr int kQ4_K = 12, kQ6_K = 14;
+constexpr int kQ4_K = id(WeightType::Q4_K), kQ6_K = id(WeightType::Q6_K);
 constexpr long kQ4KBytes = 592, kQ6KBytes = 840;
 
 inline __m256 pairs_f16(const uint8_t* p) {  // 4 f16 (one per row) → 8 lanes r0 r0 r1 r1 r2 r2 r3 r3

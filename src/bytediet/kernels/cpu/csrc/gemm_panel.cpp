@@ -21,7 +21,7 @@
 
 namespace bd {
 
-#if defined(__AVX512VNNI__) && defined(__AVX512F__)
+#if BD_AVX512
 namespace {
 
 constexpr int kPanel = 32;  // weight rows per panel: two zmm vectors of 16 int32 lanes
@@ -227,7 +227,7 @@ void gemm_panel(const uint8_t* w, long N, long K, const QuantizedRows& x, long M
 
 int gemm_panel_q16(int ggml_type, const uint8_t* w, long N, long K, const QuantizedRows& x, long M, float* y,
                    long ldy, const float* bias) {
-#if defined(__AVX512VNNI__) && defined(__AVX512F__)
+#if BD_AVX512
     if (x.q2 == nullptr) return -4;
     int rc = 0;
     const int found = with_format(ggml_type, [&](auto f) {
@@ -250,7 +250,7 @@ extern "C" {
 // Whether this variant has the panel GEMM for this type: 1, or 0 (no VNNI in this build, a FLOAT format, an
 // unknown type).
 int bd_has_gemm_panel(int ggml_type) {
-#if defined(__AVX512VNNI__) && defined(__AVX512F__)
+#if BD_AVX512
     int ok = 0;
     if (bd::with_format(ggml_type, [&](auto f) { ok = !bd::is_float_format<decltype(f)>::value; }) != 0) return 0;
     return ok;
@@ -264,7 +264,7 @@ int bd_has_gemm_panel(int ggml_type) {
 // super-block). Returns 0, -1 for an unknown type, -3 for a FLOAT format, -4 where this variant has no VNNI.
 int bd_gemm_panel(int ggml_type, const uint8_t* w, long N, long K, const float* x, long M, float* y,
                   const float* bias) {
-#if defined(__AVX512VNNI__) && defined(__AVX512F__)
+#if BD_AVX512
     if (!bd_has_gemm_panel(ggml_type)) return bd::with_format(ggml_type, [](auto) {}) != 0 ? -1 : -3;
     static thread_local bd::QuantizedActivations act;
     return bd::gemm_panel_q16(ggml_type, w, N, K, act.quantize(x, M, K, true), M, y, N, bias);

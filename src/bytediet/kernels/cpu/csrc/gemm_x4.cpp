@@ -21,7 +21,8 @@
 namespace bd {
 namespace {
 
-constexpr int kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ8_0 = 8;
+constexpr int kQ4_0 = id(WeightType::Q4_0), kQ4_1 = id(WeightType::Q4_1), kQ5_0 = id(WeightType::Q5_0),
+              kQ8_0 = id(WeightType::Q8_0);
 
 int x4_block_bytes(int type) {
     switch (type) {
@@ -238,13 +239,13 @@ int bd_repack_x4(int ggml_type, const uint8_t* src, long N, long K, uint8_t* dst
 }
 
 // y = x · Wᵀ (+ bias) for a row-interleaved weight, with q8 activations (see bd_gemm_blocks).
-// act_mode 0: q8, 2: q16 (two int8 planes).
+// act_mode: Activations::Q8, or Q16 (two int8 planes).
 int bd_gemm_x4(int ggml_type, const uint8_t* w, long N, long K, const float* x, long M, float* y, const float* bias,
                int act_mode) {
     if (!bd::has_x4(ggml_type)) return -1;
     if (N % 4 || K % (bd::has_kx4(ggml_type) ? 256 : 32)) return -2;
     static thread_local bd::QuantizedActivations act;
-    return bd::gemm_x4_q8(ggml_type, w, N, K, act.quantize(x, M, K, act_mode == 2), M, y, N, bias);
+    return bd::gemm_x4_q8(ggml_type, w, N, K, act.quantize(x, M, K, act_mode == static_cast<int>(bd::Activations::Q16)), M, y, N, bias);
 }
 
 // Bytes per row of the interleaved copy of a weight of this type with K weights per row (0: no x4 layout).

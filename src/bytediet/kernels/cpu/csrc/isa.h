@@ -1,15 +1,23 @@
 // ISA helpers shared by every kernel family. One source, compiled once per variant:
 //   avx2        -mavx2 -mfma -mf16c                     (the portable variant, every x86-64 CPU since 2013)
 //   avx512vnni  + -mavx512f -mavx512bw -mavx512vl -mavx512vnni   (integer dot products with vpdpbusd)
-// Only the helpers below differ between variants; the kernels are written once against them.
+// Only the helpers below differ between variants; the kernels are written once against them, and code for one ISA
+// alone sits in its own file behind BD_AVX512 (lanes_avx2.h, lanes_avx512.h, gemm_panel.cpp's kernels).
 #pragma once
 #include <immintrin.h>
 #include <cstdint>
 #include <cstring>
 
+// 1 in the avx512vnni variant (AVX-512 F, BW, VL and VNNI), 0 in the avx2 one: the one test of the ISA.
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__)
+#define BD_AVX512 1
+#else
+#define BD_AVX512 0
+#endif
+
 namespace bd {
 
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#if BD_AVX512
 constexpr const char* kIsa = "avx512vnni";
 #else
 constexpr const char* kIsa = "avx2";
@@ -39,7 +47,7 @@ inline float hmax(__m256 v) {
 // Σ u·s over groups of four bytes: 32 unsigned bytes × 32 signed bytes → 8 int32 lanes (lane i: bytes 4i..4i+3).
 // AVX2's maddubs saturates at ±32767 per byte pair: callers keep |u·s| pairs below that (u ≤ 128, |s| ≤ 127).
 inline __m256i dot_u8s8(__m256i u, __m256i s) {
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#if BD_AVX512
     return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
 #else
     return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));

@@ -1,9 +1,9 @@
 // KV page types of the native attention and decode step (decoder.cpp): how one stored row — one token's K or V of
 // one KV head, D values — is read as floats, and how a new row is written. The torch codecs that own these pages
 // (kvcache/full.py, tokenwise.py, fp8.py, ggml_block.py) round the same way, so the module path and the native
-// step leave identical pages. The ids are kernels/decoder_spec.py's KV_PAGE_TYPES (5 is TurboQuant: its own file;
-// 10 and above are code pages — KIVI's, QJL's keys, PolarQuant's, HF QuantizedCache's — which the attention reads
-// with side data and the decode step neither reads nor writes: code_pages.h).
+// step leave identical pages. The ids are types.h's KVPage (TURBOQUANT: its own file; code
+// pages — KIVI's, QJL's keys, PolarQuant's, HF QuantizedCache's — which the attention reads with side data and the
+// decode step neither reads nor writes: code_pages.h).
 //
 // A page type P gives: T (the stored element), row_size(d) (elements of T per row: pages are (slots, H, row_size)),
 // ALIGN (head_dim a multiple of it), SCALED (a per-row fp16 scale beside the pages — int8, fp8 — applied once per
@@ -16,6 +16,7 @@
 
 #include "block_formats.h"
 #include "isa.h"
+#include "types.h"
 
 namespace bd {
 
@@ -261,7 +262,7 @@ struct BlockPages : PageTraits {
     static constexpr long ALIGN = 32;
     static long row_size(long d) { return d / 32 * F::BYTES; }
     static __m256 load8(const T* r, long j) { return load8_in(r + (j >> 5) * F::BYTES, j & 31); }
-#ifdef __AVX512F__
+#if BD_AVX512
     static __m512 load16_in(const T* b, long o) {  // elements [o, o + 16) of the block at b (o: 0 or 16), one pass
         SubScales s;
         F::scales(b, s);
@@ -331,21 +332,19 @@ inline const float* widen_row(const typename P::T* r, long d, float* tile) {
     }
 }
 
-constexpr int kFirstBlockPages = 6;  // ids 6..9 (q8_0, q5_0, q4_1, q4_0): rows of 32-value blocks
-
 // fn(P{}) for page type id kv_dtype (not TurboQuant's); returns false for an id with no row pages.
 template <class Fn>
 bool with_pages(int kv_dtype, Fn fn) {
-    switch (kv_dtype) {
-        case 0: fn(PagesF32{}); return true;
-        case 1: fn(PagesBF16{}); return true;
-        case 2: fn(PagesF16{}); return true;
-        case 3: fn(PagesInt8{}); return true;
-        case 4: fn(PagesFP8{}); return true;
-        case 6: fn(PagesQ8_0{}); return true;
-        case 7: fn(PagesQ5_0{}); return true;
-        case 8: fn(PagesQ4_1{}); return true;
-        case 9: fn(PagesQ4_0{}); return true;
+    switch (static_cast<KVPage>(kv_dtype)) {
+        case KVPage::FP32: fn(PagesF32{}); return true;
+        case KVPage::BF16: fn(PagesBF16{}); return true;
+        case KVPage::FP16: fn(PagesF16{}); return true;
+        case KVPage::INT8: fn(PagesInt8{}); return true;
+        case KVPage::FP8: fn(PagesFP8{}); return true;
+        case KVPage::Q8_0: fn(PagesQ8_0{}); return true;
+        case KVPage::Q5_0: fn(PagesQ5_0{}); return true;
+        case KVPage::Q4_1: fn(PagesQ4_1{}); return true;
+        case KVPage::Q4_0: fn(PagesQ4_0{}); return true;
         default: return false;
     }
 }

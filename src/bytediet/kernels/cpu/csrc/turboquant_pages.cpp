@@ -1,5 +1,5 @@
 // TurboQuant pages in the native decode step (see turboquant_pages.h): the write of a new token and
-// flash-decoding attention on the codes, with the work split of decoder.cpp's attend<P>:
+// flash-decoding attention on the codes, with the work split of decoder.cpp's attend (attention::context_chunks):
 // work items are (token, KV head, context chunk); an item scores the chunk's keys for all the query heads of
 // its GQA group from codes unpacked in registers (8 codes: one broadcast word, a variable shift and a mask;
 // centroids by an in-register permute for b ≤ 4, a gather above), keeps a partial (max, Σexp, Σexp·norm·c)
@@ -456,6 +456,62 @@ void turboquant_write(const TQPagesDesc& pg, const float* x, long slot, long pos
     }
 }
 
+// The key pass of one item: the scores (group, n) of its token's query heads sharing KV head kvh over the span's n
+// positions from lo — on TurboQuant codes (K, the queries qg rotated, qw floats a row), plus the pre-RoPE mean's
+// share, or on the row or block key pages beside them (K null).
+[[gnu::always_inline]] inline void tq_key_pass(const ModelDesc& m, const LayerDesc& L, const TQPagesDesc* K,
+                                               const float* q, const float* qg, long qw, long tok, long kvh,
+                                               const Span& span, long lo, long n, float* scores,
+                                               std::vector<float>& rope_terms) {
+    const long hq = m.num_heads, d = m.head_dim, group = hq / m.num_kv_heads;
+    if (K && K->rope_mean && n > 0) {  // the pre-RoPE mean's share of each score, at each key's position
+        const long half = d / 2;
+        const float* mu = K->rope_mean + kvh * d;
+        rope_terms.resize(2 * group * half);
+        float* a = rope_terms.data();
+        float* bq = a + group * half;
+        for (long g = 0; g < group; ++g) {
+            const float* qh = q + (tok * hq + kvh * group + g) * d;
+            for (long i = 0; i < half; ++i) {
+                a[g * half + i] = qh[i] * mu[i] + qh[i + half] * mu[i + half];
+                bq[g * half + i] = qh[i + half] * mu[i] - qh[i] * mu[i + half];
+            }
+        }
+        rope_mean_scores(a, bq, group, half, K->inv_freq, lo, n, scores);
+    }
+    long off = 0;
+    for (int i = 0; K && i < K->num_parts; ++i) {
+        with_kernel(K->parts[i].bits, group, [&](auto b, auto g) {
+            rows_scores<decltype(g)::value, CodeRows<decltype(b)::value>>(K->parts[i], off, qg, qw, d, span, scores);
+        });
+        off += K->parts[i].dim;
+    }
+    if (!K)
+        with_page_rows(L.k_dtype, group, [&](auto rows, auto g) {
+            rows_scores<decltype(g)::value, typename decltype(rows)::type>(RowPagesDesc{L.k_cache, L.k_scale}, 0, qg,
+                                                                           qw, d, span, scores);
+        });
+}
+
+// The value pass of one item: heads[g] (d floats) += its softmax weights p (group, n) times the span's values — on
+// TurboQuant codes (V: summed in rotated coordinates) or on the row or block value pages beside them (V null).
+[[gnu::always_inline]] inline void tq_value_pass(const ModelDesc& m, const LayerDesc& L, const TQPagesDesc* V,
+                                                 const float* p, const Span& span, float* const* heads) {
+    const long d = m.head_dim, group = m.num_heads / m.num_kv_heads;
+    long off = 0;
+    for (int i = 0; V && i < V->num_parts; ++i) {
+        with_kernel(V->parts[i].bits, group, [&](auto b, auto g) {
+            rows_values<decltype(g)::value, CodeRows<decltype(b)::value>>(V->parts[i], d, off, p, span, heads);
+        });
+        off += V->parts[i].dim;
+    }
+    if (!V)
+        with_page_rows(L.v_dtype, group, [&](auto rows, auto g) {
+            rows_values<decltype(g)::value, typename decltype(rows)::type>(RowPagesDesc{L.v_cache, L.v_scale}, d, 0, p,
+                                                                           span, heads);
+        });
+}
+
 void turboquant_attend(const ModelDesc& m, const LayerDesc& L, const float* q, float* out, long T,
                        const int64_t* positions, const int64_t* token_rows, const int64_t* block_tables,
                        long bt_stride, long block_size) {
@@ -479,11 +535,8 @@ void turboquant_attend(const ModelDesc& m, const LayerDesc& L, const float* q, f
     }
     const float* qk = K ? qr.data() : q;
     const int nt = num_threads();
-    long longest = 1;
-    for (long t = 0; t < T; ++t) longest = positions[t] + 1 > longest ? positions[t] + 1 : longest;
-    long chunks = (2 * nt + T * hkv - 1) / (T * hkv);  // as attend<P>: work for every thread, chunks ≥ 128
-    if (chunks > (longest + 127) / 128) chunks = (longest + 127) / 128;
-    if (chunks < 1) chunks = 1;
+    long longest;
+    const long chunks = attention::context_chunks(nt, T * hkv, positions, T, &longest);
     const long chunk_len = (longest + chunks - 1) / chunks;
     acc.resize(T * hq * chunks * d);
     parts.resize(T * hq * chunks);
@@ -502,34 +555,7 @@ void turboquant_attend(const ModelDesc& m, const LayerDesc& L, const float* q, f
                             hkv, kvh, group};
             const float* qg = qk + (tok * hq + kvh * group) * qw;
             scores.assign(group * n + 8, 0.0f);
-            if (K && K->rope_mean && n > 0) {  // the pre-RoPE mean's share of each score, at each key's position
-                const long half = d / 2;
-                const float* mu = K->rope_mean + kvh * d;
-                rope_terms.resize(2 * group * half);
-                float* a = rope_terms.data();
-                float* bq = a + group * half;
-                for (long g = 0; g < group; ++g) {
-                    const float* qh = q + (tok * hq + kvh * group + g) * d;
-                    for (long i = 0; i < half; ++i) {
-                        a[g * half + i] = qh[i] * mu[i] + qh[i + half] * mu[i + half];
-                        bq[g * half + i] = qh[i + half] * mu[i] - qh[i] * mu[i + half];
-                    }
-                }
-                rope_mean_scores(a, bq, group, half, K->inv_freq, lo, n, scores.data());
-            }
-            long off = 0;
-            for (int i = 0; K && i < K->num_parts; ++i) {
-                with_kernel(K->parts[i].bits, group, [&](auto b, auto g) {
-                    rows_scores<decltype(g)::value, CodeRows<decltype(b)::value>>(K->parts[i], off, qg, qw, d, span,
-                                                                                   scores.data());
-                });
-                off += K->parts[i].dim;
-            }
-            if (!K)
-                with_page_rows(L.k_dtype, group, [&](auto rows, auto g) {
-                    rows_scores<decltype(g)::value, typename decltype(rows)::type>(
-                        RowPagesDesc{L.k_cache, L.k_scale}, 0, qg, qw, d, span, scores.data());
-                });
+            tq_key_pass(m, L, K, q, qg, qw, tok, kvh, span, lo, n, scores.data(), rope_terms);
             float* heads[kMaxGroup];
             for (long g = 0; g < group; ++g) {
                 const long slot_index = (tok * hq + kvh * group + g) * chunks + c;
@@ -537,19 +563,7 @@ void turboquant_attend(const ModelDesc& m, const LayerDesc& L, const float* q, f
                 heads[g] = acc.data() + slot_index * d;
                 std::fill(heads[g], heads[g] + d, 0.0f);
             }
-            off = 0;
-            for (int i = 0; V && i < V->num_parts; ++i) {
-                with_kernel(V->parts[i].bits, group, [&](auto b, auto g) {
-                    rows_values<decltype(g)::value, CodeRows<decltype(b)::value>>(V->parts[i], d, off, scores.data(),
-                                                                                   span, heads);
-                });
-                off += V->parts[i].dim;
-            }
-            if (!V)
-                with_page_rows(L.v_dtype, group, [&](auto rows, auto g) {
-                    rows_values<decltype(g)::value, typename decltype(rows)::type>(
-                        RowPagesDesc{L.v_cache, L.v_scale}, d, 0, scores.data(), span, heads);
-                });
+            tq_value_pass(m, L, V, scores.data(), span, heads);
         }
     });
     merged.resize(d);
@@ -560,6 +574,26 @@ void turboquant_attend(const ModelDesc& m, const LayerDesc& L, const float* q, f
         else
             std::copy(merged.begin(), merged.begin() + d, out + th * d);
     }
+}
+
+bool turboquant_reads(const ModelDesc& m, const LayerDesc& L) {
+    const long hq = m.num_heads, hkv = m.num_kv_heads, d = m.head_dim;
+    if (hkv <= 0 || hq % hkv || hq / hkv > kMaxGroup || d % 8 || d > kMaxHeadDim) return false;
+    if (L.k_dtype != kTurboQuantPages && L.v_dtype != kTurboQuantPages) return false;  // bd_paged_attention's
+    for (int side = 0; side < 2; ++side) {
+        const int dtype = side ? L.v_dtype : L.k_dtype;
+        const TQPagesDesc* pg = side ? L.v_tq : L.k_tq;
+        if (dtype != kTurboQuantPages) {  // row or block pages beside TurboQuant's
+            bool known = false;
+            with_pages(dtype, [&](auto p) { known = d % decltype(p)::ALIGN == 0; });
+            if (!known || !(side ? L.v_cache : L.k_cache)) return false;
+            continue;
+        }
+        if (!pg || pg->num_parts < 1 || pg->num_parts > 2) return false;
+        for (int i = 0; i < pg->num_parts; ++i)
+            if (pg->parts[i].bits < 1 || pg->parts[i].bits > 8 || (side && pg->parts[i].signs)) return false;
+    }
+    return true;
 }
 
 }  // namespace bd
@@ -575,26 +609,12 @@ int bd_turboquant_attention(int k_dtype, int v_dtype, const bd::TQPagesDesc* k, 
                             void* k_cache, void* v_cache, void* k_scale, void* v_scale, const float* q, float* out,
                             long T, long hq, long hkv, long d, float scale, long window, const int64_t* positions,
                             const int64_t* token_rows, const int64_t* block_tables, long bt_stride, long block_size) {
-    if (hkv <= 0 || hq % hkv || hq / hkv > bd::kMaxGroup || d % 8 || d > bd::kMaxHeadDim) return -1;
-    for (int side = 0; side < 2; ++side) {
-        const int dtype = side ? v_dtype : k_dtype;
-        const bd::TQPagesDesc* pg = side ? v : k;
-        if (dtype != bd::kTurboQuantPages) {  // row or block pages beside TurboQuant's
-            bool known = false;
-            bd::with_pages(dtype, [&](auto p) { known = d % decltype(p)::ALIGN == 0; });
-            if (!known || !(side ? v_cache : k_cache)) return -1;
-            continue;
-        }
-        if (!pg) return -1;
-        for (int i = 0; i < pg->num_parts; ++i)
-            if (pg->parts[i].bits < 1 || pg->parts[i].bits > 8 || (side && pg->parts[i].signs)) return -1;
-    }
-    if (k_dtype != bd::kTurboQuantPages && v_dtype != bd::kTurboQuantPages) return -1;  // bd_paged_attention's
     bd::ModelDesc m{};
     m.num_heads = hq, m.num_kv_heads = hkv, m.head_dim = d, m.attention_scale = scale;
     bd::LayerDesc L{};
     L.window = window, L.k_tq = k, L.v_tq = v, L.k_dtype = k_dtype, L.v_dtype = v_dtype;
     L.k_cache = k_cache, L.v_cache = v_cache, L.k_scale = k_scale, L.v_scale = v_scale;
+    if (!bd::turboquant_reads(m, L)) return -1;
     bd::turboquant_attend(m, L, q, out, T, positions, token_rows, block_tables, bt_stride, block_size);
     return 0;
 }

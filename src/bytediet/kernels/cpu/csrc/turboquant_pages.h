@@ -17,9 +17,11 @@
 #pragma once
 #include <cstdint>
 
+#include "types.h"
+
 namespace bd {
 
-constexpr int32_t kTurboQuantPages = 5;  // LayerDesc::k_dtype (and v_dtype) of TurboQuant pages (k_tq, v_tq)
+constexpr int32_t kTurboQuantPages = id(KVPage::TURBOQUANT);  // LayerDesc::k_dtype / v_dtype of k_tq / v_tq pages
 
 struct TQPartDesc {
     const float* rotation;  // (dim, dim) R, row-major: the stored unit vector is u = R · x / ‖x‖
@@ -50,7 +52,11 @@ struct LayerDesc;
 // Quantize one token's (num_heads, head_dim) rows x, at position ``pos``, into slot ``slot`` of the pages.
 void turboquant_write(const TQPagesDesc& pages, const float* x, long slot, long pos, long num_heads, long head_dim);
 
-// attend<P> of decoder.cpp on TurboQuant pages: keys (L.k_dtype 5: L.k_tq), values (L.v_dtype 5: L.v_tq) or both,
+// Whether turboquant_attend reads layer L's pages at m's shapes: TurboQuant on one side or both (1 or 2 parts of
+// 1…8 bits; values without inner-product signs), the other side row or block pages that fit head_dim.
+bool turboquant_reads(const ModelDesc& m, const LayerDesc& L);
+
+// The attention of decoder.cpp on TurboQuant pages: keys (L.k_dtype TURBOQUANT: L.k_tq), values (L.v_tq) or both,
 // the other side row or block pages (L.k_cache / L.v_cache of kv_pages.h); q, out (T, Hq, D); token t reads block
 // table row token_rows[t] (null: row t).
 void turboquant_attend(const ModelDesc& m, const LayerDesc& L, const float* q, float* out, long T,

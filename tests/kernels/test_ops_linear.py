@@ -1,0 +1,41 @@
+"""ops.linear, the one place a linear layer's kernel is chosen: each branch (block kernels, x4, the prefill-sized
+float GEMM, the format's own product) against the reference product of the same weight."""
+import pytest
+import torch
+from gguf import GGMLQuantizationType as T
+
+from bytediet.kernels import ops, reference
+from bytediet.kernels.ggml_codecs import ENCODERS
+
+N, K = 64, 128
+
+
+def weight(activations, gen, interleave=False, native=True):
+    blocks = ENCODERS[T.Q4_0](torch.randn(N * K // 32, 32, generator=gen) * 0.2).reshape(N, -1)
+    calls = []
+
+    def apply(x, bias):
+        calls.append(x.shape)
+        return reference.gemm_blocks(T.Q4_0, blocks, x, bias, "f32")
+
+    x4 = ops.repack_x4(int(T.Q4_0), blocks) if interleave and ops.can_interleave(int(T.Q4_0), N, K) else None
+    w = ops.LinearWeight(K, N, activations, apply, (int(T.Q4_0), blocks) if native else None, x4, int(T.Q4_0))
+    return w, blocks, calls
+
+
+@pytest.mark.parametrize("activations,rows,interleave", [("q8", 3, False), ("q8", 3, True), ("q16", 2, True),
+                                                         ("f32", 5, False), ("q16", 80, False), ("f32", 80, False)])
+def test_each_branch_equals_the_reference_product(activations, rows, interleave):
+    gen = torch.Generator().manual_seed(rows)
+    w, blocks, calls = weight(activations, gen, interleave)
+    x, bias = torch.randn(rows, K, generator=gen), torch.randn(N, generator=gen)
+    want = reference.gemm_blocks(T.Q4_0, blocks, x, bias, "f32")
+    got = ops.linear(w, x, bias)
+    assert got.shape == (rows, N) and not calls  # a kernel ran, not the format's own product
+    assert (got - want).abs().max().item() <= 3e-2 * want.abs().max().item()  # q8/q16 activation rounding
+
+
+def test_a_weight_without_native_rows_runs_the_format_s_product():
+    w, blocks, calls = weight("q8", torch.Generator().manual_seed(0), native=False)
+    x = torch.randn(2, K)
+    assert torch.equal(ops.linear(w, x), reference.gemm_blocks(T.Q4_0, blocks, x, None, "f32")) and calls == [(2, K)]
