@@ -63,14 +63,30 @@ def twin_on_pages(spec, x, positions, slots, block_tables, activations=None):
     return out, kv
 
 
-def assert_same_codes(got: TurboQuantPageSpec, want: TurboQuantPageSpec, slots) -> None:
+def cell_margins(pages: TurboQuantPageSpec, x: torch.Tensor, positions=None) -> list[torch.Tensor]:
+    """Per part (T, H, dim): how far the twin's u = R·x_p/‖x_p‖ of x (T, H, D) lies from its nearest cell boundary."""
+    out = []
+    for p, xp in zip(pages.parts, turboquant_pages._split(pages, x.float(), positions)):
+        u = (xp / xp.norm(dim=-1, keepdim=True).clamp(min=1e-12)) @ p.rotation.T
+        bounds = (p.codebook[1:] + p.codebook[:-1]) / 2
+        out.append((u[..., None] - bounds).abs().amin(-1))
+    return out
+
+
+# u of unit vectors summed in another order: |Δu| ≤ ~2·dim·2⁻²⁴ each side (1.5e-5 at dim 64); a code may flip only
+# where u lies that close to a cell boundary
+CELL_EPS = 1e-4
+
+
+def assert_same_codes(got: TurboQuantPageSpec, want: TurboQuantPageSpec, slots, margins) -> None:
     """TurboQuant rows of ``slots`` written from the same x: norms equal but for one fp16 ulp, codes equal but for
-    rare one-step flips where u sits on a cell boundary (u = R·x/‖x‖ summed in another order)."""
-    for g, w in zip(got.parts, want.parts):
+    one-step flips where the twin's u lies within CELL_EPS of a cell boundary (``margins``: :func:`cell_margins`)."""
+    for g, w, m in zip(got.parts, want.parts, margins):
         # ‖x_p‖ summed in another order, then rounded to fp16: one ulp (≤ 2⁻¹⁰ relative) where it sits on a midpoint
         assert torch.allclose(g.norm[slots].float(), w.norm[slots].float(), rtol=2 ** -10, atol=0)
         a, b = (turboquant_pages.unpack_codes(p.idx[slots], p.bits, p.dim) for p in (g, w))
-        assert (a - b).abs().max().item() <= 1 and (a != b).sum().item() <= max(1, a.numel() // 10000)
+        flipped = a != b
+        assert (a - b).abs().max().item() <= 1 and (m[flipped] < CELL_EPS).all()
 
 
 def _twin_tq(pages: TurboQuantPageSpec) -> TurboQuantPageSpec:
@@ -87,7 +103,7 @@ def assert_written_as_reference(spec, before, kv, positions, slots) -> None:
             if dtype == "turboquant":
                 twin = _twin_tq(tq)
                 reference.turboquant_write(twin, x, slots, positions)
-                assert_same_codes(tq, twin, slots)
+                assert_same_codes(tq, twin, slots, cell_margins(tq, x, positions))
                 continue
             rows, row_scales = reference.write_kv_rows(dtype, x)
             assert torch.equal(pages[slots], rows)
