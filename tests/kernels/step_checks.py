@@ -58,7 +58,8 @@ def twin_on_pages(spec, x, positions, slots, block_tables, activations=None):
     → (out (T, hidden), per layer its (k, v) (T, Hkv, D)); ``activations`` overrides the spec's."""
     kv = []
     twin = spec if activations is None else dataclasses.replace(spec, activations=activations, native=None)
-    with mock.patch.object(reference, "_write_pages", lambda _layer, _slots, k, v, _pos: kv.append((k, v))):
+    record = lambda _layer, _slots, k, v, _pos: kv.append((k.clone(), v.clone()))
+    with mock.patch.object(reference, "_write_pages", record):
         out = reference.decode_step(twin, x, positions, slots, block_tables, BLOCK)
     return out, kv
 

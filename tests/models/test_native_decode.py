@@ -71,7 +71,8 @@ def module_path_on_native_pages(model, ids, meta, caches, saved):
     native, calls = snapshot(caches), []
     with contextlib.ExitStack() as stack:
         for c in caches:
-            stack.enter_context(mock.patch.object(c, "write", lambda *args, c=c: calls.append((c, args))))
+            stack.enter_context(mock.patch.object(c, "write", lambda *args, c=c: calls.append(
+                (c, [a.clone() if isinstance(a, torch.Tensor) else a for a in args]))))
         want = model(ids, meta, caches)
     restore(caches, saved)
     for c, args in calls:
