@@ -4,7 +4,6 @@ bit width 1–8, with and without a calibrated mean and channel order, every GQA
 (1:1, SmolLM2's 3:1, Gemma-3's 4:1 with a sliding window, Qwen2's 7:1), odd contexts across page boundaries,
 several sequences at once; and the codes the step writes for the new token."""
 import zlib
-from unittest import mock
 
 import pytest
 import torch
@@ -12,7 +11,8 @@ import torch
 from bytediet.kernels import ops, reference, turboquant_pages
 from bytediet.kernels.decoder_spec import TurboQuantPageSpec, TurboQuantPart
 from bytediet.kvcache.turboquant_core import TurboQuantizer
-from tests.kernels.test_ops_decode_step import BLOCK, VARIANTS, batch, random_spec
+from tests.kernels.step_checks import assert_same_codes, cell_margins
+from tests.kernels.test_ops_decode_step import VARIANTS, batch, check_step, random_spec
 
 pytestmark = pytest.mark.skipif(not VARIANTS, reason="no native kernels on this machine")
 
@@ -47,11 +47,6 @@ def tq_spec(gen, layout, calibrated, **kwargs):
     return spec
 
 
-def page_tensors(spec):
-    return [t for layer in spec.layers for pages in (layer.k_tq, layer.v_tq) for p in pages.parts
-            for t in (p.norm, p.idx)]
-
-
 CASES = {  # name: (spec kwargs, contexts)
     "mha": (dict(heads=4, kv_heads=4), [1, 17, 32]),
     "smollm2-gqa-3": (dict(heads=6, kv_heads=2, head_dim=64), [33, 150, 5]),
@@ -77,35 +72,11 @@ def test_decode_step_on_turboquant_pages_equals_reference(variant, case, layout,
         pytest.skip("two parts without a channel order: covered by the calibrated run and the mha case")
     if calibrated == "rope" and layout not in ("3", "4+3"):
         pytest.skip("the pre-RoPE mean's score term does not depend on the layout: two layouts are enough")
-    spec = tq_spec(gen, lay, calibrated, **kwargs)
-    positions, slots, bt = batch(gen, contexts)
-    x = torch.randn(len(contexts), spec.hidden, generator=gen)
-    before = [t.clone() for t in page_tensors(spec)]
-    want = reference.decode_step(spec, x, positions, slots, bt, BLOCK)
-    written = [t.clone() for t in page_tensors(spec)]
-    for t, b in zip(page_tensors(spec), before):
-        t.copy_(b)
-    got = ops.decode_step(spec, x, positions, slots, bt, BLOCK, variant=variant)
-    # the twin over the pages exactly as the native step left them: a code of the new token that flipped on a
-    # cell boundary (k, v differ in their last float bits: another GEMM summation order) moves the output by more
-    # than rounding, so attention is compared on identical pages and the codes are compared apart, below
-    with mock.patch.object(turboquant_pages, "write", lambda *args, **kwargs: None):
-        same_pages = reference.decode_step(spec, x, positions, slots, bt, BLOCK)
-    assert (got - same_pages).abs().max().item() <= 1e-3 * same_pages.abs().max().item()
-    assert (got - want).abs().max().item() <= 1e-2 * want.abs().max().item()
-    for t, w in zip(page_tensors(spec), written):  # the new token's norms and codes
-        if t.dtype == torch.float16:  # k and v themselves differ in the last float bits (GEMM summation order)
-            assert torch.allclose(t.float(), w.float(), rtol=1e-3, atol=0)
-        else:
-            assert (t != w).sum().item() <= 2
-
-
-def assert_same_codes(got: TurboQuantPageSpec, want: TurboQuantPageSpec, slots) -> None:
-    """Equal norms; codes equal but for rare one-step flips where u sits on a cell boundary (float ties)."""
-    for g, w in zip(got.parts, want.parts):
-        assert torch.equal(g.norm[slots], w.norm[slots])
-        a, b = (turboquant_pages.unpack_codes(p.idx[slots], p.bits, p.dim) for p in (g, w))
-        assert (a - b).abs().max().item() <= 1 and (a != b).sum().item() <= max(1, a.numel() // 10000)
+    # q16 activations: the step is compared on identical pages (check_step), and q16 holds each activation within
+    # amax/64516 whichever way a code rounds — with q8 one flipped code (x/d = −48.50003 in mha-3) re-draws the
+    # int8 rounding of all that follows (1.6e-2 of the max)
+    spec = tq_spec(gen, lay, calibrated, activations="q16", **kwargs)
+    check_step(spec, *batch(gen, contexts), torch.randn(len(contexts), spec.hidden, generator=gen), variant)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -124,7 +95,7 @@ def test_native_write_equals_reference(variant, layout, calibrated):
     positions = torch.randint(0, 9000, (40,), generator=gen)  # up to long contexts: the angles p·θ_i grow
     ops.turboquant_write(pages, x, slots, positions, variant=variant)
     reference.turboquant_write(twin, x, slots, positions)
-    assert_same_codes(pages, twin, slots)
+    assert_same_codes(pages, twin, slots, cell_margins(twin, x, positions))
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -145,20 +116,4 @@ def test_decode_step_on_turboquant_beside_row_pages_equals_reference(variant, ca
             layer.k_cache, layer.k_scale, layer.k_tq = None, None, pages
         else:
             layer.v_cache, layer.v_scale, layer.v_tq = None, None, pages
-    tensors = lambda: [t for layer in spec.layers
-                       for t in (layer.k_cache, layer.v_cache, layer.k_scale, layer.v_scale) if t is not None] + [
-        t for layer in spec.layers for pages in (layer.k_tq, layer.v_tq) if pages is not None
-        for p in pages.parts for t in (p.norm, p.idx)]
-    positions, slots, bt = batch(gen, contexts)
-    x = torch.randn(len(contexts), spec.hidden, generator=gen)
-    before = [t.clone() for t in tensors()]
-    got = ops.decode_step(spec, x, positions, slots, bt, BLOCK, variant=variant)
-    after = [t.clone() for t in tensors()]
-    # the twin over the pages as the native step left them (codes of the new token may flip on a boundary)
-    for t, b in zip(tensors(), after):
-        t.copy_(b)
-    with mock.patch.object(turboquant_pages, "write", lambda *args, **kwargs: None), \
-            mock.patch.object(reference, "_write_rows", lambda *args, **kwargs: None):
-        want = reference.decode_step(spec, x, positions, slots, bt, BLOCK)
-    assert (got - want).abs().max().item() <= 1e-3 * want.abs().max().item()
-    assert any(not torch.equal(a, b) for a, b in zip(after, before))  # the new token was written
+    check_step(spec, *batch(gen, contexts), torch.randn(len(contexts), spec.hidden, generator=gen), variant)
