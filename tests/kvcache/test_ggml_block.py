@@ -27,7 +27,7 @@ def test_blocks_are_llama_cpp_bytes_and_decode_like_gguf(name):
     np.testing.assert_array_equal(k.reshape(n * h, d).numpy(), quants.dequantize(want, TYPES[name]))
 
 
-@pytest.mark.parametrize("spec, bits", [("q8_0", 8.5), ("q5_0", 5.5), ("q4_1", 5.0), ("q4_0", 4.5),
+@pytest.mark.parametrize("spec, bits", [("q8_0", 8.5), ("q5_0", 5.5), ("q4_1", 5.0), ("q4_0", 4.5), ("q5_1", 6.0),
                                         ("k=q8_0,v=q4_0", 6.5)])
 def test_all_in_bits_per_coordinate(spec, bits):
     for hkv, d in ((3, 64), (1, 256)):

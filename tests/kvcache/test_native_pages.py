@@ -105,8 +105,8 @@ def assert_native_equals_own_read(spec, *, tol, **kwargs):
 
 
 @NATIVE
-@pytest.mark.parametrize("spec", ["q8_0", "q5_0", "q4_1", "q4_0", "k=q8_0,v=q4_0", "k=int8,v=q4_1",
-                                  "k=bf16,v=q5_0", "rot-int8", "rot-q8_0", "k=rot-q8_0,v=int8", "k=q8_0,v=rot-int8"])
+@pytest.mark.parametrize("spec", ["q8_0", "q5_0", "q4_1", "q4_0", "q5_1", "k=q5_1,v=q4_0", "k=q8_0,v=q4_0",
+                                  "k=int8,v=q4_1", "k=bf16,v=q5_0", "rot-int8", "rot-q8_0", "k=rot-q8_0,v=int8", "k=q8_0,v=rot-int8"])
 @pytest.mark.parametrize("hq,hkv,d,window", [(9, 3, 64, None), (4, 1, 256, 20), (4, 4, 32, None), (6, 2, 96, 7)])
 def test_native_attention_equals_the_codecs_own_read(spec, hq, hkv, d, window):
     assert_native_equals_own_read(spec, hq=hq, hkv=hkv, d=d, window=window, seed=hq * d + hkv, tol=1e-5)

@@ -48,6 +48,7 @@ class KVPage(IntEnum):
     QJL3_KEYS = 18, "qjl3-keys", PageKind.CODE
     QJL4_KEYS = 19, "qjl4-keys", PageKind.CODE
     POLARQUANT = 20, "polarquant", PageKind.CODE
+    Q5_1 = 21, "q5_1", PageKind.BLOCK
 
     @classmethod
     def named(cls, page_name: str) -> "KVPage":

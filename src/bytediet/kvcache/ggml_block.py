@@ -1,7 +1,8 @@
-"""llama.cpp's KV-cache block types, each registered here: ``q8_0``, ``q5_0``, ``q4_0``, ``q4_1`` (``-ctk/-ctv``).
+"""llama.cpp's KV-cache block types, each registered here: ``q8_0``, ``q5_1``, ``q5_0``, ``q4_1``, ``q4_0``
+(``-ctk/-ctv``).
 
 llama.cpp stores each cached K (or V) row of one head in GGML blocks of 32 consecutive channels along the
-head dimension, per token: a block is an fp16 scale (and, for ``q4_1``, an fp16 minimum) plus 32 codes, in
+head dimension, per token: a block is an fp16 scale (and, for ``q5_1``/``q4_1``, an fp16 minimum) plus 32 codes, in
 exactly the byte layout of ``ggml-common.h``. The block math is ``ggml-quants.c``'s reference quantizer,
 bit for bit (:mod:`bytediet.kernels.ggml_codecs`, checked against ``gguf.quants``):
 
@@ -10,6 +11,7 @@ type     bytes / 32    element                                     bits per coor
 =======  ============  ===========================================  =====================
 q8_0     34            d · q,  d = absmax / 127, q ∈ [−127, 127]    8.5
 q5_0     22            d · (q − 16), d = signed absmax / −16         5.5
+q5_1     24            d · q + m, d = (max − min) / 31, m = min      6.0
 q4_1     20            d · q + m, d = (max − min) / 15, m = min      5.0
 q4_0     18            d · (q − 8),  d = signed absmax / −8          4.5
 =======  ============  ===========================================  =====================
@@ -33,7 +35,7 @@ from .halves import HalfCodec, HalfPages
 
 QK = 32
 TYPES = BLOCK_PAGE_TYPES  # name → GGML type: q8_0, q5_0, q4_1, q4_0 (the native attention's page type names)
-TYPE_BYTES = {T.Q8_0: 34, T.Q5_0: 22, T.Q4_1: 20, T.Q4_0: 18}
+TYPE_BYTES = {T.Q8_0: 34, T.Q5_0: 22, T.Q4_1: 20, T.Q4_0: 18, T.Q5_1: 24}
 
 
 class GGMLBlockPages(HalfPages):
@@ -90,5 +92,5 @@ def ggml_codec_class(name: str):
     return GGMLCodec
 
 
-for _name in TYPES:  # q8_0, q5_0, q4_1, q4_0: llama.cpp's -ctk/-ctv names
+for _name in TYPES:  # q8_0, q5_0, q4_1, q4_0, q5_1: llama.cpp's -ctk/-ctv names
     KV_CODECS.register(_name)(ggml_codec_class(_name))

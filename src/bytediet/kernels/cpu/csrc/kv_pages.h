@@ -211,6 +211,25 @@ inline void q4_1(const float* x, uint8_t* b) {
     pack_halves(q, b + 4);
 }
 
+inline void q5_1(const float* x, uint8_t* b) {
+    float lo = x[0], hi = x[0];
+    for (int i = 1; i < 32; ++i) {
+        lo = x[i] < lo ? x[i] : lo;
+        hi = x[i] > hi ? x[i] : hi;
+    }
+    const float d = (hi - lo) / 31.0f, id = inverse(d);
+    uint8_t q[32];
+    uint32_t qh = 0;
+    for (int i = 0; i < 32; ++i) {
+        q[i] = trunc_code((x[i] - lo) * id + 0.5f, 31);
+        qh |= static_cast<uint32_t>((q[i] >> 4) & 1) << i;
+    }
+    store_f16(b, d);
+    store_f16(b + 2, lo);
+    std::memcpy(b + 4, &qh, 4);
+    pack_halves(q, b + 8);
+}
+
 }  // namespace kv_blocks
 
 // Codes of elements [o, o + 8) of one block (o a multiple of 8) as 8 bytes (the low half of an __m128i), straight
@@ -233,6 +252,12 @@ template <>
 constexpr long kCodeBytesAt<Q4_1> = 4;  // after scale and minimum
 template <>
 constexpr long kCodeBytesAt<Q5_0> = 6;  // after scale and the 32 high bits (at b + 2)
+template <>
+constexpr long kCodeBytesAt<Q5_1> = 8;  // after scale, minimum and the 32 high bits (at b + 4)
+template <class F>
+constexpr bool kHighBits = std::is_same_v<F, Q5_0> || std::is_same_v<F, Q5_1>;  // 5-bit codes: bit 4 apart
+template <class F>
+constexpr long kHighBitsAt = kCodeBytesAt<F> - 4;  // the 32 high bits, just before the code bytes
 
 inline __m128i nibbles8(const uint8_t* qs, long o) {  // elements o .. o + 7 of a nibble-halves block
     const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(qs + (o & 15)));
@@ -244,8 +269,9 @@ inline __m128i block_codes8(const uint8_t* b, long o) {
     const uint8_t* qs = b + kCodeBytesAt<F>;
     if constexpr (std::is_same_v<F, Q8_0>) return _mm_loadl_epi64(reinterpret_cast<const __m128i*>(qs + o));
     const __m128i c = nibbles8(qs, o);
-    if constexpr (std::is_same_v<F, Q5_0>)
-        return _mm_or_si128(c, _mm_loadl_epi64(reinterpret_cast<const __m128i*>(&kQ5HighBits.bytes[b[2 + (o >> 3)]])));
+    if constexpr (kHighBits<F>)
+        return _mm_or_si128(c, _mm_loadl_epi64(reinterpret_cast<const __m128i*>(
+                                   &kQ5HighBits.bytes[b[kHighBitsAt<F> + (o >> 3)]])));
     return c;
 }
 
@@ -273,9 +299,9 @@ struct BlockPages : PageTraits {
         } else {  // nibble halves: elements 0–15 the low nibbles of the 16 code bytes, 16–31 their high nibbles
             c = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));
             c = _mm512_and_si512(o ? _mm512_srli_epi32(c, 4) : c, _mm512_set1_epi32(0x0F));
-            if constexpr (std::is_same_v<F, Q5_0>) {  // bit j of the 32 high bits adds 16 to element j
+            if constexpr (kHighBits<F>) {  // bit j of the 32 high bits adds 16 to element j
                 uint32_t qh;
-                std::memcpy(&qh, b + 2, 4);
+                std::memcpy(&qh, b + kHighBitsAt<F>, 4);
                 c = _mm512_mask_or_epi32(c, static_cast<__mmask16>(qh >> o), c, _mm512_set1_epi32(16));
             }
         }
@@ -317,6 +343,7 @@ using PagesQ8_0 = BlockPages<Q8_0, true, kv_blocks::q8_0>;
 using PagesQ5_0 = BlockPages<Q5_0, true, kv_blocks::q5_0>;
 using PagesQ4_1 = BlockPages<Q4_1, false, kv_blocks::q4_1>;
 using PagesQ4_0 = BlockPages<Q4_0, true, kv_blocks::q4_0>;
+using PagesQ5_1 = BlockPages<Q5_1, false, kv_blocks::q5_1>;
 
 // A row's d values as floats (before a SCALED type's row scale): fp32 rows in place, the others widened into tile.
 template <class P>
@@ -345,6 +372,7 @@ bool with_pages(int kv_dtype, Fn fn) {
         case KVPage::Q5_0: fn(PagesQ5_0{}); return true;
         case KVPage::Q4_1: fn(PagesQ4_1{}); return true;
         case KVPage::Q4_0: fn(PagesQ4_0{}); return true;
+        case KVPage::Q5_1: fn(PagesQ5_1{}); return true;
         default: return false;
     }
 }

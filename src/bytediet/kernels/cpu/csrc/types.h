@@ -20,7 +20,8 @@ namespace bd {
     X(QJL2_KEYS, 17)                                                                              \
     X(QJL3_KEYS, 18)                                                                              \
     X(QJL4_KEYS, 19)                                                                              \
-    X(POLARQUANT, 20)
+    X(POLARQUANT, 20)                                                                             \
+    X(Q5_1, 21)                                           /* GGML block pages (kv_pages.h) */
 
 #define BD_ACTIVATIONS(X) X(Q8, 0) X(F32, 1) X(Q16, 2) X(Q8_TOKEN, 3)
 
