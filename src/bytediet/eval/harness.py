@@ -78,19 +78,22 @@ class ReferenceCache:
     """The reference model's measurements, reusable across configurations of one checkpoint.
 
     ``logits[i]`` (L, vocab) float32 of window ``i`` are stored in RAM while the total stays under
-    ``max_memory_bytes`` and as ``.pt`` files in a private temporary directory beyond that;
+    ``max_memory_bytes`` and as ``.pt`` files beyond that: in ``directory`` (kept: ``bytediet optimize`` gives
+    its step cache and ``max_memory_bytes=0``, so one window at a time is in memory and a resumed run reads them
+    back), else a private temporary directory (deleted with the cache).
     ``results[task]`` holds each task's reference numbers (perplexity, passkey accuracy, speed).
     ``key`` identifies what was measured (model, settings) so a mismatched reuse is refused.
     """
 
-    def __init__(self, key: tuple, max_memory_bytes: int = 512 << 20) -> None:
+    def __init__(self, key: tuple, max_memory_bytes: int = 512 << 20, directory: Optional[Path] = None) -> None:
         self.key = key
         self.max_memory_bytes = max_memory_bytes
         self.results: dict[str, dict] = {}
         self._ram: dict[int, torch.Tensor] = {}
         self._disk: dict[int, Path] = {}
         self._ram_bytes = 0
-        self._dir: Optional[Path] = None
+        self._dir: Optional[Path] = Path(directory) if directory is not None else None
+        self._owns_dir = directory is None
 
     def put_logits(self, index: int, logits: torch.Tensor) -> None:
         logits = logits.detach().float().contiguous()
@@ -101,9 +104,22 @@ class ReferenceCache:
             return
         if self._dir is None:
             self._dir = Path(tempfile.mkdtemp(prefix="bytediet-ref-"))
-        path = self._dir / f"window{index}.pt"
-        torch.save(logits, path)
+        self._dir.mkdir(parents=True, exist_ok=True)
+        path = self.window_path(index)
+        tmp = path.with_suffix(".tmp")
+        torch.save(logits, tmp)
+        tmp.replace(path)
         self._disk[index] = path
+
+    def window_path(self, index: int) -> Path:
+        return self._dir / f"window{index}.pt"
+
+    def adopt_windows(self, count: int) -> bool:
+        """Take the logits of windows 0..count-1 already in ``directory`` (an earlier run's); False if any is missing."""
+        if self._dir is None or not all(self.window_path(i).is_file() for i in range(count)):
+            return False
+        self._disk.update({i: self.window_path(i) for i in range(count)})
+        return True
 
     def logits(self, index: int) -> torch.Tensor:
         if index in self._ram:
@@ -121,8 +137,8 @@ class ReferenceCache:
         return len(self._disk)
 
     def close(self) -> None:
-        """Delete the spill directory (also done when the object is garbage-collected)."""
-        if self._dir is not None:
+        """Delete a private spill directory (also done when the object is garbage-collected)."""
+        if self._dir is not None and self._owns_dir:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir, self._disk = None, {}
 
@@ -293,12 +309,14 @@ def check_weights(weights: str) -> None:
     QuantizeConfig(format=weights)
 
 
-def reference_cache(label: str, settings: EvalSettings, reference: Optional[ReferenceCache] = None) -> ReferenceCache:
+def reference_cache(label: str, settings: EvalSettings, reference: Optional[ReferenceCache] = None,
+                    directory: Optional[Path] = None) -> ReferenceCache:
     """A new cache for ``label`` (the model spec, or ``model.source_path`` for :func:`evaluate_loaded`) and
-    ``settings``; or ``reference`` itself after checking that it was made for the same."""
+    ``settings`` (``directory``: every window's logits on disk there, one in memory at a time); or ``reference``
+    itself after checking that it was made for the same."""
     key = (label, replace(settings, tasks=()))  # a reused cache may lack a task: it is measured then
     if reference is None:
-        return ReferenceCache(key)
+        return ReferenceCache(key) if directory is None else ReferenceCache(key, 0, directory)
     if reference.key != key:
         raise ConfigError("the reference cache was measured for another model or other settings; "
                           "pass the same model and settings, or no reference")

@@ -23,7 +23,6 @@ run resumes where it stopped.
 """
 from __future__ import annotations
 
-import copy
 import re
 import shutil
 import time
@@ -55,6 +54,7 @@ PRESETS = {  # eval windows × len, speed and profile prompt/new tokens, calibra
                  passkey_depths=(0.0, 0.25, 0.5, 0.75, 1.0), kv_budgets=(8.5, 6.0, 4.5, 3.5)),
 }
 RECOMMENDED_MODEL_DIR = "recommended-model"
+CACHE_LAYOUT = 2  # keys the step cache: 2 = reference at float activations over the blocks, logits per window
 
 
 @dataclass(frozen=True)
@@ -133,13 +133,15 @@ class Recipe:
     # ------------------------------------------------------------------ set-up
     def _load(self) -> None:
         from ..eval.harness import EvalSettings, reference_cache
-        from ..models.loader import load_as_engine_runs, load_model
+        from ..models.loader import load_model, native_block_types
 
         o = self.opt
-        # the reference and the source every weight format is quantized from: the checkpoint's float values;
-        # "as loaded" (the baseline and the KV candidates): how the engine runs it — a GGUF on its native blocks
-        self.model, self.tokenizer = load_model(o.model, dtype=torch.float32)
-        self.as_loaded = load_as_engine_runs(o.model)
+        # one model in memory: the checkpoint as the engine runs it (a GGUF on its native blocks). The reference is
+        # its float values (the blocks at float activations, :meth:`reference_model`); every candidate is a
+        # shared_copy of it, quantized one layer at a time from those blocks (:meth:`build`)
+        self.model, self.tokenizer = load_model(o.model, dtype=torch.float32, keep_packed=True)
+        self.as_loaded = self.model if native_block_types(self.model) else None
+        self._reference_model = None
         self.label = getattr(self.model, "source_path", "") or str(o.model)
         self.corpus_ids = _tokenize_corpus(self.tokenizer, o.corpus)
         passkey = {"passkey_lengths": o.passkey_lengths, "passkey_depths": o.passkey_depths} if o.passkey_lengths else {}
@@ -147,14 +149,27 @@ class Recipe:
                                      tasks=("ppl", "passkey", "speed") if passkey else ("ppl", "speed"),
                                      speed_prompt_len=o.speed_prompt_len, speed_new_tokens=o.speed_new_tokens,
                                      **passkey)
-        depends = {"eval": asdict(self.settings), "context": o.context, "threads": o.threads,
+        depends = {"layout": CACHE_LAYOUT, "eval": asdict(self.settings), "context": o.context, "threads": o.threads,
                    "profile": [o.profile_prompt_len, o.profile_new_tokens],
                    "calibration": [o.calib_samples, o.calib_len], "kv_calibration": self.kv_calibration}
         self._calib_windows = None
         self.key = run_key(model_identity(self.label), depends)
         self.cache = StepCache(self.out, self.key)
-        self.reference = reference_cache(self.label, self.settings)
-        self.cache.load_reference(self.reference)
+        self.reference = reference_cache(self.label, self.settings, directory=self.cache.reference_dir)
+        self.cache.load_reference(self.reference, self.settings.windows)
+
+    def reference_model(self):
+        """The checkpoint's float values: a GGUF's blocks at float activations (dequantized in registers, or one
+        layer at a time for a prefill — the same numbers as an fp32 load), sharing the loaded blocks."""
+        from ..models.loader import set_activations
+        from ..models.share import shared_copy
+
+        if self.as_loaded is None:
+            return self.model
+        if self._reference_model is None:
+            self._reference_model = shared_copy(self.model)
+            set_activations(self._reference_model, "f32")
+        return self._reference_model
 
     def reference_ready(self) -> bool:
         return self.reference.has_logits(self.settings.windows) and set(self.settings.tasks) <= set(
@@ -169,7 +184,8 @@ class Recipe:
         if hit is not None:
             return hit
         model = self.build(cand)
-        result = evaluate_loaded(self.model, self.tokenizer, settings=replace(self.settings, tasks=("speed",)),
+        result = evaluate_loaded(self.reference_model(), self.tokenizer,
+                                 settings=replace(self.settings, tasks=("speed",)),
                                  kv_cache_dtype=self.kv_codec(cand.kv, model, cand), reference=self.reference,
                                  corpus_ids=self.corpus_ids, progress=False, model_label=self.label, test_model=model)
         test = result["tasks"]["speed"]["test"]
@@ -192,7 +208,7 @@ class Recipe:
             self.cache.put("configs", cand.label, {"error": str(exc)})
             return None
         kv = self.kv_codec(cand.kv, model, cand)
-        result = evaluate_loaded(self.model, self.tokenizer, settings=self.settings, kv_cache_dtype=kv,
+        result = evaluate_loaded(self.reference_model(), self.tokenizer, settings=self.settings, kv_cache_dtype=kv,
                                  reference=self.reference, corpus_ids=self.corpus_ids, progress=False,
                                  model_label=self.label, test_model=model)
         rec = record(cand, result, self.opt.context)
@@ -247,13 +263,16 @@ class Recipe:
         return calib, self._calib_windows
 
     def build(self, cand: Candidate):
-        """A copy of the loaded model with ``cand``'s weights (rounded, or calibrated by ``cand.method``); without
-        weights, the checkpoint as the engine runs it (a GGUF's native blocks, at ``cand.activations``)."""
+        """The loaded model with ``cand``'s weights (rounded, or calibrated by ``cand.method``), each layer quantized
+        from the checkpoint's own blocks one at a time (:func:`~bytediet.models.share.shared_copy`); without
+        weights, the checkpoint as the engine runs it (a GGUF's native blocks, at ``cand.activations``). Layers the
+        weight format leaves as they are run in float32, as they would from an fp32 load."""
         from ..calibrate import calibrate_and_quantize
         from ..models.loader import set_activations
-        from ..models.quantize import QuantizeConfig, quantize
+        from ..models.quantize import QuantizeConfig, linear_layers, quantize
+        from ..models.share import float_layers_as_loaded, shared_copy
 
-        model = copy.deepcopy(self.model if cand.weights or self.as_loaded is None else self.as_loaded)
+        model = shared_copy(self.model)
         if cand.activations:
             set_activations(model, cand.activations)
         if cand.weights:
@@ -263,6 +282,7 @@ class Recipe:
                 calibrate_and_quantize(model, config, cand.method, windows, calib)
             else:
                 quantize(model, config)
+            float_layers_as_loaded(model, {n for n, _ in linear_layers(model) if config.spec_for(n) is None})
         return model
 
     def materialize(self, report: dict) -> Optional[Path]:
