@@ -86,7 +86,9 @@ def register(subparsers) -> None:
 
 
 def default_out(model: str) -> Path:
-    stem = Path(model).stem if model not in ("default", "gemma3-270m") else model
+    from ..models.loader import MODEL_ALIASES
+
+    stem = Path(model).stem if model.lower() not in MODEL_ALIASES else model
     return Path("bytediet-optimize") / re.sub(r"[^A-Za-z0-9_.-]+", "_", stem)
 
 
