@@ -23,8 +23,10 @@ run resumes where it stopped.
 """
 from __future__ import annotations
 
+import gc
 import re
 import shutil
+import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -216,6 +218,8 @@ class Recipe:
         # a budget's plan is plain data: the record (and so the recommended run config) carries it
         rec["kv_calibration_state"] = kv.calibration_state() if isinstance(kv, BudgetCodec) else None
         self.cache.put("configs", cand.label, rec)
+        del model, kv, result
+        gc.collect()  # the candidate's layers (and any engine over them) go before the next is built
         return rec
 
     @property
@@ -400,20 +404,45 @@ class Recipe:
                     break
         return found
 
+    def plan(self):
+        """The predicted peak memory of this run (:func:`.memory_plan.plan_optimize`), from the checkpoint's header."""
+        from .memory_plan import plan_optimize
+
+        return plan_optimize(self.opt)
+
     def run(self) -> dict:
+        from ..perf.memory import StepPeaks, peak_rss_bytes
+
         o = self.opt
         t0 = time.perf_counter()
-        with Bars(self.progress) as bars:
-            with bars.spin(f"loading {o.model} and the corpus"):
+        plan = self.plan()
+        if self.progress:
+            print(plan.describe(), file=sys.stderr, flush=True)
+        plan.check()  # refuse before loading what the machine cannot hold
+        with Bars(self.progress) as bars, StepPeaks() as peaks:
+            with peaks.step("load"), bars.spin(f"loading {o.model} and the corpus"):
                 self._load()
             report = {"model": self.label, "model_name": self.model.config.name or self.label,
                       "options": _options_dict(o), "settings": asdict(self.settings), "cache_key": self.key,
                       "budget": o.budget.to_dict(), "objective": o.objective,
                       "kv_calibration": self.kv_calibration, "steps": {}}
-            report["steps"]["profile"] = self._profile(bars)
-            self.on_step("profile", report)
-            report["steps"]["baseline"] = {"records": [self._baseline(bars)]}
-            self.on_step("baseline", report)
+            for name in STEPS:
+                with peaks.step(name):
+                    report["steps"][name] = self._step(name, bars, report)
+                gc.collect()  # each step's candidates are gone: give their memory back before the next
+                self.on_step(name, report)
+        report["memory"] = {**plan.to_dict(), "measured_peak_bytes": peak_rss_bytes(), "steps": peaks.steps}
+        report["elapsed_s"] = time.perf_counter() - t0
+        return report
+
+    def _step(self, name: str, bars, report: dict) -> dict:
+        """Run step ``name`` of :data:`STEPS`; its part of the report."""
+        o = self.opt
+        if name == "profile":
+            return self._profile(bars)
+        if name == "baseline":
+            return {"records": [self._baseline(bars)]}
+        if name == "weights":
             rtn_only = None if o.weights is None else [s for s in o.weights if "+" not in s]
             w = weight_specs(self.model, quick=o.quick, only=rtn_only)
             recs = self._sweep(bars, "step 2/5: weight formats", [Candidate.for_weights("weights", s) for s in w.specs])
@@ -421,21 +450,16 @@ class Recipe:
             c = calibrated_specs(self.model, w, quick=o.quick, methods=o.methods, only=calibrated_only)
             recs += self._sweep(bars, "step 2/5: calibrated weight formats",
                                 [Candidate.for_weights("weights", s) for s in c.specs])
-            report["steps"]["weights"] = {"records": recs, "skipped": {**w.skipped, **c.skipped}}
-            self.on_step("weights", report)
-            report["steps"]["activations"] = self._activations(bars, report)
-            self.on_step("activations", report)
+            return {"records": recs, "skipped": {**w.skipped, **c.skipped}}
+        if name == "activations":
+            return self._activations(bars, report)
+        if name == "kv":
             k = kv_specs(self.model, quick=o.quick, only=o.kv, budgets=o.kv_budgets)
             recs = self._sweep(bars, "step 2/5: KV-cache codecs", [Candidate("kv", kv=s) for s in k.specs])
-            report["steps"]["kv"] = {"records": recs, "skipped": k.skipped}
-            self.on_step("kv", report)
-            report["steps"]["combined"] = self._combine(bars, report)
-            self.on_step("combined", report)
-            pool = compressed_records(report)
-            report["steps"]["sensitive"] = {"records": self._sensitive(bars, report, pool)}
-            self.on_step("sensitive", report)
-        report["elapsed_s"] = time.perf_counter() - t0
-        return report
+            return {"records": recs, "skipped": k.skipped}
+        if name == "combined":
+            return self._combine(bars, report)
+        return {"records": self._sensitive(bars, report, compressed_records(report))}
 
     def _combine(self, bars, report: dict) -> dict:
         b, objective = self.opt.budget, self.opt.objective
