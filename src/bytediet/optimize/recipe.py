@@ -26,7 +26,6 @@ from __future__ import annotations
 import gc
 import re
 import shutil
-import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -41,6 +40,7 @@ from .budget import Budget, activation_cost, best_of_step, compounding, objectiv
 from .candidates import (Candidate, activation_specs, as_loaded_activation_modes, calibrated_specs, kv_specs,
                          weight_specs)
 from .state import StepCache, model_identity, run_key
+from .timebudget import QUICK_SECONDS, TimeBudget, baseline_seconds, kind_of
 
 STEPS = ("profile", "baseline", "weights", "activations", "kv", "combined", "sensitive")
 ACTIVATION_PARENTS = {"quick": 1, "full": 3}  # weight formats (the best within budget) whose activations are tried
@@ -87,10 +87,12 @@ class OptimizeOptions:
     kv_budgets: Optional[tuple[float, ...]] = None  # KV budgets tried before the registered codecs (() = none)
     methods: Optional[tuple[str, ...]] = None  # restrict the calibration methods (() = none)
     threads: int = 2
+    time_budget: Optional[float] = None  # seconds for the run (None: --quick's 15 min, no limit otherwise; 0: none)
 
     def resolved(self) -> "OptimizeOptions":
         preset = PRESETS["quick" if self.quick else "full"]
-        return replace(self, **{k: v for k, v in preset.items() if getattr(self, k) is None})
+        budget = self.time_budget if self.time_budget is not None else (QUICK_SECONDS if self.quick else 0)
+        return replace(self, time_budget=budget, **{k: v for k, v in preset.items() if getattr(self, k) is None})
 
 
 def record(cand: Candidate, result: dict, context: int) -> dict:
@@ -131,6 +133,7 @@ class Recipe:
         self.progress = progress
         self.as_loaded = None  # the checkpoint as the engine runs it, when that is not its float values (_load)
         self._kv_errors: dict = {}  # weight configuration → KV sensitivity tables (shared by every budget)
+        self.time = TimeBudget(self.opt.time_budget or None)
 
     # ------------------------------------------------------------------ set-up
     def _load(self) -> None:
@@ -204,6 +207,11 @@ class Recipe:
             return {**hit, "step": cand.step} if hit.get("error") is None else None
         if cand.step != "baseline" and not self.reference_ready():
             raise AssertionError("the reference must be measured (baseline step) before any candidate")
+        kind = kind_of(cand)
+        if not self.time.allows(kind):
+            self.time.skip(cand.label, cand.step, kind)
+            return None
+        t0 = time.perf_counter()
         try:
             model = self.build(cand)
         except BytedietError as exc:
@@ -220,6 +228,7 @@ class Recipe:
         self.cache.put("configs", cand.label, rec)
         del model, kv, result
         gc.collect()  # the candidate's layers (and any engine over them) go before the next is built
+        self.time.record(kind, time.perf_counter() - t0)
         return rec
 
     @property
@@ -324,6 +333,8 @@ class Recipe:
         return hit
 
     def _baseline(self, bars) -> dict:
+        if not self.reference_ready():
+            self.time.check_baseline(baseline_seconds(self.report_profile, self.settings))
         with bars.spin("step 2/5: measuring the unmodified model (reference)"):
             rec = self.measure(Candidate("baseline"), use_cache=self.reference_ready())
         if not self.cache.reference_path.exists():
@@ -332,7 +343,7 @@ class Recipe:
 
     def _sweep(self, bars, title: str, cands: list[Candidate]) -> list[dict]:
         records = []
-        for cand in bars.track(cands, title):
+        for cand in bars.track(cands, title, eta=lambda i: self.time.eta([kind_of(c) for c in cands[i:]])):
             rec = self.measure(cand)
             if rec is not None:
                 records.append(rec)
@@ -414,12 +425,11 @@ class Recipe:
         from ..perf.memory import StepPeaks, peak_rss_bytes
 
         o = self.opt
-        t0 = time.perf_counter()
+        t0 = self.time.start = time.perf_counter()
         plan = self.plan()
-        if self.progress:
-            print(plan.describe(), file=sys.stderr, flush=True)
         plan.check()  # refuse before loading what the machine cannot hold
         with Bars(self.progress) as bars, StepPeaks() as peaks:
+            bars.line(plan.describe() + (f"; time budget {o.time_budget / 60:.0f} min" if o.time_budget else ""))
             with peaks.step("load"), bars.spin(f"loading {o.model} and the corpus"):
                 self._load()
             report = {"model": self.label, "model_name": self.model.config.name or self.label,
@@ -432,6 +442,7 @@ class Recipe:
                 gc.collect()  # each step's candidates are gone: give their memory back before the next
                 self.on_step(name, report)
         report["memory"] = {**plan.to_dict(), "measured_peak_bytes": peak_rss_bytes(), "steps": peaks.steps}
+        report["time_budget"] = self.time.to_dict()
         report["elapsed_s"] = time.perf_counter() - t0
         return report
 
@@ -439,7 +450,8 @@ class Recipe:
         """Run step ``name`` of :data:`STEPS`; its part of the report."""
         o = self.opt
         if name == "profile":
-            return self._profile(bars)
+            self.report_profile = self._profile(bars)
+            return self.report_profile
         if name == "baseline":
             return {"records": [self._baseline(bars)]}
         if name == "weights":
