@@ -62,4 +62,4 @@ def test_progress_without_a_terminal_is_plain_lines_with_the_time_left(capsys):
     err = capsys.readouterr().err.splitlines()
     assert err[0] == "plan" and err[1] == "step 1/5: profiling ..." and err[2].startswith("step 1/5: profiling: done")
     assert err[3:] == ["step 2/5: weight formats: a (about 4 min left) [1/2]",
-                       "step 2/5: weight formats: b (about 120 s left) [2/2]"]
+                       "step 2/5: weight formats: b (about 2 min left) [2/2]"]
