@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
+import numpy as np
 import torch
 
 from ..errors import ConfigError
@@ -74,6 +75,9 @@ class Subject:
     llm: Any = None  # tensor parallel: the LLM over every rank, through which each task runs
 
 
+HEADER_BYTES = 16  # a window file: (rows, vocab) int64, then rows × vocab float32
+
+
 class ReferenceCache:
     """The reference model's measurements, reusable across configurations of one checkpoint.
 
@@ -96,23 +100,39 @@ class ReferenceCache:
         self._owns_dir = directory is None
 
     def put_logits(self, index: int, logits: torch.Tensor) -> None:
-        logits = logits.detach().float().contiguous()
-        size = logits.numel() * logits.element_size()
-        if self._ram_bytes + size <= self.max_memory_bytes:
-            self._ram[index] = logits
-            self._ram_bytes += size
+        self.put_rows(index, 0, logits, logits.shape[0])
+
+    def put_rows(self, index: int, start: int, rows: torch.Tensor, total: int) -> None:
+        """Rows ``start``.. of window ``index``'s (total, vocab) logits: a window is placed (RAM or a file) when
+        its first rows arrive, so a caller scoring a window in chunks never holds the whole of it."""
+        rows = rows.detach().float().contiguous()
+        vocab = rows.shape[1]
+        if index not in self._ram and index not in self._disk:
+            size = total * vocab * 4
+            if self._ram_bytes + size <= self.max_memory_bytes:
+                self._ram[index] = torch.empty(total, vocab)
+                self._ram_bytes += size
+            else:
+                self._disk[index] = self._new_file(index, total, vocab)
+        if index in self._ram:
+            self._ram[index][start:start + rows.shape[0]] = rows
             return
+        with open(self._disk[index], "r+b") as f:
+            f.seek(HEADER_BYTES + start * vocab * 4)
+            f.write(rows.numpy().tobytes())
+
+    def _new_file(self, index: int, total: int, vocab: int) -> Path:
         if self._dir is None:
             self._dir = Path(tempfile.mkdtemp(prefix="bytediet-ref-"))
         self._dir.mkdir(parents=True, exist_ok=True)
         path = self.window_path(index)
-        tmp = path.with_suffix(".tmp")
-        torch.save(logits, tmp)
-        tmp.replace(path)
-        self._disk[index] = path
+        with open(path, "wb") as f:
+            f.write(np.array([total, vocab], dtype=np.int64).tobytes())
+            f.truncate(HEADER_BYTES + total * vocab * 4)
+        return path
 
     def window_path(self, index: int) -> Path:
-        return self._dir / f"window{index}.pt"
+        return self._dir / f"window{index}.f32"
 
     def adopt_windows(self, count: int) -> bool:
         """Take the logits of windows 0..count-1 already in ``directory`` (an earlier run's); False if any is missing."""
@@ -121,12 +141,20 @@ class ReferenceCache:
         self._disk.update({i: self.window_path(i) for i in range(count)})
         return True
 
-    def logits(self, index: int) -> torch.Tensor:
+    def rows(self, index: int, lo: int, hi: int) -> torch.Tensor:
+        """Rows lo..hi-1 of window ``index``'s logits (read from its file alone when on disk)."""
         if index in self._ram:
-            return self._ram[index]
+            return self._ram[index][lo:hi]
         if index in self._disk:
-            return torch.load(self._disk[index], weights_only=True)
+            path = self._disk[index]
+            total, vocab = np.fromfile(path, dtype=np.int64, count=2)
+            hi = min(hi, int(total))
+            data = np.fromfile(path, dtype=np.float32, count=(hi - lo) * int(vocab), offset=HEADER_BYTES + lo * int(vocab) * 4)
+            return torch.from_numpy(data.reshape(hi - lo, int(vocab)))
         raise KeyError(f"the reference cache has no logits for window {index}; run the reference first")
+
+    def logits(self, index: int) -> torch.Tensor:
+        return self.rows(index, 0, 1 << 62)
 
     def has_logits(self, count: int) -> bool:
         return all(i in self._ram or i in self._disk for i in range(count))

@@ -7,11 +7,13 @@ of what building it and measuring it need for a moment:
 * building: one layer dequantized to float32 while it is quantized (a few copies of the largest layer); a
   calibrated candidate holds one block's float weights, the hidden states of its windows and — GPTQ, Wanda,
   SparseGPT — a float64 Gram matrix per layer of the block (in² × 8 bytes each);
-* measuring: a window's test logits and its reference logits read back (window × vocab float32 each), and
-  ``lm_head`` decoded once for a prefill (vocab × hidden float32).
+* measuring: a chunk of a window's test logits and the same rows of its reference read back (at most
+  :data:`~bytediet.eval.tasks.ROW_CHUNK_ELEMENTS` float32 each), the float64 comparison of a few rows, and
+  ``lm_head`` decoded once for a prefill chunk (vocab × hidden float32).
 """
 from __future__ import annotations
 
+from ..eval.tasks import ROW_CHUNK_ELEMENTS
 from ..perf.memory import RUNTIME_BYTES, TOKENIZER_BYTES_PER_TOKEN, Footprint, MemoryPlan, footprint
 
 FLOAT_COPIES_WHILE_QUANTIZING = 3  # the float weight, its scaled / rounded working copy, and the packed result
@@ -60,8 +62,8 @@ def plan_optimize(options) -> MemoryPlan:
     rtn = weight_specs(skeleton, quick=o.quick, only=rtn_only)
     cal_only = None if o.weights is None else [s for s in o.weights if "+" in s]
     specs = rtn.specs + calibrated_specs(skeleton, rtn, quick=o.quick, methods=o.methods, only=cal_only).specs
-    window = (o.window_len + 1) * c.vocab_size * 4
-    measuring = 2 * window + c.vocab_size * c.hidden_size * 4 + COMPARE_CHUNK_BYTES
+    chunk = max(64 * c.vocab_size, ROW_CHUNK_ELEMENTS) * 4
+    measuring = 2 * chunk + c.vocab_size * c.hidden_size * 4 + COMPARE_CHUNK_BYTES
     quantizing = FLOAT_COPIES_WHILE_QUANTIZING * fp.largest_linear_floats * 4
     worst, worst_spec = measuring, None  # the baseline: the loaded model itself, measured
     for spec in specs:

@@ -4,7 +4,7 @@ Layout: ``<out>/cache/<key>/<step>/<item>.json`` where ``key`` is a hash of what
 on (the checkpoint's path, size and modification time; the evaluation settings; the planning
 context). A killed run, started again with the same model and settings, finds its finished items
 and measures only the rest; changed settings get a fresh key and never mix with old numbers.
-The reference model's logits are kept beside them (``reference/window<i>.pt``, one file per evaluation window,
+The reference model's logits are kept beside them (``reference/window<i>.f32``, one file per evaluation window,
 read one at a time) so a resumed run need not re-run the unmodified model.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ import re
 from pathlib import Path
 from typing import Any, Optional
 
-import torch
+from ..eval.harness import HEADER_BYTES
 
 
 def model_identity(path: str) -> dict:
@@ -75,7 +75,11 @@ class StepCache:
             raise ValueError("the reference has not scored every window yet")
         for i in range(windows):  # logits a cache kept in memory go to disk too
             if not reference.window_path(i).is_file():
-                torch.save(reference.logits(i), reference.window_path(i))
+                logits = reference.logits(i)
+                reference._new_file(i, *logits.shape)
+                with open(reference.window_path(i), "r+b") as f:
+                    f.seek(HEADER_BYTES)
+                    f.write(logits.numpy().tobytes())
         tmp = self.reference_path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(reference.results, default=float))
         tmp.replace(self.reference_path)
