@@ -39,6 +39,7 @@ from ..progress import Bars
 from .budget import Budget, activation_cost, best_of_step, compounding, objective_key, within
 from .candidates import (Candidate, activation_specs, as_loaded_activation_modes, calibrated_specs, kv_specs,
                          weight_specs)
+from ..perf.memory import release_freed
 from .state import StepCache, model_identity, run_key
 from .timebudget import QUICK_SECONDS, TimeBudget, baseline_seconds, kind_of
 
@@ -228,6 +229,7 @@ class Recipe:
         self.cache.put("configs", cand.label, rec)
         del model, kv, result
         gc.collect()  # the candidate's layers (and any engine over them) go before the next is built
+        release_freed()
         self.time.record(kind, time.perf_counter() - t0)
         return rec
 

@@ -96,6 +96,17 @@ class StepPeaks:
             self._current = None
 
 
+def release_freed() -> None:
+    """Hand memory freed since the last call back to the system (glibc keeps freed heap pages otherwise, so a
+    process that builds and drops one large model after another would grow by what it once held)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def available_bytes() -> int:
     """Bytes the machine can still give this process: ``MemAvailable``, capped by a cgroup v2 limit if set."""
     avail = None
