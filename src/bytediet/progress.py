@@ -68,7 +68,7 @@ class Bars:
             return
         task = None if self.plain else self.bar.add_task(title, total=len(items))
         for i, item in enumerate(items):
-            label = getattr(item, "label", str(item))
+            label = item.get("label", str(item)) if isinstance(item, dict) else getattr(item, "label", str(item))
             left = eta(i) if eta is not None else None
             text = f"{title}: {label}" + (f" (about {_duration(left)} left)" if left else "")
             if self.plain:
