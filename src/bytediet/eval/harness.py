@@ -135,7 +135,8 @@ class ReferenceCache:
         return self._dir / f"window{index}.f32"
 
     def adopt_windows(self, count: int) -> bool:
-        """Take the logits of windows 0..count-1 already in ``directory`` (an earlier run's); False if any is missing."""
+        """Take the logits of windows 0..count-1 already in ``directory`` (an earlier run's); False if one is
+        missing."""
         if self._dir is None or not all(self.window_path(i).is_file() for i in range(count)):
             return False
         self._disk.update({i: self.window_path(i) for i in range(count)})
@@ -149,7 +150,8 @@ class ReferenceCache:
             path = self._disk[index]
             total, vocab = np.fromfile(path, dtype=np.int64, count=2)
             hi = min(hi, int(total))
-            data = np.fromfile(path, dtype=np.float32, count=(hi - lo) * int(vocab), offset=HEADER_BYTES + lo * int(vocab) * 4)
+            data = np.fromfile(path, dtype=np.float32, count=(hi - lo) * int(vocab),
+                               offset=HEADER_BYTES + lo * int(vocab) * 4)
             return torch.from_numpy(data.reshape(hi - lo, int(vocab)))
         raise KeyError(f"the reference cache has no logits for window {index}; run the reference first")
 
