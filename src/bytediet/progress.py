@@ -6,8 +6,10 @@ one bar per step of a longer run (``bytediet optimize``). :func:`rich_meter` is 
 """
 from __future__ import annotations
 
+import sys
+import time
 from contextlib import contextmanager
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 Progress = Callable[[Sequence, str], Iterator]
 
@@ -28,13 +30,15 @@ def rich_progress(items: Sequence, desc: str) -> Iterator:
 
 
 class Bars:
-    """Rich progress bars on stderr (one line per step), or nothing when ``enabled`` is False."""
+    """Progress of a longer run on stderr: rich bars (one line per step) on a terminal, plain lines elsewhere
+    (a log file, CI), nothing when ``enabled`` is False. ``plain`` None: decided by whether stderr is a terminal."""
 
-    def __init__(self, enabled: bool) -> None:
+    def __init__(self, enabled: bool, plain: Optional[bool] = None) -> None:
         self.enabled = enabled
+        self.plain = (not sys.stderr.isatty()) if plain is None else plain
 
     def __enter__(self) -> "Bars":
-        if self.enabled:
+        if self.enabled and not self.plain:
             from rich.console import Console
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, \
                 TimeElapsedColumn
@@ -45,23 +49,44 @@ class Bars:
         return self
 
     def __exit__(self, *exc) -> None:
-        if self.enabled:
+        if self.enabled and not self.plain:
             self.bar.__exit__(*exc)
 
-    def track(self, items: list, title: str):
+    def line(self, text: str) -> None:
+        """One line of plain text on stderr (above the bars on a terminal)."""
+        if not self.enabled:
+            return
+        if self.plain:
+            print(text, file=sys.stderr, flush=True)
+        else:
+            self.bar.console.print(text, highlight=False)
+
+    def track(self, items: list, title: str, eta: Optional[Callable[[int], Optional[float]]] = None):
+        """Yield ``items`` showing ``title``, the item's label, and ``eta(i)`` (seconds left, or None) if given."""
         if not self.enabled:
             yield from items
             return
-        task = self.bar.add_task(title, total=len(items))
-        for item in items:
-            label = getattr(item, "label", str(item))
-            self.bar.update(task, description=f"{title}: {label}")
+        task = None if self.plain else self.bar.add_task(title, total=len(items))
+        for i, item in enumerate(items):
+            label = item.get("label", str(item)) if isinstance(item, dict) else getattr(item, "label", str(item))
+            left = eta(i) if eta is not None else None
+            text = f"{title}: {label}" + (f" (about {_duration(left)} left)" if left else "")
+            if self.plain:
+                print(f"{text} [{i + 1}/{len(items)}]", file=sys.stderr, flush=True)
+            else:
+                self.bar.update(task, description=text)
             yield item
-            self.bar.advance(task)
-        self.bar.update(task, description=title)
+            if task is not None:
+                self.bar.advance(task)
+        if task is not None:
+            self.bar.update(task, description=title)
 
     def spin(self, title: str):
         return _Spin(self, title)
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
 
 
 class _Spin:
@@ -69,11 +94,16 @@ class _Spin:
         self.bars, self.title = bars, title
 
     def __enter__(self):
-        if self.bars.enabled:
+        if self.bars.enabled and self.bars.plain:
+            self.t0 = time.perf_counter()
+            print(f"{self.title} ...", file=sys.stderr, flush=True)
+        elif self.bars.enabled:
             self.task = self.bars.bar.add_task(self.title, total=1)
 
     def __exit__(self, *exc) -> None:
-        if self.bars.enabled and exc[0] is None:
+        if self.bars.enabled and self.bars.plain and exc[0] is None:
+            print(f"{self.title}: done in {_duration(time.perf_counter() - self.t0)}", file=sys.stderr, flush=True)
+        elif self.bars.enabled and exc[0] is None:
             self.bars.bar.update(self.task, completed=1)
 
 

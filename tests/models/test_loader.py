@@ -218,3 +218,14 @@ def test_load_as_engine_runs_keeps_quantized_blocks_only(tmp_path, tiny_llama):
     ids = torch.tensor([1, 5, 9, 2])
     torch.testing.assert_close(packed.score(ids), dequantized.score(ids), rtol=0.05, atol=0.05)
     assert load_as_engine_runs(plain) is None  # float blocks: the fp32 load is how the engine runs it
+
+
+@pytest.mark.slow
+def test_the_qwen_alias_assembles_the_chunk_packages_once():
+    from bytediet.models.loader import load_config, resolve_model_path
+
+    path = resolve_model_path("qwen2.5-0.5b")
+    assert path.stat().st_size == 491400064 and path.read_bytes()[:4] == b"GGUF"
+    assert resolve_model_path("Qwen2.5-Coder-0.5B") == path
+    config = load_config("qwen2.5-0.5b")
+    assert (config.architecture, config.num_layers, config.hidden_size) == ("qwen2", 24, 896)

@@ -111,3 +111,11 @@ def test_sliding_window_limits_what_gemma3_layers_see():
     ids3[25] = (ids3[25] + 1) % config.vocab_size
     assert not torch.allclose(m1.score(ids3)[-1], a)
     assert model.score(ids).shape == (30, config.vocab_size)
+
+
+def test_score_rows_gives_score_in_chunks_of_positions(tiny_model):
+    ids = torch.arange(3, 203) % tiny_model.config.vocab_size
+    full = tiny_model.score(ids)
+    parts = list(tiny_model.score_rows(ids, 1, 199, 64))
+    assert [lo for lo, _ in parts] == [1, 67, 133] and all(p.shape[0] == 66 for _, p in parts)
+    torch.testing.assert_close(torch.cat([p for _, p in parts]), full[1:199], rtol=1e-5, atol=1e-5)

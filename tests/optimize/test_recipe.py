@@ -405,3 +405,27 @@ def test_kv_budgets_are_planned_once_and_the_recommendation_carries_the_plan(ckp
 def test_the_presets_try_budgets_beside_the_anchors():
     assert OptimizeOptions(quick=True).resolved().kv_budgets == (4.5,)
     assert OptimizeOptions().resolved().kv_budgets == (8.5, 6.0, 4.5, 3.5)
+
+
+def test_the_memory_plan_refuses_a_model_the_machine_cannot_hold(ckpt, tmp_path, monkeypatch):
+    from bytediet.optimize import memory_plan
+    from bytediet.perf import memory
+
+    plan = Recipe(options(ckpt), tmp_path, progress=False).plan()
+    assert plan.total > plan.parts["model"] > 0
+    monkeypatch.setattr(memory, "available_bytes", lambda: 1000)
+    monkeypatch.setattr(memory, "rss_bytes", lambda: 1000)
+    monkeypatch.setattr(Recipe, "_load", lambda self: pytest.fail("loaded before the memory check"))
+    with pytest.raises(BytedietError, match=r"needs about .* GB of memory and this machine has 0.0 GB available; "):
+        Recipe(options(ckpt), tmp_path, progress=False).run()
+    big = memory_plan.plan_optimize(OptimizeOptions(model="default", quick=True))
+    with pytest.raises(BytedietError, match="leave out|--window-len"):
+        big.check(available=big.total - 1)
+    big.check(available=big.total)
+
+
+def test_the_report_records_each_steps_measured_peak_beside_the_prediction(run):
+    memory = run[0]["memory"]
+    assert set(memory["steps"]) == {"load", *STEPS} and all(v > 0 for v in memory["steps"].values())
+    assert memory["measured_peak_bytes"] >= max(memory["steps"].values()) * 0.9
+    assert memory["predicted_peak_bytes"] == sum(memory["parts"].values())

@@ -127,16 +127,19 @@ def awq_block(block, prefix: str, hidden: torch.Tensor, runner: BlockRunner, ind
 
 
 def awq_model(model, config: QuantizeConfig, windows: torch.Tensor, awq: AWQConfig = AWQConfig(),
-              progress: Progress = no_progress) -> dict:
+              progress: Progress = no_progress, runner: Optional[BlockRunner] = None) -> dict:
     """Fold AWQ scales into ``model`` (float weights) for ``config``'s formats; returns per-group results.
 
-    windows: (N, L) calibration token ids. Afterwards call ``quantize(model, config)``.
+    windows: (N, L) calibration token ids. Afterwards call ``quantize(model, config, prepacked=runner.packed)``:
+    a packed model's blocks are dequantized one at a time and quantized once folded (:class:`BlockRunner`).
     """
-    runner = BlockRunner(model, windows)
+    runner = runner or BlockRunner(model, windows, config=config)
     hidden = runner.embed()
     groups = {}
     for i in progress(range(len(runner.layers)), "AWQ: searching scales per block"):
+        runner.begin(i)
         hidden, record = awq_block(runner.layers[i], f"model.layers.{i}", hidden, runner, i, config, awq)
+        runner.end(i)
         groups.update(record)
     return {"method": "awq", **awq.to_dict(), "results": groups}
 
@@ -144,7 +147,9 @@ def awq_model(model, config: QuantizeConfig, windows: torch.Tensor, awq: AWQConf
 @CALIBRATION_METHODS.register("awq")
 def run_awq(model, config: QuantizeConfig, windows: torch.Tensor, progress: Progress = no_progress, **settings):
     """The registered method: fold scales, leave rounding to ``quantize``. ``settings``: :class:`AWQConfig` fields."""
-    return None, awq_model(model, config, windows, AWQConfig(**settings), progress)
+    runner = BlockRunner(model, windows, config=config)
+    record = awq_model(model, config, windows, AWQConfig(**settings), progress, runner)
+    return runner.packed or None, record
 
 
 run_awq.candidate_formats = ("int4",)  # the families `bytediet optimize` calibrates with it

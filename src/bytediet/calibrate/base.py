@@ -6,7 +6,10 @@
 * :class:`BlockRunner` runs those windows through the decoder one block at a time, keeping only the
   hidden states between blocks (N × L × hidden floats), so the whole-model lm_head (262k columns on
   Gemma) never runs and methods can quantize block i before computing the inputs of block i + 1
-  (GPTQ's sequential scheme, Frantar et al. 2022, arXiv 2210.17323, §4).
+  (GPTQ's sequential scheme, Frantar et al. 2022, arXiv 2210.17323, §4). On a model whose blocks are packed
+  (a GGUF as loaded, ``bytediet optimize``'s candidates), :meth:`BlockRunner.begin` dequantizes one block to
+  float32 and :meth:`BlockRunner.end` quantizes it to the config's formats: one block's float weights at a
+  time, as llm-compressor's sequential pipeline holds them; on a float model both do nothing.
 * :func:`capture` hangs forward pre-hooks on ``Linear`` modules and accumulates :class:`LinearStats`
   of their inputs: mean |x| and max |x| per input channel (AWQ, SmoothQuant), the Gram matrix Σ xᵀx
   (GPTQ's Hessian) and a seeded sample of input rows (AWQ's search objective).
@@ -24,7 +27,7 @@ import torch.nn as nn
 from ..errors import ConfigError
 from ..kvcache import AttentionMetadata, get_kv_codec
 from ..models.layers import Linear
-from ..models.quantize import build_format, quantize
+from ..models.quantize import build_format, quantize, quantize_layer
 from ..progress import Progress, no_progress
 from ..registry import Registry
 
@@ -127,19 +130,41 @@ class BlockRunner:
 
     ``hidden`` is (N, L, hidden) in the model's dtype. ``run_block(i, hidden)`` returns block i's
     outputs for every window (one Linear call per window, so :func:`capture` samples each window).
+    ``config``: the formats :meth:`end` quantizes a block to that :meth:`begin` made float; ``packed``
+    collects them ({layer: packed}, for ``quantize(model, config, prepacked=...)``).
     """
 
-    def __init__(self, model: nn.Module, windows: torch.Tensor, block_size: int = 16) -> None:
+    def __init__(self, model: nn.Module, windows: torch.Tensor, block_size: int = 16, config=None) -> None:
         if windows.dim() != 2 or windows.shape[0] < 1:
             raise ConfigError(f"calibration windows must be (N, L) token ids, got shape {tuple(windows.shape)}")
         self.model, self.windows, self.block_size = model, windows.to(model.device), block_size
         self.length = windows.shape[1]
         self.meta = AttentionMetadata.for_single_sequence(self.length, block_size, model.device)
         self.codec = get_kv_codec("auto", model.dtype)
+        self.config = config
+        self.floated: set[str] = set()  # layers begin() dequantized from packed blocks
+        self.packed: dict[str, dict] = {}
 
     @property
     def layers(self) -> nn.ModuleList:
         return self.model.model.layers
+
+    def begin(self, index: int) -> None:
+        """Block ``index``'s packed (non-float) linear layers dequantized to float32 for calibration."""
+        fp32 = build_format("fp32")
+        for name, layer in block_linears(self.layers[index], f"model.layers.{index}").items():
+            if layer.format is not None and layer.format.spec() not in FLOAT_SPECS:
+                layer.set_packed(fp32, fp32.quantize(layer.dequantized_weight()))
+                self.floated.add(name)
+
+    def end(self, index: int) -> None:
+        """The layers :meth:`begin` made float in block ``index`` quantized to ``config``'s formats (a layer it
+        skips stays float32, as an fp32 load holds it); the float copies are dropped."""
+        for name, layer in block_linears(self.layers[index], f"model.layers.{index}").items():
+            if name in self.floated and name not in self.packed and self.config is not None:
+                quantize_layer(name, layer, self.config)
+                if layer.format.spec() not in FLOAT_SPECS:
+                    self.packed[name] = layer.packed
 
     @torch.inference_mode()
     def embed(self) -> torch.Tensor:
@@ -164,6 +189,9 @@ class BlockRunner:
         return torch.stack([self.model.lm_head(self.model.model.norm(h)).float() for h in hidden])
 
 
+FLOAT_SPECS = ("fp32", "bf16", "fp16")
+
+
 def block_linears(block: nn.Module, prefix: str) -> dict[str, nn.Module]:
     """Qualified name → Linear for the linear layers inside one decoder block."""
     return {f"{prefix}.{n}": m for n, m in block.named_modules() if isinstance(m, Linear)}
@@ -186,14 +214,17 @@ def pack_blocks_in_order(model: nn.Module, config, windows: torch.Tensor, progre
     matrix) on the outputs of the already-packed blocks 0..i−1; every layer of the block with a format
     in ``config`` is packed by ``pack(weight, fmt, stats or None)`` and installed for the rest of the
     pass; the block is re-run to give block i+1 its inputs. The model's weights are restored at the end:
-    install the returned {layer: packed} with ``quantize(model, config, prepacked=...)``.
+    install the returned {layer: packed} with ``quantize(model, config, prepacked=...)``. A packed model's
+    blocks are calibrated from their dequantized blocks one at a time (:meth:`BlockRunner.begin`) and keep
+    their new weights.
     """
-    runner = BlockRunner(model, windows)
+    runner = BlockRunner(model, windows, config=config)
     hidden = runner.embed()
     result: dict[str, dict] = {}
     originals = {}
     try:
         for i in progress(range(len(runner.layers)), desc):
+            runner.begin(i)
             linears = block_linears(runner.layers[i], f"model.layers.{i}")
             fmts = {name: build_format(spec) for name in linears if (spec := config.spec_for(name)) is not None}
             with capture({n: m for n, m in linears.items() if wants_stats(fmts.get(n))}, hessian=True) as stats:
@@ -204,7 +235,8 @@ def pack_blocks_in_order(model: nn.Module, config, windows: torch.Tensor, progre
                     packed = pack(layer.dequantized_weight(), fmt, stats.get(name))
                 except ConfigError as exc:
                     raise ConfigError(f"layer {name} ({layer.out_features}×{layer.in_features}): {exc}") from None
-                originals[name] = (layer, layer.format, layer.packed)
+                if name not in runner.floated:  # a packed model's float copy is not worth restoring
+                    originals[name] = (layer, layer.format, layer.packed)
                 layer.set_packed(fmt, packed)
                 result[name] = packed
             hidden = runner.run_block(i, hidden)  # packed block → inputs of the next

@@ -12,6 +12,7 @@ linear, so the float model is unchanged, and the layers are then quantized to ``
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Optional
 
 import torch
 
@@ -54,28 +55,34 @@ def smooth_group(group: ScaleGroup, x_absmax_in: torch.Tensor, alpha: float) -> 
 
 
 def smoothquant_model(model, windows: torch.Tensor, config: SmoothQuantConfig = SmoothQuantConfig(),
-                      progress: Progress = no_progress) -> dict:
+                      progress: Progress = no_progress, runner: Optional[BlockRunner] = None) -> dict:
     """Fold SmoothQuant scales into every block of ``model``; windows: (N, L) calibration ids.
 
-    Afterwards quantize with ``int8-w8a8``. Returns the settings and per-group scale ranges.
+    Afterwards quantize with ``int8-w8a8`` (``prepacked=runner.packed``: a packed model's blocks are dequantized
+    one at a time and quantized to the runner's config once smoothed). Returns the settings and per-group scale
+    ranges.
     """
-    runner = BlockRunner(model, windows)
+    runner = runner or BlockRunner(model, windows)
     hidden = runner.embed()
     record = {}
     for i in progress(range(len(runner.layers)), "SmoothQuant: smoothing blocks"):
+        runner.begin(i)
         block, prefix = runner.layers[i], f"model.layers.{i}"
         with capture(block_linears(block, prefix)) as stats:
             hidden = runner.run_block(i, hidden)  # smoothing preserves the float function: reuse these
         for group in scale_groups(block, prefix, config.groups):
             s = smooth_group(group, stats[group.linears[0][0]].abs_max, config.alpha)
             record[group.name] = {"scale_min": float(s.min()), "scale_max": float(s.max())}
+        runner.end(i)
     return {"method": "smoothquant", **config.to_dict(), "results": record}
 
 
 @CALIBRATION_METHODS.register("smoothquant")
 def run_smoothquant(model, config, windows: torch.Tensor, progress: Progress = no_progress, **settings):
     """The registered method: fold scales; the config's format should be ``int8-w8a8``. ``settings``: α, groups."""
-    return None, smoothquant_model(model, windows, SmoothQuantConfig(**settings), progress)
+    runner = BlockRunner(model, windows, config=config)
+    record = smoothquant_model(model, windows, SmoothQuantConfig(**settings), progress, runner)
+    return runner.packed or None, record
 
 
 run_smoothquant.candidate_formats = ("int8-w8a8",)  # the families `bytediet optimize` calibrates with it

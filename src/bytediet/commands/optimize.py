@@ -79,6 +79,9 @@ def register(subparsers) -> None:
     p.add_argument("--window-len", type=int, default=None, help="tokens per window (quick 512, full 1024)")
     p.add_argument("--context", type=int, default=2048, help="sequence length for the memory figure (default 2048)")
     p.add_argument("--seed", type=int, default=0, help="picks the evaluation windows")
+    p.add_argument("--time-budget", default=None, metavar="DURATION",
+                   help="measure the candidates that fit in this time, most promising first, and list the rest as "
+                        "skipped (e.g. 15m, 1.5h, 900s; default 15m with --quick, none otherwise; 'none': no limit)")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads (also keys this machine's roofline)")
     p.add_argument("--json", action="store_true", help="print one JSON object (the report) instead of tables")
     p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
@@ -86,7 +89,9 @@ def register(subparsers) -> None:
 
 
 def default_out(model: str) -> Path:
-    stem = Path(model).stem if model not in ("default", "gemma3-270m") else model
+    from ..models.loader import MODEL_ALIASES
+
+    stem = Path(model).stem if model.lower() not in MODEL_ALIASES else model
     return Path("bytediet-optimize") / re.sub(r"[^A-Za-z0-9_.-]+", "_", stem)
 
 
@@ -104,7 +109,16 @@ def options_from_args(args: argparse.Namespace):
                            threads=args.threads,
                            methods=() if (args.methods or "").strip().lower() == "none" else _specs(args.methods),
                            calib_samples=args.calib_samples, calib_len=args.calib_len,
-                           passkey_lengths=_lengths(args.passkey_lengths))
+                           passkey_lengths=_lengths(args.passkey_lengths), time_budget=_time_budget(args.time_budget))
+
+
+def _time_budget(text):
+    from ..optimize.timebudget import parse_duration
+
+    if text is None:
+        return None
+    seconds = parse_duration(text)
+    return 0.0 if seconds is None else seconds
 
 
 def run(args: argparse.Namespace) -> int:

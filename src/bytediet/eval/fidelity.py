@@ -103,6 +103,13 @@ def _compare(ref_logits: torch.Tensor, test_logits: torch.Tensor,
     return kl, nll
 
 
+def compare_rows(ref_logits: torch.Tensor, test_logits: torch.Tensor,
+                 targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per position: KL (L,), NLL (2, L) of [ref, test] and top-1 agreement (L,) bool — one chunk of a window."""
+    kl, nll = _compare(ref_logits, test_logits, targets)
+    return kl, nll, top1_match(ref_logits, test_logits)
+
+
 def top1_match(ref_logits: torch.Tensor, test_logits: torch.Tensor) -> torch.Tensor:
     """(L,) bool: does the test model's most likely token equal the reference's (first index on ties)?"""
     _check_logits(ref_logits, "ref_logits")
@@ -181,14 +188,21 @@ class FidelityAccumulator:
             raise ConfigError("give ref_logits for every window or for none, so that the totals compare alike")
         if ref_logits is None:
             nll_test = token_nll(test_logits, targets)
-        else:
-            kl, (nll_ref, nll_test) = _compare(ref_logits, test_logits, targets)
+            self._nll_test += float(nll_test.sum())
+            self._tokens += len(nll_test)
+            self._windows += 1
+            return None
+        kl, nll, match = compare_rows(ref_logits, test_logits, targets)
+        return self.add_scores(kl, nll[0], nll[1], int(match.sum()), name)
+
+    def add_scores(self, kl: torch.Tensor, nll_ref: torch.Tensor, nll_test: torch.Tensor, matches: int,
+                   name: str | None = None) -> WindowResult:
+        """Score one window from its per-position values (:func:`compare_rows`, over the window's chunks)."""
+        if self._windows and self._ref_tokens == 0:
+            raise ConfigError("give ref_logits for every window or for none, so that the totals compare alike")
         self._nll_test += float(nll_test.sum())
         self._tokens += len(nll_test)
         self._windows += 1
-        if ref_logits is None:
-            return None
-        matches = int(top1_match(ref_logits, test_logits).sum())
         self._kl.append(kl)
         self._nll_ref += float(nll_ref.sum())
         self._ref_tokens += len(kl)

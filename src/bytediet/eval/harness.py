@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
+import numpy as np
 import torch
 
 from ..errors import ConfigError
@@ -71,43 +72,88 @@ class Subject:
     llm: Any = None  # tensor parallel: the LLM over every rank, through which each task runs
 
 
+HEADER_BYTES = 16  # a window file: (rows, vocab) int64, then rows × vocab float32
+
+
 class ReferenceCache:
     """The reference model's measurements, reusable across configurations of one checkpoint.
 
     ``logits[i]`` (L, vocab) float32 of window ``i`` are stored in RAM while the total stays under
-    ``max_memory_bytes`` and as ``.pt`` files in a private temporary directory beyond that;
+    ``max_memory_bytes`` and as ``.pt`` files beyond that: in ``directory`` (kept: ``bytediet optimize`` gives
+    its step cache and ``max_memory_bytes=0``, so one window at a time is in memory and a resumed run reads them
+    back), else a private temporary directory (deleted with the cache).
     ``results[task]`` holds each task's reference numbers (perplexity, passkey accuracy, speed).
     ``key`` identifies what was measured (model, settings) so a mismatched reuse is refused.
     """
 
-    def __init__(self, key: tuple, max_memory_bytes: int = 512 << 20) -> None:
+    def __init__(self, key: tuple, max_memory_bytes: int = 512 << 20, directory: Optional[Path] = None) -> None:
         self.key = key
         self.max_memory_bytes = max_memory_bytes
         self.results: dict[str, dict] = {}
         self._ram: dict[int, torch.Tensor] = {}
         self._disk: dict[int, Path] = {}
         self._ram_bytes = 0
-        self._dir: Optional[Path] = None
+        self._dir: Optional[Path] = Path(directory) if directory is not None else None
+        self._owns_dir = directory is None
 
     def put_logits(self, index: int, logits: torch.Tensor) -> None:
-        logits = logits.detach().float().contiguous()
-        size = logits.numel() * logits.element_size()
-        if self._ram_bytes + size <= self.max_memory_bytes:
-            self._ram[index] = logits
-            self._ram_bytes += size
+        self.put_rows(index, 0, logits, logits.shape[0])
+
+    def put_rows(self, index: int, start: int, rows: torch.Tensor, total: int) -> None:
+        """Rows ``start``.. of window ``index``'s (total, vocab) logits: a window is placed (RAM or a file) when
+        its first rows arrive, so a caller scoring a window in chunks never holds the whole of it."""
+        rows = rows.detach().float().contiguous()
+        vocab = rows.shape[1]
+        if index not in self._ram and index not in self._disk:
+            size = total * vocab * 4
+            if self._ram_bytes + size <= self.max_memory_bytes:
+                self._ram[index] = torch.empty(total, vocab)
+                self._ram_bytes += size
+            else:
+                self._disk[index] = self._new_file(index, total, vocab)
+        if index in self._ram:
+            self._ram[index][start:start + rows.shape[0]] = rows
             return
+        with open(self._disk[index], "r+b") as f:
+            f.seek(HEADER_BYTES + start * vocab * 4)
+            f.write(rows.numpy().tobytes())
+
+    def _new_file(self, index: int, total: int, vocab: int) -> Path:
         if self._dir is None:
             self._dir = Path(tempfile.mkdtemp(prefix="bytediet-ref-"))
-        path = self._dir / f"window{index}.pt"
-        torch.save(logits, path)
-        self._disk[index] = path
+        self._dir.mkdir(parents=True, exist_ok=True)
+        path = self.window_path(index)
+        with open(path, "wb") as f:
+            f.write(np.array([total, vocab], dtype=np.int64).tobytes())
+            f.truncate(HEADER_BYTES + total * vocab * 4)
+        return path
+
+    def window_path(self, index: int) -> Path:
+        return self._dir / f"window{index}.f32"
+
+    def adopt_windows(self, count: int) -> bool:
+        """Take the logits of windows 0..count-1 already in ``directory`` (an earlier run's); False if one is
+        missing."""
+        if self._dir is None or not all(self.window_path(i).is_file() for i in range(count)):
+            return False
+        self._disk.update({i: self.window_path(i) for i in range(count)})
+        return True
+
+    def rows(self, index: int, lo: int, hi: int) -> torch.Tensor:
+        """Rows lo..hi-1 of window ``index``'s logits (read from its file alone when on disk)."""
+        if index in self._ram:
+            return self._ram[index][lo:hi]
+        if index in self._disk:
+            path = self._disk[index]
+            total, vocab = np.fromfile(path, dtype=np.int64, count=2)
+            hi = min(hi, int(total))
+            data = np.fromfile(path, dtype=np.float32, count=(hi - lo) * int(vocab),
+                               offset=HEADER_BYTES + lo * int(vocab) * 4)
+            return torch.from_numpy(data.reshape(hi - lo, int(vocab)))
+        raise KeyError(f"the reference cache has no logits for window {index}; run the reference first")
 
     def logits(self, index: int) -> torch.Tensor:
-        if index in self._ram:
-            return self._ram[index]
-        if index in self._disk:
-            return torch.load(self._disk[index], weights_only=True)
-        raise KeyError(f"the reference cache has no logits for window {index}; run the reference first")
+        return self.rows(index, 0, 1 << 62)
 
     def has_logits(self, count: int) -> bool:
         return all(i in self._ram or i in self._disk for i in range(count))
@@ -118,8 +164,8 @@ class ReferenceCache:
         return len(self._disk)
 
     def close(self) -> None:
-        """Delete the spill directory (also done when the object is garbage-collected)."""
-        if self._dir is not None:
+        """Delete a private spill directory (also done when the object is garbage-collected)."""
+        if self._dir is not None and self._owns_dir:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir, self._disk = None, {}
 
@@ -290,12 +336,14 @@ def check_weights(weights: str) -> None:
     QuantizeConfig(format=weights)
 
 
-def reference_cache(label: str, settings: EvalSettings, reference: Optional[ReferenceCache] = None) -> ReferenceCache:
+def reference_cache(label: str, settings: EvalSettings, reference: Optional[ReferenceCache] = None,
+                    directory: Optional[Path] = None) -> ReferenceCache:
     """A new cache for ``label`` (the model spec, or ``model.source_path`` for :func:`evaluate_loaded`) and
-    ``settings``; or ``reference`` itself after checking that it was made for the same."""
+    ``settings`` (``directory``: every window's logits on disk there, one in memory at a time); or ``reference``
+    itself after checking that it was made for the same."""
     key = (label, replace(settings, tasks=()))  # a reused cache may lack a task: it is measured then
     if reference is None:
-        return ReferenceCache(key)
+        return ReferenceCache(key) if directory is None else ReferenceCache(key, 0, directory)
     if reference.key != key:
         raise ConfigError("the reference cache was measured for another model or other settings; "
                           "pass the same model and settings, or no reference")

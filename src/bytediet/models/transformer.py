@@ -176,6 +176,25 @@ class CausalLM(nn.Module):
             outs.append(self.forward(ids[start:end], meta, caches))
         return torch.cat(outs)
 
+    @torch.inference_mode()
+    def score_rows(self, input_ids: torch.Tensor, start: int, stop: int, rows: int,
+                   kv_codec: str = "auto") -> Iterator[tuple[int, torch.Tensor]]:
+        """:meth:`score`'s logits of positions start..stop-1 in near-equal chunks of at most ``rows`` positions
+        (at least ``rows`` when the span allows): the decoder runs once, ``lm_head`` once per chunk, so no more
+        than a chunk of (rows, vocab) logits exists at a time. Yields (first position, (n, vocab) float32)."""
+        block_size = default_block_size(kv_codec)
+        ids = input_ids.reshape(-1).to(self.device)
+        length = ids.shape[0]
+        caches = self.new_caches(math.ceil(length / block_size), block_size, kv_codec)
+        meta = _chunk_metadata(0, length, length, block_size, self.device)
+        x = self.embed(ids)
+        for layer, cache in zip(self.model.layers, caches):
+            x = layer(x, meta, cache)
+        chunks = max(1, (stop - start) // max(rows, 1))
+        for part in torch.arange(start, stop).tensor_split(chunks):
+            lo, hi = int(part[0]), int(part[-1]) + 1
+            yield lo, self.head(x[lo:hi])
+
 
 def _chunk_metadata(start: int, end: int, total: int, block_size: int, device) -> AttentionMetadata:
     """Metadata for tokens [start, end) of one sequence stored in blocks 0..ceil(total/bs)-1."""

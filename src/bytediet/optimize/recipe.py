@@ -23,7 +23,7 @@ run resumes where it stopped.
 """
 from __future__ import annotations
 
-import copy
+import gc
 import re
 import shutil
 import time
@@ -39,7 +39,9 @@ from ..progress import Bars
 from .budget import Budget, activation_cost, best_of_step, compounding, objective_key, within
 from .candidates import (Candidate, activation_specs, as_loaded_activation_modes, calibrated_specs, kv_specs,
                          weight_specs)
+from ..perf.memory import release_freed
 from .state import StepCache, model_identity, run_key
+from .timebudget import QUICK_SECONDS, TimeBudget, baseline_seconds, kind_of
 
 STEPS = ("profile", "baseline", "weights", "activations", "kv", "combined", "sensitive")
 ACTIVATION_PARENTS = {"quick": 1, "full": 3}  # weight formats (the best within budget) whose activations are tried
@@ -55,6 +57,7 @@ PRESETS = {  # eval windows × len, speed and profile prompt/new tokens, calibra
                  passkey_depths=(0.0, 0.25, 0.5, 0.75, 1.0), kv_budgets=(8.5, 6.0, 4.5, 3.5)),
 }
 RECOMMENDED_MODEL_DIR = "recommended-model"
+CACHE_LAYOUT = 2  # keys the step cache: 2 = reference at float activations over the blocks, logits per window
 
 
 @dataclass(frozen=True)
@@ -85,10 +88,12 @@ class OptimizeOptions:
     kv_budgets: Optional[tuple[float, ...]] = None  # KV budgets tried before the registered codecs (() = none)
     methods: Optional[tuple[str, ...]] = None  # restrict the calibration methods (() = none)
     threads: int = 2
+    time_budget: Optional[float] = None  # seconds for the run (None: --quick's 15 min, no limit otherwise; 0: none)
 
     def resolved(self) -> "OptimizeOptions":
         preset = PRESETS["quick" if self.quick else "full"]
-        return replace(self, **{k: v for k, v in preset.items() if getattr(self, k) is None})
+        budget = self.time_budget if self.time_budget is not None else (QUICK_SECONDS if self.quick else 0)
+        return replace(self, time_budget=budget, **{k: v for k, v in preset.items() if getattr(self, k) is None})
 
 
 def record(cand: Candidate, result: dict, context: int) -> dict:
@@ -129,17 +134,20 @@ class Recipe:
         self.progress = progress
         self.as_loaded = None  # the checkpoint as the engine runs it, when that is not its float values (_load)
         self._kv_errors: dict = {}  # weight configuration → KV sensitivity tables (shared by every budget)
+        self.time = TimeBudget(self.opt.time_budget or None)
 
     # ------------------------------------------------------------------ set-up
     def _load(self) -> None:
         from ..eval.harness import EvalSettings, reference_cache
-        from ..models.loader import load_as_engine_runs, load_model
+        from ..models.loader import load_model, native_block_types
 
         o = self.opt
-        # the reference and the source every weight format is quantized from: the checkpoint's float values;
-        # "as loaded" (the baseline and the KV candidates): how the engine runs it — a GGUF on its native blocks
-        self.model, self.tokenizer = load_model(o.model, dtype=torch.float32)
-        self.as_loaded = load_as_engine_runs(o.model)
+        # one model in memory: the checkpoint as the engine runs it (a GGUF on its native blocks). The reference is
+        # its float values (the blocks at float activations, :meth:`reference_model`); every candidate is a
+        # shared_copy of it, quantized one layer at a time from those blocks (:meth:`build`)
+        self.model, self.tokenizer = load_model(o.model, dtype=torch.float32, keep_packed=True)
+        self.as_loaded = self.model if native_block_types(self.model) else None
+        self._reference_model = None
         self.label = getattr(self.model, "source_path", "") or str(o.model)
         self.corpus_ids = _tokenize_corpus(self.tokenizer, o.corpus)
         passkey = {"passkey_lengths": o.passkey_lengths, "passkey_depths": o.passkey_depths} if o.passkey_lengths else {}
@@ -147,14 +155,27 @@ class Recipe:
                                      tasks=("ppl", "passkey", "speed") if passkey else ("ppl", "speed"),
                                      speed_prompt_len=o.speed_prompt_len, speed_new_tokens=o.speed_new_tokens,
                                      **passkey)
-        depends = {"eval": asdict(self.settings), "context": o.context, "threads": o.threads,
+        depends = {"layout": CACHE_LAYOUT, "eval": asdict(self.settings), "context": o.context, "threads": o.threads,
                    "profile": [o.profile_prompt_len, o.profile_new_tokens],
                    "calibration": [o.calib_samples, o.calib_len], "kv_calibration": self.kv_calibration}
         self._calib_windows = None
         self.key = run_key(model_identity(self.label), depends)
         self.cache = StepCache(self.out, self.key)
-        self.reference = reference_cache(self.label, self.settings)
-        self.cache.load_reference(self.reference)
+        self.reference = reference_cache(self.label, self.settings, directory=self.cache.reference_dir)
+        self.cache.load_reference(self.reference, self.settings.windows)
+
+    def reference_model(self):
+        """The checkpoint's float values: a GGUF's blocks at float activations (dequantized in registers, or one
+        layer at a time for a prefill — the same numbers as an fp32 load), sharing the loaded blocks."""
+        from ..models.loader import set_activations
+        from ..models.share import shared_copy
+
+        if self.as_loaded is None:
+            return self.model
+        if self._reference_model is None:
+            self._reference_model = shared_copy(self.model)
+            set_activations(self._reference_model, "f32")
+        return self._reference_model
 
     def reference_ready(self) -> bool:
         return self.reference.has_logits(self.settings.windows) and set(self.settings.tasks) <= set(
@@ -169,7 +190,8 @@ class Recipe:
         if hit is not None:
             return hit
         model = self.build(cand)
-        result = evaluate_loaded(self.model, self.tokenizer, settings=replace(self.settings, tasks=("speed",)),
+        result = evaluate_loaded(self.reference_model(), self.tokenizer,
+                                 settings=replace(self.settings, tasks=("speed",)),
                                  kv_cache_dtype=self.kv_codec(cand.kv, model, cand), reference=self.reference,
                                  corpus_ids=self.corpus_ids, progress=False, model_label=self.label, test_model=model)
         test = result["tasks"]["speed"]["test"]
@@ -186,13 +208,18 @@ class Recipe:
             return {**hit, "step": cand.step} if hit.get("error") is None else None
         if cand.step != "baseline" and not self.reference_ready():
             raise AssertionError("the reference must be measured (baseline step) before any candidate")
+        kind = kind_of(cand)
+        if not self.time.allows(kind):
+            self.time.skip(cand.label, cand.step, kind)
+            return None
+        t0 = time.perf_counter()
         try:
             model = self.build(cand)
         except BytedietError as exc:
             self.cache.put("configs", cand.label, {"error": str(exc)})
             return None
         kv = self.kv_codec(cand.kv, model, cand)
-        result = evaluate_loaded(self.model, self.tokenizer, settings=self.settings, kv_cache_dtype=kv,
+        result = evaluate_loaded(self.reference_model(), self.tokenizer, settings=self.settings, kv_cache_dtype=kv,
                                  reference=self.reference, corpus_ids=self.corpus_ids, progress=False,
                                  model_label=self.label, test_model=model)
         rec = record(cand, result, self.opt.context)
@@ -200,6 +227,10 @@ class Recipe:
         # a budget's plan is plain data: the record (and so the recommended run config) carries it
         rec["kv_calibration_state"] = kv.calibration_state() if isinstance(kv, BudgetCodec) else None
         self.cache.put("configs", cand.label, rec)
+        del model, kv, result
+        gc.collect()  # the candidate's layers (and any engine over them) go before the next is built
+        release_freed()
+        self.time.record(kind, time.perf_counter() - t0)
         return rec
 
     @property
@@ -248,13 +279,16 @@ class Recipe:
         return calib, self._calib_windows
 
     def build(self, cand: Candidate):
-        """A copy of the loaded model with ``cand``'s weights (rounded, or calibrated by ``cand.method``); without
-        weights, the checkpoint as the engine runs it (a GGUF's native blocks, at ``cand.activations``)."""
+        """The loaded model with ``cand``'s weights (rounded, or calibrated by ``cand.method``), each layer quantized
+        from the checkpoint's own blocks one at a time (:func:`~bytediet.models.share.shared_copy`); without
+        weights, the checkpoint as the engine runs it (a GGUF's native blocks, at ``cand.activations``). Layers the
+        weight format leaves as they are run in float32, as they would from an fp32 load."""
         from ..calibrate import calibrate_and_quantize
         from ..models.loader import set_activations
-        from ..models.quantize import QuantizeConfig, quantize
+        from ..models.quantize import QuantizeConfig, linear_layers, quantize
+        from ..models.share import float_layers_as_loaded, shared_copy
 
-        model = copy.deepcopy(self.model if cand.weights or self.as_loaded is None else self.as_loaded)
+        model = shared_copy(self.model)
         if cand.activations:
             set_activations(model, cand.activations)
         if cand.weights:
@@ -264,6 +298,7 @@ class Recipe:
                 calibrate_and_quantize(model, config, cand.method, windows, calib)
             else:
                 quantize(model, config)
+            float_layers_as_loaded(model, {n for n, _ in linear_layers(model) if config.spec_for(n) is None})
         return model
 
     def materialize(self, report: dict) -> Optional[Path]:
@@ -301,6 +336,8 @@ class Recipe:
         return hit
 
     def _baseline(self, bars) -> dict:
+        if not self.reference_ready():
+            self.time.check_baseline(baseline_seconds(self.report_profile, self.settings))
         with bars.spin("step 2/5: measuring the unmodified model (reference)"):
             rec = self.measure(Candidate("baseline"), use_cache=self.reference_ready())
         if not self.cache.reference_path.exists():
@@ -309,7 +346,7 @@ class Recipe:
 
     def _sweep(self, bars, title: str, cands: list[Candidate]) -> list[dict]:
         records = []
-        for cand in bars.track(cands, title):
+        for cand in bars.track(cands, title, eta=lambda i: self.time.eta([kind_of(c) for c in cands[i:]])):
             rec = self.measure(cand)
             if rec is not None:
                 records.append(rec)
@@ -381,20 +418,46 @@ class Recipe:
                     break
         return found
 
+    def plan(self):
+        """The predicted peak memory of this run (:func:`.memory_plan.plan_optimize`), from the checkpoint's header."""
+        from .memory_plan import plan_optimize
+
+        return plan_optimize(self.opt)
+
     def run(self) -> dict:
+        from ..perf.memory import StepPeaks, peak_rss_bytes
+
         o = self.opt
-        t0 = time.perf_counter()
-        with Bars(self.progress) as bars:
-            with bars.spin(f"loading {o.model} and the corpus"):
+        t0 = self.time.start = time.perf_counter()
+        plan = self.plan()
+        plan.check()  # refuse before loading what the machine cannot hold
+        with Bars(self.progress) as bars, StepPeaks() as peaks:
+            bars.line(plan.describe() + (f"; time budget {o.time_budget / 60:.0f} min" if o.time_budget else ""))
+            with peaks.step("load"), bars.spin(f"loading {o.model} and the corpus"):
                 self._load()
             report = {"model": self.label, "model_name": self.model.config.name or self.label,
                       "options": _options_dict(o), "settings": asdict(self.settings), "cache_key": self.key,
                       "budget": o.budget.to_dict(), "objective": o.objective,
                       "kv_calibration": self.kv_calibration, "steps": {}}
-            report["steps"]["profile"] = self._profile(bars)
-            self.on_step("profile", report)
-            report["steps"]["baseline"] = {"records": [self._baseline(bars)]}
-            self.on_step("baseline", report)
+            for name in STEPS:
+                with peaks.step(name):
+                    report["steps"][name] = self._step(name, bars, report)
+                gc.collect()  # each step's candidates are gone: give their memory back before the next
+                self.on_step(name, report)
+        report["memory"] = {**plan.to_dict(), "measured_peak_bytes": peak_rss_bytes(), "steps": peaks.steps}
+        report["time_budget"] = self.time.to_dict()
+        report["elapsed_s"] = time.perf_counter() - t0
+        return report
+
+    def _step(self, name: str, bars, report: dict) -> dict:
+        """Run step ``name`` of :data:`STEPS`; its part of the report."""
+        o = self.opt
+        if name == "profile":
+            self.report_profile = self._profile(bars)
+            return self.report_profile
+        if name == "baseline":
+            return {"records": [self._baseline(bars)]}
+        if name == "weights":
             rtn_only = None if o.weights is None else [s for s in o.weights if "+" not in s]
             w = weight_specs(self.model, quick=o.quick, only=rtn_only)
             recs = self._sweep(bars, "step 2/5: weight formats", [Candidate.for_weights("weights", s) for s in w.specs])
@@ -402,21 +465,16 @@ class Recipe:
             c = calibrated_specs(self.model, w, quick=o.quick, methods=o.methods, only=calibrated_only)
             recs += self._sweep(bars, "step 2/5: calibrated weight formats",
                                 [Candidate.for_weights("weights", s) for s in c.specs])
-            report["steps"]["weights"] = {"records": recs, "skipped": {**w.skipped, **c.skipped}}
-            self.on_step("weights", report)
-            report["steps"]["activations"] = self._activations(bars, report)
-            self.on_step("activations", report)
+            return {"records": recs, "skipped": {**w.skipped, **c.skipped}}
+        if name == "activations":
+            return self._activations(bars, report)
+        if name == "kv":
             k = kv_specs(self.model, quick=o.quick, only=o.kv, budgets=o.kv_budgets)
             recs = self._sweep(bars, "step 2/5: KV-cache codecs", [Candidate("kv", kv=s) for s in k.specs])
-            report["steps"]["kv"] = {"records": recs, "skipped": k.skipped}
-            self.on_step("kv", report)
-            report["steps"]["combined"] = self._combine(bars, report)
-            self.on_step("combined", report)
-            pool = compressed_records(report)
-            report["steps"]["sensitive"] = {"records": self._sensitive(bars, report, pool)}
-            self.on_step("sensitive", report)
-        report["elapsed_s"] = time.perf_counter() - t0
-        return report
+            return {"records": recs, "skipped": k.skipped}
+        if name == "combined":
+            return self._combine(bars, report)
+        return {"records": self._sensitive(bars, report, compressed_records(report))}
 
     def _combine(self, bars, report: dict) -> dict:
         b, objective = self.opt.budget, self.opt.objective

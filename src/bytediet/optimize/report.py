@@ -165,7 +165,22 @@ def summary_markdown(report: dict) -> str:
                   "recommended.json`. Every number is in `report.json`; figures: `pareto.png`, `roofline.png`.",
               f"Accuracy measured on {report['settings']['windows']} windows of {report['settings']['window_len']} "
               f"tokens of {report['settings']['corpus']}; speeds are single runs on a shared machine."]
+    lines += _budget_lines(report)
     return "\n".join(lines) + "\n"
+
+
+def _budget_lines(report: dict) -> list[str]:
+    """What the time budget left out, and the run's memory: predicted against measured."""
+    lines = []
+    tb = report.get("time_budget") or {}
+    if tb.get("skipped"):
+        lines += ["", f"**Time budget** ({tb['seconds'] / 60:.0f} min) reached: not measured "
+                  + ", ".join(f"`{s['label']}`" for s in tb["skipped"]) + " (give a larger `--time-budget`)."]
+    mem = report.get("memory") or {}
+    if mem.get("measured_peak_bytes"):
+        lines += ["", f"Peak memory {mem['measured_peak_bytes'] / 1e9:.2f} GB measured, "
+                      f"{mem['predicted_peak_bytes'] / 1e9:.2f} GB predicted before the run."]
+    return lines
 
 
 def _passkey_clause(r: dict) -> str:

@@ -4,8 +4,8 @@ Layout: ``<out>/cache/<key>/<step>/<item>.json`` where ``key`` is a hash of what
 on (the checkpoint's path, size and modification time; the evaluation settings; the planning
 context). A killed run, started again with the same model and settings, finds its finished items
 and measures only the rest; changed settings get a fresh key and never mix with old numbers.
-The reference model's logits are kept beside them (``reference.pt``) so a resumed run need not
-re-run the unmodified model.
+The reference model's logits are kept beside them (``reference/window<i>.f32``, one file per evaluation window,
+read one at a time) so a resumed run need not re-run the unmodified model.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import re
 from pathlib import Path
 from typing import Any, Optional
 
-import torch
+from ..eval.harness import HEADER_BYTES
 
 
 def model_identity(path: str) -> dict:
@@ -60,24 +60,39 @@ class StepCache:
         tmp.write_text(json.dumps({"item": item, "value": value}, default=float))
         tmp.replace(path)
 
-    # ---- the reference model's logits (per window) and task results
+    # ---- the reference model's logits (one file per window) and task results
+    @property
+    def reference_dir(self) -> Path:
+        return self.root / "reference"
+
     @property
     def reference_path(self) -> Path:
-        return self.root / "reference.pt"
+        """The reference's task results; written once its windows' logits are all in :attr:`reference_dir`."""
+        return self.reference_dir / "results.json"
 
     def save_reference(self, reference, windows: int) -> None:
-        data = {"results": reference.results, "logits": [reference.logits(i) for i in range(windows)]}
+        if not reference.has_logits(windows):
+            raise ValueError("the reference has not scored every window yet")
+        for i in range(windows):  # logits a cache kept in memory go to disk too
+            if not reference.window_path(i).is_file():
+                logits = reference.logits(i)
+                reference._new_file(i, *logits.shape)
+                with open(reference.window_path(i), "r+b") as f:
+                    f.seek(HEADER_BYTES)
+                    f.write(logits.numpy().tobytes())
         tmp = self.reference_path.with_suffix(f".{os.getpid()}.tmp")
-        torch.save(data, tmp)
+        tmp.write_text(json.dumps(reference.results, default=float))
         tmp.replace(self.reference_path)
 
-    def load_reference(self, reference) -> bool:
-        """Fill ``reference`` (a fresh :class:`ReferenceCache`) from disk; False when nothing is saved."""
+    def load_reference(self, reference, windows: int) -> bool:
+        """Fill ``reference`` (a fresh :class:`ReferenceCache` over :attr:`reference_dir`) from disk: the task
+        results and where each window's logits are (read one window at a time when compared); False when an
+        earlier run did not finish them."""
         try:
-            data = torch.load(self.reference_path, weights_only=True)
-        except (OSError, RuntimeError, EOFError):
+            results = json.loads(self.reference_path.read_text())
+        except (OSError, ValueError):
             return False
-        for i, logits in enumerate(data["logits"]):
-            reference.put_logits(i, logits)
-        reference.results.update(data["results"])
+        if not reference.adopt_windows(windows):
+            return False
+        reference.results.update(results)
         return True

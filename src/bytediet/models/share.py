@@ -1,0 +1,52 @@
+"""A copy of a loaded model that shares its big tensors: a configuration costs only the layers it changes.
+
+``bytediet optimize`` measures many configurations of one checkpoint. Each is :func:`shared_copy` of the
+checkpoint as loaded (a GGUF on its own blocks) with some layers replaced: quantizing a copy dequantizes
+one layer at a time from the shared blocks (:func:`bytediet.models.quantize.quantize`), so no run holds
+a float copy of the whole model, and dropping the copy frees exactly what it added.
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn as nn
+
+from .layers import Linear
+
+
+def shared_tensors(model: nn.Module) -> list[torch.Tensor]:
+    """The tensors a :func:`shared_copy` shares: every linear layer's packed buffers and native layouts, and the
+    token embedding. Norms and biases are copied (calibration's scale folding rewrites them)."""
+    tensors: list[torch.Tensor] = []
+    for module in model.modules():
+        if isinstance(module, Linear):
+            tensors += [t for _, t in module.named_buffers(recurse=False)]
+            if module.interleaved is not None:
+                tensors.append(module.interleaved)
+            if module._native is not None:
+                tensors.append(module._native[1])
+        elif isinstance(module, nn.Embedding):
+            tensors.append(module.weight)
+    return tensors
+
+
+def shared_copy(model: nn.Module) -> nn.Module:
+    """A deep copy of ``model`` whose modules are its own but whose :func:`shared_tensors` are ``model``'s.
+
+    Replacing a layer's weights in the copy (``set_packed``, ``set_weight``, a format's activation mode) leaves
+    ``model`` as it was; writing *into* a shared tensor in place would not, and nothing here does.
+    """
+    memo = {id(t): t for t in shared_tensors(model)}
+    return copy.deepcopy(model, memo)
+
+
+def float_layers_as_loaded(model: nn.Module, names: set[str]) -> None:
+    """Give the linear layers ``names`` of a :func:`shared_copy` float32 weights dequantized from their blocks —
+    what an fp32 load of the checkpoint holds for a layer a weight format leaves as it is."""
+    from ..quant.base import get_weight_format
+
+    fp32 = get_weight_format("fp32")
+    for name, layer in model.linear_layers():
+        if name in names and layer.format is not None and layer.format.spec() != "fp32":
+            layer.set_packed(fp32, fp32.quantize(layer.dequantized_weight()))

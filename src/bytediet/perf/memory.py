@@ -1,0 +1,215 @@
+"""Memory before and during a run: what the machine has, this process's measured peak, and a planned peak.
+
+* :func:`peak_rss_bytes`: the kernel's resident high-water mark of this process (``VmHWM``, what
+  ``/usr/bin/time -v`` reports); :class:`StepPeaks`: the peak of each step of a run, sampled (the high-water
+  mark itself is left alone, so the whole run's figure stays the kernel's).
+* :func:`available_bytes`: what the machine can still give (``MemAvailable``, and a cgroup's limit when set).
+* :func:`footprint`: the checkpoint's tensors as the loader will hold them, read from its header only.
+* :class:`MemoryPlan`: a predicted peak as named parts; :meth:`MemoryPlan.check` refuses, in one line, a run
+  the machine cannot hold, before anything is loaded.
+"""
+from __future__ import annotations
+
+import os
+import resource
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from ..errors import BytedietError
+
+GB = 1e9
+# the interpreter, torch, the native kernels, rich and the tokenizer library before any model (measured: 0.45 to
+# 0.55 GB resident on Linux x86-64, bench/OPTIMIZE_MEMORY.md)
+RUNTIME_BYTES = 550_000_000
+TOKENIZER_BYTES_PER_TOKEN = 1_000  # vocabulary, merges and the reverse maps, per token (Gemma-3: 262k tokens)
+
+
+class MemoryPlanError(BytedietError):
+    """The machine cannot hold the run as asked."""
+
+
+def _status_kb(field_name: str) -> Optional[int]:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field_name + ":"):
+                return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def rss_bytes() -> int:
+    """This process's resident memory now."""
+    kb = _status_kb("VmRSS")
+    return kb * 1024 if kb is not None else peak_rss_bytes()
+
+
+def peak_rss_bytes() -> int:
+    """This process's resident high-water mark since it started or since :func:`reset_peak_rss`."""
+    kb = _status_kb("VmHWM")
+    if kb is None:
+        kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # kilobytes on Linux
+    return kb * 1024
+
+
+class StepPeaks:
+    """Resident memory sampled every ``interval`` seconds on a thread: ``with peaks.step(name):`` records the
+    largest sample (and the resident size at its start and end) of each step in :attr:`steps`."""
+
+    def __init__(self, interval: float = 0.02) -> None:
+        self.interval = interval
+        self.steps: dict[str, int] = {}
+        self._current: Optional[str] = None
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    def __enter__(self) -> "StepPeaks":
+        self._thread = threading.Thread(target=self._sample, name="rss-sampler", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _note(self) -> None:
+        name = self._current
+        if name is not None:
+            self.steps[name] = max(self.steps.get(name, 0), rss_bytes())
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._note()
+
+    @contextmanager
+    def step(self, name: str):
+        self._current = name
+        self._note()
+        try:
+            yield
+        finally:
+            self._note()
+            self._current = None
+
+
+def release_freed() -> None:
+    """Hand memory freed since the last call back to the system (glibc keeps freed heap pages otherwise, so a
+    process that builds and drops one large model after another would grow by what it once held)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def available_bytes() -> int:
+    """Bytes the machine can still give this process: ``MemAvailable``, capped by a cgroup v2 limit if set."""
+    avail = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                avail = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    if avail is None:
+        avail = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit != "max":
+            used = int(Path("/sys/fs/cgroup/memory.current").read_text())
+            avail = min(avail, int(limit) - used)
+    except (OSError, ValueError):
+        pass
+    return max(avail, 0)
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """A checkpoint as the loader holds it (bytes), from its header: no tensor is read."""
+
+    config: object  # bytediet.config.ModelConfig
+    file_bytes: int  # the checkpoint on disk
+    linear: dict[str, tuple[int, int]]  # linear layer → (out, in)
+    linear_loaded: dict[str, int]  # linear layer → bytes as loaded (its blocks, or float32)
+    other_bytes: int  # embedding (float32) and norms
+
+    @property
+    def loaded_bytes(self) -> int:
+        return sum(self.linear_loaded.values()) + self.other_bytes
+
+    @property
+    def float_bytes(self) -> int:
+        """Every weight in float32 (an fp32 load)."""
+        return sum(o * i * 4 for o, i in self.linear.values()) + self.other_bytes
+
+    @property
+    def largest_linear_floats(self) -> int:
+        return max(o * i for o, i in self.linear.values())
+
+
+def footprint(spec) -> Footprint:
+    """The :class:`Footprint` of the checkpoint ``spec`` loaded with its blocks packed (``keep_packed``)."""
+    from ..models.loader import build_model, load_config, resolve_model_path
+    from ..quant.base import WEIGHT_FORMATS
+
+    path = resolve_model_path(spec)
+    config = load_config(path)
+    skeleton = build_model(config)
+    linear = {n: (lin.out_features, lin.in_features) for n, lin in skeleton.linear_layers()}
+    float_linear = {n: o * i * 4 for n, (o, i) in linear.items()}
+    other = sum(p.numel() * 4 for n, p in skeleton.named_parameters() if not n.startswith(("lm_head", "model.embed")))
+    other += config.vocab_size * config.hidden_size * 4  # the embedding (created on meta above)
+    loaded = dict(float_linear)
+    if path.is_file():
+        from ..models.gguf import GGUFCheckpoint
+
+        ckpt = GGUFCheckpoint(path)
+        for t in ckpt.tensors():
+            key = t.name.rpartition(".")[0]
+            packable = f"gguf-{t.type_name.lower()}" in WEIGHT_FORMATS
+            if key in loaded and packable:
+                loaded[key] = int(t.raw.nbytes)
+            if t.name == "model.embed_tokens.weight" and "lm_head" in loaded and packable \
+                    and "lm_head.weight" not in ckpt.tensor_types():
+                loaded["lm_head"] = int(t.raw.nbytes)  # tied: packed from the embedding's blocks
+        size = path.stat().st_size
+    else:
+        size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+    if config.tie_word_embeddings and loaded.get("lm_head") == float_linear.get("lm_head"):
+        loaded["lm_head"] = 0  # a float tied head shares the embedding
+    return Footprint(config, size, linear, loaded, other)
+
+
+@dataclass
+class MemoryPlan:
+    """A predicted peak: named parts in bytes, and the options that would make it smaller."""
+
+    command: str
+    parts: dict[str, int] = field(default_factory=dict)
+    smaller: list[str] = field(default_factory=list)  # the options that would fit, most effective first
+
+    @property
+    def total(self) -> int:
+        return sum(self.parts.values())
+
+    def describe(self) -> str:
+        parts = ", ".join(f"{k} {v / GB:.2f}" for k, v in self.parts.items() if v >= 0.005 * GB)
+        return f"{self.command}: predicted peak memory {self.total / GB:.2f} GB ({parts})"
+
+    def to_dict(self) -> dict:
+        return {"predicted_peak_bytes": self.total, "parts": dict(self.parts)}
+
+    def check(self, available: Optional[int] = None) -> None:
+        """Raise (one line: the need, what the machine has, what would fit) when ``available`` bytes
+        (default: :func:`available_bytes` plus what this process already holds) cannot hold the plan."""
+        have = available if available is not None else available_bytes() + rss_bytes()
+        if self.total <= have:
+            return
+        fix = f"; {self.smaller[0]}" if self.smaller else ""
+        raise MemoryPlanError(f"{self.command} needs about {self.total / GB:.1f} GB of memory and this machine has "
+                           f"{have / GB:.1f} GB available{fix}")
