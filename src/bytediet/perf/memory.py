@@ -169,13 +169,14 @@ def footprint(spec) -> Footprint:
         from ..models.gguf import GGUFCheckpoint
 
         ckpt = GGUFCheckpoint(path)
+        names = {t.name for t in ckpt.tensors()}
         for t in ckpt.tensors():
             key = t.name.rpartition(".")[0]
             packable = f"gguf-{t.type_name.lower()}" in WEIGHT_FORMATS
             if key in loaded and packable:
                 loaded[key] = int(t.raw.nbytes)
             if t.name == "model.embed_tokens.weight" and "lm_head" in loaded and packable \
-                    and "lm_head.weight" not in ckpt.tensor_types():
+                    and "lm_head.weight" not in names:
                 loaded["lm_head"] = int(t.raw.nbytes)  # tied: packed from the embedding's blocks
         size = path.stat().st_size
     else:
