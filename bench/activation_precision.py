@@ -7,6 +7,7 @@ The gate for a default (issue 12): ≤ +0.3 % perplexity and ≥ 99 % top-1 agre
 
     .venv/bin/python bench/activation_precision.py --models default,gemma3-270m --windows 8 --window-len 512
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,10 +36,13 @@ def measure(model_name: str, windows: int, window_len: int, modes: list[str]) ->
         test = [next_token_pairs(model.score(torch.as_tensor(w)), torch.as_tensor(w))[0] for w in chosen]
         test_all, ref_all = torch.cat(test), torch.cat(pairs)
         ppl = perplexity(test_all, torch.cat(targets))
-        out["modes"][mode] = {"weights": ",".join(model.weight_formats()), "ppl": ppl,
-                              "ppl_change_pct": 100 * (ppl / ref_ppl - 1),
-                              "kl_mean": kl_per_position(ref_all, test_all).mean().item(),
-                              "top1": top1_agreement(ref_all, test_all)}
+        out["modes"][mode] = {
+            "weights": ",".join(model.weight_formats()),
+            "ppl": ppl,
+            "ppl_change_pct": 100 * (ppl / ref_ppl - 1),
+            "kl_mean": kl_per_position(ref_all, test_all).mean().item(),
+            "top1": top1_agreement(ref_all, test_all),
+        }
         print(f"{model_name} {mode}: {out['modes'][mode]}", file=sys.stderr)
     return out
 

@@ -19,6 +19,7 @@ time guard that skips what no longer fits:
 It needs only what the GPU image has (torch, triton, transformers, numpy, pyyaml) and bytediet's source: the
 ``gguf`` package, if missing, is read from the wheel carried in bench/wheels (docs/gpu.md).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,27 +43,76 @@ else:  # the CPU's native kernels are not used on the GPU path: never build them
     os.environ.setdefault("BYTEDIET_KERNELS", "reference")
 sys.path.insert(0, str(ROOT / "src"))
 try:
-    import gguf  # noqa: F401
+    import gguf  # noqa: F401 - only whether it imports
 except ImportError:  # the GPU image lacks it: the pure-Python wheel carried beside the source
     sys.path.extend(str(w) for w in sorted((ROOT / "bench" / "wheels").glob("gguf-*.whl")))
 
-import torch  # noqa: E402
+import torch
 
 SECTIONS = ("env", "machine", "gemm", "attention", "models", "speed")
-GEMM_FORMATS = ("int8", "int4-g128", "int4-g32-sym", "fp8", "mxfp4", "nvfp4", "sparse24", "sparse24-int8",
-                "gguf-q4_0", "gguf-q4_1", "gguf-q5_0", "gguf-q5_1", "gguf-q8_0", "gguf-q4_k", "gguf-q5_k", "gguf-q6_k")
-KV_CODECS = ("bf16", "fp16", "int8", "fp8", "q8_0", "q5_0", "q4_1", "q4_0", "k=q8_0,v=q4_0", "rot-int8", "rot-q8_0",
-             "turboquant")
+GEMM_FORMATS = (
+    "int8",
+    "int4-g128",
+    "int4-g32-sym",
+    "fp8",
+    "mxfp4",
+    "nvfp4",
+    "sparse24",
+    "sparse24-int8",
+    "gguf-q4_0",
+    "gguf-q4_1",
+    "gguf-q5_0",
+    "gguf-q5_1",
+    "gguf-q8_0",
+    "gguf-q4_k",
+    "gguf-q5_k",
+    "gguf-q6_k",
+)
+KV_CODECS = (
+    "bf16",
+    "fp16",
+    "int8",
+    "fp8",
+    "q8_0",
+    "q5_0",
+    "q4_1",
+    "q4_0",
+    "k=q8_0,v=q4_0",
+    "rot-int8",
+    "rot-q8_0",
+    "turboquant",
+)
 SPEED_FORMATS = ("bf16", "int4-g128", "int8", "fp8", "sparse24")
 # real shapes: Llama-3-8B and Llama-3.2-1B (config.json of meta-llama's checkpoints)
 SHAPES = {
-    "llama3-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-                      num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=False),
-    "llama3-1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
-                      num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=True),
+    "llama3-8b": dict(
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        vocab_size=128256,
+        tie_word_embeddings=False,
+    ),
+    "llama3-1b": dict(
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        vocab_size=128256,
+        tie_word_embeddings=True,
+    ),
 }
-TINY_SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, vocab_size=256, tie_word_embeddings=False)
+TINY_SHAPE = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=256,
+    tie_word_embeddings=False,
+)
 
 
 class Run:
@@ -86,7 +136,7 @@ class Run:
         t0 = time.perf_counter()
         try:
             yield out
-        except Exception as e:  # noqa: BLE001 - recorded, the run goes on
+        except Exception as e:
             out["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
             out["traceback"] = traceback.format_exc(limit=6)[-2000:]
             print(f"[{name}] {out['error']}", file=sys.stderr, flush=True)
@@ -103,7 +153,7 @@ class Run:
         t0 = time.perf_counter()
         try:
             out[key] = fn()
-        except Exception as e:  # noqa: BLE001 - recorded, the section goes on
+        except Exception as e:
             out[key] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
             print(f"  {key}: {out[key]['error']}", file=sys.stderr, flush=True)
         finally:
@@ -132,17 +182,26 @@ def timed(fn) -> float:
 def env_section(run: Run, out: dict) -> None:
     import triton
 
-    out.update(python=platform.python_version(), torch=torch.__version__, triton=triton.__version__,
-               cuda=torch.version.cuda, backend=os.environ.get("BYTEDIET_BACKEND", "auto"),
-               interpreter=os.environ.get("TRITON_INTERPRET") == "1")
+    out.update(
+        python=platform.python_version(),
+        torch=torch.__version__,
+        triton=triton.__version__,
+        cuda=torch.version.cuda,
+        backend=os.environ.get("BYTEDIET_BACKEND", "auto"),
+        interpreter=os.environ.get("TRITON_INTERPRET") == "1",
+    )
     with contextlib.suppress(ImportError):
         import transformers
 
         out["transformers"] = transformers.__version__
     if run.device == "cuda":
         p = torch.cuda.get_device_properties(0)
-        out.update(gpu=p.name, capability=list(torch.cuda.get_device_capability(0)), memory_gib=p.total_memory / 2**30,
-                   multiprocessors=p.multi_processor_count)
+        out.update(
+            gpu=p.name,
+            capability=list(torch.cuda.get_device_capability(0)),
+            memory_gib=p.total_memory / 2**30,
+            multiprocessors=p.multi_processor_count,
+        )
 
 
 def machine_section(run: Run, out: dict):
@@ -175,7 +234,7 @@ def _random_k_blocks(t: int, n: int, k: int, g: torch.Generator) -> torch.Tensor
     blocks = torch.randint(0, 256, (n, k // 256, nbytes), dtype=torch.uint8, generator=g)
     for off in scales:
         f16 = (torch.rand(n, k // 256, generator=g) * 2e-3 + 5e-4).to(torch.float16)
-        blocks[..., off:off + 2] = f16.view(torch.uint8).reshape(n, k // 256, 2)
+        blocks[..., off : off + 2] = f16.view(torch.uint8).reshape(n, k // 256, 2)
     return blocks.reshape(n, -1)
 
 
@@ -190,6 +249,7 @@ def gemm_section(run: Run, out: dict) -> None:
     g = torch.Generator().manual_seed(0)
     w = torch.randn(n, k, generator=g) * 0.05
     for spec in GEMM_FORMATS:
+
         def check(spec=spec):
             if spec in K_QUANTS:  # no float quantizer for these: random blocks with sane scales, read by the twin
                 t, blocks = K_QUANTS[spec], _random_k_blocks(K_QUANTS[spec], n, k, g)
@@ -202,7 +262,7 @@ def gemm_section(run: Run, out: dict) -> None:
             blocks = blocks.contiguous().to(run.device)
             res = {"type": int(t), "bytes": blocks.numel()}
             tolerance = 2e-2
-            for dtype in ((torch.float32,) if DRY else (torch.bfloat16,)):  # each dtype compiles its own kernels
+            for dtype in (torch.float32,) if DRY else (torch.bfloat16,):  # each dtype compiles its own kernels
                 weight = backend.prepare(t, blocks, dtype)  # what the engine runs (W8A8 fp8 / 2:4 on CUDA)
                 res[f"kernel_{str(dtype).replace('torch.', '')}"] = weight.kernel
                 tolerance = 6e-2 if weight.fp8 is not None else tolerance  # activations rounded to E4M3 too
@@ -220,6 +280,7 @@ def gemm_section(run: Run, out: dict) -> None:
                     res[f"m{m}_{str(dtype).replace('torch.', '')}"] = entry
             res["ok"] = all(v["rel_err"] < tolerance for v in res.values() if isinstance(v, dict))
             return res
+
         run.item(out, spec, check, need_s=15)
 
 
@@ -239,15 +300,18 @@ def attention_section(run: Run, out: dict) -> None:
     perm = torch.randperm(nblocks - 1, generator=g)  # blocks scattered over the pool
     tables, start = torch.full((len(seqs), max(blocks_per)), -1, dtype=torch.int64), 0
     for i, b in enumerate(blocks_per):
-        tables[i, :b] = perm[start:start + b]
+        tables[i, :b] = perm[start : start + b]
         start += b
     positions = torch.cat([torch.arange(c - q, c) for q, c in seqs])
     rows = torch.cat([torch.full((q,), i) for i, (q, _) in enumerate(seqs)])
     all_pos = torch.cat([torch.arange(c) for _, c in seqs])
-    all_slots = torch.cat([tables[i, torch.arange(c) // bs] * bs + torch.arange(c) % bs for i, (_, c) in enumerate(seqs)])
+    all_slots = torch.cat(
+        [tables[i, torch.arange(c) // bs] * bs + torch.arange(c) % bs for i, (_, c) in enumerate(seqs)]
+    )
     dev = run.device
     dtype = torch.float32 if DRY else torch.bfloat16
     for name in KV_CODECS:
+
         def check(name=name):
             codec = get_kv_codec(name, dtype)
             cache = codec.create_cache(0, nblocks, bs, hkv, d, dtype, dev)
@@ -260,7 +324,7 @@ def attention_section(run: Run, out: dict) -> None:
             q = torch.randn(positions.numel(), hq, d, generator=g).to(dev, dtype)
             res = {"pages": f"{pages['kv_dtype']}/{pages.get('v_dtype') or pages['kv_dtype']}"}
             for window in (None, 256 if not DRY else 8):
-                args = (positions.to(dev), rows.to(dev), tables.to(dev), bs, d ** -0.5, window)
+                args = (positions.to(dev), rows.to(dev), tables.to(dev), bs, d**-0.5, window)
                 y = backend.attention_over_pages(q, *args, **pages)
                 ref = reference.attention_over_pages(q.float(), *args, **pages)
                 res[f"window_{window}"] = {"rel_err": rel_err(y, ref)}
@@ -269,13 +333,16 @@ def attention_section(run: Run, out: dict) -> None:
                     res[f"window_{window}"]["us"] = s * 1e6
             res["ok"] = all(v["rel_err"] < 2e-2 for v in res.values() if isinstance(v, dict))
             return res
+
         run.item(out, name, check, need_s=10)
     if not DRY:  # the kernel's own check: every K/V page mix on realistic shapes, timed (paged_attention_check)
+
         def kernel_check():
             from bytediet.kernels.triton.paged_attention_check import check as attention_check
 
             rows = attention_check("cuda", reps=5)
             return {"ok": all(r["ok"] for r in rows), "cases": rows}
+
         run.item(out, "kernel_shapes", kernel_check, need_s=60)
 
 
@@ -283,15 +350,23 @@ def attention_section(run: Run, out: dict) -> None:
 def _tiny_hf_config(arch: str):
     import transformers as tf
 
-    common = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
-                  max_position_embeddings=512, num_hidden_layers=2)
+    common = dict(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        num_hidden_layers=2,
+    )
     if arch == "llama":
         return tf.LlamaConfig(**common)
     if arch == "qwen2":
         return tf.Qwen2Config(**common)
     # gemma3: 6 layers (5 sliding + 1 global) and a window shorter than the prompts
-    return tf.Gemma3TextConfig(**{**common, "num_hidden_layers": 6, "head_dim": 16, "sliding_window": 16,
-                                  "query_pre_attn_scalar": 16})
+    return tf.Gemma3TextConfig(
+        **{**common, "num_hidden_layers": 6, "head_dim": 16, "sliding_window": 16, "query_pre_attn_scalar": 16}
+    )
 
 
 def models_section(run: Run, out: dict) -> None:
@@ -307,6 +382,7 @@ def models_section(run: Run, out: dict) -> None:
     g = torch.Generator().manual_seed(2)
     prompts = [torch.randint(3, 250, (n,), generator=g).tolist() for n in ((9, 5) if DRY else (33, 20, 7))]
     for arch in ("llama", "qwen2", "gemma3"):
+
         def check(arch=arch):
             torch.manual_seed(3)
             config = _tiny_hf_config(arch)
@@ -320,22 +396,41 @@ def models_section(run: Run, out: dict) -> None:
             for p in prompts:
                 ids = torch.tensor([p], device=run.device)
                 with torch.no_grad():
-                    gen = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n_new, do_sample=False,
-                                      min_new_tokens=n_new, pad_token_id=0)
-                want.append(gen[0, len(p):].tolist())
+                    gen = hf.generate(
+                        ids,
+                        attention_mask=torch.ones_like(ids),
+                        max_new_tokens=n_new,
+                        do_sample=False,
+                        min_new_tokens=n_new,
+                        pad_token_id=0,
+                    )
+                want.append(gen[0, len(p) :].tolist())
             res = {}
-            for eager in ((True,) if DRY or run.device != "cuda" else (False, True)):
-                llm = LLM(arch, loaded=(model, None), device=run.device, dtype="float32", num_blocks=64,
-                          enforce_eager=eager, max_num_seqs=8)
-                got = [o.outputs[0].token_ids for o in llm.generate(
-                    prompts, SamplingParams(max_tokens=n_new, temperature=0.0, ignore_eos=True))]
+            for eager in (True,) if DRY or run.device != "cuda" else (False, True):
+                llm = LLM(
+                    arch,
+                    loaded=(model, None),
+                    device=run.device,
+                    dtype="float32",
+                    num_blocks=64,
+                    enforce_eager=eager,
+                    max_num_seqs=8,
+                )
+                got = [
+                    o.outputs[0].token_ids
+                    for o in llm.generate(prompts, SamplingParams(max_tokens=n_new, temperature=0.0, ignore_eos=True))
+                ]
                 agree = [next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), len(x)) for x, y in zip(got, want)]
                 res["eager" if eager else "cuda_graphs"] = {
-                    "equal": got == want, "tokens_agreeing": agree, "decode": llm.engine.runner.decode_path,
-                    "backend": llm.engine.runner.describe()["backend"]}
+                    "equal": got == want,
+                    "tokens_agreeing": agree,
+                    "decode": llm.engine.runner.decode_path,
+                    "backend": llm.engine.runner.describe()["backend"],
+                }
                 del llm
             res["ok"] = all(v["equal"] for v in res.values())
             return res
+
         run.item(out, arch, check, need_s=20)
 
 
@@ -407,20 +502,29 @@ def speed_section(run: Run, out: dict, hardware) -> None:
             continue
         try:
             hf, hf_config = _random_llama(shape, run.device, dtype)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             res["error"] = f"{type(e).__name__}: {e}"
             continue
         vocab = shape["vocab_size"]
-        ids = lambda b, n: torch.randint(3, vocab - 1, (b, n), generator=g).tolist()  # noqa: E731
-        for spec in (("int8",) if DRY else run.formats):
+        ids = lambda b, n: torch.randint(3, vocab - 1, (b, n), generator=g).tolist()
+        for spec in ("int8",) if DRY else run.formats:
+
             def measure(spec=spec):
                 model, config = _bytediet_from_hf(hf, hf_config, spec, dtype)
-                llm = LLM(shape_name, loaded=(model, None), device=run.device, dtype=str(dtype).replace("torch.", ""),
-                          kv_cache_memory="256MiB" if DRY else "12GiB", max_num_seqs=max(batches),
-                          max_num_batched_tokens=max(long_prompt, max(batches) * prompt), enable_prefix_caching=False)
+                llm = LLM(
+                    shape_name,
+                    loaded=(model, None),
+                    device=run.device,
+                    dtype=str(dtype).replace("torch.", ""),
+                    kv_cache_memory="256MiB" if DRY else "12GiB",
+                    max_num_seqs=max(batches),
+                    max_num_batched_tokens=max(long_prompt, max(batches) * prompt),
+                    enable_prefix_caching=False,
+                )
 
                 def generate(b, n, m):
                     llm.generate(ids(b, n), SamplingParams(max_tokens=m, temperature=0.0, ignore_eos=True))
+
                 generate(max(batches), prompt, 3)  # warm-up: the kernels of every shape compile here
                 generate(1, long_prompt, 1)
                 r = {"weight_bytes": model.weight_bytes(), "device": llm.engine.runner.describe()}
@@ -428,16 +532,25 @@ def speed_section(run: Run, out: dict, hardware) -> None:
                 fmt = get_weight_format(spec)
                 for b in batches:
                     m = _decode_rate(generate, b, prompt, new)
-                    pred = analyze(config, hardware, weights=fmt, kv=16.0 if not DRY else 32.0, batch=b,
-                                   context=prompt + new // 2, prompt_len=prompt, compute_dtype="bf16" if not DRY else "fp32")
+                    pred = analyze(
+                        config,
+                        hardware,
+                        weights=fmt,
+                        kv=16.0 if not DRY else 32.0,
+                        batch=b,
+                        context=prompt + new // 2,
+                        prompt_len=prompt,
+                        compute_dtype="bf16" if not DRY else "fp32",
+                    )
                     m["predicted_decode_tok_s"] = pred.decode_tokens_per_s
                     m["fraction_of_roofline"] = m["decode_tok_s"] / pred.decode_tokens_per_s
                     r[f"batch{b}"] = m
-                del llm, model
+                llm = model = None  # freed before the next format
                 return r
+
             run.item(res, spec, measure, need_s=8 if DRY else 45)
         run.item(res, "peer", lambda: _peer(run, hf, batches, prompt, new, ids), need_s=8 if DRY else 90)
-        del hf
+        hf = None  # freed before the next shape
         if run.device == "cuda":
             torch.cuda.empty_cache()
 
@@ -458,10 +571,20 @@ def _peer(run: Run, hf, batches, prompt: int, new: int, ids) -> dict:
     def generate(b, n, m):
         x = torch.tensor(ids(b, n), device=dev)
         with torch.no_grad():
-            hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=m, min_new_tokens=m, do_sample=False,
-                        pad_token_id=0, past_key_values=StaticCache(config=hf.config, max_cache_len=cache_len))
-    r = {"recipe": "transformers static cache" + (" + torch.compile(reduce-overhead, fullgraph)" if compiled else
-                                                   " (eager: no GPU)")}
+            hf.generate(
+                x,
+                attention_mask=torch.ones_like(x),
+                max_new_tokens=m,
+                min_new_tokens=m,
+                do_sample=False,
+                pad_token_id=0,
+                past_key_values=StaticCache(config=hf.config, max_cache_len=cache_len),
+            )
+
+    r = {
+        "recipe": "transformers static cache"
+        + (" + torch.compile(reduce-overhead, fullgraph)" if compiled else " (eager: no GPU)")
+    }
     for b in batches:
         if run.left() < (5 if DRY else 60):  # a compile per batch shape: skip what no longer fits
             r[f"batch{b}"] = {"skipped": f"time guard: {run.left():.0f} s left"}
@@ -480,12 +603,16 @@ def table(results: dict) -> str:
         sec = s.get(name, {})
         bad = [k for k, v in sec.items() if isinstance(v, dict) and not v.get("ok", False)]
         good = [k for k, v in sec.items() if isinstance(v, dict) and v.get("ok")]
-        lines.append(f"{name:<10} ok: {len(good):>2}  failed/skipped: {', '.join(bad) or '-'}"
-                     + (f"  ERROR {sec['error']}" if "error" in sec else ""))
+        lines.append(
+            f"{name:<10} ok: {len(good):>2}  failed/skipped: {', '.join(bad) or '-'}"
+            + (f"  ERROR {sec['error']}" if "error" in sec else "")
+        )
     m = s.get("machine", {})
     if "read_bandwidth" in m:
-        lines.append(f"machine    read {m['read_bandwidth'] / 1e9:.0f} GB/s, copy {m['copy_bandwidth'] / 1e9:.0f} GB/s, "
-                     f"bf16 {m['peak_flops'].get('bf16', 0) / 1e12:.0f} TFLOP/s")
+        lines.append(
+            f"machine    read {m['read_bandwidth'] / 1e9:.0f} GB/s, copy {m['copy_bandwidth'] / 1e9:.0f} GB/s, "
+            f"bf16 {m['peak_flops'].get('bf16', 0) / 1e12:.0f} TFLOP/s"
+        )
     for shape, res in s.get("speed", {}).items():
         if not isinstance(res, dict):
             continue
@@ -496,9 +623,12 @@ def table(results: dict) -> str:
             if "error" in r or "skipped" in r:
                 lines.append(f"  {spec:<10} {r.get('error') or r.get('skipped')}")
                 continue
-            cells = [f"{r[k]['decode_tok_s']:8.1f}" + (f" ({r[k]['fraction_of_roofline']:.2f})"
-                                                       if "fraction_of_roofline" in r[k] else "       ")
-                     for k in sorted(r) if k.startswith("batch") and isinstance(r[k], dict) and "decode_tok_s" in r[k]]
+            cells = [
+                f"{r[k]['decode_tok_s']:8.1f}"
+                + (f" ({r[k]['fraction_of_roofline']:.2f})" if "fraction_of_roofline" in r[k] else "       ")
+                for k in sorted(r)
+                if k.startswith("batch") and isinstance(r[k], dict) and "decode_tok_s" in r[k]
+            ]
             pre = r.get("prefill_tok_s") or r.get("batch1", {}).get("prefill_tok_s", 0)
             lines.append(f"  {spec:<10} {' '.join(cells)}  prefill {pre:9.0f}")
     return "\n".join(lines)
@@ -545,7 +675,11 @@ def main(argv=None) -> int:
                     hardware = machine_section(run, {})
                 speed_section(run, out, hardware)
     run.results["seconds"] = round(time.perf_counter() - run.start, 1)
-    path = Path(args.out) if args.out else ROOT / "bench" / "results" / f"device_check-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path = (
+        Path(args.out)
+        if args.out
+        else ROOT / "bench" / "results" / f"device_check-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(run.results, indent=1, default=str))
     print(table(run.results))

@@ -9,6 +9,7 @@ product reads its weight from memory as in a decode step. A kernel-level check o
 without the rest of the decode step (bench/RESULTS.md). ``--cpu-time`` (with ``--threads 1``) times this thread's
 CPU time instead of the wall clock: on a shared machine, the work a product costs without the waits.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -64,8 +65,11 @@ def main() -> None:
             us = median_us(lambda c: ops.gemm_blocks(t, c, x, None, fmt.activations), copies, a.repeats, clock)
             rows[spec] = (us, blocks.numel())
         for spec, (us, nbytes) in rows.items():
-            out["formats"].setdefault(spec, {})[f"{n}x{k}"] = {"us": round(us, 1), "bytes": nbytes,
-                                                                "GB_s": round(nbytes / us / 1e3, 2)}
+            out["formats"].setdefault(spec, {})[f"{n}x{k}"] = {
+                "us": round(us, 1),
+                "bytes": nbytes,
+                "GB_s": round(nbytes / us / 1e3, 2),
+            }
     print(json.dumps(out))
 
 

@@ -13,6 +13,7 @@ when perplexities agree closely and top-1 agreement is high.)
 
 Needs the optional ``bench`` extra (``pip install -e '.[bench]'``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,8 +38,11 @@ def source_type(path: Path) -> str:
 
     import gguf
 
-    types = collections.Counter(t.tensor_type.name for t in gguf.GGUFReader(str(path)).tensors
-                                if t.name.startswith("blk.") and t.name.endswith(".weight") and t.data.ndim > 1)
+    types = collections.Counter(
+        t.tensor_type.name
+        for t in gguf.GGUFReader(str(path)).tensors
+        if t.name.startswith("blk.") and t.name.endswith(".weight") and t.data.ndim > 1
+    )
     return types.most_common(1)[0][0].lower()
 
 
@@ -65,8 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     import llama_cpp
 
     from bytediet.calibrate.gguf_export import export_gguf
-    from bytediet.eval.corpus import make_windows
-    from bytediet.eval.corpus import tokenize_corpus
+    from bytediet.eval.corpus import make_windows, tokenize_corpus
     from bytediet.models.loader import default_model_path, load_model
     from bytediet.models.quantize import QuantizeConfig, quantize
     from bytediet.perf.peers import _llama_cpp_model_params, probe_llama_cpp_extra_buffer_types
@@ -76,18 +79,33 @@ def main(argv: list[str] | None = None) -> int:
     base, tokenizer = load_model(str(source), dtype=torch.float32)
     ids = make_windows(tokenize_corpus(tokenizer, "prideprejudice"), args.tokens, 1, split="eval", seed=0)[0].ids
     extra, note = probe_llama_cpp_extra_buffer_types(source, args.threads)
-    result = {"source": str(source), "tokens": len(ids), "llama_cpp": llama_cpp.__version__,
-              "extra_buffer_types": extra, "note": note, "types": {}}
+    result = {
+        "source": str(source),
+        "tokens": len(ids),
+        "llama_cpp": llama_cpp.__version__,
+        "extra_buffer_types": extra,
+        "note": note,
+        "types": {},
+    }
     with _llama_cpp_model_params(use_extra_bufts=extra):  # the source file itself: llama.cpp's own numerics
-        llm = llama_cpp.Llama(model_path=str(source), n_ctx=args.tokens + 64, n_batch=args.tokens,
-                              n_threads=args.threads, logits_all=True, verbose=False)
+        llm = llama_cpp.Llama(
+            model_path=str(source),
+            n_ctx=args.tokens + 64,
+            n_batch=args.tokens,
+            n_threads=args.threads,
+            logits_all=True,
+            verbose=False,
+        )
     llm.eval(ids.tolist())
     theirs = torch.from_numpy(llm.scores[: len(ids)].copy()).float()
     llm.close()
     ours = base.score(ids).float()
-    result["source_file"] = {"ppl_llama_cpp": perplexity(theirs, ids), "ppl_bytediet": perplexity(ours, ids),
-                             "top1_agreement": float((theirs.argmax(-1) == ours.argmax(-1)).float().mean()),
-                             "max_abs_logit_diff": float((theirs - ours).abs().max())}
+    result["source_file"] = {
+        "ppl_llama_cpp": perplexity(theirs, ids),
+        "ppl_bytediet": perplexity(ours, ids),
+        "top1_agreement": float((theirs.argmax(-1) == ours.argmax(-1)).float().mean()),
+        "max_abs_logit_diff": float((theirs - ours).abs().max()),
+    }
     print(f"source: {json.dumps(result['source_file'])}", file=sys.stderr)
     with tempfile.TemporaryDirectory() as tmp:
         for gtype in args.types:
@@ -99,8 +117,14 @@ def main(argv: list[str] | None = None) -> int:
             path = export_gguf(model, source, Path(tmp) / f"smollm2-{gtype}.gguf", gtype)
             same_bytes = _same_linear_bytes(source, path) if gtype == source_type(source) else None
             with _llama_cpp_model_params(use_extra_bufts=extra):
-                llm = llama_cpp.Llama(model_path=str(path), n_ctx=args.tokens + 64, n_batch=args.tokens,
-                                      n_threads=args.threads, logits_all=True, verbose=False)
+                llm = llama_cpp.Llama(
+                    model_path=str(path),
+                    n_ctx=args.tokens + 64,
+                    n_batch=args.tokens,
+                    n_threads=args.threads,
+                    logits_all=True,
+                    verbose=False,
+                )
             llm.eval(ids.tolist())
             theirs = torch.from_numpy(llm.scores[: len(ids)].copy()).float()
             llm.reset()
@@ -112,12 +136,16 @@ def main(argv: list[str] | None = None) -> int:
                     break
             llm.close()
             result["types"][gtype] = {
-                "file_bytes": path.stat().st_size, "linear_blocks_identical_to_source": same_bytes,
-                "ppl_llama_cpp": perplexity(theirs, ids), "ppl_bytediet": perplexity(ours, ids),
+                "file_bytes": path.stat().st_size,
+                "linear_blocks_identical_to_source": same_bytes,
+                "ppl_llama_cpp": perplexity(theirs, ids),
+                "ppl_bytediet": perplexity(ours, ids),
                 "ppl_unquantized_source": perplexity(base.score(ids).float(), ids),
                 "top1_agreement": float((theirs.argmax(-1) == ours.argmax(-1)).float().mean()),
                 "max_abs_logit_diff": float((theirs - ours).abs().max()),
-                "llama_cpp_greedy": tokenizer.decode(cont), "seconds": time.perf_counter() - t0}
+                "llama_cpp_greedy": tokenizer.decode(cont),
+                "seconds": time.perf_counter() - t0,
+            }
             print(f"{gtype}: {json.dumps(result['types'][gtype])}", file=sys.stderr)
     text = json.dumps(result, indent=1)
     if args.out:

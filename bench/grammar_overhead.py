@@ -7,6 +7,7 @@ tokenizer, 49,152 tokens), plus the one-off costs: tokenizer tables and schema c
 
     PYTHONPATH=src .venv/bin/python bench/grammar_overhead.py --repeats 5 --json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,14 +19,30 @@ import torch
 
 from bytediet.models.loader import load_model
 
-SCHEMA = {"type": "object", "properties": {
-    "name": {"type": "string"}, "age": {"type": "integer"}, "email": {"type": "string"},
-    "tags": {"type": "array", "items": {"type": "string"}},
-    "address": {"type": "object", "properties": {"city": {"type": "string"}, "zip": {"type": "string"}},
-                "required": ["city", "zip"], "additionalProperties": False}},
-    "required": ["name", "age", "email", "tags", "address"], "additionalProperties": False}
-DOC = {"name": "Elizabeth Bennet", "age": 20, "email": "lizzy@longbourn.example",
-       "tags": ["pride", "prejudice", "wit"], "address": {"city": "Meryton", "zip": "HT1 2AB"}}
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "age": {"type": "integer"},
+        "email": {"type": "string"},
+        "tags": {"type": "array", "items": {"type": "string"}},
+        "address": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "zip": {"type": "string"}},
+            "required": ["city", "zip"],
+            "additionalProperties": False,
+        },
+    },
+    "required": ["name", "age", "email", "tags", "address"],
+    "additionalProperties": False,
+}
+DOC = {
+    "name": "Elizabeth Bennet",
+    "age": 20,
+    "email": "lizzy@longbourn.example",
+    "tags": ["pride", "prejudice", "wit"],
+    "address": {"city": "Meryton", "zip": "HT1 2AB"},
+}
 
 
 def summary(setup: float, compile_s: float, per_token: list[tuple[float, float]]) -> dict:
@@ -33,15 +50,21 @@ def summary(setup: float, compile_s: float, per_token: list[tuple[float, float]]
     warm = per_token[1:] or per_token
     match = statistics.median(m for m, _ in warm)
     apply = statistics.median(a for _, a in warm)
-    return {"setup_s": setup, "compile_s": compile_s, "first_pass_us_per_token": 1e6 * sum(per_token[0]),
-            "matcher_us_per_token": 1e6 * match, "apply_us_per_token": 1e6 * apply,
-            "us_per_token": 1e6 * (match + apply)}
+    return {
+        "setup_s": setup,
+        "compile_s": compile_s,
+        "first_pass_us_per_token": 1e6 * sum(per_token[0]),
+        "matcher_us_per_token": 1e6 * match,
+        "apply_us_per_token": 1e6 * apply,
+        "us_per_token": 1e6 * (match + apply),
+    }
 
 
 def run_xgrammar(tokenizer, vocab: int, ids: list[int], repeats: int) -> dict:
     import xgrammar as xgr
 
     from bytediet.engine.grammar import GrammarCompiler
+
     t0 = time.perf_counter()
     compiler = GrammarCompiler(tokenizer, vocab)
     setup = time.perf_counter() - t0
@@ -70,6 +93,7 @@ def run_llguidance(tokenizer, vocab: int, ids: list[int], repeats: int) -> dict:
     import llguidance.hf
     import llguidance.torch as lltorch
     from transformers import PreTrainedTokenizerFast
+
     t0 = time.perf_counter()
     hf = PreTrainedTokenizerFast(tokenizer_object=tokenizer.backend)
     lltok = llguidance.hf.from_tokenizer(hf, n_vocab=vocab, eos_token=sorted(tokenizer.eos_token_ids))
@@ -117,11 +141,17 @@ def main() -> None:
         return
     for name in ("xgrammar", "llguidance"):
         r = results[name]
-        print(f"{name:11s} " + (r["error"] if "error" in r else
-                                f"{r['us_per_token']:8.1f} us/token (matcher {r['matcher_us_per_token']:.1f}, mask "
-                                f"{r['apply_us_per_token']:.1f}; first pass {r['first_pass_us_per_token']:.0f})  "
-                                f"compile {1e3 * r['compile_s']:.1f} ms  "
-                                f"tokenizer tables {r['setup_s']:.2f} s"))
+        print(
+            f"{name:11s} "
+            + (
+                r["error"]
+                if "error" in r
+                else f"{r['us_per_token']:8.1f} us/token (matcher {r['matcher_us_per_token']:.1f}, mask "
+                f"{r['apply_us_per_token']:.1f}; first pass {r['first_pass_us_per_token']:.0f})  "
+                f"compile {1e3 * r['compile_s']:.1f} ms  "
+                f"tokenizer tables {r['setup_s']:.2f} s"
+            )
+        )
 
 
 if __name__ == "__main__":

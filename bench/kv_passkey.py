@@ -9,6 +9,7 @@ captured once.
     .venv/bin/python bench/kv_passkey.py [--model default] [--codecs int8 turboquant3.5 ...]
                                          [--lengths 2048] [--depths 0.1,0.5,0.9] [--trials 2] [--json]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,16 +26,42 @@ from bytediet.eval.harness import EvalSettings, evaluate_loaded, reference_cache
 from bytediet.kvcache import get_kv_codec
 from bytediet.models.loader import load_model
 
-CODECS = ["bf16", "int8", "fp8", "kivi4", "kivi2", "polarquant", "qjl", "turboquant4", "turboquant3.5",
-          "turboquant2.5", "turboquant_prod3.5"]
+CODECS = [
+    "bf16",
+    "int8",
+    "fp8",
+    "kivi4",
+    "kivi2",
+    "polarquant",
+    "qjl",
+    "turboquant4",
+    "turboquant3.5",
+    "turboquant2.5",
+    "turboquant_prod3.5",
+]
 
 
-def run(model_spec: str, codecs: list[str], lengths: list[int], depths: list[float], trials: int,
-        cal_windows: int, seed: int = 0) -> dict:
+def run(
+    model_spec: str,
+    codecs: list[str],
+    lengths: list[int],
+    depths: list[float],
+    trials: int,
+    cal_windows: int,
+    seed: int = 0,
+) -> dict:
     model, tokenizer = load_model(model_spec, dtype=torch.float32)
     cfg = model.config
-    settings = EvalSettings(corpus="austen", windows=1, window_len=512, seed=seed, tasks=("passkey",),
-                            passkey_lengths=tuple(lengths), passkey_depths=tuple(depths), passkey_trials=trials)
+    settings = EvalSettings(
+        corpus="austen",
+        windows=1,
+        window_len=512,
+        seed=seed,
+        tasks=("passkey",),
+        passkey_lengths=tuple(lengths),
+        passkey_depths=tuple(depths),
+        passkey_trials=trials,
+    )
     corpus_ids = tokenize_corpus(tokenizer, "austen")
     samples = None
     if cal_windows:
@@ -48,21 +75,45 @@ def run(model_spec: str, codecs: list[str], lengths: list[int], depths: list[flo
         if samples is not None and has_calibration(codec):
             calibrate_from_samples(codec, samples)
         t0 = time.perf_counter()
-        result = evaluate_loaded(model, tokenizer, settings=settings, kv_cache_dtype=codec, reference=reference,
-                                 corpus_ids=corpus_ids, progress=False, model_label=model_spec)
+        result = evaluate_loaded(
+            model,
+            tokenizer,
+            settings=settings,
+            kv_cache_dtype=codec,
+            reference=reference,
+            corpus_ids=corpus_ids,
+            progress=False,
+            model_label=model_spec,
+        )
         pk = result["tasks"]["passkey"]
-        rows.append({"codec": spec, "bits": codec.bits_per_coordinate(cfg.num_kv_heads, cfg.head_dim),
-                     "x_smaller": bf16_bytes / codec.bytes_per_token(cfg.num_kv_heads, cfg.head_dim),
-                     "accuracy": pk["test"]["accuracy"], "reference_accuracy": pk["reference"]["accuracy"],
-                     "cells": pk["test"]["cells"], "answers": pk["test"]["answers"],
-                     "seconds": time.perf_counter() - t0})
-        print(f"  {model_spec} {spec}: {pk['test']['accuracy']:.3f} (reference {pk['reference']['accuracy']:.3f})",
-              file=sys.stderr, flush=True)
+        rows.append(
+            {
+                "codec": spec,
+                "bits": codec.bits_per_coordinate(cfg.num_kv_heads, cfg.head_dim),
+                "x_smaller": bf16_bytes / codec.bytes_per_token(cfg.num_kv_heads, cfg.head_dim),
+                "accuracy": pk["test"]["accuracy"],
+                "reference_accuracy": pk["reference"]["accuracy"],
+                "cells": pk["test"]["cells"],
+                "answers": pk["test"]["answers"],
+                "seconds": time.perf_counter() - t0,
+            }
+        )
+        print(
+            f"  {model_spec} {spec}: {pk['test']['accuracy']:.3f} (reference {pk['reference']['accuracy']:.3f})",
+            file=sys.stderr,
+            flush=True,
+        )
     ref = reference.results["passkey"]
-    return {"model": model_spec, "head_dim": cfg.head_dim, "lengths": lengths, "depths": depths, "trials": trials,
-            "calibration_windows": cal_windows, "reference": {"accuracy": ref["accuracy"], "cells": ref["cells"],
-                                                              "answers": ref["answers"]},
-            "rows": rows}
+    return {
+        "model": model_spec,
+        "head_dim": cfg.head_dim,
+        "lengths": lengths,
+        "depths": depths,
+        "trials": trials,
+        "calibration_windows": cal_windows,
+        "reference": {"accuracy": ref["accuracy"], "cells": ref["cells"], "answers": ref["answers"]},
+        "rows": rows,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,8 +131,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps({"kv_passkey": result}))
         return 0
-    print(f"\n{result['model']}: passkey at {result['lengths']} tokens, depths {result['depths']}, "
-          f"{result['trials']} trial(s) each; reference {result['reference']['accuracy']:.3f}")
+    print(
+        f"\n{result['model']}: passkey at {result['lengths']} tokens, depths {result['depths']}, "
+        f"{result['trials']} trial(s) each; reference {result['reference']['accuracy']:.3f}"
+    )
     print(f"{'codec':24s} {'bits':>6s} {'vs bf16':>8s} {'accuracy':>9s}")
     for row in result["rows"]:
         print(f"{row['codec']:24s} {row['bits']:6.3f} {row['x_smaller']:7.2f}x {row['accuracy']:9.3f}")

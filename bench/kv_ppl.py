@@ -16,6 +16,7 @@ from the first prefill).
     .venv/bin/python bench/kv_ppl.py [--models default gemma3-270m] [--codecs int8 turboquant3.5 ...]
                                      [--tokens 2048] [--windows 1] [--cal-windows 2] [--no-calibrate] [--json]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,9 +32,22 @@ from bytediet.eval.corpus import load_corpus, make_windows
 from bytediet.kvcache import get_kv_codec
 from bytediet.models.loader import load_model
 
-CODECS = ["fp32", "int8", "fp8", "kivi4", "kivi2", "qjl", "polarquant", "turboquant4", "turboquant3.5",
-          "turboquant3", "turboquant2.5", "turboquant_prod3.5", "turboquant_prod2.5",
-          "k=turboquant4,v=turboquant3"]
+CODECS = [
+    "fp32",
+    "int8",
+    "fp8",
+    "kivi4",
+    "kivi2",
+    "qjl",
+    "polarquant",
+    "turboquant4",
+    "turboquant3.5",
+    "turboquant3",
+    "turboquant2.5",
+    "turboquant_prod3.5",
+    "turboquant_prod2.5",
+    "k=turboquant4,v=turboquant3",
+]
 BLOCK_SIZE = 32
 
 
@@ -93,22 +107,50 @@ def run_model(spec: str, codecs: list[str], n_tokens: int, n_windows: int, cal_w
         del base
     # perplexity over all evaluated tokens (windows have equal length): exp of the mean NLL
     base_ppl = math.exp(sum(base_nll) / len(base_nll))
-    rows = [{"codec": "bf16", "layout": "", "bits": 16.0, "x_smaller": 1.0, "ppl": base_ppl, "delta_pct": 0.0,
-             "kl": 0.0, "window_delta_pct": [0.0] * len(windows), "seconds": None}]
+    rows = [
+        {
+            "codec": "bf16",
+            "layout": "",
+            "bits": 16.0,
+            "x_smaller": 1.0,
+            "ppl": base_ppl,
+            "delta_pct": 0.0,
+            "kl": 0.0,
+            "window_delta_pct": [0.0] * len(windows),
+            "seconds": None,
+        }
+    ]
     for i, (codec, c) in enumerate(zip(codecs, built)):
         ppl = math.exp(sum(nll[i]) / len(nll[i]))
-        rows.append({"codec": codec, "layout": layouts(c),
-                     "bits": c.bits_per_coordinate(cfg.num_kv_heads, cfg.head_dim),
-                     "x_smaller": bf16_bytes / c.bytes_per_token(cfg.num_kv_heads, cfg.head_dim),
-                     "ppl": ppl, "delta_pct": 100 * (ppl / base_ppl - 1), "kl": sum(kl[i]) / len(kl[i]),
-                     "window_delta_pct": [100 * (math.exp(a - b) - 1) for a, b in zip(nll[i], base_nll)],
-                     "seconds": seconds[i]})
-        print(f"  {spec} {codec}: ppl {ppl:.4f} ({rows[-1]['delta_pct']:+.2f}%, per window "
-              f"{', '.join(f'{d:+.2f}' for d in rows[-1]['window_delta_pct'])}), KL {rows[-1]['kl']:.5f} "
-              f"{rows[-1]['layout']}", file=sys.stderr, flush=True)
-    return {"model": spec, "head_dim": cfg.head_dim, "num_kv_heads": cfg.num_kv_heads, "tokens": n_tokens,
-            "calibration_windows": cal_windows,
-            "windows": [w.start for w in windows], "rows": rows}
+        rows.append(
+            {
+                "codec": codec,
+                "layout": layouts(c),
+                "bits": c.bits_per_coordinate(cfg.num_kv_heads, cfg.head_dim),
+                "x_smaller": bf16_bytes / c.bytes_per_token(cfg.num_kv_heads, cfg.head_dim),
+                "ppl": ppl,
+                "delta_pct": 100 * (ppl / base_ppl - 1),
+                "kl": sum(kl[i]) / len(kl[i]),
+                "window_delta_pct": [100 * (math.exp(a - b) - 1) for a, b in zip(nll[i], base_nll)],
+                "seconds": seconds[i],
+            }
+        )
+        print(
+            f"  {spec} {codec}: ppl {ppl:.4f} ({rows[-1]['delta_pct']:+.2f}%, per window "
+            f"{', '.join(f'{d:+.2f}' for d in rows[-1]['window_delta_pct'])}), KL {rows[-1]['kl']:.5f} "
+            f"{rows[-1]['layout']}",
+            file=sys.stderr,
+            flush=True,
+        )
+    return {
+        "model": spec,
+        "head_dim": cfg.head_dim,
+        "num_kv_heads": cfg.num_kv_heads,
+        "tokens": n_tokens,
+        "calibration_windows": cal_windows,
+        "windows": [w.start for w in windows],
+        "rows": rows,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -128,12 +170,16 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"kv_ppl": results}))
         return 0
     for r in results:
-        print(f"\n{r['model']} (head_dim {r['head_dim']}, {r['num_kv_heads']} KV heads), "
-              f"{r['tokens']}-token Austen windows at {r['windows']}")
+        print(
+            f"\n{r['model']} (head_dim {r['head_dim']}, {r['num_kv_heads']} KV heads), "
+            f"{r['tokens']}-token Austen windows at {r['windows']}"
+        )
         print(f"{'codec':32s} {'bits':>6s} {'vs bf16':>8s} {'ppl':>9s} {'Δ%':>7s} {'KL':>8s}  layout")
         for row in r["rows"]:
-            print(f"{row['codec']:32s} {row['bits']:6.3f} {row['x_smaller']:7.2f}x {row['ppl']:9.4f} "
-                  f"{row['delta_pct']:+7.2f} {row['kl']:8.5f}  {row.get('layout', '')}")
+            print(
+                f"{row['codec']:32s} {row['bits']:6.3f} {row['x_smaller']:7.2f}x {row['ppl']:9.4f} "
+                f"{row['delta_pct']:+7.2f} {row['kl']:8.5f}  {row.get('layout', '')}"
+            )
     return 0
 
 

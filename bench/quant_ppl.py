@@ -13,6 +13,7 @@ A format may name a calibration method after "+": ``int4-g64+awq``, ``int4-g64+g
 
     .venv/bin/python bench/quant_ppl.py [--models default gemma3-270m] [--formats int8 int4-g64+gptq ...] [--json]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,14 +26,23 @@ import torch
 
 from bytediet.calibrate import CalibrationConfig, calibrate_and_quantize
 from bytediet.errors import ConfigError
-from bytediet.eval.corpus import load_corpus, make_windows
-from bytediet.eval.corpus import calibration_windows
+from bytediet.eval.corpus import calibration_windows, load_corpus, make_windows
 from bytediet.models.loader import load_model
 from bytediet.models.quantize import QuantizeConfig, quantize
 from bytediet.progress import rich_progress
 
-FORMATS = ["int8", "int8-w8a8", "fp8", "int4-g128", "int4-g128-sym", "int4-g64", "int4-g64-sym", "int4-g32",
-           "mxfp4", "nvfp4"]
+FORMATS = [
+    "int8",
+    "int8-w8a8",
+    "fp8",
+    "int4-g128",
+    "int4-g128-sym",
+    "int4-g64",
+    "int4-g64-sym",
+    "int4-g32",
+    "mxfp4",
+    "nvfp4",
+]
 
 
 def perplexity(model, windows: list[torch.Tensor], bos: list[int]) -> float:
@@ -41,15 +51,23 @@ def perplexity(model, windows: list[torch.Tensor], bos: list[int]) -> float:
     prefix = torch.tensor(bos, dtype=torch.long)
     for ids in windows:
         seq = torch.cat([prefix, ids])
-        logits = model.score(seq)[len(bos):-1].float()
+        logits = model.score(seq)[len(bos) : -1].float()
         total += torch.nn.functional.cross_entropy(logits, ids[1:], reduction="sum").item()
         count += len(ids) - 1
     return math.exp(total / count)
 
 
-def run_model(spec: str, formats: list[str], n_tokens: int, keep_lm_head: bool, corpus: str = "prideprejudice",
-              n_windows: int = 1, output_policy: str = "protect", calib: CalibrationConfig | None = None,
-              method_options: dict | None = None) -> dict:
+def run_model(
+    spec: str,
+    formats: list[str],
+    n_tokens: int,
+    keep_lm_head: bool,
+    corpus: str = "prideprejudice",
+    n_windows: int = 1,
+    output_policy: str = "protect",
+    calib: CalibrationConfig | None = None,
+    method_options: dict | None = None,
+) -> dict:
     model, tokenizer = load_model(spec, dtype=torch.float32)
     ids = torch.tensor(tokenizer.encode(load_corpus(corpus), add_special_tokens=False), dtype=torch.long)
     wins = make_windows(ids, n_tokens, count=n_windows, split="eval", seed=0)
@@ -69,25 +87,40 @@ def run_model(spec: str, formats: list[str], n_tokens: int, keep_lm_head: bool, 
             if method:
                 if calib_windows is None:
                     calib_windows = calibration_windows(tokenizer, calib)
-                summary = calibrate_and_quantize(model, config, method, calib_windows, calib, rich_progress,
-                                                 **(method_options or {}).get(method, {}))
+                summary = calibrate_and_quantize(
+                    model, config, method, calib_windows, calib, rich_progress, **(method_options or {}).get(method, {})
+                )
             else:
                 summary = quantize(model, config)
         except ConfigError as exc:  # e.g. SmolLM2's 576 input channels are not a multiple of 128
             rows.append({"format": entry, "ppl": None, "delta_pct": None, "bytes": None, "error": str(exc)})
             continue
         ppl = perplexity(model, windows, bos)
-        rows.append({"format": entry, "ppl": ppl, "delta_pct": 100 * (ppl / base - 1), "bytes": summary.bytes_after,
-                     "seconds": round(time.perf_counter() - t0, 1)})
+        rows.append(
+            {
+                "format": entry,
+                "ppl": ppl,
+                "delta_pct": 100 * (ppl / base - 1),
+                "bytes": summary.bytes_after,
+                "seconds": round(time.perf_counter() - t0, 1),
+            }
+        )
         print(f"  [{spec}] {entry}: ppl {ppl:.4f} ({100 * (ppl / base - 1):+.2f}%)", file=sys.stderr, flush=True)
         for name, layer in model.linear_layers():  # back to the source weights for the next format
             layer.set_packed(*original[name])
         for name, p in model.named_parameters():
             if name in norms:
                 p.data = norms[name].clone()
-    return {"model": spec, "tokens": int(sum(w.numel() for w in windows)), "windows": len(windows),
-            "window_starts": [w.start for w in wins], "corpus": corpus, "output_policy": output_policy,
-            "calibration": calib.to_dict(), "rows": rows}
+    return {
+        "model": spec,
+        "tokens": int(sum(w.numel() for w in windows)),
+        "windows": len(windows),
+        "window_starts": [w.start for w in wins],
+        "corpus": corpus,
+        "output_policy": output_policy,
+        "calibration": calib.to_dict(),
+        "rows": rows,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,8 +129,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--formats", nargs="+", default=FORMATS)
     p.add_argument("--tokens", type=int, default=512)
     p.add_argument("--keep-lm-head", action="store_true", help="leave lm_head (tied to the embedding) unquantized")
-    p.add_argument("--output-policy", choices=["protect", "same"], default="protect",
-                   help="protect: lm_head at int8 below 8 bits (default); same: quantize it like every layer")
+    p.add_argument(
+        "--output-policy",
+        choices=["protect", "same"],
+        default="protect",
+        help="protect: lm_head at int8 below 8 bits (default); same: quantize it like every layer",
+    )
     p.add_argument("--corpus", default="prideprejudice", help="evaluation and calibration corpus (e.g. austen)")
     p.add_argument("--windows", type=int, default=1, help="evaluation windows of --tokens tokens")
     p.add_argument("--calib-samples", type=int, default=32)
@@ -108,14 +145,28 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     options = {"awq": {"n_grid": args.awq_grid, "search_tokens": args.awq_search_tokens}}
     calib = CalibrationConfig(samples=args.calib_samples, seq_len=args.calib_len, corpus=args.corpus)
-    results = [run_model(m, args.formats, args.tokens, args.keep_lm_head, args.corpus, args.windows,
-                         args.output_policy, calib, options) for m in args.models]
+    results = [
+        run_model(
+            m,
+            args.formats,
+            args.tokens,
+            args.keep_lm_head,
+            args.corpus,
+            args.windows,
+            args.output_policy,
+            calib,
+            options,
+        )
+        for m in args.models
+    ]
     if args.json:
         print(json.dumps({"results": results}))
         return 0
     for r in results:
-        print(f"\n{r['model']}: perplexity on {r['tokens']} tokens of {r['corpus']} ({r['windows']} eval windows, "
-              f"seed 0), lm_head policy {r['output_policy']}")
+        print(
+            f"\n{r['model']}: perplexity on {r['tokens']} tokens of {r['corpus']} ({r['windows']} eval windows, "
+            f"seed 0), lm_head policy {r['output_policy']}"
+        )
         print(f"  {'format':34s} {'ppl':>9s} {'Δ%':>8s} {'linear MB':>10s}")
         for row in r["rows"]:
             if row["ppl"] is None:

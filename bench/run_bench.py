@@ -4,6 +4,7 @@
 
 Without ``--out`` the JSON goes to ``bench/results/bench-<date>-<time>[-<weights>].json``.
 """
+
 from __future__ import annotations
 
 import sys

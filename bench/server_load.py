@@ -18,6 +18,7 @@ The issue's acceptance run is ``--clients 64 --requests 10``; llama-server is bu
     PYTHONPATH=src .venv/bin/python bench/server_load.py --system both --clients 64 --requests 10 \\
         --max-tokens 32 --threads 2
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,8 +35,12 @@ import httpx
 from bytediet.perf.bench import percentile
 from bytediet.perf.llama_server import LlamaServer, binary_version, find_binary, free_port, server_command
 
-PROMPTS = ["It is a truth universally acknowledged", "Emma Woodhouse, handsome, clever, and rich,",
-           "The family of Dashwood had long been settled in Sussex.", "No one who had ever seen Catherine Morland"]
+PROMPTS = [
+    "It is a truth universally acknowledged",
+    "Emma Woodhouse, handsome, clever, and rich,",
+    "The family of Dashwood had long been settled in Sussex.",
+    "No one who had ever seen Catherine Morland",
+]
 SYSTEMS = ("bytediet", "llama-server")
 
 
@@ -47,8 +52,14 @@ async def one_request(c: httpx.AsyncClient, prompt: str, max_tokens: int, temper
         async with c.stream("POST", "/v1/completions", json=body) as r:
             answered = True
             if r.status_code != 200:
-                return {"error": f"HTTP {r.status_code}: {(await r.aread())[:200]!r}", "kind": "refused",
-                        "after_s": time.perf_counter() - t0, "chunks": 0, "status": r.status_code, "t0": t0}
+                return {
+                    "error": f"HTTP {r.status_code}: {(await r.aread())[:200]!r}",
+                    "kind": "refused",
+                    "after_s": time.perf_counter() - t0,
+                    "chunks": 0,
+                    "status": r.status_code,
+                    "t0": t0,
+                }
             done = False
             async for line in r.aiter_lines():
                 if not line.startswith("data: "):
@@ -80,9 +91,12 @@ async def run_load(base: str, clients: int, requests: int, max_tokens: int, temp
     # (llama-server: 5 s) races with its reuse and fails a request before it is sent (seen 3 times in 640).
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=0)
     async with httpx.AsyncClient(base_url=base, timeout=600, limits=limits) as c:
+
         async def client(i: int) -> list[dict]:
-            return [await one_request(c, PROMPTS[(i + k) % len(PROMPTS)], max_tokens, temperature)
-                    for k in range(requests)]
+            return [
+                await one_request(c, PROMPTS[(i + k) % len(PROMPTS)], max_tokens, temperature) for k in range(requests)
+            ]
+
         return [r for rs in await asyncio.gather(*(client(i) for i in range(clients))) for r in rs]
 
 
@@ -100,9 +114,24 @@ def wait_healthy(base: str, proc: subprocess.Popen, timeout_s: float = 300) -> N
 
 def serve_command(args, port: int, *extra: str) -> list[str]:
     """``bytediet serve`` on ``port`` sized for the load (a KV pool of ``--kv-cache-memory``, one slot per client)."""
-    return [sys.executable, "-m", "bytediet.cli", "serve", "--port", str(port), "--model", args.model,
-            "--kv-cache-memory", args.kv_cache_memory, "--max-num-seqs", str(args.clients), "--threads",
-            str(args.threads), *getattr(args, "serve_arg", []), *extra]
+    return [
+        sys.executable,
+        "-m",
+        "bytediet.cli",
+        "serve",
+        "--port",
+        str(port),
+        "--model",
+        args.model,
+        "--kv-cache-memory",
+        args.kv_cache_memory,
+        "--max-num-seqs",
+        str(args.clients),
+        "--threads",
+        str(args.threads),
+        *getattr(args, "serve_arg", []),
+        *extra,
+    ]
 
 
 def run_bytediet(args) -> dict:
@@ -119,8 +148,7 @@ def run_bytediet(args) -> dict:
         proc.terminate()
         proc.wait(timeout=60)
     usage = float(re.search(r"bytediet:kv_cache_usage_perc\{[^}]*\} (\S+)", metrics).group(1))
-    report.update(command=" ".join(["bytediet serve", *cmd[4:]]), kv_cache_usage_after=usage,
-                  idle_after=usage == 0.0)
+    report.update(command=" ".join(["bytediet serve", *cmd[4:]]), kv_cache_usage_after=usage, idle_after=usage == 0.0)
     return report
 
 
@@ -141,8 +169,11 @@ def run_bytediet_sigterm(args) -> dict:
     wait_healthy(base, proc)
     box: dict = {}
     t0 = time.perf_counter()
-    load = threading.Thread(target=lambda: box.update(results=asyncio.run(
-        run_load(base, args.clients, args.requests, args.max_tokens, args.temperature))))
+    load = threading.Thread(
+        target=lambda: box.update(
+            results=asyncio.run(run_load(base, args.clients, args.requests, args.max_tokens, args.temperature))
+        )
+    )
     load.start()
     time.sleep(args.sigterm_after)
     sent = time.perf_counter()
@@ -159,21 +190,40 @@ def run_bytediet_sigterm(args) -> dict:
     text = log.read()
     log.close()
     results = box.get("results", [])
-    kinds = {k: sum(1 for r in results if r.get("kind", "completed") == k)  # every failed request has its kind
-             for k in ("completed", "error_event", "refused", "unanswered", "broken")}
+    kinds = {
+        k: sum(1 for r in results if r.get("kind", "completed") == k)  # every failed request has its kind
+        for k in ("completed", "error_event", "refused", "unanswered", "broken")
+    }
     unanswered = [r["t0"] - sent for r in results if r.get("kind") == "unanswered"]
     in_use = re.findall(r"KV blocks in use: (\d+) of (\d+)", text)
-    report = {"clients": args.clients, "requests_per_client": args.requests, "max_tokens": args.max_tokens,
-              "threads": args.threads, "sigterm_after_s": args.sigterm_after, "shutdown_timeout_s": args.shutdown_timeout,
-              "requests": len(results), **kinds, "exit_status": status, "exit_s_after_sigterm": exit_s,
-              "kv_blocks_in_use_at_exit": int(in_use[-1][0]) if in_use else None, "wall_s": wall,
-              "traceback_in_log": "Traceback" in text, "command": " ".join(["bytediet serve", *cmd[4:]]),
-              "first_broken": [r for r in results if r.get("kind") == "broken"][:3],
-              # when the unanswered requests were sent, relative to SIGTERM (measured: as the drain ended)
-              "unanswered_sent_s_after_sigterm": [round(min(unanswered), 2), round(max(unanswered), 2)]
-              if unanswered else None}
-    report["ok"] = (status == 0 and exit_s <= args.shutdown_timeout + 2 and kinds["broken"] == 0
-                    and report["kv_blocks_in_use_at_exit"] == 0 and not report["traceback_in_log"])
+    report = {
+        "clients": args.clients,
+        "requests_per_client": args.requests,
+        "max_tokens": args.max_tokens,
+        "threads": args.threads,
+        "sigterm_after_s": args.sigterm_after,
+        "shutdown_timeout_s": args.shutdown_timeout,
+        "requests": len(results),
+        **kinds,
+        "exit_status": status,
+        "exit_s_after_sigterm": exit_s,
+        "kv_blocks_in_use_at_exit": int(in_use[-1][0]) if in_use else None,
+        "wall_s": wall,
+        "traceback_in_log": "Traceback" in text,
+        "command": " ".join(["bytediet serve", *cmd[4:]]),
+        "first_broken": [r for r in results if r.get("kind") == "broken"][:3],
+        # when the unanswered requests were sent, relative to SIGTERM (measured: as the drain ended)
+        "unanswered_sent_s_after_sigterm": [round(min(unanswered), 2), round(max(unanswered), 2)]
+        if unanswered
+        else None,
+    }
+    report["ok"] = (
+        status == 0
+        and exit_s <= args.shutdown_timeout + 2
+        and kinds["broken"] == 0
+        and report["kv_blocks_in_use_at_exit"] == 0
+        and not report["traceback_in_log"]
+    )
     return report
 
 
@@ -187,8 +237,15 @@ def run_llama_server(args) -> dict:
     longest_prompt = 32  # tokens: every PROMPTS entry is shorter
     ctx = 256 * -(-(longest_prompt + args.max_tokens + 16) // 256)
     port = free_port()
-    cmd = server_command(binary, resolve_model_path(args.model), port=port, threads=args.threads, slots=args.clients,
-                         ctx_per_slot=ctx, prompt_cache=True)
+    cmd = server_command(
+        binary,
+        resolve_model_path(args.model),
+        port=port,
+        threads=args.threads,
+        slots=args.clients,
+        ctx_per_slot=ctx,
+        prompt_cache=True,
+    )
     server = LlamaServer(cmd, port)
     try:
         report = measure(f"http://127.0.0.1:{port}", args)
@@ -198,11 +255,17 @@ def run_llama_server(args) -> dict:
             report["server_log_tail"] = server.log_tail(40)
     finally:
         server.stop()
-    gauge = {k: float(v) for k, v in re.findall(r"^llamacpp:(requests_processing|requests_deferred) (\S+)$",
-                                                metrics, re.M)}
+    gauge = {
+        k: float(v) for k, v in re.findall(r"^llamacpp:(requests_processing|requests_deferred) (\S+)$", metrics, re.M)
+    }
     busy = sum(1 for s in slots if s.get("is_processing"))
-    report.update(command=" ".join(cmd), version=binary_version(binary), slots_busy_after=busy, **gauge,
-                  idle_after=busy == 0 and not any(gauge.values()))
+    report.update(
+        command=" ".join(cmd),
+        version=binary_version(binary),
+        slots_busy_after=busy,
+        **gauge,
+        idle_after=busy == 0 and not any(gauge.values()),
+    )
     return report
 
 
@@ -214,23 +277,38 @@ def measure(base: str, args) -> dict:
     ok = [r for r in results if "error" not in r]
     ttft = [r["ttft"] for r in ok if r["ttft"] is not None]
     tpot = [r["tpot"] for r in ok if r["tpot"] is not None]
-    q = (lambda xs, p: percentile(xs, p) if xs else None)
-    return {"clients": args.clients, "requests_per_client": args.requests, "max_tokens": args.max_tokens,
-            "threads": args.threads, "load_average_before": [round(x, 2) for x in load],
-            "requests": len(results), "errors": len(results) - len(ok),
-            "first_errors": [r for r in results if "error" in r][:3], "wall_s": wall,
-            "ttft_s": {"p50": q(ttft, 50), "p99": q(ttft, 99)}, "tpot_s": {"p50": q(tpot, 50), "p99": q(tpot, 99)},
-            "output_chunks": sum(r["chunks"] for r in ok), "output_chunks_per_s": sum(r["chunks"] for r in ok) / wall}
+    q = lambda xs, p: percentile(xs, p) if xs else None
+    return {
+        "clients": args.clients,
+        "requests_per_client": args.requests,
+        "max_tokens": args.max_tokens,
+        "threads": args.threads,
+        "load_average_before": [round(x, 2) for x in load],
+        "requests": len(results),
+        "errors": len(results) - len(ok),
+        "first_errors": [r for r in results if "error" in r][:3],
+        "wall_s": wall,
+        "ttft_s": {"p50": q(ttft, 50), "p99": q(ttft, 99)},
+        "tpot_s": {"p50": q(tpot, 50), "p99": q(tpot, 99)},
+        "output_chunks": sum(r["chunks"] for r in ok),
+        "output_chunks_per_s": sum(r["chunks"] for r in ok) / wall,
+    }
 
 
 def print_table(reports: dict) -> None:
-    ms = (lambda v: "—" if v is None else f"{v * 1e3:.0f}")
-    rows = [("requests", lambda r: str(r["requests"])), ("errors", lambda r: str(r["errors"])),
-            ("idle after (KV free / slots idle)", lambda r: str(r["idle_after"])),
-            ("TTFT p50 ms", lambda r: ms(r["ttft_s"]["p50"])), ("TTFT p99 ms", lambda r: ms(r["ttft_s"]["p99"])),
-            ("TPOT p50 ms", lambda r: ms(r["tpot_s"]["p50"])), ("TPOT p99 ms", lambda r: ms(r["tpot_s"]["p99"])),
-            ("output chunks/s", lambda r: f"{r['output_chunks_per_s']:.1f}"), ("wall s", lambda r: f"{r['wall_s']:.1f}"),
-            ("load average before", lambda r: " ".join(map(str, r["load_average_before"])))]
+    ms = lambda v: "—" if v is None else f"{v * 1e3:.0f}"
+    rows = [
+        ("requests", lambda r: str(r["requests"])),
+        ("errors", lambda r: str(r["errors"])),
+        ("idle after (KV free / slots idle)", lambda r: str(r["idle_after"])),
+        ("TTFT p50 ms", lambda r: ms(r["ttft_s"]["p50"])),
+        ("TTFT p99 ms", lambda r: ms(r["ttft_s"]["p99"])),
+        ("TPOT p50 ms", lambda r: ms(r["tpot_s"]["p50"])),
+        ("TPOT p99 ms", lambda r: ms(r["tpot_s"]["p99"])),
+        ("output chunks/s", lambda r: f"{r['output_chunks_per_s']:.1f}"),
+        ("wall s", lambda r: f"{r['wall_s']:.1f}"),
+        ("load average before", lambda r: " ".join(map(str, r["load_average_before"]))),
+    ]
     print(f"{'':36s}" + "".join(f"{name:>16s}" for name in reports))
     for label, cell in rows:
         print(f"{label:36s}" + "".join(f"{cell(r):>16s}" for r in reports.values()))
@@ -250,11 +328,21 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2, help="bytediet serve --threads and llama-server -t / -tb")
     ap.add_argument("--model", default="default")
     ap.add_argument("--kv-cache-memory", default="512MiB", help="bytediet's KV pool")
-    ap.add_argument("--sigterm-after", type=float, default=None, metavar="S",
-                    help="bytediet only: SIGTERM the server S seconds into the load and check the graceful shutdown")
+    ap.add_argument(
+        "--sigterm-after",
+        type=float,
+        default=None,
+        metavar="S",
+        help="bytediet only: SIGTERM the server S seconds into the load and check the graceful shutdown",
+    )
     ap.add_argument("--shutdown-timeout", type=float, default=30.0, help="bytediet serve --shutdown-timeout")
-    ap.add_argument("--serve-arg", action="append", default=[], metavar="ARG",
-                    help="one more argument for bytediet serve (repeatable), e.g. --serve-arg=--no-engine-process")
+    ap.add_argument(
+        "--serve-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="one more argument for bytediet serve (repeatable), e.g. --serve-arg=--no-engine-process",
+    )
     ap.add_argument("--json", action="store_true", help="print one JSON object (system → report)")
     args = ap.parse_args()
     if args.sigterm_after is not None:

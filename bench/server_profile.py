@@ -8,6 +8,7 @@ every other thread or process (the engine loop, the kernel pool, the engine proc
 
     PYTHONPATH=src .venv/bin/python bench/server_profile.py --clients 16 --requests 4 --max-tokens 32 --rounds 2
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,17 +30,37 @@ from bytediet.perf.llama_server import free_port
 
 MODES = {"thread": "--no-engine-process", "process": "--engine-process"}
 # (substring of a frame, category): the innermost matching frame names a sample's category
-CATEGORIES = [("_write_to_self", "hand-off to the event loop"), ("runner.py", "forward"), ("kernels/", "forward"),
-              ("models/", "forward"), ("sampling.py", "sampling"),
-              ("_emit", "detokenize + stop strings"), ("scheduler.py", "scheduler"),
-              ("block_manager.py", "scheduler"), ("engine_counters", "counters"), ("connection.py", "pipe"),
-              ("pickle", "pipe"), ("_deliver", "hand-off to the event loop"),
-              ("call_soon_threadsafe", "hand-off to the event loop"),
-              ("_drain_commands", "commands"), ("take_commands", "commands"), ("model_dump_json", "JSON + SSE"),
-              ("json", "JSON + SSE"), ("server/serving.py", "serving"), ("server/completions.py", "serving"),
-              ("server/chat.py", "serving"), ("metrics.py", "metrics"), ("tokenizer", "tokenization"),
-              ("pydantic", "pydantic"), ("h11", "HTTP"), ("uvicorn", "HTTP"), ("starlette", "HTTP"),
-              ("fastapi", "HTTP"), ("selectors.py", "event loop (select)"), ("asyncio", "event loop")]
+CATEGORIES = [
+    ("_write_to_self", "hand-off to the event loop"),
+    ("runner.py", "forward"),
+    ("kernels/", "forward"),
+    ("models/", "forward"),
+    ("sampling.py", "sampling"),
+    ("_emit", "detokenize + stop strings"),
+    ("scheduler.py", "scheduler"),
+    ("block_manager.py", "scheduler"),
+    ("engine_counters", "counters"),
+    ("connection.py", "pipe"),
+    ("pickle", "pipe"),
+    ("_deliver", "hand-off to the event loop"),
+    ("call_soon_threadsafe", "hand-off to the event loop"),
+    ("_drain_commands", "commands"),
+    ("take_commands", "commands"),
+    ("model_dump_json", "JSON + SSE"),
+    ("json", "JSON + SSE"),
+    ("server/serving.py", "serving"),
+    ("server/completions.py", "serving"),
+    ("server/chat.py", "serving"),
+    ("metrics.py", "metrics"),
+    ("tokenizer", "tokenization"),
+    ("pydantic", "pydantic"),
+    ("h11", "HTTP"),
+    ("uvicorn", "HTTP"),
+    ("starlette", "HTTP"),
+    ("fastapi", "HTTP"),
+    ("selectors.py", "event loop (select)"),
+    ("asyncio", "event loop"),
+]
 
 
 def cpu_seconds(pid: int) -> dict[int, float]:
@@ -89,23 +110,44 @@ def run_mode(args, mode: str, out_dir: Path, round_: int) -> dict:
     spies = []
     try:
         wait_healthy(f"http://127.0.0.1:{port}", proc)
-        targets = [proc.pid] + ([c for c in children(proc.pid)
-                                 if "resource_tracker" not in Path(f"/proc/{c}/cmdline").read_text()]
-                                if mode == "process" else [])
+        targets = [proc.pid] + (
+            [c for c in children(proc.pid) if "resource_tracker" not in Path(f"/proc/{c}/cmdline").read_text()]
+            if mode == "process"
+            else []
+        )
         if args.py_spy:
             for i, pid in enumerate(targets):
                 raw = out_dir / f"{mode}-{round_}-{'api' if i == 0 else 'engine'}.txt"
-                spies.append((raw, subprocess.Popen([args.py_spy, "record", "--pid", str(pid), "--threads",
-                                                     "--nonblocking", "--format", "raw", "--rate", "100",
-                                                     "-o", str(raw)], stdout=subprocess.DEVNULL,
-                                                    stderr=subprocess.DEVNULL)))
+                spies.append(
+                    (
+                        raw,
+                        subprocess.Popen(
+                            [
+                                args.py_spy,
+                                "record",
+                                "--pid",
+                                str(pid),
+                                "--threads",
+                                "--nonblocking",
+                                "--format",
+                                "raw",
+                                "--rate",
+                                "100",
+                                "-o",
+                                str(raw),
+                            ],
+                            stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL,
+                        ),
+                    )
+                )
             time.sleep(1.0)
         before = sides(proc.pid, mode)
         report = measure(f"http://127.0.0.1:{port}", args)
         after = sides(proc.pid, mode)
         report["cpu_s"] = {k: round(after[k] - before[k], 2) for k in after}
         usage = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text
-        report["kv_blocks_free_after"] = "kv_cache_usage_perc{model_name=\"default\"} 0.0" in usage
+        report["kv_blocks_free_after"] = 'kv_cache_usage_perc{model_name="default"} 0.0' in usage
     finally:
         for _, spy in spies:
             spy.send_signal(2)  # SIGINT: py-spy writes its file
@@ -143,10 +185,12 @@ def main() -> None:
         print(json.dumps({"runs": runs}))
         return
     for r in runs:
-        print(f"{r['mode']:8s} round {r['round']}: {r['output_chunks_per_s']:.1f} tok/s, TTFT p50 "
-              f"{r['ttft_s']['p50'] * 1e3:.0f} ms, TPOT p50/p99 {r['tpot_s']['p50'] * 1e3:.0f}/"
-              f"{r['tpot_s']['p99'] * 1e3:.0f} ms, errors {r['errors']}, CPU s api {r['cpu_s']['api']} engine "
-              f"{r['cpu_s']['engine']}, load {r['load_average_before']}")
+        print(
+            f"{r['mode']:8s} round {r['round']}: {r['output_chunks_per_s']:.1f} tok/s, TTFT p50 "
+            f"{r['ttft_s']['p50'] * 1e3:.0f} ms, TPOT p50/p99 {r['tpot_s']['p50'] * 1e3:.0f}/"
+            f"{r['tpot_s']['p99'] * 1e3:.0f} ms, errors {r['errors']}, CPU s api {r['cpu_s']['api']} engine "
+            f"{r['cpu_s']['engine']}, load {r['load_average_before']}"
+        )
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ perplexity every ``--eval-every`` steps. States go to ``--state-dir`` (a rerun r
     nice -n 10 .venv/bin/python bench/sparsity_recovery.py --model default --methods wanda sparsegpt \
         --recover-steps 200 --json > bench/results/sparsity-recovery-smollm2.json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,8 +48,12 @@ def main(argv=None) -> int:
     p.add_argument("--eval-every", type=int, default=50)
     p.add_argument("--state-dir", default="/tmp/bytediet-recovery")
     p.add_argument("--save-dir", default=None, help="also save each recovered model as a bytediet checkpoint here")
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch threads (default 1: on a shared 2-core machine two threads ran 10× slower)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (default 1: on a shared 2-core machine two threads ran 10× slower)",
+    )
     p.add_argument("--out", default=None, help="write the JSON here after every method (partial results survive)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
@@ -62,16 +67,25 @@ def main(argv=None) -> int:
     print(f"[{args.model}] dense ppl {base:.3f}", file=sys.stderr, flush=True)
     calib = CalibrationConfig(args.calib_samples, args.calib_len, args.corpus)
     calib_windows = calibration_windows(tokenizer, calib)
-    train = calibration_windows(tokenizer, CalibrationConfig(args.recover_steps * args.recover_batch,
-                                                             args.recover_len, args.corpus, seed=1))
-    rcfg = RecoveryConfig(steps=args.recover_steps, lr=args.lr, batch=args.recover_batch, eval_every=args.eval_every,
-                          save_every=10)
+    train = calibration_windows(
+        tokenizer, CalibrationConfig(args.recover_steps * args.recover_batch, args.recover_len, args.corpus, seed=1)
+    )
+    rcfg = RecoveryConfig(
+        steps=args.recover_steps, lr=args.lr, batch=args.recover_batch, eval_every=args.eval_every, save_every=10
+    )
     rows = []
 
     def summary():
-        return {"model": args.model, "format": args.format, "dense_ppl": base, "eval": f"{args.windows} × {args.tokens}",
-                "calibration": calib.to_dict(), "recovery_windows": f"{train.shape[0]} × {train.shape[1]}",
-                "threads": args.threads, "rows": rows}
+        return {
+            "model": args.model,
+            "format": args.format,
+            "dense_ppl": base,
+            "eval": f"{args.windows} × {args.tokens}",
+            "calibration": calib.to_dict(),
+            "recovery_windows": f"{train.shape[0]} × {train.shape[1]}",
+            "threads": args.threads,
+            "rows": rows,
+        }
 
     for method in args.methods:
         student, _ = load_model(args.model, dtype=torch.float32)
@@ -91,8 +105,14 @@ def main(argv=None) -> int:
             return {"ppl": ppl, "delta_pct": 100 * (ppl / base - 1)}
 
         result = Recovery(student, teacher, train, rcfg, state).run(rich_meter, evaluate)
-        rows.append({"method": method, "prune_seconds": round(prune_s, 1),
-                     "recover_seconds_this_run": round(time.perf_counter() - t0, 1), **result})
+        rows.append(
+            {
+                "method": method,
+                "prune_seconds": round(prune_s, 1),
+                "recover_seconds_this_run": round(time.perf_counter() - t0, 1),
+                **result,
+            }
+        )
         if args.save_dir:
             from bytediet.models.checkpoint import save_quantized
 

@@ -3,6 +3,7 @@ detokenization, timed separately over real steps of the default model (issue 30'
 
     PYTHONPATH=src .venv/bin/python bench/step_overhead.py --batch 64 --steps 20 --threads 2 --json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,6 +23,7 @@ def timed(stats, name, fn):
             return fn(*args, **kwargs)
         finally:
             stats[name].append(time.perf_counter() - t0)
+
     return wrapper
 
 
@@ -54,18 +56,25 @@ def main() -> None:
     ms = {k: 1e3 * statistics.median(v) for k, v in stats.items()}
     per_step = {k: (v * args.batch if k.startswith("emit") else v) for k, v in ms.items()}
     forward = per_step["run (incl. prepare)"] - per_step["prepare"]
-    result = {"batch": args.batch, "threads": args.threads, "load_average": list(os.getloadavg()),
-              "median_ms_per_step": per_step, "forward_ms": forward,
-              "non_kernel_ms": per_step["step"] - forward,
-              "non_kernel_fraction": (per_step["step"] - forward) / per_step["step"],
-              "decode_path": runner.decode_path}
+    result = {
+        "batch": args.batch,
+        "threads": args.threads,
+        "load_average": list(os.getloadavg()),
+        "median_ms_per_step": per_step,
+        "forward_ms": forward,
+        "non_kernel_ms": per_step["step"] - forward,
+        "non_kernel_fraction": (per_step["step"] - forward) / per_step["step"],
+        "decode_path": runner.decode_path,
+    }
     if args.json:
         print(json.dumps(result))
     else:
         for k, v in per_step.items():
             print(f"{k:24s} {v:8.2f} ms")
-        print(f"non-kernel {result['non_kernel_ms']:.2f} ms of {per_step['step']:.2f} "
-              f"({100 * result['non_kernel_fraction']:.0f} %), load {result['load_average']}")
+        print(
+            f"non-kernel {result['non_kernel_ms']:.2f} ms of {per_step['step']:.2f} "
+            f"({100 * result['non_kernel_fraction']:.0f} %), load {result['load_average']}"
+        )
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ collective (``HardwareSpec.interconnect_latency``) — the latency is what the s
     PYTHONPATH=src .venv/bin/python bench/tp_step_time.py [--model default] [--weights fp32] [--batch 4]
         [--context 128] [--steps 16] [--threads 2] [--json]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -76,6 +77,7 @@ class CollectiveTimer:
             finally:
                 self.seconds += time.perf_counter() - t0
                 self.calls += 1
+
         return run
 
 
@@ -84,8 +86,15 @@ def decode_steps(tp: int, args) -> dict:
     from bytediet.engine.params import SamplingParams
 
     threads = args.threads if tp == 1 else None  # size 2: each rank gets cores / 2
-    llm = LLM(args.model, weights=args.weights, tensor_parallel_size=tp, kv_cache_memory="256MiB", num_threads=threads,
-              max_num_seqs=args.batch, max_num_batched_tokens=args.batch * args.context)
+    llm = LLM(
+        args.model,
+        weights=args.weights,
+        tensor_parallel_size=tp,
+        kv_cache_memory="256MiB",
+        num_threads=threads,
+        max_num_seqs=args.batch,
+        max_num_batched_tokens=args.batch * args.context,
+    )
     try:
         timer = CollectiveTimer(llm.workers.group) if llm.workers is not None else None
         engine, vocab = llm.engine, llm.model.config.vocab_size
@@ -93,8 +102,10 @@ def decode_steps(tp: int, args) -> dict:
         for _ in range(args.batch):
             ids = torch.randint(1, vocab, (args.context,), generator=g).tolist()
             engine.add_request(ids, SamplingParams(max_tokens=args.steps + 8, ignore_eos=True))
-        while any(r.num_computed_tokens < len(r.prompt_token_ids) for r in engine.scheduler.running) \
-                or engine.scheduler.waiting:
+        while (
+            any(r.num_computed_tokens < len(r.prompt_token_ids) for r in engine.scheduler.running)
+            or engine.scheduler.waiting
+        ):
             engine.step()  # prefill (not timed)
         engine.step()
         steps, comm = [], []
@@ -105,9 +116,14 @@ def decode_steps(tp: int, args) -> dict:
             steps.append(time.perf_counter() - t0)
             comm.append((timer.seconds if timer else 0.0) - before)
         calls = timer.calls if timer else 0
-        return {"tp": tp, "threads_per_rank": torch.get_num_threads(), "step_s": statistics.median(steps),
-                "collectives_s": statistics.median(comm), "decode_path": engine.runner.decode_path,
-                "collective_calls_total": calls}
+        return {
+            "tp": tp,
+            "threads_per_rank": torch.get_num_threads(),
+            "step_s": statistics.median(steps),
+            "collectives_s": statistics.median(comm),
+            "decode_path": engine.runner.decode_path,
+            "collective_calls_total": calls,
+        }
     finally:
         llm.shutdown()
 
@@ -124,13 +140,33 @@ def roofline(args, link_bandwidth: float, hop_latency: float) -> dict:
     hw = replace(hw, interconnect_bandwidth=2 * link_bandwidth)
     out = {}
     for tp in (1, 2):
-        p = analyze(config, hw, weights=get_weight_format(args.weights), kv=32.0, batch=args.batch,
-                    context=args.context + 1, tp=tp)
-        q = analyze(config, replace(hw, interconnect_latency=hop_latency), weights=get_weight_format(args.weights),
-                    kv=32.0, batch=args.batch, context=args.context + 1, tp=tp)
-        out[tp] = {"decode_s": p.decode.time, "allreduce_s": p.decode.allreduce_s,
-                   "with_latency": {"decode_s": q.decode.time, "allreduce_s": q.decode.allreduce_s,
-                                    "allreduce_latency_s": q.decode.allreduce_latency_s}}
+        p = analyze(
+            config,
+            hw,
+            weights=get_weight_format(args.weights),
+            kv=32.0,
+            batch=args.batch,
+            context=args.context + 1,
+            tp=tp,
+        )
+        q = analyze(
+            config,
+            replace(hw, interconnect_latency=hop_latency),
+            weights=get_weight_format(args.weights),
+            kv=32.0,
+            batch=args.batch,
+            context=args.context + 1,
+            tp=tp,
+        )
+        out[tp] = {
+            "decode_s": p.decode.time,
+            "allreduce_s": p.decode.allreduce_s,
+            "with_latency": {
+                "decode_s": q.decode.time,
+                "allreduce_s": q.decode.allreduce_s,
+                "allreduce_latency_s": q.decode.allreduce_latency_s,
+            },
+        }
     return out
 
 
@@ -152,25 +188,43 @@ def main() -> int:
     ring = measure_allreduce([small, big])
     bus, hop = ring_link(2, big, ring[big], small, ring[small])  # bus bandwidth, per-hop latency
     runs = [decode_steps(tp, args) for tp in (1, 2)]
-    result = {"model": args.model, "weights": args.weights, "batch": args.batch, "context": args.context,
-              "tp1_threads": args.threads,
-              "steps": args.steps, "cores": os.cpu_count(), "load_average": os.getloadavg(),
-              "allreduce_small_bytes": small, "allreduce_small_s": ring[small], "allreduce_4MiB_s": ring[big],
-              "bus_bandwidth_Bps": bus, "hop_latency_s": hop, "runs": runs, "roofline": roofline(args, bus, hop)}
+    result = {
+        "model": args.model,
+        "weights": args.weights,
+        "batch": args.batch,
+        "context": args.context,
+        "tp1_threads": args.threads,
+        "steps": args.steps,
+        "cores": os.cpu_count(),
+        "load_average": os.getloadavg(),
+        "allreduce_small_bytes": small,
+        "allreduce_small_s": ring[small],
+        "allreduce_4MiB_s": ring[big],
+        "bus_bandwidth_Bps": bus,
+        "hop_latency_s": hop,
+        "runs": runs,
+        "roofline": roofline(args, bus, hop),
+    }
     if args.json:
         print(json.dumps(result))
         return 0
-    print(f"{args.model} {args.weights}, batch {args.batch}, context {args.context}, {os.cpu_count()} cores, "
-          f"load {result['load_average'][0]:.1f}")
-    print(f"gloo all-reduce: {small} B in {ring[small] * 1e6:.0f} µs; 4 MiB in {ring[big] * 1e3:.2f} ms "
-          f"(bus {bus / 1e9:.2f} GB/s, {hop * 1e6:.0f} µs per hop)")
+    print(
+        f"{args.model} {args.weights}, batch {args.batch}, context {args.context}, {os.cpu_count()} cores, "
+        f"load {result['load_average'][0]:.1f}"
+    )
+    print(
+        f"gloo all-reduce: {small} B in {ring[small] * 1e6:.0f} µs; 4 MiB in {ring[big] * 1e3:.2f} ms "
+        f"(bus {bus / 1e9:.2f} GB/s, {hop * 1e6:.0f} µs per hop)"
+    )
     for r in runs:
         pred = result["roofline"][r["tp"]]
         lat = pred["with_latency"]
-        print(f"TP={r['tp']}: step {r['step_s'] * 1e3:.1f} ms, in collectives {r['collectives_s'] * 1e3:.1f} ms; "
-              f"roofline {pred['decode_s'] * 1e3:.1f} ms of which collectives {pred['allreduce_s'] * 1e3:.3f} ms; "
-              f"with the hop latency {lat['decode_s'] * 1e3:.1f} ms of which collectives "
-              f"{lat['allreduce_s'] * 1e3:.2f} ms")
+        print(
+            f"TP={r['tp']}: step {r['step_s'] * 1e3:.1f} ms, in collectives {r['collectives_s'] * 1e3:.1f} ms; "
+            f"roofline {pred['decode_s'] * 1e3:.1f} ms of which collectives {pred['allreduce_s'] * 1e3:.3f} ms; "
+            f"with the hop latency {lat['decode_s'] * 1e3:.1f} ms of which collectives "
+            f"{lat['allreduce_s'] * 1e3:.2f} ms"
+        )
     return 0
 
 

@@ -13,6 +13,7 @@ Prints one JSON object (and a table on stderr). Per format:
 fp8 additionally times W8A8 through torch._scaled_mm (``fp8-w8a8``) and sparse24 PyTorch's semi-structured
 2:4 GEMM (``sparse24-cusparselt``) where the chip has them.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,8 +29,22 @@ import torch.nn.functional as F
 
 SHAPES_8B = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
 ROWS_M = (1, 16, 64, 512)
-FORMATS = ("int8", "int4-g128", "int4-g128-sym", "int4-g32", "mxfp4", "nvfp4", "fp8", "sparse24", "sparse24-int8",
-           "q4_0", "q8_0", "q4_k", "q5_k", "q6_k")
+FORMATS = (
+    "int8",
+    "int4-g128",
+    "int4-g128-sym",
+    "int4-g32",
+    "mxfp4",
+    "nvfp4",
+    "fp8",
+    "sparse24",
+    "sparse24-int8",
+    "q4_0",
+    "q8_0",
+    "q4_k",
+    "q5_k",
+    "q6_k",
+)
 GGUF = {"q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "q4_k": 12, "q5_k": 13, "q6_k": 14}
 READ_BYTES = 256 << 20
 
@@ -48,7 +63,7 @@ def packed(name: str, n: int, k: int, gen: torch.Generator) -> tuple[int, torch.
         size, scale_at = {12: (144, [0, 2]), 13: (176, [0, 2]), 14: (210, [208])}[int(t)]
         b = torch.randint(0, 256, (n * k // 256, size), generator=gen, dtype=torch.uint8)
         for at in scale_at:  # sane f16 scales (0.01) in random super-blocks
-            b[:, at:at + 2] = torch.tensor([0.01], dtype=torch.float16).view(torch.uint8)
+            b[:, at : at + 2] = torch.tensor([0.01], dtype=torch.float16).view(torch.uint8)
         return int(t), b.reshape(n, -1)
     fmt = get_weight_format(name)
     return fmt.native_layout(fmt.quantize(torch.randn(n, k, generator=gen) * 0.05))
@@ -67,7 +82,7 @@ def check(name: str, device: str, ks, ms, gen) -> float:
             x = torch.randn(m, k, generator=gen).to(torch.bfloat16)
             y = gemm_blocks(t, rows.to(device), x.to(device)).cpu().double()
             ref = reference.gemm_blocks(t, rows, x, None, "f32").double()
-            bound = 2.0 ** -7 * ref.abs() + (2.0 ** -8 + k * 2.0 ** -24) * (x.double().abs() @ w.abs().T) + 1e-30
+            bound = 2.0**-7 * ref.abs() + (2.0**-8 + k * 2.0**-24) * (x.double().abs() @ w.abs().T) + 1e-30
             worst = max(worst, float(((y - ref).abs() / bound).max()))
     return worst
 
@@ -103,17 +118,25 @@ def time_format(name: str, device: str, shapes: dict, ms, repeats: int, gen) -> 
         t, one = packed(name, 1, k, gen)
         nbytes = n * one.shape[1]
         many = device == "cuda"  # the interpreter: one copy (it proves the script, it times nothing)
-        copies = [torch.randint(0, 256, (n, one.shape[1]), dtype=torch.uint8, device=device)
-                  for _ in range(max(1, min(16, READ_BYTES // nbytes)) if many else 1)]
-        dense = [torch.randn(n, k, device=device, dtype=torch.bfloat16)
-                 for _ in range(max(1, min(8, READ_BYTES // (2 * n * k))) if many else 1)]
+        copies = [
+            torch.randint(0, 256, (n, one.shape[1]), dtype=torch.uint8, device=device)
+            for _ in range(max(1, min(16, READ_BYTES // nbytes)) if many else 1)
+        ]
+        dense = [
+            torch.randn(n, k, device=device, dtype=torch.bfloat16)
+            for _ in range(max(1, min(8, READ_BYTES // (2 * n * k))) if many else 1)
+        ]
         for m in ms:
             x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
             us = median_us(partial(gemm_blocks, t, x=x), copies, repeats, device)
             base = median_us(partial(F.linear, x), dense, repeats, device)
-            out[f"{shape_name} {n}x{k} M={m}"] = {"us": round(us, 2), "bytes": nbytes,
-                                                  "GB/s": round(nbytes / us / 1e3, 1), "bf16_us": round(base, 2),
-                                                  "speedup": round(base / us, 2)}
+            out[f"{shape_name} {n}x{k} M={m}"] = {
+                "us": round(us, 2),
+                "bytes": nbytes,
+                "GB/s": round(nbytes / us / 1e3, 1),
+                "bf16_us": round(base, 2),
+                "speedup": round(base / us, 2),
+            }
     return out
 
 
@@ -124,6 +147,7 @@ def time_tensor_core_paths(name: str, shapes: dict, ms, repeats: int) -> dict:
     for shape_name, (n, k) in shapes.items():
         if name == "fp8":
             from bytediet.kernels.triton import fp8
+
             if fp8.fp8_unsupported_reason(device):
                 return {"skipped": fp8.fp8_unsupported_reason(device)}
             q = torch.randn(n, k, device=device).clamp(-400, 400).to(torch.float8_e4m3fn)
@@ -131,6 +155,7 @@ def time_tensor_core_paths(name: str, shapes: dict, ms, repeats: int) -> dict:
             fn = partial(fp8.fp8_linear, qweight=q, scale=s)
         else:
             from bytediet.kernels.triton import sparse24
+
             if sparse24.semi_structured_unsupported_reason(device):
                 return {"skipped": sparse24.semi_structured_unsupported_reason(device)}
             mask = torch.tensor([1, 1, 0, 0], device=device, dtype=torch.bfloat16).repeat(n, k // 4)
@@ -161,15 +186,19 @@ def main() -> None:
     for name in a.formats:
         t0 = time.perf_counter()
         worst = check(name, device, (256,) if a.dry_run else (4096, 14336), (1, 17) if a.dry_run else (1, 64), gen)
-        entry = {"check": {"worst": round(worst, 4), "pass": worst <= 1.0},
-                 "time": time_format(name, device, shapes, ms, 1 if a.dry_run else a.repeats, gen)}
+        entry = {
+            "check": {"worst": round(worst, 4), "pass": worst <= 1.0},
+            "time": time_format(name, device, shapes, ms, 1 if a.dry_run else a.repeats, gen),
+        }
         if name in ("fp8", "sparse24") and not a.dry_run:
-            entry[name + ("-w8a8" if name == "fp8" else "-cusparselt")] = time_tensor_core_paths(name, shapes, ms,
-                                                                                                 a.repeats)
+            entry[name + ("-w8a8" if name == "fp8" else "-cusparselt")] = time_tensor_core_paths(
+                name, shapes, ms, a.repeats
+            )
         entry["seconds"] = round(time.perf_counter() - t0, 1)
         result["formats"][name] = entry
-        rows = " ".join(f"{key.split()[0]}/M{key.split('=')[1]}:{v['us']}us({v['speedup']}x)"
-                        for key, v in entry["time"].items())
+        rows = " ".join(
+            f"{key.split()[0]}/M{key.split('=')[1]}:{v['us']}us({v['speedup']}x)" for key, v in entry["time"].items()
+        )
         print(f"{name:14s} check {'ok' if worst <= 1 else 'FAIL'} {worst:.3f}  {rows}", file=sys.stderr, flush=True)
     text = json.dumps(result)
     if a.out:

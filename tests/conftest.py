@@ -3,6 +3,7 @@
 ``tiny_model(arch)`` builds a 2-layer model with random weights; ``smollm2`` / ``gemma3`` load the
 real checkpoints once per session (float32).
 """
+
 from __future__ import annotations
 
 import math
@@ -29,12 +30,31 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 def tiny_config(arch: str = "llama", **overrides) -> ModelConfig:
-    common = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
-                  num_kv_heads=2, head_dim=8, max_position_embeddings=256, name=f"tiny-{arch}")
+    common = dict(
+        vocab_size=96,
+        hidden_size=32,
+        intermediate_size=64,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=8,
+        max_position_embeddings=256,
+        name=f"tiny-{arch}",
+    )
     if arch == "gemma3":
-        common.update(num_layers=6, rms_norm_eps=1e-6, rope_theta=1e6, rope_local_theta=1e4, hidden_act="gelu_tanh",
-                      sliding_window=8, layer_types=gemma3_layer_types(6), query_pre_attn_scalar=8, qk_norm=True,
-                      sandwich_norm=True, embedding_scale=math.sqrt(32))
+        common.update(
+            num_layers=6,
+            rms_norm_eps=1e-6,
+            rope_theta=1e6,
+            rope_local_theta=1e4,
+            hidden_act="gelu_tanh",
+            sliding_window=8,
+            layer_types=gemma3_layer_types(6),
+            query_pre_attn_scalar=8,
+            qk_norm=True,
+            sandwich_norm=True,
+            embedding_scale=math.sqrt(32),
+        )
     if arch == "qwen2":
         common.update(attention_bias=True, tie_word_embeddings=False)
     common.update(overrides)
@@ -110,13 +130,25 @@ def hf_checkpoint_parts(config, state: dict, arch: str) -> tuple[dict, dict]:
     """(config.json as a dict, the state dict in Hugging Face's convention) of a tiny model: gemma3 stores its
     RMSNorm weights as w − 1."""
     hf_state = {k: (v - 1.0 if arch == "gemma3" and k.endswith("norm.weight") else v) for k, v in state.items()}
-    cfg = {"model_type": arch, "vocab_size": config.vocab_size, "hidden_size": config.hidden_size,
-           "intermediate_size": config.intermediate_size, "num_hidden_layers": config.num_layers,
-           "num_attention_heads": config.num_heads, "num_key_value_heads": config.num_kv_heads,
-           "head_dim": config.head_dim, "rms_norm_eps": config.rms_norm_eps, "rope_theta": config.rope_theta,
-           "max_position_embeddings": config.max_position_embeddings,
-           "tie_word_embeddings": config.tie_word_embeddings}
+    cfg = {
+        "model_type": arch,
+        "vocab_size": config.vocab_size,
+        "hidden_size": config.hidden_size,
+        "intermediate_size": config.intermediate_size,
+        "num_hidden_layers": config.num_layers,
+        "num_attention_heads": config.num_heads,
+        "num_key_value_heads": config.num_kv_heads,
+        "head_dim": config.head_dim,
+        "rms_norm_eps": config.rms_norm_eps,
+        "rope_theta": config.rope_theta,
+        "max_position_embeddings": config.max_position_embeddings,
+        "tie_word_embeddings": config.tie_word_embeddings,
+    }
     if arch == "gemma3":
-        cfg.update(sliding_window=config.sliding_window, rope_local_base_freq=config.rope_local_theta,
-                   query_pre_attn_scalar=config.query_pre_attn_scalar, sliding_window_pattern=6)
+        cfg.update(
+            sliding_window=config.sliding_window,
+            rope_local_base_freq=config.rope_local_theta,
+            query_pre_attn_scalar=config.query_pre_attn_scalar,
+            sliding_window_pattern=6,
+        )
     return cfg, hf_state

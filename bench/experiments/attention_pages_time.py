@@ -11,6 +11,7 @@ block table).
     .venv/bin/python bench/experiments/attention_pages_time.py 1 8192 int8
     .venv/bin/python bench/experiments/attention_pages_time.py 16 2057 bf16 --shape gemma3
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,8 +52,7 @@ def main() -> None:
 
     def step():
         for (k, ks), (v, vs) in layers:
-            ops.attention_over_pages(q, positions, rows, tables, BLOCK, HEAD_DIM ** -0.5, None, a.kv_dtype, k, v,
-                                     ks, vs)
+            ops.attention_over_pages(q, positions, rows, tables, BLOCK, HEAD_DIM**-0.5, None, a.kv_dtype, k, v, ks, vs)
 
     step()
     times = []
@@ -63,9 +63,11 @@ def main() -> None:
     page_bytes = sum(t.numel() * t.element_size() for (k, _), (v, _) in layers for t in (k, v))
     kv_bytes = page_bytes * a.context / (blocks * BLOCK)  # the positions read, not the block tails
     m = statistics.median(times)
-    print(f"{a.shape} {a.kv_dtype} batch {a.batch} context {a.context}: {m * 1e3:.2f} ms a step "
-          f"(min {min(times) * 1e3:.2f}), "
-          f"{kv_bytes / 1e9:.2f} GB of pages → {kv_bytes / m / 1e9:.1f} GB/s")
+    print(
+        f"{a.shape} {a.kv_dtype} batch {a.batch} context {a.context}: {m * 1e3:.2f} ms a step "
+        f"(min {min(times) * 1e3:.2f}), "
+        f"{kv_bytes / 1e9:.2f} GB of pages → {kv_bytes / m / 1e9:.1f} GB/s"
+    )
 
 
 if __name__ == "__main__":

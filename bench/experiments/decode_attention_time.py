@@ -8,6 +8,7 @@ Prints the per-layer time (lower quartile of 30 calls) and the KV read rate.
     env: NT (kernel threads, default 1), LAYERS (default 4: 50 MB of fp32 pages at 8k, beyond the L3),
          CPU_TIME=1 (time.thread_time of the caller: load-robust, meaningful with NT=1 only)
 """
+
 import os
 import sys
 import time
@@ -16,9 +17,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from tests.kernels.test_ops_decode_step import BLOCK, random_spec
-
 from bytediet.kernels import ops
+from tests.kernels.test_ops_decode_step import BLOCK, random_spec
 
 context = int(sys.argv[1]) if len(sys.argv) > 1 else 8192
 kv = sys.argv[2] if len(sys.argv) > 2 else "fp32"
@@ -27,8 +27,7 @@ clock = time.thread_time if os.environ.get("CPU_TIME") else time.perf_counter
 layers = int(os.environ.get("LAYERS", "4"))
 gen = torch.Generator().manual_seed(0)
 slots = context + 64
-spec = random_spec(gen, heads=9, kv_heads=3, head_dim=64, hidden=64, inter=64, layers=layers, slots=slots,
-                   kv_dtype=kv)
+spec = random_spec(gen, heads=9, kv_heads=3, head_dim=64, hidden=64, inter=64, layers=layers, slots=slots, kv_dtype=kv)
 tables = torch.arange(slots // BLOCK).long()[None]
 positions = torch.tensor([context - 1])
 x = torch.randn(1, 64)
@@ -42,5 +41,7 @@ for _ in range(30):
 times.sort()
 per_layer = times[len(times) // 4] / layers
 kv_bytes = context * 3 * 64 * 2 * {"fp32": 4, "bf16": 2, "fp16": 2, "int8": 1, "fp8": 1}[kv]
-print(f"context {context}, {kv} pages: {per_layer * 1e3:.3f} ms per layer (min {times[0] / layers * 1e3:.3f}); "
-      f"KV {kv_bytes / 1e6:.1f} MB per layer → {kv_bytes / per_layer / 1e9:.1f} GB/s")
+print(
+    f"context {context}, {kv} pages: {per_layer * 1e3:.3f} ms per layer (min {times[0] / layers * 1e3:.3f}); "
+    f"KV {kv_bytes / 1e6:.1f} MB per layer → {kv_bytes / per_layer / 1e9:.1f} GB/s"
+)

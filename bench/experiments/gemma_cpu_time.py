@@ -1,6 +1,7 @@
 """CPU time per decode token and per 512-token prefill, one thread, bytediet vs llama.cpp in one process:
 time.thread_time() of the calling thread (both compute on it at 1 thread), so other load on the machine
 only perturbs cache/bandwidth, not the count."""
+
 import json
 import os
 import sys

@@ -4,7 +4,6 @@ Recording 9, "Kernel: prediction against measurement"). Run on a quiet machine:
 
     PYTHONPATH=src .venv/bin/python bench/experiments/panel_gemm_time.py [--rows 512] [--threads 2]
 """
-import bytediet  # noqa: F401  (sets GOMP_SPINCOUNT before torch loads libgomp)
 
 import argparse
 import time
@@ -13,6 +12,7 @@ import numpy as np
 import torch
 from gguf import GGMLQuantizationType as T
 
+import bytediet  # noqa: F401 - sets GOMP_SPINCOUNT before torch loads libgomp
 from bytediet.kernels import ops
 from bytediet.kernels.ggml_codecs import ENCODERS
 
@@ -27,7 +27,7 @@ def random_blocks(gtype, n: int, k: int, gen: torch.Generator) -> torch.Tensor:
     b = torch.randint(0, 256, (n * k // 256, size), generator=gen, dtype=torch.uint8)
     d = torch.from_numpy(np.array([0.01], dtype=np.float16).view(np.uint8).copy())
     for o in at:
-        b[:, o:o + 2] = d
+        b[:, o : o + 2] = d
     return b.reshape(n, -1)
 
 
@@ -40,8 +40,10 @@ def main() -> None:
     ops.native_library().set_num_threads(args.threads)
     gen = torch.Generator().manual_seed(1)
     data = {s: (random_blocks(s[0], s[1], s[2], gen), torch.randn(args.rows, s[2], generator=gen)) for s in SHAPES}
-    runs = {"panel": lambda t, b, x: ops.gemm_panel(t, b, x),
-            "fp32": lambda t, b, x: torch.nn.functional.linear(x, ops.dequantize_blocks(t, b))}
+    runs = {
+        "panel": lambda t, b, x: ops.gemm_panel(t, b, x),
+        "fp32": lambda t, b, x: torch.nn.functional.linear(x, ops.dequantize_blocks(t, b)),
+    }
     best = {(s, r): float("inf") for s in SHAPES for r in runs}
     for _ in range(7):
         for s in SHAPES:
@@ -51,8 +53,10 @@ def main() -> None:
                 best[(s, name)] = min(best[(s, name)], time.perf_counter() - t0)
     for s in SHAPES:
         flops = 2 * args.rows * s[1] * s[2]
-        print(f"{s[0].name} {s[1]}×{s[2]}: fp32 {flops / best[(s, 'fp32')] / 1e9:.0f} GFLOP/s, "
-              f"panel {flops / best[(s, 'panel')] / 1e9:.0f} GFLOP/s")
+        print(
+            f"{s[0].name} {s[1]}×{s[2]}: fp32 {flops / best[(s, 'fp32')] / 1e9:.0f} GFLOP/s, "
+            f"panel {flops / best[(s, 'panel')] / 1e9:.0f} GFLOP/s"
+        )
 
 
 if __name__ == "__main__":

@@ -25,18 +25,17 @@ for the codec, one 2048-token eval window to measure), values exact, and the mea
     .venv/bin/python bench/experiments/tq_key_alternatives_sim.py \
         [transform|layers|window|groups|rope] [default|gemma3-270m]
 """
+
 from __future__ import annotations
 
 import math
 import sys
 
 import torch
-
 from tq_key_scaling_sim import attention_kl, round_trip
 
 from bytediet.calibrate.kv import capture_kv
-from bytediet.eval.corpus import make_windows
-from bytediet.eval.corpus import tokenize_corpus
+from bytediet.eval.corpus import make_windows, tokenize_corpus
 from bytediet.kvcache.lloyd_max import nearest, sphere_coordinate_codebook
 from bytediet.kvcache.turboquant import TurboQuantHalf
 from bytediet.kvcache.turboquant_core import TurboQuantizer
@@ -54,8 +53,9 @@ def calibrated_half(bits: float, layer: int, data: dict, pre_rope: bool = False)
     return half
 
 
-def turboquant_kl(config, cal, layer: int, k: torch.Tensor, q: torch.Tensor, bits: float,
-                  pre_rope: bool = False) -> float:
+def turboquant_kl(
+    config, cal, layer: int, k: torch.Tensor, q: torch.Tensor, bits: float, pre_rope: bool = False
+) -> float:
     """Attention KL of calibrated TurboQuant keys at ``bits`` (constant mean, or the pre-RoPE mean)."""
     half = calibrated_half(bits, layer, cal[layer], pre_rope)
     return attention_kl(config, q, k, round_trip(half, config, layer, k))
@@ -72,8 +72,15 @@ def three_part_layout(target: float, d: int, importance: torch.Tensor) -> list[t
     sizes = range(8, d, 8)
     cands = [[(d, b)] for b in range(1, 9)]
     cands += [[(n, hi), (d - n, lo)] for n in sizes for hi in range(2, 9) for lo in range(1, hi)]
-    cands += [[(n1, b1), (n2, b2), (d - n1 - n2, b3)] for n1 in sizes for n2 in sizes if n1 + n2 < d
-              for b1 in range(3, 9) for b2 in range(2, b1) for b3 in range(0, b2)]
+    cands += [
+        [(n1, b1), (n2, b2), (d - n1 - n2, b3)]
+        for n1 in sizes
+        for n2 in sizes
+        if n1 + n2 < d
+        for b1 in range(3, 9)
+        for b2 in range(2, b1)
+        for b3 in range(0, b2)
+    ]
     best, best_err = None, float("inf")
     for lay in cands:
         if sum(n * b + (16 if b else 0) for n, b in lay) > target * d + 1e-9:
@@ -102,8 +109,11 @@ def transform_round_trip(config, cal: dict, keys: torch.Tensor, target: float, b
     out = torch.empty_like(keys)
     for h in range(config.num_kv_heads):
         mu, ck, cq = head_statistics(config, cal, h)
-        u = {"kltk": lambda: torch.linalg.eigh(ck)[1], "kltq": lambda: torch.linalg.eigh(cq)[1],
-             "channels": lambda: torch.eye(d, dtype=torch.float64)}[basis]()
+        u = {
+            "kltk": lambda: torch.linalg.eigh(ck)[1],
+            "kltq": lambda: torch.linalg.eigh(cq)[1],
+            "channels": lambda: torch.eye(d, dtype=torch.float64),
+        }[basis]()
         importance = torch.einsum("di,de,ei->i", u, ck, u) * torch.einsum("di,de,ei->i", u, cq, u)
         order = torch.argsort(importance, descending=True)
         u, importance = u[:, order], importance[order]
@@ -111,7 +121,7 @@ def transform_round_trip(config, cal: dict, keys: torch.Tensor, target: float, b
         y = (keys[:, h].double() - mu) @ u
         rec, start = [], 0
         for i, (n, b) in enumerate(lay):
-            yp = y[:, start:start + n].float()
+            yp = y[:, start : start + n].float()
             start += n
             if b == 0:
                 rec.append(torch.zeros_like(yp))
@@ -140,8 +150,10 @@ def static_round_trip(config, cal: dict, keys: torch.Tensor, target: float) -> t
         sigma = ((cal["k"][:, h].double() - mu) @ u).std(0).clamp(min=1e-12)
         bits = [0] * d
         for _ in range(int(target * d)):
-            gain = [w * (part_distortion(b, "mse") if b else 1.0) - w * part_distortion(b + 1, "mse")
-                    if b < 8 else -1.0 for w, b in zip(weight, bits)]
+            gain = [
+                w * (part_distortion(b, "mse") if b else 1.0) - w * part_distortion(b + 1, "mse") if b < 8 else -1.0
+                for w, b in zip(weight, bits)
+            ]
             bits[max(range(d), key=gain.__getitem__)] += 1
         z = ((keys[:, h].double() - mu) @ u) / sigma
         zq = torch.zeros_like(z)
@@ -164,7 +176,8 @@ def transform(config, cal, ev, sens) -> None:
                     k_hat = transform_round_trip(config, cal[layer], k, bits, basis, parts)
                     rows.setdefault(f"{basis}-{parts}part", []).append(attention_kl(config, q, k, k_hat))
             rows.setdefault("kltk-static-no-norm", []).append(
-                attention_kl(config, q, k, static_round_trip(config, cal[layer], k, bits)))
+                attention_kl(config, q, k, static_round_trip(config, cal[layer], k, bits))
+            )
         print("transform", bits, mean_kls(rows), flush=True)
 
 
@@ -180,15 +193,27 @@ def layers(config, cal, ev, sens) -> None:
                 k, q = data[layer]["k"], data[layer]["q"]
                 store[layer, j] = attention_kl(config, q, k, round_trip(half, config, layer, k))
     for target in BUDGETS:
-        idx = torch.zeros(config.num_layers, dtype=torch.long)     # every layer starts at the lowest budget
+        idx = torch.zeros(config.num_layers, dtype=torch.long)  # every layer starts at the lowest budget
         for _ in range(int(round((target - budgets[0]) / 0.5 * config.num_layers))):
-            gain = torch.tensor([kl_cal[lay, i] - kl_cal[lay, i + 1] if i + 1 < len(budgets) else -1e9
-                                 for lay, i in enumerate(idx.tolist())])
+            gain = torch.tensor(
+                [
+                    kl_cal[lay, i] - kl_cal[lay, i + 1] if i + 1 < len(budgets) else -1e9
+                    for lay, i in enumerate(idx.tolist())
+                ]
+            )
             idx[int(gain.argmax())] += 1
         uniform = float(kl_ev[:, budgets.index(target)].mean())
         allocated = float(kl_ev[torch.arange(config.num_layers), idx].mean())
-        print("layers", target, {"uniform": round(uniform, 5), "per-layer": round(allocated, 5),
-                                 "budgets": [budgets[i] for i in idx.tolist()]}, flush=True)
+        print(
+            "layers",
+            target,
+            {
+                "uniform": round(uniform, 5),
+                "per-layer": round(allocated, 5),
+                "budgets": [budgets[i] for i in idx.tolist()],
+            },
+            flush=True,
+        )
 
 
 # ------------------------------------------------------------------------------------------ window
@@ -199,7 +224,7 @@ def windowed_kl(config, q, k, k_hat, width: int, aligned: bool, n_queries: int =
     exact = (kpos // width == qpos // width) if aligned else (kpos > qpos - width)
     kls = []
     for h in range(config.num_heads):
-        qq = q[n - n_queries:, h] / math.sqrt(config.head_dim)
+        qq = q[n - n_queries :, h] / math.sqrt(config.head_dim)
         s = qq @ k[:, h // group].T
         s_hat = torch.where(exact, s, qq @ k_hat[:, h // group].T)
         lp, lh = s.masked_fill(future, -1e30).log_softmax(-1), s_hat.masked_fill(future, -1e30).log_softmax(-1)
@@ -215,7 +240,8 @@ def window(config, cal, ev, sens) -> None:
             k_hat = round_trip(calibrated_half(bits, layer, cal[layer]), config, layer, k)
             for width, aligned in ((1, False), (8, False), (32, True), (32, False), (128, False)):
                 rows.setdefault(f"W{width}{'a' if aligned else ''}", []).append(
-                    windowed_kl(config, q, k, k_hat, width, aligned))
+                    windowed_kl(config, q, k, k_hat, width, aligned)
+                )
         print("window", bits, mean_kls(rows), flush=True)
 
 
@@ -236,8 +262,9 @@ def groups(config, cal, ev, sens) -> None:
             rows.setdefault("turboquant", []).append(turboquant_kl(config, cal, layer, k, q, bits))
             for g in (32, 64, 128):
                 rest = bits - 16 / g
-                half = calibrated_half(rest, layer, {"k": cal[layer]["k"] - group_means(cal[layer]["k"], g),
-                                                     "q": cal[layer]["q"]})
+                half = calibrated_half(
+                    rest, layer, {"k": cal[layer]["k"] - group_means(cal[layer]["k"], g), "q": cal[layer]["q"]}
+                )
                 half.means[layer] = torch.zeros_like(half.means[layer])
                 mean = group_means(k, g)
                 k_hat = round_trip(half, config, layer, k - mean) + mean
@@ -265,8 +292,11 @@ def main() -> None:
     ids = tokenize_corpus(tokenizer, "austen")
     cal = capture_kv(model, [w.ids for w in make_windows(ids, 1024, 2, split="calibration", seed=0)])
     ev = capture_kv(model, [w.ids for w in make_windows(ids, 2048, 1, split="eval", seed=0)])
-    sens = capture_kv(model, [w.ids for w in make_windows(ids, 2048, 1, split="calibration", seed=5)]) \
-        if experiment == "layers" else None
+    sens = (
+        capture_kv(model, [w.ids for w in make_windows(ids, 2048, 1, split="calibration", seed=5)])
+        if experiment == "layers"
+        else None
+    )
     experiments = {"transform": transform, "layers": layers, "window": window, "groups": groups, "rope": rope}
     experiments[experiment](model.config, cal, ev, sens)
 

@@ -9,6 +9,7 @@ query by it, which leaves q·k exact; "scaled_half" uses the exponent 1/8. Resul
 
     .venv/bin/python bench/experiments/tq_key_scaling_sim.py [default|gemma3-270m] [3.5,2.5]
 """
+
 from __future__ import annotations
 
 import math
@@ -17,8 +18,7 @@ import sys
 import torch
 
 from bytediet.calibrate.kv import capture_kv
-from bytediet.eval.corpus import make_windows
-from bytediet.eval.corpus import tokenize_corpus
+from bytediet.eval.corpus import make_windows, tokenize_corpus
 from bytediet.kvcache.turboquant import TurboQuantHalf
 from bytediet.models.loader import load_model
 
@@ -33,7 +33,7 @@ def attention_kl(config, q: torch.Tensor, k: torch.Tensor, k_hat: torch.Tensor, 
     future = torch.arange(n)[None, :] > torch.arange(n - n_queries, n)[:, None]
     kls = []
     for h in range(config.num_heads):
-        qq = q[n - n_queries:, h]
+        qq = q[n - n_queries :, h]
         logp = (qq @ k[:, h // group].T * scale).masked_fill(future, -1e30).log_softmax(-1)
         logp_hat = (qq @ k_hat[:, h // group].T * scale).masked_fill(future, -1e30).log_softmax(-1)
         kls.append((logp.exp() * (logp - logp_hat)).sum(-1).mean())
@@ -44,7 +44,7 @@ def round_trip(half: TurboQuantHalf, config, layer: int, x: torch.Tensor) -> tor
     """x (N, Hkv, D), one sequence from position 0, written to and read back from a TurboQuant key page."""
     pages = half.create(layer, "k", math.ceil(x.shape[0] / 16), 16, config.num_kv_heads, config.head_dim, "cpu")
     slots = torch.arange(x.shape[0])
-    if pages.uses_positions:             # a pre-RoPE key mean: the slots are the positions here
+    if pages.uses_positions:  # a pre-RoPE key mean: the slots are the positions here
         pages.write(x, slots, slots)
         return pages.decode(slots, slots)
     pages.write(x, slots)
@@ -69,7 +69,7 @@ def main() -> None:
             half.calibrate(kc, layer, queries=qc)
             results["plain"].append(attention_kl(c, qe, ke, round_trip(half, c, layer, ke)))
             mean = kc.mean(0)
-            key_energy = (kc - mean).pow(2).mean(0)                                         # (Hkv, D)
+            key_energy = (kc - mean).pow(2).mean(0)  # (Hkv, D)
             query_energy = qc.reshape(-1, c.num_kv_heads, group, c.head_dim).pow(2).mean((0, 2))
             for name, power in (("scaled", 0.25), ("scaled_half", 0.125)):
                 s = (key_energy.clamp(min=1e-12) / query_energy.clamp(min=1e-12)).pow(power)

@@ -8,6 +8,7 @@
 The public names are loaded on first use, so ``import bytediet.errors`` (or any low layer) does not pull
 in the engine and its dependencies.
 """
+
 from __future__ import annotations
 
 import os

@@ -1,4 +1,5 @@
 """``bytediet`` command line: sub-commands are discovered in :mod:`bytediet.commands`."""
+
 from __future__ import annotations
 
 import argparse

@@ -4,6 +4,7 @@ The model's shape (:class:`ModelConfig`) and the scheduler's budget (:class:`Sch
 A config that names a registered implementation lives next to that registry, which validates the name:
 :class:`bytediet.kvcache.config.CacheConfig` (KV codec) and :class:`bytediet.engine.config.EngineConfig`.
 """
+
 from __future__ import annotations
 
 import re
@@ -63,7 +64,15 @@ class ModelConfig:
     name: str = ""
 
     def __post_init__(self) -> None:
-        for key in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim"):
+        for key in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+        ):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"model config: {key} must be positive, got {getattr(self, key)}")
         if self.num_heads % self.num_kv_heads:
@@ -84,8 +93,10 @@ class ModelConfig:
 
     def _check_moe(self) -> None:
         if not 1 <= self.num_experts_per_tok <= self.num_experts:
-            raise ConfigError(f"model config: num_experts_per_tok ({self.num_experts_per_tok}) must be between 1 and "
-                              f"num_experts ({self.num_experts})")
+            raise ConfigError(
+                f"model config: num_experts_per_tok ({self.num_experts_per_tok}) must be between 1 and "
+                f"num_experts ({self.num_experts})"
+            )
         if not self.moe_gating:
             raise ConfigError("model config: a mixture-of-experts model must name its moe_gating rule")
         if self.moe_intermediate_size <= 0:
@@ -134,19 +145,35 @@ class ModelConfig:
         qk = (self.num_heads + self.num_kv_heads) * d if not self.qk_norm_per_head else 2 * d
         norms = h * (4 if self.sandwich_norm else 2) + (qk if self.qk_norm else 0)
         moe = self.num_moe_layers
-        moe_mlp = (experts * 3 * h * self.moe_intermediate_size + self.num_experts * h
-                   + (3 * h * self.shared_expert_intermediate_size + h if self.shared_expert_intermediate_size else 0))
+        moe_mlp = (
+            experts * 3 * h * self.moe_intermediate_size
+            + self.num_experts * h
+            + (3 * h * self.shared_expert_intermediate_size + h if self.shared_expert_intermediate_size else 0)
+        )
         emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
-        return (self.num_layers * (attn + norms) + (self.num_layers - moe) * 3 * h * i + moe * moe_mlp
-                + emb + h)
+        return self.num_layers * (attn + norms) + (self.num_layers - moe) * 3 * h * i + moe * moe_mlp + emb + h
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
 _SIZE = re.compile(r"^\s*([0-9.]+)\s*([kmgt]?i?b?)\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": 2**10, "m": 1e6, "mb": 1e6, "mib": 2**20,
-          "g": 1e9, "gb": 1e9, "gib": 2**30, "t": 1e12, "tb": 1e12, "tib": 2**40}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1e3,
+    "kb": 1e3,
+    "kib": 2**10,
+    "m": 1e6,
+    "mb": 1e6,
+    "mib": 2**20,
+    "g": 1e9,
+    "gb": 1e9,
+    "gib": 2**30,
+    "t": 1e12,
+    "tb": 1e12,
+    "tib": 2**40,
+}
 
 
 def parse_bytes(text: str | int) -> int:
@@ -181,8 +208,10 @@ class SchedulerConfig:
         if self.max_num_seqs < 1:
             raise ConfigError("max_num_seqs must be at least 1")
         if not 0 <= self.long_prefill_token_threshold <= self.max_num_batched_tokens:
-            raise ConfigError(f"--long-prefill-token-threshold {self.long_prefill_token_threshold} must be between 0 "
-                              f"(no cap) and --max-num-batched-tokens ({self.max_num_batched_tokens})")
+            raise ConfigError(
+                f"--long-prefill-token-threshold {self.long_prefill_token_threshold} must be between 0 "
+                f"(no cap) and --max-num-batched-tokens ({self.max_num_batched_tokens})"
+            )
         if self.policy not in SCHEDULING_POLICIES:
             raise ConfigError(f"--scheduling-policy {self.policy!r}: choose one of {', '.join(SCHEDULING_POLICIES)}")
 

@@ -4,6 +4,7 @@ A *progress function* ``progress(items, desc) → iterator`` wraps a loop: :func
 silently, :func:`rich_progress` shows one transient bar (calibration, evaluation). :class:`Bars` keeps
 one bar per step of a longer run (``bytediet optimize``). :func:`rich_meter` is a bar with figures (training).
 """
+
 from __future__ import annotations
 
 import sys
@@ -22,7 +23,8 @@ def no_progress(items: Sequence, desc: str) -> Iterator:
 def rich_progress(items: Sequence, desc: str) -> Iterator:
     """Iterate with a transient rich progress bar on stderr."""
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+    from rich.progress import Progress as RichProgress
 
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with RichProgress(*columns, console=Console(stderr=True), transient=True) as bar:
@@ -40,11 +42,23 @@ class Bars:
     def __enter__(self) -> "Bars":
         if self.enabled and not self.plain:
             from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, \
-                TimeElapsedColumn
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                SpinnerColumn,
+                TextColumn,
+                TimeElapsedColumn,
+            )
 
-            self.bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-                                MofNCompleteColumn(), TimeElapsedColumn(), console=Console(stderr=True))
+            self.bar = Progress(
+                SpinnerColumn(),
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=Console(stderr=True),
+            )
             self.bar.__enter__()
         return self
 
@@ -126,11 +140,16 @@ class _RichMeter(Meter):
 def rich_meter(total: int, desc: str, completed: int = 0) -> Iterator[Meter]:
     """A rich bar on stderr from ``completed`` to ``total`` whose text :meth:`Meter.advance` updates."""
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, \
-        TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import Progress as RichProgress
 
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-               TimeRemainingColumn())
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+    )
     with RichProgress(*columns, console=Console(stderr=True)) as bar:
         yield _RichMeter(bar, bar.add_task(desc, total=total, completed=completed), desc)
 

@@ -3,6 +3,7 @@
 A new implementation is one new file with ``@REGISTRY.register("name")`` on it plus one import line in its
 package's ``__init__``, which registers every built-in implementation when the package is imported.
 """
+
 from __future__ import annotations
 
 from typing import Callable, Generic, Iterator, TypeVar
@@ -59,6 +60,6 @@ class Registry(Generic[T]):
         for name in sorted(self._items, key=len, reverse=True):
             item = self._items[name]
             if spec.startswith(name) and hasattr(item, "from_spec"):
-                return item.from_spec(spec[len(name):])
+                return item.from_spec(spec[len(name) :])
         self.get(spec)  # raises the "unknown ... choose one of" KeyError
         raise AssertionError("unreachable")

@@ -1,4 +1,5 @@
 """``bench/device_check.py --dry-run``: the GPU check end to end on the CPU (Triton's interpreter, tiny shapes)."""
+
 from __future__ import annotations
 
 import json
@@ -19,8 +20,13 @@ SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "device_check.py"
 def test_dry_run_checks_every_section_and_writes_one_json(tmp_path):
     out = tmp_path / "check.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    r = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--out", str(out)], capture_output=True,
-                       text=True, timeout=600, env=env)
+    r = subprocess.run(
+        [sys.executable, str(SCRIPT), "--dry-run", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     data = json.loads(out.read_text())
     s = data["sections"]

@@ -1,4 +1,5 @@
 """Calibration of a packed checkpoint, one block's float weights at a time, equals today's on its fp32 load."""
+
 from __future__ import annotations
 
 import copy
@@ -13,8 +14,13 @@ from bytediet.models.quantize import QuantizeConfig
 from bytediet.models.share import float_layers_as_loaded, shared_copy
 from tests.models.test_share import assert_same_weights, loads, packed_state, tiny_gguf
 
-CASES = [("awq", "int4-g32", {"n_grid": 4, "search_tokens": 64}), ("gptq", "int4-g32", {}),
-         ("smoothquant", "int8-w8a8", {}), ("wanda", "sparse24", {}), ("sparsegpt", "sparse24", {})]
+CASES = [
+    ("awq", "int4-g32", {"n_grid": 4, "search_tokens": 64}),
+    ("gptq", "int4-g32", {}),
+    ("smoothquant", "int8-w8a8", {}),
+    ("wanda", "sparse24", {}),
+    ("sparsegpt", "sparse24", {}),
+]
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +55,7 @@ def test_the_runner_holds_one_blocks_float_weights_at_a_time(models):
     _, packed = models
     lean = shared_copy(packed)
     runner = BlockRunner(lean, torch.zeros(1, 4, dtype=torch.long), config=QuantizeConfig(format="int8"))
-    floats = lambda: sorted(n for n, lin in lean.linear_layers() if lin.format.spec() == "fp32")  # noqa: E731
+    floats = lambda: sorted(n for n, lin in lean.linear_layers() if lin.format.spec() == "fp32")
     runner.begin(0)
     assert floats() and all(n.startswith("model.layers.0.") for n in floats())
     runner.end(0)

@@ -1,4 +1,5 @@
 """Recovery fine-tuning: a step lowers the KL, the mask stays frozen, state resumes exactly, bad input."""
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -51,8 +52,9 @@ def test_int4_recovery_trains_the_scales_and_keeps_the_codes(spec):
     """PEQA: only the group scales (and offsets) move; the codes and the format's bytes stay as they were."""
     teacher, student, cfg = pair("llama", spec)
     train = windows(cfg, 1)
-    before_packed = {n: {k: t.clone() for k, t in lin.packed.items()} for n, lin in student.linear_layers()
-                     if n != "lm_head"}
+    before_packed = {
+        n: {k: t.clone() for k, t in lin.packed.items()} for n, lin in student.linear_layers() if n != "lm_head"
+    }
     before = kl_on(teacher, student, train)
     run = Recovery(student, teacher, train, RecoveryConfig(steps=3, lr=3e-3, warmup=0))
     trained = {"log_scale"} if spec.endswith("sym") else {"log_scale", "offset_shift"}
@@ -74,8 +76,9 @@ def test_int4_recovery_runs_the_native_kernels_on_the_trained_scales():
     Recovery(student, teacher, windows(cfg, 1), RecoveryConfig(steps=2, lr=3e-3, warmup=0)).run()
     x = torch.randn(3, cfg.hidden_size)
     lin = dict(student.linear_layers())["model.layers.0.self_attn.q_proj"]
-    torch.testing.assert_close(lin(x), torch.nn.functional.linear(x, lin.format.dequantize(lin.packed)),
-                               atol=2e-3, rtol=2e-3)
+    torch.testing.assert_close(
+        lin(x), torch.nn.functional.linear(x, lin.format.dequantize(lin.packed)), atol=2e-3, rtol=2e-3
+    )
 
 
 def test_training_lowers_held_out_kl_and_records_the_history():

@@ -1,4 +1,5 @@
 """SparseGPT: the mask equals a brute-force OBS reference, it beats magnitude/Wanda on the layer loss, bad input."""
+
 from __future__ import annotations
 
 import itertools
@@ -19,7 +20,7 @@ PATTERNS = list(itertools.combinations(range(4), 2))  # the six ways to keep 2 o
 
 def correlated_inputs(tokens: int, k: int, seed: int) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)
-    mix = torch.randn(k, k, generator=gen) / k ** 0.5 + torch.eye(k)
+    mix = torch.randn(k, k, generator=gen) / k**0.5 + torch.eye(k)
     return (torch.randn(tokens, k, generator=gen) * torch.linspace(0.2, 3.0, k)) @ mix
 
 
@@ -39,11 +40,11 @@ def brute_force_sparsegpt(w: torch.Tensor, h: torch.Tensor, damp: float, span: i
         starts_span = (c % span == 0) if span else (c % block == 0)
         if starts_span:
             width = span or min(block, k - c)
-            sal = w[:, c:c + width] ** 2 / torch.stack([diag_inv(c + j) for j in range(width)])[None, :]
+            sal = w[:, c : c + width] ** 2 / torch.stack([diag_inv(c + j) for j in range(width)])[None, :]
             for r in range(out):
-                choices = (PATTERNS if span == 4 else itertools.combinations(range(width), width // 2))
+                choices = PATTERNS if span == 4 else itertools.combinations(range(width), width // 2)
                 best = max(choices, key=lambda p: float(sal[r, list(p)].sum()))
-                keep[r, c:c + width] = False
+                keep[r, c : c + width] = False
                 keep[r, [c + j for j in best]] = True
         hinv = torch.linalg.inv(h[c:, c:])
         pruned = ~keep[:, c]
@@ -52,8 +53,10 @@ def brute_force_sparsegpt(w: torch.Tensor, h: torch.Tensor, damp: float, span: i
     return w.masked_fill(~keep, 0.0), keep
 
 
-@pytest.mark.parametrize("spec,k,block", [("sparse24", 16, 8), ("sparse24", 12, 4), ("sparse24-int8", 16, 16),
-                                          ("sparse50", 12, 4), ("sparse50", 8, 8)])
+@pytest.mark.parametrize(
+    "spec,k,block",
+    [("sparse24", 16, 8), ("sparse24", 12, 4), ("sparse24-int8", 16, 16), ("sparse50", 12, 4), ("sparse50", 8, 8)],
+)
 def test_mask_and_weights_equal_the_brute_force_obs_reference(spec, k, block):
     fmt = get_weight_format(spec)
     x = correlated_inputs(64, k, seed=k)

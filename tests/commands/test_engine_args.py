@@ -1,4 +1,5 @@
 """The engine flags shared by generate / serve / bench: the KV tiers' flags and their policy's roofline seed."""
+
 from __future__ import annotations
 
 import argparse
@@ -17,16 +18,24 @@ from tests.conftest import model_from_state, random_state, tiny_config
 
 def tiered_llm() -> LLM:
     config = tiny_config("llama")
-    return LLM(loaded=(model_from_state(config, random_state(config)), None), num_blocks=16, block_size=4,
-               kv_offload_size="1MiB")
+    return LLM(
+        loaded=(model_from_state(config, random_state(config)), None),
+        num_blocks=16,
+        block_size=4,
+        kv_offload_size="1MiB",
+    )
 
 
 def test_offload_flags_become_llm_keywords():
     p = argparse.ArgumentParser()
     add_model_args(p)
     args = p.parse_args(["--kv-offload-size", "4GiB", "--kv-offload-dir", "/tmp/x", "--kv-offload-codec", "rot-q8_0"])
-    assert offload_kwargs(args) == {"kv_offload_dir": "/tmp/x", "kv_offload_size": "4GiB",
-                                    "kv_offload_disk_size": "40GiB", "kv_offload_codec": "rot-q8_0"}
+    assert offload_kwargs(args) == {
+        "kv_offload_dir": "/tmp/x",
+        "kv_offload_size": "4GiB",
+        "kv_offload_disk_size": "40GiB",
+        "kv_offload_codec": "rot-q8_0",
+    }
     assert offload_kwargs(p.parse_args([]))["kv_offload_size"] == "0"
 
 

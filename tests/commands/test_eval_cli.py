@@ -1,4 +1,5 @@
 """``bytediet eval`` on a tiny random checkpoint: JSON, table, plots, bad input."""
+
 from __future__ import annotations
 
 import json
@@ -17,9 +18,24 @@ def ckpt(tmp_path_factory):
 
 
 def argv(ckpt, *extra: str, progress: bool = False) -> list[str]:
-    return ["eval", "--model", str(ckpt), "--corpus", str(ckpt / "corpus.txt"), "--windows", "2",
-            "--window-len", "40", "--passkey-lengths", "260", "--passkey-depths", "0,1", "--speed-tokens", "4",
-            *extra] + ([] if progress else ["--no-progress"])
+    return [
+        "eval",
+        "--model",
+        str(ckpt),
+        "--corpus",
+        str(ckpt / "corpus.txt"),
+        "--windows",
+        "2",
+        "--window-len",
+        "40",
+        "--passkey-lengths",
+        "260",
+        "--passkey-depths",
+        "0,1",
+        "--speed-tokens",
+        "4",
+        *extra,
+    ] + ([] if progress else ["--no-progress"])
 
 
 def test_json_prints_exactly_one_object_with_every_task(ckpt, capsys):
@@ -29,23 +45,65 @@ def test_json_prints_exactly_one_object_with_every_task(ckpt, capsys):
     obj = json.loads(out)  # the whole of stdout is one JSON document ...
     assert out.strip().count("\n") == 0  # ... on one line
     assert set(obj["tasks"]) == {"ppl", "passkey", "speed"}
-    assert obj["config"] == {"weights": "int8", "kv_cache_dtype": "int8", "kv_codec": obj["config"]["kv_codec"],
-                             "kv_calibration": None, "native_blocks": {}}
+    assert obj["config"] == {
+        "weights": "int8",
+        "kv_cache_dtype": "int8",
+        "kv_codec": obj["config"]["kv_codec"],
+        "kv_calibration": None,
+        "native_blocks": {},
+    }
     assert obj["tasks"]["ppl"]["kl"]["mean"] > 0
     assert len(obj["tasks"]["passkey"]["test"]["cells"]) == 2
 
 
 def test_kv_calibration_flag_calibrates_codecs_with_hooks(ckpt, capsys):
-    assert main(argv(ckpt, "--tasks", "ppl", "--kv-cache-dtype", "turboquant3.5", "--kv-calib-windows", "1",
-                     "--kv-calib-len", "32", "--json")) == 0
+    assert (
+        main(
+            argv(
+                ckpt,
+                "--tasks",
+                "ppl",
+                "--kv-cache-dtype",
+                "turboquant3.5",
+                "--kv-calib-windows",
+                "1",
+                "--kv-calib-len",
+                "32",
+                "--json",
+            )
+        )
+        == 0
+    )
     obj = json.loads(capsys.readouterr().out)
-    assert obj["config"]["kv_calibration"] == {"corpus": str(ckpt / "corpus.txt"), "windows": 1, "window_len": 32,
-                                               "seed": 0}
+    assert obj["config"]["kv_calibration"] == {
+        "corpus": str(ckpt / "corpus.txt"),
+        "windows": 1,
+        "window_len": 32,
+        "seed": 0,
+    }
     # the calibrated codec object goes by its spec; kv_codec describes the layout it chose, calibrated
     assert obj["config"]["kv_cache_dtype"] == "turboquant3.5"
-    assert obj["config"]["kv_codec"].startswith("turboquant3.5 (k: turboquant3.5 [") and "; calibrated]" in obj["config"]["kv_codec"]
-    assert main(argv(ckpt, "--tasks", "ppl", "--kv-cache-dtype", "int8", "--kv-calib-windows", "1",
-                     "--kv-calib-len", "32", "--json")) == 0
+    assert (
+        obj["config"]["kv_codec"].startswith("turboquant3.5 (k: turboquant3.5 [")
+        and "; calibrated]" in obj["config"]["kv_codec"]
+    )
+    assert (
+        main(
+            argv(
+                ckpt,
+                "--tasks",
+                "ppl",
+                "--kv-cache-dtype",
+                "int8",
+                "--kv-calib-windows",
+                "1",
+                "--kv-calib-len",
+                "32",
+                "--json",
+            )
+        )
+        == 0
+    )
     assert json.loads(capsys.readouterr().out)["config"]["kv_calibration"] is None  # int8 has no hooks
 
 
@@ -95,16 +153,19 @@ def test_table_numbers_equal_the_result_and_plots_are_written(ckpt, tmp_path, ca
         assert str(png) in out
 
 
-@pytest.mark.parametrize("extra,match", [
-    (["--tasks", "ppl,nope"], "unknown eval task"),
-    (["--corpus", "/no/such/file.txt"], "neither a file nor one of"),
-    (["--weights", "int3-nope"], "int3-nope"),
-    (["--passkey-depths", "0,1.5"], "fractions in \\[0, 1\\]"),
-    (["--window-len", "5000"], "exceeds the model's context"),
-    (["--kv-pareto", "-tp", "2"], "--kv-pareto .* does not run at --tensor-parallel-size 2"),
-    (["-tp", "2", "--kv-cache-dtype", "auto:4.5"], "KV calibration of auto:4.5 .* not at --tensor-parallel-size 2"),
-    (["--tensor-parallel-size", "0"], "at least 1"),
-])
+@pytest.mark.parametrize(
+    "extra,match",
+    [
+        (["--tasks", "ppl,nope"], "unknown eval task"),
+        (["--corpus", "/no/such/file.txt"], "neither a file nor one of"),
+        (["--weights", "int3-nope"], "int3-nope"),
+        (["--passkey-depths", "0,1.5"], "fractions in \\[0, 1\\]"),
+        (["--window-len", "5000"], "exceeds the model's context"),
+        (["--kv-pareto", "-tp", "2"], "--kv-pareto .* does not run at --tensor-parallel-size 2"),
+        (["-tp", "2", "--kv-cache-dtype", "auto:4.5"], "KV calibration of auto:4.5 .* not at --tensor-parallel-size 2"),
+        (["--tensor-parallel-size", "0"], "at least 1"),
+    ],
+)
 def test_bad_input_exits_2_with_a_message(ckpt, capsys, extra, match):
     assert main(argv(ckpt, "--json", *extra)) == 2
     captured = capsys.readouterr()
@@ -123,9 +184,21 @@ def test_tensor_parallel_table_says_so_and_equals_size_1(ckpt, capsys):
 
 
 def test_kv_pareto_json_is_one_object_and_the_table_marks_the_frontier(ckpt, capsys, tmp_path):
-    extra = ("--kv-pareto", "--kv-pareto-anchors", "k=bf16,v=int8;kivi4", "--kv-pareto-codecs", "int8,bf16",
-             "--kv-pareto-budgets", "none", "--passkey-lengths", "260,4096", "--passkey-depths", "0.5",
-             "--capacity-memory", "1MiB")
+    extra = (
+        "--kv-pareto",
+        "--kv-pareto-anchors",
+        "k=bf16,v=int8;kivi4",
+        "--kv-pareto-codecs",
+        "int8,bf16",
+        "--kv-pareto-budgets",
+        "none",
+        "--passkey-lengths",
+        "260,4096",
+        "--passkey-depths",
+        "0.5",
+        "--capacity-memory",
+        "1MiB",
+    )
     assert main(argv(ckpt, *extra, "--json", progress=True)) == 0
     out = capsys.readouterr().out
     obj = json.loads(out)

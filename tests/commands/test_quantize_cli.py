@@ -1,4 +1,5 @@
 """``bytediet quantize`` on a tiny Hugging Face checkpoint: save, reload, calibration, budgets, bad input."""
+
 from __future__ import annotations
 
 import json
@@ -17,15 +18,31 @@ def ckpt(tmp_path_factory):
 
 
 def quantize_argv(ckpt, out, *extra):
-    return ["quantize", "--model", str(ckpt), "--out", str(out), "--calib-corpus", str(ckpt / "corpus.txt"),
-            "--calib-samples", "2", "--calib-len", "32", "--no-progress", "--json", *extra]
+    return [
+        "quantize",
+        "--model",
+        str(ckpt),
+        "--out",
+        str(out),
+        "--calib-corpus",
+        str(ckpt / "corpus.txt"),
+        "--calib-samples",
+        "2",
+        "--calib-len",
+        "32",
+        "--no-progress",
+        "--json",
+        *extra,
+    ]
 
 
 @pytest.mark.parametrize("method, fmt", [("gptq", "int4-g32"), ("awq", "int4-g32-sym"), ("smoothquant", "int8-w8a8")])
 def test_calibrated_checkpoint_saves_and_generate_loads_it(ckpt, tmp_path, capsys, method, fmt):
     out = tmp_path / "q"
-    assert main(quantize_argv(ckpt, out, "--format", fmt, "--calibrate", method,
-                              "--overrides", "*.layers.0.mlp.*=int8")) == 0
+    assert (
+        main(quantize_argv(ckpt, out, "--format", fmt, "--calibrate", method, "--overrides", "*.layers.0.mlp.*=int8"))
+        == 0
+    )
     res = json.loads(capsys.readouterr().out)
     assert res["calibration"]["method"] == method and res["calibration"]["seq_len"] == 32
     assert res["layers"]["model.layers.1.self_attn.q_proj"] == fmt
@@ -41,8 +58,12 @@ def test_calibrated_checkpoint_saves_and_generate_loads_it(ckpt, tmp_path, capsy
 
 def test_mixed_precision_budget_writes_overrides(ckpt, tmp_path, capsys):
     out = tmp_path / "mixed"
-    assert main(quantize_argv(ckpt, out, "--format", "int4-g32", "--max-kl", "0.001",
-                              "--candidates", "int4-g32,int8,fp32")) == 0
+    assert (
+        main(
+            quantize_argv(ckpt, out, "--format", "int4-g32", "--max-kl", "0.001", "--candidates", "int4-g32,int8,fp32")
+        )
+        == 0
+    )
     res = json.loads(capsys.readouterr().out)
     mixed = res["mixed_precision"]
     assert mixed["measured"]["kl"] <= 0.001
@@ -53,11 +74,13 @@ def test_mixed_precision_budget_writes_overrides(ckpt, tmp_path, capsys):
 
 def test_bad_input_is_a_clear_error_and_leaves_nothing(ckpt, tmp_path, capsys):
     out = tmp_path / "bad"
-    cases = [(["--format", "int3"], "unknown weight format"),
-             (["--format", "int4-g64"], "valid group sizes"),  # hidden 32: g64 does not divide
-             (["--format", "int4-g32", "--calibrate", "gptq", "--calib-samples", "500"], "calibration data too short"),
-             (["--format", "int8", "--overrides", "lm_head"], "PATTERN=FORMAT"),
-             (["--format", "int8", "--export-gguf", str(tmp_path / "x.gguf")], "needs a .gguf source")]
+    cases = [
+        (["--format", "int3"], "unknown weight format"),
+        (["--format", "int4-g64"], "valid group sizes"),  # hidden 32: g64 does not divide
+        (["--format", "int4-g32", "--calibrate", "gptq", "--calib-samples", "500"], "calibration data too short"),
+        (["--format", "int8", "--overrides", "lm_head"], "PATTERN=FORMAT"),
+        (["--format", "int8", "--export-gguf", str(tmp_path / "x.gguf")], "needs a .gguf source"),
+    ]
     for extra, message in cases:
         assert main(quantize_argv(ckpt, out, *extra)) == 2
         assert message in capsys.readouterr().err

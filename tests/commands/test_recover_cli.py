@@ -1,4 +1,5 @@
 """``bytediet recover`` on a tiny checkpoint pruned by ``bytediet quantize``: history, resume, reload, bad input."""
+
 from __future__ import annotations
 
 import json
@@ -14,16 +15,56 @@ from tests.eval.test_harness import write_tiny_checkpoint
 def pruned(tmp_path_factory):
     src = write_tiny_checkpoint(tmp_path_factory.mktemp("tiny-recover"), seed=4)
     out = tmp_path_factory.mktemp("pruned") / "p"
-    assert main(["quantize", "--model", str(src), "--out", str(out), "--format", "sparse24", "--calibrate",
-                 "sparsegpt", "--calib-corpus", str(src / "corpus.txt"), "--calib-samples", "2", "--calib-len", "32",
-                 "--no-progress", "--json"]) == 0
+    assert (
+        main(
+            [
+                "quantize",
+                "--model",
+                str(src),
+                "--out",
+                str(out),
+                "--format",
+                "sparse24",
+                "--calibrate",
+                "sparsegpt",
+                "--calib-corpus",
+                str(src / "corpus.txt"),
+                "--calib-samples",
+                "2",
+                "--calib-len",
+                "32",
+                "--no-progress",
+                "--json",
+            ]
+        )
+        == 0
+    )
     return src, out
 
 
 def recover_argv(src, pruned, out, *extra):
-    return ["recover", "--model", str(pruned), "--out", str(out), "--calib-corpus", str(src / "corpus.txt"),
-            "--seq-len", "24", "--eval-windows", "1", "--eval-tokens", "48", "--lr", "3e-3", "--warmup", "0",
-            "--no-progress", "--json", *extra]
+    return [
+        "recover",
+        "--model",
+        str(pruned),
+        "--out",
+        str(out),
+        "--calib-corpus",
+        str(src / "corpus.txt"),
+        "--seq-len",
+        "24",
+        "--eval-windows",
+        "1",
+        "--eval-tokens",
+        "48",
+        "--lr",
+        "3e-3",
+        "--warmup",
+        "0",
+        "--no-progress",
+        "--json",
+        *extra,
+    ]
 
 
 def test_recover_reports_perplexity_against_tokens_and_saves_a_loadable_checkpoint(pruned, tmp_path, capsys):
@@ -47,11 +88,31 @@ def test_recover_reports_perplexity_against_tokens_and_saves_a_loadable_checkpoi
 def test_token_budget_and_resume(pruned, tmp_path, capsys):
     src, pruned_dir = pruned
     state = tmp_path / "state.pt"
-    assert main(recover_argv(src, pruned_dir, tmp_path / "a", "--steps", "4", "--tokens", "48", "--state",
-                             str(state), "--eval-windows", "0")) == 0
+    assert (
+        main(
+            recover_argv(
+                src,
+                pruned_dir,
+                tmp_path / "a",
+                "--steps",
+                "4",
+                "--tokens",
+                "48",
+                "--state",
+                str(state),
+                "--eval-windows",
+                "0",
+            )
+        )
+        == 0
+    )
     assert json.loads(capsys.readouterr().out)["steps"] == 2  # 24 tokens a step: the budget stops it at 2
-    assert main(recover_argv(src, pruned_dir, tmp_path / "b", "--steps", "4", "--state", str(state),
-                             "--eval-windows", "0")) == 0
+    assert (
+        main(
+            recover_argv(src, pruned_dir, tmp_path / "b", "--steps", "4", "--state", str(state), "--eval-windows", "0")
+        )
+        == 0
+    )
     res = json.loads(capsys.readouterr().out)
     assert res["steps"] == 4 and res["tokens"] == 96  # resumed at step 2
 

@@ -1,4 +1,5 @@
 """``bytediet tune --json`` on the default model: one JSON object, a table saved under this machine's key."""
+
 import json
 
 import pytest

@@ -1,4 +1,5 @@
 """Tiny random-weights checkpoints on disk: tensor-parallel ranks load their shards from a path."""
+
 from __future__ import annotations
 
 import json

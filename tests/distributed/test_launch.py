@@ -1,4 +1,5 @@
 """The engine at tensor-parallel size 2: one spawned worker process (gloo), against the same engine at size 1."""
+
 from __future__ import annotations
 
 import asyncio
@@ -13,9 +14,9 @@ import pytest
 import torch
 
 from bytediet.distributed.launch import TensorParallelError
-from bytediet.errors import ConfigError
 from bytediet.engine.llm import LLM
 from bytediet.engine.params import SamplingParams
+from bytediet.errors import ConfigError
 from tests.distributed.conftest import run_batch
 
 PROMPTS = [[(7 * i + j) % 90 + 1 for j in range(3 + (i * 5) % 17)] for i in range(8)]
@@ -71,6 +72,7 @@ def health(engine) -> tuple[int, str]:
         transport = httpx.ASGITransport(build_app(served, "tiny"))
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
             return await client.get("/health")
+
     try:
         r = asyncio.run(get())
     finally:

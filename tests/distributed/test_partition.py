@@ -1,4 +1,5 @@
 """Which heads, channels and tokens each rank holds (pure arithmetic, no processes)."""
+
 from __future__ import annotations
 
 import pytest

@@ -3,6 +3,7 @@ size 1 generates — fp32 and int8 weights, a batch with preemption, and an int8
 
 Every case loads the checkpoint in three processes (size 1, then both ranks); all four run in every test run
 (the issue's acceptance is a CI test)."""
+
 from __future__ import annotations
 
 import pytest
@@ -20,7 +21,7 @@ def prompts(tokenizer, bos: bool) -> list[list[int]]:
     text = load_corpus("prideprejudice")
     out = []
     for i in range(6):
-        ids = tokenizer.encode(text[30000 + 2500 * i: 33000 + 2500 * i], add_special_tokens=False)[:12 + 9 * i]
+        ids = tokenizer.encode(text[30000 + 2500 * i : 33000 + 2500 * i], add_special_tokens=False)[: 12 + 9 * i]
         out.append(([tokenizer.bos_token_id] if bos else []) + ids)
     return out
 
@@ -29,10 +30,15 @@ def prompts(tokenizer, bos: bool) -> list[list[int]]:
 # ranks' different summation order (≈ 1e-7 after o_proj's all-reduce) into code flips of ≈ 1e-5 per layer, 5e-3 in
 # the logits after 30 layers (measured, SmolLM2), enough to flip a near-tie of greedy decoding; TP = 2 is as exact
 # as fp32 there, but not bit-identical. Perplexity at TP = 2 with q16 activations: tests/eval/test_parallel.py.
-@pytest.mark.parametrize("model, weights, kv", [  # ≈ 20–70 s each on two loaded cores
-    ("default", "fp32", "auto"), ("default", "int8-af32", "int8"),
-    ("gemma3-270m", "fp32", "auto"), ("gemma3-270m", "int8-af32", "auto"),
-])
+@pytest.mark.parametrize(
+    "model, weights, kv",
+    [  # ≈ 20–70 s each on two loaded cores
+        ("default", "fp32", "auto"),
+        ("default", "int8-af32", "int8"),
+        ("gemma3-270m", "fp32", "auto"),
+        ("gemma3-270m", "int8-af32", "auto"),
+    ],
+)
 def test_tp2_generates_what_tp1_generates(model, weights, kv):
     params = [SamplingParams(temperature=0.0, max_tokens=6 + 2 * (i % 3), ignore_eos=True) for i in range(6)]
     one = LLM(model, weights=weights, kv_cache_dtype=kv, **ENGINE)

@@ -1,5 +1,6 @@
 """Sharded models against the unsplit model: N ranks as threads of this process, each with its own gloo
 group over one in-memory store (the collectives are real; only process spawning is skipped)."""
+
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
@@ -65,8 +66,22 @@ def test_each_rank_holds_only_its_slices(tiny_checkpoints):
         assert caches[0].k.shape[-2:] == (kv_heads, 8)  # the KV cache holds this rank's heads only
 
 
-@pytest.mark.parametrize("weights", ["int4-g32-af32", "int4-g32-a8", "int4-g32", "int4-g64-sym", "fp8", "mxfp4", "nvfp4", "sparse24",
-                                     "sparse24-int8", "gguf-q4_1", "gguf-q8_0"])
+@pytest.mark.parametrize(
+    "weights",
+    [
+        "int4-g32-af32",
+        "int4-g32-a8",
+        "int4-g32",
+        "int4-g64-sym",
+        "fp8",
+        "mxfp4",
+        "nvfp4",
+        "sparse24",
+        "sparse24-int8",
+        "gguf-q4_1",
+        "gguf-q8_0",
+    ],
+)
 def test_packed_formats_at_tp2_match_the_unsplit_model(blocky_checkpoint, weights):
     """Every format quantizes the whole layer, then each rank keeps its slice of the packed tensors (group scales,
     zero points, block scales, 2:4 codes cut consistently): the same logits as the unsplit packed model, up to the
@@ -125,7 +140,8 @@ def test_full_shape_is_each_layers_shape_in_the_unsplit_model(tiny_checkpoints, 
     whole, _ = load_model(path, weights="fp32", load_tokenizer=False)
     want = {name: (lin.out_features, lin.in_features) for name, lin in whole.linear_layers()}
     for shard in run_ranks(2, lambda g: load_shard(g, path, weights="fp32")[0]):
-        got = {name: full_shape(name, (lin.out_features, lin.in_features), shard.full_config)
-               for name, lin in shard.linear_layers()}
+        got = {
+            name: full_shape(name, (lin.out_features, lin.in_features), shard.full_config)
+            for name, lin in shard.linear_layers()
+        }
         assert got == want
-

@@ -1,4 +1,5 @@
 """AsyncEngine: concurrent async streams, disconnects free blocks, bad input fails before queueing."""
+
 from __future__ import annotations
 
 import asyncio

@@ -1,4 +1,5 @@
 """The block manager on its own: free list, reference counts, prefix caching by chained hashes (no tensors)."""
+
 from __future__ import annotations
 
 import pytest
@@ -33,12 +34,12 @@ def test_allocation_counts_blocks_and_refuses_beyond_the_free_list():
 def test_prefix_hit_shares_blocks_and_counts_references():
     bm = BlockManager(8, 4)
     a = computed(bm, make_request("a", 10), 10)  # two full blocks registered, a third partly filled
-    b = make_request("b", 10)                    # the same prompt
+    b = make_request("b", 10)  # the same prompt
     assert bm.allocate_cached_prefix(b) == 8
     assert b.block_ids == a.block_ids[:2] and b.num_computed_tokens == 8
     assert ref_counts(bm)[:3] == [2, 2, 1] and bm.prefix_queries == 2 and bm.prefix_hits == 2
     bm.allocate(b, 2)
-    assert b.block_ids[2] != a.block_ids[2]      # the partial block is never shared
+    assert b.block_ids[2] != a.block_ids[2]  # the partial block is never shared
 
 
 def test_prefix_miss_and_partial_hit():
@@ -47,14 +48,14 @@ def test_prefix_miss_and_partial_hit():
     other = make_request("b", 12, first_token=100)
     assert bm.allocate_cached_prefix(other) == 0 and other.block_ids == [] and bm.prefix_hits == 0
     half = make_request("c", 12)
-    half.prompt_token_ids[5] = 999             # the second block differs, and so does every hash after it
+    half.prompt_token_ids[5] = 999  # the second block differs, and so does every hash after it
     assert bm.allocate_cached_prefix(half) == 4 and len(half.block_ids) == 1
 
 
 def test_the_last_prompt_token_is_always_computed():
     bm = BlockManager(8, 4)
     computed(bm, make_request("a", 8), 8)
-    b = make_request("b", 8)                   # two full cached blocks, but its last token needs logits
+    b = make_request("b", 8)  # two full cached blocks, but its last token needs logits
     assert bm.allocate_cached_prefix(b) == 4 and b.num_computed_tokens == 4
 
 
@@ -74,7 +75,7 @@ def test_reference_counts_return_to_zero():
     assert max(ref_counts(bm)) == 2
     bm.free(a)
     assert a.block_ids == [] and ref_counts(bm)[:2] == [1, 1]  # b still holds the shared prefix
-    assert bm.num_free_blocks == 6 - 2 - 1                     # b's prefix and b's own third block are held
+    assert bm.num_free_blocks == 6 - 2 - 1  # b's prefix and b's own third block are held
     bm.free(b)
     assert ref_counts(bm) == [0] * 6 and bm.num_free_blocks == 6
 
@@ -92,13 +93,13 @@ def test_a_freed_prefix_is_revived_until_its_blocks_are_reused():
 def test_eviction_takes_never_cached_blocks_then_the_least_recently_freed():
     bm = BlockManager(4, 4)
     a = computed(bm, make_request("a", 8), 8)  # blocks 0, 1 registered
-    bm.free(a)                                 # freed last block first: the free list is 2, 3, 1, 0
+    bm.free(a)  # freed last block first: the free list is 2, 3, 1, 0
     assert list(bm.free_blocks) == [2, 3, 1, 0]
     c = make_request("c", 12, first_token=100)
     bm.allocate(c, 12)
-    assert c.block_ids == [2, 3, 1]            # block 1 (a's tail) is evicted before block 0 (a's head)
+    assert c.block_ids == [2, 3, 1]  # block 1 (a's tail) is evicted before block 0 (a's head)
     assert bm.blocks[1].block_hash is None and len(bm.hash_to_block) == 1
-    d = make_request("d", 9)                   # a's prompt again: only the head block is still cached
+    d = make_request("d", 9)  # a's prompt again: only the head block is still cached
     assert bm.allocate_cached_prefix(d) == 4 and d.block_ids == [0]
 
 

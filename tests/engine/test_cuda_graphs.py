@@ -1,4 +1,5 @@
 """CUDA graphs for decode: the buckets and the padding run on the CPU; the capture itself needs a GPU."""
+
 from __future__ import annotations
 
 import pytest
@@ -7,10 +8,17 @@ import torch
 from bytediet.engine.cuda_graphs import bucket_for, graph_batch_sizes, pad_decode_batch
 
 
-@pytest.mark.parametrize("max_seqs,sizes", [
-    (1, [1]), (3, [1, 2, 4]), (8, [1, 2, 4, 8]), (9, [1, 2, 4, 8, 16]), (20, [1, 2, 4, 8, 16, 32]),
-    (64, [1, 2, 4, 8, 16, 32, 48, 64]),
-])
+@pytest.mark.parametrize(
+    "max_seqs,sizes",
+    [
+        (1, [1]),
+        (3, [1, 2, 4]),
+        (8, [1, 2, 4, 8]),
+        (9, [1, 2, 4, 8, 16]),
+        (20, [1, 2, 4, 8, 16, 32]),
+        (64, [1, 2, 4, 8, 16, 32, 48, 64]),
+    ],
+)
 def test_buckets_are_powers_of_two_to_eight_then_every_16_up_to_the_most_sequences(max_seqs, sizes):
     assert graph_batch_sizes(max_seqs) == sizes
 
@@ -25,8 +33,16 @@ def test_padding_rows_touch_only_the_padding_block():
     block_size, pad_block = 4, 9
     tables = torch.tensor([[3, 5], [7, -1]])
     ids, pos, slots, ctx, out_tables = pad_decode_batch(
-        torch.tensor([11, 12]), torch.tensor([5, 2]), torch.tensor([21, 30]), torch.tensor([6, 3]), tables,
-        size=4, width=3, pad_block=pad_block, block_size=block_size)
+        torch.tensor([11, 12]),
+        torch.tensor([5, 2]),
+        torch.tensor([21, 30]),
+        torch.tensor([6, 3]),
+        tables,
+        size=4,
+        width=3,
+        pad_block=pad_block,
+        block_size=block_size,
+    )
     assert ids.tolist() == [11, 12, 0, 0] and pos.tolist() == [5, 2, 0, 0]
     assert slots.tolist() == [21, 30, pad_block * block_size, pad_block * block_size]
     assert ctx.tolist() == [6, 3, 1, 1]
@@ -44,8 +60,15 @@ def test_graph_replay_equals_eager_decode():
     runs = []
     for eager in (True, False):
         model = model_from_state(config, random_state(config))
-        llm = LLM("tiny", loaded=(model, None), num_blocks=16, device="cuda", dtype="float32", enforce_eager=eager,
-                  max_num_seqs=4)
+        llm = LLM(
+            "tiny",
+            loaded=(model, None),
+            num_blocks=16,
+            device="cuda",
+            dtype="float32",
+            enforce_eager=eager,
+            max_num_seqs=4,
+        )
         assert (llm.engine.runner.graphs is None) == eager, llm.engine.runner.decode_path
         runs.append([o.outputs[0].token_ids for o in llm.generate([[1, 2, 3], [4, 5], [6]], params)])
     assert runs[0] == runs[1]
@@ -68,12 +91,12 @@ def test_the_static_buffers_give_the_eager_decode_steps_logits():
     pos = torch.tensor(lengths)  # one new token each
     block_tables = torch.full((3, 3), -1)
     for i, t in enumerate(tables):
-        block_tables[i, :len(t)] = torch.tensor(t)
+        block_tables[i, : len(t)] = torch.tensor(t)
     slots = torch.stack([block_tables[i, p // bs] * bs + p % bs for i, p in enumerate(pos.tolist())])
     meta = AttentionMetadata(pos, slots, torch.arange(4), pos + 1, block_tables, bs, [1, 1, 1], (pos + 1).tolist())
     ids = torch.tensor([5, 6, 7])
     eager = model(ids, meta, caches, torch.arange(3))
-    before = [c.k[:num_blocks * bs].clone() for c in caches]
+    before = [c.k[: num_blocks * bs].clone() for c in caches]
 
     graphs = DecodeGraphs(model, caches, max_num_seqs=8, width=6, pad_block=num_blocks, block_size=bs)
     size = graphs.fill(ids, meta)
@@ -83,6 +106,6 @@ def test_the_static_buffers_give_the_eager_decode_steps_logits():
     others = torch.ones(num_blocks * bs, dtype=torch.bool)
     others[slots] = False  # the real rows rewrite their own slots (the same values, to rounding)
     for c, b in zip(caches, before):  # the padding row wrote into the padding block only
-        assert torch.equal(c.k[:num_blocks * bs][others], b[others])
+        assert torch.equal(c.k[: num_blocks * bs][others], b[others])
         torch.testing.assert_close(c.k[slots], b[slots])
         assert c.k[num_blocks * bs].abs().sum() > 0  # ... at its first slot

@@ -1,6 +1,7 @@
 """The GPU code path without a GPU: ``BYTEDIET_BACKEND=triton`` runs tiny random models through the same engine with
 the Triton kernels in the interpreter, token for token as the CPU path; ``--device cuda`` without a GPU is a
 one-line error; a layer with no GPU kernel is refused at start."""
+
 from __future__ import annotations
 
 import copy
@@ -85,8 +86,12 @@ def test_device_cuda_without_a_gpu_is_a_one_line_error():
     with pytest.raises(ConfigError, match="--device cuda"):
         resolve_device("cuda")
     assert resolve_device("auto") == "cpu"
-    r = subprocess.run([sys.executable, "-m", "bytediet.cli", "generate", "--device", "cuda", "--prompt", "hi"],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "bytediet.cli", "generate", "--device", "cuda", "--prompt", "hi"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 2 and "--device cuda" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 

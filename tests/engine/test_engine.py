@@ -1,4 +1,5 @@
 """Continuous batching, chunked prefill, preemption, prefix caching, aborts and bad input on tiny models."""
+
 from __future__ import annotations
 
 import pytest
@@ -77,8 +78,11 @@ def test_prefix_caching_reuses_blocks_and_keeps_outputs(tiny_model):
 
 def test_logprobs_match_log_softmax_of_the_model(tiny_model):
     p = prompts(tiny_model.config.vocab_size, [10], seed=4)[0]
-    out = make_llm(tiny_model).generate([p], SamplingParams(temperature=0.0, max_tokens=4, logprobs=3,
-                                                              ignore_eos=True))[0].outputs[0]
+    out = (
+        make_llm(tiny_model)
+        .generate([p], SamplingParams(temperature=0.0, max_tokens=4, logprobs=3, ignore_eos=True))[0]
+        .outputs[0]
+    )
     ids = torch.tensor(p + out.token_ids)
     logp = torch.log_softmax(tiny_model.score(ids).double(), -1)
     for i, (tok, lp) in enumerate(zip(out.token_ids, out.logprobs)):
@@ -101,8 +105,9 @@ def test_seeded_request_gives_the_same_text_alone_or_in_a_batch(tiny_model):
 
 def test_n_completions_share_the_prompt_and_differ_by_seed(tiny_model):
     p = prompts(tiny_model.config.vocab_size, [8], seed=6)[0]
-    out = make_llm(tiny_model).generate([p], SamplingParams(n=3, temperature=5.0, seed=7, max_tokens=8,
-                                                             ignore_eos=True))[0]
+    out = make_llm(tiny_model).generate(
+        [p], SamplingParams(n=3, temperature=5.0, seed=7, max_tokens=8, ignore_eos=True)
+    )[0]
     assert [o.index for o in out.outputs] == [0, 1, 2]
     assert len({tuple(o.token_ids) for o in out.outputs}) > 1
 
@@ -138,8 +143,11 @@ def test_stop_token_ids_and_max_tokens_finish_requests(tiny_model):
 def test_context_window_ends_generation_with_length():
     config = tiny_config("llama", max_position_embeddings=24)
     model = model_from_state(config, random_state(config))
-    out = make_llm(model).generate([list(range(20))], SamplingParams(temperature=0, max_tokens=100,
-                                                                      ignore_eos=True))[0].outputs[0]
+    out = (
+        make_llm(model)
+        .generate([list(range(20))], SamplingParams(temperature=0, max_tokens=100, ignore_eos=True))[0]
+        .outputs[0]
+    )
     assert out.finish_reason == "length" and len(out.token_ids) == 4
 
 
@@ -151,12 +159,15 @@ def test_single_request_larger_than_the_cache_stops_instead_of_hanging(tiny_mode
     assert llm.engine.num_free_blocks == 4
 
 
-@pytest.mark.parametrize("prompt, params, field", [
-    ([], SamplingParams(), "prompt"),
-    (list(range(300)), SamplingParams(), "prompt"),
-    ([1, 2, 500], SamplingParams(), "prompt"),
-    ([1, 2], SamplingParams(stop_token_ids=[10_000]), "stop_token_ids"),
-])
+@pytest.mark.parametrize(
+    "prompt, params, field",
+    [
+        ([], SamplingParams(), "prompt"),
+        (list(range(300)), SamplingParams(), "prompt"),
+        ([1, 2, 500], SamplingParams(), "prompt"),
+        ([1, 2], SamplingParams(stop_token_ids=[10_000]), "stop_token_ids"),
+    ],
+)
 def test_bad_requests_are_rejected_before_queueing(tiny_model, prompt, params, field):
     llm = make_llm(tiny_model)
     with pytest.raises(ConfigError, match=field):
@@ -165,10 +176,15 @@ def test_bad_requests_are_rejected_before_queueing(tiny_model, prompt, params, f
     assert llm.generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=2))[0].outputs[0].token_ids
 
 
-@pytest.mark.parametrize("kwargs, field", [
-    ({"max_tokens": 0}, "max_tokens"), ({"temperature": -1.0}, "temperature"), ({"top_p": 0.0}, "top_p"),
-    ({"top_p": 1.5}, "top_p"),
-])
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"temperature": -1.0}, "temperature"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+    ],
+)
 def test_bad_sampling_params_name_the_field(kwargs, field):
     with pytest.raises(ConfigError, match=field):
         SamplingParams(**kwargs)
@@ -199,8 +215,11 @@ def test_engine_accepts_a_codec_as_name_plus_state(tiny_model):
 
     codec = get_kv_codec("fp8")
     for layer in range(tiny_model.config.num_layers):
-        codec.calibrate(torch.randn(8, tiny_model.config.num_kv_heads, tiny_model.config.head_dim),
-                        torch.randn(8, tiny_model.config.num_kv_heads, tiny_model.config.head_dim), layer)
+        codec.calibrate(
+            torch.randn(8, tiny_model.config.num_kv_heads, tiny_model.config.head_dim),
+            torch.randn(8, tiny_model.config.num_kv_heads, tiny_model.config.head_dim),
+            layer,
+        )
     with pytest.raises(ConfigError, match="kv_calibration_state"):
         make_llm(tiny_model, kv_cache_dtype=codec)
     llm = make_llm(tiny_model, kv_cache_dtype=codec.name, kv_calibration_state=codec.calibration_state())

@@ -1,4 +1,5 @@
 """Continuous batching on the real models: 16 prompts together equal each run alone (float32, greedy)."""
+
 from __future__ import annotations
 
 import pytest
@@ -14,7 +15,7 @@ def sixteen_prompts(tokenizer, bos: bool) -> list[list[int]]:
     out = []
     for i in range(16):
         n = 4 + (i * 37) % 120  # mixed lengths 4..123 tokens
-        ids = tokenizer.encode(text[20000 + 3000 * i: 26000 + 3000 * i], add_special_tokens=False)[:n]
+        ids = tokenizer.encode(text[20000 + 3000 * i : 26000 + 3000 * i], add_special_tokens=False)[:n]
         out.append(([tokenizer.bos_token_id] if bos else []) + ids)
     return out
 
@@ -24,8 +25,9 @@ def test_sixteen_prompts_batched_equal_solo(name, request):
     loaded = request.getfixturevalue(name)
     model, tokenizer = loaded
     prompts = sixteen_prompts(tokenizer, bos=(name == "gemma3"))
-    params = [SamplingParams(temperature=0.0, max_tokens=4 + (i % 5) * 3, ignore_eos=True, logprobs=2)
-              for i in range(16)]
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=4 + (i % 5) * 3, ignore_eos=True, logprobs=2) for i in range(16)
+    ]
     solo_llm = LLM(loaded=loaded, num_blocks=64)
     solo = [solo_llm.generate([p], sp)[0].outputs[0] for p, sp in zip(prompts, params)]
     # a pool of 40 blocks × 16 tokens cannot hold all 16 sequences: preemption; budget 64 → chunked prefill
@@ -55,7 +57,6 @@ def test_streamed_text_equals_the_decoded_tokens(smollm2):
     assert any(ord(c) > 127 for c in text)  # the check covers multi-byte characters
     assert text == tokenizer.decode(ids)
     assert llm.engine.num_free_blocks == len(llm.engine.block_manager.blocks)
-
 
 
 @pytest.mark.slow

@@ -1,4 +1,5 @@
 """Grammar masks: only tokens that keep the output inside the grammar survive; a bad schema is a ConfigError."""
+
 from __future__ import annotations
 
 import json
@@ -75,9 +76,15 @@ def test_an_unbounded_number_stops_at_16_digits(kind):
 def test_bound_numbers_keeps_given_bounds_and_data():
     from bytediet.engine.grammar import NUMBER_BOUND, bound_numbers
 
-    schema = {"type": "object", "properties": {
-        "n": {"type": ["integer", "null"]}, "b": {"type": "integer", "minimum": 0},
-        "e": {"enum": [{"type": "integer"}]}, "items": {"type": "array", "items": {"type": "number"}}}}
+    schema = {
+        "type": "object",
+        "properties": {
+            "n": {"type": ["integer", "null"]},
+            "b": {"type": "integer", "minimum": 0},
+            "e": {"enum": [{"type": "integer"}]},
+            "items": {"type": "array", "items": {"type": "number"}},
+        },
+    }
     out = bound_numbers(schema)
     props = out["properties"]
     assert props["n"]["maximum"] == NUMBER_BOUND and props["n"]["minimum"] == -NUMBER_BOUND

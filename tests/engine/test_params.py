@@ -1,4 +1,5 @@
 """SamplingParams: vLLM defaults, validation that names the field, serialisation round trip."""
+
 import math
 
 import pytest
@@ -58,9 +59,23 @@ def test_every_invalid_value_names_its_field_and_range(field, value, allowed):
 
 @pytest.mark.parametrize(
     "field, value",
-    [("temperature", 0.0), ("top_p", 1.0), ("top_p", 1e-6), ("min_p", 0.0), ("min_p", 1.0), ("top_k", -1),
-     ("top_k", 0), ("top_k", 1), ("max_tokens", None), ("max_tokens", 1), ("logprobs", 0), ("seed", -7),
-     ("presence_penalty", -2.0), ("frequency_penalty", 2.0), ("repetition_penalty", 1e-3)],
+    [
+        ("temperature", 0.0),
+        ("top_p", 1.0),
+        ("top_p", 1e-6),
+        ("min_p", 0.0),
+        ("min_p", 1.0),
+        ("top_k", -1),
+        ("top_k", 0),
+        ("top_k", 1),
+        ("max_tokens", None),
+        ("max_tokens", 1),
+        ("logprobs", 0),
+        ("seed", -7),
+        ("presence_penalty", -2.0),
+        ("frequency_penalty", 2.0),
+        ("repetition_penalty", 1e-3),
+    ],
 )
 def test_boundary_values_are_accepted(field, value):
     assert getattr(SamplingParams(**{field: value}), field) == value
@@ -109,13 +124,27 @@ def test_from_dict_rejects_unknown_fields_by_name():
     logprobs=st.one_of(st.none(), st.integers(0, 20)),
     flags=st.tuples(st.booleans(), st.booleans(), st.booleans()),
 )
-def test_to_dict_from_dict_round_trip(n, max_tokens, temperature, top_k, top_p, min_p, penalties, seed, stop,
-                                      stop_token_ids, logprobs, flags):
-    p = SamplingParams(n=n, max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                       repetition_penalty=penalties[0], presence_penalty=penalties[1],
-                       frequency_penalty=penalties[2], seed=seed, stop=stop, stop_token_ids=stop_token_ids,
-                       logprobs=logprobs, ignore_eos=flags[0], include_stop_str_in_output=flags[1],
-                       skip_special_tokens=flags[2])
+def test_to_dict_from_dict_round_trip(
+    n, max_tokens, temperature, top_k, top_p, min_p, penalties, seed, stop, stop_token_ids, logprobs, flags
+):
+    p = SamplingParams(
+        n=n,
+        max_tokens=max_tokens,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        min_p=min_p,
+        repetition_penalty=penalties[0],
+        presence_penalty=penalties[1],
+        frequency_penalty=penalties[2],
+        seed=seed,
+        stop=stop,
+        stop_token_ids=stop_token_ids,
+        logprobs=logprobs,
+        ignore_eos=flags[0],
+        include_stop_str_in_output=flags[1],
+        skip_special_tokens=flags[2],
+    )
     d = p.to_dict()
     assert d["stop"] == list(stop) and d["stop_token_ids"] == list(stop_token_ids)
     assert SamplingParams.from_dict(d) == p

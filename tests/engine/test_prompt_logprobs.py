@@ -1,6 +1,7 @@
 """Prompt logprobs (``SamplingParams.prompt_logprobs``) equal a plain forward pass over the prompt, however
 the engine computes the prompt: whole, in chunks beside other requests, after a prefix-cache hit, or
 recomputed after a preemption."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,5 @@
 """The engine's KV sizing: concurrent sequences in a fixed memory, from the block pool and the per-sequence staging."""
+
 from __future__ import annotations
 
 import pytest
@@ -13,7 +14,7 @@ MEMORY = 8 << 20
 
 @pytest.fixture(scope="module")
 def model():
-    cfg = tiny_config("llama", hidden_size=128, num_heads=4, num_kv_heads=2, head_dim=64)    # 2 layers
+    cfg = tiny_config("llama", hidden_size=128, num_heads=4, num_kv_heads=2, head_dim=64)  # 2 layers
     return model_from_state(cfg, random_state(cfg))
 
 
@@ -26,10 +27,14 @@ def test_hf4_window_staging_caps_sequences_longer_than_their_share(model):
     codec = get_kv_codec("hf4")
     assert codec.bytes_per_token(2, 64) == 176.125
     cache = CacheConfig(kv_cache_memory=MEMORY, kv_cache_dtype="hf4")
-    assert sequence_capacity(codec, model, cache, 1024) == {"sequences": 11, "num_blocks": 186, "by_blocks": 23,
-                                                            "by_staging": 11}
+    assert sequence_capacity(codec, model, cache, 1024) == {
+        "sequences": 11,
+        "num_blocks": 186,
+        "by_blocks": 23,
+        "by_staging": 11,
+    }
     assert sequence_capacity(codec, model, cache, 4096)["sequences"] == 5
-    runner = ModelRunner(model, cache)                  # what the engine allocates and enforces
+    runner = ModelRunner(model, cache)  # what the engine allocates and enforces
     assert (runner.num_blocks, runner.max_sequences) == (186, 11)
 
 
@@ -37,5 +42,9 @@ def test_codecs_without_staging_are_limited_by_blocks_only(model):
     """q8_0: 8.5 bits × 2 × 2 × 64 / 8 = 272 B per layer and token; 16-token blocks of 2 layers = 8704 B;
     8 MiB // 8704 = 963 blocks; 4096 tokens take 256 blocks → 3 sequences."""
     cache = CacheConfig(kv_cache_memory=MEMORY, kv_cache_dtype="q8_0")
-    assert sequence_capacity(get_kv_codec("q8_0"), model, cache, 4096) == {"sequences": 3, "num_blocks": 963,
-                                                                           "by_blocks": 3, "by_staging": None}
+    assert sequence_capacity(get_kv_codec("q8_0"), model, cache, 4096) == {
+        "sequences": 3,
+        "num_blocks": 963,
+        "by_blocks": 3,
+        "by_staging": None,
+    }

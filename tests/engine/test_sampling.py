@@ -1,4 +1,5 @@
 """Sampler: each step against a plain float64 reference, seeded determinism, sample frequencies."""
+
 import math
 from unittest import mock
 
@@ -118,8 +119,14 @@ def test_temperature_to_zero_approaches_greedy():
 
 
 def penalise(logits, prompt, output, rep, pres, freq):
-    return apply_penalties(logits, pad_token_ids([a + b for a, b in zip(prompt, output)], logits.shape[1], "cpu"),
-                           pad_token_ids(output, logits.shape[1], "cpu"), rep, pres, freq)
+    return apply_penalties(
+        logits,
+        pad_token_ids([a + b for a, b in zip(prompt, output)], logits.shape[1], "cpu"),
+        pad_token_ids(output, logits.shape[1], "cpu"),
+        rep,
+        pres,
+        freq,
+    )
 
 
 def test_penalties_against_hand_computed_numbers():
@@ -152,8 +159,7 @@ def test_penalties_match_dense_count_formula(seed, B, V, data):
             if count or t in prompt[b]:
                 want[b, t] = want[b, t] / rep[b] if want[b, t] > 0 else want[b, t] * rep[b]
             want[b, t] -= freq[b] * count + pres[b] * (count > 0)
-    torch.testing.assert_close(penalise(logits, prompt, output, rep, pres, freq).double(), want,
-                               atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(penalise(logits, prompt, output, rep, pres, freq).double(), want, atol=1e-5, rtol=1e-5)
 
 
 def test_repetition_penalty_matches_transformers():
@@ -177,8 +183,12 @@ def test_seeded_request_is_the_same_alone_and_in_a_batch():
     V = 97
     g = torch.Generator().manual_seed(11)
     seeded = SamplingParams(temperature=0.9, top_k=40, top_p=0.9, seed=1234)
-    others = [SamplingParams(temperature=0), SamplingParams(temperature=1.3), SamplingParams(min_p=0.1, seed=7),
-              SamplingParams(temperature=0.5, top_p=0.5, presence_penalty=1.0)]
+    others = [
+        SamplingParams(temperature=0),
+        SamplingParams(temperature=1.3),
+        SamplingParams(min_p=0.1, seed=7),
+        SamplingParams(temperature=0.5, top_p=0.5, presence_penalty=1.0),
+    ]
     steps = [torch.randn(1 + len(others), V, generator=g) * 2 for _ in range(50)]
     hist = [[] for _ in range(1 + len(others))]
 
@@ -248,10 +258,12 @@ def test_each_row_consumes_one_number_of_its_generator():
 def test_logprobs_are_raw_log_softmax_with_ranks_and_top_n():
     g = torch.Generator().manual_seed(8)
     logits = torch.randn(4, 64, generator=g) * 3
-    params = [SamplingParams(temperature=0.7, top_k=5, logprobs=3, repetition_penalty=1.5),
-              SamplingParams(temperature=0, logprobs=0),
-              SamplingParams(logprobs=None),
-              SamplingParams(temperature=1.2, top_p=0.5, logprobs=64)]
+    params = [
+        SamplingParams(temperature=0.7, top_k=5, logprobs=3, repetition_penalty=1.5),
+        SamplingParams(temperature=0, logprobs=0),
+        SamplingParams(logprobs=None),
+        SamplingParams(temperature=1.2, top_p=0.5, logprobs=64),
+    ]
     out = Sampler(seed=0)(logits, params, [[0, 1]] * 4, [[2]] * 4)
     ref = torch.log_softmax(logits.double(), dim=-1)
     assert out.logprobs[2] is None
@@ -296,8 +308,10 @@ def test_logits_processors_mask_their_row_and_keep_raw_logprobs():
         return out
 
     logits = torch.tensor([[5.0, 1.0, 0.0, -1.0], [5.0, 1.0, 0.0, -1.0]])
-    params = [SamplingParams(temperature=0, logprobs=1, logits_processors=(only_token_3,)),
-              SamplingParams(temperature=0, logprobs=1)]
+    params = [
+        SamplingParams(temperature=0, logprobs=1, logits_processors=(only_token_3,)),
+        SamplingParams(temperature=0, logprobs=1),
+    ]
     out = Sampler()(logits, params, prompt_ids=[[1], [1]], output_ids=[[7, 8], [9]])
     assert out.token_ids.tolist() == [3, 0] and seen == [[7, 8]]
     assert out.logprobs[0].logprob == pytest.approx(torch.log_softmax(logits[0], -1)[3].item())
@@ -306,6 +320,7 @@ def test_logits_processors_mask_their_row_and_keep_raw_logprobs():
 
 def test_logits_processors_are_validated_and_not_serialised():
     from bytediet.errors import ConfigError
+
     with pytest.raises(ConfigError, match="logits_processors"):
         SamplingParams(logits_processors=("not callable",))
     params = SamplingParams(logits_processors=(lambda ids, row: row,))
@@ -318,7 +333,7 @@ def test_two_level_inverse_cdf_picks_what_one_running_sum_picks(vocab):
     """The block-then-token search equals a float64 running sum over the whole row, zero-probability runs too."""
     g = torch.Generator().manual_seed(vocab)
     probs = (torch.randn(16, vocab, generator=g) * 3).softmax(dim=-1)
-    probs[:, vocab // 3: vocab // 3 + 300] = 0  # a run of zeros that may span a whole block
+    probs[:, vocab // 3 : vocab // 3 + 300] = 0  # a run of zeros that may span a whole block
     u = torch.rand(16, generator=g, dtype=torch.float64)
     u[0], u[1] = 0.0, 1.0 - 1e-17
     cdf = probs.double().cumsum(dim=-1)

@@ -1,4 +1,5 @@
 """The scheduler on its own: fake requests, a real block manager, no model (vLLM's tests/v1/core/test_scheduler.py)."""
+
 from __future__ import annotations
 
 from bytediet.config import SchedulerConfig
@@ -105,7 +106,7 @@ def test_a_request_preempts_itself_when_it_is_the_youngest():
     a, b = make_request("a", 3, max_tokens=8), make_request("b", 8, max_tokens=8, first_token=100)
     sched.add_request(a)
     sched.add_request(b)
-    step(sched)           # a: 1 block with one slot left, b: 2 full blocks, none free
+    step(sched)  # a: 1 block with one slot left, b: 2 full blocks, none free
     out, _ = step(sched)  # a's decode fits its own block; b (the youngest) needs a block and gives its own back
     assert out.preempted == [b] and scheduled(out) == {"a": 1}
     assert b.status is RequestStatus.WAITING and b.block_ids == [] and sched.block_manager.num_free_blocks == 2
@@ -117,9 +118,9 @@ def test_a_request_that_can_never_fit_finishes_with_length():
     bm = sched.block_manager
     req = make_request("big", 7, max_tokens=10)
     sched.add_request(req)
-    step(sched)                     # 7 computed, 1 sampled
-    step(sched)                     # the 8th slot, 2 sampled
-    out, _ = step(sched)            # a 9th slot cannot exist
+    step(sched)  # 7 computed, 1 sampled
+    step(sched)  # the 8th slot, 2 sampled
+    out, _ = step(sched)  # a 9th slot cannot exist
     assert out.finished == [req] and not out.scheduled
     assert req.status is RequestStatus.FINISHED and req.finish_reason is FinishReason.LENGTH
     assert req.num_output_tokens == 2
@@ -175,10 +176,10 @@ def test_a_preempted_request_resumes_before_requests_that_never_ran():
     a, b, c = (make_request(r, 8, max_tokens=2, first_token=100 * i) for i, r in enumerate("abc"))
     for r in (a, b, c):
         sched.add_request(r)
-    step(sched)                          # a and b fill the cache; max_num_seqs keeps c waiting
-    out, finished = step(sched)          # a's decode needs b's blocks; a then reaches max_tokens
+    step(sched)  # a and b fill the cache; max_num_seqs keeps c waiting
+    out, finished = step(sched)  # a's decode needs b's blocks; a then reaches max_tokens
     assert out.preempted == [b] and finished == [a] and list(sched.waiting) == [b, c]
-    out, _ = step(sched)                 # b comes back first (all 9 tokens recomputed); c waits for blocks
+    out, _ = step(sched)  # b comes back first (all 9 tokens recomputed); c waits for blocks
     assert scheduled(out) == {"b": 9} and list(sched.waiting) == [c]
 
 

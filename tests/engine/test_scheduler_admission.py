@@ -1,4 +1,5 @@
 """Admission under load: decodes first, the per-request prefill cap, arrivals joining the next step, priority."""
+
 from __future__ import annotations
 
 import random
@@ -50,14 +51,27 @@ def test_budget_and_threshold_are_never_exceeded(policy):
     """Random arrivals, prompt lengths and priorities over a small cache (preemptions included)."""
     rng = random.Random(0)
     budget, cap = 24, 10
-    sched = make_scheduler(num_blocks=40, block_size=4, max_num_batched_tokens=budget,
-                           long_prefill_token_threshold=cap, policy=policy, max_num_seqs=6)
+    sched = make_scheduler(
+        num_blocks=40,
+        block_size=4,
+        max_num_batched_tokens=budget,
+        long_prefill_token_threshold=cap,
+        policy=policy,
+        max_num_seqs=6,
+    )
     made = 0
     for _ in range(300):
         if made < 60 and rng.random() < 0.4:
-            sched.add_request(make_request(f"r{made}", rng.randint(1, 40), max_tokens=rng.randint(1, 12),
-                                           first_token=1000 * made, priority=rng.randint(0, 3),
-                                           arrival_time=float(made)))
+            sched.add_request(
+                make_request(
+                    f"r{made}",
+                    rng.randint(1, 40),
+                    max_tokens=rng.randint(1, 12),
+                    first_token=1000 * made,
+                    priority=rng.randint(0, 3),
+                    arrival_time=float(made),
+                )
+            )
             made += 1
         before = {r.request_id: (r.num_computed_tokens, r.num_prompt_tokens) for r in sched.running}
         out, _ = step(sched)
@@ -72,10 +86,12 @@ def test_budget_and_threshold_are_never_exceeded(policy):
 
 def test_priority_policy_admits_the_smallest_priority_first_then_arrival():
     sched = make_scheduler(max_num_batched_tokens=8, policy="priority")
-    reqs = [make_request("low", 8, priority=5, arrival_time=0.0, first_token=0),
-            make_request("high", 8, priority=-1, arrival_time=1.0, first_token=100),
-            make_request("mid-late", 8, priority=1, arrival_time=3.0, first_token=200),
-            make_request("mid", 8, priority=1, arrival_time=2.0, first_token=300)]
+    reqs = [
+        make_request("low", 8, priority=5, arrival_time=0.0, first_token=0),
+        make_request("high", 8, priority=-1, arrival_time=1.0, first_token=100),
+        make_request("mid-late", 8, priority=1, arrival_time=3.0, first_token=200),
+        make_request("mid", 8, priority=1, arrival_time=2.0, first_token=300),
+    ]
     for r in reqs:
         sched.add_request(r)
     order = []

@@ -1,4 +1,5 @@
 """``EngineInfo.validate`` (the API process's checks) agrees with ``LLMEngine.validate``; counters follow the engine."""
+
 from __future__ import annotations
 
 import pickle
@@ -16,11 +17,18 @@ def engine():
     return tiny_llm(context=64, num_blocks=8, block_size=4).engine  # 32 KV tokens < the 64-token context
 
 
-@pytest.mark.parametrize("ids,params", [
-    ([], SamplingParams()), ([3, 96], SamplingParams()), ([-1], SamplingParams()), ([3] * 40, SamplingParams()),
-    ([3] * 64, SamplingParams()), ([3], SamplingParams(n=2)),
-    ([3], "not params"),
-])
+@pytest.mark.parametrize(
+    "ids,params",
+    [
+        ([], SamplingParams()),
+        ([3, 96], SamplingParams()),
+        ([-1], SamplingParams()),
+        ([3] * 40, SamplingParams()),
+        ([3] * 64, SamplingParams()),
+        ([3], SamplingParams(n=2)),
+        ([3], "not params"),
+    ],
+)
 def test_bad_input_fails_alike(engine, ids, params):
     with pytest.raises(ConfigError) as here:
         engine.validate(ids, params)

@@ -1,5 +1,6 @@
 """Speculative decoding: the config, prompt lookup, exact greedy output, rejection sampling that keeps the target's
 distribution (and a test that fails when the rule is broken), rollback of rejected drafts' blocks."""
+
 from __future__ import annotations
 
 import pytest
@@ -18,11 +19,17 @@ NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1,
 
 
 # ------------------------------------------------------------------------------------------------ config
-@pytest.mark.parametrize("bad,field", [
-    ({"num_speculative_tokens": 0}, "num_speculative_tokens"), ({"num_speculative_tokens": 17}, "num_speculative_tokens"),
-    ({"method": "eagle"}, "method"), ({"prompt_lookup_min": 3, "prompt_lookup_max": 2}, "prompt_lookup_min"),
-    ({"method": "draft_model"}, "model"), ({"nope": 1}, "unknown field"),
-])
+@pytest.mark.parametrize(
+    "bad,field",
+    [
+        ({"num_speculative_tokens": 0}, "num_speculative_tokens"),
+        ({"num_speculative_tokens": 17}, "num_speculative_tokens"),
+        ({"method": "eagle"}, "method"),
+        ({"prompt_lookup_min": 3, "prompt_lookup_max": 2}, "prompt_lookup_min"),
+        ({"method": "draft_model"}, "model"),
+        ({"nope": 1}, "unknown field"),
+    ],
+)
 def test_bad_config_is_refused_naming_the_field(bad, field):
     with pytest.raises(ConfigError, match=field):
         SpeculativeConfig.parse({"method": "ngram", "num_speculative_tokens": 4, **bad})
@@ -38,9 +45,9 @@ def test_config_from_json_text():
 # ------------------------------------------------------------------------------------------------ proposals
 def test_prompt_lookup_takes_the_longest_recurring_ngram_most_recent_first():
     p = NgramProposer(2, 3)
-    assert p.propose([1, 2, 3, 9, 9, 1, 2, 3, 7, 1, 2, 3], 2) == [7, 1]      # 3-gram [1 2 3], latest earlier match
-    assert p.propose([5, 6, 7, 8, 6, 7], 3) == [8, 6, 7]                     # 2-gram [6 7]
-    assert p.propose([1, 2, 3, 4], 4) == []                                 # nothing recurs
+    assert p.propose([1, 2, 3, 9, 9, 1, 2, 3, 7, 1, 2, 3], 2) == [7, 1]  # 3-gram [1 2 3], latest earlier match
+    assert p.propose([5, 6, 7, 8, 6, 7], 3) == [8, 6, 7]  # 2-gram [6 7]
+    assert p.propose([1, 2, 3, 4], 4) == []  # nothing recurs
     assert p.propose([1, 2, 1, 2], 0) == []
 
 
@@ -50,7 +57,7 @@ def test_adaptive_draft_stops_drafting_when_drafts_are_rejected_and_probes_later
     for _ in range(8):
         a.update(4, 0)
     lengths = [a.length() for _ in range(32)]
-    assert lengths.count(0) >= 30 and 1 in lengths          # off, with a one-token probe now and then
+    assert lengths.count(0) >= 30 and 1 in lengths  # off, with a one-token probe now and then
     for _ in range(8):
         a.update(1, 1)
     assert a.length() == 4
@@ -72,7 +79,7 @@ def _emitted(rule, p: torch.Tensor, drafts: list[int], draws: int, seed: int = 0
 
 
 P = torch.tensor([[0.5, 0.2, 0.2, 0.1], [0.1, 0.6, 0.1, 0.2], [0.25, 0.25, 0.25, 0.25]])
-DRAFTS = [0, 3]   # a likely first draft, an unlikely second one
+DRAFTS = [0, 3]  # a likely first draft, an unlikely second one
 
 
 def _chi2_positions(counts: torch.Tensor) -> list[float]:
@@ -93,9 +100,11 @@ def test_rejection_sampling_keeps_the_targets_distribution_at_every_position():
 def test_the_test_fails_when_the_acceptance_rule_is_broken():
     """Accepting every draft (no rejection) and a residual that keeps the rejected draft both change the output
     distribution: the same chi-square test rejects them."""
+
     def always_accept(logits, drafts, params, sampler, g):
         return verify(logits, drafts, params.__class__(temperature=1.0), sampler, g).__class__(
-            list(drafts) + [int(torch.multinomial(logits[len(drafts)].softmax(-1), 1, generator=g))])
+            list(drafts) + [int(torch.multinomial(logits[len(drafts)].softmax(-1), 1, generator=g))]
+        )
 
     def residual_keeps_draft(logits, drafts, params, sampler, g):
         probs = logits.softmax(-1)
@@ -112,7 +121,7 @@ def test_the_test_fails_when_the_acceptance_rule_is_broken():
 def test_greedy_verification_keeps_drafts_while_they_are_the_argmax():
     logits = torch.tensor([[0.0, 3.0, 1.0], [5.0, 0.0, 1.0], [0.0, 0.0, 9.0]])
     out = verify(logits, [1, 2], SamplingParams(temperature=0.0), Sampler(), None)
-    assert out.tokens == [1, 0] and out.accepted_drafts == 1                 # second draft wrong: the target's own
+    assert out.tokens == [1, 0] and out.accepted_drafts == 1  # second draft wrong: the target's own
     assert verify(logits, [1, 0], SamplingParams(temperature=0.0), Sampler(), None).tokens == [1, 0, 2]
 
 
@@ -166,7 +175,7 @@ def test_rejected_drafts_give_their_blocks_back_at_every_step(repetitive):
         held = sum(len(r.block_ids) for r in engine.scheduler.running)
         shared = sum(b.ref_count for b in bm.blocks)
         assert shared == held
-    assert engine.stats.spec_draft_tokens > engine.stats.spec_accepted_tokens > 0     # some drafts were rejected
+    assert engine.stats.spec_draft_tokens > engine.stats.spec_accepted_tokens > 0  # some drafts were rejected
     assert engine.num_free_blocks == engine.block_manager.num_blocks
 
 
@@ -179,13 +188,19 @@ def test_max_tokens_stop_strings_and_prefix_cache_hold(repetitive):
     for a, b in zip(fast, plain):
         assert len(a.outputs[0].token_ids) == 13
         assert_same_or_tie(a.outputs[0].token_ids, b.outputs[0])
-    again = llm.generate(prompts[:1], params)[0]          # the prompt's blocks come from the prefix cache
+    again = llm.generate(prompts[:1], params)[0]  # the prompt's blocks come from the prefix cache
     assert again.num_cached_tokens > 0 and again.outputs[0].token_ids == fast[0].outputs[0].token_ids
     stop = [t for t in fast[0].outputs[0].token_ids[5:7]]
-    stopped = llm.generate(prompts[:1], SamplingParams(temperature=0.0, max_tokens=13, ignore_eos=True,
-                                                       stop_token_ids=tuple(stop[:1])))[0].outputs[0]
-    plain_stopped = _llm(model).generate(prompts[:1], SamplingParams(
-        temperature=0.0, max_tokens=13, ignore_eos=True, stop_token_ids=tuple(stop[:1])))[0].outputs[0]
+    stopped = llm.generate(
+        prompts[:1], SamplingParams(temperature=0.0, max_tokens=13, ignore_eos=True, stop_token_ids=tuple(stop[:1]))
+    )[0].outputs[0]
+    plain_stopped = (
+        _llm(model)
+        .generate(
+            prompts[:1], SamplingParams(temperature=0.0, max_tokens=13, ignore_eos=True, stop_token_ids=tuple(stop[:1]))
+        )[0]
+        .outputs[0]
+    )
     assert stopped.token_ids == plain_stopped.token_ids and stopped.finish_reason == "stop"
 
 
@@ -218,9 +233,13 @@ def test_a_draft_model_keeps_greedy_output_exact(draft_pair):
     prompts = ["the cat sat on the mat and the cat sat", "a b c a b c a b"]
     params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, logprobs=1)
     plain = LLM(str(target), num_blocks=64, block_size=4).generate(prompts, params)
-    for drafter in (str(target), str(draft)):            # a perfect draft (the target itself) and a poor one
-        llm = LLM(str(target), num_blocks=64, block_size=4,
-                  speculative_config={"method": "draft_model", "model": drafter, "num_speculative_tokens": 3})
+    for drafter in (str(target), str(draft)):  # a perfect draft (the target itself) and a poor one
+        llm = LLM(
+            str(target),
+            num_blocks=64,
+            block_size=4,
+            speculative_config={"method": "draft_model", "model": drafter, "num_speculative_tokens": 3},
+        )
         out = llm.generate(prompts, params)
         for a, b in zip(out, plain):
             assert_same_or_tie(a.outputs[0].token_ids, b.outputs[0])
@@ -233,8 +252,12 @@ def test_a_draft_model_keeps_greedy_output_exact(draft_pair):
 def test_a_draft_model_with_another_tokenizer_is_refused(draft_pair):
     target, _, other = draft_pair
     with pytest.raises(ConfigError, match="another tokenizer"):
-        LLM(str(target), num_blocks=16, block_size=4,
-            speculative_config={"method": "draft_model", "model": str(other), "num_speculative_tokens": 2})
+        LLM(
+            str(target),
+            num_blocks=16,
+            block_size=4,
+            speculative_config={"method": "draft_model", "model": str(other), "num_speculative_tokens": 2},
+        )
 
 
 def test_a_kv_codec_with_per_sequence_staging_is_refused_with_speculation(repetitive):

@@ -1,4 +1,5 @@
 """Stop strings: matches across token boundaries, the held-back tail, chunking independence."""
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st

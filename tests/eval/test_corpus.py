@@ -1,4 +1,5 @@
 """Austen corpus (the novels read from the real R package) and disjoint calibration / evaluation windows."""
+
 from __future__ import annotations
 
 import shutil
@@ -15,8 +16,13 @@ from bytediet.eval.corpus import NOVELS, SEGMENTS, load_corpus, make_windows
 
 # ------------------------------------------------------------------------------------ windows
 @settings(max_examples=40, deadline=None)
-@given(n=st.integers(400, 5000), len_a=st.integers(1, 40), len_b=st.integers(1, 40),
-       seed_a=st.integers(0, 2**31), seed_b=st.integers(0, 2**31))
+@given(
+    n=st.integers(400, 5000),
+    len_a=st.integers(1, 40),
+    len_b=st.integers(1, 40),
+    seed_a=st.integers(0, 2**31),
+    seed_b=st.integers(0, 2**31),
+)
 def test_calibration_and_eval_windows_never_overlap(n, len_a, len_b, seed_a, seed_b):
     ids = torch.randint(0, 1000, (n,))
     cal = make_windows(ids, len_a, split="calibration", seed=seed_a)
@@ -26,7 +32,7 @@ def test_calibration_and_eval_windows_never_overlap(n, len_a, len_b, seed_a, see
     assert not cal_pos & ev_pos
     for windows in (cal, ev):
         assert sum(len(w.ids) for w in windows) == len({p for w in windows for p in range(w.start, w.stop)})
-        assert all(torch.equal(w.ids, ids[w.start:w.stop]) for w in windows)
+        assert all(torch.equal(w.ids, ids[w.start : w.stop]) for w in windows)
     # the eval split owns 8 of 10 segments: most of the stream is covered when windows are short
     assert len(ev_pos) >= 0.8 * n - SEGMENTS * len_b - 1
 
@@ -82,8 +88,9 @@ def austen():
 
 def test_real_austen_novels(austen):
     assert len(austen) == 6
-    assert austen["prideprejudice"].startswith("PRIDE AND PREJUDICE\n\nBy Jane Austen\n\n\n\nChapter 1\n\n\n"
-                                               "It is a truth universally acknowledged")
+    assert austen["prideprejudice"].startswith(
+        "PRIDE AND PREJUDICE\n\nBy Jane Austen\n\n\n\nChapter 1\n\n\nIt is a truth universally acknowledged"
+    )
     assert austen["emma"].startswith("EMMA\n\nBy Jane Austen")
     assert austen["sensesensibility"].startswith("SENSE AND SENSIBILITY\n\nby Jane Austen")
     assert all(len(text) > 400_000 and "\n\n" in text for text in austen.values())

@@ -1,4 +1,5 @@
 """Fidelity metrics against independent computations (scipy, numpy, torch.distributions)."""
+
 from __future__ import annotations
 
 import math
@@ -14,8 +15,17 @@ from torch.distributions import Categorical, kl_divergence
 
 from bytediet.errors import ConfigError
 from bytediet.eval import fidelity
-from bytediet.eval.fidelity import (FidelityAccumulator, kl_per_position, mean_nll, next_token_pairs, perplexity,
-                                    tail_stats, token_nll, top1_agreement, top1_match)
+from bytediet.eval.fidelity import (
+    FidelityAccumulator,
+    kl_per_position,
+    mean_nll,
+    next_token_pairs,
+    perplexity,
+    tail_stats,
+    token_nll,
+    top1_agreement,
+    top1_match,
+)
 
 
 def random_logits(seed: int, rows: int, vocab: int, scale: float, dtype=torch.float32) -> torch.Tensor:
@@ -23,8 +33,9 @@ def random_logits(seed: int, rows: int, vocab: int, scale: float, dtype=torch.fl
     return (torch.randn(rows, vocab, generator=gen, dtype=torch.float64) * scale).to(dtype)
 
 
-logit_cases = st.tuples(st.integers(0, 2**31), st.integers(1, 12), st.integers(2, 300),
-                        st.sampled_from([0.01, 1.0, 5.0, 60.0]))
+logit_cases = st.tuples(
+    st.integers(0, 2**31), st.integers(1, 12), st.integers(2, 300), st.sampled_from([0.01, 1.0, 5.0, 60.0])
+)
 
 
 @settings(max_examples=50, deadline=None)
@@ -38,8 +49,9 @@ def test_nll_and_perplexity_match_scipy(case, dtype):
     assert mean_nll(logits, targets) == pytest.approx(ref.mean(), rel=1e-10, abs=1e-12)
     assert perplexity(logits, targets) == pytest.approx(math.exp(ref.mean()), rel=1e-10)
     cat = Categorical(logits=logits.double())
-    np.testing.assert_allclose(token_nll(logits, targets).numpy(), -cat.log_prob(targets).numpy(), rtol=1e-9,
-                               atol=1e-12)
+    np.testing.assert_allclose(
+        token_nll(logits, targets).numpy(), -cat.log_prob(targets).numpy(), rtol=1e-9, atol=1e-12
+    )
 
 
 @settings(max_examples=50, deadline=None)

@@ -1,4 +1,5 @@
 """The evaluation harness on a tiny random checkpoint (HF directory written here) and, once, the real model."""
+
 from __future__ import annotations
 
 import json
@@ -11,7 +12,7 @@ import torch
 from safetensors.torch import save_file
 
 from bytediet.errors import ConfigError
-from bytediet.eval.fidelity import kl_per_position, top1_agreement, token_nll
+from bytediet.eval.fidelity import kl_per_position, token_nll, top1_agreement
 from bytediet.eval.harness import EvalSettings, ReferenceCache, evaluate, evaluate_loaded, reference_cache
 from bytediet.eval.tasks import EVAL_TASKS, FidelityTask
 from bytediet.kvcache import get_kv_codec
@@ -19,9 +20,11 @@ from bytediet.models.loader import load_model
 from bytediet.models.quantize import QuantizeConfig, quantize
 from tests.conftest import random_state, tiny_config
 
-_WORDS = ("the of and to her a in was it she not that be he had you his with as for but is have my all so which "
-          "very no would could Elizabeth Darcy Jane Bingley sister mother letter house ball said replied "
-          "never being such every little time much must more than what herself himself").split()
+_WORDS = (
+    "the of and to her a in was it she not that be he had you his with as for but is have my all so which "
+    "very no would could Elizabeth Darcy Jane Bingley sister mother letter house ball said replied "
+    "never being such every little time much must more than what herself himself"
+).split()
 
 
 def tiny_text(n_words: int = 5000, seed: int = 0) -> str:
@@ -48,19 +51,35 @@ def write_tiny_checkpoint(path: Path, seed: int = 0, max_len: int = 512) -> Path
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=["<|endoftext|>"],
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator([text], trainer)
     tok.save(str(path / "tokenizer.json"))
     (path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>"}))
     config = tiny_config("llama", vocab_size=tok.get_vocab_size(), max_position_embeddings=max_len)
     save_file({k: v.contiguous() for k, v in random_state(config, seed).items()}, str(path / "model.safetensors"))
-    (path / "config.json").write_text(json.dumps({
-        "model_type": "llama", "vocab_size": config.vocab_size, "hidden_size": config.hidden_size,
-        "intermediate_size": config.intermediate_size, "num_hidden_layers": config.num_layers,
-        "num_attention_heads": config.num_heads, "num_key_value_heads": config.num_kv_heads,
-        "head_dim": config.head_dim, "rms_norm_eps": config.rms_norm_eps, "rope_theta": config.rope_theta,
-        "max_position_embeddings": max_len, "tie_word_embeddings": True}))
+    (path / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "llama",
+                "vocab_size": config.vocab_size,
+                "hidden_size": config.hidden_size,
+                "intermediate_size": config.intermediate_size,
+                "num_hidden_layers": config.num_layers,
+                "num_attention_heads": config.num_heads,
+                "num_key_value_heads": config.num_kv_heads,
+                "head_dim": config.head_dim,
+                "rms_norm_eps": config.rms_norm_eps,
+                "rope_theta": config.rope_theta,
+                "max_position_embeddings": max_len,
+                "tie_word_embeddings": True,
+            }
+        )
+    )
     (path / "corpus.txt").write_text(text)
     return path
 
@@ -169,10 +188,15 @@ def test_mismatched_reference_is_refused(ckpt):
         evaluate_loaded(model, tok, settings=settings(ckpt, window_len=32), progress=False, reference=cache)
 
 
-@pytest.mark.parametrize("kw,match", [({"window_len": 600}, "exceeds the model's context"),
-                                      ({"tasks": ("nope",)}, "unknown eval task"),
-                                      ({"weights": "int3-nope"}, "int3-nope"),
-                                      ({"kv_cache_dtype": "nope"}, "nope")])
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        ({"window_len": 600}, "exceeds the model's context"),
+        ({"tasks": ("nope",)}, "unknown eval task"),
+        ({"weights": "int3-nope"}, "int3-nope"),
+        ({"kv_cache_dtype": "nope"}, "nope"),
+    ],
+)
 def test_bad_input_fails_before_any_work(ckpt, kw, match):
     with pytest.raises((ConfigError, KeyError, ValueError), match=match):
         run(ckpt, **kw)
@@ -204,8 +228,14 @@ def test_real_model_int8_weights_two_windows():
 def test_real_gguf_as_loaded_runs_its_native_blocks():
     """Without --weights, the test is the GGUF as the engine runs it (Q4_1 blocks natively, Q8_0 head), not its
     fp32 dequantization: same values within the activation rounding, the bytes and the speed of the blocks."""
-    r = evaluate("default", windows=1, window_len=64, tasks=("ppl", "speed"), progress=False,
-                 settings=EvalSettings(windows=1, window_len=64, tasks=("ppl", "speed"), speed_new_tokens=4))
+    r = evaluate(
+        "default",
+        windows=1,
+        window_len=64,
+        tasks=("ppl", "speed"),
+        progress=False,
+        settings=EvalSettings(windows=1, window_len=64, tasks=("ppl", "speed"), speed_new_tokens=4),
+    )
     assert set(r["config"]["native_blocks"]) >= {"Q4_1"} and r["config"]["weights"] is None
     fid, speed = r["tasks"]["ppl"], r["tasks"]["speed"]
     assert 0 <= fid["kl"]["mean"] < 1e-3 and fid["top1_agreement"] > 0.95  # q16 activations: near exact

@@ -1,4 +1,5 @@
 """``bytediet eval --kv-pareto``: every entry against bf16 KV on the same windows, the frontier, the clipped plot."""
+
 from __future__ import annotations
 
 import json
@@ -6,8 +7,8 @@ import json
 import pytest
 
 from bytediet.eval import longctx
-from bytediet.eval.kv_pareto import clip_limit, kv_pareto, off_scale, pareto_front, plot_kv_pareto
 from bytediet.eval.corpus import tokenize_corpus
+from bytediet.eval.kv_pareto import clip_limit, kv_pareto, off_scale, pareto_front, plot_kv_pareto
 from bytediet.models.loader import load_model
 from tests.conftest import model_from_state, random_state, tiny_config
 from tests.eval.test_harness import write_tiny_checkpoint
@@ -21,24 +22,41 @@ def ckpt(tmp_path_factory):
 @pytest.fixture(scope="module")
 def tiny(ckpt):
     _, tokenizer = load_model(str(ckpt))
-    cfg = tiny_config("llama", vocab_size=tokenizer.vocab_size if hasattr(tokenizer, "vocab_size") else 300,
-                      hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=32, max_position_embeddings=512)
+    cfg = tiny_config(
+        "llama",
+        vocab_size=tokenizer.vocab_size if hasattr(tokenizer, "vocab_size") else 300,
+        hidden_size=64,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=32,
+        max_position_embeddings=512,
+    )
     return model_from_state(cfg, random_state(cfg, seed=5)), tokenizer
 
 
 @pytest.fixture(scope="module")
 def result(ckpt, tiny):
-    return kv_pareto(*tiny, corpus=str(ckpt / "corpus.txt"), windows=2, window_len=48,
-                     anchors=("q8_0", "k=q8_0,v=q4_0", "q4_0"), ours=("bf16", "turboquant2"),
-                     budgets=(6.0, 0.5), calib_windows=1, calib_len=64, passkey_lengths=(1024, 240),
-                     passkey_depths=(0.5,), passkey_trials=1)
+    return kv_pareto(
+        *tiny,
+        corpus=str(ckpt / "corpus.txt"),
+        windows=2,
+        window_len=48,
+        anchors=("q8_0", "k=q8_0,v=q4_0", "q4_0"),
+        ours=("bf16", "turboquant2"),
+        budgets=(6.0, 0.5),
+        calib_windows=1,
+        calib_len=64,
+        passkey_lengths=(1024, 240),
+        passkey_depths=(0.5,),
+        passkey_trials=1,
+    )
 
 
 def test_every_entry_is_measured_against_bf16(result):
     recs = {r["spec"]: r for r in result["records"]}
     assert recs["bf16"]["ppl_change_pct"] == 0 and recs["bf16"]["kl_mean"] == pytest.approx(0, abs=1e-9)
     assert recs["q8_0"]["bits_per_coordinate"] == 8.5 and recs["k=q8_0,v=q4_0"]["bits_per_coordinate"] == 6.5
-    assert recs["q8_0"]["bytes_per_token"] == 8.5 / 8 * 2 * 2 * 32 * 2             # 2 KV heads × 32 × 2 layers
+    assert recs["q8_0"]["bytes_per_token"] == 8.5 / 8 * 2 * 2 * 32 * 2  # 2 KV heads × 32 × 2 layers
     assert recs["turboquant2"]["kl_mean"] > recs["q8_0"]["kl_mean"] > 0
     assert recs["q8_0"]["kl_p99"] >= recs["q8_0"]["kl_mean"]
     # capacity in the KV memory of 16 bf16 sequences of 4096 tokens (512 B/token: 2 layers × 2 heads × 32 × 2 × 2 B)
@@ -47,7 +65,7 @@ def test_every_entry_is_measured_against_bf16(result):
     assert result["reference"]["capacity"]["sequences"] == 16
     assert recs["q8_0"]["capacity"] == {"sequences": 30, "num_blocks": 7710, "by_blocks": 30, "by_staging": None}
     assert recs["auto:6"]["bits_per_coordinate"] <= 6 and len(recs["auto:6"]["plan"]) == 2
-    assert "auto:0.5 is below what any codec reaches" in recs["auto:0.5"]["error"]   # listed, named
+    assert "auto:0.5 is below what any codec reaches" in recs["auto:0.5"]["error"]  # listed, named
 
 
 def test_passkey_is_counted_per_length_and_lengths_beyond_the_context_are_noted(result):
@@ -65,11 +83,25 @@ def test_passkey_retrieved_counts_the_successes(ckpt, tiny, monkeypatch):
     monkeypatch.setattr(longctx, "answer_contains", lambda text, key: int(key) % 2 == 0)
     model, tokenizer = tiny
     corpus = str(ckpt / "corpus.txt")
-    out = kv_pareto(model, tokenizer, corpus=corpus, windows=1, window_len=32, anchors=("q8_0",), ours=(),
-                    budgets=(), passkey_lengths=(230, 300), passkey_depths=(0.5,), passkey_trials=5, seed=3)
+    out = kv_pareto(
+        model,
+        tokenizer,
+        corpus=corpus,
+        windows=1,
+        window_len=32,
+        anchors=("q8_0",),
+        ours=(),
+        budgets=(),
+        passkey_lengths=(230, 300),
+        passkey_depths=(0.5,),
+        passkey_trials=5,
+        seed=3,
+    )
     prompts = longctx.make_trials(tokenizer, tokenize_corpus(tokenizer, corpus), [230, 300], [0.5], 5, seed=3)
-    expected = [{"length": n, "retrieved": sum(int(p.key) % 2 == 0 for p in prompts if p.length == n), "trials": 5}
-                for n in (230, 300)]
+    expected = [
+        {"length": n, "retrieved": sum(int(p.key) % 2 == 0 for p in prompts if p.length == n), "trials": 5}
+        for n in (230, 300)
+    ]
     assert out["reference"]["passkey"] == out["records"][0]["passkey"] == expected
     assert 0 < sum(e["retrieved"] for e in expected) < 10
 
@@ -77,26 +109,47 @@ def test_passkey_retrieved_counts_the_successes(ckpt, tiny, monkeypatch):
 def test_the_frontier_is_exactly_the_undominated_entries(result):
     ok = [r for r in result["records"] if "error" not in r]
     for r in ok:
-        dominated = any(o["bytes_per_token"] <= r["bytes_per_token"] and o["ppl_change_pct"] < r["ppl_change_pct"]
-                        or o["bytes_per_token"] < r["bytes_per_token"] and o["ppl_change_pct"] <= r["ppl_change_pct"]
-                        for o in ok)
+        dominated = any(
+            o["bytes_per_token"] <= r["bytes_per_token"]
+            and o["ppl_change_pct"] < r["ppl_change_pct"]
+            or o["bytes_per_token"] < r["bytes_per_token"]
+            and o["ppl_change_pct"] <= r["ppl_change_pct"]
+            for o in ok
+        )
         assert r.get("frontier", False) == (not dominated), r["spec"]
-    assert result["frontier"] == [r["spec"] for r in sorted(ok, key=lambda r: r["bytes_per_token"]) if r.get("frontier")]
+    assert result["frontier"] == [
+        r["spec"] for r in sorted(ok, key=lambda r: r["bytes_per_token"]) if r.get("frontier")
+    ]
     assert pareto_front([(1, 5), (2, 3), (3, 4), (4, 1)]) == [0, 1, 3]
 
 
 def test_a_head_dim_a_codec_cannot_take_is_listed_with_the_layer(ckpt):
-    model, tokenizer = load_model(str(ckpt))                                          # head_dim 8
-    out = kv_pareto(model, tokenizer, corpus=str(ckpt / "corpus.txt"), windows=1, window_len=32, anchors=("q8_0",),
-                    ours=("bf16",), budgets=())
+    model, tokenizer = load_model(str(ckpt))  # head_dim 8
+    out = kv_pareto(
+        model,
+        tokenizer,
+        corpus=str(ckpt / "corpus.txt"),
+        windows=1,
+        window_len=32,
+        anchors=("q8_0",),
+        ours=("bf16",),
+        budgets=(),
+    )
     err = {r["spec"]: r.get("error") for r in out["records"]}
     assert "layer 0 has head_dim 8" in err["q8_0"] and err["bf16"] is None
 
 
 def test_the_plot_clips_and_lists_off_scale_points(tmp_path, result):
     fake = json.loads(json.dumps(result))
-    fake["records"].append({"spec": "broken", "kind": "bytediet", "bytes_per_token": 100.0, "ppl_change_pct": 3884.0,
-                            "bits_per_coordinate": 1.0})
+    fake["records"].append(
+        {
+            "spec": "broken",
+            "kind": "bytediet",
+            "bytes_per_token": 100.0,
+            "ppl_change_pct": 3884.0,
+            "bits_per_coordinate": 1.0,
+        }
+    )
     assert clip_limit([0.1, 0.5, 1.0, 3884.0]) == 5.0 and clip_limit([10, 20, 30]) == 60
     top = clip_limit([r["ppl_change_pct"] for r in fake["records"] if "error" not in r])
     assert off_scale([r for r in fake["records"] if "error" not in r], top)[-1] == "broken: +3884.0 %"
@@ -106,8 +159,10 @@ def test_the_plot_clips_and_lists_off_scale_points(tmp_path, result):
 
 def test_codecs_with_calibration_hooks_run_calibrated_and_say_on_what(result):
     recs = {r["spec"]: r for r in result["records"]}
-    assert recs["turboquant2"]["calibrated"] == "1 × 64 tokens of " + result["settings"]["corpus"] + \
-        "'s calibration split" and "calibrated" in recs["turboquant2"]["codec"]
+    assert (
+        recs["turboquant2"]["calibrated"] == "1 × 64 tokens of " + result["settings"]["corpus"] + "'s calibration split"
+        and "calibrated" in recs["turboquant2"]["codec"]
+    )
     assert "uncalibrated" not in recs["turboquant2"]["codec"]
-    assert recs["q8_0"]["calibrated"] is None and recs["bf16"]["calibrated"] is None   # no hooks
+    assert recs["q8_0"]["calibrated"] is None and recs["bf16"]["calibrated"] is None  # no hooks
     assert recs["auto:6"]["calibrated"] and recs["auto:6"]["validation"].startswith("validation mean KL")

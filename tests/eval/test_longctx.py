@@ -1,4 +1,5 @@
 """Passkey prompts (length, depth, real filler), scoring, and runs through the engine."""
+
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -22,7 +23,7 @@ def tiny(tmp_path_factory):
 
 
 def _find(haystack: list[int], needle: list[int]) -> list[int]:
-    return [i for i in range(len(haystack) - len(needle) + 1) if haystack[i:i + len(needle)] == needle]
+    return [i for i in range(len(haystack) - len(needle) + 1) if haystack[i : i + len(needle)] == needle]
 
 
 @pytest.mark.parametrize("length", [260, 350, 500])
@@ -35,20 +36,20 @@ def test_prompt_has_the_length_and_one_needle_at_the_depth(tiny, length, depth):
     assert _find(p.ids, needle) == [p.needle_start]
     head = tok.encode(longctx.TASK + "\n\n")
     tail = tok.encode(longctx.QUESTION, add_special_tokens=False)
-    assert p.ids[:len(head)] == head and p.ids[-len(tail):] == tail
+    assert p.ids[: len(head)] == head and p.ids[-len(tail) :] == tail
     n_filler = length - len(head) - len(needle) - len(tail)
     before = p.needle_start - len(head)
     # at the requested fraction, moved back to a sentence end by at most the snapping range
     assert round(depth * n_filler) - longctx._SNAP_RANGE <= before <= round(depth * n_filler)
     # the haystack is the corpus text itself, in order, split around the needle
-    rest = p.ids[len(head):p.needle_start] + p.ids[p.needle_start + len(needle):-len(tail)]
-    assert rest == filler[17:17 + n_filler].tolist()
+    rest = p.ids[len(head) : p.needle_start] + p.ids[p.needle_start + len(needle) : -len(tail)]
+    assert rest == filler[17 : 17 + n_filler].tolist()
 
 
 def test_needle_is_cut_in_at_a_sentence_end(tiny):
     _, tok, filler = tiny
     p = longctx.build_prompt(tok, filler, 400, 0.5, "11111", offset=5)
-    assert tok.decode(p.ids[:p.needle_start]).rstrip(" ").endswith((".", "\n", "!", "?", '"'))
+    assert tok.decode(p.ids[: p.needle_start]).rstrip(" ").endswith((".", "\n", "!", "?", '"'))
 
 
 def test_depth_orders_the_needle(tiny):
@@ -96,7 +97,8 @@ def test_accuracy_per_cell_from_the_answers(tiny):
     for p in prompts:
         expected.setdefault((p.length, p.depth), []).append(p.needle_start < len(p.ids) / 2)
     assert [(c["length"], c["depth"], c["accuracy"]) for c in r["cells"]] == [
-        (n, d, sum(v) / len(v)) for (n, d), v in sorted(expected.items())]
+        (n, d, sum(v) / len(v)) for (n, d), v in sorted(expected.items())
+    ]
     assert r["accuracy"] == sum(sum(v) for v in expected.values()) / len(prompts) and r["trials"] == 12
     assert 0 < r["accuracy"] < 1
 

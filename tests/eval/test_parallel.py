@@ -1,4 +1,5 @@
 """``evaluate`` at tensor-parallel size 2 (one spawned gloo worker) against size 1 on a tiny checkpoint."""
+
 from __future__ import annotations
 
 import multiprocessing
@@ -16,8 +17,17 @@ def ckpt(tmp_path_factory):
 
 
 def settings(ckpt, tasks=("ppl",)) -> EvalSettings:
-    return EvalSettings(corpus=str(ckpt / "corpus.txt"), windows=2, window_len=40, tasks=tasks, seed=1,
-                        passkey_lengths=(260,), passkey_depths=(0.5,), speed_new_tokens=4, speed_prompt_len=16)
+    return EvalSettings(
+        corpus=str(ckpt / "corpus.txt"),
+        windows=2,
+        window_len=40,
+        tasks=tasks,
+        seed=1,
+        passkey_lengths=(260,),
+        passkey_depths=(0.5,),
+        speed_new_tokens=4,
+        speed_prompt_len=16,
+    )
 
 
 def tp_ranks_alive() -> list:
@@ -58,10 +68,18 @@ def test_a_weight_format_reloads_the_ranks_and_matches_tp1(ckpt):
     assert two["test"]["ppl"] == pytest.approx(one["test"]["ppl"], rel=1e-4)
 
 
-@pytest.mark.parametrize("kv, calibration", [("turboquant3.5", {"corpus": "x", "windows": 1, "window_len": 32,
-                                                                 "seed": 0}), ("auto:4.5", None)])
+@pytest.mark.parametrize(
+    "kv, calibration",
+    [("turboquant3.5", {"corpus": "x", "windows": 1, "window_len": 32, "seed": 0}), ("auto:4.5", None)],
+)
 def test_kv_calibration_is_refused_before_anything_loads(ckpt, kv, calibration):
     with pytest.raises(ConfigError, match="KV calibration .* not at --tensor-parallel-size 2"):
-        evaluate(str(ckpt), kv_cache_dtype=kv, settings=settings(ckpt), progress=False, kv_calibration=calibration,
-                 tensor_parallel_size=2)
+        evaluate(
+            str(ckpt),
+            kv_cache_dtype=kv,
+            settings=settings(ckpt),
+            progress=False,
+            kv_calibration=calibration,
+            tensor_parallel_size=2,
+        )
     assert not tp_ranks_alive()

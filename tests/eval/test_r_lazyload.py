@@ -1,4 +1,5 @@
 """R lazy-load database glue over the `rdata` package, on hand-built XDR bytes and the real janeaustenr index."""
+
 from __future__ import annotations
 
 import bz2
@@ -13,8 +14,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bytediet.eval.corpus import NOVELS
-from bytediet.eval.r_lazyload import (RDataError, character_vector, decompress_lazyload, read_lazyload_db, read_rds,
-                                      unserialize)
+from bytediet.eval.r_lazyload import (
+    RDataError,
+    character_vector,
+    decompress_lazyload,
+    read_lazyload_db,
+    read_rds,
+    unserialize,
+)
 
 # ------------------------------------------------------------- a tiny XDR writer (serialize.c)
 ATTR, TAG = 1 << 9, 1 << 10
@@ -119,7 +126,8 @@ JANEAUSTENR_RDX = bytes.fromhex(
     "67cbb7e8f3cf0fb0f765f4c57a06f67d167d79750d3eff8a7ef6f0037eb2804be07c028ec97083168aac13a5bf7c849c941241"
     "174a68bb92d436bd302f011eebce6cd6423f91115545bb80f39e8cdd0a2b3b1dc8b437b2a1ded0f3b69135055a5ad296864556"
     "b2959b9d63bfe10330064cfe42268c3de43eb4af837e1a664e5e8591a26add634218432b32a4eb3da93be5a2584bcd30f41ffb"
-    "511c7e91010000")
+    "511c7e91010000"
+)
 
 
 def test_real_r_written_index(tmp_path):

@@ -7,6 +7,7 @@ TurboQuant cell, an int8 activation code. So the step is never compared with a t
   wrote (:func:`assert_written_as_reference`);
 - the attention and the rest of the step: the twin reads the pages the step wrote (:func:`twin_on_pages`).
 """
+
 import dataclasses
 from unittest import mock
 
@@ -22,8 +23,9 @@ def layer_pages(layer) -> list[torch.Tensor]:
     """The tensors the step writes in a layer, slot first: row or block pages and their scales, TurboQuant norms
     and codes."""
     out = [t for t in (layer.k_cache, layer.v_cache, layer.k_scale, layer.v_scale) if t is not None]
-    return out + [t for pages in (layer.k_tq, layer.v_tq) if pages is not None
-                  for p in pages.parts for t in (p.norm, p.idx)]
+    return out + [
+        t for pages in (layer.k_tq, layer.v_tq) if pages is not None for p in pages.parts for t in (p.norm, p.idx)
+    ]
 
 
 def snapshot(spec) -> list[list[torch.Tensor]]:
@@ -44,8 +46,17 @@ def native_kv(spec, x, positions, slots, block_tables, variant) -> list[tuple[to
     shape = ((int(block_tables.max()) + 1) * BLOCK, spec.num_kv_heads, spec.head_dim)
     kv = []
     for i, layer in enumerate(spec.layers):
-        probe = dataclasses.replace(layer, kv_dtype="fp32", v_dtype=None, k_cache=torch.zeros(shape),
-                                    v_cache=torch.zeros(shape), k_scale=None, v_scale=None, k_tq=None, v_tq=None)
+        probe = dataclasses.replace(
+            layer,
+            kv_dtype="fp32",
+            v_dtype=None,
+            k_cache=torch.zeros(shape),
+            v_cache=torch.zeros(shape),
+            k_scale=None,
+            v_scale=None,
+            k_tq=None,
+            v_tq=None,
+        )
         step = dataclasses.replace(spec, layers=[*spec.layers[:i], probe], native=None)
         ops.decode_step(step, x, positions, slots, block_tables, BLOCK, variant=variant)
         kv.append((probe.k_cache[slots].clone(), probe.v_cache[slots].clone()))
@@ -84,15 +95,20 @@ def assert_same_codes(got: TurboQuantPageSpec, want: TurboQuantPageSpec, slots, 
     one-step flips where the twin's u lies within CELL_EPS of a cell boundary (``margins``: :func:`cell_margins`)."""
     for g, w, m in zip(got.parts, want.parts, margins):
         # ‖x_p‖ summed in another order, then rounded to fp16: one ulp (≤ 2⁻¹⁰ relative) where it sits on a midpoint
-        assert torch.allclose(g.norm[slots].float(), w.norm[slots].float(), rtol=2 ** -10, atol=0)
+        assert torch.allclose(g.norm[slots].float(), w.norm[slots].float(), rtol=2**-10, atol=0)
         a, b = (turboquant_pages.unpack_codes(p.idx[slots], p.bits, p.dim) for p in (g, w))
         flipped = a != b
         assert (a - b).abs().max().item() <= 1 and (m[flipped] < CELL_EPS).all()
 
 
 def _twin_tq(pages: TurboQuantPageSpec) -> TurboQuantPageSpec:
-    return TurboQuantPageSpec([TurboQuantPart(p.dim, p.bits, p.rotation, p.codebook, p.norm.clone(), p.idx.clone())
-                               for p in pages.parts], pages.channels, pages.mean, pages.rope_mean, pages.inv_freq)
+    return TurboQuantPageSpec(
+        [TurboQuantPart(p.dim, p.bits, p.rotation, p.codebook, p.norm.clone(), p.idx.clone()) for p in pages.parts],
+        pages.channels,
+        pages.mean,
+        pages.rope_mean,
+        pages.inv_freq,
+    )
 
 
 def assert_written_as_reference(spec, before, kv, positions, slots) -> None:

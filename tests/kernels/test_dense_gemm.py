@@ -1,4 +1,5 @@
 """The measured choice of the compute-bound GEMM's precision (kernels/dense_gemm.py)."""
+
 from __future__ import annotations
 
 import pytest

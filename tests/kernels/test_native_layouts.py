@@ -1,22 +1,25 @@
 """bytediet's int8/int4 layouts: the repack is exact (the reference decoder gives the format's own dequantized
 weight, bit for bit), and the native kernels multiply them as the reference does, for every runnable variant."""
+
 import pytest
 import torch
 
 from bytediet.kernels import native_layouts as nl
 from bytediet.kernels import ops, reference
 from bytediet.kernels.cpu import build
+from bytediet.quant import get_weight_format
 from bytediet.quant.int4 import Int4
 from bytediet.quant.int8 import Int8
 from bytediet.quant.mxfp4 import MXFP4
 from bytediet.quant.nvfp4 import NVFP4
-from bytediet.quant import get_weight_format
 
 from .test_ops_gemm_blocks import check_close
 
 VARIANTS = [v.name for v in build.runnable_variants()]
-needs_native = pytest.mark.skipif(not VARIANTS or build.find_compiler() is None,
-                                  reason="no runnable native variant (CPU without AVX2, or no compiler)")
+needs_native = pytest.mark.skipif(
+    not VARIANTS or build.find_compiler() is None,
+    reason="no runnable native variant (CPU without AVX2, or no compiler)",
+)
 INT4_CASES = [(g, sym) for g in (32, 64, 128) for sym in (False, True)]
 
 
@@ -98,7 +101,9 @@ def check_products(t, rows, activations, variant, gen, own=None):
 
 @needs_native
 @pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("case", ["int8", "mxfp4", "nvfp4", "sparse24-int8"] + [f"int4-g{g}{'-sym' if s else ''}" for g, s in INT4_CASES])
+@pytest.mark.parametrize(
+    "case", ["int8", "mxfp4", "nvfp4", "sparse24-int8"] + [f"int4-g{g}{'-sym' if s else ''}" for g, s in INT4_CASES]
+)
 @pytest.mark.parametrize("activations", ["q8", "q16", "f32"])
 def test_native_layout_gemm_equals_reference(variant, case, activations):
     gen = torch.Generator().manual_seed(len(case) * 31 + len(activations))
@@ -121,9 +126,14 @@ def test_native_layout_gemm_equals_reference(variant, case, activations):
 def test_native_layout_extreme_inputs(variant):
     gen = torch.Generator().manual_seed(11)
     k = 256
-    for make in (lambda s: int8_rows(5, k, gen, s), lambda s: int4_rows(5, k, 64, False, gen, s),
-                 lambda s: int4_rows(5, k, 128, True, gen, s), lambda s: fp4_rows(MXFP4(), 5, k, gen, s),
-                 lambda s: fp4_rows(NVFP4(), 5, k, gen, s), lambda s: sparse24_rows(5, k, gen, s)):
+    for make in (
+        lambda s: int8_rows(5, k, gen, s),
+        lambda s: int4_rows(5, k, 64, False, gen, s),
+        lambda s: int4_rows(5, k, 128, True, gen, s),
+        lambda s: fp4_rows(MXFP4(), 5, k, gen, s),
+        lambda s: fp4_rows(NVFP4(), 5, k, gen, s),
+        lambda s: sparse24_rows(5, k, gen, s),
+    ):
         _, _, zero_rows, t = make(0.0)  # all-zero weights: zero scales
         x = torch.randn(2, k, generator=gen)
         for activations in ("q8", "q16", "f32"):
@@ -132,8 +142,9 @@ def test_native_layout_extreme_inputs(variant):
         for x in (torch.zeros(2, k), torch.randn(2, k, generator=gen) * 1e4):
             for activations in ("q8", "q16", "f32"):
                 y = ops.gemm_blocks(t, rows, x, None, activations, variant=variant)
-                check_close(y, reference.gemm_blocks(t, rows, x, None, activations), x,
-                            reference.dequantize_blocks(t, rows))
+                check_close(
+                    y, reference.gemm_blocks(t, rows, x, None, activations), x, reference.dequantize_blocks(t, rows)
+                )
 
 
 @needs_native
@@ -144,9 +155,17 @@ def test_native_dequantize_equals_the_reference_decoders(variant):
 
     gen = torch.Generator().manual_seed(4)
     cases = [(int(t), random_blocks(t, 5, 512, gen)) for t in SMALL_BLOCK_TYPES + list(K_TYPES)]
-    cases += [(t, rows) for *_, rows, t in (int8_rows(5, 512, gen), int4_rows(5, 512, 128, False, gen),
-                                            int4_rows(5, 512, 32, True, gen), fp4_rows(MXFP4(), 5, 512, gen),
-                                            fp4_rows(NVFP4(), 5, 512, gen), sparse24_rows(5, 512, gen))]
+    cases += [
+        (t, rows)
+        for *_, rows, t in (
+            int8_rows(5, 512, gen),
+            int4_rows(5, 512, 128, False, gen),
+            int4_rows(5, 512, 32, True, gen),
+            fp4_rows(MXFP4(), 5, 512, gen),
+            fp4_rows(NVFP4(), 5, 512, gen),
+            sparse24_rows(5, 512, gen),
+        )
+    ]
     for t, rows in cases:
         got = ops.dequantize_blocks(t, rows, variant=variant)
         want = reference.dequantize_blocks(t, rows)
@@ -156,7 +175,7 @@ def test_native_dequantize_equals_the_reference_decoders(variant):
         got16 = ops.dequantize_blocks(t, rows, dtype=torch.bfloat16, variant=variant)
         assert got16.dtype == torch.bfloat16 and torch.equal(got16, got.to(torch.bfloat16)), t
         want16 = reference.dequantize_blocks(t, rows, torch.bfloat16)
-        assert torch.allclose(got16.float(), want16.float(), rtol=2 ** -7, atol=0), t  # at most one bf16 step
+        assert torch.allclose(got16.float(), want16.float(), rtol=2**-7, atol=0), t  # at most one bf16 step
 
 
 # --- fp8, 2:4 sparse fp16, int8-w8a8: the formats whose activations are fixed by the format ------------------
@@ -171,8 +190,10 @@ def fixed_rows(spec: str, n: int, k: int, gen: torch.Generator, scale: float = 1
     return fmt, packed, rows, t
 
 
-@pytest.mark.parametrize("spec,layout,bits", [("fp8", nl.FP8_ROW, None), ("sparse24", nl.SPARSE24_F16, 9.0),
-                                              ("int8-w8a8", nl.INT8_ROW, None)])
+@pytest.mark.parametrize(
+    "spec,layout,bits",
+    [("fp8", nl.FP8_ROW, None), ("sparse24", nl.SPARSE24_F16, 9.0), ("int8-w8a8", nl.INT8_ROW, None)],
+)
 def test_fixed_activation_repacks_are_bit_identical_and_keep_the_bytes(spec, layout, bits):
     gen = torch.Generator().manual_seed(21)
     fmt, packed, rows, t = fixed_rows(spec, 6, 320, gen)
@@ -239,8 +260,10 @@ def test_fixed_activation_extreme_inputs(variant, spec):
     gen = torch.Generator().manual_seed(5)
     k, activations = 256, FIXED_ACTIVATION_FORMATS[spec]
     _, _, zero_rows, t = fixed_rows(spec, 5, k, gen, 0.0)  # all-zero weights (fp8, int8: scale 1 or 0)
-    assert torch.equal(ops.gemm_blocks(t, zero_rows, torch.randn(2, k, generator=gen), None, activations,
-                                       variant=variant), torch.zeros(2, 5))
+    assert torch.equal(
+        ops.gemm_blocks(t, zero_rows, torch.randn(2, k, generator=gen), None, activations, variant=variant),
+        torch.zeros(2, 5),
+    )
     for scale in (1e-30, 1e4):  # fp8: tiny per-row scales; large weights
         _, _, rows, t = fixed_rows(spec, 5, k, gen, scale)
         w = reference.dequantize_blocks(t, rows)

@@ -1,6 +1,7 @@
 """The fused native GELU-tanh · up against its twin in kernels/reference.py, for every ISA variant this CPU can
 run, on fresh random inputs: odd lengths (tails past the 8-lane vector), one parallel region and several,
 zeros, huge and tiny values."""
+
 import pytest
 import torch
 

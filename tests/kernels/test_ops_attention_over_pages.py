@@ -4,6 +4,7 @@ per-channel keys and per-token values with their staged windows, QJL's sign-bit 
 values of different types, the GQA ratios of the three families, odd context lengths across page boundaries,
 sliding windows, a ragged batch mixing a prefill chunk (tokens sharing a block table row) with decodes, long
 contexts split across threads."""
+
 import zlib
 from unittest import mock
 
@@ -12,8 +13,15 @@ import torch
 
 from bytediet.kernels import ops, reference
 from bytediet.kernels.cpu import build
-from bytediet.kernels.decoder_spec import (ATTENTION_PAGE_TYPES, CODE_PAGE_BITS, CODE_PAGE_TYPES, PAGE_ALIGN,
-                                         CodePageSide, TurboQuantPageSpec, TurboQuantPart)
+from bytediet.kernels.decoder_spec import (
+    ATTENTION_PAGE_TYPES,
+    CODE_PAGE_BITS,
+    CODE_PAGE_TYPES,
+    PAGE_ALIGN,
+    CodePageSide,
+    TurboQuantPageSpec,
+    TurboQuantPart,
+)
 from bytediet.kvcache.turboquant_core import TurboQuantizer
 
 VARIANTS = [v.name for v in build.runnable_variants()] if build.find_compiler() else []
@@ -51,9 +59,20 @@ def test_native_attention_over_pages_equals_reference(variant, case, kv_dtype):
 
 
 # keys of one page type, values of another: llama.cpp's k=q8_0,v=q4_0, and the pairs the auto: budget plans mix
-MIXED = [("q8_0", "q4_0"), ("q4_0", "q8_0"), ("q8_0", "q5_0"), ("q5_0", "q4_1"), ("int8", "q4_0"),
-         ("q4_1", "int8"), ("bf16", "q4_1"), ("q8_0", "bf16"), ("fp32", "q5_0"), ("fp8", "q8_0"), ("int8", "bf16"),
-         ("fp16", "fp8")]
+MIXED = [
+    ("q8_0", "q4_0"),
+    ("q4_0", "q8_0"),
+    ("q8_0", "q5_0"),
+    ("q5_0", "q4_1"),
+    ("int8", "q4_0"),
+    ("q4_1", "int8"),
+    ("bf16", "q4_1"),
+    ("q8_0", "bf16"),
+    ("fp32", "q5_0"),
+    ("fp8", "q8_0"),
+    ("int8", "bf16"),
+    ("fp16", "fp8"),
+]
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -71,7 +90,7 @@ def ragged_batch(seqs, gen):
     tables, positions, rows, used = [], [], [], 0
     for s, (n, ctx) in enumerate(seqs):
         nb = -(-ctx // BLOCK)
-        tables.append(torch.cat([perm[used:used + nb], torch.full((width - nb,), -1)]))
+        tables.append(torch.cat([perm[used : used + nb], torch.full((width - nb,), -1)]))
         used += nb
         positions += list(range(ctx - n, ctx))
         rows += [s] * n
@@ -85,7 +104,7 @@ def check(variant, case, kv_dtype, v_dtype):
     bt, positions, rows, slots = ragged_batch(seqs, gen)
     (k, ks), (v, vs) = pages(gen, slots, hkv, d, kv_dtype), pages(gen, slots, hkv, d, v_dtype)
     q = torch.randn(len(positions), hq, d, generator=gen)
-    args = (q, positions, rows, bt, BLOCK, d ** -0.5, window, kv_dtype, k, v, ks, vs, v_dtype if mixed else None)
+    args = (q, positions, rows, bt, BLOCK, d**-0.5, window, kv_dtype, k, v, ks, vs, v_dtype if mixed else None)
     want = reference.attention_over_pages(*args)
     with mock.patch.object(reference, "attention_over_pages", side_effect=AssertionError("the reference ran")):
         got = ops.attention_over_pages(*args, variant=variant)  # natively: no fallback to the twin
@@ -93,6 +112,7 @@ def check(variant, case, kv_dtype, v_dtype):
 
 
 # --- code pages: packed codes read with side data (scales, zero points, staged windows, sketches, rotations) ---
+
 
 def staged(gen, slots, hkv, d, window):
     """(stage_of, stage): about a third of the ``window``-token windows open, their rows in fp16 staging pages."""
@@ -105,7 +125,9 @@ def staged(gen, slots, hkv, d, window):
 
 def polar_table(gen):
     """cos then sin of random centroid angles: 16 at the first level, 4 at each of the three above."""
-    return torch.cat([torch.cat([a.cos(), a.sin()]) for a in (torch.rand(n, generator=gen) * 6.3 for n in (16, 4, 4, 4))])
+    return torch.cat(
+        [torch.cat([a.cos(), a.sin()]) for a in (torch.rand(n, generator=gen) * 6.3 for n in (16, 4, 4, 4))]
+    )
 
 
 def code_pages(gen, slots, hkv, d, kv_dtype, group, window=0):
@@ -115,32 +137,49 @@ def code_pages(gen, slots, hkv, d, kv_dtype, group, window=0):
     if kv_dtype == "polarquant":
         codes = torch.randint(0, 256, (slots, hkv, 23 * d // 64), generator=gen, dtype=torch.uint8)
         rotation = torch.linalg.qr(torch.randn(d, d, generator=gen))[0]
-        return codes, CodePageSide((torch.rand(slots, hkv, d // 16, generator=gen) + 0.2).half(), transform=rotation,
-                                   table=polar_table(gen))
+        return codes, CodePageSide(
+            (torch.rand(slots, hkv, d // 16, generator=gen) + 0.2).half(), transform=rotation, table=polar_table(gen)
+        )
     bits = CODE_PAGE_BITS[kv_dtype]
     if kv_dtype.startswith("qjl"):
         m = int(kv_dtype[3]) * d
         codes = torch.randint(0, 256, (slots, hkv, m // 8), generator=gen, dtype=torch.uint8)
-        return codes, CodePageSide((torch.rand(slots, hkv, generator=gen) * 4 + 0.1).half(),
-                                   transform=torch.randn(m, d, generator=gen))
+        return codes, CodePageSide(
+            (torch.rand(slots, hkv, generator=gen) * 4 + 0.1).half(), transform=torch.randn(m, d, generator=gen)
+        )
     codes = torch.randint(0, 256, (slots, hkv, d * bits // 8), generator=gen, dtype=torch.uint8)
     if not kv_dtype.startswith("kivi"):
         shape = (slots, hkv, d // PAGE_ALIGN[kv_dtype])
         stage_of, stage = staged(gen, slots, hkv, d, window) if window else (None, None)
-        return codes, CodePageSide((torch.rand(shape, generator=gen) * 0.5 + 0.01).half(),
-                                   (torch.randn(shape, generator=gen)).half(), stage_of, stage, window=window)
+        return codes, CodePageSide(
+            (torch.rand(shape, generator=gen) * 0.5 + 0.01).half(),
+            (torch.randn(shape, generator=gen)).half(),
+            stage_of,
+            stage,
+            window=window,
+        )
     groups = slots // group
     scale = (torch.rand(groups, hkv, d, generator=gen) * 0.5 + 0.01).half()
     zero = torch.randn(groups, hkv, d, generator=gen).half()
     return codes, CodePageSide(scale, zero, *staged(gen, slots, hkv, d, window or group), group, window)
 
 
-CODE_PAIRS = [("kivi2-keys", "int2-token-g32-asym"), ("kivi4-keys", "int4-token-g32-asym"),
-              ("kivi2-keys", "q8_0"), ("fp16", "int4-token-g32-asym"), ("kivi4-keys", "int2-token-g32-asym"),
-              ("kivi4-keys", "int4-token-g64-asym"), ("kivi2-keys", "int2-token-g64-asym"),  # HF QuantizedCache's
-              ("qjl1-keys", "int4-token-g32-asym"), ("qjl2-keys", "int4-token-g32-asym"), ("qjl3-keys", "bf16"),
-              ("qjl4-keys", "q4_0"), ("polarquant", "polarquant"), ("qjl2-keys", "polarquant"),
-              ("polarquant", "int4-token-g64-asym")]
+CODE_PAIRS = [
+    ("kivi2-keys", "int2-token-g32-asym"),
+    ("kivi4-keys", "int4-token-g32-asym"),
+    ("kivi2-keys", "q8_0"),
+    ("fp16", "int4-token-g32-asym"),
+    ("kivi4-keys", "int2-token-g32-asym"),
+    ("kivi4-keys", "int4-token-g64-asym"),
+    ("kivi2-keys", "int2-token-g64-asym"),  # HF QuantizedCache's
+    ("qjl1-keys", "int4-token-g32-asym"),
+    ("qjl2-keys", "int4-token-g32-asym"),
+    ("qjl3-keys", "bf16"),
+    ("qjl4-keys", "q4_0"),
+    ("polarquant", "polarquant"),
+    ("qjl2-keys", "polarquant"),
+    ("polarquant", "int4-token-g64-asym"),
+]
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -167,7 +206,7 @@ def test_native_attention_over_code_pages_equals_reference(variant, case, k_dtyp
     ks, kside = (None, k_rest[0]) if k_dtype in CODE_PAGE_TYPES else k_rest[:2]
     vs, vside = (None, v_rest[0]) if v_dtype in CODE_PAGE_TYPES else v_rest[:2]
     q = torch.randn(len(positions), hq, d, generator=gen)
-    args = (q, positions, rows, bt, BLOCK, d ** -0.5, win, k_dtype, k, v, ks, vs, v_dtype)
+    args = (q, positions, rows, bt, BLOCK, d**-0.5, win, k_dtype, k, v, ks, vs, v_dtype)
     want = reference.attention_over_pages(*args, k_side=kside, v_side=vside)
     with mock.patch.object(reference, "attention_over_pages", side_effect=AssertionError("the reference ran")):
         got = ops.attention_over_pages(*args, k_side=kside, v_side=vside, variant=variant)
@@ -179,13 +218,26 @@ def test_code_pages_refuse_missing_side_data():
     codes, side = code_pages(gen, 32, 1, 64, "qjl2-keys", 8)
     side.transform = None
     with pytest.raises(ValueError, match="sketch or rotation"):
-        ops.attention_over_pages(torch.randn(1, 1, 64), torch.tensor([3]), torch.tensor([0]), torch.tensor([[0, 1]]),
-                                 BLOCK, 0.1, None, "qjl2-keys", codes, torch.randn(32, 1, 64), k_side=side,
-                                 v_dtype="fp32", variant=VARIANTS[0])
+        ops.attention_over_pages(
+            torch.randn(1, 1, 64),
+            torch.tensor([3]),
+            torch.tensor([0]),
+            torch.tensor([[0, 1]]),
+            BLOCK,
+            0.1,
+            None,
+            "qjl2-keys",
+            codes,
+            torch.randn(32, 1, 64),
+            k_side=side,
+            v_dtype="fp32",
+            variant=VARIANTS[0],
+        )
 
 
 # --- TurboQuant pages on the module path: keys of the MSE or inner-product variant (turboquant_prod: a 1-bit QJL
 # sketch of the residual, scored against the query sketched once), values MSE; prefill chunks beside decodes ---
+
 
 def turboquant_pages(gen, slots, hkv, d, layout, variant, calibrated):
     """Random TurboQuant codes of ``layout`` [(channels, bits), …]; ``calibrated``: a channel order, and a constant
@@ -194,11 +246,19 @@ def turboquant_pages(gen, slots, hkv, d, layout, variant, calibrated):
     for i, (n, b) in enumerate(layout):
         tq = TurboQuantizer(n, b, variant, "hadamard" if i == 0 else "qr", 31 + 17 * i)
         prod = variant == "prod"
-        parts.append(TurboQuantPart(
-            n, tq.mse_bits, tq.R, tq.codebook, (torch.rand(slots, hkv, generator=gen) * 3 + 0.1).half(),
-            torch.randint(0, 256, (slots, hkv, n * tq.mse_bits // 8), generator=gen, dtype=torch.uint8),
-            torch.randint(0, 256, (slots, hkv, n // 8), generator=gen, dtype=torch.uint8) if prod else None,
-            (torch.rand(slots, hkv, generator=gen) * 0.6).half() if prod else None, tq.S))
+        parts.append(
+            TurboQuantPart(
+                n,
+                tq.mse_bits,
+                tq.R,
+                tq.codebook,
+                (torch.rand(slots, hkv, generator=gen) * 3 + 0.1).half(),
+                torch.randint(0, 256, (slots, hkv, n * tq.mse_bits // 8), generator=gen, dtype=torch.uint8),
+                torch.randint(0, 256, (slots, hkv, n // 8), generator=gen, dtype=torch.uint8) if prod else None,
+                (torch.rand(slots, hkv, generator=gen) * 0.6).half() if prod else None,
+                tq.S,
+            )
+        )
     channels = mean = rope_mean = inv_freq = None
     if calibrated:
         channels = torch.stack([torch.randperm(d, generator=gen) for _ in range(hkv)])
@@ -231,7 +291,7 @@ def test_native_attention_over_turboquant_pages_equals_reference(variant, case, 
     k = turboquant_pages(gen, slots, hkv, d, k_layout, kv, calibrated)
     v = turboquant_pages(gen, slots, hkv, d, v_layout, "mse", calibrated and True)
     q = torch.randn(len(positions), hq, d, generator=gen)
-    args = (q, positions, rows, bt, BLOCK, d ** -0.5, window, "turboquant", None, None)
+    args = (q, positions, rows, bt, BLOCK, d**-0.5, window, "turboquant", None, None)
     want = reference.attention_over_pages(*args, k_side=k, v_side=v)
     with mock.patch.object(reference, "attention_over_pages", side_effect=AssertionError("the reference ran")):
         got = ops.attention_over_pages(*args, k_side=k, v_side=v, variant=variant)
@@ -241,8 +301,14 @@ def test_native_attention_over_turboquant_pages_equals_reference(variant, case, 
 # --- TurboQuant pages on one side, row or block pages on the other (an auto:<bits> plan's k=q5_0,v=turboquant4):
 # the same kernel scores row keys against q itself, or sums row values unrotated ---
 
-MIXED_TQ = [("q5_0", "turboquant"), ("int8", "turboquant"), ("bf16", "turboquant"), ("turboquant", "q4_0"),
-            ("turboquant", "fp32"), ("turboquant", "fp8")]
+MIXED_TQ = [
+    ("q5_0", "turboquant"),
+    ("int8", "turboquant"),
+    ("bf16", "turboquant"),
+    ("turboquant", "q4_0"),
+    ("turboquant", "fp32"),
+    ("turboquant", "fp8"),
+]
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -262,7 +328,7 @@ def test_native_attention_over_turboquant_beside_row_pages_equals_reference(vari
     else:
         sides, caches = dict(v_side=tq), dict(k_cache=row_pages, v_cache=None, k_scale=scales, v_scale=None)
     q = torch.randn(len(positions), hq, d, generator=gen)
-    args = (q, positions, rows, bt, BLOCK, d ** -0.5, window, k_dtype)
+    args = (q, positions, rows, bt, BLOCK, d**-0.5, window, k_dtype)
     want = reference.attention_over_pages(*args, v_dtype=v_dtype, **caches, **sides)
     with mock.patch.object(reference, "attention_over_pages", side_effect=AssertionError("the reference ran")):
         got = ops.attention_over_pages(*args, v_dtype=v_dtype, **caches, **sides, variant=variant)

@@ -1,6 +1,7 @@
 """The one-call native decode step against its twin ``reference.decode_step`` on random decoders: every GQA
 ratio of the three families, sliding windows, gemma3's sandwich and q/k norms, qwen2's biases, odd context
 lengths across page boundaries, several sequences at once, both activation modes and weight layouts."""
+
 import zlib
 
 import pytest
@@ -20,8 +21,15 @@ pytestmark = pytest.mark.skipif(not VARIANTS, reason="no native kernels on this 
 def linear(n, k, gen, gtype=T.Q4_1, bias=False, interleave=False):
     blocks = ENCODERS[gtype]((torch.randn(n * k // 32, 32, generator=gen) * 0.2)).reshape(n, -1)
     if interleave and ops.can_interleave(int(gtype), n, k):
-        return LinearSpec(ops.repack_x4(int(gtype), blocks), int(gtype), n, k,
-                          torch.randn(n, generator=gen) if bias else None, interleaved=True, source=blocks)
+        return LinearSpec(
+            ops.repack_x4(int(gtype), blocks),
+            int(gtype),
+            n,
+            k,
+            torch.randn(n, generator=gen) if bias else None,
+            interleaved=True,
+            source=blocks,
+        )
     return LinearSpec(blocks, int(gtype), n, k, torch.randn(n, generator=gen) if bias else None)
 
 
@@ -30,30 +38,71 @@ def random_pages(gen, slots, kv_heads, head_dim, kv_dtype):
     return reference.write_kv_rows(kv_dtype, torch.randn(slots, kv_heads, head_dim, generator=gen))
 
 
-def random_spec(gen, *, heads, kv_heads, head_dim=32, hidden=64, inter=96, layers=2, gemma=False, bias=False,
-                window=0, activations="q8", interleave=False, slots=512, kv_dtype="fp32", v_dtype=None):
+def random_spec(
+    gen,
+    *,
+    heads,
+    kv_heads,
+    head_dim=32,
+    hidden=64,
+    inter=96,
+    layers=2,
+    gemma=False,
+    bias=False,
+    window=0,
+    activations="q8",
+    interleave=False,
+    slots=512,
+    kv_dtype="fp32",
+    v_dtype=None,
+):
     def norm(n):
         return 1.0 + 0.1 * torch.randn(n, generator=gen)
 
     specs = []
     for i in range(layers):
         lin = lambda n, k, b=False: linear(n, k, gen, T.Q8_0 if i == 1 else T.Q4_1, b, interleave)
-        (k_cache, k_scale), (v_cache, v_scale) = (random_pages(gen, slots, kv_heads, head_dim, t)
-                                                  for t in (kv_dtype, v_dtype or kv_dtype))
-        specs.append(LayerSpec(
-            attn_norm=norm(hidden), post_attn_norm=norm(hidden),
-            inv_freq=1.0 / (10000 ** (torch.arange(0, head_dim, 2).float() / head_dim)),
-            k_cache=k_cache, v_cache=v_cache, kv_dtype=kv_dtype, v_dtype=v_dtype, k_scale=k_scale, v_scale=v_scale,
-            q=lin(heads * head_dim, hidden, bias), k=lin(kv_heads * head_dim, hidden, bias),
-            v=lin(kv_heads * head_dim, hidden, bias), o=lin(hidden, heads * head_dim),
-            gate=lin(inter, hidden), up=lin(inter, hidden), down=lin(hidden, inter),
-            window=window if i == 0 else 0,
-            pre_ffn_norm=norm(hidden) if gemma else None, post_ffn_norm=norm(hidden) if gemma else None,
-            q_norm=norm(head_dim) if gemma else None, k_norm=norm(head_dim) if gemma else None,
-        ))
-    return DecoderSpec(layers=specs, hidden=hidden, intermediate=inter, num_heads=heads, num_kv_heads=kv_heads,
-                       head_dim=head_dim, eps=1e-6, attention_scale=head_dim ** -0.5, gelu=gemma, sandwich=gemma,
-                       activations=activations)
+        (k_cache, k_scale), (v_cache, v_scale) = (
+            random_pages(gen, slots, kv_heads, head_dim, t) for t in (kv_dtype, v_dtype or kv_dtype)
+        )
+        specs.append(
+            LayerSpec(
+                attn_norm=norm(hidden),
+                post_attn_norm=norm(hidden),
+                inv_freq=1.0 / (10000 ** (torch.arange(0, head_dim, 2).float() / head_dim)),
+                k_cache=k_cache,
+                v_cache=v_cache,
+                kv_dtype=kv_dtype,
+                v_dtype=v_dtype,
+                k_scale=k_scale,
+                v_scale=v_scale,
+                q=lin(heads * head_dim, hidden, bias),
+                k=lin(kv_heads * head_dim, hidden, bias),
+                v=lin(kv_heads * head_dim, hidden, bias),
+                o=lin(hidden, heads * head_dim),
+                gate=lin(inter, hidden),
+                up=lin(inter, hidden),
+                down=lin(hidden, inter),
+                window=window if i == 0 else 0,
+                pre_ffn_norm=norm(hidden) if gemma else None,
+                post_ffn_norm=norm(hidden) if gemma else None,
+                q_norm=norm(head_dim) if gemma else None,
+                k_norm=norm(head_dim) if gemma else None,
+            )
+        )
+    return DecoderSpec(
+        layers=specs,
+        hidden=hidden,
+        intermediate=inter,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        eps=1e-6,
+        attention_scale=head_dim**-0.5,
+        gelu=gemma,
+        sandwich=gemma,
+        activations=activations,
+    )
 
 
 def batch(gen, contexts, slots=512):
@@ -63,7 +112,7 @@ def batch(gen, contexts, slots=512):
     width = max(-(-c // BLOCK) for c in contexts)
     for c in contexts:
         n = -(-c // BLOCK)
-        tables.append(torch.cat([perm[used:used + n], torch.full((width - n,), -1)]))
+        tables.append(torch.cat([perm[used : used + n], torch.full((width - n,), -1)]))
         used += n
     bt = torch.stack(tables).long()
     positions = torch.tensor([c - 1 for c in contexts])
@@ -83,8 +132,9 @@ CASES = {  # name: (spec kwargs, contexts)
 
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("case", sorted(CASES))
-@pytest.mark.parametrize("activations,interleave", [("q8", False), ("q8", True), ("q16", False), ("q16", True),
-                                                    ("f32", False)])
+@pytest.mark.parametrize(
+    "activations,interleave", [("q8", False), ("q8", True), ("q16", False), ("q16", True), ("f32", False)]
+)
 def test_decode_step_equals_reference(variant, case, activations, interleave):
     kwargs, contexts = CASES[case]
     gen = torch.Generator().manual_seed(zlib.crc32(case.encode()))
@@ -109,8 +159,10 @@ def check_step(spec, positions, slots, bt, x, variant):
         # 100 seeds with the twin's GEMM and attention outputs moved by one ulp at random
         near, near_kv = twin_on_pages(spec, x, positions, slots, bt, activations="q16")
         tol += 2 * (want - near).abs().max().item()
-        kv_tol = [t + 2 * max((k - k16).abs().max(), (v - v16).abs().max()).item()
-                  for t, (k, v), (k16, v16) in zip(kv_tol, twin_kv, near_kv)]
+        kv_tol = [
+            t + 2 * max((k - k16).abs().max(), (v - v16).abs().max()).item()
+            for t, (k, v), (k16, v16) in zip(kv_tol, twin_kv, near_kv)
+        ]
     assert (got - want).abs().max().item() <= tol
     for (k, v), (tk, tv), t in zip(kv, twin_kv, kv_tol):  # the new keys (after RoPE) and values the step computed
         assert (k - tk).abs().max().item() <= t and (v - tv).abs().max().item() <= t
@@ -118,8 +170,11 @@ def check_step(spec, positions, slots, bt, x, variant):
 
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("case", sorted(CASES))
-@pytest.mark.parametrize("kv_dtype,v_dtype", [(t, None) for t in ("bf16", "fp16", "int8", "fp8", *BLOCK_PAGE_TYPES)]
-                         + [("q8_0", "q4_0"), ("int8", "q5_0"), ("q4_1", "bf16")])
+@pytest.mark.parametrize(
+    "kv_dtype,v_dtype",
+    [(t, None) for t in ("bf16", "fp16", "int8", "fp8", *BLOCK_PAGE_TYPES)]
+    + [("q8_0", "q4_0"), ("int8", "q5_0"), ("q4_1", "bf16")],
+)
 def test_decode_step_over_stored_page_types_equals_reference(variant, case, kv_dtype, v_dtype):
     """Pages read in place in their stored type and the new token's k, v written the way the torch codec
     rounds them (bf16/fp16: round to nearest even; int8: the int8 codec's per-token scale and codes; q8_0 … q4_0:
@@ -160,7 +215,7 @@ def k_quant_linear(gtype, n, k, gen, interleave):
     size, scale_at = {T.Q4_K: (144, (0, 2)), T.Q6_K: (210, (208,))}[gtype]
     b = torch.randint(0, 256, (n * k // 256, size), generator=gen, dtype=torch.uint8)
     for at in scale_at:
-        b[:, at:at + 2] = torch.tensor([0.002], dtype=torch.float16).view(torch.uint8)
+        b[:, at : at + 2] = torch.tensor([0.002], dtype=torch.float16).view(torch.uint8)
     blocks = b.reshape(n, -1)
     if interleave:
         return LinearSpec(ops.repack_x4(int(gtype), blocks), int(gtype), n, k, None, interleaved=True)
@@ -172,8 +227,18 @@ def k_quant_linear(gtype, n, k, gen, interleave):
 def test_decode_step_with_k_quant_layers_equals_reference(variant, activations, interleave):
     """Gemma-3's Q4_K_M mix: o_proj and down_proj in Q4_K / Q6_K (interleaved when the step runs x4)."""
     gen = torch.Generator().manual_seed(12)
-    spec = random_spec(gen, heads=4, kv_heads=1, head_dim=64, hidden=256, inter=512, gemma=True, window=20,
-                       activations=activations, interleave=interleave)
+    spec = random_spec(
+        gen,
+        heads=4,
+        kv_heads=1,
+        head_dim=64,
+        hidden=256,
+        inter=512,
+        gemma=True,
+        window=20,
+        activations=activations,
+        interleave=interleave,
+    )
     for i, layer in enumerate(spec.layers):
         o_type, down_type = (T.Q4_K, T.Q6_K) if i == 0 else (T.Q6_K, T.Q4_K)
         layer.o = k_quant_linear(o_type, 256, 256, gen, interleave)

@@ -1,5 +1,6 @@
 """Every native block-format kernel against its twin in kernels/reference.py, for every ISA variant this
 CPU can run (the portable AVX2 variant always, forced), on fresh random inputs."""
+
 import numpy as np
 import pytest
 import torch
@@ -10,8 +11,10 @@ from bytediet.kernels.cpu import build
 from bytediet.kernels.ggml_codecs import ENCODERS
 
 VARIANTS = [v.name for v in build.runnable_variants()]
-needs_native = pytest.mark.skipif(not VARIANTS or build.find_compiler() is None,
-                                  reason="no runnable native variant (CPU without AVX2, or no compiler)")
+needs_native = pytest.mark.skipif(
+    not VARIANTS or build.find_compiler() is None,
+    reason="no runnable native variant (CPU without AVX2, or no compiler)",
+)
 SMALL_BLOCK_TYPES = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0]
 K_TYPES = {T.Q4_K: (144, [0, 2]), T.Q5_K: (176, [0, 2]), T.Q6_K: (210, [208])}
 
@@ -25,7 +28,7 @@ def random_blocks(gtype, n: int, k: int, gen: torch.Generator, scale: float = 1.
     b = torch.randint(0, 256, (n * k // 256, size), generator=gen, dtype=torch.uint8)
     d = torch.from_numpy(np.array([0.01 * scale], dtype=np.float16).view(np.uint8).copy())
     for at in scale_at:
-        b[:, at:at + 2] = d
+        b[:, at : at + 2] = d
     return b.reshape(n, -1)
 
 
@@ -64,10 +67,15 @@ def test_gemm_blocks_extreme_inputs(variant, gtype):
     for activations in ("q8", "q16", "f32"):
         zero_w = torch.zeros_like(random_blocks(gtype, 5, k, gen))  # all-zero scales and codes
         x = torch.randn(2, k, generator=gen)
-        assert torch.equal(ops.gemm_blocks(int(gtype), zero_w, x, None, activations, variant=variant), torch.zeros(2, 5))
+        assert torch.equal(
+            ops.gemm_blocks(int(gtype), zero_w, x, None, activations, variant=variant), torch.zeros(2, 5)
+        )
         blocks = random_blocks(gtype, 5, k, gen, scale=100.0)
-        for x in (torch.zeros(2, k), torch.randn(2, k, generator=gen) * 1e4,
-                  torch.cat([torch.zeros(1, k), torch.randn(1, k, generator=gen)])):  # a zero row (scale 0) beside a normal one
+        for x in (
+            torch.zeros(2, k),
+            torch.randn(2, k, generator=gen) * 1e4,
+            torch.cat([torch.zeros(1, k), torch.randn(1, k, generator=gen)]),
+        ):  # a zero row (scale 0) beside a normal one
             y = ops.gemm_blocks(int(gtype), blocks, x, None, activations, variant=variant)
             ref = reference.gemm_blocks(int(gtype), blocks, x, None, activations)
             check_close(y, ref, x, reference.dequantize_blocks(int(gtype), blocks))
@@ -142,16 +150,22 @@ def test_interleaved_k_quants_extreme_inputs(variant, gtype):
     k = 512
     zero = ops.repack_x4(int(gtype), torch.zeros_like(random_blocks(gtype, 8, k, gen)), variant=variant)
     for activations in ("q8", "q16"):
-        assert torch.equal(ops.gemm_x4(int(gtype), zero, torch.randn(3, k, generator=gen), None, activations,
-                                       variant=variant), torch.zeros(3, 8))
+        assert torch.equal(
+            ops.gemm_x4(int(gtype), zero, torch.randn(3, k, generator=gen), None, activations, variant=variant),
+            torch.zeros(3, 8),
+        )
     blocks = random_blocks(gtype, 8, k, gen, scale=100.0)
     if gtype == T.Q6_K:
         blocks.reshape(-1, 210)[:4, :192] = 0xFF  # codes 63 in the first rows' super-blocks
     packed = ops.repack_x4(int(gtype), blocks, variant=variant)
     w = reference.dequantize_blocks(int(gtype), blocks)
     sign = torch.where(torch.rand(1, k, generator=gen) > 0.5, 1.0, -1.0)
-    for x in (torch.zeros(2, k), torch.randn(2, k, generator=gen) * 1e4, torch.ones(2, k) * sign * 3.0,
-              torch.cat([torch.zeros(1, k), torch.randn(1, k, generator=gen)])):
+    for x in (
+        torch.zeros(2, k),
+        torch.randn(2, k, generator=gen) * 1e4,
+        torch.ones(2, k) * sign * 3.0,
+        torch.cat([torch.zeros(1, k), torch.randn(1, k, generator=gen)]),
+    ):
         for activations in ("q8", "q16"):
             y = ops.gemm_x4(int(gtype), packed, x, None, activations, variant=variant)
             check_close(y, reference.gemm_x4(int(gtype), packed, x, None, activations), x, w)

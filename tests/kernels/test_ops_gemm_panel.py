@@ -2,6 +2,7 @@
 its reference twin (kernels/reference.py gemm_panel) on fresh random inputs — odd activation rows (register
 tile tails), weight rows not a multiple of the 32-row panel, all-zero and extreme scales, a bias; the avx2
 variant (and a float-valued layout) has no panel kernel and says so, and ops.gemm_panel then runs the reference."""
+
 import pytest
 import torch
 
@@ -15,8 +16,9 @@ from .test_native_layouts import fp4_rows, int4_rows, int8_rows, needs_native, s
 from .test_ops_gemm_blocks import K_TYPES, SMALL_BLOCK_TYPES, check_close, random_blocks
 
 PANEL_VARIANTS = [v.name for v in build.runnable_variants() if "avx512_vnni" in v.cpu_flags]
-needs_panel = pytest.mark.skipif(not PANEL_VARIANTS or build.find_compiler() is None,
-                                 reason="no AVX-512 VNNI variant runs on this CPU")
+needs_panel = pytest.mark.skipif(
+    not PANEL_VARIANTS or build.find_compiler() is None, reason="no AVX-512 VNNI variant runs on this CPU"
+)
 GGML_TYPES = SMALL_BLOCK_TYPES + list(K_TYPES)
 
 
@@ -109,5 +111,6 @@ def test_rows_that_are_not_whole_blocks_are_refused():
     gen = torch.Generator().manual_seed(7)
     gtype = SMALL_BLOCK_TYPES[0]
     with pytest.raises(ValueError, match="do not hold"):
-        ops.gemm_panel(gtype, random_blocks(gtype, 4, 64, gen), torch.randn(2, 96, generator=gen),
-                       variant=PANEL_VARIANTS[-1])
+        ops.gemm_panel(
+            gtype, random_blocks(gtype, 4, 64, gen), torch.randn(2, 96, generator=gen), variant=PANEL_VARIANTS[-1]
+        )

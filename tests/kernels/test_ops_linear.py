@@ -1,5 +1,6 @@
 """ops.linear, the one place a linear layer's kernel is chosen: each branch (block kernels, x4, the prefill-sized
 float GEMM, the format's own product) against the reference product of the same weight."""
+
 import pytest
 import torch
 from gguf import GGMLQuantizationType as T
@@ -23,8 +24,10 @@ def weight(activations, gen, interleave=False, native=True):
     return w, blocks, calls
 
 
-@pytest.mark.parametrize("activations,rows,interleave", [("q8", 3, False), ("q8", 3, True), ("q16", 2, True),
-                                                         ("f32", 5, False), ("q16", 80, False), ("f32", 80, False)])
+@pytest.mark.parametrize(
+    "activations,rows,interleave",
+    [("q8", 3, False), ("q8", 3, True), ("q16", 2, True), ("f32", 5, False), ("q16", 80, False), ("f32", 80, False)],
+)
 def test_each_branch_equals_the_reference_product(activations, rows, interleave):
     gen = torch.Generator().manual_seed(rows)
     w, blocks, calls = weight(activations, gen, interleave)

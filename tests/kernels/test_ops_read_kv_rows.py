@@ -2,6 +2,7 @@
 every page type, every fp8 code (normals, subnormals, signed zeros, the largest finite), extreme scales; and the
 page encoding of the native decode step (``ops.write_kv_rows``) against ``reference.write_kv_rows`` (the KV
 codecs' own rounding), bit for bit: llama.cpp's block quantizers on ties, zeros, constants and extreme scales."""
+
 from unittest import mock
 
 import pytest
@@ -65,7 +66,7 @@ def test_every_fp8_code_decodes_exactly(variant):
     codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)
     codes = codes[(codes & 0x7F) != 0x7F]  # 0x7F/0xFF are NaN in E4M3 (never written)
     codes = torch.cat([codes, torch.tensor([0, 0x80], dtype=torch.uint8)]).reshape(-1, 8)  # 256 codes, 8 a row
-    for s in (1.0, 2.0 ** -14, 1e-6, 65504.0):
+    for s in (1.0, 2.0**-14, 1e-6, 65504.0):
         scales = torch.full((codes.shape[0], 1), s, dtype=torch.float16)
         got = ops.read_kv_rows("fp8", codes, scales, variant=variant)
         assert torch.equal(got, reference.read_kv_rows("fp8", codes, scales)), s

@@ -1,4 +1,5 @@
 """The batched decode path of the reference paged attention equals per-sequence attention."""
+
 from __future__ import annotations
 
 import pytest
@@ -19,7 +20,7 @@ def test_batched_decode_equals_one_sequence_at_a_time(window, hq, hkv):
     used = 0
     for i, n in enumerate(lens):
         nb = -(-n // bs)
-        tables[i, :nb] = perm[used:used + nb]
+        tables[i, :nb] = perm[used : used + nb]
         used += nb
     ctx = torch.tensor(lens)
     q = torch.randn(len(lens), hq, d, generator=g)
@@ -27,5 +28,5 @@ def test_batched_decode_equals_one_sequence_at_a_time(window, hq, hkv):
     got = decode_attention(q, pool_k[slots], pool_v[slots], ctx, 0.3, window)
     for i, n in enumerate(lens):
         sl = sequence_slots(tables[i], n, bs)
-        want = attention_over_context(q[i:i + 1], pool_k[sl], pool_v[sl], 0.3, window)
-        torch.testing.assert_close(got[i:i + 1], want, atol=1e-5, rtol=1e-5)
+        want = attention_over_context(q[i : i + 1], pool_k[sl], pool_v[sl], 0.3, window)
+        torch.testing.assert_close(got[i : i + 1], want, atol=1e-5, rtol=1e-5)

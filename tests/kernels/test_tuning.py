@@ -1,5 +1,6 @@
 """bytediet tune's table: the measured winner is stored under this machine's key, read back by the next
 process, ignored under another key, and obeyed by the native decode step (x4 or row tiles)."""
+
 import time
 
 import pytest
@@ -8,8 +9,9 @@ import torch
 from bytediet.kernels import ops, tuning
 from bytediet.kernels.cpu import build
 
-pytestmark = pytest.mark.skipif(build.find_compiler() is None or not build.runnable_variants(),
-                                reason="no native kernels on this machine")
+pytestmark = pytest.mark.skipif(
+    build.find_compiler() is None or not build.runnable_variants(), reason="no native kernels on this machine"
+)
 
 
 @pytest.fixture(autouse=True)
@@ -31,8 +33,9 @@ def test_the_faster_kernel_wins_and_the_table_round_trips(monkeypatch):
         return real_x4(gtype, packed, x, bias, activations, variant)
 
     monkeypatch.setattr(ops, "gemm_x4", slowed)
-    table = tuning.tune(lib, [slow_shape, (8, 12, 64), (14, 4, 256)], batches=(1, 3), repeats=3,
-                        spin_candidates=(0, 200))
+    table = tuning.tune(
+        lib, [slow_shape, (8, 12, 64), (14, 4, 256)], batches=(1, 3), repeats=3, spin_candidates=(0, 200)
+    )
     assert table.kernel_for(3, 8, 64, 1) == "rows" and table.kernel_for(3, 8, 64, 3) == "rows"
     assert table.kernel_for(14, 4, 256, 1) is None  # Q6_K has one kernel: nothing to choose
     assert table.spin_us in (0, 200)
@@ -54,8 +57,10 @@ def test_the_decode_step_obeys_the_table(monkeypatch):
     assert native_decoder(model, caches).spec.layers[0].q.interleaved  # untuned: x4 wherever it exists
     lib = ops.native_library()
     q = model.model.layers[0].self_attn.q_proj
-    table = tuning.TuningTable(tuning.machine_key(lib.path, lib.bd_num_threads()),
-                               {tuning.shape_key(3, q.out_features, q.in_features, 1): "rows"})
+    table = tuning.TuningTable(
+        tuning.machine_key(lib.path, lib.bd_num_threads()),
+        {tuning.shape_key(3, q.out_features, q.in_features, 1): "rows"},
+    )
     table.save()
     tuning.forget()
     model = packed_model("llama")

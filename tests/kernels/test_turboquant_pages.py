@@ -3,6 +3,7 @@
 bit width 1–8, with and without a calibrated mean and channel order, every GQA ratio of the three families
 (1:1, SmolLM2's 3:1, Gemma-3's 4:1 with a sliding window, Qwen2's 7:1), odd contexts across page boundaries,
 several sequences at once; and the codes the step writes for the new token."""
+
 import zlib
 
 import pytest
@@ -24,8 +25,16 @@ def tq_pages(gen, slots, kv_heads, head_dim, layout, calibrated, seed, inv_freq=
     parts = []
     for i, (n, b) in enumerate(layout):
         q = TurboQuantizer(n, b, "mse", "hadamard" if i == 0 else "qr", seed + 17 * i)
-        parts.append(TurboQuantPart(n, b, q.R, q.codebook, torch.zeros(slots, kv_heads, dtype=torch.float16),
-                                    torch.zeros(slots, kv_heads, n * b // 8, dtype=torch.uint8)))
+        parts.append(
+            TurboQuantPart(
+                n,
+                b,
+                q.R,
+                q.codebook,
+                torch.zeros(slots, kv_heads, dtype=torch.float16),
+                torch.zeros(slots, kv_heads, n * b // 8, dtype=torch.uint8),
+            )
+        )
     channels = mean = rope_mean = None
     if calibrated:
         channels = torch.stack([torch.randperm(head_dim, generator=gen) for _ in range(kv_heads)])
@@ -54,9 +63,12 @@ CASES = {  # name: (spec kwargs, contexts)
     "qwen2-gqa-7": (dict(heads=7, kv_heads=1, bias=True), [64, 3, 257]),
 }
 LAYOUTS = {  # head dim 32 / 64: plain b bits, and outlier splits covering 1–8 bits per part
-    "3": ([(32, 3)], [(64, 3)]), "4": ([(32, 4)], [(64, 4)]),
-    "4+3": ([(8, 4), (24, 3)], [(32, 4), (32, 3)]), "2+1": ([(16, 2), (16, 1)], [(16, 2), (48, 1)]),
-    "6+5": ([(8, 6), (24, 5)], [(16, 6), (48, 5)]), "8+7": ([(8, 8), (24, 7)], [(8, 8), (56, 7)]),
+    "3": ([(32, 3)], [(64, 3)]),
+    "4": ([(32, 4)], [(64, 4)]),
+    "4+3": ([(8, 4), (24, 3)], [(32, 4), (32, 3)]),
+    "2+1": ([(16, 2), (16, 1)], [(16, 2), (48, 1)]),
+    "6+5": ([(8, 6), (24, 5)], [(16, 6), (48, 5)]),
+    "8+7": ([(8, 8), (24, 7)], [(8, 8), (56, 7)]),
 }
 
 
@@ -80,15 +92,21 @@ def test_decode_step_on_turboquant_pages_equals_reference(variant, case, layout,
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("layout", [[(64, 3)], [(32, 4), (32, 3)], [(16, 8), (48, 2)], [(8, 5), (56, 1)],
-                                    [(24, 6), (40, 7)]])
+@pytest.mark.parametrize(
+    "layout", [[(64, 3)], [(32, 4), (32, 3)], [(16, 8), (48, 2)], [(8, 5), (56, 1)], [(24, 6), (40, 7)]]
+)
 @pytest.mark.parametrize("calibrated", [False, True, "rope"])
 def test_native_write_equals_reference(variant, layout, calibrated):
     gen = torch.Generator().manual_seed(zlib.crc32(f"{layout}{calibrated}".encode()))
     inv_freq = 1.0 / 10000 ** (torch.arange(0, 64, 2).float() / 64)
     pages = tq_pages(gen, 64, 3, 64, layout, calibrated, 5, inv_freq)
-    twin = TurboQuantPageSpec([TurboQuantPart(p.dim, p.bits, p.rotation, p.codebook, p.norm.clone(), p.idx.clone())
-                               for p in pages.parts], pages.channels, pages.mean, pages.rope_mean, pages.inv_freq)
+    twin = TurboQuantPageSpec(
+        [TurboQuantPart(p.dim, p.bits, p.rotation, p.codebook, p.norm.clone(), p.idx.clone()) for p in pages.parts],
+        pages.channels,
+        pages.mean,
+        pages.rope_mean,
+        pages.inv_freq,
+    )
     x = torch.randn(40, 3, 64, generator=gen) * torch.logspace(-3, 3, 40)[:, None, None]  # extreme scales
     x[0] = 0.0  # a zero vector: norm 0, u = 0
     slots = torch.randperm(64, generator=gen)[:40]

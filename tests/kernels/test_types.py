@@ -1,5 +1,6 @@
 """The ids shared with native code: kernels/types.py's enums against the library's own report (csrc/types.h),
 for every variant this CPU runs, and against the names the rest of bytediet uses for them."""
+
 import pytest
 from gguf import GGMLQuantizationType
 

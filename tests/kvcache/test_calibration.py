@@ -1,4 +1,5 @@
 """KV calibration: K/V/Q capture from a real forward pass, and codecs calibrated from it."""
+
 from __future__ import annotations
 
 import torch

@@ -4,11 +4,12 @@ For each codec: (1) attend == reference attention over the codec's own decoded K
 is exact to what is stored); (2) attend ≈ fp32 attention over the true K/V (loose, tolerance by all-in
 bits); (3) nbytes() == num_blocks · block_size · bytes_per_token.
 """
+
 from __future__ import annotations
 
 import math
-import zlib
 import random
+import zlib
 
 import pytest
 import torch
@@ -19,10 +20,23 @@ from bytediet.kvcache.compressed import CompressedCache, CompressedCodec
 
 # every registered name with its default parameters, plus the parametrised specs worth covering
 get_kv_codec("fp32")
-EXTRA = ["turboquant1.5", "turboquant2.5", "turboquant3", "turboquant4", "turboquant3.5:qr",
-         "turboquant_prod3", "kivi4", "kivi2g16", "qjl4",
-         "k=turboquant_prod3,v=turboquant3", "k=bf16,v=kivi2", "k=int8,v=polarquant",
-         "k=q8_0,v=q4_0", "hf2", "hf4r64"]
+EXTRA = [
+    "turboquant1.5",
+    "turboquant2.5",
+    "turboquant3",
+    "turboquant4",
+    "turboquant3.5:qr",
+    "turboquant_prod3",
+    "kivi4",
+    "kivi2g16",
+    "qjl4",
+    "k=turboquant_prod3,v=turboquant3",
+    "k=bf16,v=kivi2",
+    "k=int8,v=polarquant",
+    "k=q8_0,v=q4_0",
+    "hf2",
+    "hf4r64",
+]
 
 
 def _available(spec: str) -> bool:
@@ -56,14 +70,23 @@ def step_metadata(plan, done: list[int], new: list[int], block_size: int) -> Att
     tables = torch.full((len(plan), max_blocks), -1, dtype=torch.int64)
     positions, slots = [], []
     for s, (blocks, _) in enumerate(plan):
-        tables[s, :len(blocks)] = torch.tensor(blocks)
+        tables[s, : len(blocks)] = torch.tensor(blocks)
         pos = torch.arange(done[s], done[s] + new[s])
         positions.append(pos)
-        slots.append(sequence_slots(tables[s], done[s] + new[s], block_size)[done[s]:])
+        slots.append(sequence_slots(tables[s], done[s] + new[s], block_size)[done[s] :])
     qsl = torch.tensor([0] + new).cumsum(0)
     ctx = [d + n for d, n in zip(done, new)]
-    return AttentionMetadata(torch.cat(positions), torch.cat(slots), qsl, torch.tensor(ctx), tables, block_size,
-                             list(new), ctx, list(range(len(plan))))
+    return AttentionMetadata(
+        torch.cat(positions),
+        torch.cat(slots),
+        qsl,
+        torch.tensor(ctx),
+        tables,
+        block_size,
+        list(new),
+        ctx,
+        list(range(len(plan))),
+    )
 
 
 def decoded(cache, slots):
@@ -82,7 +105,7 @@ def run_steps(spec: str, *, seed: int, hq=6, hkv=2, d=64, block_size=32, window=
     torch.manual_seed(seed)
     codec = get_kv_codec(spec)
     block_size = max(block_size, codec.min_block_size())  # the HF window pages 128-token chunks
-    num_blocks = 64 * max(1, block_size // 32)            # the same cache tokens (windowed codecs stage per 2048)
+    num_blocks = 64 * max(1, block_size // 32)  # the same cache tokens (windowed codecs stage per 2048)
     plan = random_batch_plan(rng, num_blocks, block_size, num_seqs, 150)
     cache = codec.create_cache(0, num_blocks, block_size, hkv, d, torch.float32, "cpu")
     k_true = [torch.randn(n, hkv, d) + 0.5 * torch.randn(1, hkv, d) for _, n in plan]
@@ -90,7 +113,7 @@ def run_steps(spec: str, *, seed: int, hq=6, hkv=2, d=64, block_size=32, window=
     q_true = [torch.randn(n, hq, d) for _, n in plan]
     done = [0] * len(plan)
     results = []
-    scale = d ** -0.5
+    scale = d**-0.5
     step = 0
     while any(dn < n for dn, (_, n) in zip(done, plan)):
         # a prefill chunk, three small mixed steps, two pure decode steps (the native attention's, where the
@@ -107,7 +130,7 @@ def run_steps(spec: str, *, seed: int, hq=6, hkv=2, d=64, block_size=32, window=
         if sum(new) == 0:
             continue
         meta = step_metadata(plan, done, new, block_size)
-        cat = lambda xs: torch.cat([x[dn:dn + m] for x, dn, m in zip(xs, done, new)])
+        cat = lambda xs: torch.cat([x[dn : dn + m] for x, dn, m in zip(xs, done, new)])
         cache.write(cat(k_true), cat(v_true), meta.slot_mapping)
         out = cache.attend(cat(q_true), meta, scale, window)
         ref_dec, ref_true = [], []
@@ -115,7 +138,7 @@ def run_steps(spec: str, *, seed: int, hq=6, hkv=2, d=64, block_size=32, window=
             if new[s] == 0:
                 continue
             ctx = done[s] + new[s]
-            q = q_true[s][done[s]:ctx]
+            q = q_true[s][done[s] : ctx]
             kd, vd = decoded(cache, sequence_slots(meta.block_tables[s], ctx, block_size))
             ref_dec.append(attention_over_context(q, kd, vd, scale, window))
             ref_true.append(attention_over_context(q, k_true[s][:ctx], v_true[s][:ctx], scale, window))
@@ -139,7 +162,7 @@ def loose_tolerance(spec: str, bits: float) -> float:
     """
     if bits >= 7:
         return 0.06  # fp8 E4M3 keeps 3 mantissa bits
-    return min(1.0, 7.0 * 2 ** -bits) + (0.7 if ("prod" in spec or "qjl" in spec) else 0.0)
+    return min(1.0, 7.0 * 2**-bits) + (0.7 if ("prod" in spec or "qjl" in spec) else 0.0)
 
 
 @pytest.mark.parametrize("window", [None, 20])
@@ -166,7 +189,7 @@ def test_nbytes_matches_bytes_per_token(spec):
     codec = get_kv_codec(spec)
     for hkv, d, nb, bs in [(3, 64, 64, 32), (1, 256, 16, 64)]:
         bs = max(bs, codec.min_block_size())
-        nb = max(nb, 2048 // bs)   # whole staging periods (KIVI: 512 tokens, the fp16 windows: 2048)
+        nb = max(nb, 2048 // bs)  # whole staging periods (KIVI: 512 tokens, the fp16 windows: 2048)
         cache = codec.create_cache(0, nb, bs, hkv, d, torch.float32, "cpu")
         expected = nb * bs * codec.bytes_per_token(hkv, d)
         assert cache.nbytes() == pytest.approx(expected, rel=1e-9), spec
@@ -182,8 +205,8 @@ def test_compressed_codecs_are_smaller_than_bf16():
 @pytest.mark.parametrize("spec", SPECS)
 def test_default_block_size_fits_every_codec(spec):
     # 16 tokens unless the codec needs more (KIVI's 32-token key groups); an explicit size is kept
-    from bytediet.kvcache.config import CacheConfig
     from bytediet.kvcache.base import default_block_size
+    from bytediet.kvcache.config import CacheConfig
 
     codec = get_kv_codec(spec)
     size = default_block_size(spec)

@@ -1,4 +1,5 @@
 """``auto:<bits>``: the budget allocator (never over budget, bits to sensitive layers) and the plan end to end."""
+
 from __future__ import annotations
 
 import random
@@ -13,8 +14,9 @@ from bytediet.kvcache.split import half_of
 from tests.conftest import model_from_state, random_state, tiny_config
 
 H, D = 2, 64
-NBYTES = {role: {s: half_of(get_kv_codec(s), role).bytes_per_token(H, D) for s in DEFAULT_CANDIDATES}
-          for role in ("k", "v")}
+NBYTES = {
+    role: {s: half_of(get_kv_codec(s), role).bytes_per_token(H, D) for s in DEFAULT_CANDIDATES} for role in ("k", "v")
+}
 
 
 def _bits(plan) -> float:
@@ -25,8 +27,15 @@ def _errors(sensitivity: list[float], rng: random.Random) -> list[dict]:
     """Error tables shaped like measured ones: ~4^-bits (a bit quarters the MSE), times each layer's sensitivity."""
     out = []
     for s in sensitivity:
-        out.append({role: {spec: s * 4.0 ** -(NBYTES[role][spec] * 8 / (H * D)) * rng.uniform(0.8, 1.2)
-                           for spec in DEFAULT_CANDIDATES} for role in ("k", "v")})
+        out.append(
+            {
+                role: {
+                    spec: s * 4.0 ** -(NBYTES[role][spec] * 8 / (H * D)) * rng.uniform(0.8, 1.2)
+                    for spec in DEFAULT_CANDIDATES
+                }
+                for role in ("k", "v")
+            }
+        )
     return out
 
 
@@ -39,15 +48,15 @@ def test_the_allocator_never_exceeds_the_budget(seed):
         plan = allocate(errors, NBYTES, budget, H, D)
         assert _bits(plan) <= budget + 1e-9
         total = sum(errors[i]["k"][p["k"]] + errors[i]["v"][p["v"]] for i, p in enumerate(plan))
-        assert previous is None or total <= previous + 1e-12       # more bytes never cost accuracy
+        assert previous is None or total <= previous + 1e-12  # more bytes never cost accuracy
         previous = total
 
 
 def test_sensitive_layers_get_more_bits():
     rng = random.Random(0)
-    sens = [1.0, 100.0, 1.0, 100.0, 1.0, 1.0]               # layers 1 and 3 are 100× as sensitive
+    sens = [1.0, 100.0, 1.0, 100.0, 1.0, 1.0]  # layers 1 and 3 are 100× as sensitive
     errors = _errors(sens, rng)
-    errors[2]["k"] = {s: 50 * e for s, e in errors[2]["k"].items()}   # and layer 2's keys alone (outlier channels)
+    errors[2]["k"] = {s: 50 * e for s, e in errors[2]["k"].items()}  # and layer 2's keys alone (outlier channels)
     plan = allocate(errors, NBYTES, 4.5, H, D)
     bits = lambda i, role: NBYTES[role][plan[i][role]] * 8 / (H * D)
     calm = max(bits(i, r) for i in (0, 4, 5) for r in ("k", "v"))
@@ -89,11 +98,17 @@ def test_the_plan_runs_in_the_engine_and_travels_as_data():
     plan = plan_kv_budget(model, windows, 5.0)
     assert plan.bits <= 5.0 and len(plan.plan) == cfg.num_layers
     assert all(set(e["k"]) == set(DEFAULT_CANDIDATES) for e in plan.errors)
-    assert all(e["k"]["bf16"] < e["k"]["turboquant2"] for e in plan.errors)   # errors measured, not guessed
+    assert all(e["k"]["bf16"] < e["k"]["turboquant2"] for e in plan.errors)  # errors measured, not guessed
     codec = calibrate_codec(get_kv_codec("auto:5"), model, windows)
     assert codec.calibration_state() == plan.state()
-    llm = LLM("tiny", loaded=(model, None), kv_cache_dtype="auto:5", kv_calibration_state=plan.state(),
-              num_blocks=8, block_size=16)
+    llm = LLM(
+        "tiny",
+        loaded=(model, None),
+        kv_cache_dtype="auto:5",
+        kv_calibration_state=plan.state(),
+        num_blocks=8,
+        block_size=16,
+    )
     runner = llm.engine.runner
     assert runner.codec.plan == plan.plan and "KV plan for auto:5" in runner.codec.plan_table(2, 64)
     assert runner.kv_cache_bytes() == pytest.approx(8 * 16 * runner.bytes_per_token)
@@ -111,12 +126,13 @@ def test_a_plan_of_rotated_halves_runs_in_the_engine_at_its_inner_codecs_bytes()
     assert NBYTES["k"]["rot-q8_0"] == NBYTES["k"]["q8_0"] and NBYTES["v"]["rot-int8"] == NBYTES["v"]["int8"]
     cfg = tiny_config("llama", hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=64)
     model = model_from_state(cfg, random_state(cfg, seed=4))
-    plan = [{"k": "rot-q8_0", "v": "rot-int8"}, {"k": "bf16", "v": "int8"}][:cfg.num_layers]
+    plan = [{"k": "rot-q8_0", "v": "rot-int8"}, {"k": "bf16", "v": "int8"}][: cfg.num_layers]
     plan += [{"k": "q8_0", "v": "rot-q8_0"}] * (cfg.num_layers - len(plan))
     state = {"budget": 16.0, "plan": plan}
-    llm = LLM("tiny", loaded=(model, None), kv_cache_dtype="auto:16", kv_calibration_state=state, num_blocks=8,
-              block_size=16)
-    expected = sum(NBYTES["k"][p["k"]] + NBYTES["v"][p["v"]] for p in plan)           # every layer's, all-in
+    llm = LLM(
+        "tiny", loaded=(model, None), kv_cache_dtype="auto:16", kv_calibration_state=state, num_blocks=8, block_size=16
+    )
+    expected = sum(NBYTES["k"][p["k"]] + NBYTES["v"][p["v"]] for p in plan)  # every layer's, all-in
     assert llm.engine.runner.bytes_per_token == pytest.approx(expected)
     assert len(llm.generate([[1, 2, 3, 4]])[0].outputs[0].token_ids) > 0
 
@@ -151,11 +167,15 @@ def test_a_plan_carries_its_calibrated_codecs_states_into_the_engine():
     model = model_from_state(cfg, random_state(cfg, seed=4))
     sens = measure_errors(model, [torch.randint(0, cfg.vocab_size, (96,))], candidates=("q4_0", "turboquant3"))
     assert sens.codecs["turboquant3"].calibration_state() is not None
-    state = {"budget": 4.5, "plan": [{"k": "turboquant3", "v": "q4_0"}] * cfg.num_layers,
-             "states": sens.states(["turboquant3", "q4_0"])}
+    state = {
+        "budget": 4.5,
+        "plan": [{"k": "turboquant3", "v": "q4_0"}] * cfg.num_layers,
+        "states": sens.states(["turboquant3", "q4_0"]),
+    }
     assert set(state["states"]) == {"turboquant3"}
-    llm = LLM("tiny", loaded=(model, None), kv_cache_dtype="auto:4.5", kv_calibration_state=state, num_blocks=8,
-              block_size=16)
+    llm = LLM(
+        "tiny", loaded=(model, None), kv_cache_dtype="auto:4.5", kv_calibration_state=state, num_blocks=8, block_size=16
+    )
     key_half = llm.engine.runner.codec.layers[0].key_half
     assert "calibrated" in key_half.describe(64) and "uncalibrated" not in key_half.describe(64)
     assert llm.engine.runner.codec.calibration_state()["states"] == state["states"]
@@ -173,5 +193,5 @@ def test_rank_correlation_is_spearmans_rho():
 
     assert rank_correlation([1, 2, 3, 4], [10, 20, 30, 400]) == pytest.approx(1.0)
     assert rank_correlation([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
-    assert rank_correlation([1, 2, 2, 3], [1, 2, 3, 4]) == pytest.approx(0.9486832980505138)   # scipy.stats.spearmanr
+    assert rank_correlation([1, 2, 2, 3], [1, 2, 3, 4]) == pytest.approx(0.9486832980505138)  # scipy.stats.spearmanr
     assert rank_correlation([1, 2], [2, 1]) is None

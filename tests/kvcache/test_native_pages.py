@@ -1,6 +1,7 @@
 """Which caches the native attention reads in place (``LayerKVCache.native_pages``), and that reading them there
 (``attend_natively``) equals the codec's own read of the same pages: llama.cpp's block types, split K/V specs
 whose halves differ (k=q8_0,v=q4_0), and the layers of an ``auto:`` budget plan."""
+
 from __future__ import annotations
 
 import random
@@ -14,23 +15,40 @@ from bytediet.kvcache import get_kv_codec
 from bytediet.kvcache.base import LayerKVCache
 from tests.kvcache.test_codec_matrix import random_batch_plan, step_metadata
 
-NATIVE = pytest.mark.skipif(build.find_compiler() is None or not build.runnable_variants(),
-                            reason="no native kernels on this machine")
+NATIVE = pytest.mark.skipif(
+    build.find_compiler() is None or not build.runnable_variants(), reason="no native kernels on this machine"
+)
 
 PAGES = {  # spec: (key page type, value page type), or None where the codec's own read runs
-    "q8_0": ("q8_0", "q8_0"), "q5_0": ("q5_0", "q5_0"), "q4_1": ("q4_1", "q4_1"), "q4_0": ("q4_0", "q4_0"),
-    "k=q8_0,v=q4_0": ("q8_0", "q4_0"), "k=int8,v=q5_0": ("int8", "q5_0"), "k=bf16,v=q4_1": ("bf16", "q4_1"),
-    "k=q4_0,v=fp16": ("q4_0", "fp16"), "k=fp8,v=q8_0": ("fp8", "q8_0"), "int8": ("int8", "int8"),
-    "k=turboquant3,v=q4_0": None, "k=q8_0,v=kivi2": ("q8_0", "int2-token-g32-asym"),
-    "kivi2g16": ("kivi2-keys", "int2-token-g32-asym"), "kivi4g16": ("kivi4-keys", "int4-token-g32-asym"),
-    "k=kivi4g16,v=bf16": ("kivi4-keys", "bf16"), "k=turboquant3,v=kivi4": None,
-    "qjl": ("qjl2-keys", "int4-token-g32-asym"), "qjl1": ("qjl1-keys", "int4-token-g32-asym"),
-    "k=qjl3,v=q8_0": ("qjl3-keys", "q8_0"), "polarquant": ("polarquant", "polarquant"),
-    "k=polarquant,v=kivi4": ("polarquant", "int4-token-g32-asym"), "hf4": ("kivi4-keys", "int4-token-g64-asym"),
-    "hf2r64": ("kivi2-keys", "int2-token-g64-asym"), "k=hf4,v=fp16": ("kivi4-keys", "fp16"),
-    "turboquant_prod2.5": ("turboquant", "turboquant"), "turboquant3.25": ("turboquant", "turboquant"),
+    "q8_0": ("q8_0", "q8_0"),
+    "q5_0": ("q5_0", "q5_0"),
+    "q4_1": ("q4_1", "q4_1"),
+    "q4_0": ("q4_0", "q4_0"),
+    "k=q8_0,v=q4_0": ("q8_0", "q4_0"),
+    "k=int8,v=q5_0": ("int8", "q5_0"),
+    "k=bf16,v=q4_1": ("bf16", "q4_1"),
+    "k=q4_0,v=fp16": ("q4_0", "fp16"),
+    "k=fp8,v=q8_0": ("fp8", "q8_0"),
+    "int8": ("int8", "int8"),
+    "k=turboquant3,v=q4_0": None,
+    "k=q8_0,v=kivi2": ("q8_0", "int2-token-g32-asym"),
+    "kivi2g16": ("kivi2-keys", "int2-token-g32-asym"),
+    "kivi4g16": ("kivi4-keys", "int4-token-g32-asym"),
+    "k=kivi4g16,v=bf16": ("kivi4-keys", "bf16"),
+    "k=turboquant3,v=kivi4": None,
+    "qjl": ("qjl2-keys", "int4-token-g32-asym"),
+    "qjl1": ("qjl1-keys", "int4-token-g32-asym"),
+    "k=qjl3,v=q8_0": ("qjl3-keys", "q8_0"),
+    "polarquant": ("polarquant", "polarquant"),
+    "k=polarquant,v=kivi4": ("polarquant", "int4-token-g32-asym"),
+    "hf4": ("kivi4-keys", "int4-token-g64-asym"),
+    "hf2r64": ("kivi2-keys", "int2-token-g64-asym"),
+    "k=hf4,v=fp16": ("kivi4-keys", "fp16"),
+    "turboquant_prod2.5": ("turboquant", "turboquant"),
+    "turboquant3.25": ("turboquant", "turboquant"),
     "turboquant4": None,  # two parts, uncalibrated: not before the first write chooses their outlier channels
-    "rot-int8": None, "k=rot-q8_0,v=q4_0": None,   # rotated: only their own attend reads them natively (test_rotated)
+    "rot-int8": None,
+    "k=rot-q8_0,v=q4_0": None,  # rotated: only their own attend reads them natively (test_rotated)
 }
 
 
@@ -54,8 +72,12 @@ def test_which_pages_the_native_attention_reads(spec):
 
 def test_an_auto_plan_reads_its_layers_natively_where_both_halves_allow():
     codec = get_kv_codec("auto:7")
-    plan = [{"k": "q8_0", "v": "q4_0"}, {"k": "turboquant4", "v": "q4_1"}, {"k": "bf16", "v": "q5_0"},
-            {"k": "q4_0", "v": "q4_0"}]
+    plan = [
+        {"k": "q8_0", "v": "q4_0"},
+        {"k": "turboquant4", "v": "q4_1"},
+        {"k": "bf16", "v": "q5_0"},
+        {"k": "q4_0", "v": "q4_0"},
+    ]
     codec.load_calibration_state({"budget": 7.0, "plan": plan})
     caches = [codec.create_cache(i, 4, 16, 2, 64, torch.float32, "cpu") for i in range(len(plan))]
     kinds = [None if p is None else (p["kv_dtype"], p["v_dtype"]) for p in (c.native_pages() for c in caches)]
@@ -80,14 +102,13 @@ def attend_both_ways(spec, *, hq, hkv, d, window, seed, num_blocks=48, block_siz
             break
         meta = step_metadata(plan, done, new, block_size)
         t = sum(new)
-        cache.write(torch.randn(t, hkv, d, generator=gen) * 2, torch.randn(t, hkv, d, generator=gen),
-                    meta.slot_mapping)
+        cache.write(torch.randn(t, hkv, d, generator=gen) * 2, torch.randn(t, hkv, d, generator=gen), meta.slot_mapping)
         # (TurboQuant's outlier channels: chosen by the first write; rotated pages: the attention's, not the step's)
         assert cache.attention_pages() is not None
         q = torch.randn(t, hq, d, generator=gen)
-        native = cache.attend(q, meta, d ** -0.5, window)
+        native = cache.attend(q, meta, d**-0.5, window)
         with mock.patch.object(LayerKVCache, "attend_natively", return_value=None):
-            own = cache.attend(q, meta, d ** -0.5, window)
+            own = cache.attend(q, meta, d**-0.5, window)
         pairs.append((native, own))
         done = [dn + m for dn, m in zip(done, new)]
     return pairs
@@ -96,8 +117,10 @@ def attend_both_ways(spec, *, hq, hkv, d, window, seed, num_blocks=48, block_siz
 def assert_native_equals_own_read(spec, *, tol, **kwargs):
     """attend_both_ways(spec, **kwargs) with the reference twin forbidden: ≥ 3 steps, native == the codec's own read
     to ``tol`` of the largest output."""
-    with mock.patch("bytediet.kernels.reference.attention_over_pages",
-                    side_effect=AssertionError("the reference twin ran, not the native kernel")):
+    with mock.patch(
+        "bytediet.kernels.reference.attention_over_pages",
+        side_effect=AssertionError("the reference twin ran, not the native kernel"),
+    ):
         pairs = attend_both_ways(spec, **kwargs)
     assert len(pairs) >= 3
     for native, own in pairs:
@@ -105,8 +128,24 @@ def assert_native_equals_own_read(spec, *, tol, **kwargs):
 
 
 @NATIVE
-@pytest.mark.parametrize("spec", ["q8_0", "q5_0", "q4_1", "q4_0", "q5_1", "k=q5_1,v=q4_0", "k=q8_0,v=q4_0",
-                                  "k=int8,v=q4_1", "k=bf16,v=q5_0", "rot-int8", "rot-q8_0", "k=rot-q8_0,v=int8", "k=q8_0,v=rot-int8"])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "q8_0",
+        "q5_0",
+        "q4_1",
+        "q4_0",
+        "q5_1",
+        "k=q5_1,v=q4_0",
+        "k=q8_0,v=q4_0",
+        "k=int8,v=q4_1",
+        "k=bf16,v=q5_0",
+        "rot-int8",
+        "rot-q8_0",
+        "k=rot-q8_0,v=int8",
+        "k=q8_0,v=rot-int8",
+    ],
+)
 @pytest.mark.parametrize("hq,hkv,d,window", [(9, 3, 64, None), (4, 1, 256, 20), (4, 4, 32, None), (6, 2, 96, 7)])
 def test_native_attention_equals_the_codecs_own_read(spec, hq, hkv, d, window):
     assert_native_equals_own_read(spec, hq=hq, hkv=hkv, d=d, window=window, seed=hq * d + hkv, tol=1e-5)
@@ -116,7 +155,12 @@ def test_native_attention_equals_the_codecs_own_read(spec, hq, hkv, d, window):
 # staging pages; values per token in groups of 32 channels. Odd lengths leave groups partly filled (open) at every
 # step; prefill chunks fill whole groups at once or end inside one; the halves mix with other page types.
 KIVI_SPECS = {  # spec: block size (a multiple of the key group)
-    "kivi2": 32, "kivi4": 32, "kivi2g16": 16, "kivi4g16": 32, "k=q8_0,v=kivi2": 16, "k=kivi2,v=fp16": 32,
+    "kivi2": 32,
+    "kivi4": 32,
+    "kivi2g16": 16,
+    "kivi4g16": 32,
+    "k=q8_0,v=kivi2": 16,
+    "k=kivi2,v=fp16": 32,
 }
 
 
@@ -126,8 +170,17 @@ KIVI_SPECS = {  # spec: block size (a multiple of the key group)
 def test_native_attention_on_kivi_pages_equals_the_codecs_own_read(spec, hq, hkv, d, window):
     block = KIVI_SPECS[spec]
     # 8 staging pages: 3 open groups fit
-    assert_native_equals_own_read(spec, hq=hq, hkv=hkv, d=d, window=window, seed=hq * d + hkv + block,
-                                  num_blocks=4096 // block, block_size=block, tol=1e-5)
+    assert_native_equals_own_read(
+        spec,
+        hq=hq,
+        hkv=hkv,
+        d=d,
+        window=window,
+        seed=hq * d + hkv + block,
+        num_blocks=4096 // block,
+        block_size=block,
+        tol=1e-5,
+    )
 
 
 def test_kivi_pages_the_native_attention_cannot_read_keep_the_codecs_read():
@@ -150,8 +203,9 @@ def test_the_native_decode_step_says_it_does_not_write_kivi_pages():
 # (int4, groups of 32 channels); calibrated: the key mean's q·μ, the same for every key of a query, left to the softmax.
 @NATIVE
 @pytest.mark.parametrize("spec", ["qjl", "qjl1", "qjl4", "k=qjl3,v=q8_0", "qjl-calibrated"])
-@pytest.mark.parametrize("hq,hkv,d,window", [(9, 3, 64, None), (4, 1, 256, 20), (4, 4, 32, None), (6, 2, 96, 7),
-                                             (7, 1, 64, None)])
+@pytest.mark.parametrize(
+    "hq,hkv,d,window", [(9, 3, 64, None), (4, 1, 256, 20), (4, 4, 32, None), (6, 2, 96, 7), (7, 1, 64, None)]
+)
 def test_native_attention_on_qjl_pages_equals_the_codecs_own_read(spec, hq, hkv, d, window):
     codec = get_kv_codec(spec.removesuffix("-calibrated"))
     if spec.endswith("-calibrated"):
@@ -164,8 +218,9 @@ def test_native_attention_on_qjl_pages_equals_the_codecs_own_read(spec, hq, hkv,
 # rotated basis; values summed there and rotated back once per head (head_dim a multiple of 64: its packed levels).
 @NATIVE
 @pytest.mark.parametrize("spec", ["polarquant", "k=polarquant,v=q4_0", "k=fp16,v=polarquant"])
-@pytest.mark.parametrize("hq,hkv,d,window", [(9, 3, 64, None), (4, 1, 256, 20), (6, 2, 128, 7), (7, 1, 64, None),
-                                             (4, 4, 64, 33)])
+@pytest.mark.parametrize(
+    "hq,hkv,d,window", [(9, 3, 64, None), (4, 1, 256, 20), (6, 2, 128, 7), (7, 1, 64, None), (4, 4, 64, 33)]
+)
 def test_native_attention_on_polarquant_pages_equals_the_codecs_own_read(spec, hq, hkv, d, window):
     assert_native_equals_own_read(spec, hq=hq, hkv=hkv, d=d, window=window, seed=hq * d + hkv, tol=1e-4)
 
@@ -178,23 +233,42 @@ HF_SPECS = {"hf4": 128, "hf2": 128, "hf4r64": 64, "k=hf2r64,v=bf16": 64, "k=q8_0
 
 @NATIVE
 @pytest.mark.parametrize("spec", sorted(HF_SPECS))
-@pytest.mark.parametrize("hq,hkv,d,window", [(9, 3, 64, None), (4, 1, 256, 20), (6, 2, 128, 7), (7, 1, 64, None),
-                                             (4, 4, 64, 100)])
+@pytest.mark.parametrize(
+    "hq,hkv,d,window", [(9, 3, 64, None), (4, 1, 256, 20), (6, 2, 128, 7), (7, 1, 64, None), (4, 4, 64, 100)]
+)
 def test_native_attention_on_hf_pages_equals_the_codecs_own_read(spec, hq, hkv, d, window):
     block = HF_SPECS[spec]
     # 4 staging windows: 3 open fit
-    assert_native_equals_own_read(spec, hq=hq, hkv=hkv, d=d, window=window, seed=hq * d + hkv + block,
-                                  num_blocks=8192 // block, block_size=block, tol=1e-5)
+    assert_native_equals_own_read(
+        spec,
+        hq=hq,
+        hkv=hkv,
+        d=d,
+        window=window,
+        seed=hq * d + hkv + block,
+        num_blocks=8192 // block,
+        block_size=block,
+        tol=1e-5,
+    )
 
 
 # TurboQuant on the module path (arXiv 2504.19874): turboquant_prod's keys — MSE codes plus the residual's 1-bit QJL
 # sketch, scored against the query rotated and sketched once — and the MSE variant's prefill chunks; values MSE.
 # Uncalibrated two-part layouts pick their outlier channels at the first write; calibrated: a mean and a channel order.
 @NATIVE
-@pytest.mark.parametrize("spec", ["turboquant_prod3", "turboquant_prod2.5", "turboquant_prod3.5-calibrated",
-                                  "turboquant3.5", "turboquant2.5:qr-calibrated"])
-@pytest.mark.parametrize("hq,hkv,d,window", [(9, 3, 64, None), (4, 1, 256, 20), (4, 4, 32, None), (6, 2, 96, 7),
-                                             (7, 1, 64, None)])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "turboquant_prod3",
+        "turboquant_prod2.5",
+        "turboquant_prod3.5-calibrated",
+        "turboquant3.5",
+        "turboquant2.5:qr-calibrated",
+    ],
+)
+@pytest.mark.parametrize(
+    "hq,hkv,d,window", [(9, 3, 64, None), (4, 1, 256, 20), (4, 4, 32, None), (6, 2, 96, 7), (7, 1, 64, None)]
+)
 def test_native_attention_on_turboquant_pages_equals_the_codecs_own_read(spec, hq, hkv, d, window):
     codec = get_kv_codec(spec.removesuffix("-calibrated"))
     if any(bits == 1 for _, bits in codec.key_half.layout(d)) and codec.key_half.variant == "prod":
@@ -209,7 +283,9 @@ def test_native_attention_on_turboquant_pages_equals_the_codecs_own_read(spec, h
 def test_the_native_decode_step_says_it_does_not_write_turboquant_prod_keys():
     from bytediet.models.native_decode import _pages_or_objection
 
-    pages, why = _pages_or_objection(get_kv_codec("turboquant_prod3").create_cache(0, 4, 16, 2, 64, torch.float32, "cpu"))
+    pages, why = _pages_or_objection(
+        get_kv_codec("turboquant_prod3").create_cache(0, 4, 16, 2, 64, torch.float32, "cpu")
+    )
     assert pages is None and "turboquant_prod" in why and "attention native" in why and "\n" not in why
     pages, why = _pages_or_objection(get_kv_codec("turboquant3").create_cache(0, 4, 16, 2, 64, torch.float32, "cpu"))
     assert why == "" and pages["kv_dtype"] == "turboquant" and pages["k_tq"] is not None

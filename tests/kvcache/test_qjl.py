@@ -1,4 +1,5 @@
 """QJL keys (arXiv 2406.03482): the calibrated key mean is exact on scores and cuts the estimator's error."""
+
 from __future__ import annotations
 
 import torch

@@ -1,5 +1,6 @@
 """Rotated 8-bit KV codecs (``rot-int8``, ``rot-q8_0``): pages hold x Rᵀ for a fixed orthogonal R, and attention over
 them — the query rotated before, the output after — equals attention over the decoded, un-rotated K and V."""
+
 from __future__ import annotations
 
 import pytest
@@ -22,20 +23,20 @@ def _outlier_keys(n: int, h: int, d: int, seed: int = 0) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("spec,inner", [("rot-int8", "int8"), ("rot-q8_0", "q8_0")])
-@pytest.mark.parametrize("d", [64, 96, 256])       # 96: not a power of two, the QR rotation
+@pytest.mark.parametrize("d", [64, 96, 256])  # 96: not a power of two, the QR rotation
 def test_pages_hold_rotated_vectors_and_decode_rotates_back(spec, inner, d):
     cache = get_kv_codec(spec).create_cache(3, 4, 16, 2, d, torch.float32, "cpu")
     ref = get_kv_codec(inner).create_cache(3, 4, 16, 2, d, torch.float32, "cpu")
     r_k, r_v = cache.keys.rotation, cache.values.rotation
     for r in (r_k, r_v):
         torch.testing.assert_close(r @ r.T, torch.eye(d), atol=1e-5, rtol=0)
-    assert not torch.allclose(r_k, r_v)                                  # seeded by side (and layer)
+    assert not torch.allclose(r_k, r_v)  # seeded by side (and layer)
     k, v = _outlier_keys(40, 2, d), torch.randn(40, 2, d)
     slots = torch.arange(40)
     cache.write(k, v, slots)
     ref.write(k @ r_k.T, v @ r_v.T, slots)
     for mine, theirs in zip(cache.keys.tensors() + cache.values.tensors(), ref.keys.tensors() + ref.values.tensors()):
-        assert torch.equal(mine, theirs)                                 # the inner codec's pages of x Rᵀ, bit for bit
+        assert torch.equal(mine, theirs)  # the inner codec's pages of x Rᵀ, bit for bit
     kd, vd = cache.decode(slots)
     rk, rv = ref.decode(slots)
     torch.testing.assert_close(kd, rk @ r_k, atol=1e-5, rtol=1e-5)
@@ -58,17 +59,19 @@ def test_attention_on_rotated_pages_equals_attention_on_the_decoded_vectors(spec
     k, v, q = _outlier_keys(n, hkv, d), torch.randn(n, hkv, d, generator=g), torch.randn(n, hq, d, generator=g)
     meta = AttentionMetadata.for_single_sequence(n, 16)
     cache.write(k, v, meta.slot_mapping)
-    if native:   # the native kernel must run, not its reference twin
+    if native:  # the native kernel must run, not its reference twin
         if build.find_compiler() is None or not build.runnable_variants():
             pytest.skip("no native kernels on this machine")
-        read = mock.patch("bytediet.kernels.reference.attention_over_pages",
-                          side_effect=AssertionError("the reference twin ran, not the native kernel"))
+        read = mock.patch(
+            "bytediet.kernels.reference.attention_over_pages",
+            side_effect=AssertionError("the reference twin ran, not the native kernel"),
+        )
     else:
         read = mock.patch.object(LayerKVCache, "attend_natively", return_value=None)
     with read:
-        out = cache.attend(q, meta, d ** -0.5, window)
+        out = cache.attend(q, meta, d**-0.5, window)
     kd, vd = cache.decode(meta.slot_mapping)
-    torch.testing.assert_close(out, attention_over_context(q, kd, vd, d ** -0.5, window), atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(out, attention_over_context(q, kd, vd, d**-0.5, window), atol=2e-5, rtol=1e-4)
 
 
 def test_a_rotation_makes_per_token_int8_more_accurate_on_outlier_channels():

@@ -1,4 +1,5 @@
 """A calibrated codec travels as name + plain-data state, and is rebuilt identical (issue 15)."""
+
 from __future__ import annotations
 
 import json
@@ -36,7 +37,7 @@ def test_state_round_trips_through_json(spec, model):
     codec = calibrate_codec(get_kv_codec(spec), model, windows)
     name, state = codec_config(codec)
     assert name == spec and state is not None
-    plain = json.loads(json.dumps(to_plain(state)))            # what a run config file holds
+    plain = json.loads(json.dumps(to_plain(state)))  # what a run config file holds
     rebuilt = build_kv_codec(name, plain, rope=model.rope)
     assert codec_config(rebuilt)[0] == spec
     for layer in range(model.config.num_layers):
@@ -51,11 +52,11 @@ def test_configs_hold_names_not_objects(tmp_path, model):
     codec = calibrate_codec(get_kv_codec("fp8"), model, [torch.randint(0, model.config.vocab_size, (32,))])
     with pytest.raises(ConfigError, match="kv_calibration_state"):
         CacheConfig(kv_cache_dtype=codec)
-    torch.save(codec.calibration_state(), tmp_path / "fp8.pt")          # a state file works as well
+    torch.save(codec.calibration_state(), tmp_path / "fp8.pt")  # a state file works as well
     built = CacheConfig(kv_cache_dtype="fp8", kv_calibration_state=str(tmp_path / "fp8.pt")).build_codec()
     assert torch.equal(built.key_half.scales[1], codec.key_half.scales[1])
     with pytest.raises(ConfigError, match="takes no calibration state"):
         build_kv_codec("int8", {"k": {"scales": {}}, "v": None})
     with pytest.raises(ConfigError, match="pre-RoPE"):
         tq = calibrate_codec(get_kv_codec("turboquant3"), model, [torch.randint(0, model.config.vocab_size, (32,))])
-        build_kv_codec("turboquant3", tq.calibration_state())          # no rope given
+        build_kv_codec("turboquant3", tq.calibration_state())  # no rope given

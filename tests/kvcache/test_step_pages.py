@@ -1,5 +1,6 @@
 """Every codec answers for itself what the one-call native decode step reads of its pages (LayerKVCache.step_pages):
 the pages as LayerSpec fields, or one line saying why not — the native decoder builds its objection from it."""
+
 import pytest
 import torch
 
@@ -7,10 +8,29 @@ from bytediet.kernels.types import KVPage, PageKind
 from bytediet.kvcache import get_kv_codec
 from bytediet.kvcache.base import StepPages
 
-STEPPED = ["fp32", "bf16", "fp16", "int8", "fp8", "q8_0", "q5_0", "q4_1", "q4_0", "k=q8_0,v=q4_0", "turboquant3",
-           "turboquant3.5", "k=q5_0,v=turboquant4", "rot-int8", "k=rot-q8_0,v=q4_0"]
-OBJECTED = {"kivi2": "kivi2-keys pages are codes", "turboquant_prod3": "turboquant_prod keys",
-            "qjl": "pages are codes", "polarquant": "polarquant pages are codes"}
+STEPPED = [
+    "fp32",
+    "bf16",
+    "fp16",
+    "int8",
+    "fp8",
+    "q8_0",
+    "q5_0",
+    "q4_1",
+    "q4_0",
+    "k=q8_0,v=q4_0",
+    "turboquant3",
+    "turboquant3.5",
+    "k=q5_0,v=turboquant4",
+    "rot-int8",
+    "k=rot-q8_0,v=q4_0",
+]
+OBJECTED = {
+    "kivi2": "kivi2-keys pages are codes",
+    "turboquant_prod3": "turboquant_prod keys",
+    "qjl": "pages are codes",
+    "polarquant": "polarquant pages are codes",
+}
 
 
 def cache(spec, d=64, block=16):

@@ -1,4 +1,5 @@
 """TurboQuant (arXiv 2504.19874): distortion figures, (un)biasedness, layout solving, calibration, bad specs."""
+
 from __future__ import annotations
 
 import math
@@ -10,8 +11,8 @@ from bytediet.errors import ConfigError
 from bytediet.kvcache import get_kv_codec
 from bytediet.kvcache.lloyd_max import sphere_coordinate_codebook
 from bytediet.kvcache.rotation import random_rotation, rotation_kind
-from bytediet.kvcache.turboquant_layout import resolve_layout
 from bytediet.kvcache.turboquant_core import TurboQuantizer
+from bytediet.kvcache.turboquant_layout import resolve_layout
 
 # Theorem 1 of the paper, rounded there; b = 3 is printed as 0.03 but the Lloyd–Max value is 0.0345
 # (Max 1960, Gaussian 3-bit distortion 0.03454), so we check against the unrounded figure.
@@ -57,17 +58,21 @@ def test_scores_on_codes_equal_scores_on_decoded_keys():
     for variant in ("mse", "prod"):
         tq = TurboQuantizer(d, 3, variant, seed=3)
         codes = tq.quantize(k)
-        torch.testing.assert_close(tq.scores(tq.prepare_query(q), codes),
-                                   q @ tq.dequantize(codes).transpose(1, 2), atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(
+            tq.scores(tq.prepare_query(q), codes), q @ tq.dequantize(codes).transpose(1, 2), atol=1e-4, rtol=1e-4
+        )
 
 
-@pytest.mark.parametrize("target,d,expected", [
-    (2.5, 128, [(32, 3), (96, 2)]),       # the paper's 2.5-bit split: 32 outlier channels at 3 bits
-    (3.5, 128, [(32, 4), (96, 3)]),
-    (3.5, 64, [(64, 3)]),                 # a second norm would not fit: plain 3-bit, 3.25 bits all-in
-    (4.0, 64, [(32, 4), (32, 3)]),
-    (3.0, 256, [(224, 3), (32, 2)]),
-])
+@pytest.mark.parametrize(
+    "target,d,expected",
+    [
+        (2.5, 128, [(32, 3), (96, 2)]),  # the paper's 2.5-bit split: 32 outlier channels at 3 bits
+        (3.5, 128, [(32, 4), (96, 3)]),
+        (3.5, 64, [(64, 3)]),  # a second norm would not fit: plain 3-bit, 3.25 bits all-in
+        (4.0, 64, [(32, 4), (32, 3)]),
+        (3.0, 256, [(224, 3), (32, 2)]),
+    ],
+)
 def test_layout_fits_the_all_in_budget(target, d, expected):
     layout = resolve_layout(target, d, "mse")
     assert layout == expected
@@ -155,13 +160,13 @@ def test_calibrated_mean_is_exact_and_cuts_error_on_offset_keys():
 def test_calibrated_layout_gives_high_energy_channels_more_bits():
     codec = get_kv_codec("turboquant3.5")
     k = torch.randn(400, 1, 64)
-    k[..., :8] *= 30                       # 8 channels hold most of the energy
+    k[..., :8] *= 30  # 8 channels hold most of the energy
     codec.calibrate(k, torch.randn(400, 1, 64), layer=0)
     layout = codec.key_half.layout(64)
     assert len(layout) == 2 and layout[0][1] > layout[1][1] and layout[0][0] <= 32
     assert codec.key_half.bytes_per_token(1, 64) * 8 <= 3.5 * 64
     cache = codec.create_cache(0, 4, 16, 1, 64, torch.float32, "cpu")
-    assert set(range(8)) <= set(cache.keys.channels[0, :layout[0][0]].tolist())
+    assert set(range(8)) <= set(cache.keys.channels[0, : layout[0][0]].tolist())
     assert codec.value_half.bytes_per_token(1, 64) * 8 <= 3.5 * 64
 
 
@@ -206,7 +211,7 @@ def test_pre_rope_key_mean_is_calibrated_and_exact_on_codes():
     with_rope, plain = TurboQuantHalf(3.5, "mse", "hadamard"), TurboQuantHalf(3.5, "mse", "hadamard")
     with_rope.calibrate(keys, 0, positions=pos, rope=rope)
     plain.calibrate(keys, 0)
-    torch.testing.assert_close(with_rope.rope_means[0][0], mu, atol=0.2, rtol=0)   # μ recovered before RoPE
+    torch.testing.assert_close(with_rope.rope_means[0][0], mu, atol=0.2, rtol=0)  # μ recovered before RoPE
     assert "pre-RoPE key mean" in with_rope.describe(64)
     # fresh keys at other positions (a sequence that continues past the calibration windows)
     test, tpos, _, _ = _rope_keys(64, 3000, seed=5)
@@ -261,9 +266,14 @@ def test_uncalibrated_use_warns_and_points_to_the_calibration_flag():
     with pytest.warns(UserWarning, match="uncalibrated.*--kv-calib-windows"):
         codec.create_cache(0, 4, 16, 2, 64, torch.float32, "cpu")
     g = torch.Generator().manual_seed(0)
-    samples = [{"k": torch.randn(64, 2, 64, generator=g), "v": torch.randn(64, 2, 64, generator=g),
-                "q": torch.randn(64, 4, 64, generator=g)}]
+    samples = [
+        {
+            "k": torch.randn(64, 2, 64, generator=g),
+            "v": torch.randn(64, 2, 64, generator=g),
+            "q": torch.randn(64, 4, 64, generator=g),
+        }
+    ]
     calibrate_from_samples(codec, samples)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        codec.create_cache(0, 4, 16, 2, 64, torch.float32, "cpu")   # calibrated: no warning
+        codec.create_cache(0, 4, 16, 2, 64, torch.float32, "cpu")  # calibrated: no warning

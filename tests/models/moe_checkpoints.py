@@ -6,6 +6,7 @@ No checkpoint is downloaded. The GGUF writer is written from llama.cpp's convent
 ``ffn_gate_inp`` in F32, qwen2moe's shared expert ``*_shexp`` and its gate ``ffn_gate_inp_shexp`` stored
 1-D, Mixtral written as ``llama`` with its q/k rows permuted), independently of the loader's inverse.
 """
+
 from __future__ import annotations
 
 import json
@@ -16,9 +17,18 @@ import gguf
 import numpy as np
 import torch
 
-COMMON = dict(vocab_size=96, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-              max_position_embeddings=256, tie_word_embeddings=False, bos_token_id=None, eos_token_id=None,
-              pad_token_id=None)
+COMMON = dict(
+    vocab_size=96,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    tie_word_embeddings=False,
+    bos_token_id=None,
+    eos_token_id=None,
+    pad_token_id=None,
+)
 
 
 def _mixtral(**kw):
@@ -30,16 +40,33 @@ def _mixtral(**kw):
 def _qwen2_moe(**kw):
     from transformers import Qwen2MoeConfig
 
-    return Qwen2MoeConfig(**{**COMMON, "intermediate_size": 48, "moe_intermediate_size": 32,
-                             "shared_expert_intermediate_size": 64, "num_experts": 4, "num_experts_per_tok": 2, **kw})
+    return Qwen2MoeConfig(
+        **{
+            **COMMON,
+            "intermediate_size": 48,
+            "moe_intermediate_size": 32,
+            "shared_expert_intermediate_size": 64,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            **kw,
+        }
+    )
 
 
 def _olmoe(**kw):
     from transformers import OlmoeConfig
 
     # no GQA by default, as in OLMoE-1B-7B: llama.cpp's olmoe sizes attn_k_norm by n_embd
-    return OlmoeConfig(**{**COMMON, "intermediate_size": 32, "num_experts": 8, "num_experts_per_tok": 3,
-                          "num_key_value_heads": 4, **kw})
+    return OlmoeConfig(
+        **{
+            **COMMON,
+            "intermediate_size": 32,
+            "num_experts": 8,
+            "num_experts_per_tok": 3,
+            "num_key_value_heads": 4,
+            **kw,
+        }
+    )
 
 
 # variant name → HF config: each family, and each gating / attention option it has
@@ -47,10 +74,13 @@ VARIANTS = {
     "mixtral": lambda: _mixtral(),
     "mixtral-sliding-window": lambda: _mixtral(sliding_window=6),
     "qwen2_moe": lambda: _qwen2_moe(),
-    "qwen2_moe-dense-layer-norm-topk": lambda: _qwen2_moe(num_hidden_layers=3, mlp_only_layers=[1], norm_topk_prob=True),
+    "qwen2_moe-dense-layer-norm-topk": lambda: _qwen2_moe(
+        num_hidden_layers=3, mlp_only_layers=[1], norm_topk_prob=True
+    ),
     "olmoe": lambda: _olmoe(),
-    "olmoe-gqa-clip-bias-norm-topk": lambda: _olmoe(num_key_value_heads=2, clip_qkv=1.0, attention_bias=True,
-                                                    norm_topk_prob=True),
+    "olmoe-gqa-clip-bias-norm-topk": lambda: _olmoe(
+        num_key_value_heads=2, clip_qkv=1.0, attention_bias=True, norm_topk_prob=True
+    ),
 }
 GGUF_VARIANTS = ("mixtral", "qwen2_moe", "olmoe")
 
@@ -94,15 +124,29 @@ def permute_like_llama_cpp(w: np.ndarray, n_heads: int) -> np.ndarray:
 
 
 LAYER_NAMES = {
-    "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
-    "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
-    "mlp.gate": "ffn_gate_inp", "block_sparse_moe.gate": "ffn_gate_inp",
-    "mlp.shared_expert.gate_proj": "ffn_gate_shexp", "mlp.shared_expert.up_proj": "ffn_up_shexp",
-    "mlp.shared_expert.down_proj": "ffn_down_shexp", "mlp.shared_expert_gate": "ffn_gate_inp_shexp",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+    "mlp.gate": "ffn_gate_inp",
+    "block_sparse_moe.gate": "ffn_gate_inp",
+    "mlp.shared_expert.gate_proj": "ffn_gate_shexp",
+    "mlp.shared_expert.up_proj": "ffn_up_shexp",
+    "mlp.shared_expert.down_proj": "ffn_down_shexp",
+    "mlp.shared_expert_gate": "ffn_gate_inp_shexp",
 }
-EXPERT_NAMES = {"gate_proj": "ffn_gate_exps", "w1": "ffn_gate_exps", "up_proj": "ffn_up_exps", "w3": "ffn_up_exps",
-                "down_proj": "ffn_down_exps", "w2": "ffn_down_exps"}
+EXPERT_NAMES = {
+    "gate_proj": "ffn_gate_exps",
+    "w1": "ffn_gate_exps",
+    "up_proj": "ffn_up_exps",
+    "w3": "ffn_up_exps",
+    "down_proj": "ffn_down_exps",
+    "w2": "ffn_down_exps",
+}
 _EXPERT = re.compile(r"model\.layers\.(\d+)\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\.(\w+)\.weight")
 ARCH = {"mixtral": "llama", "qwen2_moe": "qwen2moe", "olmoe": "olmoe"}
 
@@ -145,8 +189,13 @@ def write_gguf(hf_dir: Path, out: Path, qtype=None, stacked: bool = True) -> Non
             experts.setdefault((int(m.group(1)), EXPERT_NAMES[m.group(3)]), {})[int(m.group(2))] = a
             continue
         if name in ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"):
-            tensors[{"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-                     "lm_head.weight": "output.weight"}[name]] = a
+            tensors[
+                {
+                    "model.embed_tokens.weight": "token_embd.weight",
+                    "model.norm.weight": "output_norm.weight",
+                    "lm_head.weight": "output.weight",
+                }[name]
+            ] = a
             continue
         _, _, idx, rest = name.split(".", 3)
         module, kind_ = rest.rsplit(".", 1)

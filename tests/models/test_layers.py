@@ -1,5 +1,6 @@
 """Linear's three ways to multiply a packed weight: the float GEMM on the decoded weight for compute-bound
 inputs (q16/f32 activations), the native integer kernels below that, and the format's own apply otherwise."""
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -9,8 +10,9 @@ from bytediet.kernels.cpu import build
 from bytediet.models.layers import Linear
 from bytediet.quant import get_weight_format
 
-pytestmark = pytest.mark.skipif(build.find_compiler() is None or not build.runnable_variants(),
-                                reason="no native kernels on this machine")
+pytestmark = pytest.mark.skipif(
+    build.find_compiler() is None or not build.runnable_variants(), reason="no native kernels on this machine"
+)
 
 
 @pytest.fixture
@@ -58,7 +60,9 @@ def test_large_q16_inputs_run_the_int8_panel_where_the_library_has_it(spec, pref
     want = reference.gemm_panel(gtype, rows, big, lin.bias)  # q16 activations, as the decode kernels
     y = lin(big)
     if ops.has_gemm_panel(gtype):
-        assert torch.allclose(y, want, rtol=1e-4, atol=1e-4) and not torch.equal(y, F.linear(big, lin.dequantized_weight(), lin.bias))
+        assert torch.allclose(y, want, rtol=1e-4, atol=1e-4) and not torch.equal(
+            y, F.linear(big, lin.dequantized_weight(), lin.bias)
+        )
     monkeypatch.setattr(ops, "has_gemm_panel", lambda *a, **k: False)  # an avx2 build: the fp32 GEMM instead
     assert torch.allclose(lin(big), F.linear(big, lin.dequantized_weight(), lin.bias), rtol=1e-5, atol=1e-4)
 
@@ -86,8 +90,9 @@ def test_a_bf16_prefill_gemm_rounds_to_bf16_and_f32_activations_stay_exact(spec,
     assert (y - exact).abs().max() > 1e-4  # the bf16 rounding is there (and measured in bench/RESULTS.md)
     exact_lin = packed_linear(spec + "-af32", gen)
     x = torch.randn(ops.DENSE_GEMM_MIN_ROWS, 256, generator=gen)
-    assert torch.allclose(exact_lin(x), F.linear(x, exact_lin.dequantized_weight(), exact_lin.bias), rtol=1e-5,
-                          atol=1e-4)
+    assert torch.allclose(
+        exact_lin(x), F.linear(x, exact_lin.dequantized_weight(), exact_lin.bias), rtol=1e-5, atol=1e-4
+    )
 
 
 def test_a_layer_switched_to_f32_activations_after_its_x4_repack_reads_its_blocks():

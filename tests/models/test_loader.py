@@ -1,4 +1,5 @@
 """Loading GGUF files and Hugging Face directories written here from tiny random models, and bad input."""
+
 from __future__ import annotations
 
 import json
@@ -16,9 +17,17 @@ from bytediet.models.arch import unpermute_rope
 from bytediet.models.loader import load_model
 from tests.conftest import hf_checkpoint_parts, model_from_state, random_state, tiny_config
 
-HF_TO_GGUF = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-              "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-              "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+HF_TO_GGUF = {
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+}
 
 
 def permute_like_llama_cpp(w: np.ndarray, n_heads: int) -> np.ndarray:
@@ -91,8 +100,12 @@ def test_gguf_quantized_tensors_dequantize_and_keep_their_type(tmp_path, tiny_ll
     assert loaded.source_types["model.layers.0.self_attn.q_proj.weight"] == "Q8_0"
     q8 = gguf.GGMLQuantizationType.Q8_0
     # Q8_0 blocks run along rows, so quantizing before or after the row permutation is the same
-    rounded = {k: torch.from_numpy(gguf.quants.dequantize(gguf.quants.quantize(v.numpy(), q8), q8)).reshape(v.shape)
-               if v.ndim == 2 else v for k, v in state.items()}
+    rounded = {
+        k: torch.from_numpy(gguf.quants.dequantize(gguf.quants.quantize(v.numpy(), q8), q8)).reshape(v.shape)
+        if v.ndim == 2
+        else v
+        for k, v in state.items()
+    }
     expected = model_from_state(config, rounded)
     ids = torch.arange(16) % config.vocab_size
     torch.testing.assert_close(loaded.score(ids), expected.score(ids), atol=1e-5, rtol=1e-5)
@@ -155,10 +168,21 @@ def test_mismatched_config_and_safetensors(tmp_path):
     config = tiny_config("llama")
     state = random_state(config)
     state["model.layers.0.mlp.up_proj.weight"] = torch.zeros(7, config.hidden_size)
-    (tmp_path / "config.json").write_text(json.dumps({
-        "model_type": "llama", "vocab_size": config.vocab_size, "hidden_size": config.hidden_size,
-        "intermediate_size": config.intermediate_size, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "head_dim": 8, "tie_word_embeddings": True}))
+    (tmp_path / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "llama",
+                "vocab_size": config.vocab_size,
+                "hidden_size": config.hidden_size,
+                "intermediate_size": config.intermediate_size,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "head_dim": 8,
+                "tie_word_embeddings": True,
+            }
+        )
+    )
     save_file(state, str(tmp_path / "model.safetensors"))
     with pytest.raises(CheckpointError, match="up_proj.*shape"):
         load_model(tmp_path, load_tokenizer=False)
@@ -167,8 +191,12 @@ def test_mismatched_config_and_safetensors(tmp_path):
 def test_cli_reports_bad_checkpoint_in_one_line_with_exit_code_2(tmp_path):
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"GGUF" + bytes(3))
-    r = subprocess.run([sys.executable, "-m", "bytediet.cli", "generate", "--model", str(bad), "--prompt", "hi"],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "bytediet.cli", "generate", "--model", str(bad), "--prompt", "hi"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "bad.gguf" in lines[0] and "Traceback" not in r.stderr
@@ -185,8 +213,17 @@ def test_tensor_type_that_cannot_be_dequantized_names_tensor_and_type(tmp_path, 
     # rewrite with the up projection stored as Q8_1 raw blocks (the gguf package has no Q8_1 dequantizer)
     w = gguf.GGUFWriter(str(tmp_path / "q81b.gguf"), "llama")
     reader = gguf.GGUFReader(str(path))
-    for key in ("block_count", "context_length", "embedding_length", "feed_forward_length", "attention.head_count",
-                "attention.head_count_kv", "rope.freq_base", "attention.layer_norm_rms_epsilon", "vocab_size"):
+    for key in (
+        "block_count",
+        "context_length",
+        "embedding_length",
+        "feed_forward_length",
+        "attention.head_count",
+        "attention.head_count_kv",
+        "rope.freq_base",
+        "attention.layer_norm_rms_epsilon",
+        "vocab_size",
+    ):
         f = reader.fields[f"llama.{key}"]
         w.add_key_value(f"llama.{key}", f.contents(), f.types[0])
     for t in reader.tensors:

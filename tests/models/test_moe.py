@@ -1,5 +1,6 @@
 """The MoE block: gating rules against brute force, token-grouped experts against a per-token loop,
 each expert read once per step, and the errors for MoE families and gating variants bytediet does not know."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -22,8 +23,15 @@ from tests.conftest import model_from_state, random_state, tiny_config
 
 
 def moe_config(**kw):
-    base = dict(num_experts=6, num_experts_per_tok=2, moe_intermediate_size=16, moe_gating="softmax-topk",
-                shared_expert_intermediate_size=24, attention_bias=True, tie_word_embeddings=False)
+    base = dict(
+        num_experts=6,
+        num_experts_per_tok=2,
+        moe_intermediate_size=16,
+        moe_gating="softmax-topk",
+        shared_expert_intermediate_size=24,
+        attention_bias=True,
+        tie_word_embeddings=False,
+    )
     return tiny_config("qwen2_moe", **{**base, **kw})
 
 
@@ -76,9 +84,9 @@ def per_token_reference(block: SparseMoE, x: torch.Tensor) -> torch.Tensor:
         probs = logits[t].softmax(-1)
         top = probs.topk(block.top_k)
         w = top.values / top.values.sum() if block.normalize else top.values
-        y = sum(wi * block.experts[int(e)](x[t:t + 1])[0] for wi, e in zip(w, top.indices))
+        y = sum(wi * block.experts[int(e)](x[t : t + 1])[0] for wi, e in zip(w, top.indices))
         gate = torch.sigmoid(x[t] @ block.shared_expert_gate.weight[0])
-        rows.append(y + gate * block.shared_expert(x[t:t + 1])[0])
+        rows.append(y + gate * block.shared_expert(x[t : t + 1])[0])
     return torch.stack(rows)
 
 
@@ -127,7 +135,8 @@ def test_moe_parameter_counts():
     config = moe_config(dense_layers=(1,))
     model = model_from_state(config, random_state(config))
     total = sum(p.numel() for p in model.parameters()) + sum(
-        lin.out_features * lin.in_features for _, lin in model.linear_layers())
+        lin.out_features * lin.in_features for _, lin in model.linear_layers()
+    )
     assert total == config.num_parameters
     one_expert = 3 * config.hidden_size * config.moe_intermediate_size
     assert config.num_parameters - config.num_active_parameters == (6 - 2) * one_expert  # one MoE layer
@@ -177,18 +186,35 @@ def test_unknown_moe_family_in_hf_directory(tmp_path):
 
 
 def test_unknown_gating_variant_in_hf_config(tmp_path):
-    write_hf_config(tmp_path / "m", {"model_type": "mixtral", "scoring_func": "sigmoid", "vocab_size": 8,
-                                     "hidden_size": 8, "intermediate_size": 8, "num_hidden_layers": 1,
-                                     "num_attention_heads": 2, "num_local_experts": 2, "num_experts_per_tok": 1})
+    write_hf_config(
+        tmp_path / "m",
+        {
+            "model_type": "mixtral",
+            "scoring_func": "sigmoid",
+            "vocab_size": 8,
+            "hidden_size": 8,
+            "intermediate_size": 8,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 2,
+            "num_local_experts": 2,
+            "num_experts_per_tok": 1,
+        },
+    )
     with pytest.raises(CheckpointError, match=r"mixtral MoE: scoring_func 'sigmoid' is not a gating variant"):
         load_model(tmp_path / "m")
 
 
 def write_gguf_header(path, arch: str, **extra) -> None:
     w = gguf.GGUFWriter(str(path), arch)
-    for key, value in dict(block_count=1, embedding_length=8, feed_forward_length=8, vocab_size=8,
-                           **{"attention.head_count": 2},
-                           expert_count=4, expert_used_count=2).items():
+    for key, value in dict(
+        block_count=1,
+        embedding_length=8,
+        feed_forward_length=8,
+        vocab_size=8,
+        **{"attention.head_count": 2},
+        expert_count=4,
+        expert_used_count=2,
+    ).items():
         w.add_uint32(f"{arch}.{key}", value)
     for key, value in extra.items():
         w.add_uint32(f"{arch}.{key}", value)
@@ -242,7 +268,17 @@ def test_experts_in_a_dense_family_are_refused(tmp_path):
     write_gguf_header(tmp_path / "x.gguf", "qwen2")
     with pytest.raises(CheckpointError, match=r"qwen2 with 4 experts is not an MoE family"):
         load_model(tmp_path / "x.gguf")
-    write_hf_config(tmp_path / "q", {"model_type": "qwen2", "num_experts": 8, "vocab_size": 8, "hidden_size": 8,
-                                     "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2})
+    write_hf_config(
+        tmp_path / "q",
+        {
+            "model_type": "qwen2",
+            "num_experts": 8,
+            "vocab_size": 8,
+            "hidden_size": 8,
+            "intermediate_size": 8,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 2,
+        },
+    )
     with pytest.raises(CheckpointError, match=r"model_type 'qwen2' with 8 experts is not an MoE family"):
         load_model(tmp_path / "q")

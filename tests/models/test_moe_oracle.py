@@ -4,6 +4,7 @@ Each checkpoint is written here (``save_pretrained`` and the ``gguf`` writer, se
 logits must equal transformers' on the same weights, and 32 greedy tokens through the engine must equal
 ``generate``'s.
 """
+
 from __future__ import annotations
 
 import gguf
@@ -51,8 +52,9 @@ def assert_logits_equal(got: torch.Tensor, expected: torch.Tensor) -> None:
 def test_safetensors_logits_equal_transformers(checkpoints, variant):
     path, ref = checkpoints[variant]
     model, _ = load_model(path, load_tokenizer=False)
-    assert model.config.num_experts == (ref.config.get_text_config().to_dict().get("num_local_experts")
-                                        or ref.config.num_experts)
+    assert model.config.num_experts == (
+        ref.config.get_text_config().to_dict().get("num_local_experts") or ref.config.num_experts
+    )
     for ids in PROMPTS:
         assert_logits_equal(model.score(torch.tensor(ids)), hf_logits(ref, ids))
 
@@ -111,7 +113,9 @@ def test_greedy_32_tokens_equal_transformers_generate(checkpoints, variant):
     outs = llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True))
     for ids, out in zip(PROMPTS, outs):
         with torch.no_grad():
-            want = ref.generate(torch.tensor([ids]), max_new_tokens=32, min_new_tokens=32, do_sample=False)[0, len(ids):]
+            want = ref.generate(torch.tensor([ids]), max_new_tokens=32, min_new_tokens=32, do_sample=False)[
+                0, len(ids) :
+            ]
         assert out.outputs[0].token_ids == want.tolist()
 
 
@@ -123,7 +127,7 @@ def test_greedy_32_tokens_from_gguf_equal_transformers(checkpoints, tmp_path):
     out = llm.generate(PROMPTS[0], SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True))[0]
     with torch.no_grad():
         want = ref.generate(torch.tensor([PROMPTS[0]]), max_new_tokens=32, min_new_tokens=32, do_sample=False)
-    assert out.outputs[0].token_ids == want[0, len(PROMPTS[0]):].tolist()
+    assert out.outputs[0].token_ids == want[0, len(PROMPTS[0]) :].tolist()
 
 
 @pytest.mark.parametrize("variant", ["mixtral", "qwen2_moe"])

@@ -3,6 +3,7 @@
 A float rounding apart (the module path's GEMMs run in MKL, whose summation order depends on the CPU and the thread
 count) a value on a quantization boundary rounds to another code, so the two paths are compared on identical pages:
 the module path reads the pages the native step wrote, and its own write of the new tokens is compared apart."""
+
 import contextlib
 from unittest import mock
 
@@ -17,8 +18,9 @@ from bytediet.models.native_decode import native_decoder, why_not_native
 from bytediet.quant import get_weight_format
 from tests.conftest import model_from_state, random_state, tiny_config
 
-pytestmark = pytest.mark.skipif(build.find_compiler() is None or not build.runnable_variants(),
-                                reason="no native kernels on this machine")
+pytestmark = pytest.mark.skipif(
+    build.find_compiler() is None or not build.runnable_variants(), reason="no native kernels on this machine"
+)
 
 
 def packed_model(arch: str, fmt: str = "gguf-q4_1", head: str = "gguf-q8_0", **overrides):
@@ -40,10 +42,17 @@ def decode_metadata(contexts, block_size=16):
     bt = torch.tensor([t + [-1] * (width - len(t)) for t in tables])
     pos = torch.tensor([c - 1 for c in contexts])
     slots = bt[torch.arange(len(contexts)), pos // block_size] * block_size + pos % block_size
-    return AttentionMetadata(positions=pos, slot_mapping=slots, query_start_loc=torch.arange(len(contexts) + 1),
-                             context_lens=pos + 1, block_tables=bt, block_size=block_size,
-                             query_lens_list=[1] * len(contexts), context_lens_list=[c for c in contexts],
-                             seq_ids=list(range(len(contexts)))), first
+    return AttentionMetadata(
+        positions=pos,
+        slot_mapping=slots,
+        query_start_loc=torch.arange(len(contexts) + 1),
+        context_lens=pos + 1,
+        block_tables=bt,
+        block_size=block_size,
+        query_lens_list=[1] * len(contexts),
+        context_lens_list=[c for c in contexts],
+        seq_ids=list(range(len(contexts))),
+    ), first
 
 
 def fill_pages(caches, gen=None):
@@ -51,8 +60,7 @@ def fill_pages(caches, gen=None):
     for c in caches:
         n = c.num_blocks * c.block_size if hasattr(c, "num_blocks") else c.k.shape[0]
         shape = (n, c.num_kv_heads, c.head_dim)
-        c.write(torch.randn(shape, generator=gen), torch.randn(shape, generator=gen), torch.arange(n),
-                torch.arange(n))
+        c.write(torch.randn(shape, generator=gen), torch.randn(shape, generator=gen), torch.arange(n), torch.arange(n))
 
 
 def snapshot(caches):
@@ -71,8 +79,15 @@ def module_path_on_native_pages(model, ids, meta, caches, saved):
     native, calls = snapshot(caches), []
     with contextlib.ExitStack() as stack:
         for c in caches:
-            stack.enter_context(mock.patch.object(c, "write", lambda *args, c=c: calls.append(
-                (c, [a.clone() if isinstance(a, torch.Tensor) else a for a in args]))))
+            stack.enter_context(
+                mock.patch.object(
+                    c,
+                    "write",
+                    lambda *args, c=c: calls.append(
+                        (c, [a.clone() if isinstance(a, torch.Tensor) else a for a in args])
+                    ),
+                )
+            )
         want = model(ids, meta, caches)
     restore(caches, saved)
     for c, args in calls:
@@ -142,8 +157,15 @@ def test_native_decode_step_over_llama_cpp_kv_blocks_equals_module_path(arch, kv
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])
-@pytest.mark.parametrize("kv,pages", [("rot-int8", ("int8", "int8")), ("rot-q8_0", ("q8_0", "q8_0")),
-                                      ("k=rot-q8_0,v=q4_0", ("q8_0", "q4_0")), ("k=int8,v=rot-q8_0", ("int8", "q8_0"))])
+@pytest.mark.parametrize(
+    "kv,pages",
+    [
+        ("rot-int8", ("int8", "int8")),
+        ("rot-q8_0", ("q8_0", "q8_0")),
+        ("k=rot-q8_0,v=q4_0", ("q8_0", "q4_0")),
+        ("k=int8,v=rot-q8_0", ("int8", "q8_0")),
+    ],
+)
 def test_native_decode_step_over_rotated_kv_pages_equals_module_path(arch, kv, pages):
     """Rotated pages (kvcache/rotated.py): the step rotates q and k after RoPE and v before writing, and the
     attention output back after, so logits and the written pages match the module path's."""
@@ -155,8 +177,10 @@ def test_native_decode_step_over_rotated_kv_pages_equals_module_path(arch, kv, p
     decoder = native_decoder(model, caches)
     layer = decoder.spec.layers[0]
     assert (layer.kv_dtype, layer.v_dtype) == pages
-    assert (layer.k_rot is None, layer.v_rot is None) == (caches[0].keys.rotation is None,
-                                                          caches[0].values.rotation is None)
+    assert (layer.k_rot is None, layer.v_rot is None) == (
+        caches[0].keys.rotation is None,
+        caches[0].values.rotation is None,
+    )
     ids = torch.tensor([3, 50, 7])
     saved = snapshot(caches)
     got = decoder.logits(ids, meta, torch.arange(3))
@@ -171,8 +195,18 @@ def test_native_decode_step_over_rotated_kv_pages_equals_module_path(arch, kv, p
             assert ((mine - ref).abs() <= 0.15 * ref.abs().amax(-1, keepdim=True) + 1e-4).all()
 
 
-@pytest.mark.parametrize("arch,fmt", [(a, "gguf-q4_1") for a in ("llama", "qwen2", "gemma3")] + [
-    ("llama", "int8"), ("qwen2", "int4-g32"), ("gemma3", "int4-g32-sym"), ("llama", "mxfp4"), ("qwen2", "nvfp4"), ("llama", "sparse24-int8")])  # bytediet's formats: repacked layouts
+@pytest.mark.parametrize(
+    "arch,fmt",
+    [(a, "gguf-q4_1") for a in ("llama", "qwen2", "gemma3")]
+    + [
+        ("llama", "int8"),
+        ("qwen2", "int4-g32"),
+        ("gemma3", "int4-g32-sym"),
+        ("llama", "mxfp4"),
+        ("qwen2", "nvfp4"),
+        ("llama", "sparse24-int8"),
+    ],
+)  # bytediet's formats: repacked layouts
 @pytest.mark.parametrize("activations", ["q16", "q8", "f32"])
 def test_native_decode_step_equals_module_path(arch, fmt, activations):
     model = packed_model(arch, fmt=fmt)
@@ -207,8 +241,10 @@ def test_native_decode_step_equals_module_path(arch, fmt, activations):
     assert torch.allclose(got, want, atol=tol, rtol=0)
 
 
-@pytest.mark.parametrize("arch,fmt", [("llama", "fp8"), ("gemma3", "fp8"), ("qwen2", "sparse24"),
-                                      ("llama", "int8-w8a8"), ("gemma3", "int8-w8a8")])
+@pytest.mark.parametrize(
+    "arch,fmt",
+    [("llama", "fp8"), ("gemma3", "fp8"), ("qwen2", "sparse24"), ("llama", "int8-w8a8"), ("gemma3", "int8-w8a8")],
+)
 def test_native_decode_step_with_fixed_activation_formats_equals_module_path(arch, fmt):
     """fp8 and 2:4 fp16 (float activations) and int8-w8a8 (int8 per token): the activations are the format's."""
     model = packed_model(arch, fmt=fmt)
@@ -235,8 +271,9 @@ def test_what_the_native_step_does_not_cover_is_said():
     assert why_not_native(model, model.new_caches(2, 128, "kivi4")).startswith("KV cache")
     assert why_not_native(packed_model("llama", fmt="int8"), model.new_caches(2, 16)) is None
     mixed = packed_model("llama", fmt="int8-w8a8")  # per-token int8 activations, and one layer with float ones
-    mixed.model.layers[0].mlp.down_proj.set_weight(mixed.model.layers[0].mlp.down_proj.dequantized_weight(),
-                                                   get_weight_format("fp8"))
+    mixed.model.layers[0].mlp.down_proj.set_weight(
+        mixed.model.layers[0].mlp.down_proj.dequantized_weight(), get_weight_format("fp8")
+    )
     assert "mixed activation modes" in why_not_native(mixed, mixed.new_caches(2, 16))
     fp32 = packed_model("llama", fmt="fp32")
     assert "has no native kernel" in why_not_native(fp32, fp32.new_caches(2, 16))
@@ -244,6 +281,7 @@ def test_what_the_native_step_does_not_cover_is_said():
 
 
 # --- TurboQuant pages: attention on codes ----------------------------------------------------------------
+
 
 def tq_model(arch, **overrides):
     """A tiny model at head dim 64 (TurboQuant's layouts at the real models' head dims)."""
@@ -296,14 +334,22 @@ def compare_native_with_module_path(model, caches, meta, decoder, ids, tol=2e-3,
         for t, ref in zip(c.tensors(), w):
             assert torch.equal(t[others], ref[others])  # nothing but the new tokens' slots written
             if t.dtype == torch.uint8:  # layer 0: float ties only; deeper, a flip upstream moves k, v more
-                assert (t[slots] != ref[slots]).sum().item() <= 2 if layer == 0 else \
-                    (t[slots] != ref[slots]).float().mean().item() <= 0.2
+                assert (
+                    (t[slots] != ref[slots]).sum().item() <= 2
+                    if layer == 0
+                    else (t[slots] != ref[slots]).float().mean().item() <= 0.2
+                )
             else:
                 assert torch.allclose(t[slots].float(), ref[slots].float(), rtol=2e-3 if layer == 0 else 5e-2, atol=0)
     restore(caches, native_pages)
-    with mock.patch.object(TurboQuantPages, "write", lambda self, x, slots, positions=None: None), \
-            mock.patch.object(CompressedCache, "attend_natively",
-                              (lambda *args, **kwargs: None) if codec_read else CompressedCache.attend_natively):
+    with (
+        mock.patch.object(TurboQuantPages, "write", lambda self, x, slots, positions=None: None),
+        mock.patch.object(
+            CompressedCache,
+            "attend_natively",
+            (lambda *args, **kwargs: None) if codec_read else CompressedCache.attend_natively,
+        ),
+    ):
         want = model(ids, meta, caches)
     assert torch.allclose(got, want, atol=tol * want.abs().max().item(), rtol=0)
     return got
@@ -317,8 +363,18 @@ TQ_CASES = {  # name: (arch, config overrides) — the GQA ratios of the three f
 
 
 @pytest.mark.parametrize("case", sorted(TQ_CASES))
-@pytest.mark.parametrize("kv", ["turboquant3.5", "turboquant3", "turboquant4.5", "cal:turboquant3.5",
-                                "cal:turboquant2.5", "rope:turboquant3.5", "rope:turboquant2.5"])
+@pytest.mark.parametrize(
+    "kv",
+    [
+        "turboquant3.5",
+        "turboquant3",
+        "turboquant4.5",
+        "cal:turboquant3.5",
+        "cal:turboquant2.5",
+        "rope:turboquant3.5",
+        "rope:turboquant2.5",
+    ],
+)
 def test_native_decode_step_on_turboquant_pages_equals_module_path(case, kv):
     """turboquant KV read on codes by the native step: 1 part (3.5 = 3 bits at head dim 64, 4.5 = 4 bits) and
     2 parts (3 = 32 ch × 3 b + 32 × 2 b, outliers chosen by the first write), calibrated (mean, channel order,
@@ -383,11 +439,17 @@ def test_an_auto_plan_steps_natively_where_every_layer_is_readable():
     from bytediet.kvcache import get_kv_codec
 
     model = tq_model("llama")
-    for plan, layers in (([{"k": "q8_0", "v": "q4_0"}, {"k": "turboquant4", "v": "turboquant3"}],
-                          [("q8_0", "q4_0"), ("turboquant", None)]),
-                         ([{"k": "q5_0", "v": "turboquant4"}, {"k": "turboquant4", "v": "q4_1"}],
-                          [("q5_0", "turboquant"), ("turboquant", "q4_1")]),
-                         ([{"k": "q8_0", "v": "q4_0"}, {"k": "turboquant_prod3.5", "v": "q4_0"}], None)):
+    for plan, layers in (
+        (
+            [{"k": "q8_0", "v": "q4_0"}, {"k": "turboquant4", "v": "turboquant3"}],
+            [("q8_0", "q4_0"), ("turboquant", None)],
+        ),
+        (
+            [{"k": "q5_0", "v": "turboquant4"}, {"k": "turboquant4", "v": "q4_1"}],
+            [("q5_0", "turboquant"), ("turboquant", "q4_1")],
+        ),
+        ([{"k": "q8_0", "v": "q4_0"}, {"k": "turboquant_prod3.5", "v": "q4_0"}], None),
+    ):
         codec = get_kv_codec("auto:6")
         codec.load_calibration_state({"budget": 6.0, "plan": plan})
         caches = model.new_caches(2, 16, codec)
@@ -400,8 +462,9 @@ def test_an_auto_plan_steps_natively_where_every_layer_is_readable():
 
 
 @pytest.mark.parametrize("case", sorted(TQ_CASES))
-@pytest.mark.parametrize("kv", ["k=q5_0,v=turboquant4", "k=int8,v=turboquant3.5", "k=turboquant4,v=q4_0",
-                                "k=rot-int8,v=turboquant4"])
+@pytest.mark.parametrize(
+    "kv", ["k=q5_0,v=turboquant4", "k=int8,v=turboquant3.5", "k=turboquant4,v=q4_0", "k=rot-int8,v=turboquant4"]
+)
 def test_native_decode_step_on_turboquant_beside_row_pages_equals_module_path(case, kv):
     """TurboQuant on one side, row or block pages on the other (rotated ones too): each side written its own way,
     row keys scored against q, row values summed unrotated; 2-part pages' outlier channels from the first write."""
@@ -439,8 +502,9 @@ def test_native_turboquant_step_on_the_default_model_equals_module_path(smollm2_
     meta, blocks = decode_metadata(contexts)
     codec = "turboquant3.5"
     if calibrated:
-        codec = calibrated_kv_codec(codec, model, tokenizer, {"corpus": "prideprejudice", "windows": 1,
-                                                              "window_len": 256, "seed": 0})
+        codec = calibrated_kv_codec(
+            codec, model, tokenizer, {"corpus": "prideprejudice", "windows": 1, "window_len": 256, "seed": 0}
+        )
         assert codec.key_half.rope_means  # the case that used to fall back to the module path
     caches = model.new_caches(blocks, 16, codec)
     decoder = native_decoder(model, caches)
@@ -448,7 +512,7 @@ def test_native_turboquant_step_on_the_default_model_equals_module_path(smollm2_
     for s, n in enumerate(contexts):  # each sequence's prompt, prefilled on the module path into its own pages
         pre = AttentionMetadata.for_single_sequence(n - 1, 16, first_block=int(meta.block_tables[s, 0]))
         pre.seq_ids = [s]
-        model(torch.tensor(ids[:n - 1]), pre, caches)
+        model(torch.tensor(ids[: n - 1]), pre, caches)
     compare_native_with_module_path(model, caches, meta, decoder, torch.tensor([ids[300], ids[156]]), tol=5e-3)
 
 
@@ -470,6 +534,7 @@ def test_engine_decodes_natively_on_turboquant_after_a_one_token_prompt():
 def test_turboquant_prod_without_mse_codes_says_its_attention_is_the_codecs_own_read():
     """turboquant_prod2.5 at head dim 32 keeps no MSE codes (0 + the 1-bit residual): no native reader, said so."""
     from bytediet.kvcache import get_kv_codec
+
     keys = get_kv_codec("turboquant_prod2.5", torch.float32).create_cache(0, 4, 16, 2, 32, torch.float32, "cpu").keys
     assert "the codec's own read" in keys.step_objection()
     assert keys.native_pages() is None

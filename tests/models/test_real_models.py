@@ -3,9 +3,8 @@
 SmolLM2-135M-Instruct (Q4_1 GGUF) and Gemma-3-270M (Q4_K_M GGUF), float32. The oracle loads the same
 GGUF with ``AutoModelForCausalLM.from_pretrained(dir, gguf_file=name)``.
 """
+
 from __future__ import annotations
-
-
 
 import pytest
 import torch
@@ -28,13 +27,15 @@ def oracle(path):
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("accelerate")
     return transformers.AutoModelForCausalLM.from_pretrained(
-        str(path.parent), gguf_file=path.name, torch_dtype=torch.float32).eval()
+        str(path.parent), gguf_file=path.name, torch_dtype=torch.float32
+    ).eval()
 
 
 def oracle_prompts(tokenizer, pride: str, bos: bool) -> list[list[int]]:
     prose = tokenizer.encode(pride[5000:12000], add_special_tokens=False)[:512]
-    code = tokenizer.encode("def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n\nprint(fib(20))",
-                            add_special_tokens=False)
+    code = tokenizer.encode(
+        "def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n\nprint(fib(20))", add_special_tokens=False
+    )
     short = tokenizer.encode("The memory wall: why moving bytes costs more than arithmetic.", add_special_tokens=False)
     start = [tokenizer.bos_token_id] if bos else []
     return [start + p for p in (prose, code, short)]
@@ -100,10 +101,12 @@ def test_loading_smollm2_keeps_peak_rss_under_twice_the_weights():
     import subprocess
     import sys
 
-    code = ("import resource, torch, bytediet.models.loader as L, bytediet.models.tokenizer, gguf, tokenizers;"
-            "base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024;"
-            "m, _ = L.load_model('default');"
-            "print(m.weight_bytes(), base, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)")
+    code = (
+        "import resource, torch, bytediet.models.loader as L, bytediet.models.tokenizer, gguf, tokenizers;"
+        "base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024;"
+        "m, _ = L.load_model('default');"
+        "print(m.weight_bytes(), base, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300)
     weights, base, peak = map(int, out.stdout.split())
     assert peak - base < 2 * weights, (weights, base, peak)

@@ -1,4 +1,5 @@
 """shared_copy: a configuration quantized layer by layer from the loaded blocks equals quantizing the fp32 load."""
+
 from __future__ import annotations
 
 import gguf

@@ -4,6 +4,7 @@ Both real checkpoints (SmolLM2-135M byte-level BPE, Gemma-3-270M SentencePiece B
 like ``AutoTokenizer.from_pretrained(dir, gguf_file=...)``, decode exactly, stream exactly, and
 render the chat template like transformers.
 """
+
 import json
 import warnings
 
@@ -16,31 +17,89 @@ from hypothesis import strategies as st
 
 from bytediet.errors import BytedietError
 from bytediet.models.tokenizer import IncrementalDecoder, Tokenizer, load_tokenizer
-from bytediet.models.tokenizer_gguf import (BYTE_LEVEL_PRE_TOKENIZERS, GGUFTokenizerMeta, build_gguf_tokenizer,
-                                            GPT2_SPLIT, LLAMA3_SPLIT, QWEN2_SPLIT)
+from bytediet.models.tokenizer_gguf import (
+    BYTE_LEVEL_PRE_TOKENIZERS,
+    GPT2_SPLIT,
+    LLAMA3_SPLIT,
+    QWEN2_SPLIT,
+    GGUFTokenizerMeta,
+    build_gguf_tokenizer,
+)
 
 TEXTS = [
-    "", " ", "  ", "   leading", "trailing   ", "\t", "\t\tindented\tcode", "\n", "\n\n\n", "a\n\nb\n\n\nc",
-    " \n \n ", "\r\n", "Hello, world!", "The quick brown fox jumps over the lazy dog.",
+    "",
+    " ",
+    "  ",
+    "   leading",
+    "trailing   ",
+    "\t",
+    "\t\tindented\tcode",
+    "\n",
+    "\n\n\n",
+    "a\n\nb\n\n\nc",
+    " \n \n ",
+    "\r\n",
+    "Hello, world!",
+    "The quick brown fox jumps over the lazy dog.",
     "It is a truth universally acknowledged, that a single man in possession of a good fortune, "
-    "must be in want of a wife.", "I'm sure you'll see they've done it, haven't they?", "HELLO World hElLo",
-    "12345678", "3.14159", "1,234,567.89", "x = 42 * 7 - 0.5e-3", "2024-06-01T12:30:00Z", " 1 22 333 4444",
-    "call 555-0100 now", "def f(x):\n    return x ** 2  # square\n", "for (int i = 0; i < n; ++i) { a[i] = i; }",
-    "{\"key\": [1, 2, 3], \"nested\": {\"a\": null}}", "<div class=\"x\">text</div>", "SELECT * FROM t WHERE id=1;",
-    "path/to/file_name.py", "https://example.com/a?b=c&d=e#f", "snake_case_name camelCaseName",
-    "😀", "Hello 😀🎉👍🏽 world", "👨‍👩‍👧‍👦 family", "café naïve résumé Ångström", "Ça va? Être ou ne pas être.",
-    "Straße größer Übung", "한국어 텍스트입니다", "안녕하세요, 세계!", "日本語のテキスト", "中文文本测试",
-    "Русский текст", "Ελληνικά", "עברית", "العربية", "मराठी हिन्दी", "mixed: English, 한국어, 123, 😀!",
-    "½ ¾ ² ³ ① Ⅻ", "∑ ∫ √ ∞ ≠ ≤", "𝔘𝔫𝔦𝔠𝔬𝔡𝔢 𝕏", "tab\tthen  two  spaces", "a" + " " * 40 + "b",
-    "<0x41> is not a byte", "<|im_start|>user\nHello<|im_end|>\n", "<start_of_turn>user\nhi<end_of_turn>",
-    "text <|endoftext|> more", "<bos>inline bos", "<unk>", "...!!!???", "--- *** ___", "'quoted' \"double\"",
+    "must be in want of a wife.",
+    "I'm sure you'll see they've done it, haven't they?",
+    "HELLO World hElLo",
+    "12345678",
+    "3.14159",
+    "1,234,567.89",
+    "x = 42 * 7 - 0.5e-3",
+    "2024-06-01T12:30:00Z",
+    " 1 22 333 4444",
+    "call 555-0100 now",
+    "def f(x):\n    return x ** 2  # square\n",
+    "for (int i = 0; i < n; ++i) { a[i] = i; }",
+    '{"key": [1, 2, 3], "nested": {"a": null}}',
+    '<div class="x">text</div>',
+    "SELECT * FROM t WHERE id=1;",
+    "path/to/file_name.py",
+    "https://example.com/a?b=c&d=e#f",
+    "snake_case_name camelCaseName",
+    "😀",
+    "Hello 😀🎉👍🏽 world",
+    "👨‍👩‍👧‍👦 family",
+    "café naïve résumé Ångström",
+    "Ça va? Être ou ne pas être.",
+    "Straße größer Übung",
+    "한국어 텍스트입니다",
+    "안녕하세요, 세계!",
+    "日本語のテキスト",
+    "中文文本测试",
+    "Русский текст",
+    "Ελληνικά",
+    "עברית",
+    "العربية",
+    "मराठी हिन्दी",
+    "mixed: English, 한국어, 123, 😀!",
+    "½ ¾ ² ³ ① Ⅻ",
+    "∑ ∫ √ ∞ ≠ ≤",
+    "𝔘𝔫𝔦𝔠𝔬𝔡𝔢 𝕏",
+    "tab\tthen  two  spaces",
+    "a" + " " * 40 + "b",
+    "<0x41> is not a byte",
+    "<|im_start|>user\nHello<|im_end|>\n",
+    "<start_of_turn>user\nhi<end_of_turn>",
+    "text <|endoftext|> more",
+    "<bos>inline bos",
+    "<unk>",
+    "...!!!???",
+    "--- *** ___",
+    "'quoted' \"double\"",
 ]
 
 SMOL_MESSAGES = [
     [{"role": "user", "content": "Hello!"}],
     [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2+2?"}],
-    [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello! How can I help?"},
-     {"role": "user", "content": "Tell me a joke about 한국어 😀."}],
+    [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello! How can I help?"},
+        {"role": "user", "content": "Tell me a joke about 한국어 😀."},
+    ],
 ]
 
 
@@ -188,6 +247,7 @@ def test_hf_directory_round_trip(pair, tmp_path):
 
 # ---------------------------------------------------------------- pre-tokenizers vs llama.cpp's regexes
 
+
 def _bytes_to_unicode() -> dict[int, str]:
     """GPT-2's byte alphabet: printable bytes stand for themselves, the others for chr(256 + n)."""
     printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
@@ -206,7 +266,7 @@ def _llama_cpp_split(text: str, patterns: list[str]) -> list[str]:
         for piece in pieces:
             pos = 0
             for m in regex.finditer(pattern, piece):
-                out += [piece[pos:m.start()]] if m.start() > pos else []
+                out += [piece[pos : m.start()]] if m.start() > pos else []
                 out.append(m.group())
                 pos = m.end()
             out += [piece[pos:]] if pos < len(piece) else []
@@ -224,8 +284,7 @@ PRE_CASES = {
 
 @pytest.mark.parametrize("pre", sorted(PRE_CASES))
 @settings(max_examples=150, deadline=None)
-@given(text=st.text(st.sampled_from(list("aZé한1٣² \t\n\r.,'!_😀")), max_size=30)
-       | st.sampled_from(TEXTS))
+@given(text=st.text(st.sampled_from(list("aZé한1٣² \t\n\r.,'!_😀")), max_size=30) | st.sampled_from(TEXTS))
 def test_pre_tokenizer_matches_llama_cpp_regex(pre, text):
     got = [p for p, _ in BYTE_LEVEL_PRE_TOKENIZERS.get(pre)().pre_tokenize_str(text)]
     expected = ["".join(_BYTES[b] for b in p.encode("utf-8")) for p in _llama_cpp_split(text, PRE_CASES[pre])]
@@ -236,12 +295,40 @@ def test_pre_tokenizer_matches_llama_cpp_regex(pre, text):
 
 
 def _tiny_spm(add_space_prefix: bool) -> Tokenizer:
-    normal = ["▁", "h", "e", "l", "o", "w", "r", "d", "he", "ll", "llo", "hello", "▁hello", "▁w", "or", "ld", "▁wor", "▁world"]
+    normal = [
+        "▁",
+        "h",
+        "e",
+        "l",
+        "o",
+        "w",
+        "r",
+        "d",
+        "he",
+        "ll",
+        "llo",
+        "hello",
+        "▁hello",
+        "▁w",
+        "or",
+        "ld",
+        "▁wor",
+        "▁world",
+    ]
     tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + normal
     types = [2, 3, 3] + [6] * 256 + [1] * len(normal)
-    meta = GGUFTokenizerMeta(model="llama", pre="default", tokens=tokens, token_types=types,
-                             scores=-np.arange(len(tokens), dtype=np.float32), bos_token_id=1, eos_token_id=2,
-                             unknown_token_id=0, add_bos_token=True, add_space_prefix=add_space_prefix)
+    meta = GGUFTokenizerMeta(
+        model="llama",
+        pre="default",
+        tokens=tokens,
+        token_types=types,
+        scores=-np.arange(len(tokens), dtype=np.float32),
+        bos_token_id=1,
+        eos_token_id=2,
+        unknown_token_id=0,
+        add_bos_token=True,
+        add_space_prefix=add_space_prefix,
+    )
     return Tokenizer(build_gguf_tokenizer(meta), bos_token_id=1, eos_token_id=2)
 
 

@@ -1,4 +1,5 @@
 """The paged-attention transformer against an independent dense implementation written here."""
+
 from __future__ import annotations
 
 import torch
@@ -10,6 +11,7 @@ from tests.conftest import model_from_state, random_state, tiny_config
 
 def dense_reference(config, state, ids: torch.Tensor) -> torch.Tensor:
     """Plain causal forward over (L,) ids from the state dict: no cache, no paging."""
+
     def norm(x, w):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + config.rms_norm_eps) * w
 
@@ -18,7 +20,7 @@ def dense_reference(config, state, ids: torch.Tensor) -> torch.Tensor:
         inv = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
         ang = torch.arange(x.shape[0], dtype=torch.float64)[:, None] * inv[None]
         cos, sin = ang.cos().float()[:, None], ang.sin().float()[:, None]
-        a, b = x[..., : d // 2], x[..., d // 2:]
+        a, b = x[..., : d // 2], x[..., d // 2 :]
         return torch.cat([a * cos - b * sin, b * cos + a * sin], -1)
 
     L, H, KV, D = ids.shape[0], config.num_heads, config.num_kv_heads, config.head_dim
@@ -83,14 +85,20 @@ def test_ragged_batch_with_scattered_blocks_matches_single_sequences(tiny_model)
     positions = torch.cat([torch.arange(n) for n in lens])
     slots = torch.cat([torch.tensor([t[p // bs] * bs + p % bs for p in range(n)]) for t, n in zip(tables, lens)])
     meta = AttentionMetadata(
-        positions=positions, slot_mapping=slots, query_start_loc=torch.tensor([0, lens[0], sum(lens)]),
-        context_lens=torch.tensor(lens), block_tables=torch.tensor([tables[0], tables[1] + [-1, -1]]),
-        block_size=bs, query_lens_list=lens, context_lens_list=lens, seq_ids=[0, 1],
+        positions=positions,
+        slot_mapping=slots,
+        query_start_loc=torch.tensor([0, lens[0], sum(lens)]),
+        context_lens=torch.tensor(lens),
+        block_tables=torch.tensor([tables[0], tables[1] + [-1, -1]]),
+        block_size=bs,
+        query_lens_list=lens,
+        context_lens_list=lens,
+        seq_ids=[0, 1],
     )
     caches = tiny_model.new_caches(8, bs, "fp32")
     logits = tiny_model(torch.cat(seqs), meta, caches)
     torch.testing.assert_close(logits[: lens[0]], alone[0], atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(logits[lens[0]:], alone[1], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(logits[lens[0] :], alone[1], atol=1e-5, rtol=1e-5)
 
 
 def test_sliding_window_limits_what_gemma3_layers_see():

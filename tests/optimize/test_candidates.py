@@ -1,11 +1,11 @@
 """Candidates come from the registries: every registered name is tried or skipped with a reason."""
+
 from __future__ import annotations
 
 import pytest
 
 from bytediet.kvcache import KV_CODECS
-from bytediet.optimize.candidates import (REFERENCE_KV, REFERENCE_WEIGHTS, Candidate, kv_specs, weight_fits,
-                                          weight_specs)
+from bytediet.optimize.candidates import REFERENCE_KV, REFERENCE_WEIGHTS, Candidate, kv_specs, weight_fits, weight_specs
 from bytediet.quant import WEIGHT_FORMATS
 from bytediet.quant.int8 import Int8
 from tests.conftest import model_from_state, random_state, tiny_config
@@ -81,8 +81,10 @@ def test_only_restricts_and_reports_unfit_specs(model):
 
 def test_weight_fits_checks_every_width(model):
     assert weight_fits("int4-g32", model) is None
-    wide = model_from_state(tiny_config("llama", hidden_size=48, head_dim=12), random_state(
-        tiny_config("llama", hidden_size=48, head_dim=12)))
+    wide = model_from_state(
+        tiny_config("llama", hidden_size=48, head_dim=12),
+        random_state(tiny_config("llama", hidden_size=48, head_dim=12)),
+    )
     assert "does not divide" in weight_fits("int4-g32", wide)
 
 
@@ -118,16 +120,21 @@ def test_explicit_calibrated_specs_are_checked(model):
     assert (cand.weights, cand.method, cand.label) == ("int4-g32", "gptq", "w=int4-g32+gptq kv=auto")
 
 
-@pytest.mark.parametrize("spec, variants", [
-    ("int4-g32", ["int4-g32-a8", "int4-g32-af32"]),
-    ("int8", ["int8-a8", "int8-af32"]),
-    ("gguf-q4_1-a8", ["gguf-q4_1", "gguf-q4_1-af32"]),
-    ("sparse24-int8", ["sparse24-int8-a8", "sparse24-int8-af32"]),
-    ("int4-g64+awq", ["int4-g64-a8+awq", "int4-g64-af32+awq"]),  # the calibration method stays
-    ("fp8", []), ("sparse24", []),  # float values: float activations only
-    ("int8-w8a8", []),  # per-token int8 activations are the format
-    ("fp32", []), ("no-such-format", []),
-])
+@pytest.mark.parametrize(
+    "spec, variants",
+    [
+        ("int4-g32", ["int4-g32-a8", "int4-g32-af32"]),
+        ("int8", ["int8-a8", "int8-af32"]),
+        ("gguf-q4_1-a8", ["gguf-q4_1", "gguf-q4_1-af32"]),
+        ("sparse24-int8", ["sparse24-int8-a8", "sparse24-int8-af32"]),
+        ("int4-g64+awq", ["int4-g64-a8+awq", "int4-g64-af32+awq"]),  # the calibration method stays
+        ("fp8", []),
+        ("sparse24", []),  # float values: float activations only
+        ("int8-w8a8", []),  # per-token int8 activations are the format
+        ("fp32", []),
+        ("no-such-format", []),
+    ],
+)
 def test_activation_variants_of_a_weight_spec(spec, variants):
     from bytediet.optimize.candidates import activation_specs
 

@@ -1,4 +1,5 @@
 """``bytediet optimize`` end to end on a tiny HF checkpoint: every step, outputs, resume, bad input, reproduction."""
+
 from __future__ import annotations
 
 import copy
@@ -19,21 +20,40 @@ from tests.eval.test_harness import write_tiny_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 
+
 def verify_in_fresh_process(out: Path, timeout: int = 120) -> dict:
     """Run ``python -m bytediet.optimize.verify OUT`` in a new interpreter (nothing shared); its JSON result."""
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    proc = subprocess.run([sys.executable, "-m", "bytediet.optimize.verify", str(out)], capture_output=True,
-                          text=True, env=env, cwd=ROOT, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, "-m", "bytediet.optimize.verify", str(out)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=timeout,
+    )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 
 
-
 def options(ckpt: Path, **kw) -> OptimizeOptions:
-    base = dict(model=str(ckpt), corpus=str(ckpt / "corpus.txt"), quick=True, windows=2, window_len=40,
-                speed_prompt_len=8, speed_new_tokens=3, profile_prompt_len=16, profile_new_tokens=3,
-                weights=("int8", "int4-g32"), kv=("int8", "turboquant3.5"), budget=Budget(2.0), passkey_lengths=(),
-                kv_calib_windows=1, kv_calib_len=32)
+    base = dict(
+        model=str(ckpt),
+        corpus=str(ckpt / "corpus.txt"),
+        quick=True,
+        windows=2,
+        window_len=40,
+        speed_prompt_len=8,
+        speed_new_tokens=3,
+        profile_prompt_len=16,
+        profile_new_tokens=3,
+        weights=("int8", "int4-g32"),
+        kv=("int8", "turboquant3.5"),
+        budget=Budget(2.0),
+        passkey_lengths=(),
+        kv_calib_windows=1,
+        kv_calib_len=32,
+    )
     return OptimizeOptions(**{**base, **kw})
 
 
@@ -67,10 +87,16 @@ def test_every_step_runs_and_is_reported(run):
     tq = next(r for r in report["steps"]["kv"]["records"] if r["kv"] == "turboquant3.5")
     assert tq["kv_bytes_per_token"] < base["kv_bytes_per_token"]
     # TurboQuant has calibration hooks (int8 has none): it was calibrated on the calibration split
-    assert {r["kv"]: r["kv_calibrated"] for r in report["steps"]["kv"]["records"]} == {"int8": False,
-                                                                                        "turboquant3.5": True}
-    assert report["kv_calibration"] == {"corpus": str(Path(report["options"]["corpus"])), "windows": 1,
-                                        "window_len": 32, "seed": 0}
+    assert {r["kv"]: r["kv_calibrated"] for r in report["steps"]["kv"]["records"]} == {
+        "int8": False,
+        "turboquant3.5": True,
+    }
+    assert report["kv_calibration"] == {
+        "corpus": str(Path(report["options"]["corpus"])),
+        "windows": 1,
+        "window_len": 32,
+        "seed": 0,
+    }
     rec = report["recommendation"]
     assert rec["within_budget"] == rec["record"]["within_budget"] is True
     assert rec["record"]["ppl_increase_pct"] <= 2.0
@@ -108,7 +134,8 @@ def test_json_numbers_equal_the_table(run):
         for column, (_, key) in zip(table.columns, COLUMNS):
             assert list(column._cells) == [format_value(r.get(key)) for r in records], (step, key)
     assert report["recommendation"]["record"] == next(
-        r for s in STEPS[1:] for r in report["steps"][s]["records"] if r["label"] == report["recommendation"]["label"])
+        r for s in STEPS[1:] for r in report["steps"][s]["records"] if r["label"] == report["recommendation"]["label"]
+    )
 
 
 def test_a_budget_only_the_checkpoint_meets_recommends_it_as_loaded(run, tmp_path):
@@ -141,13 +168,38 @@ def test_cli_resumes_from_the_cache_and_prints_json(run, ckpt, capsys):
     _, out = run
     o = options(ckpt)
     # progress bars stay on (stderr): only stdout must hold the one JSON object
-    argv = ["optimize", "--model", o.model, "--corpus", o.corpus, "--quick", "--windows", "2", "--window-len", "40",
-            "--weights", "int8,int4-g32", "--kv", "int8,turboquant3.5", "--out", str(out), "--json"]
+    argv = [
+        "optimize",
+        "--model",
+        o.model,
+        "--corpus",
+        o.corpus,
+        "--quick",
+        "--windows",
+        "2",
+        "--window-len",
+        "40",
+        "--weights",
+        "int8,int4-g32",
+        "--kv",
+        "int8,turboquant3.5",
+        "--out",
+        str(out),
+        "--json",
+    ]
     # the CLI takes the quick preset's speed and profile lengths, which key the cache: make them the fixture's
     import bytediet.optimize.recipe as recipe
 
-    preset = dict(recipe.PRESETS["quick"], speed_prompt_len=8, speed_new_tokens=3, profile_prompt_len=16,
-                  profile_new_tokens=3, passkey_lengths=(), kv_calib_windows=1, kv_calib_len=32)
+    preset = dict(
+        recipe.PRESETS["quick"],
+        speed_prompt_len=8,
+        speed_new_tokens=3,
+        profile_prompt_len=16,
+        profile_new_tokens=3,
+        passkey_lengths=(),
+        kv_calib_windows=1,
+        kv_calib_len=32,
+    )
     calls = []
     import bytediet.eval.harness as harness
 
@@ -168,6 +220,7 @@ def test_a_killed_run_resumes_without_recomputing_finished_steps(ckpt, tmp_path,
         def hook(name, report):
             if name == step:
                 raise Killed(name)
+
         return hook
 
     with pytest.raises(Killed):
@@ -178,17 +231,19 @@ def test_a_killed_run_resumes_without_recomputing_finished_steps(ckpt, tmp_path,
 
     measured = []
     real = harness.evaluate_loaded
-    monkeypatch.setattr(harness, "evaluate_loaded",
-                        lambda *a, **k: measured.append(_spec(k["kv_cache_dtype"])) or real(*a, **k))
+    monkeypatch.setattr(
+        harness, "evaluate_loaded", lambda *a, **k: measured.append(_spec(k["kv_cache_dtype"])) or real(*a, **k)
+    )
     monkeypatch.setattr(profile, "profile", lambda *a, **k: pytest.fail("the profile step was recomputed"))
-    monkeypatch.setattr(tasks.FidelityTask, "measure_reference",
-                        lambda *a, **k: pytest.fail("the reference was recomputed"))
+    monkeypatch.setattr(
+        tasks.FidelityTask, "measure_reference", lambda *a, **k: pytest.fail("the reference was recomputed")
+    )
     report = Recipe(options(ckpt), tmp_path, progress=False).run()
     # weights (int8, int4-g32) and the baseline came from the cache; the activation step (its parents' speed
     # again, then their variants: weights only, the KV cache as loaded), the KV step and later were measured
     acts = len(report["steps"]["activations"]["records"]) + len(report["steps"]["activations"].get("parents", []))
     assert measured[:acts] == ["auto"] * acts
-    assert sorted(measured[acts:acts + 2]) == ["int8", "turboquant3.5"]
+    assert sorted(measured[acts : acts + 2]) == ["int8", "turboquant3.5"]
     assert len(report["steps"]["weights"]["records"]) == 2
 
 
@@ -215,12 +270,28 @@ def test_missing_corpus_says_how_to_supply_a_file(ckpt, tmp_path, monkeypatch):
     import bytediet.eval.corpus as corpus
 
     monkeypatch.setenv("BYTEDIET_CACHE", str(tmp_path / "empty-cache"))
-    monkeypatch.setattr(corpus, "fetch_austen",
-                        lambda: (_ for _ in ()).throw(BytedietError("`apt-get download r-cran-janeaustenr` failed")))
+    monkeypatch.setattr(
+        corpus,
+        "fetch_austen",
+        lambda: (_ for _ in ()).throw(BytedietError("`apt-get download r-cran-janeaustenr` failed")),
+    )
     with pytest.raises(BytedietError, match="--corpus FILE"):
         Recipe(options(ckpt, corpus="prideprejudice"), tmp_path, progress=False).run()
-    assert main(["optimize", "--model", str(ckpt), "--corpus", str(tmp_path / "nope.txt"), "--out",
-                 str(tmp_path), "--no-progress"]) == 2
+    assert (
+        main(
+            [
+                "optimize",
+                "--model",
+                str(ckpt),
+                "--corpus",
+                str(tmp_path / "nope.txt"),
+                "--out",
+                str(tmp_path),
+                "--no-progress",
+            ]
+        )
+        == 2
+    )
 
 
 def test_recommendation_reproduces_in_a_fresh_process(run):
@@ -235,8 +306,17 @@ def test_recommendation_reproduces_in_a_fresh_process(run):
 @pytest.mark.slow
 def test_real_model_recommendation_reproduces_and_meets_the_budget(tmp_path):
     """SmolLM2: int8 weights × int8 KV on one short window, re-checked in a fresh process."""
-    opt = OptimizeOptions(quick=True, windows=1, window_len=64, speed_prompt_len=8, speed_new_tokens=3,
-                          profile_prompt_len=16, profile_new_tokens=3, weights=("int8",), kv=("int8",))
+    opt = OptimizeOptions(
+        quick=True,
+        windows=1,
+        window_len=64,
+        speed_prompt_len=8,
+        speed_new_tokens=3,
+        profile_prompt_len=16,
+        profile_new_tokens=3,
+        weights=("int8",),
+        kv=("int8",),
+    )
     report = Recipe(opt, tmp_path, progress=False).run()
     recommend(report)
     write_outputs(report, tmp_path)
@@ -248,8 +328,15 @@ def test_real_model_recommendation_reproduces_and_meets_the_budget(tmp_path):
 
 def test_calibrated_candidates_and_a_calibrated_recommendation_reproduce(ckpt, tmp_path):
     """int4 RTN and GPTQ on one grid; a calibrated winner is saved as a checkpoint that verify reloads."""
-    opt = options(ckpt, weights=("int4-g32", "int4-g32+gptq"), kv=("int8",), calib_samples=2, calib_len=32,
-                  budget=Budget(1e6), objective="memory")
+    opt = options(
+        ckpt,
+        weights=("int4-g32", "int4-g32+gptq"),
+        kv=("int8",),
+        calib_samples=2,
+        calib_len=32,
+        budget=Budget(1e6),
+        objective="memory",
+    )
     recipe = Recipe(opt, tmp_path, progress=False)
     report = recipe.run()
     weights = {r["label"]: r for r in report["steps"]["weights"]["records"]}
@@ -261,8 +348,10 @@ def test_calibrated_candidates_and_a_calibrated_recommendation_reproduce(ckpt, t
     report["recommendation"] = None
     recommend(report)
     report["recommendation"]["record"] = gptq | {"within_budget": True}  # force the calibrated choice
-    report["recommendation"].update(label=gptq["label"], run_config={
-        **report["recommendation"]["run_config"], "weights": "int4-g32", "kv_cache_dtype": "auto"})
+    report["recommendation"].update(
+        label=gptq["label"],
+        run_config={**report["recommendation"]["run_config"], "weights": "int4-g32", "kv_cache_dtype": "auto"},
+    )
     saved = recipe.materialize(report)
     assert saved == tmp_path / "recommended-model" and (saved / "bytediet_config.json").is_file()
     run_config = report["recommendation"]["run_config"]
@@ -282,7 +371,9 @@ def test_passkey_retrieval_is_measured_per_configuration(ckpt, tmp_path):
     assert "passkey" in report["settings"]["tasks"]
     for step in ("baseline", "weights", "kv"):
         for r in report["steps"][step]["records"]:
-            assert 0.0 <= r["passkey"] <= 1.0 and r["passkey_ref"] == report["steps"]["baseline"]["records"][0]["passkey"]
+            assert (
+                0.0 <= r["passkey"] <= 1.0 and r["passkey_ref"] == report["steps"]["baseline"]["records"][0]["passkey"]
+            )
             assert r["passkey_drop"] == pytest.approx(max(r["passkey_ref"] - r["passkey"], 0.0))
     recommend(report)
     assert "passkey" in [c.header for c in step_table(report, "kv").columns]
@@ -294,17 +385,27 @@ def test_a_calibrated_kv_recommendation_reproduces_in_a_fresh_process(run, tmp_p
     tq = next(r for r in report["steps"]["kv"]["records"] if r["kv"] == "turboquant3.5")
     recommend(report)
     report["recommendation"]["record"] = tq
-    report["recommendation"]["run_config"] = {**report["recommendation"]["run_config"], "weights": None,
-                                              "weight_overrides": {}, "kv_cache_dtype": "turboquant3.5",
-                                              "kv_calibration": report["kv_calibration"]}
+    report["recommendation"]["run_config"] = {
+        **report["recommendation"]["run_config"],
+        "weights": None,
+        "weight_overrides": {},
+        "kv_cache_dtype": "turboquant3.5",
+        "kv_calibration": report["kv_calibration"],
+    }
     write_outputs(report, tmp_path)
     assert json.loads((tmp_path / "recommended.json").read_text())["kv_calibration"] == report["kv_calibration"]
     assert verify_in_fresh_process(tmp_path)["ppl"] == pytest.approx(tq["ppl"], rel=1e-4)
 
 
 def _stub_record(cand, ppl_pct: float, top1: float, tok_s: float) -> dict:
-    return {**cand.to_dict(), "ppl_increase_pct": ppl_pct, "kl_mean": 0.01, "top1": top1, "decode_tok_s": tok_s,
-            "memory_bytes": 100}
+    return {
+        **cand.to_dict(),
+        "ppl_increase_pct": ppl_pct,
+        "kl_mean": 0.01,
+        "top1": top1,
+        "decode_tok_s": tok_s,
+        "memory_bytes": 100,
+    }
 
 
 def test_activation_step_tries_the_best_weight_formats_other_precisions(ckpt, tmp_path, monkeypatch):
@@ -339,7 +440,8 @@ def test_activation_step_tries_the_best_weight_formats_other_precisions(ckpt, tm
     assert measured == ["int8-a8", "int8-af32"] and report["steps"]["activations"]["parents"] == [int8["label"]]
     assert again == ["int8"]
     assert report["steps"]["activations"]["parents_remeasured"] == [
-        {"label": int8["label"], "decode_tok_s": 12.5, "earlier_decode_tok_s": 10.0}]
+        {"label": int8["label"], "decode_tok_s": 12.5, "earlier_decode_tok_s": 10.0}
+    ]
     a8, af32 = report["steps"]["activations"]["records"]
     assert a8["activation_parent"] == int8["label"] and a8["step"] == "activations"
     assert a8["activation_speedup"] == pytest.approx(14.0 / 12.5)  # against the parent of the same moment
@@ -367,8 +469,11 @@ def test_the_activation_step_measures_real_variants(run):
     assert {r["weights"] for r in acts["records"]} == {parent["weights"] + "-a8", parent["weights"] + "-af32"}
     for r in acts["records"]:
         assert r["activation_ppl_cost"] == pytest.approx(r["ppl_increase_pct"] - parent["ppl_increase_pct"])
-        assert r["within_budget"] == (r["ppl_increase_pct"] <= 2.0 and r["activation_ppl_cost"] <= 0.3 + 1e-9
-                                      and r["activation_top1_drop"] <= 0.01 + 1e-9)
+        assert r["within_budget"] == (
+            r["ppl_increase_pct"] <= 2.0
+            and r["activation_ppl_cost"] <= 0.3 + 1e-9
+            and r["activation_top1_drop"] <= 0.01 + 1e-9
+        )
 
 
 def test_kv_budgets_are_planned_once_and_the_recommendation_carries_the_plan(ckpt, tmp_path, monkeypatch):
@@ -388,7 +493,7 @@ def test_kv_budgets_are_planned_once_and_the_recommendation_carries_the_plan(ckp
     for spec, bits in (("auto:6", 6), ("auto:3.5", 3.5)):
         plan = recs[spec]["kv_calibration_state"]
         assert plan["budget"] == bits and len(plan["plan"]) == 2 and recs[spec]["kv_calibrated"]
-        assert recs[spec]["kv_bytes_per_token"] <= bits / 8 * 2 * 2 * 8 * 2             # 2 layers × 2 heads × 8
+        assert recs[spec]["kv_bytes_per_token"] <= bits / 8 * 2 * 2 * 8 * 2  # 2 layers × 2 heads × 8
     assert recs["int8"]["kv_calibration_state"] is None
     recommend(report)
     write_outputs(report, tmp_path)

@@ -1,4 +1,5 @@
 """The step cache's reference: one file per window on disk, read back one window at a time, metrics unchanged."""
+
 from __future__ import annotations
 
 import pytest
@@ -31,8 +32,11 @@ def test_per_window_reference_on_disk_gives_todays_metrics_and_resumes(ckpt, tmp
     model, tok = load_model(ckpt)
     lean = evaluate_loaded(model, tok, settings=s, weights="int4-g32", progress=False, reference=ref)
     assert fidelity(lean) == fidelity(today)
-    assert ref._ram == {} and sorted(p.name for p in cache.reference_dir.glob("window*.f32")) == \
-        ["window0.f32", "window1.f32", "window2.f32"]
+    assert ref._ram == {} and sorted(p.name for p in cache.reference_dir.glob("window*.f32")) == [
+        "window0.f32",
+        "window1.f32",
+        "window2.f32",
+    ]
     cache.save_reference(ref, s.windows)
 
     monkeypatch.setattr(FidelityTask, "measure_reference", lambda *a: pytest.fail("the reference ran again"))

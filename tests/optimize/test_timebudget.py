@@ -1,4 +1,5 @@
 """--time-budget: estimates from the measurements before, skips what would end past the budget, says so."""
+
 from __future__ import annotations
 
 import pytest
@@ -9,12 +10,16 @@ from bytediet.optimize.candidates import Candidate
 from bytediet.optimize.recipe import Recipe
 from bytediet.optimize.report import recommend, summary_markdown
 from bytediet.optimize.timebudget import TimeBudget, kind_of, parse_duration
-from tests.optimize.test_recipe import ckpt, options  # noqa: F401 (the module's fixture)
+from tests.optimize.test_recipe import ckpt, options  # noqa: F401 - ckpt is a fixture
 
 
 def test_durations_parse_and_bad_ones_say_what_to_give():
-    assert (parse_duration("15m"), parse_duration("90s"), parse_duration("1.5h"), parse_duration("42")) == \
-        (900, 90, 5400, 42)
+    assert (parse_duration("15m"), parse_duration("90s"), parse_duration("1.5h"), parse_duration("42")) == (
+        900,
+        90,
+        5400,
+        42,
+    )
     assert parse_duration("none") is None
     with pytest.raises(ConfigError, match="15m"):
         parse_duration("soon")
@@ -34,7 +39,7 @@ def test_estimates_come_from_the_last_measurement_of_each_kind():
     assert kind_of(Candidate("kv", kv="int8")) == "kv" and kind_of(Candidate("weights", "int4", method="awq")) == "+awq"
 
 
-def test_the_budget_skips_and_the_report_says_what(ckpt, tmp_path, monkeypatch):  # noqa: F811
+def test_the_budget_skips_and_the_report_says_what(ckpt, tmp_path, monkeypatch):
     monkeypatch.setattr(TimeBudget, "estimate", lambda self, kind: 1e6 if kind == "kv" else 0.0)
     report = Recipe(options(ckpt, time_budget=600.0), tmp_path, progress=False).run()
     assert report["steps"]["kv"]["records"] == [] and report["steps"]["weights"]["records"]
@@ -45,7 +50,7 @@ def test_the_budget_skips_and_the_report_says_what(ckpt, tmp_path, monkeypatch):
     assert "**Time budget** (10 min) reached: not measured" in summary_markdown(report)
 
 
-def test_a_budget_that_cannot_hold_the_baseline_is_a_clear_error(ckpt, tmp_path, monkeypatch):  # noqa: F811
+def test_a_budget_that_cannot_hold_the_baseline_is_a_clear_error(ckpt, tmp_path, monkeypatch):
     monkeypatch.setattr(recipe_module, "baseline_seconds", lambda profile, settings: 1e5)
     with pytest.raises(ConfigError, match=r"--time-budget 1.0 min cannot measure even the baseline: it needs about"):
         Recipe(options(ckpt, time_budget=60.0), tmp_path, progress=False).run()
@@ -61,5 +66,7 @@ def test_progress_without_a_terminal_is_plain_lines_with_the_time_left(capsys):
         assert list(bars.track(["a", "b"], "step 2/5: weight formats", eta=lambda i: 120.0 * (2 - i))) == ["a", "b"]
     err = capsys.readouterr().err.splitlines()
     assert err[0] == "plan" and err[1] == "step 1/5: profiling ..." and err[2].startswith("step 1/5: profiling: done")
-    assert err[3:] == ["step 2/5: weight formats: a (about 4 min left) [1/2]",
-                       "step 2/5: weight formats: b (about 2 min left) [2/2]"]
+    assert err[3:] == [
+        "step 2/5: weight formats: a (about 4 min left) [1/2]",
+        "step 2/5: weight formats: b (about 2 min left) [2/2]",
+    ]

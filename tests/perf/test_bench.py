@@ -3,6 +3,7 @@
 No timing is asserted: only counts, shapes, identities between reported numbers, and the roofline
 predictions recomputed independently.
 """
+
 from __future__ import annotations
 
 import json
@@ -14,18 +15,36 @@ from hypothesis import strategies as st
 
 from bytediet.cli import main
 from bytediet.errors import ConfigError
-from bytediet.perf import measure as measure_mod
-from bytediet.perf.bench import (BenchConfig, ModelWeightBits, RequestTiming, Unavailable, make_workload, percentile,
-                                 run_bench, summarize)
-from bytediet.perf.peers import BytedietSystem, TransformersSystem, make_peers
 from bytediet.models.quantize import QuantizeConfig, quantize
+from bytediet.perf import measure as measure_mod
+from bytediet.perf.bench import (
+    BenchConfig,
+    ModelWeightBits,
+    RequestTiming,
+    Unavailable,
+    make_workload,
+    percentile,
+    run_bench,
+    summarize,
+)
+from bytediet.perf.peers import BytedietSystem, TransformersSystem, make_peers
 from bytediet.perf.roofline import analyze
 from tests.conftest import model_from_state, random_state, tiny_config
 from tests.eval.test_harness import write_tiny_checkpoint
 
-FAKE_MACHINE = {"version": measure_mod.CACHE_VERSION, "host": "test", "cpu": "test CPU", "threads": 2,
-                "torch": "x", "measured_at": "2026-01-01T00:00:00", "read_bandwidth": 10e9,
-                "copy_bandwidth": 12e9, "peak_flops": {"fp32": 50e9}, "memory_bytes": 16e9, "llc_bytes": 32e6}
+FAKE_MACHINE = {
+    "version": measure_mod.CACHE_VERSION,
+    "host": "test",
+    "cpu": "test CPU",
+    "threads": 2,
+    "torch": "x",
+    "measured_at": "2026-01-01T00:00:00",
+    "read_bandwidth": 10e9,
+    "copy_bandwidth": 12e9,
+    "peak_flops": {"fp32": 50e9},
+    "memory_bytes": 16e9,
+    "llc_bytes": 32e6,
+}
 
 
 # ----------------------------------------------------------------------------------- statistics
@@ -43,8 +62,13 @@ def test_percentile_rejects_bad_input():
 
 
 @settings(max_examples=50, deadline=None)
-@given(st.lists(st.tuples(st.integers(1, 500), st.integers(1, 200), st.floats(1e-3, 10), st.floats(0, 10)),
-                min_size=1, max_size=40))
+@given(
+    st.lists(
+        st.tuples(st.integers(1, 500), st.integers(1, 200), st.floats(1e-3, 10), st.floats(0, 10)),
+        min_size=1,
+        max_size=40,
+    )
+)
 def test_summary_against_numpy(rows):
     timings = [RequestTiming(p, n, ttft, ttft + extra) for p, n, ttft, extra in rows]
     s = summarize(timings)
@@ -71,7 +95,7 @@ def test_workload_is_seeded_and_cut_from_the_corpus():
     for prompt, n in zip(a.prompts, a.max_tokens):
         assert 5 <= len(prompt) <= 40 and 2 <= n <= 9
         start = prompt[0] - 1000
-        assert list(prompt) == corpus[start:start + len(prompt)]  # a contiguous slice
+        assert list(prompt) == corpus[start : start + len(prompt)]  # a contiguous slice
     with pytest.raises(ConfigError, match="corpus has 30 tokens"):
         make_workload(list(range(30)), 2, (5, 40), (1, 2), seed=0)
 
@@ -128,7 +152,8 @@ def test_result_shape_and_counts(tiny_result):
     assert single["decode_tokens"] == cfg.decode_new_tokens  # ignore_eos: every requested token is produced
     assert single["prefill_tokens_per_s"] == pytest.approx(cfg.prefill_len / single["prefill_ttft_s"])
     assert single["achieved_weight_gb_per_s"] == pytest.approx(
-        ours.model.weight_bytes() * single["decode_tokens_per_s"] / 1e9)
+        ours.model.weight_bytes() * single["decode_tokens_per_s"] / 1e9
+    )
     assert set(mine["concurrency"]) == {str(c) for c in cfg.concurrency}
     for level, s in mine["concurrency"].items():
         assert s["requests"] == max(int(level), cfg.min_requests)
@@ -143,8 +168,9 @@ def test_same_workload_for_every_level_and_system(tiny_result):
 
     ids, _ = corpus_token_ids(None, ours.model.config.vocab_size, cfg.max_sequence_len, cfg.seed)
     for level in cfg.concurrency:
-        work = make_workload(ids, max(level, cfg.min_requests), cfg.prompt_len_range, cfg.output_len_range,
-                             seed=cfg.seed + level)
+        work = make_workload(
+            ids, max(level, cfg.min_requests), cfg.prompt_len_range, cfg.output_len_range, seed=cfg.seed + level
+        )
         s = r["systems"]["bytediet"]["concurrency"][str(level)]
         assert s["prompt_tokens"] == sum(len(p) for p in work.prompts)
         assert s["output_tokens"] == sum(work.max_tokens)
@@ -152,8 +178,11 @@ def test_same_workload_for_every_level_and_system(tiny_result):
 
 def test_partial_results_are_handed_out_after_each_system(tiny_result):
     snaps = tiny_result[0]["snapshots"]
-    assert [list(s["systems"]) for s in snaps] == [["bytediet"], ["bytediet", "llama.cpp"],
-                                                   ["bytediet", "llama.cpp", "broken"]]
+    assert [list(s["systems"]) for s in snaps] == [
+        ["bytediet"],
+        ["bytediet", "llama.cpp"],
+        ["bytediet", "llama.cpp", "broken"],
+    ]
     assert "roofline" in snaps[0]
 
 
@@ -172,12 +201,26 @@ def test_roofline_rows_are_the_analyzer_on_the_same_config(tiny_result):
     mc = ours.model.config
     for row in rows:  # an fp32 model: 32 bits per weight everywhere; fp32 KV: 32 bits per coordinate
         if row["measurement"] == "single stream":
-            pred = analyze(mc, hw, weights=32.0, kv=32.0, batch=1, prompt_len=cfg.decode_prompt_len,
-                           context=cfg.decode_prompt_len + cfg.decode_new_tokens // 2)
+            pred = analyze(
+                mc,
+                hw,
+                weights=32.0,
+                kv=32.0,
+                batch=1,
+                prompt_len=cfg.decode_prompt_len,
+                context=cfg.decode_prompt_len + cfg.decode_new_tokens // 2,
+            )
             assert row["measured_tokens_per_s"] == r["systems"]["bytediet"]["single"]["decode_tokens_per_s"]
         else:
-            pred = analyze(mc, hw, weights=32.0, kv=32.0, batch=row["batch"], prompt_len=cfg.roofline_prompt_len,
-                           context=cfg.roofline_prompt_len + 1 + cfg.roofline_steps // 2)
+            pred = analyze(
+                mc,
+                hw,
+                weights=32.0,
+                kv=32.0,
+                batch=row["batch"],
+                prompt_len=cfg.roofline_prompt_len,
+                context=cfg.roofline_prompt_len + 1 + cfg.roofline_steps // 2,
+            )
             assert row["forward_s_per_step"] + row["overhead_s_per_step"] == pytest.approx(row["measured_step_s"])
             assert row["linear_pass_s"] > 0
         assert row["predicted_tokens_per_s"] == pytest.approx(pred.decode_tokens_per_s)
@@ -209,8 +252,15 @@ def test_peers_that_cannot_run_are_unavailable(tmp_path):
 
 def test_transformers_peer_serves_waves_with_exact_token_counts():
     transformers = pytest.importorskip("transformers")
-    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    cfg = transformers.LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+    )
     peer = TransformersSystem(transformers.LlamaForCausalLM(cfg), threads=1, pad_token_id=0)
     prompts, outs = [[5, 6, 7], [8] * 9, [9, 10], [11] * 4, [12]], [3, 5, 1, 4, 2]
     timings = peer.serve(prompts, outs, concurrency=2)  # waves of 2, 2 and 1 requests
@@ -238,8 +288,15 @@ def test_context_part_ends_each_run_at_its_context(tiny_result):
     rows = r["context_roofline"]
     assert [row["context"] for row in rows] == list(cfg.contexts)
     for row in rows:  # the analyzer at the decode run's mean context, fp32 weights and KV
-        pred = analyze(ours.model.config, hw, weights=32.0, kv=32.0, batch=1, prompt_len=row["context"],
-                       context=row["context"] - cfg.context_new_tokens // 2)
+        pred = analyze(
+            ours.model.config,
+            hw,
+            weights=32.0,
+            kv=32.0,
+            batch=1,
+            prompt_len=row["context"],
+            context=row["context"] - cfg.context_new_tokens // 2,
+        )
         assert row["predicted_step_s"] == pytest.approx(pred.decode.time)
         assert row["kv_bytes_per_step"] == pytest.approx(pred.kv_bytes)
         assert row["measured_step_s"] == ctx[str(row["context"])]["decode_step_s"]
@@ -261,7 +318,8 @@ def test_variants_run_the_single_and_context_parts_against_the_same_peers():
     assert set(v) == {"available", "info", "single", "context"}  # no concurrency sweep for variants
     assert "int8" in v["info"]["weights"].split(",")
     assert r["ratios"]["peer"]["bytediet int8"]["decode_tokens_per_s"] == pytest.approx(
-        v["single"]["decode_tokens_per_s"] / r["systems"]["peer"]["single"]["decode_tokens_per_s"])
+        v["single"]["decode_tokens_per_s"] / r["systems"]["peer"]["single"]["decode_tokens_per_s"]
+    )
     assert set(r["ratios"]["peer"]["bytediet int8"]) >= {f"context_{n}" for n in cfg.contexts}
 
 
@@ -277,9 +335,30 @@ def fake_machine(tmp_path, monkeypatch):
 def test_cli_json_prints_one_object_with_the_transformers_peer(ckpt, fake_machine, capsys, tmp_path):
     pytest.importorskip("transformers")
     out_file = tmp_path / "r.json"
-    assert main(["bench", "--model", str(ckpt), "--quick", "--threads", "1", "--peers", "llama.cpp,transformers",
-                 "--prompt-lens", "8,16", "--output-lens", "2,3", "--requests-per-level", "3",
-                 "--json", "--out", str(out_file)]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "--model",
+                str(ckpt),
+                "--quick",
+                "--threads",
+                "1",
+                "--peers",
+                "llama.cpp,transformers",
+                "--prompt-lens",
+                "8,16",
+                "--output-lens",
+                "2,3",
+                "--requests-per-level",
+                "3",
+                "--json",
+                "--out",
+                str(out_file),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     obj = json.loads(out)
     assert out.strip().count("\n") == 0
@@ -296,27 +375,106 @@ def test_cli_json_prints_one_object_with_the_transformers_peer(ckpt, fake_machin
         assert hf["concurrency"][level]["prompt_tokens"] == ours["concurrency"][level]["prompt_tokens"]
     ratio = obj["ratios"]["transformers"]
     assert ratio["decode_tokens_per_s"] == pytest.approx(
-        ours["single"]["decode_tokens_per_s"] / hf["single"]["decode_tokens_per_s"])
+        ours["single"]["decode_tokens_per_s"] / hf["single"]["decode_tokens_per_s"]
+    )
     assert obj["corpus"] == "Austen, Pride and Prejudice" and obj["command"].startswith("bytediet bench --model")
 
 
 def test_cli_table_and_bad_flags(ckpt, fake_machine, capsys):
-    assert main(["bench", "--model", str(ckpt), "--quick", "--threads", "1", "--peers", "none",
-                 "--weights", "int8", "--parts", "single,roofline", "--roofline-batches", "2"]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "--model",
+                str(ckpt),
+                "--quick",
+                "--threads",
+                "1",
+                "--peers",
+                "none",
+                "--weights",
+                "int8",
+                "--parts",
+                "single,roofline",
+                "--roofline-batches",
+                "2",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "single stream" in out and "predicted vs measured" in out and "int8" in out
     assert "concurrency sweep" not in out
-    assert main(["bench", "--model", str(ckpt), "--quick", "--threads", "1", "--peers", "none", "--formats",
-                 "int8,int8:int8", "--parts", "single,context", "--contexts", "20,30", "--json"]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "--model",
+                str(ckpt),
+                "--quick",
+                "--threads",
+                "1",
+                "--peers",
+                "none",
+                "--formats",
+                "int8,int8:int8",
+                "--parts",
+                "single,context",
+                "--contexts",
+                "20,30",
+                "--json",
+            ]
+        )
+        == 0
+    )
     obj = json.loads(capsys.readouterr().out)
     assert obj["systems"]["bytediet int8:int8"]["info"]["kv_cache_dtype"].startswith("int8")
     assert not obj["systems"]["bytediet int8"]["info"]["kv_cache_dtype"].startswith("int8")
-    assert main(["bench", "--model", str(ckpt), "--quick", "--threads", "1", "--peers", "none", "--formats", "int8",
-                 "--parts", "single,context", "--contexts", "20,30"]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "--model",
+                str(ckpt),
+                "--quick",
+                "--threads",
+                "1",
+                "--peers",
+                "none",
+                "--formats",
+                "int8",
+                "--parts",
+                "single,context",
+                "--contexts",
+                "20,30",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "bytes down" in out and "bytediet int8" in out and "context scaling" in out
-    assert main(["bench", "--model", str(ckpt), "--quick", "--threads", "1", "--peers", "none", "--parts", "roofline",
-                 "--roofline-batches", "2", "--roofline-context", "12", "--json"]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "--model",
+                str(ckpt),
+                "--quick",
+                "--threads",
+                "1",
+                "--peers",
+                "none",
+                "--parts",
+                "roofline",
+                "--roofline-batches",
+                "2",
+                "--roofline-context",
+                "12",
+                "--json",
+            ]
+        )
+        == 0
+    )
     obj = json.loads(capsys.readouterr().out)  # the batch's decode steps run after 12-token prompts
     assert obj["config"]["roofline_prompt_len"] == 12 and "--roofline-context 12" in obj["command"]
     assert [row["context"] for row in obj["roofline"]["rows"]] == [12 + 1 + 3 // 2]
@@ -335,8 +493,28 @@ def test_cli_table_and_bad_flags(ckpt, fake_machine, capsys):
 def test_cli_plans_a_kv_budget_before_it_runs(ckpt, fake_machine, capsys):
     """``--formats gguf:auto:<bits>`` (or ``--kv-cache-dtype auto:<bits>``): the budget is planned on calibration
     windows, as generate and serve plan it, and the plan runs (its table in the system's info)."""
-    assert main(["bench", "--model", str(ckpt), "--quick", "--threads", "1", "--peers", "none", "--formats",
-                 "int8:auto:6", "--parts", "context", "--contexts", "20", "--json"]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "--model",
+                str(ckpt),
+                "--quick",
+                "--threads",
+                "1",
+                "--peers",
+                "none",
+                "--formats",
+                "int8:auto:6",
+                "--parts",
+                "context",
+                "--contexts",
+                "20",
+                "--json",
+            ]
+        )
+        == 0
+    )
     info = json.loads(capsys.readouterr().out)["systems"]["bytediet int8:auto:6"]["info"]
     assert info["kv_cache_dtype"].startswith("auto:6 [") and "k=" in info["kv_cache_dtype"]
 
@@ -376,8 +554,26 @@ def tp_ranks_alive() -> list:
 
 
 def test_cli_tensor_parallel_single_stream_prints_one_object(ckpt, fake_machine_2, capsys):
-    assert main(["bench", "--model", str(ckpt), "--quick", "--threads", "2", "--parts", "single", "--peers", "none",
-                 "-tp", "2", "--json"]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "--model",
+                str(ckpt),
+                "--quick",
+                "--threads",
+                "2",
+                "--parts",
+                "single",
+                "--peers",
+                "none",
+                "-tp",
+                "2",
+                "--json",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     obj = json.loads(out)
     assert out.strip().count("\n") == 0 and obj["tensor_parallel_size"] == 2
@@ -395,24 +591,58 @@ def test_cli_tensor_parallel_roofline_is_the_analyzer_at_tp2_over_the_measured_l
 
     from bytediet.models.loader import load_config
 
-    assert main(["bench", "--model", str(ckpt), "--quick", "--threads", "2", "--parts", "roofline,context",
-                 "--peers", "none", "--roofline-batches", "2", "--contexts", "20", "-tp", "2", "--json"]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "--model",
+                str(ckpt),
+                "--quick",
+                "--threads",
+                "2",
+                "--parts",
+                "roofline,context",
+                "--peers",
+                "none",
+                "--roofline-batches",
+                "2",
+                "--contexts",
+                "20",
+                "-tp",
+                "2",
+                "--json",
+            ]
+        )
+        == 0
+    )
     obj = json.loads(capsys.readouterr().out)
     link = obj["link"]
     assert link["bus_bandwidth_gb_per_s"] == pytest.approx((4 << 20) / link["allreduce_s"] / 1e9)  # 2(N-1)/N = 1
     hop = link["hop_latency_us"] * 1e-6  # the small all-reduce less its bytes over the bus, per hop (2 at N = 2)
     assert hop == pytest.approx(max(0.0, link["small_allreduce_s"] - 4096 / (link["bus_bandwidth_gb_per_s"] * 1e9)) / 2)
-    hw = replace(measure_mod.spec_from_measurement(FAKE_MACHINE), interconnect_bandwidth=2e9 * link["bus_bandwidth_gb_per_s"],
-                 interconnect_latency=hop)
+    hw = replace(
+        measure_mod.spec_from_measurement(FAKE_MACHINE),
+        interconnect_bandwidth=2e9 * link["bus_bandwidth_gb_per_s"],
+        interconnect_latency=hop,
+    )
     config, c = load_config(str(ckpt)), obj["config"]
     row = obj["roofline"]["rows"][0]
     assert obj["roofline"]["tp"] == 2 and row["batch"] == 2 and row["linear_pass_s"] > 0
-    pred = analyze(config, hw, weights=32.0, kv=32.0, batch=2, prompt_len=c["roofline_prompt_len"],
-                   context=c["roofline_prompt_len"] + 1 + c["roofline_steps"] // 2, tp=2)
+    pred = analyze(
+        config,
+        hw,
+        weights=32.0,
+        kv=32.0,
+        batch=2,
+        prompt_len=c["roofline_prompt_len"],
+        context=c["roofline_prompt_len"] + 1 + c["roofline_steps"] // 2,
+        tp=2,
+    )
     assert row["predicted_tokens_per_s"] == pytest.approx(pred.decode_tokens_per_s)
     assert pred.decode.allreduce_s > 0
     assert obj["context_roofline"][0]["predicted_step_s"] == pytest.approx(
-        analyze(config, hw, weights=32.0, kv=32.0, batch=1, prompt_len=20, context=20 - 4 // 2, tp=2).decode.time)
+        analyze(config, hw, weights=32.0, kv=32.0, batch=1, prompt_len=20, context=20 - 4 // 2, tp=2).decode.time
+    )
     assert not tp_ranks_alive()
 
 
@@ -425,23 +655,58 @@ def test_cli_tensor_parallel_refusals_and_shutdown_on_error(ckpt, fake_machine_2
         patch.setattr(type(get_weight_format("int8")), "shard", WeightFormat.shard)
         for flags in (["--formats", "fp32,int8"], ["--weights", "int8"]):
             assert main(["bench", "--model", str(ckpt), "--quick", "--peers", "none", "-tp", "2", *flags]) == 2
-            assert "int8: this weight format cannot be split for tensor parallelism (--tensor-parallel-size 2)" \
+            assert (
+                "int8: this weight format cannot be split for tensor parallelism (--tensor-parallel-size 2)"
                 in capsys.readouterr().err
+            )
     assert main(["bench", "--model", str(ckpt), "--quick", "-tp", "0"]) == 2
 
     def fail(system, ctx):
         raise ConfigError("a part failed")
 
     monkeypatch.setattr(bench_mod, "measure_single", fail)
-    assert main(["bench", "--model", str(ckpt), "--quick", "--threads", "2", "--parts", "single", "--peers", "none",
-                 "-tp", "2"]) == 2
+    assert (
+        main(
+            [
+                "bench",
+                "--model",
+                str(ckpt),
+                "--quick",
+                "--threads",
+                "2",
+                "--parts",
+                "single",
+                "--peers",
+                "none",
+                "-tp",
+                "2",
+            ]
+        )
+        == 2
+    )
     assert "a part failed" in capsys.readouterr().err
     assert not tp_ranks_alive()  # the ranks were stopped on the way out
 
 
 def test_prefix_cache_part_measures_cold_ram_and_disk_hits_with_equal_tokens(ckpt, fake_machine, capsys):
-    assert main(["bench", "--model", str(ckpt), "--quick", "--threads", "1", "--peers", "none",
-                 "--parts", "prefix-cache", "--json"]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "--model",
+                str(ckpt),
+                "--quick",
+                "--threads",
+                "1",
+                "--peers",
+                "none",
+                "--parts",
+                "prefix-cache",
+                "--json",
+            ]
+        )
+        == 0
+    )
     r = json.loads(capsys.readouterr().out)["prefix_cache"]
     rp = r["repeated_prompt"]
     assert rp["cold"]["cached_tokens"] == {"pool": 0}
@@ -449,6 +714,8 @@ def test_prefix_cache_part_measures_cold_ram_and_disk_hits_with_equal_tokens(ckp
     assert all(rp[k]["tokens_equal_cold"] for k in ("ram_hit", "disk_hit"))
     ch = r["multi_turn_chat"]
     assert ch["requests"] == 8 and ch["tiers_on"]["ttft_p50_s"] > 0 and ch["tiers_off"]["output_tokens_per_s"] > 0
-    assert main(["bench", "--model", str(ckpt), "--quick", "--threads", "1", "--peers", "none",
-                 "--parts", "prefix-cache"]) == 0
+    assert (
+        main(["bench", "--model", str(ckpt), "--quick", "--threads", "1", "--peers", "none", "--parts", "prefix-cache"])
+        == 0
+    )
     assert "KV tiers" in capsys.readouterr().out

@@ -1,4 +1,5 @@
 """Dataflow traffic: hand-checked 4x4x4 GEMM and a brute-force loop-nest simulation."""
+
 from __future__ import annotations
 
 import math
@@ -61,9 +62,16 @@ def _simulate(dataflow: str, m: int, n: int, k: int, tile: tuple[int, int, int],
 
 
 @settings(max_examples=60, deadline=None)
-@given(df=st.sampled_from(["output_stationary", "weight_stationary", "input_stationary"]),
-       m=st.integers(1, 12), n=st.integers(1, 12), k=st.integers(1, 12),
-       tm=st.integers(1, 12), tn=st.integers(1, 12), tk=st.integers(1, 12), e=st.sampled_from([1, 2]))
+@given(
+    df=st.sampled_from(["output_stationary", "weight_stationary", "input_stationary"]),
+    m=st.integers(1, 12),
+    n=st.integers(1, 12),
+    k=st.integers(1, 12),
+    tm=st.integers(1, 12),
+    tn=st.integers(1, 12),
+    tk=st.integers(1, 12),
+    e=st.sampled_from([1, 2]),
+)
 def test_formula_matches_loop_nest_simulation(df, m, n, k, tm, tn, tk, e):
     tile = (min(tm, m), min(tn, n), min(tk, k))
     t = traffic(df, m, n, k, tile, e, 4)

@@ -1,4 +1,5 @@
 """Hardware catalogue and this machine's measurement (cache, re-measure)."""
+
 from __future__ import annotations
 
 import functools

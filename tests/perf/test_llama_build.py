@@ -1,11 +1,24 @@
 """llama.cpp built at its best: AMX off where advertised (other ISA flags on), and no ratio against a crippled peer."""
+
 from __future__ import annotations
 
 from bytediet.perf.bench import crippled_peer
 from bytediet.perf.llama_build import AMX_OPTIONS, cmake_args
 
-XEON = {"avx", "avx2", "fma", "f16c", "bmi2", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile",
-        "amx_int8", "amx_bf16"}
+XEON = {
+    "avx",
+    "avx2",
+    "fma",
+    "f16c",
+    "bmi2",
+    "avx512f",
+    "avx512_vnni",
+    "avx512_bf16",
+    "avx_vnni",
+    "amx_tile",
+    "amx_int8",
+    "amx_bf16",
+}
 
 
 def test_a_cpu_that_advertises_amx_builds_without_it_and_keeps_its_other_isa():
@@ -21,8 +34,10 @@ def test_a_cpu_without_amx_builds_native():
 
 
 def test_a_peer_with_its_repacked_kernels_off_gets_no_ratio():
-    off = {"available": True, "info": {"system": "llama.cpp", "extra_buffer_types": False,
-                                       "extra_buffer_types_note": "died (signal 11)"}}
+    off = {
+        "available": True,
+        "info": {"system": "llama.cpp", "extra_buffer_types": False, "extra_buffer_types_note": "died (signal 11)"},
+    }
     why = crippled_peer(off)
     assert "repacked kernels off" in why and "CMAKE_ARGS" in why
     assert crippled_peer({"available": True, "info": {"extra_buffer_types": True}}) == ""

@@ -1,5 +1,6 @@
 """The llama-server peer: request bodies, stream parsing (against a fake SSE server), the missing-binary path,
 the llama.cpp peer's hand-off of the concurrency sweep, and one real run when the binary is built."""
+
 from __future__ import annotations
 
 import json
@@ -19,8 +20,17 @@ from bytediet.perf.peers import LlamaCppPeer, make_peers
 # ----------------------------------------------------------------------------------- requests
 def test_completion_body_forces_exactly_max_tokens_greedily():
     body = ls.completion_body((5, 6, 7), 9)
-    assert body == {"prompt": [5, 6, 7], "n_predict": 9, "ignore_eos": True, "temperature": 0.0, "top_k": 1,
-                    "stream": True, "return_tokens": True, "cache_prompt": False, "seed": 0}
+    assert body == {
+        "prompt": [5, 6, 7],
+        "n_predict": 9,
+        "ignore_eos": True,
+        "temperature": 0.0,
+        "top_k": 1,
+        "stream": True,
+        "return_tokens": True,
+        "cache_prompt": False,
+        "seed": 0,
+    }
     sampled = ls.completion_body("Emma", 4, temperature=0.8, cache_prompt=True)
     assert sampled["prompt"] == "Emma" and "top_k" not in sampled and sampled["cache_prompt"] is True
 
@@ -31,20 +41,28 @@ def test_server_command_gives_every_slot_its_context():
     assert flag["-np"] == "16" and flag["-c"] == str(16 * 512) and flag["-t"] == flag["-tb"] == "2"
     assert flag["--host"] == "127.0.0.1" and flag["--port"] == "1234" and flag["-cram"] == "0"
     assert "--cont-batching" in cmd and "--metrics" in cmd
-    assert "-cram" not in ls.server_command(Path("s"), Path("m"), port=1, threads=1, slots=1, ctx_per_slot=256,
-                                            prompt_cache=True)
+    assert "-cram" not in ls.server_command(
+        Path("s"), Path("m"), port=1, threads=1, slots=1, ctx_per_slot=256, prompt_cache=True
+    )
 
 
-@pytest.mark.parametrize("line, expected", [
-    ('data: {"content": "Hi", "tokens": [17, 18], "stop": false}', ls.StreamEvent(tokens=2, text="Hi")),
-    (b'data: {"content": "", "tokens": [200], "stop": false}\n', ls.StreamEvent(tokens=1)),  # half a character
-    ('data: {"content": "", "tokens": [], "stop": true, "tokens_predicted": 3}', ls.StreamEvent(stop=True)),
-    ('data: {"content": "x", "stop": false}', ls.StreamEvent(tokens=1, text="x")),  # without return_tokens
-    ("data: [DONE]", ls.StreamEvent(stop=True)),
-    ('data: {"error": {"code": 500, "message": "no slot", "type": "server_error"}}',
-     ls.StreamEvent(stop=True, error="no slot")),
-    ("", None), (": ping", None), ("event: message", None),
-])
+@pytest.mark.parametrize(
+    "line, expected",
+    [
+        ('data: {"content": "Hi", "tokens": [17, 18], "stop": false}', ls.StreamEvent(tokens=2, text="Hi")),
+        (b'data: {"content": "", "tokens": [200], "stop": false}\n', ls.StreamEvent(tokens=1)),  # half a character
+        ('data: {"content": "", "tokens": [], "stop": true, "tokens_predicted": 3}', ls.StreamEvent(stop=True)),
+        ('data: {"content": "x", "stop": false}', ls.StreamEvent(tokens=1, text="x")),  # without return_tokens
+        ("data: [DONE]", ls.StreamEvent(stop=True)),
+        (
+            'data: {"error": {"code": 500, "message": "no slot", "type": "server_error"}}',
+            ls.StreamEvent(stop=True, error="no slot"),
+        ),
+        ("", None),
+        (": ping", None),
+        ("event: message", None),
+    ],
+)
 def test_parse_stream_line(line, expected):
     assert ls.parse_stream_line(line) == expected
 
@@ -65,7 +83,7 @@ class _Fake(BaseHTTPRequestHandler):
             return
         for i in range(body["n_predict"] - self.short):
             time.sleep(self.delay)
-            self.wfile.write(f'data: {json.dumps({"content": "a", "tokens": [i], "stop": False})}\n\n'.encode())
+            self.wfile.write(f"data: {json.dumps({'content': 'a', 'tokens': [i], 'stop': False})}\n\n".encode())
             self.wfile.flush()
         self.wfile.write(b'data: {"content": "", "tokens": [], "stop": true}\n\n')
 

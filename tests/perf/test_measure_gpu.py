@@ -1,4 +1,5 @@
 """The GPU's measured ceilings as a roofline hardware entry (the probes themselves need a GPU)."""
+
 from __future__ import annotations
 
 import pytest
@@ -10,9 +11,20 @@ from tests.conftest import tiny_config
 
 
 def _measurement(**over) -> dict:
-    m = {"version": 1, "host": "h", "gpu": "NVIDIA H200", "cpu": "NVIDIA H200", "threads": 0, "torch": "2.11",
-         "measured_at": "now", "read_bandwidth": 4.0e12, "copy_bandwidth": 4.3e12, "memory_bytes": 141e9,
-         "llc_bytes": 60e6, "peak_flops": {"bf16": 790e12, "fp16": 790e12, "fp32": 50e12, "tf32": 390e12}}
+    m = {
+        "version": 1,
+        "host": "h",
+        "gpu": "NVIDIA H200",
+        "cpu": "NVIDIA H200",
+        "threads": 0,
+        "torch": "2.11",
+        "measured_at": "now",
+        "read_bandwidth": 4.0e12,
+        "copy_bandwidth": 4.3e12,
+        "memory_bytes": 141e9,
+        "llc_bytes": 60e6,
+        "peak_flops": {"bf16": 790e12, "fp16": 790e12, "fp32": 50e12, "tf32": 390e12},
+    }
     return {**m, **over}
 
 
@@ -21,8 +33,14 @@ def test_a_measured_gpu_predicts_in_bf16_from_its_read_bandwidth():
     assert hw.measured and hw.memory_bandwidth == 4.0e12 and "H200" in hw.name
     pred = analyze(tiny_config("llama"), hw, weights=16.0, kv=16.0, batch=1, context=64)
     assert pred.compute_dtype == "bf16"  # not the float32 a measured CPU computes in
-    more = analyze(tiny_config("llama"), spec_from_gpu_measurement(_measurement(read_bandwidth=8.0e12)),
-                   weights=16.0, kv=16.0, batch=1, context=64)
+    more = analyze(
+        tiny_config("llama"),
+        spec_from_gpu_measurement(_measurement(read_bandwidth=8.0e12)),
+        weights=16.0,
+        kv=16.0,
+        batch=1,
+        context=64,
+    )
     assert more.decode_tokens_per_s > pred.decode_tokens_per_s  # decode follows the measured bandwidth
 
 

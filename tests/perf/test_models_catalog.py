@@ -1,4 +1,5 @@
 """Named model configurations carry the published parameter counts."""
+
 from __future__ import annotations
 
 import pytest
@@ -7,9 +8,16 @@ from bytediet.errors import ConfigError
 from bytediet.perf.models_catalog import MODELS, get_model_config
 
 PUBLISHED = {  # parameters, from each model card / paper
-    "llama-2-7b": 6.74e9, "llama-2-13b": 13.0e9, "llama-2-70b": 69.0e9, "llama-3-8b": 8.03e9,
-    "llama-3-70b": 70.6e9, "smollm2-135m": 134.5e6, "gemma-3-270m": 268e6,
-    "mixtral-8x7b": 46.7e9, "qwen1.5-moe-a2.7b": 14.3e9, "olmoe-1b-7b": 6.9e9,
+    "llama-2-7b": 6.74e9,
+    "llama-2-13b": 13.0e9,
+    "llama-2-70b": 69.0e9,
+    "llama-3-8b": 8.03e9,
+    "llama-3-70b": 70.6e9,
+    "smollm2-135m": 134.5e6,
+    "gemma-3-270m": 268e6,
+    "mixtral-8x7b": 46.7e9,
+    "qwen1.5-moe-a2.7b": 14.3e9,
+    "olmoe-1b-7b": 6.9e9,
 }
 ACTIVE = {"mixtral-8x7b": 12.9e9, "qwen1.5-moe-a2.7b": 2.7e9, "olmoe-1b-7b": 1.3e9}  # per token, same sources
 
@@ -52,8 +60,20 @@ def test_catalogue_matches_the_checkpoints_the_engine_loads(spec, name):
     except CheckpointError as exc:
         pytest.skip(f"checkpoint not installed: {exc}")
     ours = get_model_config(name)
-    for key in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
-                "head_dim", "tie_word_embeddings", "layer_types", "sliding_window", "qk_norm", "sandwich_norm"):
+    for key in (
+        "vocab_size",
+        "hidden_size",
+        "intermediate_size",
+        "num_layers",
+        "num_heads",
+        "num_kv_heads",
+        "head_dim",
+        "tie_word_embeddings",
+        "layer_types",
+        "sliding_window",
+        "qk_norm",
+        "sandwich_norm",
+    ):
         assert getattr(ours, key) == getattr(real, key), key
     assert ours.num_parameters == real.num_parameters
 

@@ -1,4 +1,5 @@
 """The llama.cpp peer's crash probe: a native crash in a child process turns llama.cpp's extra buffer types off."""
+
 from __future__ import annotations
 
 import sys
@@ -9,11 +10,14 @@ import pytest
 import bytediet.perf.peers as peers
 
 
-@pytest.mark.parametrize("body, expected, note", [
-    ("pass", True, ""),
-    ("import os, signal; os.kill(os.getpid(), signal.SIGSEGV)", False, "signal 11"),
-    ("raise SystemExit(3)", False, "exit code 3"),
-])
+@pytest.mark.parametrize(
+    "body, expected, note",
+    [
+        ("pass", True, ""),
+        ("import os, signal; os.kill(os.getpid(), signal.SIGSEGV)", False, "signal 11"),
+        ("raise SystemExit(3)", False, "exit code 3"),
+    ],
+)
 def test_probe_reports_how_the_child_ended(monkeypatch, tmp_path, body, expected, note):
     monkeypatch.setattr(peers, "_PROBE", body)
     use, why = peers.probe_llama_cpp_extra_buffer_types(tmp_path / "model.gguf", threads=1)

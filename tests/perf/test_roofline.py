@@ -1,4 +1,5 @@
 """Roofline formulas: the source document's case study, the KV formula, hand-computed and counted FLOPs/bytes."""
+
 from __future__ import annotations
 
 import math
@@ -14,8 +15,16 @@ from bytediet.config import ModelConfig
 from bytediet.errors import ConfigError
 from bytediet.perf.hardware import HardwareSpec, get_hardware
 from bytediet.perf.models_catalog import get_model_config
-from bytediet.perf.roofline import (analyze, ring_link, causal_pairs, compare_with_measurement, kv_bytes_per_token,
-                                    kv_cache_bytes, rank_hardware, weights_bytes)
+from bytediet.perf.roofline import (
+    analyze,
+    causal_pairs,
+    compare_with_measurement,
+    kv_bytes_per_token,
+    kv_cache_bytes,
+    rank_hardware,
+    ring_link,
+    weights_bytes,
+)
 
 
 def close(value: float, target: float, rel: float = 0.05) -> bool:
@@ -56,8 +65,14 @@ def test_case_study_batch_16_one_weight_pass_yields_16_tokens():
 
 
 # ------------------------------------------------ KV cache formula
-@given(layers=st.integers(1, 96), kv_heads=st.integers(1, 16), head_dim=st.sampled_from([32, 64, 128, 256]),
-       seq=st.integers(1, 1 << 17), batch=st.integers(1, 256), bits=st.sampled_from([4, 8, 16, 32]))
+@given(
+    layers=st.integers(1, 96),
+    kv_heads=st.integers(1, 16),
+    head_dim=st.sampled_from([32, 64, 128, 256]),
+    seq=st.integers(1, 1 << 17),
+    batch=st.integers(1, 256),
+    bits=st.sampled_from([4, 8, 16, 32]),
+)
 def test_kv_cache_formula(layers, kv_heads, head_dim, seq, batch, bits):
     cfg = ModelConfig("llama", 100, kv_heads * head_dim, 64, layers, kv_heads, kv_heads, head_dim)
     expected = 2 * layers * kv_heads * head_dim * seq * batch * bits / 8
@@ -76,8 +91,17 @@ def test_kv_codec_object_is_used():
 
 
 # ------------------------------------------------ hand-computed tiny configuration
-TINY = ModelConfig("llama", vocab_size=10, hidden_size=4, intermediate_size=6, num_layers=1, num_heads=2,
-                   num_kv_heads=1, head_dim=2, tie_word_embeddings=True)
+TINY = ModelConfig(
+    "llama",
+    vocab_size=10,
+    hidden_size=4,
+    intermediate_size=6,
+    num_layers=1,
+    num_heads=2,
+    num_kv_heads=1,
+    head_dim=2,
+    tie_word_embeddings=True,
+)
 FAST = HardwareSpec("fast", "fast", {"bf16": 100.0}, memory_bytes=1e6, memory_bandwidth=10.0)
 
 
@@ -133,8 +157,16 @@ def _reference_step(cfg: ModelConfig, batch: int, new: int, ctx: int) -> float:
 
 
 @settings(max_examples=15, deadline=None)
-@given(kv=st.integers(1, 3), group=st.integers(1, 3), d=st.sampled_from([2, 4, 8]), layers=st.integers(1, 3),
-       inter=st.integers(1, 40), vocab=st.integers(2, 50), batch=st.integers(1, 4), ctx=st.integers(1, 20))
+@given(
+    kv=st.integers(1, 3),
+    group=st.integers(1, 3),
+    d=st.sampled_from([2, 4, 8]),
+    layers=st.integers(1, 3),
+    inter=st.integers(1, 40),
+    vocab=st.integers(2, 50),
+    batch=st.integers(1, 4),
+    ctx=st.integers(1, 20),
+)
 def test_decode_flops_match_flop_counter(kv, group, d, layers, inter, vocab, batch, ctx):
     cfg = ModelConfig("llama", vocab, 8, inter, layers, kv * group, kv, d)
     p = analyze(cfg, FAST, weights=16, kv=16, batch=batch, context=ctx)
@@ -206,8 +238,21 @@ def test_compare_with_measurement():
 
 
 # ------------------------------------------------ mixture of experts: active against total parameters
-TINY_MOE = ModelConfig("qwen2_moe", 10, 4, 8, 1, 2, 1, 2, num_experts=4, num_experts_per_tok=2,
-                       moe_intermediate_size=6, shared_expert_intermediate_size=2, moe_gating="softmax-topk")
+TINY_MOE = ModelConfig(
+    "qwen2_moe",
+    10,
+    4,
+    8,
+    1,
+    2,
+    1,
+    2,
+    num_experts=4,
+    num_experts_per_tok=2,
+    moe_intermediate_size=6,
+    shared_expert_intermediate_size=2,
+    moe_gating="softmax-topk",
+)
 
 
 def test_experts_touched_is_k_for_one_token_and_all_for_many():

@@ -1,9 +1,9 @@
 """``bytediet roofline``: JSON output, plot file, comparison, dataflow, format names and errors."""
+
 from __future__ import annotations
 
 import functools
 import json
-
 
 from bytediet.cli import main
 from bytediet.commands.roofline import resolve_kv, resolve_weights
@@ -17,21 +17,59 @@ def run_json(capsys, *args: str) -> dict:
 
 
 def test_json_has_every_prediction(capsys):
-    data = run_json(capsys, "--model", "llama-2-70b", "--hardware", "h100-sxm,h200,tpu-v7", "--weights", "int8",
-                    "--kv", "bf16", "--batch", "1,16", "--context", "4096")
+    data = run_json(
+        capsys,
+        "--model",
+        "llama-2-70b",
+        "--hardware",
+        "h100-sxm,h200,tpu-v7",
+        "--weights",
+        "int8",
+        "--kv",
+        "bf16",
+        "--batch",
+        "1,16",
+        "--context",
+        "4096",
+    )
     assert len(data["predictions"]) == 6
     first = data["predictions"][0]
     assert first["hardware"] == "h100-sxm" and first["batch"] == 1
     assert 45 * 0.95 <= first["decode_tokens_per_s"] <= 48 * 1.05
-    assert {op["name"] for op in first["decode"]["ops"]} >= {"qkv", "attention", "o_proj", "mlp_gate", "mlp_up",
-                                                           "mlp_down", "lm_head", "embedding", "norms"}
+    assert {op["name"] for op in first["decode"]["ops"]} >= {
+        "qkv",
+        "attention",
+        "o_proj",
+        "mlp_gate",
+        "mlp_up",
+        "mlp_down",
+        "lm_head",
+        "embedding",
+        "norms",
+    }
     assert data["hardware"]["tpu-v7"]["memory_bandwidth"] == 7.37e12
 
 
 def test_plot_compare_and_dataflow(capsys, tmp_path):
     png = tmp_path / "roofline.png"
-    data = run_json(capsys, "--model", "llama-3-8b", "--hardware", "h100-sxm,groq-lpu,tpu-v6e", "--batch", "1,8",
-                    "--compare", "--plot", str(png), "--dataflow", "64,256,128", "--sram", "64KiB", "--tp", "1")
+    data = run_json(
+        capsys,
+        "--model",
+        "llama-3-8b",
+        "--hardware",
+        "h100-sxm,groq-lpu,tpu-v6e",
+        "--batch",
+        "1,8",
+        "--compare",
+        "--plot",
+        str(png),
+        "--dataflow",
+        "64,256,128",
+        "--sram",
+        "64KiB",
+        "--tp",
+        "1",
+    )
     assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"
     ranks = data["compare"]
     assert ranks["latency_ranking"][0] == "groq-lpu"  # SRAM bandwidth wins batch-1 decode

@@ -1,4 +1,5 @@
 """``bench --parts speculative``: its prompts, and a tiny end-to-end run on the default model."""
+
 from __future__ import annotations
 
 import json
@@ -18,8 +19,25 @@ def test_copy_prompts_hold_the_passages_and_open_prompts_hold_none():
 
 
 def test_bench_speculative_part_runs_and_prints_one_json_object():
-    r = subprocess.run([sys.executable, "-m", "bytediet.cli", "bench", "--parts", "speculative", "--quick",
-                        "--peers", "none", "--threads", "1", "--json"], capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bytediet.cli",
+            "bench",
+            "--parts",
+            "speculative",
+            "--quick",
+            "--peers",
+            "none",
+            "--threads",
+            "1",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
     assert set(data["systems"]) == {"bytediet", "bytediet+spec"} and data["speculative_config"]["method"] == "ngram"

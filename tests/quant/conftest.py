@@ -1,4 +1,5 @@
 """Fixtures for the weight-format tests: a tiny random llama-family model built by the model loader."""
+
 from __future__ import annotations
 
 import pytest
@@ -11,8 +12,18 @@ def make_tiny_model(seed: int = 0, tie: bool = True):
     from bytediet.models.loader import build_model
     from bytediet.quant import get_weight_format
 
-    cfg = ModelConfig(architecture="llama", vocab_size=96, hidden_size=64, intermediate_size=128, num_layers=2,
-                      num_heads=4, num_kv_heads=2, head_dim=16, tie_word_embeddings=tie, name="tiny")
+    cfg = ModelConfig(
+        architecture="llama",
+        vocab_size=96,
+        hidden_size=64,
+        intermediate_size=128,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        tie_word_embeddings=tie,
+        name="tiny",
+    )
     model = build_model(cfg, torch.float32)
     gen = torch.Generator().manual_seed(seed)
     emb = torch.randn(cfg.vocab_size, cfg.hidden_size, generator=gen) * 0.5

@@ -1,4 +1,5 @@
 """AWQ: the search is never worse than α = 0 (RTN) on its objective; folding leaves the float model unchanged."""
+
 from __future__ import annotations
 
 import pytest
@@ -51,8 +52,10 @@ def test_folding_random_scales_leaves_logits_identical(arch):
         for group in scale_groups(block, f"model.layers.{i}"):
             fold_scales(group, torch.exp(torch.randn(group.channels, generator=g)))
     assert torch.allclose(model.score(ids), ref, atol=1e-4, rtol=1e-4)
-    assert not torch.equal(model.model.layers[0].mlp.down_proj.dequantized_weight(),
-                           model_from_state(cfg, random_state(cfg, 1)).model.layers[0].mlp.down_proj.dequantized_weight())
+    assert not torch.equal(
+        model.model.layers[0].mlp.down_proj.dequantized_weight(),
+        model_from_state(cfg, random_state(cfg, 1)).model.layers[0].mlp.down_proj.dequantized_weight(),
+    )
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])

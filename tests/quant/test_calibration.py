@@ -1,4 +1,5 @@
 """Calibration set and activation capture: windows from the calibration split, hook statistics, block runner."""
+
 from __future__ import annotations
 
 import pytest
@@ -6,8 +7,7 @@ import torch
 
 from bytediet.calibrate.base import BlockRunner, CalibrationConfig, capture
 from bytediet.errors import ConfigError
-from bytediet.eval.corpus import make_windows
-from bytediet.eval.corpus import calibration_windows
+from bytediet.eval.corpus import calibration_windows, make_windows
 from bytediet.models.layers import Linear
 from bytediet.models.loader import load_model
 from bytediet.quant import get_weight_format
@@ -28,7 +28,7 @@ def test_windows_come_from_the_calibration_split_seeded(ckpt):
     assert w.shape == (3, len(bos) + 24) and w.dtype == torch.long
     ids = torch.tensor(tok.encode((ckpt / "corpus.txt").read_text(), add_special_tokens=False))
     expected = make_windows(ids, 24, 3, split="calibration", seed=7)
-    assert torch.equal(w[:, len(bos):], torch.stack([x.ids for x in expected]))
+    assert torch.equal(w[:, len(bos) :], torch.stack([x.ids for x in expected]))
     eval_tokens = {s for win in make_windows(ids, 24, split="eval") for s in range(win.start, win.stop)}
     assert not eval_tokens & {s for win in expected for s in range(win.start, win.stop)}
     assert torch.equal(w, calibration_windows(tok, cfg))  # seeded

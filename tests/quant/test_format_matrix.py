@@ -3,6 +3,7 @@ reference matmul, bits per weight against the bytes actually stored, spec round 
 
 A new format registered in WEIGHT_FORMATS is picked up here without editing this file.
 """
+
 from __future__ import annotations
 
 import math
@@ -23,11 +24,27 @@ SPECS = WEIGHT_FORMATS.names() + VARIANTS
 # Relative Frobenius error on Gaussian weights, with margin over the measured value. A format missing
 # here is held to the generic bound below: a new format must still beat "all zeros" by a wide margin.
 REL_ERROR = {
-    "fp32": 1e-7, "bf16": 5e-3, "fp16": 6e-4, "int8": 0.012, "int8-w8a8": 0.012, "fp8": 0.04,
-    "int4-g32": 0.10, "int4-g64": 0.11, "int4-g128": 0.12, "int4-g32-sym": 0.12, "int4-g64-sym": 0.13,
-    "int4-g128-sym": 0.15, "mxfp4": 0.16, "nvfp4": 0.13,
-    "sparse24": 0.45, "sparse24-int8": 0.45,  # half the weights dropped: ≈ 0.364 on Gaussian weights, more on 1 row
-    "gguf-q8_0": 0.01, "gguf-q4_0": 0.14, "gguf-q4_1": 0.11, "gguf-q5_0": 0.07, "gguf-q5_1": 0.055,
+    "fp32": 1e-7,
+    "bf16": 5e-3,
+    "fp16": 6e-4,
+    "int8": 0.012,
+    "int8-w8a8": 0.012,
+    "fp8": 0.04,
+    "int4-g32": 0.10,
+    "int4-g64": 0.11,
+    "int4-g128": 0.12,
+    "int4-g32-sym": 0.12,
+    "int4-g64-sym": 0.13,
+    "int4-g128-sym": 0.15,
+    "mxfp4": 0.16,
+    "nvfp4": 0.13,
+    "sparse24": 0.45,
+    "sparse24-int8": 0.45,  # half the weights dropped: ≈ 0.364 on Gaussian weights, more on 1 row
+    "gguf-q8_0": 0.01,
+    "gguf-q4_0": 0.14,
+    "gguf-q4_1": 0.11,
+    "gguf-q5_0": 0.07,
+    "gguf-q5_1": 0.055,
 }
 GENERIC_REL_ERROR = 0.3
 # f16 super-block scale fields of the K types (byte offsets), set to sane values in random blocks
@@ -42,7 +59,7 @@ def random_packed(fmt, out: int, k: int, gen: torch.Generator):
         raw = torch.randint(0, 256, (out * k // bs, ts), generator=gen, dtype=torch.uint8)
         for off in _K_F16_FIELDS[fmt.ggml_type]:
             d = (torch.rand(raw.shape[0], 1, generator=gen) * 1e-3 + 1e-4).half()
-            raw[:, off:off + 2] = d.view(torch.uint8)
+            raw[:, off : off + 2] = d.view(torch.uint8)
         return {"blocks": raw.reshape(out, -1)}
     return fmt.quantize(torch.randn(out, k, generator=gen) * 0.05)
 
@@ -71,7 +88,7 @@ def test_round_trip_error_bound(spec, out, blocks, log_scale, seed):
     if isinstance(fmt, GGUFBlocks) and not fmt.can_quantize():
         pytest.skip(f"{spec} has no float quantizer (it only comes from GGUF files)")
     gen = torch.Generator().manual_seed(seed)
-    w = torch.randn(out, 256 * blocks, generator=gen) * 10.0 ** log_scale
+    w = torch.randn(out, 256 * blocks, generator=gen) * 10.0**log_scale
     deq = fmt.dequantize(fmt.quantize(w))
     assert deq.dtype == torch.float32 and deq.shape == w.shape
     rel = ((deq - w).norm() / w.norm()).item()

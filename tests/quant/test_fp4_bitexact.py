@@ -1,5 +1,6 @@
 """Bit-exact E2M1 / MXFP4 / NVFP4 encode and decode against independent references: a float64
 brute-force nearest-value search written here, and the ``gguf`` package's MXFP4/NVFP4 block decoders."""
+
 from __future__ import annotations
 
 import itertools
@@ -16,6 +17,7 @@ from bytediet.quant.fp4 import decode_e2m1, encode_e2m1, pack_nibbles, unpack_ni
 from bytediet.quant.mxfp4 import MXFP4
 from bytediet.quant.nvfp4 import NVFP4
 
+
 # E2M1 from its bit fields (OCP MX v1.0 §5.3.3): bias 1; exponent 0 is subnormal (0.5 · mantissa)
 def e2m1_from_bits(code: int) -> float:
     sign, exp, man = code >> 3, (code >> 1) & 3, code & 1
@@ -29,7 +31,7 @@ def e4m3_values() -> np.ndarray:
     for exp, man in itertools.product(range(16), range(8)):
         if exp == 15 and man == 7:
             continue
-        vals.append(man / 8 * 2.0 ** -6 if exp == 0 else (1 + man / 8) * 2.0 ** (exp - 7))
+        vals.append(man / 8 * 2.0**-6 if exp == 0 else (1 + man / 8) * 2.0 ** (exp - 7))
     return np.array(vals)
 
 
@@ -63,11 +65,26 @@ def test_every_code_encodes_back_to_itself():
     assert encode_e2m1(torch.tensor([-0.0])).item() == 0
 
 
-@pytest.mark.parametrize("value,code", [
-    (0.25, 0), (0.75, 2), (1.25, 2), (1.75, 4), (2.5, 4), (3.5, 6), (5.0, 6),  # ties go to the even mantissa
-    (0.2500001, 1), (5.0001, 7), (6.0, 7), (7.9, 7), (1e30, 7),                # above a tie, and saturation
-    (-0.75, 10), (-5.0, 14), (-1e30, 15),
-])
+@pytest.mark.parametrize(
+    "value,code",
+    [
+        (0.25, 0),
+        (0.75, 2),
+        (1.25, 2),
+        (1.75, 4),
+        (2.5, 4),
+        (3.5, 6),
+        (5.0, 6),  # ties go to the even mantissa
+        (0.2500001, 1),
+        (5.0001, 7),
+        (6.0, 7),
+        (7.9, 7),
+        (1e30, 7),  # above a tie, and saturation
+        (-0.75, 10),
+        (-5.0, 14),
+        (-1e30, 15),
+    ],
+)
 def test_e2m1_rounding_ties_to_even_and_saturates(value, code):
     assert encode_e2m1(torch.tensor([value])).item() == code
 
@@ -88,6 +105,7 @@ def test_nibble_pack_round_trip_and_order():
 
 # --- MXFP4 ---------------------------------------------------------------------------------------
 
+
 def mx_reference(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """OCP MX v1.0 §6.3 in float64: shared_exp = floor(log2 amax) − 2, element = RNE-saturate(v / 2^shared_exp)."""
     blocks = w.reshape(w.shape[0], -1, 32).astype(np.float64)
@@ -101,19 +119,24 @@ def mx_reference(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 @settings(max_examples=20, deadline=None)
 @given(out=st.integers(1, 8), blocks=st.integers(1, 4), log_scale=st.floats(-30, 30), seed=st.integers(0, 2**31))
 def test_mxfp4_encode_matches_spec(out, blocks, log_scale, seed):
-    w = (torch.randn(out, 32 * blocks, generator=torch.Generator().manual_seed(seed)) * 2.0 ** log_scale)
+    w = torch.randn(out, 32 * blocks, generator=torch.Generator().manual_seed(seed)) * 2.0**log_scale
     packed = MXFP4().quantize(w)
     codes, scale = mx_reference(w.numpy())
     assert packed["scale"].numpy().tolist() == scale.tolist()
     assert unpack_nibbles(packed["qweight"]).numpy().tolist() == codes.tolist()
 
 
-@pytest.mark.parametrize("amax,scale_byte,top_value", [
-    (4.0, 127, 4.0),           # log2 = 2 exactly → X = 1, 4 → 4
-    (3.999, 126, 3.0),         # floor(log2) = 1 → X = 0.5; 7.998 saturates to 6 → 3.0
-    (6.0, 127, 6.0), (7.99, 127, 6.0), (8.0, 128, 8.0),
-    (2.0 ** -130, 0, 0.0),     # below the E8M0 range: X clamps to 2^-127, the value rounds to 0
-])
+@pytest.mark.parametrize(
+    "amax,scale_byte,top_value",
+    [
+        (4.0, 127, 4.0),  # log2 = 2 exactly → X = 1, 4 → 4
+        (3.999, 126, 3.0),  # floor(log2) = 1 → X = 0.5; 7.998 saturates to 6 → 3.0
+        (6.0, 127, 6.0),
+        (7.99, 127, 6.0),
+        (8.0, 128, 8.0),
+        (2.0**-130, 0, 0.0),  # below the E8M0 range: X clamps to 2^-127, the value rounds to 0
+    ],
+)
 def test_mxfp4_scale_rounding(amax, scale_byte, top_value):
     w = torch.zeros(1, 32)
     w[0, 5] = amax
@@ -161,7 +184,7 @@ def nv_reference(w: np.ndarray):
 @given(out=st.integers(1, 8), blocks=st.integers(1, 4), log_scale=st.floats(-6, 6), seed=st.integers(0, 2**31))
 def test_nvfp4_encode_matches_definition(out, blocks, log_scale, seed):
     gen = torch.Generator().manual_seed(seed)
-    w = torch.randn(out, 16 * blocks, generator=gen) * torch.rand(out, 1, generator=gen) * 2.0 ** log_scale
+    w = torch.randn(out, 16 * blocks, generator=gen) * torch.rand(out, 1, generator=gen) * 2.0**log_scale
     packed = NVFP4().quantize(w)
     codes, s_b, s_t = nv_reference(w.numpy())
     assert packed["tensor_scale"].item() == s_t

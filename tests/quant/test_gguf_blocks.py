@@ -1,4 +1,5 @@
 """Native GGUF block formats: bit-exact against the ``gguf`` package's reference (de)quantizers."""
+
 from __future__ import annotations
 
 import gguf
@@ -35,9 +36,9 @@ def test_decode_random_blocks_bit_exact(gtype):
 def test_encode_bit_exact(gtype, rows, blocks, log_scale, seed):
     bs = GGML_QUANT_SIZES[gtype][0]
     gen = torch.Generator().manual_seed(seed)
-    w = torch.randn(rows, bs * blocks, generator=gen) * 10.0 ** log_scale
+    w = torch.randn(rows, bs * blocks, generator=gen) * 10.0**log_scale
     # a block on an integer grid: exact ties and repeated extremes (+0 only: gguf's min keeps whichever zero it sees)
-    w[0, :bs] = torch.randint(-8, 8, (bs,), generator=gen).float() * 10.0 ** log_scale
+    w[0, :bs] = torch.randint(-8, 8, (bs,), generator=gen).float() * 10.0**log_scale
     ref = gguf.quants.quantize(w.numpy(), gtype)
     packed = BLOCK_FORMATS[gtype]().quantize(w)
     assert np.array_equal(packed["blocks"].numpy(), ref)

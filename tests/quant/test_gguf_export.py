@@ -1,4 +1,5 @@
 """GGUF export: write with gguf.GGUFWriter, read back with gguf.GGUFReader and compare every tensor."""
+
 from __future__ import annotations
 
 import gguf
@@ -13,9 +14,15 @@ from bytediet.kernels.ggml_codecs import ENCODERS
 from bytediet.models.quantize import QuantizeConfig, quantize
 
 HIDDEN, FFN, LAYERS, HEADS, KV_HEADS, VOCAB = 64, 128, 2, 4, 2, 96
-LINEARS = {"attn_q": (HEADS * 16, HIDDEN), "attn_k": (KV_HEADS * 16, HIDDEN), "attn_v": (KV_HEADS * 16, HIDDEN),
-           "attn_output": (HIDDEN, HEADS * 16), "ffn_gate": (FFN, HIDDEN), "ffn_up": (FFN, HIDDEN),
-           "ffn_down": (HIDDEN, FFN)}
+LINEARS = {
+    "attn_q": (HEADS * 16, HIDDEN),
+    "attn_k": (KV_HEADS * 16, HIDDEN),
+    "attn_v": (KV_HEADS * 16, HIDDEN),
+    "attn_output": (HIDDEN, HEADS * 16),
+    "ffn_gate": (FFN, HIDDEN),
+    "ffn_up": (FFN, HIDDEN),
+    "ffn_down": (HIDDEN, FFN),
+}
 
 
 @pytest.fixture
@@ -23,9 +30,15 @@ def source_gguf(tmp_path):
     """A tiny llama GGUF in the llama.cpp layout (Q4_1 linears, F32 norms and embedding)."""
     path = tmp_path / "tiny.gguf"
     w = gguf.GGUFWriter(str(path), "llama")
-    for key, value in {"embedding_length": HIDDEN, "feed_forward_length": FFN, "block_count": LAYERS,
-                       "attention.head_count": HEADS, "attention.head_count_kv": KV_HEADS, "vocab_size": VOCAB,
-                       "context_length": 128}.items():
+    for key, value in {
+        "embedding_length": HIDDEN,
+        "feed_forward_length": FFN,
+        "block_count": LAYERS,
+        "attention.head_count": HEADS,
+        "attention.head_count_kv": KV_HEADS,
+        "vocab_size": VOCAB,
+        "context_length": 128,
+    }.items():
         w.add_uint32(f"llama.{key}", value)
     w.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
     w.add_string("general.name", "tiny")
@@ -68,8 +81,15 @@ def test_export_q8_0_reads_back_exactly(source_gguf, tmp_path):
         if part in LINEARS:
             assert t.tensor_type == T.Q8_0
             module = f"model.layers.{name.split('.')[1]}." + {"attn": "self_attn.", "ffn": "mlp."}[part.split("_")[0]]
-            module += {"attn_q": "q_proj", "attn_k": "k_proj", "attn_v": "v_proj", "attn_output": "o_proj",
-                       "ffn_gate": "gate_proj", "ffn_up": "up_proj", "ffn_down": "down_proj"}[part]
+            module += {
+                "attn_q": "q_proj",
+                "attn_k": "k_proj",
+                "attn_v": "v_proj",
+                "attn_output": "o_proj",
+                "ffn_gate": "gate_proj",
+                "ffn_up": "up_proj",
+                "ffn_down": "down_proj",
+            }[part]
             w = layers[module].dequantized_weight()
             heads = {"attn_q": HEADS, "attn_k": KV_HEADS}.get(part)
             if heads:  # llama.cpp's interleaved-RoPE row order

@@ -1,4 +1,5 @@
 """GPTQ against a naive, un-blocked implementation written here, and against round-to-nearest."""
+
 from __future__ import annotations
 
 import pytest
@@ -33,7 +34,7 @@ def naive_gptq(w, h, gs, sym, act_order, damp=0.01):
     h[dead, dead] = 1
     w[:, dead] = 0
     perm = torch.argsort(torch.diag(h), descending=True, stable=True) if act_order else torch.arange(k)
-    static = [int4_params(w[:, g * gs:(g + 1) * gs], sym) for g in range(k // gs)]
+    static = [int4_params(w[:, g * gs : (g + 1) * gs], sym) for g in range(k // gs)]
     w, h = w[:, perm], h[perm][:, perm]
     h = h + damp * torch.diag(h).mean() * torch.eye(k, dtype=torch.float64)
     hinv = torch.linalg.inv(h)
@@ -44,19 +45,19 @@ def naive_gptq(w, h, gs, sym, act_order, damp=0.01):
         if act_order:
             params[g] = static[g]
         elif i % gs == 0:
-            params[g] = int4_params(w[:, i:i + gs], sym)
+            params[g] = int4_params(w[:, i : i + gs], sym)
         q[:, i] = int4_round(w[:, i], *params[g], sym)
         err = (w[:, i] - q[:, i]) / hinv[i, i]
         w[:, i:] -= err[:, None] * hinv[i, i:][None, :]  # OBS update of the remaining weights ...
-        rest = hinv[i + 1:, i + 1:] - hinv[i + 1:, i:i + 1] @ hinv[i:i + 1, i + 1:] / hinv[i, i]
+        rest = hinv[i + 1 :, i + 1 :] - hinv[i + 1 :, i : i + 1] @ hinv[i : i + 1, i + 1 :] / hinv[i, i]
         hinv = torch.zeros_like(hinv)
-        hinv[i + 1:, i + 1:] = rest  # ... and the inverse Hessian with column i eliminated
+        hinv[i + 1 :, i + 1 :] = rest  # ... and the inverse Hessian with column i eliminated
     return q[:, torch.argsort(perm)]
 
 
 def layer_problem(seed, out=24, k=128, tokens=400):
     g = torch.Generator().manual_seed(seed)
-    mix = torch.randn(k, k, generator=g) / k ** 0.5 + torch.eye(k)
+    mix = torch.randn(k, k, generator=g) / k**0.5 + torch.eye(k)
     x = torch.randn(tokens, k, generator=g) @ mix * (1 + 4 * torch.rand(k, generator=g))  # correlated, uneven
     w = torch.randn(out, k, generator=g) * 0.1
     return w, x, 2 * x.double().t() @ x.double() / tokens
@@ -106,7 +107,9 @@ def test_gptq_model_installs_packed_int4_closer_than_rtn():
     assert record["method"] == "gptq" and "lm_head" not in packed
     quantize(model, qcfg, prepacked=packed)
     formats = {n: layer.format.spec() for n, layer in model.linear_layers()}
-    assert formats["model.layers.1.self_attn.q_proj"] == "int4-g32" and formats["model.layers.0.mlp.down_proj"] == "int8"
+    assert (
+        formats["model.layers.1.self_attn.q_proj"] == "int4-g32" and formats["model.layers.0.mlp.down_proj"] == "int8"
+    )
     gptq_err = (torch.stack([model.score(w) for w in windows]) - ref).pow(2).mean()
     rtn = model_from_state(cfg, state)
     quantize(rtn, qcfg)

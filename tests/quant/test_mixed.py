@@ -1,4 +1,5 @@
 """Sensitivity-driven mixed precision: greedy choice on a known table, and the end-to-end budget on a tiny model."""
+
 from __future__ import annotations
 
 import math
@@ -61,14 +62,20 @@ def test_choice_meets_the_kl_budget_with_fewer_bytes_than_all_int8(setup, budget
     ref_logits = [model.score(w) for w in windows]
     res = mixed_precision(model, windows, MixedPrecisionConfig(candidates=("int8", "int4-g32", "fp32"), max_kl=budget))
     assert all(torch.equal(model.score(w), r) for w, r in zip(windows, ref_logits))  # model left unchanged
-    assert set(res.assignment) == set(units_of(model)) == {"model.layers.0.*", "model.layers.1.*",
-                                                           "model.layers.2.*", "lm_head"}
+    assert (
+        set(res.assignment)
+        == set(units_of(model))
+        == {"model.layers.0.*", "model.layers.1.*", "model.layers.2.*", "lm_head"}
+    )
     assert res.config.format == "int4-g32" and res.measured["kl"] <= budget
     quantize(model, res.config)
     got = {n: layer.format.spec() for n, layer in model.linear_layers()}
     for unit, spec in res.assignment.items():
         assert got[unit.replace("*", "mlp.up_proj") if unit != "lm_head" else "lm_head"] == spec
-    assert Scorer(model_from_state(cfg, state), windows).measure(model)["kl"] == pytest.approx(res.measured["kl"], rel=1e-3)
-    int4_everywhere = mixed_precision(model_from_state(cfg, state), windows,
-                                      MixedPrecisionConfig(candidates=("int4-g32",), max_kl=budget))
+    assert Scorer(model_from_state(cfg, state), windows).measure(model)["kl"] == pytest.approx(
+        res.measured["kl"], rel=1e-3
+    )
+    int4_everywhere = mixed_precision(
+        model_from_state(cfg, state), windows, MixedPrecisionConfig(candidates=("int4-g32",), max_kl=budget)
+    )
     assert res.bytes >= int4_everywhere.bytes

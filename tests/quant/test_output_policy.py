@@ -1,4 +1,5 @@
 """Default output-layer policy: lm_head (the tied embedding) stays at int8, or as is for >= 8-bit formats."""
+
 from __future__ import annotations
 
 import pytest
@@ -7,8 +8,18 @@ from bytediet.errors import ConfigError
 from bytediet.models.quantize import QuantizeConfig, quantize
 
 
-@pytest.mark.parametrize("fmt, lm_head", [("int4-g32", "int8"), ("nvfp4", "int8"), ("mxfp4", "int8"),
-                                          ("int8", None), ("fp8", None), ("int8-w8a8", None), ("bf16", None)])
+@pytest.mark.parametrize(
+    "fmt, lm_head",
+    [
+        ("int4-g32", "int8"),
+        ("nvfp4", "int8"),
+        ("mxfp4", "int8"),
+        ("int8", None),
+        ("fp8", None),
+        ("int8-w8a8", None),
+        ("bf16", None),
+    ],
+)
 def test_lm_head_default(fmt, lm_head):
     assert QuantizeConfig(format=fmt).spec_for("lm_head") == lm_head
     assert QuantizeConfig(format=fmt).spec_for("model.layers.0.mlp.up_proj") == fmt

@@ -1,4 +1,5 @@
 """Saved quantized checkpoints: round trip, checksums, config mismatch, atomic writes."""
+
 from __future__ import annotations
 
 import json
@@ -11,10 +12,17 @@ from bytediet.models import checkpoint as ckpt
 from bytediet.models.checkpoint import load_quantized, save_quantized
 from bytediet.models.quantize import QuantizeConfig, quantize
 
-MIXED = QuantizeConfig(format="int4-g32-sym", overrides={"lm_head": "int8", "*.layers.0.self_attn.*": "nvfp4",
-                                                         "*.layers.0.mlp.*": "gguf-q4_1", "*.up_proj": "fp8",
-                                                         "*.layers.1.self_attn.o_proj": "mxfp4"},
-                       calibration={"method": "none"})
+MIXED = QuantizeConfig(
+    format="int4-g32-sym",
+    overrides={
+        "lm_head": "int8",
+        "*.layers.0.self_attn.*": "nvfp4",
+        "*.layers.0.mlp.*": "gguf-q4_1",
+        "*.up_proj": "fp8",
+        "*.layers.1.self_attn.o_proj": "mxfp4",
+    },
+    calibration={"method": "none"},
+)
 
 
 def _saved(make, tmp_path, tie=True):

@@ -1,4 +1,5 @@
 """quantize(model, config): per-layer formats, overrides, skips, atomic failure, summary."""
+
 from __future__ import annotations
 
 import pytest
@@ -37,8 +38,9 @@ def test_quantizes_every_layer_from_its_float_weight():
 
 
 def test_overrides_first_match_and_skip(tiny_model):
-    cfg = QuantizeConfig(format="int4-g32", overrides={"lm_head": "int8", "*.layers.0.*": "fp8"},
-                         skip=("*.mlp.down_proj",))
+    cfg = QuantizeConfig(
+        format="int4-g32", overrides={"lm_head": "int8", "*.layers.0.*": "fp8"}, skip=("*.mlp.down_proj",)
+    )
     summary = quantize(tiny_model, cfg)
     formats = {name: layer.format.spec() for name, layer in tiny_model.linear_layers()}
     assert formats["lm_head"] == "int8"

@@ -1,5 +1,6 @@
 """``WeightFormat.shard``: a slice of the packed weight decodes to the same slice of the decoded weight, for every
 registered format (a new one is picked up here), on both axes tensor parallelism cuts."""
+
 from __future__ import annotations
 
 import pytest
@@ -36,8 +37,10 @@ def test_a_2_4_cut_between_the_two_groups_of_a_byte_repacks_the_codes(spec):
     assert torch.equal(fmt.dequantize(part), fmt.dequantize(packed)[:, 4:36])
 
 
-@pytest.mark.parametrize("spec, cut, block", [("gguf-q8_0", 48, 32), ("int4-g64", 32, 64), ("mxfp4", 16, 32),
-                                              ("nvfp4", 8, 16), ("sparse24", 2, 4)])
+@pytest.mark.parametrize(
+    "spec, cut, block",
+    [("gguf-q8_0", 48, 32), ("int4-g64", 32, 64), ("mxfp4", 16, 32), ("nvfp4", 8, 16), ("sparse24", 2, 4)],
+)
 def test_block_formats_cut_columns_only_on_block_boundaries(spec, cut, block):
     fmt = get_weight_format(spec)
     packed = fmt.quantize(torch.randn(4, 512))

@@ -1,4 +1,5 @@
 """SmoothQuant: the scale formula, exact folding, balanced ranges, and less W8A8 error on outlier activations."""
+
 from __future__ import annotations
 
 import pytest

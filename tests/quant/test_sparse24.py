@@ -1,4 +1,5 @@
 """2:4 sparsity: the pattern, the packed layout, Wanda's metric, and Wanda against magnitude pruning."""
+
 from __future__ import annotations
 
 import pytest
@@ -9,9 +10,9 @@ from hypothesis import strategies as st
 from bytediet.calibrate.base import BlockRunner, block_linears, capture
 from bytediet.calibrate.wanda import wanda_model
 from bytediet.errors import ConfigError
+from bytediet.kernels.reference import sparse24_matmul
 from bytediet.models.quantize import QuantizeConfig, quantize
 from bytediet.quant import get_weight_format
-from bytediet.kernels.reference import sparse24_matmul
 from bytediet.quant.sparse24 import densify, keep_mask, pack_positions, unpack_positions
 from tests.conftest import model_from_state, random_state, tiny_config
 

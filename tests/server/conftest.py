@@ -1,4 +1,5 @@
 """A tiny random model behind the app, with a character-level stand-in tokenizer."""
+
 from __future__ import annotations
 
 import asyncio
@@ -26,14 +27,16 @@ class CharTokenizer:
     FIRST = 32
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        ids = [2 + (ord(c) - self.FIRST if self.FIRST <= ord(c) < self.FIRST + 94 else ord("?") - self.FIRST)
-               for c in text]
+        ids = [
+            2 + (ord(c) - self.FIRST if self.FIRST <= ord(c) < self.FIRST + 94 else ord("?") - self.FIRST) for c in text
+        ]
         return ([self.bos_token_id] if add_special_tokens else []) + ids
 
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
         special = {0: "<s>", 1: "</s>"}
-        return "".join(("" if skip_special_tokens else special[i]) if i in special else chr(i - 2 + self.FIRST)
-                       for i in ids)
+        return "".join(
+            ("" if skip_special_tokens else special[i]) if i in special else chr(i - 2 + self.FIRST) for i in ids
+        )
 
     def apply_chat_template(self, messages, add_generation_prompt: bool = True) -> str:
         text = "".join(f"[{m['role']}]{m['content']}" for m in messages)
@@ -58,8 +61,7 @@ def server():
     """``server.app`` (the ASGI app), ``server.engine`` (its AsyncEngine), ``server.llm`` (the offline twin)."""
     llm = tiny_llm()
     engine = AsyncEngine(llm.engine)
-    yield SimpleNamespace(app=build_app(engine, [MODEL, "tiny-alias"]), engine=engine, llm=llm,
-                          core=llm.engine)
+    yield SimpleNamespace(app=build_app(engine, [MODEL, "tiny-alias"]), engine=engine, llm=llm, core=llm.engine)
     engine.shutdown()
 
 
@@ -74,8 +76,9 @@ def make_server():
             llm.engine.tokenizer = llm.tokenizer = tokenizer
         engine = AsyncEngine(llm.engine)
         engines.append(engine)
-        return SimpleNamespace(app=build_app(engine, [MODEL, "tiny-alias"], config=config), engine=engine,
-                               llm=llm, core=llm.engine)
+        return SimpleNamespace(
+            app=build_app(engine, [MODEL, "tiny-alias"], config=config), engine=engine, llm=llm, core=llm.engine
+        )
 
     yield make
     for engine in engines:
@@ -97,7 +100,7 @@ def parse_sse(raw: str) -> list:
     out = []
     for event in events:
         assert event.startswith("data: ") and "\n" not in event, f"bad SSE event {event!r}"
-        data = event[len("data: "):]
+        data = event[len("data: ") :]
         out.append(data if data == "[DONE]" else json.loads(data))
     return out
 

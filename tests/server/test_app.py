@@ -1,4 +1,5 @@
 """The small endpoints: /v1/models/{id}, /version, /tokenize, /detokenize, and /docs rendered without a CDN."""
+
 from __future__ import annotations
 
 from bytediet import __version__
@@ -9,6 +10,7 @@ def get_all(app, *paths):
     async def go():
         async with client(app) as c:
             return [await c.get(p) for p in paths]
+
     return run(go())
 
 
@@ -27,8 +29,9 @@ def test_version(server):
 def test_docs_assets_are_served_locally(server):
     docs, schema = get_all(server.app, "/docs", "/openapi.json")
     assert docs.status_code == 200 and "cdn" not in docs.text.lower() and "http" not in docs.text.split("<body>")[1]
-    assets = [part.split('"')[0] for part in docs.text.split('src="')[1:]] + \
-             [part.split('"')[0] for part in docs.text.split('href="')[1:]]
+    assets = [part.split('"')[0] for part in docs.text.split('src="')[1:]] + [
+        part.split('"')[0] for part in docs.text.split('href="')[1:]
+    ]
     local = [a for a in assets if a.startswith("/docs/static/")]
     assert local, docs.text
     for r in get_all(server.app, *local):
@@ -45,6 +48,7 @@ def test_tokenize_and_detokenize_round_trip(server):
             bad = await c.post("/detokenize", json={"tokens": [1000]})
             neither = await c.post("/tokenize", json={})
             return tok, chat, detok, bad, neither
+
     tok, chat, detok, bad, neither = run(go())
     assert tok.json() == {"count": 6, "max_model_len": 256, "tokens": server.llm.tokenizer.encode("hello")}
     assert chat.json()["tokens"] == server.llm.chat_token_ids([{"role": "user", "content": "hi"}])
@@ -57,6 +61,13 @@ def test_tokenizer_info_gives_the_special_tokens_as_text(server):
     async def go():
         async with client(server.app) as c:
             return await c.get("/tokenizer_info")
+
     info = run(go()).json()
-    assert info == {"tokenizer_class": "CharTokenizer", "bos_token": "<s>", "eos_token": "</s>", "pad_token": None,
-                    "chat_template": None, "model_max_length": 256}
+    assert info == {
+        "tokenizer_class": "CharTokenizer",
+        "bos_token": "<s>",
+        "eos_token": "</s>",
+        "pad_token": None,
+        "chat_template": None,
+        "model_max_length": 256,
+    }

@@ -1,10 +1,11 @@
 """/v1/chat/completions on a tiny random model: the chat template, streaming deltas, logprobs."""
+
 from __future__ import annotations
 
 import math
 
 from bytediet.engine.params import SamplingParams
-from tests.server.conftest import CharTokenizer, MODEL, client, parse_sse, run, tiny_llm
+from tests.server.conftest import MODEL, CharTokenizer, client, parse_sse, run, tiny_llm
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]
 
@@ -13,6 +14,7 @@ def chat(app, **body):
     async def go():
         async with client(app) as c:
             return await c.post("/v1/chat/completions", json={"model": MODEL, "messages": MESSAGES, **body})
+
     return run(go())
 
 
@@ -48,8 +50,16 @@ def test_chat_defaults_to_generating_until_eos_or_the_context_end(server):
 
 def test_stream_deltas_join_to_the_whole_message(server):
     whole = chat(server.app, temperature=0, max_tokens=7, n=2, seed=3, ignore_eos=True).json()
-    r = chat(server.app, temperature=0, max_tokens=7, n=2, seed=3, ignore_eos=True, stream=True,
-             stream_options={"include_usage": True})
+    r = chat(
+        server.app,
+        temperature=0,
+        max_tokens=7,
+        n=2,
+        seed=3,
+        ignore_eos=True,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     events = parse_sse(r.text)
     assert events[-1] == "[DONE]"
     *chunks, usage = events[:-1]
@@ -65,15 +75,20 @@ def test_stream_deltas_join_to_the_whole_message(server):
 
 
 def test_developer_role_and_text_parts_render_like_system_and_string(server):
-    parts = [{"role": "developer", "content": "Be brief."},
-             {"role": "user", "content": [{"type": "text", "text": "Hi"}, {"type": "text", "text": "there"}]}]
+    parts = [
+        {"role": "developer", "content": "Be brief."},
+        {"role": "user", "content": [{"type": "text", "text": "Hi"}, {"type": "text", "text": "there"}]},
+    ]
     plain = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi\nthere"}]
 
     async def go(messages):
         async with client(server.app) as c:
-            r = await c.post("/v1/chat/completions", json={"messages": messages, "temperature": 0, "max_tokens": 4,
-                                                            "ignore_eos": True})
+            r = await c.post(
+                "/v1/chat/completions",
+                json={"messages": messages, "temperature": 0, "max_tokens": 4, "ignore_eos": True},
+            )
             return r.json()
+
     a, b = run(go(parts)), run(go(plain))
     assert a["usage"] == b["usage"]
     assert a["choices"][0]["message"] == b["choices"][0]["message"]

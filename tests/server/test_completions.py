@@ -1,4 +1,5 @@
 """/v1/completions and /v1/models on a tiny random model: the offline LLM is the reference."""
+
 from __future__ import annotations
 
 import asyncio
@@ -7,13 +8,14 @@ import math
 import pytest
 
 from bytediet.engine.params import SamplingParams
-from tests.server.conftest import CharTokenizer, MODEL, client, parse_sse, run, tiny_llm
+from tests.server.conftest import MODEL, CharTokenizer, client, parse_sse, run, tiny_llm
 
 
 def completion(app, **body):
     async def go():
         async with client(app) as c:
             return await c.post("/v1/completions", json={"model": MODEL, **body})
+
     return run(go())
 
 
@@ -29,6 +31,7 @@ def test_models_lists_every_served_name(server):
     async def go():
         async with client(server.app) as c:
             return await c.get("/v1/models")
+
     r = run(go())
     assert r.status_code == 200
     body = r.json()
@@ -52,8 +55,9 @@ def test_greedy_completion_equals_offline_llm(server):
     tok = CharTokenizer()
     assert lp["tokens"] == [tok.decode([t]) for t in want.token_ids]
     assert all(math.isclose(a, b.logprob, rel_tol=1e-5) for a, b in zip(lp["token_logprobs"], want.logprobs))
-    assert all(len(top) <= 2 and max(top.values()) >= lp_ - 1e-6
-               for top, lp_ in zip(lp["top_logprobs"], lp["token_logprobs"]))
+    assert all(
+        len(top) <= 2 and max(top.values()) >= lp_ - 1e-6 for top, lp_ in zip(lp["top_logprobs"], lp["token_logprobs"])
+    )
     assert lp["text_offset"] == list(range(10))  # one character per token here
 
 
@@ -108,18 +112,21 @@ def test_stop_string_cuts_the_text(server):
     text = full["choices"][0]["text"]
     stop = text[4:6]
     cut = completion(server.app, prompt="Stop me", temperature=0, max_tokens=12, ignore_eos=True, stop=[stop]).json()
-    assert cut["choices"][0]["text"] == text[:text.index(stop)]
+    assert cut["choices"][0]["text"] == text[: text.index(stop)]
     assert cut["choices"][0]["finish_reason"] == "stop"
 
 
 def test_concurrent_requests_both_complete(server):
-    bodies = [dict(prompt="first prompt", temperature=0, max_tokens=8, ignore_eos=True),
-              dict(prompt="a second, longer prompt", temperature=0, max_tokens=12, ignore_eos=True, stream=True)]
+    bodies = [
+        dict(prompt="first prompt", temperature=0, max_tokens=8, ignore_eos=True),
+        dict(prompt="a second, longer prompt", temperature=0, max_tokens=12, ignore_eos=True, stream=True),
+    ]
     solo = [completion(server.app, **{**b, "stream": False}).json()["choices"][0]["text"] for b in bodies]
 
     async def go():
         async with client(server.app) as c:
             return await asyncio.gather(*(c.post("/v1/completions", json=b) for b in bodies))
+
     plain, streamed = run(go())
     assert plain.json()["choices"][0]["text"] == solo[0]
     assert stream_text(parse_sse(streamed.text))[0] == solo[1]
@@ -131,6 +138,7 @@ def test_health_turns_503_when_the_engine_stops(server):
     async def go():
         async with client(server.app) as c:
             return await c.get("/health")
+
     assert run(go()).status_code == 200
     server.engine.shutdown()
     r = run(go())
@@ -147,13 +155,25 @@ def test_an_owning_app_stops_the_engine_at_shutdown():
     async def lifespan():
         async with app.router.lifespan_context(app):
             assert engine_alive(engine)
+
     run(lifespan())
     assert not engine_alive(engine)
 
 
 def test_every_sampling_field_reaches_the_engine(server):
-    fields = dict(temperature=0.8, top_p=0.9, top_k=5, min_p=0.05, repetition_penalty=1.3, presence_penalty=0.5,
-                  frequency_penalty=0.3, seed=2, max_tokens=10, stop_token_ids=[40], ignore_eos=True)
+    fields = dict(
+        temperature=0.8,
+        top_p=0.9,
+        top_k=5,
+        min_p=0.05,
+        repetition_penalty=1.3,
+        presence_penalty=0.5,
+        frequency_penalty=0.3,
+        seed=2,
+        max_tokens=10,
+        stop_token_ids=[40],
+        ignore_eos=True,
+    )
     want = tiny_llm().generate("map me", SamplingParams(**{**fields, "stop_token_ids": (40,)}))[0].outputs[0]
     got = completion(server.app, prompt="map me", **fields).json()["choices"][0]
     assert got["text"] == want.text and got["finish_reason"] == want.finish_reason

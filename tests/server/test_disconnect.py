@@ -3,6 +3,7 @@
 httpx's ASGITransport buffers whole responses, so these tests speak ASGI directly (as uvicorn does:
 spec 2.3, ``http.disconnect`` from ``receive``) and, once, through a real uvicorn socket.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -20,10 +21,20 @@ LONG = {"max_tokens": 200, "ignore_eos": True, "temperature": 0}
 
 
 def scope(path: str) -> dict:
-    return {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
-            "method": "POST", "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"",
-            "root_path": "", "headers": [(b"host", b"test"), (b"content-type", b"application/json")],
-            "client": ("127.0.0.1", 40000), "server": ("test", 80)}
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.3"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"host", b"test"), (b"content-type", b"application/json")],
+        "client": ("127.0.0.1", 40000),
+        "server": ("test", 80),
+    }
 
 
 async def call_and_leave(app, path: str, body: dict, leave) -> list[bytes]:
@@ -70,17 +81,23 @@ def assert_aborted_and_freed(server) -> None:
     assert core.num_free_blocks == core.block_manager.num_blocks
     assert core.stats.generated_tokens < 200, "the request ran to the end instead of being aborted"
     registry = server.app.state.server.metrics.registry
-    aborted = registry.get_sample_value("bytediet:request_success_total",
-                                        {"model_name": "tiny", "finished_reason": "abort"})
+    aborted = registry.get_sample_value(
+        "bytediet:request_success_total", {"model_name": "tiny", "finished_reason": "abort"}
+    )
     assert aborted is not None and aborted >= 1
 
 
 def test_stream_disconnect_after_one_chunk_aborts_and_frees_blocks(server):
     async def go():
-        chunks = await call_and_leave(server.app, "/v1/completions", {"prompt": "bye", "stream": True, **LONG},
-                                      lambda chunks: chunks is not None and len(chunks) >= 1)
+        chunks = await call_and_leave(
+            server.app,
+            "/v1/completions",
+            {"prompt": "bye", "stream": True, **LONG},
+            lambda chunks: chunks is not None and len(chunks) >= 1,
+        )
         await settled(server.core)
         return chunks
+
     chunks = run(go())
     assert chunks[0].startswith(b"data: {")
     assert_aborted_and_freed(server)
@@ -90,9 +107,11 @@ def test_chat_stream_disconnect_aborts_every_choice(server):
     body = {"messages": [{"role": "user", "content": "bye"}], "stream": True, "n": 3, **LONG}
 
     async def go():
-        await call_and_leave(server.app, "/v1/chat/completions", body,
-                             lambda chunks: chunks is not None and len(chunks) >= 4)  # 3 role chunks + 1
+        await call_and_leave(
+            server.app, "/v1/chat/completions", body, lambda chunks: chunks is not None and len(chunks) >= 4
+        )  # 3 role chunks + 1
         await settled(server.core)
+
     run(go())
     assert_aborted_and_freed(server)
 
@@ -101,10 +120,15 @@ def test_non_streaming_disconnect_aborts_and_frees_blocks(server):
     core = server.core
 
     async def go():
-        chunks = await call_and_leave(server.app, "/v1/completions", {"prompt": "bye", **LONG},
-                                      lambda chunks: chunks is None and core.stats.generated_tokens > 0)
+        chunks = await call_and_leave(
+            server.app,
+            "/v1/completions",
+            {"prompt": "bye", **LONG},
+            lambda chunks: chunks is None and core.stats.generated_tokens > 0,
+        )
         await settled(core)
         return chunks
+
     run(go())
     assert_aborted_and_freed(server)
 

@@ -1,6 +1,7 @@
 """``echo`` on /v1/completions: the prompt comes first, and with ``logprobs`` its tokens are scored (prompt
 logprobs, what lm-evaluation-harness reads for log-likelihoods); ``max_tokens`` 0 returns the prompt alone.
 The reference is one forward pass of the same model over the prompt."""
+
 from __future__ import annotations
 
 import pytest
@@ -28,6 +29,7 @@ def check_prompt_logprobs(model, ids: list[int], lp: dict) -> None:
         assert max(top.values()) >= value
     assert lp["text_offset"][:n] == [0] + list(range(3, n + 2))  # "<s>" (BOS), then one character per token
 
+
 def test_echo_with_max_tokens_0_scores_the_prompt_alone(server):
     r = completion(server.app, prompt=PROMPT, echo=True, logprobs=2, max_tokens=0)
     assert r.status_code == 200, r.text
@@ -49,8 +51,8 @@ def test_echo_puts_the_prompt_before_the_same_generation(server):
     lp = echoed["logprobs"]
     check_prompt_logprobs(server.llm.model, ids, lp)
     for key in ("tokens", "token_logprobs", "top_logprobs"):
-        assert lp[key][len(ids):] == plain["logprobs"][key]
-    assert lp["text_offset"][len(ids):] == [len(PROMPT) + i for i in plain["logprobs"]["text_offset"]]
+        assert lp[key][len(ids) :] == plain["logprobs"][key]
+    assert lp["text_offset"][len(ids) :] == [len(PROMPT) + i for i in plain["logprobs"]["text_offset"]]
 
 
 def test_token_id_prompts_echo_their_decoded_text_per_choice(server):
@@ -76,8 +78,7 @@ def test_echo_without_logprobs_is_text_only(server):
 
 @pytest.mark.parametrize("max_tokens", [0, 4])
 def test_streamed_echo_equals_the_whole_response(server, max_tokens):
-    body = dict(prompt=[PROMPT, "Emma"], echo=True, logprobs=1, max_tokens=max_tokens, temperature=0,
-                ignore_eos=True)
+    body = dict(prompt=[PROMPT, "Emma"], echo=True, logprobs=1, max_tokens=max_tokens, temperature=0, ignore_eos=True)
     whole = completion(server.app, **body).json()
     events = parse_sse(completion(server.app, stream=True, stream_options={"include_usage": True}, **body).text)
     assert stream_text(events[:-1]) == {c["index"]: c["text"] for c in whole["choices"]}

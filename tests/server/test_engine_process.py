@@ -1,4 +1,5 @@
 """The engine core in its own process (``EngineProcess``): the server behaves as with the engine on a thread."""
+
 from __future__ import annotations
 
 import asyncio
@@ -34,6 +35,7 @@ def post(app, path: str, body: dict):
     async def go():
         async with client(app) as c:
             return await c.post(path, json=body)
+
     return run(go())
 
 
@@ -62,8 +64,9 @@ def test_outputs_equal_the_engine_on_a_thread(remote, server):
 
 
 def test_a_client_that_leaves_frees_its_blocks(remote):
-    chunks = run(call_and_leave(remote.app, "/v1/completions", {**LONG, "stream": True},
-                                lambda c: c is not None and len(c) >= 3))
+    chunks = run(
+        call_and_leave(remote.app, "/v1/completions", {**LONG, "stream": True}, lambda c: c is not None and len(c) >= 3)
+    )
     assert len(chunks) >= 3
     wait_idle(remote.engine)
     metrics = post(remote.app, "/v1/completions", {"prompt": "ab", "max_tokens": 2})  # and it keeps serving
@@ -77,8 +80,9 @@ def test_metrics_show_the_engine_counters(remote):
     async def scrape():
         async with client(remote.app) as c:
             return (await c.get("/metrics")).text
+
     text = run(scrape())
-    value = (lambda name: float(re.search(rf"^bytediet:{name}\{{[^}}]*\}} (\S+)$", text, re.MULTILINE).group(1)))
+    value = lambda name: float(re.search(rf"^bytediet:{name}\{{[^}}]*\}} (\S+)$", text, re.MULTILINE).group(1))
     assert value("kv_cache_usage_perc") == 0.0 and value("num_requests_running") == 0.0
     assert value("prefix_cache_queries_total") > 0
     assert 'kv_codec="' in text and value("kv_cache_compression_ratio") > 0
@@ -96,16 +100,31 @@ def test_priority_and_bad_input(remote):
 
 
 def test_structured_output_is_compiled_in_the_engine_process(remote):
-    r = post(remote.app, "/v1/chat/completions", {
-        "messages": USER, "max_tokens": 60, "temperature": 1.0, "seed": 1, "n": 2,
-        "response_format": {"type": "json_schema", "json_schema": {"name": "pick", "schema": SCHEMA}}})
+    r = post(
+        remote.app,
+        "/v1/chat/completions",
+        {
+            "messages": USER,
+            "max_tokens": 60,
+            "temperature": 1.0,
+            "seed": 1,
+            "n": 2,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "pick", "schema": SCHEMA}},
+        },
+    )
     assert r.status_code == 200, r.text
     for choice in r.json()["choices"]:
         assert choice["finish_reason"] == "stop", choice
         jsonschema.validate(json.loads(choice["message"]["content"]), SCHEMA)
-    bad = post(remote.app, "/v1/chat/completions", {
-        "messages": USER, "max_tokens": 5,
-        "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}})
+    bad = post(
+        remote.app,
+        "/v1/chat/completions",
+        {
+            "messages": USER,
+            "max_tokens": 5,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}},
+        },
+    )
     assert bad.status_code == 400
 
 
@@ -113,6 +132,7 @@ def test_a_dead_engine_process_fails_the_streams_and_health():
     engine = EngineProcess(functools.partial(tiny_engine, num_blocks=128))
     app = build_app(engine, MODEL)
     try:
+
         async def go():
             async with client(app) as c:
                 assert (await c.get("/health")).status_code == 200
@@ -123,6 +143,7 @@ def test_a_dead_engine_process_fails_the_streams_and_health():
                 events = parse_sse((await stream).text)
                 health = await c.get("/health")
                 return events, health
+
         events, health = run(go())
         assert events[-1] == "[DONE]" and "engine process has stopped" in events[-2]["error"]["message"]
         assert health.status_code == 503 and not engine_alive(engine)

@@ -1,4 +1,5 @@
 """Bad input: HTTP 400 with OpenAI's error object naming the field; unknown model 404; the server keeps serving."""
+
 from __future__ import annotations
 
 import pytest
@@ -48,6 +49,7 @@ def test_bad_field_is_named_and_the_server_keeps_serving(server, endpoint, body,
             bad = await c.post(f"/v1/{endpoint}", json=body)
             good = await c.post("/v1/completions", json={"prompt": "ok", "max_tokens": 2})
             return bad, good
+
     bad, good = run(go())
     assert bad.status_code == status, bad.text
     error = bad.json()["error"]
@@ -58,13 +60,19 @@ def test_bad_field_is_named_and_the_server_keeps_serving(server, endpoint, body,
     assert not server.core.has_unfinished_requests()
 
 
-@pytest.mark.parametrize("content,headers", [(b'{"prompt": "x",', {"content-type": "application/json"}),
-                                             (b"[1, 2]", {"content-type": "application/json"}),
-                                             (b"not json", {})])
+@pytest.mark.parametrize(
+    "content,headers",
+    [
+        (b'{"prompt": "x",', {"content-type": "application/json"}),
+        (b"[1, 2]", {"content-type": "application/json"}),
+        (b"not json", {}),
+    ],
+)
 def test_malformed_body_is_a_400(server, content, headers):
     async def go():
         async with client(server.app) as c:
             return await c.post("/v1/completions", content=content, headers=headers)
+
     r = run(go())
     assert r.status_code == 400
     error = r.json()["error"]
@@ -75,6 +83,7 @@ def test_unknown_route_is_a_404_error_object(server):
     async def go():
         async with client(server.app) as c:
             return await c.get("/v1/nothing")
+
     r = run(go())
     assert r.status_code == 404 and "message" in r.json()["error"]
 
@@ -91,6 +100,7 @@ def test_an_engine_failure_is_reported_and_the_server_recovers(server, monkeypat
         transport = httpx.ASGITransport(server.app, raise_app_exceptions=False)
         async with httpx.AsyncClient(transport=transport, base_url="http://test", timeout=30) as c:
             return await c.post("/v1/completions", json=body)
+
     whole = run(go({"prompt": "x", "max_tokens": 4}))
     assert whole.status_code == 500 and whole.json()["error"]["type"] == "server_error"
     assert "boom" in whole.json()["error"]["message"]

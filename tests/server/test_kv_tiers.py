@@ -1,4 +1,5 @@
 """The server with KV tiers: usage says which tier served the prompt, /metrics counts hits, misses, bytes, latency."""
+
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -25,9 +26,11 @@ def tiered():
 def complete(app, prompt: str) -> dict:
     async def go():
         async with client(app) as c:
-            r = await c.post("/v1/completions", json={"prompt": prompt, "max_tokens": 3, "temperature": 0,
-                                                      "ignore_eos": True})
+            r = await c.post(
+                "/v1/completions", json={"prompt": prompt, "max_tokens": 3, "temperature": 0, "ignore_eos": True}
+            )
             return r.json()
+
     return run(go())
 
 

@@ -8,6 +8,7 @@ multiple choice (log-likelihoods: ``echo`` + ``logprobs`` on /v1/completions, th
 lm-eval reports equals the same continuation scored by one forward pass of the served model, and its
 accuracy is the one those scores give.
 """
+
 from __future__ import annotations
 
 import json
@@ -71,8 +72,11 @@ def austen_docs(count: int) -> list[dict]:
     from bytediet.eval.corpus import load_corpus
 
     text = re.sub(r"\b(Mrs?|Dr|St)\.", r"\1", " ".join(load_corpus("prideprejudice").split()))  # not a sentence end
-    sentences = [s for s in re.split(r"(?<=[.!?])\s+", text)
-                 if 14 <= len(s.split()) <= 30 and re.fullmatch(r"[A-Za-z ,;']+\.", s)]
+    sentences = [
+        s
+        for s in re.split(r"(?<=[.!?])\s+", text)
+        if 14 <= len(s.split()) <= 30 and re.fullmatch(r"[A-Za-z ,;']+\.", s)
+    ]
     picked = random.Random(0).sample(sentences, count)
     endings = [" ".join(s[:-1].split()[-3:]) for s in picked]
     docs = []
@@ -80,8 +84,14 @@ def austen_docs(count: int) -> list[dict]:
         words = s[:-1].split()
         choices = [endings[i], endings[(i + 1) % count], endings[(i + 2) % count]]
         random.Random(i).shuffle(choices)
-        docs.append({"context": " ".join(words[:-3]), "ending": endings[i], "choices": choices,
-                     "label": choices.index(endings[i])})
+        docs.append(
+            {
+                "context": " ".join(words[:-3]),
+                "ending": endings[i],
+                "choices": choices,
+                "label": choices.index(endings[i]),
+            }
+        )
     return docs
 
 
@@ -104,13 +114,13 @@ def encode_pair(tokenizer, context: str, continuation: str) -> tuple[list[int], 
         context, continuation = context[:-spaces], context[-spaces:] + continuation
     whole = tokenizer.encode(context + continuation, add_special_tokens=False)
     ctx = tokenizer.encode(context, add_special_tokens=False)
-    return ctx, whole[len(ctx):]
+    return ctx, whole[len(ctx) :]
 
 
 def loglikelihood(model, ctx: list[int], cont: list[int]) -> float:
     """log p(cont | ctx) from one forward pass over ctx + cont."""
     ids = torch.tensor(ctx + cont)
-    lp = model.score(ids).log_softmax(dim=-1)[len(ctx) - 1:-1]
+    lp = model.score(ids).log_softmax(dim=-1)[len(ctx) - 1 : -1]
     return float(lp.gather(1, torch.tensor(cont).unsqueeze(1)).sum())
 
 
@@ -130,10 +140,22 @@ def test_lm_eval_local_completions_against_the_server(served, tmp_path, monkeypa
 
     out = lm_eval.simple_evaluate(
         model="local-completions",
-        model_args={"base_url": f"{base}/v1/completions", "model": MODEL, "tokenizer_backend": "remote",
-                    "tokenized_requests": True, "num_concurrent": 1, "max_retries": 1, "max_length": 512},
-        tasks=["austen_cloze", "austen_complete"], task_manager=TaskManager(include_path=str(tmp_path)),
-        limit=NUM_DOCS, log_samples=True, random_seed=0, numpy_random_seed=0, torch_random_seed=0,
+        model_args={
+            "base_url": f"{base}/v1/completions",
+            "model": MODEL,
+            "tokenizer_backend": "remote",
+            "tokenized_requests": True,
+            "num_concurrent": 1,
+            "max_retries": 1,
+            "max_length": 512,
+        },
+        tasks=["austen_cloze", "austen_complete"],
+        task_manager=TaskManager(include_path=str(tmp_path)),
+        limit=NUM_DOCS,
+        log_samples=True,
+        random_seed=0,
+        numpy_random_seed=0,
+        torch_random_seed=0,
     )
     results, samples = out["results"], out["samples"]
 

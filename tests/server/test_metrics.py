@@ -1,4 +1,5 @@
 """/metrics: Prometheus text whose counters move by exactly what the responses report."""
+
 from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -10,9 +11,11 @@ LABEL = {"model_name": "tiny"}
 
 def scrape(app) -> dict[tuple[str, tuple], float]:
     """{(sample name, sorted labels other than model_name): value}."""
+
     async def go():
         async with client(app) as c:
             return await c.get("/metrics")
+
     r = run(go())
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
     out = {}
@@ -36,11 +39,20 @@ def test_counters_and_histograms_increase_by_what_was_served(server):
 
     async def go():
         async with client(server.app) as c:
-            a = await c.post("/v1/completions", json={"prompt": "count me", "max_tokens": 7, "ignore_eos": True,
-                                                      "n": 2})
-            b = await c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "and me"}],
-                                                           "max_tokens": 5, "ignore_eos": True, "stream": True})
+            a = await c.post(
+                "/v1/completions", json={"prompt": "count me", "max_tokens": 7, "ignore_eos": True, "n": 2}
+            )
+            b = await c.post(
+                "/v1/chat/completions",
+                json={
+                    "messages": [{"role": "user", "content": "and me"}],
+                    "max_tokens": 5,
+                    "ignore_eos": True,
+                    "stream": True,
+                },
+            )
             return a.json(), b
+
     a, _ = run(go())
     after = scrape(server.app)
     chat_prompt = len("[user]and me[assistant]")
@@ -64,6 +76,7 @@ def test_prefix_cache_counters_count_tokens(server):
         async with client(server.app) as c:
             for _ in range(2):
                 await c.post("/v1/completions", json={"prompt": prompt, "max_tokens": 1})
+
     before = scrape(server.app)
     run(go())
     after = scrape(server.app)
@@ -85,8 +98,11 @@ def test_speculative_counters_count_drafts_and_accepted_tokens(make_server):
 
     async def go():
         async with client(srv.app) as c:
-            return await c.post("/v1/completions", json={"prompt": "abcabcabcabcabc", "max_tokens": 16,
-                                                         "ignore_eos": True, "temperature": 0})
+            return await c.post(
+                "/v1/completions",
+                json={"prompt": "abcabcabcabcabc", "max_tokens": 16, "ignore_eos": True, "temperature": 0},
+            )
+
     r = run(go())
     assert r.status_code == 200, r.text
     after = scrape(srv.app)

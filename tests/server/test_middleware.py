@@ -1,4 +1,5 @@
 """Request ids and the access log, the body limit, API keys, CORS, and a 500 that keeps the connection alive."""
+
 from __future__ import annotations
 
 import logging
@@ -21,15 +22,18 @@ def raw_exchange(sock: socket.socket, request: bytes) -> bytes:
         assert chunk, f"the server closed the connection; got {data!r}"
         data += chunk
     head, _, body = data.partition(b"\r\n\r\n")
-    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length"))
+    length = next(
+        int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")
+    )
     while len(body) < length:
         body += sock.recv(65536)
     return head + b"\r\n\r\n" + body
 
 
 def post(path: str, body: bytes) -> bytes:
-    return (f"POST {path} HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
 
 
 def test_an_internal_error_is_a_500_and_the_keep_alive_connection_still_works(server, monkeypatch):
@@ -45,8 +49,12 @@ def test_an_internal_error_is_a_500_and_the_keep_alive_connection_still_works(se
 def test_request_id_is_echoed_or_generated_and_logged(server, caplog):
     async def go():
         async with client(server.app) as c:
-            return (await c.post("/v1/completions", json=BODY, headers={"X-Request-Id": "abc-123"}),
-                    await c.get("/health"), await c.get("/health", headers={"X-Request-Id": "bad id\x7f"}))
+            return (
+                await c.post("/v1/completions", json=BODY, headers={"X-Request-Id": "abc-123"}),
+                await c.get("/health"),
+                await c.get("/health", headers={"X-Request-Id": "bad id\x7f"}),
+            )
+
     with caplog.at_level(logging.INFO, logger="bytediet.server.access"):
         given, fresh, unsafe = run(go())
     assert given.headers["x-request-id"] == "abc-123"
@@ -62,7 +70,7 @@ def test_body_over_the_limit_is_a_413_before_parsing(make_server):
 
     async def chunks():
         for i in range(0, len(big), 512):
-            yield big[i:i + 512]
+            yield big[i : i + 512]
 
     async def go():
         async with client(s.app) as c:
@@ -70,6 +78,7 @@ def test_body_over_the_limit_is_a_413_before_parsing(make_server):
             chunked = await c.post("/v1/completions", content=chunks(), headers={"content-type": "application/json"})
             small = await c.post("/v1/completions", json=BODY)
             return by_length, chunked, small
+
     by_length, chunked, small = run(go())
     for r in (by_length, chunked):
         assert r.status_code == 413, r.text
@@ -78,7 +87,7 @@ def test_body_over_the_limit_is_a_413_before_parsing(make_server):
 
 
 def test_the_default_body_limit_is_16_mib():
-    assert ServerConfig().max_body_bytes == 16 * 2 ** 20
+    assert ServerConfig().max_body_bytes == 16 * 2**20
 
 
 def test_api_keys_guard_v1_but_not_health_or_metrics(make_server):
@@ -86,15 +95,18 @@ def test_api_keys_guard_v1_but_not_health_or_metrics(make_server):
 
     async def go():
         async with client(s.app) as c:
-            out = {"none": await c.post("/v1/completions", json=BODY),
-                   "wrong": await c.get("/v1/models", headers={"Authorization": "Bearer nope"}),
-                   "tokenize": await c.post("/tokenize", json={"prompt": "a"}),
-                   "tokenizer_info": await c.get("/tokenizer_info"),
-                   "k1": await c.post("/v1/completions", json=BODY, headers={"Authorization": "Bearer k1"}),
-                   "k2": await c.get("/v1/models", headers={"Authorization": "bearer k2"})}
+            out = {
+                "none": await c.post("/v1/completions", json=BODY),
+                "wrong": await c.get("/v1/models", headers={"Authorization": "Bearer nope"}),
+                "tokenize": await c.post("/tokenize", json={"prompt": "a"}),
+                "tokenizer_info": await c.get("/tokenizer_info"),
+                "k1": await c.post("/v1/completions", json=BODY, headers={"Authorization": "Bearer k1"}),
+                "k2": await c.get("/v1/models", headers={"Authorization": "bearer k2"}),
+            }
             for path in ("/health", "/metrics", "/version"):
                 out[path] = await c.get(path)
             return out
+
     out = run(go())
     for key in ("none", "wrong", "tokenize", "tokenizer_info"):
         assert out[key].status_code == 401, (key, out[key].text)
@@ -110,11 +122,17 @@ def test_cors_is_off_unless_origins_are_given(make_server, origins, allowed):
 
     async def go():
         async with client(s.app) as c:
-            pre = await c.options("/v1/chat/completions", headers={
-                "Origin": "http://ui.example", "Access-Control-Request-Method": "POST",
-                "Access-Control-Request-Headers": "authorization,content-type"})
+            pre = await c.options(
+                "/v1/chat/completions",
+                headers={
+                    "Origin": "http://ui.example",
+                    "Access-Control-Request-Method": "POST",
+                    "Access-Control-Request-Headers": "authorization,content-type",
+                },
+            )
             get = await c.get("/health", headers={"Origin": "http://ui.example"})
             return pre, get
+
     pre, get = run(go())
     assert ("access-control-allow-origin" in get.headers) is allowed
     assert (pre.headers.get("access-control-allow-origin") == "http://ui.example") is allowed
@@ -124,6 +142,7 @@ def test_cors_is_off_unless_origins_are_given(make_server, origins, allowed):
 
 def test_server_config_rejects_bad_values():
     from bytediet.errors import ConfigError
+
     for kw in ({"max_body_bytes": 0}, {"api_keys": ("",)}, {"shutdown_timeout": -1}, {"max_model_len": 1}):
         with pytest.raises(ConfigError):
             ServerConfig(**kw)

@@ -1,4 +1,5 @@
 """The official ``openai`` package as the client, over a real socket, with an API key required."""
+
 from __future__ import annotations
 
 import openai
@@ -36,21 +37,31 @@ def test_completions_whole_and_streamed_agree(api):
     assert len(choice.logprobs.tokens) == whole.usage.completion_tokens
     assert all(len(top) <= 2 for top in choice.logprobs.top_logprobs)
     assert "".join(choice.logprobs.tokens) == choice.text
-    pieces = [chunk.choices[0].text for chunk in c.completions.create(
-        model="tiny", prompt="hello", max_tokens=8, temperature=0, stream=True) if chunk.choices]
+    pieces = [
+        chunk.choices[0].text
+        for chunk in c.completions.create(model="tiny", prompt="hello", max_tokens=8, temperature=0, stream=True)
+        if chunk.choices
+    ]
     assert "".join(pieces) == choice.text
 
 
 def test_chat_whole_streamed_and_logprobs(api):
     c, _, _ = api
     messages = [{"role": "user", "content": "hi"}]
-    whole = c.chat.completions.create(model="tiny", messages=messages, max_tokens=6, temperature=0,
-                                      logprobs=True, top_logprobs=3)
+    whole = c.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=6, temperature=0, logprobs=True, top_logprobs=3
+    )
     msg = whole.choices[0]
     assert msg.message.role == "assistant" and whole.usage.completion_tokens == len(msg.logprobs.content)
     assert all(len(lp.top_logprobs) == 3 for lp in msg.logprobs.content)
-    stream = c.chat.completions.create(model="tiny", messages=messages, max_tokens=6, temperature=0, stream=True,
-                                       stream_options={"include_usage": True})
+    stream = c.chat.completions.create(
+        model="tiny",
+        messages=messages,
+        max_tokens=6,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     chunks = list(stream)
     text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
     assert text == msg.message.content

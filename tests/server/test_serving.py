@@ -1,4 +1,5 @@
 """Admission: tokenizing off the event loop, the cap on prompts per request, the bounded waiting queue."""
+
 from __future__ import annotations
 
 import asyncio
@@ -21,6 +22,7 @@ def test_tokenizing_does_not_block_other_requests(make_server):
 
     async def go():
         async with client(s.app) as c:
+
             async def health():
                 t0 = time.perf_counter()
                 await asyncio.sleep(0.2)  # the slow requests are being tokenized by now
@@ -30,11 +32,16 @@ def test_tokenizing_does_not_block_other_requests(make_server):
             async def after_health_started(path, body):
                 await asyncio.sleep(0.05)
                 return await c.post(path, json=body)
+
             ok_waited, slow, chat = await asyncio.gather(
-                health(), after_health_started("/v1/completions", {"prompt": "x", "max_tokens": 1}),
-                after_health_started("/v1/chat/completions",
-                                     {"messages": [{"role": "user", "content": "x"}], "max_tokens": 1}))
+                health(),
+                after_health_started("/v1/completions", {"prompt": "x", "max_tokens": 1}),
+                after_health_started(
+                    "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_tokens": 1}
+                ),
+            )
             return (slow, chat, *ok_waited)
+
     slow, chat, ok, waited = run(go())
     assert slow.status_code == 200 and chat.status_code == 200 and ok.status_code == 200
     assert waited < 0.5, f"/health waited {waited:.2f} s behind a tokenizing request"
@@ -45,9 +52,12 @@ def test_too_many_prompts_in_one_request_is_a_400(make_server):
 
     async def go():
         async with client(s.app) as c:
-            return (await c.post("/v1/completions", json={"prompt": ["a"] * 5, "max_tokens": 1}),
-                    await c.post("/v1/completions", json={"prompt": [[5, 6]] * 5, "max_tokens": 1}),
-                    await c.post("/v1/completions", json={"prompt": ["a"] * 4, "max_tokens": 1}))
+            return (
+                await c.post("/v1/completions", json={"prompt": ["a"] * 5, "max_tokens": 1}),
+                await c.post("/v1/completions", json={"prompt": [[5, 6]] * 5, "max_tokens": 1}),
+                await c.post("/v1/completions", json={"prompt": ["a"] * 4, "max_tokens": 1}),
+            )
+
     texts, ids, ok = run(go())
     for r in (texts, ids):
         assert r.status_code == 400 and r.json()["error"]["param"] == "prompt" and "limit of 4" in r.text
@@ -68,6 +78,7 @@ def test_a_full_waiting_queue_is_a_503_with_retry_after(make_server):
             fits = await c.post("/v1/completions", json={"prompt": "x", "max_tokens": 1, "n": 1})
             assert (await first).status_code == 200
             return too_many, busy, fits
+
     too_many, busy, fits = run(go())
     for r in (too_many, busy):
         assert r.status_code == 503 and r.headers["retry-after"] == "5", r.text

@@ -3,6 +3,7 @@
 The drain sequence runs in-process on the tiny model; one real ``bytediet serve`` process checks the
 signal handling (SIGTERM, then a second signal) end to end: exit status 0 and no traceback.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -30,13 +31,18 @@ def test_drain_finishes_short_requests_and_aborts_long_ones_with_an_error_event(
     def slow_run(*args, **kwargs):  # >= 20 ms a step: 200 tokens cannot finish within the 2 s timeout
         time.sleep(0.02)
         return real_run(*args, **kwargs)
+
     monkeypatch.setattr(core.runner, "run", slow_run)
 
     async def go():
         async with client(server.app) as c:
             streamed = asyncio.create_task(c.post("/v1/completions", json={**LONG, "stream": True}))
-            whole = asyncio.create_task(c.post("/v1/chat/completions", json={
-                "messages": [{"role": "user", "content": "x"}], "max_tokens": 200, "ignore_eos": True}))
+            whole = asyncio.create_task(
+                c.post(
+                    "/v1/chat/completions",
+                    json={"messages": [{"role": "user", "content": "x"}], "max_tokens": 200, "ignore_eos": True},
+                )
+            )
             short = asyncio.create_task(c.post("/v1/completions", json={"prompt": "x", "max_tokens": 3}))
             while core.stats.generated_tokens < 4 or state.drain.num_active < 3:
                 await asyncio.sleep(0.01)
@@ -47,6 +53,7 @@ def test_drain_finishes_short_requests_and_aborts_long_ones_with_an_error_event(
             health = await c.get("/health")
             await drain
             return await streamed, await whole, await short, refused, health, time.monotonic() - t0
+
     streamed, whole, short, refused, health, took = run(go())
     assert took < 2.0 + 2.5
     events = parse_sse(streamed.text)
@@ -82,9 +89,26 @@ def _stream(base: str, body: dict, out: dict, key: str) -> None:
 def test_sigterm_then_sigint_exits_0_without_traceback(mode):
     port = free_port()
     log = tempfile.TemporaryFile()
-    proc = subprocess.Popen([sys.executable, "-m", "bytediet.cli", "serve", "--port", str(port), "--log-level",
-                             "info", "--kv-cache-memory", "64MiB", "--shutdown-timeout", "60", mode],
-                            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "bytediet.cli",
+            "serve",
+            "--port",
+            str(port),
+            "--log-level",
+            "info",
+            "--kv-cache-memory",
+            "64MiB",
+            "--shutdown-timeout",
+            "60",
+            mode,
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     base, out = f"http://127.0.0.1:{port}", {}
     try:
         _wait_healthy(proc, base, log)
@@ -94,8 +118,10 @@ def test_sigterm_then_sigint_exits_0_without_traceback(mode):
         while not out.get("long") and time.monotonic() < deadline:
             time.sleep(0.05)
         assert out.get("long_status") == 200, out
-        short = threading.Thread(target=_stream, args=(base, {"prompt": "Hi", "max_tokens": 30, "stream": True,
-                                                              "ignore_eos": True}, out, "short"))
+        short = threading.Thread(
+            target=_stream,
+            args=(base, {"prompt": "Hi", "max_tokens": 30, "stream": True, "ignore_eos": True}, out, "short"),
+        )
         short.start()
         while not out.get("short") and short.is_alive():  # it runs before the signal
             time.sleep(0.02)

@@ -4,6 +4,7 @@ The browser test types a question, sees streamed text appear in the chat, sees t
 update, and keeps a screenshot (``$BYTEDIET_ARTIFACTS`` or pytest's tmp dir) as its artifact.
 Run it with ``pytest -m browser tests/server/test_web.py`` (Debian: ``apt-get install chromium chromium-driver``).
 """
+
 from __future__ import annotations
 
 import os
@@ -25,13 +26,20 @@ def test_page_is_self_contained_and_open_without_a_key(make_server):
     async def go():
         async with client(s.app) as c:
             return await c.get("/")
+
     r = run(go())
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
     html = r.text
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", html), "the page must load nothing external"
     assert "@import" not in html and "/v1/chat/completions" in html and "/metrics" in html
-    for metric in ("generation_tokens_total", "num_requests_running", "num_requests_waiting", "kv_cache_usage_perc",
-                   "engine_info", "kv_cache_compression_ratio"):
+    for metric in (
+        "generation_tokens_total",
+        "num_requests_running",
+        "num_requests_waiting",
+        "kv_cache_usage_perc",
+        "engine_info",
+        "kv_cache_compression_ratio",
+    ):
         assert metric in html
 
 
@@ -39,6 +47,7 @@ def test_metrics_carry_what_the_panel_shows(server):
     async def go():
         async with client(server.app) as c:
             return (await c.get("/metrics")).text
+
     text = run(go())
     assert re.search(r'bytediet:engine_info\{.*kv_codec="[^"]+".*weight_format="[^"]+".*\} 1\.0', text), text
     ratio = float(re.search(r"bytediet:kv_cache_compression_ratio\{[^}]*\} (\S+)", text).group(1))
@@ -50,6 +59,7 @@ def test_chat_streams_and_the_panel_updates_in_headless_chromium(make_server, tm
     webdriver = pytest.importorskip("selenium.webdriver")
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
+
     chromium = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
     driver_path = shutil.which("chromedriver")
     if not chromium or not driver_path:
@@ -74,8 +84,12 @@ def test_chat_streams_and_the_panel_updates_in_headless_chromium(make_server, tm
             browser.find_element(By.ID, "prompt").send_keys("Who is Mr Darcy?")
             browser.find_element(By.ID, "send").click()
             # streamed text appears before the reply is complete, then the reply completes without error
-            wait.until(lambda b: b.find_elements(By.CSS_SELECTOR, ".msg.assistant .text")
-                       and b.find_element(By.CSS_SELECTOR, ".msg.assistant .text").text)
+            wait.until(
+                lambda b: (
+                    b.find_elements(By.CSS_SELECTOR, ".msg.assistant .text")
+                    and b.find_element(By.CSS_SELECTOR, ".msg.assistant .text").text
+                )
+            )
             wait.until(lambda b: b.find_elements(By.CSS_SELECTOR, ".msg.assistant.done"))
             assert not browser.find_elements(By.CSS_SELECTOR, ".msg.error"), b_text(browser, "log")
             # the panel picks up the generated tokens on its next scrapes
@@ -89,4 +103,5 @@ def test_chat_streams_and_the_panel_updates_in_headless_chromium(make_server, tm
 
 def b_text(browser, element_id: str) -> str:
     from selenium.webdriver.common.by import By
+
     return browser.find_element(By.ID, element_id).text

@@ -5,8 +5,14 @@ Calibration methods are chosen by name from :data:`CALIBRATION_METHODS`; each re
 package is imported. Methods take token windows; the caller cuts them from a corpus
 (:func:`bytediet.eval.corpus.calibration_windows`), so nothing here reads text.
 """
-from .base import (CALIBRATION_METHODS, CalibrationConfig, calibrate_and_quantize, calibration_method_names,
-                   get_calibration_method)
+
+from .base import (
+    CALIBRATION_METHODS,
+    CalibrationConfig,
+    calibrate_and_quantize,
+    calibration_method_names,
+    get_calibration_method,
+)
 
 # every built-in method registers itself here, when the package is imported (one line per method file)
 # isort: off
@@ -17,5 +23,10 @@ from . import wanda
 from . import sparsegpt
 # isort: on
 
-__all__ = ["CALIBRATION_METHODS", "CalibrationConfig", "calibrate_and_quantize", "calibration_method_names",
-           "get_calibration_method"]
+__all__ = [
+    "CALIBRATION_METHODS",
+    "CalibrationConfig",
+    "calibrate_and_quantize",
+    "calibration_method_names",
+    "get_calibration_method",
+]

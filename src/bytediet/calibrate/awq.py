@@ -15,6 +15,7 @@ the ordinary ``quantize(model, config)``.
 Blocks are processed one at a time on float activations (:class:`~.base.BlockRunner`);
 because folding preserves the float function, block i + 1's inputs are block i's float outputs.
 """
+
 from __future__ import annotations
 
 import math
@@ -27,7 +28,7 @@ from ..errors import ConfigError
 from ..models.quantize import QuantizeConfig, build_format
 from ..quant import WeightFormat
 from .base import CALIBRATION_METHODS, BlockRunner, Progress, block_linears, capture, no_progress
-from .folding import fold_scales, float_weight, scale_groups
+from .folding import float_weight, fold_scales, scale_groups
 
 
 @dataclass(frozen=True)
@@ -73,8 +74,13 @@ class SearchResult:
 
 
 @torch.no_grad()
-def search_scale(weights: list[tuple[torch.Tensor, Optional[WeightFormat]]], x: torch.Tensor,
-                 x_mean_abs: torch.Tensor, n_grid: int = 20, expand=lambda s: s) -> SearchResult:
+def search_scale(
+    weights: list[tuple[torch.Tensor, Optional[WeightFormat]]],
+    x: torch.Tensor,
+    x_mean_abs: torch.Tensor,
+    n_grid: int = 20,
+    expand=lambda s: s,
+) -> SearchResult:
     """Grid-search α for one group.
 
     weights: the consumers' float weights (out_i, in) with their formats (None: not quantized);
@@ -106,8 +112,9 @@ def _format_for(config: QuantizeConfig, name: str) -> Optional[WeightFormat]:
     return None if fmt.spec() in ("fp32", "bf16", "fp16") else fmt
 
 
-def awq_block(block, prefix: str, hidden: torch.Tensor, runner: BlockRunner, index: int, config: QuantizeConfig,
-              awq: AWQConfig) -> tuple[torch.Tensor, dict]:
+def awq_block(
+    block, prefix: str, hidden: torch.Tensor, runner: BlockRunner, index: int, config: QuantizeConfig, awq: AWQConfig
+) -> tuple[torch.Tensor, dict]:
     """Search and fold the scales of one block; returns (block outputs, {group: (α, rtn_err, best_err)})."""
     rows = max(1, math.ceil(awq.search_tokens / hidden.shape[0]))
     with capture(block_linears(block, prefix), rows_per_call=rows, seed=index) as stats:
@@ -126,8 +133,14 @@ def awq_block(block, prefix: str, hidden: torch.Tensor, runner: BlockRunner, ind
     return out, record
 
 
-def awq_model(model, config: QuantizeConfig, windows: torch.Tensor, awq: AWQConfig = AWQConfig(),
-              progress: Progress = no_progress, runner: Optional[BlockRunner] = None) -> dict:
+def awq_model(
+    model,
+    config: QuantizeConfig,
+    windows: torch.Tensor,
+    awq: AWQConfig = AWQConfig(),
+    progress: Progress = no_progress,
+    runner: Optional[BlockRunner] = None,
+) -> dict:
     """Fold AWQ scales into ``model`` (float weights) for ``config``'s formats; returns per-group results.
 
     windows: (N, L) calibration token ids. Afterwards call ``quantize(model, config, prepacked=runner.packed)``:

@@ -14,6 +14,7 @@
   of their inputs: mean |x| and max |x| per input channel (AWQ, SmoothQuant), the Gram matrix Σ xᵀx
   (GPTQ's Hessian) and a seeded sample of input rows (AWQ's search objective).
 """
+
 from __future__ import annotations
 
 import math
@@ -30,6 +31,7 @@ from ..models.layers import Linear
 from ..models.quantize import build_format, quantize, quantize_layer
 from ..progress import Progress, no_progress
 from ..registry import Registry
+
 
 @dataclass(frozen=True)
 class CalibrationConfig:
@@ -90,8 +92,9 @@ class LinearStats:
 
 
 @contextmanager
-def capture(modules: Mapping[str, nn.Module], hessian: bool = False, rows_per_call: int = 0,
-            seed: int = 0) -> Iterator[dict[str, LinearStats]]:
+def capture(
+    modules: Mapping[str, nn.Module], hessian: bool = False, rows_per_call: int = 0, seed: int = 0
+) -> Iterator[dict[str, LinearStats]]:
     """Accumulate input statistics of ``modules`` (name → Linear) while the ``with`` body runs them.
 
     ``rows_per_call``: how many input rows to keep from each call (chosen by a generator seeded with
@@ -115,6 +118,7 @@ def capture(modules: Mapping[str, nn.Module], hessian: bool = False, rows_per_ca
         def hook(module, args):
             x = args[0]
             stats[name].update(x, hessian, rows_for(name, x.reshape(-1, module.in_features).shape[0]))
+
         return hook
 
     handles = [m.register_forward_pre_hook(hook_for(n)) for n, m in modules.items()]
@@ -178,8 +182,15 @@ class BlockRunner:
         block = self.layers[index]
         outs = []
         for h in hidden:
-            cache = self.codec.create_cache(index, math.ceil(self.length / self.block_size), self.block_size,
-                                            c.num_kv_heads, c.head_dim, self.model.dtype, self.model.device)
+            cache = self.codec.create_cache(
+                index,
+                math.ceil(self.length / self.block_size),
+                self.block_size,
+                c.num_kv_heads,
+                c.head_dim,
+                self.model.dtype,
+                self.model.device,
+            )
             outs.append(block(h, self.meta, cache))
         return torch.stack(outs)
 
@@ -200,14 +211,22 @@ def block_linears(block: nn.Module, prefix: str) -> dict[str, nn.Module]:
 def require_windows(windows: Optional[torch.Tensor], method: str) -> None:
     """Raise unless ``windows`` holds calibration tokens: ``method`` chooses from data and has none without it."""
     if windows is None or windows.numel() == 0:
-        raise ConfigError(f"{method} needs calibration data: pass calibration windows (bytediet quantize "
-                          f"--calibrate {method} --calib-samples N --calib-len L, N ≥ 1); without calibration, "
-                          "a sparse format prunes by magnitude")
+        raise ConfigError(
+            f"{method} needs calibration data: pass calibration windows (bytediet quantize "
+            f"--calibrate {method} --calib-samples N --calib-len L, N ≥ 1); without calibration, "
+            "a sparse format prunes by magnitude"
+        )
 
 
-def pack_blocks_in_order(model: nn.Module, config, windows: torch.Tensor, progress: Progress, desc: str,
-                         wants_stats: Callable[[object], bool],
-                         pack: Callable[[torch.Tensor, object, Optional[LinearStats]], dict]) -> dict[str, dict]:
+def pack_blocks_in_order(
+    model: nn.Module,
+    config,
+    windows: torch.Tensor,
+    progress: Progress,
+    desc: str,
+    wants_stats: Callable[[object], bool],
+    pack: Callable[[torch.Tensor, object, Optional[LinearStats]], dict],
+) -> dict[str, dict]:
     """Calibrate decoder blocks one after the other (GPTQ's sequential scheme, arXiv 2210.17323 §4).
 
     For block i: the inputs of its layers whose format ``wants_stats(fmt)`` are captured (with the Gram
@@ -263,8 +282,15 @@ def get_calibration_method(name: str) -> Callable:
         raise ConfigError(exc.args[0]) from None
 
 
-def calibrate_and_quantize(model, config, method: str, windows: torch.Tensor, calib: CalibrationConfig = CalibrationConfig(),
-                           progress: Progress = no_progress, **options):
+def calibrate_and_quantize(
+    model,
+    config,
+    method: str,
+    windows: torch.Tensor,
+    calib: CalibrationConfig = CalibrationConfig(),
+    progress: Progress = no_progress,
+    **options,
+):
     """Calibrate ``model`` with ``method`` on ``windows`` (N, L) token ids, then ``quantize(model, config)``.
 
     ``windows`` are cut from ``calib``'s corpus by the caller (:func:`bytediet.eval.corpus.calibration_windows`).

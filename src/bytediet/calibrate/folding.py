@@ -11,6 +11,7 @@ Grouped-query attention: o's input channel (head h, dim d) comes from V head h /
 o-group's scales are tied across the query heads sharing a KV head: one scale per V output channel,
 repeated ``repeat`` times along o's input.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -57,8 +58,10 @@ class ScaleGroup:
 def float_weight(layer: nn.Module, what: str) -> torch.Tensor:
     """The layer's float weight (out, in); folding needs unquantized weights."""
     if layer.format is None or layer.format.spec() not in FLOAT_FORMATS:
-        raise ConfigError(f"{what}: calibration needs float weights, this layer is {layer.format}; load the model "
-                          f"without --weights / --keep-packed")
+        raise ConfigError(
+            f"{what}: calibration needs float weights, this layer is {layer.format}; load the model "
+            f"without --weights / --keep-packed"
+        )
     return layer.dequantized_weight()
 
 
@@ -66,27 +69,47 @@ def _set_float(layer: nn.Module, w: torch.Tensor) -> None:
     layer.set_weight(w, layer.format)  # same float format: a plain copy
 
 
-def scale_groups(block: nn.Module, prefix: str, which: tuple[str, ...] = ("o", "qkv", "down", "gate_up")
-                 ) -> list[ScaleGroup]:
+def scale_groups(
+    block: nn.Module, prefix: str, which: tuple[str, ...] = ("o", "qkv", "down", "gate_up")
+) -> list[ScaleGroup]:
     """The foldable groups of one decoder block, in ``which`` order (o before qkv and down before gate_up:
     a group whose scales touch another group's weights is searched first)."""
     attn, mlp = block.self_attn, block.mlp
     if not hasattr(mlp, "up_proj") and {"down", "gate_up"} & set(which):
-        raise ConfigError(f"{prefix}: scale folding (AWQ, SmoothQuant) covers a dense MLP and this layer is a mixture "
-                          f"of experts; quantize it without --calibrate (round to nearest)")
-    mlp_norm, mlp_norm_name = ((block.pre_feedforward_layernorm, "pre_feedforward_layernorm") if block.sandwich
-                               else (block.post_attention_layernorm, "post_attention_layernorm"))
+        raise ConfigError(
+            f"{prefix}: scale folding (AWQ, SmoothQuant) covers a dense MLP and this layer is a mixture "
+            f"of experts; quantize it without --calibrate (round to nearest)"
+        )
+    mlp_norm, mlp_norm_name = (
+        (block.pre_feedforward_layernorm, "pre_feedforward_layernorm")
+        if block.sandwich
+        else (block.post_attention_layernorm, "post_attention_layernorm")
+    )
     a, m = f"{prefix}.self_attn", f"{prefix}.mlp"
     groups = {
-        "o": ScaleGroup(f"{prefix}.o", f"{a}.v_proj", attn.v_proj, [(f"{a}.o_proj", attn.o_proj)],
-                        attn.num_heads // attn.num_kv_heads, attn.head_dim),
-        "qkv": ScaleGroup(f"{prefix}.qkv", f"{prefix}.input_layernorm", block.input_layernorm,
-                          [(f"{a}.q_proj", attn.q_proj), (f"{a}.k_proj", attn.k_proj), (f"{a}.v_proj", attn.v_proj)]),
+        "o": ScaleGroup(
+            f"{prefix}.o",
+            f"{a}.v_proj",
+            attn.v_proj,
+            [(f"{a}.o_proj", attn.o_proj)],
+            attn.num_heads // attn.num_kv_heads,
+            attn.head_dim,
+        ),
+        "qkv": ScaleGroup(
+            f"{prefix}.qkv",
+            f"{prefix}.input_layernorm",
+            block.input_layernorm,
+            [(f"{a}.q_proj", attn.q_proj), (f"{a}.k_proj", attn.k_proj), (f"{a}.v_proj", attn.v_proj)],
+        ),
     }
     if hasattr(mlp, "up_proj"):  # a dense MLP (a mixture of experts has none to fold into)
         groups["down"] = ScaleGroup(f"{prefix}.down", f"{m}.up_proj", mlp.up_proj, [(f"{m}.down_proj", mlp.down_proj)])
-        groups["gate_up"] = ScaleGroup(f"{prefix}.gate_up", f"{prefix}.{mlp_norm_name}", mlp_norm,
-                                       [(f"{m}.gate_proj", mlp.gate_proj), (f"{m}.up_proj", mlp.up_proj)])
+        groups["gate_up"] = ScaleGroup(
+            f"{prefix}.gate_up",
+            f"{prefix}.{mlp_norm_name}",
+            mlp_norm,
+            [(f"{m}.gate_proj", mlp.gate_proj), (f"{m}.up_proj", mlp.up_proj)],
+        )
     unknown = set(which) - set(groups)
     if unknown:
         raise ConfigError(f"unknown scale groups {sorted(unknown)}; choose from {', '.join(groups)}")
@@ -116,4 +139,3 @@ def fold_scales(group: ScaleGroup, s: torch.Tensor) -> None:
 def group_weight(group: ScaleGroup) -> torch.Tensor:
     """(Σ out_i, in) the consumers' float weights stacked."""
     return torch.cat([float_weight(layer, name) for name, layer in group.linears])
-

@@ -6,6 +6,7 @@ is written from the model: layers already in a ``gguf-*`` format keep their bloc
 encoded from their dequantized weight to ``ggml_type`` (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1). Llama's q/k
 rows are permuted back to llama.cpp's interleaved-RoPE order (the inverse of the loader's un-permute).
 """
+
 from __future__ import annotations
 
 import os
@@ -22,11 +23,13 @@ from ..models.arch import ARCHITECTURES
 from ..models.gguf import copy_metadata, finish_writer, gguf_field
 from ..quant.gguf_blocks import GGUFBlocks
 
-_FILE_TYPES = {GGMLQuantizationType.Q8_0: gguf.LlamaFileType.MOSTLY_Q8_0,
-               GGMLQuantizationType.Q4_0: gguf.LlamaFileType.MOSTLY_Q4_0,
-               GGMLQuantizationType.Q4_1: gguf.LlamaFileType.MOSTLY_Q4_1,
-               GGMLQuantizationType.Q5_0: gguf.LlamaFileType.MOSTLY_Q5_0,
-               GGMLQuantizationType.Q5_1: gguf.LlamaFileType.MOSTLY_Q5_1}
+_FILE_TYPES = {
+    GGMLQuantizationType.Q8_0: gguf.LlamaFileType.MOSTLY_Q8_0,
+    GGMLQuantizationType.Q4_0: gguf.LlamaFileType.MOSTLY_Q4_0,
+    GGMLQuantizationType.Q4_1: gguf.LlamaFileType.MOSTLY_Q4_1,
+    GGMLQuantizationType.Q5_0: gguf.LlamaFileType.MOSTLY_Q5_0,
+    GGMLQuantizationType.Q5_1: gguf.LlamaFileType.MOSTLY_Q5_1,
+}
 
 
 def permute_rope_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
@@ -52,8 +55,12 @@ def linear_blocks(layer, ggml_type: Optional[GGMLQuantizationType]) -> tuple[np.
     return blocks.numpy(), ggml_type
 
 
-def export_gguf(model, source: str | os.PathLike, out_path: str | os.PathLike,
-                ggml_type: Optional[str | GGMLQuantizationType] = None) -> Path:
+def export_gguf(
+    model,
+    source: str | os.PathLike,
+    out_path: str | os.PathLike,
+    ggml_type: Optional[str | GGMLQuantizationType] = None,
+) -> Path:
     """Write ``model`` as a GGUF file next to its ``source`` GGUF's metadata; returns the path.
 
     ``ggml_type``: the block type for linear layers not already in a GGUF format ("Q8_0", "Q4_0", ...).

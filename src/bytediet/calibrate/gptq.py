@@ -15,6 +15,7 @@ decreasing H_ii and the group parameters come from the original weights (GPTQ's 
 so that the groups remain the format's contiguous column ranges. The result is the format's own
 packed tensors, so ``apply``/save/load/export work unchanged.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -78,8 +79,10 @@ def inverse_hessian_factor(h: torch.Tensor, damp: float, method: str = "GPTQ") -
     try:
         lower = torch.linalg.cholesky(h)
     except RuntimeError:
-        raise ConfigError(f"{method}: the Hessian is not positive definite even after damping; raise the damping "
-                          f"({method}Config.damp) or use more calibration tokens") from None
+        raise ConfigError(
+            f"{method}: the Hessian is not positive definite even after damping; raise the damping "
+            f"({method}Config.damp) or use more calibration tokens"
+        ) from None
     return torch.linalg.cholesky(torch.cholesky_inverse(lower), upper=True)
 
 
@@ -105,7 +108,7 @@ def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, fmt: Int4, config
     offsets = torch.zeros_like(scales)
     if config.act_order:  # static groups: parameters from the original (dead-zeroed) weights
         for g in range(k // gs):
-            scales[:, g], offsets[:, g] = quant.params(w[:, g * gs:(g + 1) * gs])
+            scales[:, g], offsets[:, g] = quant.params(w[:, g * gs : (g + 1) * gs])
     w, h = w[:, perm], h[perm][:, perm]
     u = inverse_hessian_factor(h, config.damp)
     codes = torch.zeros(out, k, dtype=torch.float64)
@@ -116,7 +119,7 @@ def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, fmt: Int4, config
             col = b0 + i
             group = int(perm[col]) // gs
             if not config.act_order and col % gs == 0:  # first column of a group: its parameters, now
-                scales[:, group], offsets[:, group] = quant.params(w1[:, i:i + gs])
+                scales[:, group], offsets[:, group] = quant.params(w1[:, i : i + gs])
             q = quant.codes(w1[:, i], scales[:, group], offsets[:, group])
             codes[:, col] = q
             e = (w1[:, i] - quant.dequant(q, scales[:, group], offsets[:, group])) / u[col, col]
@@ -130,8 +133,13 @@ def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, fmt: Int4, config
     return packed
 
 
-def gptq_model(model, config: QuantizeConfig, windows: torch.Tensor, gptq: GPTQConfig = GPTQConfig(),
-               progress: Progress = no_progress) -> tuple[dict[str, Packed], dict]:
+def gptq_model(
+    model,
+    config: QuantizeConfig,
+    windows: torch.Tensor,
+    gptq: GPTQConfig = GPTQConfig(),
+    progress: Progress = no_progress,
+) -> tuple[dict[str, Packed], dict]:
     """GPTQ for every int4 layer inside the decoder blocks → ({layer: packed}, record).
 
     Blocks run in order on calibration windows (N, L); block i's Hessians come from the outputs of the
@@ -139,11 +147,13 @@ def gptq_model(model, config: QuantizeConfig, windows: torch.Tensor, gptq: GPTQC
     rounded to nearest. The model's weights are restored afterwards: install the result with
     ``quantize(model, config, prepacked=result)``.
     """
+
     def pack(w, fmt, stats):
         return gptq_quantize(w, stats.hessian, fmt, gptq) if stats is not None else fmt.quantize(w)
 
-    result = pack_blocks_in_order(model, config, windows, progress, "GPTQ: quantizing blocks",
-                                  lambda fmt: isinstance(fmt, Int4), pack)
+    result = pack_blocks_in_order(
+        model, config, windows, progress, "GPTQ: quantizing blocks", lambda fmt: isinstance(fmt, Int4), pack
+    )
     return result, {"method": "gptq", **gptq.to_dict()}
 
 

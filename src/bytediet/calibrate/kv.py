@@ -15,6 +15,7 @@ A half's hook is ``calibrate(samples (N, H, D), layer)``; key halves may also ac
 to weight channels by how much the queries read them, and ``positions=`` (N,) with ``rope=`` (the layer's
 :class:`~bytediet.models.layers.RotaryEmbedding`) to see the keys before RoPE.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -59,17 +60,25 @@ def capture_kv(model, windows: Sequence[torch.Tensor], max_samples: Optional[int
     Samples are float32 on the CPU, concatenated over windows; ``max_samples`` keeps an evenly spaced subset.
     """
     if len(windows) == 0:
-        raise ConfigError("KV calibration needs at least one token window (see bytediet.eval.corpus.calibration_windows)")
+        raise ConfigError(
+            "KV calibration needs at least one token window (see bytediet.eval.corpus.calibration_windows)"
+        )
     cfg = model.config
     block_size = 16
     per_layer = [{"k": [], "v": [], "q": [], "pos": []} for _ in range(cfg.num_layers)]
     for ids in windows:
         ids = torch.as_tensor(ids, dtype=torch.long).reshape(-1).to(model.device)
         n = ids.shape[0]
-        caches = [CaptureCache(math.ceil(n / block_size), block_size, cfg.num_kv_heads, cfg.head_dim, model.device)
-                  for _ in range(cfg.num_layers)]
-        model.forward(ids, AttentionMetadata.for_single_sequence(n, block_size, model.device), caches,
-                      logits_indices=torch.tensor([n - 1], device=model.device))
+        caches = [
+            CaptureCache(math.ceil(n / block_size), block_size, cfg.num_kv_heads, cfg.head_dim, model.device)
+            for _ in range(cfg.num_layers)
+        ]
+        model.forward(
+            ids,
+            AttentionMetadata.for_single_sequence(n, block_size, model.device),
+            caches,
+            logits_indices=torch.tensor([n - 1], device=model.device),
+        )
         for store, cache in zip(per_layer, caches):
             for key in ("k", "v", "q", "pos"):
                 store[key] += getattr(cache, key)
@@ -100,7 +109,7 @@ def calibrate_from_samples(codec: KVCodec, samples: list[dict]) -> KVCodec:
         return codec
     for layer, s in enumerate(samples):
         for hook, role in hooks:
-            if role == "k":   # keys are read by queries and carry RoPE; values have neither
+            if role == "k":  # keys are read by queries and carry RoPE; values have neither
                 _call(hook, s["k"], layer, queries=s["q"], positions=s.get("pos"), rope=s.get("rope"))
             else:
                 _call(hook, s["v"], layer)
@@ -109,8 +118,11 @@ def calibrate_from_samples(codec: KVCodec, samples: list[dict]) -> KVCodec:
 
 def has_calibration(codec: KVCodec) -> bool:
     """Whether ``codec`` (or one of its key/value halves) has a calibration hook, or is a budget to plan."""
-    return isinstance(codec, BudgetCodec) or hasattr(codec, "calibrate") or any(
-        hasattr(getattr(codec, h, None), "calibrate") for h in ("key_half", "value_half"))
+    return (
+        isinstance(codec, BudgetCodec)
+        or hasattr(codec, "calibrate")
+        or any(hasattr(getattr(codec, h, None), "calibrate") for h in ("key_half", "value_half"))
+    )
 
 
 def needs_calibration(codec: KVCodec) -> bool:
@@ -120,8 +132,9 @@ def needs_calibration(codec: KVCodec) -> bool:
     return isinstance(codec, BudgetCodec) or any(getattr(p, "needs_calibration", False) for p in parts)
 
 
-def calibrate_codec(codec: KVCodec, model, windows: Sequence[torch.Tensor],
-                    max_samples: Optional[int] = 8192) -> KVCodec:
+def calibrate_codec(
+    codec: KVCodec, model, windows: Sequence[torch.Tensor], max_samples: Optional[int] = 8192
+) -> KVCodec:
     """Capture K/V/Q on ``windows`` and calibrate ``codec`` in place (returned for chaining).
 
     Codecs without any calibration hook are returned unchanged. A budget (``auto:<bits>``) gets its per-layer

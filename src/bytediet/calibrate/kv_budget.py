@@ -19,18 +19,18 @@ The machinery of weight mixed precision (:mod:`bytediet.calibrate.mixed`), appli
 3. **Validation.** The first half of every calibration window fits (steps 1–2), the second half validates: the
    plan and every *uniform* candidate within the budget (the same codec in every layer and side) score those tokens
    end to end, and the one of least mean KL(exact KV ‖ codec) of the logits is chosen — a plan never loses to one
-   of its own candidates used alone (:func:`choose_validated`).
+   of its own candidates used alone (:func:`validate_proposals`).
 
 Candidates with calibration hooks (TurboQuant: channel means, outlier channels, layout) are calibrated once, on the
 fit tokens, before their errors are measured; their states travel with the plan (``states``). Candidates are
-per-token codecs that page 16-token blocks: bf16, llama.cpp's block types (8.5 … 4.5 bits), bytediet's int8 (one scale per token and head:
-8 + 16/D bits, the one below q8_0's 8.5 — it lets a plan at 8.5 bits buy bf16 for the layers that need it), the
-rotated 8-bit codecs ``rot-q8_0`` and ``rot-int8`` (the same pages after a randomized Hadamard rotation, which
-spreads outlier key channels: lower error at the same bytes in most layers, not all — :mod:`bytediet.kvcache.rotated`)
-and TurboQuant (4 … 2 bits). A candidate
-that cannot take the model's head dimension is skipped; a budget below the cheapest candidate is an error
-naming the budget.
+per-token codecs that page 16-token blocks: bf16, llama.cpp's block types (8.5 … 4.5 bits), bytediet's int8 (one
+scale per token and head: 8 + 16/D bits, the one below q8_0's 8.5 — it lets a plan at 8.5 bits buy bf16 for the
+layers that need it), the rotated 8-bit codecs ``rot-q8_0`` and ``rot-int8`` (the same pages after a randomized
+Hadamard rotation, which spreads outlier key channels: lower error at the same bytes in most layers, not all —
+:mod:`bytediet.kvcache.rotated`) and TurboQuant (4 … 2 bits). A candidate that cannot take the model's head
+dimension is skipped; a budget below the cheapest candidate is an error naming the budget.
 """
+
 from __future__ import annotations
 
 import math
@@ -47,21 +47,34 @@ from .base import Progress, no_progress
 from .kv import capture_kv
 from .mixed import choose_within_bytes, improve_by_exchange
 
-DEFAULT_CANDIDATES = ("bf16", "q8_0", "rot-q8_0", "int8", "rot-int8", "q5_0", "q4_1", "q4_0", "turboquant4",
-                      "turboquant3.5", "turboquant3", "turboquant2.5", "turboquant2")
+DEFAULT_CANDIDATES = (
+    "bf16",
+    "q8_0",
+    "rot-q8_0",
+    "int8",
+    "rot-int8",
+    "q5_0",
+    "q4_1",
+    "q4_0",
+    "turboquant4",
+    "turboquant3.5",
+    "turboquant3",
+    "turboquant2.5",
+    "turboquant2",
+)
 
 
 @dataclass
 class KVPlan:
     budget: float
-    plan: list[dict]                          # per layer {"k": spec, "v": spec}
-    bits: float                               # achieved all-in bits per coordinate
-    errors: list[dict]                        # per layer {"k": {spec: err}, "v": {spec: err}}
-    estimated_error: float                    # Σ of the chosen units' errors
-    states: dict = field(default_factory=dict)        # spec → calibration state of the calibrated codecs used
-    validation: dict = field(default_factory=dict)    # proposal → mean KL on the validation windows
-    chosen: str = "plan"                      # the proposal of least validation KL ("plan" or "uniform <spec>")
-    estimated: dict = field(default_factory=dict)     # proposal → Σ per-layer attention error (the proxy)
+    plan: list[dict]  # per layer {"k": spec, "v": spec}
+    bits: float  # achieved all-in bits per coordinate
+    errors: list[dict]  # per layer {"k": {spec: err}, "v": {spec: err}}
+    estimated_error: float  # Σ of the chosen units' errors
+    states: dict = field(default_factory=dict)  # spec → calibration state of the calibrated codecs used
+    validation: dict = field(default_factory=dict)  # proposal → mean KL on the validation windows
+    chosen: str = "plan"  # the proposal of least validation KL ("plan" or "uniform <spec>")
+    estimated: dict = field(default_factory=dict)  # proposal → Σ per-layer attention error (the proxy)
 
     def state(self) -> dict:
         """The :class:`~bytediet.kvcache.auto.BudgetCodec` calibration state."""
@@ -71,9 +84,17 @@ class KVPlan:
         return out
 
     def to_dict(self) -> dict:
-        return {"budget": self.budget, "bits": self.bits, "plan": self.plan, "estimated_error": self.estimated_error,
-                "errors": self.errors, "validation_kl": self.validation, "chosen": self.chosen,
-                "calibrated": sorted(self.states), "estimated_error_by_proposal": self.estimated}
+        return {
+            "budget": self.budget,
+            "bits": self.bits,
+            "plan": self.plan,
+            "estimated_error": self.estimated_error,
+            "errors": self.errors,
+            "validation_kl": self.validation,
+            "chosen": self.chosen,
+            "calibrated": sorted(self.states),
+            "estimated_error_by_proposal": self.estimated,
+        }
 
     def verdict(self) -> str:
         """What the chosen proposal beat on validation, and by how much (mean KL)."""
@@ -88,8 +109,9 @@ class KVPlan:
         """One line per layer: ``layer 3: k=q8_0 (err 1.2e-04) v=q4_0 (err 3.1e-03)``."""
         lines = [f"KV plan for auto:{self.budget:g}: {self.bits:.3f} bits per coordinate all-in; {self.verdict()}"]
         for i, (p, e) in enumerate(zip(self.plan, self.errors)):
-            lines.append(f"  layer {i:2d}: k={p['k']:<14} (err {e['k'][p['k']]:.2e})  v={p['v']:<14} "
-                         f"(err {e['v'][p['v']]:.2e})")
+            lines.append(
+                f"  layer {i:2d}: k={p['k']:<14} (err {e['k'][p['k']]:.2e})  v={p['v']:<14} (err {e['v'][p['v']]:.2e})"
+            )
         return "\n".join(lines)
 
 
@@ -97,7 +119,7 @@ def _causal_attention(q, k, v, scale: float, window: Optional[int]) -> torch.Ten
     """q (L, Hq, D), k/v (L, Hkv, D) → (L, Hq, D), causal (and sliding-window) attention in float32."""
     n, hq, _ = q.shape
     group = hq // k.shape[1]
-    k, v = (t.repeat_interleave(group, dim=1).transpose(0, 1) for t in (k, v))    # (Hq, L, D)
+    k, v = (t.repeat_interleave(group, dim=1).transpose(0, 1) for t in (k, v))  # (Hq, L, D)
     pos = torch.arange(n)
     mask = pos[None, :] <= pos[:, None]
     if window is not None:
@@ -105,8 +127,9 @@ def _causal_attention(q, k, v, scale: float, window: Optional[int]) -> torch.Ten
     return F.scaled_dot_product_attention(q.transpose(0, 1), k, v, attn_mask=mask, scale=scale).transpose(0, 1)
 
 
-def _stored_in_windows(codec, role: str, x: torch.Tensor, layer: int,
-                       positions: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+def _stored_in_windows(
+    codec, role: str, x: torch.Tensor, layer: int, positions: Optional[torch.Tensor]
+) -> Optional[torch.Tensor]:
     """x (N, H, D) written into ``codec``'s K or V half and read back (at their ``positions`` where the pages
     use them: keys calibrated with a pre-RoPE mean); None if the half cannot take this shape."""
     half = half_of(codec, role)
@@ -125,8 +148,9 @@ def _stored_in_windows(codec, role: str, x: torch.Tensor, layer: int,
     return pages.decode(slots)
 
 
-def layer_errors(sample: dict, lengths: Sequence[int], codecs: dict, layer: int, scale: float,
-                 window: Optional[int]) -> dict:
+def layer_errors(
+    sample: dict, lengths: Sequence[int], codecs: dict, layer: int, scale: float, window: Optional[int]
+) -> dict:
     """{"k": {spec: relative attention-output error}, "v": {...}} of one layer (candidates that fit);
     ``codecs``: spec → codec (calibrated where it has hooks)."""
     k, v, q = sample["k"], sample["v"], sample["q"]
@@ -147,8 +171,9 @@ def layer_errors(sample: dict, lengths: Sequence[int], codecs: dict, layer: int,
     return out
 
 
-def allocate(errors: list[dict], nbytes: dict[str, dict[str, float]], budget: float, num_kv_heads: int,
-             head_dim: int) -> list[dict]:
+def allocate(
+    errors: list[dict], nbytes: dict[str, dict[str, float]], budget: float, num_kv_heads: int, head_dim: int
+) -> list[dict]:
     """Per layer {"k": spec, "v": spec} minimising Σ error with mean all-in bits ≤ ``budget``.
 
     ``errors[i][role][spec]``: measured damage; ``nbytes[role][spec]``: bytes per token of that half."""
@@ -160,8 +185,10 @@ def allocate(errors: list[dict], nbytes: dict[str, dict[str, float]], budget: fl
     max_bytes = budget * 2 * num_kv_heads * head_dim * len(errors) / 8
     cheapest = sum(min(c.values()) for c in cost.values()) * 8 / (2 * num_kv_heads * head_dim * len(errors))
     if cheapest > budget + 1e-12:
-        raise ConfigError(f"the KV budget auto:{budget:g} is below what any codec reaches on this model "
-                          f"({cheapest:.3f} bits per coordinate all-in at least); raise the budget")
+        raise ConfigError(
+            f"the KV budget auto:{budget:g} is below what any codec reaches on this model "
+            f"({cheapest:.3f} bits per coordinate all-in at least); raise the budget"
+        )
     pick = choose_within_bytes(units, cost, max_bytes * (1 + 1e-12))
     pick = improve_by_exchange(pick, units, cost, max_bytes * (1 + 1e-12))
     return [{"k": pick[(i, "k")], "v": pick[(i, "v")]} for i in range(len(errors))]
@@ -185,8 +212,10 @@ def check_budget(budget: float, nbytes: dict, h: int, d: int) -> None:
         raise ConfigError(f"no KV candidate of auto:{budget:g} can store head_dim {d}")
     cheapest = (min(nbytes["k"].values()) + min(nbytes["v"].values())) * 8 / (2 * h * d)
     if cheapest > budget + 1e-12:
-        raise ConfigError(f"the KV budget auto:{budget:g} is below what any codec reaches on this model "
-                          f"({cheapest:.3f} bits per coordinate all-in at least); raise the budget")
+        raise ConfigError(
+            f"the KV budget auto:{budget:g} is below what any codec reaches on this model "
+            f"({cheapest:.3f} bits per coordinate all-in at least); raise the budget"
+        )
 
 
 #: fewest tokens of each half of a calibration window (the first half fits the plan, the second validates it)
@@ -197,18 +226,21 @@ def split_windows(windows: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], 
     """(fit, validation): the first and second half of every calibration window (1-D token tensors)."""
     short = [len(w) for w in windows if len(w) < 2 * MIN_HALF_WINDOW]
     if len(windows) == 0 or short:
-        raise ConfigError(f"KV calibration windows of {short[0] if short else 0} tokens are too short to split into a "
-                          f"fit and a validation half: give --kv-calib-len of at least {2 * MIN_HALF_WINDOW} "
-                          "(and --kv-calib-windows ≥ 1)")
-    return [w[:len(w) // 2] for w in windows], [w[len(w) // 2:] for w in windows]
+        raise ConfigError(
+            f"KV calibration windows of {short[0] if short else 0} tokens are too short to split into a "
+            f"fit and a validation half: give --kv-calib-len of at least {2 * MIN_HALF_WINDOW} "
+            "(and --kv-calib-windows ≥ 1)"
+        )
+    return [w[: len(w) // 2] for w in windows], [w[len(w) // 2 :] for w in windows]
 
 
 @dataclass
 class Sensitivity:
     """One calibration pass: the per-layer error tables measured on the fit tokens, the candidates (calibrated
     where they have hooks) and the validation windows the final choice is scored on."""
-    errors: list[dict]            # per layer {"k": {spec: error}, "v": {...}}
-    codecs: dict                  # spec → KVCodec, calibrated on the fit tokens where it has hooks
+
+    errors: list[dict]  # per layer {"k": {spec: error}, "v": {...}}
+    codecs: dict  # spec → KVCodec, calibrated on the fit tokens where it has hooks
     validation: list[torch.Tensor]
     fit_tokens: int
 
@@ -235,8 +267,12 @@ def calibrated_candidates(candidates: Sequence[str], samples: list[dict]) -> dic
     return codecs
 
 
-def measure_errors(model, windows: Sequence[torch.Tensor], candidates: Sequence[str] = DEFAULT_CANDIDATES,
-                   progress: Progress = no_progress) -> Sensitivity:
+def measure_errors(
+    model,
+    windows: Sequence[torch.Tensor],
+    candidates: Sequence[str] = DEFAULT_CANDIDATES,
+    progress: Progress = no_progress,
+) -> Sensitivity:
     """The sensitivity tables (one pass serves every budget): capture K/V/Q on the first half of each window,
     calibrate the candidates that have hooks on it, measure every layer × side × candidate."""
     fit, validation = split_windows(windows)
@@ -263,14 +299,15 @@ def _bytes_of(codecs: dict, num_kv_heads: int, head_dim: int) -> dict[str, dict[
     return out
 
 
-def plan_from_errors(sens: Sensitivity, budget: float, num_kv_heads: int, head_dim: int, model=None,
-                     progress: Progress = no_progress) -> KVPlan:
+def plan_from_errors(
+    sens: Sensitivity, budget: float, num_kv_heads: int, head_dim: int, model=None, progress: Progress = no_progress
+) -> KVPlan:
     """The plan for ``budget`` from measured tables (:func:`measure_errors`); with ``model``, validated against
     every uniform candidate within the budget on the validation windows (:func:`choose_validated`)."""
     nbytes = _bytes_of(sens.codecs, num_kv_heads, head_dim)
     plan = allocate(sens.errors, nbytes, budget, num_kv_heads, head_dim)
     per_coord = 8 / (2 * num_kv_heads * head_dim)
-    bits = lambda p: sum(nbytes["k"][x["k"]] + nbytes["v"][x["v"]] for x in p) * per_coord / len(p)  # noqa: E731
+    bits = lambda p: sum(nbytes["k"][x["k"]] + nbytes["v"][x["v"]] for x in p) * per_coord / len(p)
     proposals = {"plan": plan}
     for spec in sens.codecs:  # the candidates every layer could store on both sides (their errors were measured)
         if all(spec in e["k"] and spec in e["v"] for e in sens.errors):
@@ -283,10 +320,19 @@ def plan_from_errors(sens: Sensitivity, budget: float, num_kv_heads: int, head_d
         validation = validate_proposals(model, sens, budget, proposals, progress)
         chosen = min(validation, key=lambda name: (validation[name], name != "plan"))
         plan = proposals[chosen]
-    proxy = lambda p: sum(sens.errors[i]["k"][x["k"]] + sens.errors[i]["v"][x["v"]] for i, x in enumerate(p))  # noqa: E731
+    proxy = lambda p: sum(sens.errors[i]["k"][x["k"]] + sens.errors[i]["v"][x["v"]] for i, x in enumerate(p))
     specs = [x for p in plan for x in (p["k"], p["v"])]
-    return KVPlan(budget, [dict(p) for p in plan], bits(plan), sens.errors, proxy(plan), sens.states(specs), validation,
-                  chosen, {name: proxy(p) for name, p in proposals.items()})
+    return KVPlan(
+        budget,
+        [dict(p) for p in plan],
+        bits(plan),
+        sens.errors,
+        proxy(plan),
+        sens.states(specs),
+        validation,
+        chosen,
+        {name: proxy(p) for name, p in proposals.items()},
+    )
 
 
 def rank_correlation(xs: Sequence[float], ys: Sequence[float]) -> Optional[float]:
@@ -313,8 +359,9 @@ def rank_correlation(xs: Sequence[float], ys: Sequence[float]) -> Optional[float
     return float(a @ b) / den if den > 0 else None
 
 
-def validate_proposals(model, sens: Sensitivity, budget: float, proposals: dict, progress: Progress = no_progress
-                       ) -> dict[str, float]:
+def validate_proposals(
+    model, sens: Sensitivity, budget: float, proposals: dict, progress: Progress = no_progress
+) -> dict[str, float]:
     """name → mean KL(exact KV ‖ proposal) of the next-token distributions over the validation windows, each
     proposal (per layer {"k", "v"}) run through the paged path as the engine would store it."""
     from ..kvcache.auto import BudgetCodec
@@ -335,10 +382,15 @@ def validate_proposals(model, sens: Sensitivity, budget: float, proposals: dict,
     return out
 
 
-def plan_kv_budget(model, windows: Sequence[torch.Tensor], budget: float,
-                   candidates: Sequence[str] = DEFAULT_CANDIDATES, progress: Progress = no_progress) -> KVPlan:
+def plan_kv_budget(
+    model,
+    windows: Sequence[torch.Tensor],
+    budget: float,
+    candidates: Sequence[str] = DEFAULT_CANDIDATES,
+    progress: Progress = no_progress,
+) -> KVPlan:
     """Measure every layer × side × candidate on the fit half of ``windows`` (1-D token tensors), choose the plan
     and validate it on the other half."""
     h, d = model.config.num_kv_heads, model.config.head_dim
-    check_budget(budget, candidate_bytes(candidates, h, d), h, d)      # fail before the forward passes
+    check_budget(budget, candidate_bytes(candidates, h, d), h, d)  # fail before the forward passes
     return plan_from_errors(measure_errors(model, windows, candidates, progress), budget, h, d, model, progress)

@@ -15,6 +15,7 @@
 Bytes come from each format's ``bits_per_weight`` (the same number the roofline uses). The result is
 a :class:`~bytediet.models.quantize.QuantizeConfig`: the cheapest candidate as the format, one override per other unit.
 """
+
 from __future__ import annotations
 
 import math
@@ -44,7 +45,9 @@ class MixedPrecisionConfig:
         object.__setattr__(self, "candidates", tuple(self.candidates))
         if (self.max_kl is None) == (self.max_ppl_increase is None):
             raise ConfigError("mixed precision needs exactly one budget: --max-kl or --max-ppl-increase")
-        if (self.max_kl is not None and self.max_kl < 0) or (self.max_ppl_increase is not None and self.max_ppl_increase < 0):
+        if (self.max_kl is not None and self.max_kl < 0) or (
+            self.max_ppl_increase is not None and self.max_ppl_increase < 0
+        ):
             raise ConfigError("the budget must be >= 0")
         if len(self.candidates) < 1:
             raise ConfigError("give at least one candidate format")
@@ -70,8 +73,9 @@ class Scorer:
         self.reference_nll = self._nll(self.reference)
 
     def _nll(self, logps) -> float:
-        return sum(-lp[:-1].float().gather(1, w[1:, None]).sum().item() for lp, w in zip(logps, self.windows)) / \
-            sum(len(w) - 1 for w in self.windows)
+        return sum(-lp[:-1].float().gather(1, w[1:, None]).sum().item() for lp, w in zip(logps, self.windows)) / sum(
+            len(w) - 1 for w in self.windows
+        )
 
     def measure(self, model) -> dict[str, float]:
         """{"kl": mean KL(ref ‖ model) per token, "nll": mean NLL increase per token}."""
@@ -108,9 +112,16 @@ class MixedResult:
     rounds: list[dict] = field(default_factory=list)
 
     def to_dict(self) -> dict:
-        return {"format": self.config.format, "overrides": dict(self.config.overrides), "assignment": self.assignment,
-                "sensitivity": self.sensitivity, "estimated": self.estimated, "measured": self.measured,
-                "bytes": self.bytes, "rounds": self.rounds}
+        return {
+            "format": self.config.format,
+            "overrides": dict(self.config.overrides),
+            "assignment": self.assignment,
+            "sensitivity": self.sensitivity,
+            "estimated": self.estimated,
+            "measured": self.measured,
+            "bytes": self.bytes,
+            "rounds": self.rounds,
+        }
 
 
 def _install(units, assignment: dict[str, str], originals) -> None:
@@ -128,11 +139,20 @@ def _restore(units, originals) -> None:
 
 def unit_bytes(units, spec: str) -> dict[str, int]:
     fmt = build_format(spec)
-    return {u: int(sum(fmt.bits_per_weight(m.out_features, m.in_features) * m.out_features * m.in_features / 8
-                       for m in layers.values())) for u, layers in units.items()}
+    return {
+        u: int(
+            sum(
+                fmt.bits_per_weight(m.out_features, m.in_features) * m.out_features * m.in_features / 8
+                for m in layers.values()
+            )
+        )
+        for u, layers in units.items()
+    }
 
 
-def choose(sensitivity: dict[str, dict[str, float]], nbytes: dict[str, dict[str, int]], budget: float) -> dict[str, str]:
+def choose(
+    sensitivity: dict[str, dict[str, float]], nbytes: dict[str, dict[str, int]], budget: float
+) -> dict[str, str]:
     """Greedy: cheapest everywhere, then the best damage-reduction-per-byte upgrade until the estimate fits."""
     order = {u: sorted(c, key=lambda s: nbytes[u][s]) for u, c in sensitivity.items()}
     pick = {u: cands[0] for u, cands in order.items()}
@@ -140,7 +160,7 @@ def choose(sensitivity: dict[str, dict[str, float]], nbytes: dict[str, dict[str,
     while sum(damage(u, s) for u, s in pick.items()) > budget:
         best = None
         for u, cur in pick.items():
-            for s in order[u][order[u].index(cur) + 1:]:
+            for s in order[u][order[u].index(cur) + 1 :]:
                 gain = damage(u, cur) - damage(u, s)
                 extra = max(nbytes[u][s] - nbytes[u][cur], 1)
                 if gain > 0 and (best is None or gain / extra > best[0]):
@@ -151,8 +171,9 @@ def choose(sensitivity: dict[str, dict[str, float]], nbytes: dict[str, dict[str,
     return pick
 
 
-def choose_within_bytes(damage: dict[str, dict[str, float]], nbytes: dict[str, dict[str, float]],
-                        max_bytes: float) -> dict[str, str]:
+def choose_within_bytes(
+    damage: dict[str, dict[str, float]], nbytes: dict[str, dict[str, float]], max_bytes: float
+) -> dict[str, str]:
     """The dual of :func:`choose`: the least total damage whose bytes fit ``max_bytes``.
 
     Greedy knapsack: cheapest candidate everywhere, then, while an upgrade fits, apply the one with the largest
@@ -166,7 +187,7 @@ def choose_within_bytes(damage: dict[str, dict[str, float]], nbytes: dict[str, d
     while True:
         best = None
         for u, cur in pick.items():
-            for s in order[u][order[u].index(cur) + 1:]:
+            for s in order[u][order[u].index(cur) + 1 :]:
                 extra = nbytes[u][s] - nbytes[u][cur]
                 gain = damage[u][cur] - damage[u][s]
                 if gain > 0 and spent + extra <= max_bytes and (best is None or gain / max(extra, 1e-12) > best[0]):
@@ -177,8 +198,13 @@ def choose_within_bytes(damage: dict[str, dict[str, float]], nbytes: dict[str, d
         spent += best[3]
 
 
-def improve_by_exchange(pick: dict[str, str], damage: dict[str, dict[str, float]], nbytes: dict[str, dict[str, float]],
-                        max_bytes: float, max_rounds: int = 64) -> dict[str, str]:
+def improve_by_exchange(
+    pick: dict[str, str],
+    damage: dict[str, dict[str, float]],
+    nbytes: dict[str, dict[str, float]],
+    max_bytes: float,
+    max_rounds: int = 64,
+) -> dict[str, str]:
     """Local search after :func:`choose_within_bytes`: upgrade one unit beyond what fits, paying for it by
     downgrading others (the least damage per freed byte first), whenever the total damage falls.
 
@@ -189,8 +215,12 @@ def improve_by_exchange(pick: dict[str, str], damage: dict[str, dict[str, float]
     pick = dict(pick)
     for _ in range(max_rounds):
         spent = sum(nbytes[u][s] for u, s in pick.items())
-        downgrades = sorted(((damage[v][t] - damage[v][cur]) / (nbytes[v][cur] - nbytes[v][t]), v, t)
-                            for v, cur in pick.items() for t in damage[v] if nbytes[v][t] < nbytes[v][cur])
+        downgrades = sorted(
+            ((damage[v][t] - damage[v][cur]) / (nbytes[v][cur] - nbytes[v][t]), v, t)
+            for v, cur in pick.items()
+            for t in damage[v]
+            if nbytes[v][t] < nbytes[v][cur]
+        )
         best = None
         for u, cur in pick.items():
             for s in damage[u]:
@@ -217,8 +247,9 @@ def improve_by_exchange(pick: dict[str, str], damage: dict[str, dict[str, float]
     return pick
 
 
-def mixed_precision(model, windows: torch.Tensor, config: MixedPrecisionConfig,
-                    progress: Progress = no_progress) -> MixedResult:
+def mixed_precision(
+    model, windows: torch.Tensor, config: MixedPrecisionConfig, progress: Progress = no_progress
+) -> MixedResult:
     """Measure per-unit sensitivity on ``windows`` (N, L), choose formats, verify; the model is left unchanged."""
     units = units_of(model)
     originals = {n: (layer.format, layer.packed) for layers in units.values() for n, layer in layers.items()}
@@ -250,5 +281,6 @@ def mixed_precision(model, windows: torch.Tensor, config: MixedPrecisionConfig,
     base = min(config.candidates, key=lambda s: sum(nbytes[u][s] for u in units))
     overrides = {u: s for u, s in pick.items() if s != base or u in ("lm_head",)}
     qconfig = QuantizeConfig(format=base, overrides=overrides)
-    return MixedResult(qconfig, pick, sensitivity, estimated, measured, sum(nbytes[u][s] for u, s in pick.items()),
-                       rounds)
+    return MixedResult(
+        qconfig, pick, sensitivity, estimated, measured, sum(nbytes[u][s] for u, s in pick.items()), rounds
+    )

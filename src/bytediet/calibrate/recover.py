@@ -20,6 +20,7 @@ frozen and only the per-group scales (and zero-point offsets) trained — PEQA's
 checkpoint keeps its exact bytes per weight, and the trained scales are stored back in float16. What is
 trained in a layer is its :class:`Trainable` (one class per kind of format, chosen by :func:`trainable_for`).
 """
+
 from __future__ import annotations
 
 import os
@@ -210,25 +211,39 @@ def sequence_logits(model, ids: torch.Tensor) -> torch.Tensor:
 
 def distillation_kl(teacher_logits: torch.Tensor, student_logits: torch.Tensor) -> torch.Tensor:
     """Mean over positions of KL(softmax(teacher) ‖ softmax(student)), both (L, vocab) → scalar (nats)."""
-    return F.kl_div(F.log_softmax(student_logits.float(), -1), F.log_softmax(teacher_logits.float(), -1),
-                    log_target=True, reduction="batchmean")
+    return F.kl_div(
+        F.log_softmax(student_logits.float(), -1),
+        F.log_softmax(teacher_logits.float(), -1),
+        log_target=True,
+        reduction="batchmean",
+    )
 
 
 class Recovery:
     """One recovery run: ``student`` (pruned, trained in place) against ``teacher`` (dense, frozen)."""
 
-    def __init__(self, student, teacher, windows: torch.Tensor, config: RecoveryConfig = RecoveryConfig(),
-                 state_path: Optional[str | os.PathLike] = None) -> None:
+    def __init__(
+        self,
+        student,
+        teacher,
+        windows: torch.Tensor,
+        config: RecoveryConfig = RecoveryConfig(),
+        state_path: Optional[str | os.PathLike] = None,
+    ) -> None:
         if windows is None or windows.dim() != 2 or windows.shape[0] < 1:
             raise ConfigError("recovery needs calibration windows (N, L) of token ids; pass --calib-samples N >= 1")
         self.layers = trainable_layers(student)
         if not self.layers:
-            raise ConfigError("recovery trains pruned or INT4 layers, and this model has none: prune or quantize it "
-                              "first (bytediet quantize --format sparse24 [--calibrate wanda|sparsegpt], or "
-                              "--format int4-g64)")
+            raise ConfigError(
+                "recovery trains pruned or INT4 layers, and this model has none: prune or quantize it "
+                "first (bytediet quantize --format sparse24 [--calibrate wanda|sparsegpt], or "
+                "--format int4-g64)"
+            )
         if student.config.vocab_size != teacher.config.vocab_size:
-            raise ConfigError("the teacher and the pruned model have different vocabularies; pass the dense "
-                              "model the pruned one was made from as --teacher")
+            raise ConfigError(
+                "the teacher and the pruned model have different vocabularies; pass the dense "
+                "model the pruned one was made from as --teacher"
+            )
         self.student, self.teacher, self.windows, self.config = student, teacher, windows, config
         self.state_path = Path(state_path) if state_path else None
         self.trainables = {n: trainable_for(lin.format)(lin) for n, lin in self.layers.items()}
@@ -275,8 +290,9 @@ class Recovery:
                 loss = self.train_step()
                 bar.advance(f"KL {loss:.4f} · {self.tokens:,} tokens")
                 if evaluate is not None and cfg.eval_every and self.step % cfg.eval_every == 0:
-                    self.history.append({"step": self.step, "tokens": self.tokens, "kl": loss,
-                                         **evaluate(self.student)})
+                    self.history.append(
+                        {"step": self.step, "tokens": self.tokens, "kl": loss, **evaluate(self.student)}
+                    )
                 if self.state_path is not None and self.step % cfg.save_every == 0:
                     self._save()
             if evaluate is not None and self.history[-1]["step"] != self.step:
@@ -307,14 +323,20 @@ class Recovery:
         config = getattr(self.student, "quantize_config", None)
         if config is not None:
             record = {**self.config.to_dict(), "steps_done": self.step, "tokens": self.tokens}
-            self.student.quantize_config = replace(config, calibration={**(config.calibration or {}),
-                                                                        "recovery": record})
+            self.student.quantize_config = replace(
+                config, calibration={**(config.calibration or {}), "recovery": record}
+            )
 
     # ---------------------------------------------------------------- resumable state
     def _save(self) -> None:
-        state = {"step": self.step, "tokens": self.tokens, "history": self.history, "config": self.config.to_dict(),
-                 "params": {n: p.detach() for n, p in self.params.items()},
-                 "optimizer": self.optimizer.state_dict()}
+        state = {
+            "step": self.step,
+            "tokens": self.tokens,
+            "history": self.history,
+            "config": self.config.to_dict(),
+            "params": {n: p.detach() for n, p in self.params.items()},
+            "optimizer": self.optimizer.state_dict(),
+        }
         tmp = self.state_path.with_name(self.state_path.name + ".tmp")
         self.state_path.parent.mkdir(parents=True, exist_ok=True)
         torch.save(state, tmp)
@@ -326,8 +348,10 @@ class Recovery:
         if params is None:  # a state written before INT4 recovery: the pruned layers' weights by layer name
             params = {f"{n}::weight": w for n, w in state.get("weights", {}).items()}
         if set(params) != set(self.params):
-            raise ConfigError(f"{self.state_path} holds the state of another model's layers; remove it or "
-                              "choose another --recover-state")
+            raise ConfigError(
+                f"{self.state_path} holds the state of another model's layers; remove it or "
+                "choose another --recover-state"
+            )
         with torch.no_grad():
             for n, p in params.items():
                 self.params[n].copy_(p)

@@ -9,6 +9,7 @@ SmoothQuant divides input channel j by
 the weights' column j by s_j; :func:`~.folding.fold_scales` puts 1/s into the preceding RMSNorm or
 linear, so the float model is unchanged, and the layers are then quantized to ``int8-w8a8``.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -54,8 +55,13 @@ def smooth_group(group: ScaleGroup, x_absmax_in: torch.Tensor, alpha: float) -> 
     return s
 
 
-def smoothquant_model(model, windows: torch.Tensor, config: SmoothQuantConfig = SmoothQuantConfig(),
-                      progress: Progress = no_progress, runner: Optional[BlockRunner] = None) -> dict:
+def smoothquant_model(
+    model,
+    windows: torch.Tensor,
+    config: SmoothQuantConfig = SmoothQuantConfig(),
+    progress: Progress = no_progress,
+    runner: Optional[BlockRunner] = None,
+) -> dict:
     """Fold SmoothQuant scales into every block of ``model``; windows: (N, L) calibration ids.
 
     Afterwards quantize with ``int8-w8a8`` (``prepacked=runner.packed``: a packed model's blocks are dequantized

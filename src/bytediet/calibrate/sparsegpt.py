@@ -19,6 +19,7 @@ weight column, as in GPTQ.
 For ``sparse24-int8`` the kept weights are rounded to the format's per-row int8 grid after pruning (the
 paper folds the rounding into the same pass; that is not done here).
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -40,8 +41,10 @@ class SparseGPTConfig:
 
     def __post_init__(self) -> None:
         if self.block_size < 4 or self.block_size % 4 or not 0.0 <= self.damp < 1.0:
-            raise ConfigError(f"SparseGPT needs block_size a positive multiple of 4 and 0 <= damp < 1, "
-                              f"got {self.block_size}, {self.damp}")
+            raise ConfigError(
+                f"SparseGPT needs block_size a positive multiple of 4 and 0 <= damp < 1, "
+                f"got {self.block_size}, {self.damp}"
+            )
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -53,8 +56,9 @@ def saliency(w: torch.Tensor, u_diag: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def sparsegpt_prune(weight: torch.Tensor, hessian: torch.Tensor, fmt: PrunedFormat,
-                    config: SparseGPTConfig = SparseGPTConfig()) -> tuple[torch.Tensor, torch.Tensor]:
+def sparsegpt_prune(
+    weight: torch.Tensor, hessian: torch.Tensor, fmt: PrunedFormat, config: SparseGPTConfig = SparseGPTConfig()
+) -> tuple[torch.Tensor, torch.Tensor]:
     """weight (out, in), hessian (in, in) → (pruned weight (out, in) float64, keep mask (out, in) bool)."""
     w = fmt.check(weight).double()
     out, k = w.shape
@@ -73,7 +77,7 @@ def sparsegpt_prune(weight: torch.Tensor, hessian: torch.Tensor, fmt: PrunedForm
             keep[:, b0:b1] = fmt.select(saliency(w1, d))
         for i in range(b1 - b0):
             if span is not None and i % span == 0:
-                keep[:, b0 + i:b0 + i + span] = fmt.select(saliency(w1[:, i:i + span], d[i:i + span]))
+                keep[:, b0 + i : b0 + i + span] = fmt.select(saliency(w1[:, i : i + span], d[i : i + span]))
             e = torch.where(keep[:, b0 + i], 0.0, w1[:, i]) / d[i]  # only pruned weights move the rest
             w1[:, i:] -= e[:, None] * u1[i, i:][None, :]
             err1[:, i] = e
@@ -82,8 +86,13 @@ def sparsegpt_prune(weight: torch.Tensor, hessian: torch.Tensor, fmt: PrunedForm
     return w, keep
 
 
-def sparsegpt_model(model, config: QuantizeConfig, windows: torch.Tensor, sparsegpt: SparseGPTConfig = SparseGPTConfig(),
-                    progress: Progress = no_progress) -> tuple[dict[str, Packed], dict]:
+def sparsegpt_model(
+    model,
+    config: QuantizeConfig,
+    windows: torch.Tensor,
+    sparsegpt: SparseGPTConfig = SparseGPTConfig(),
+    progress: Progress = no_progress,
+) -> tuple[dict[str, Packed], dict]:
     """SparseGPT for every pruned layer (2:4 or 50 %) inside the decoder blocks → ({layer: packed}, record).
 
     Blocks run in order on calibration windows (N, L); block i's Hessians come from the outputs of the
@@ -94,8 +103,10 @@ def sparsegpt_model(model, config: QuantizeConfig, windows: torch.Tensor, sparse
     require_windows(windows, "sparsegpt")
     specs = {config.spec_for(name) for name, _ in model.linear_layers()} - {None}
     if not any(isinstance(build_format(s), PrunedFormat) for s in specs):
-        raise ConfigError("sparsegpt prunes sparse layers: use --format sparse24, sparse24-int8 or sparse50 "
-                          f"(this config has {', '.join(sorted(specs))})")
+        raise ConfigError(
+            "sparsegpt prunes sparse layers: use --format sparse24, sparse24-int8 or sparse50 "
+            f"(this config has {', '.join(sorted(specs))})"
+        )
 
     def pack(w, fmt, stats):
         if not isinstance(fmt, PrunedFormat):
@@ -103,8 +114,9 @@ def sparsegpt_model(model, config: QuantizeConfig, windows: torch.Tensor, sparse
         pruned, keep = sparsegpt_prune(w, stats.hessian, fmt, sparsegpt)
         return fmt.pack(pruned.float(), keep)
 
-    result = pack_blocks_in_order(model, config, windows, progress, "SparseGPT: pruning blocks",
-                                  lambda fmt: isinstance(fmt, PrunedFormat), pack)
+    result = pack_blocks_in_order(
+        model, config, windows, progress, "SparseGPT: pruning blocks", lambda fmt: isinstance(fmt, PrunedFormat), pack
+    )
     return result, {"method": "sparsegpt", **sparsegpt.to_dict()}
 
 

@@ -7,6 +7,7 @@ of largest |w_ij| · ‖X_j‖₂ (the paper's metric, compared per output row �
 outputs of the already-pruned blocks 0..i−1. No weight is updated (unlike SparseGPT), so the method is
 one forward pass per block plus a top-2 per group.
 """
+
 from __future__ import annotations
 
 import torch
@@ -18,8 +19,9 @@ from ..quant.pruning import PrunedFormat
 from .base import CALIBRATION_METHODS, Progress, no_progress, pack_blocks_in_order, require_windows
 
 
-def wanda_model(model, config: QuantizeConfig, windows: torch.Tensor,
-                progress: Progress = no_progress) -> tuple[dict[str, Packed], dict]:
+def wanda_model(
+    model, config: QuantizeConfig, windows: torch.Tensor, progress: Progress = no_progress
+) -> tuple[dict[str, Packed], dict]:
     """Wanda-pruned packed weights for every 2:4 layer in the decoder blocks → ({layer: packed}, record).
 
     Layers of other formats inside the blocks are rounded to nearest so that later blocks see the
@@ -29,10 +31,19 @@ def wanda_model(model, config: QuantizeConfig, windows: torch.Tensor,
     require_windows(windows, "wanda")
     specs = {config.spec_for(name) for name, _ in model.linear_layers()} - {None}
     if not any(isinstance(build_format(s), PrunedFormat) for s in specs):
-        raise ConfigError("wanda prunes sparse layers: use --format sparse24, sparse24-int8 or sparse50 "
-                          f"(this config has {', '.join(sorted(specs))})")
-    result = pack_blocks_in_order(model, config, windows, progress, "Wanda: pruning blocks",
-                                  lambda fmt: isinstance(fmt, PrunedFormat), lambda w, fmt, stats: fmt.quantize(w, stats))
+        raise ConfigError(
+            "wanda prunes sparse layers: use --format sparse24, sparse24-int8 or sparse50 "
+            f"(this config has {', '.join(sorted(specs))})"
+        )
+    result = pack_blocks_in_order(
+        model,
+        config,
+        windows,
+        progress,
+        "Wanda: pruning blocks",
+        lambda fmt: isinstance(fmt, PrunedFormat),
+        lambda w, fmt, stats: fmt.quantize(w, stats),
+    )
     return result, {"method": "wanda"}
 
 

@@ -1,4 +1,5 @@
 """Parsers of comma-separated flag values shared by the sub-commands (a ``_`` module: not a command)."""
+
 from __future__ import annotations
 
 from typing import Optional

@@ -1,4 +1,5 @@
 """``bytediet bench``: bytediet side by side with llama.cpp and transformers, and the roofline check."""
+
 from __future__ import annotations
 
 import argparse
@@ -13,48 +14,109 @@ from ._parse import positive_ints
 
 
 def register(sub) -> None:
-    p = sub.add_parser("bench", help="benchmark bytediet against llama.cpp and transformers",
-                       description="Single-stream prefill/decode, a concurrency sweep (throughput, TTFT, TPOT "
-                                   "p50/p99) for bytediet and its peers on the same GGUF, and the roofline's "
-                                   "predicted vs measured decode speed.")
+    p = sub.add_parser(
+        "bench",
+        help="benchmark bytediet against llama.cpp and transformers",
+        description="Single-stream prefill/decode, a concurrency sweep (throughput, TTFT, TPOT "
+        "p50/p99) for bytediet and its peers on the same GGUF, and the roofline's "
+        "predicted vs measured decode speed.",
+    )
     p.add_argument("--model", default="default", help="GGUF file, Hugging Face directory, or 'default' / 'gemma3-270m'")
-    p.add_argument("--threads", type=int, default=2, help="torch threads (bytediet, transformers) and llama.cpp n_threads")
-    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, metavar="N",
-                   help="run bytediet split across N processes (each loads its own shard and gets --threads // N "
-                        "threads, at least 1); every part runs, the roofline predicts for N ranks")
-    p.add_argument("--peers", default="llama.cpp,transformers",
-                   help="comma-separated peers (llama.cpp, llama-server, transformers), or 'none'; llama.cpp's "
-                        "concurrency sweep runs on llama-server when bench/build_llama_server.sh has built it")
+    p.add_argument(
+        "--threads", type=int, default=2, help="torch threads (bytediet, transformers) and llama.cpp n_threads"
+    )
+    p.add_argument(
+        "--tensor-parallel-size",
+        "-tp",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run bytediet split across N processes (each loads its own shard and gets --threads // N "
+        "threads, at least 1); every part runs, the roofline predicts for N ranks",
+    )
+    p.add_argument(
+        "--peers",
+        default="llama.cpp,transformers",
+        help="comma-separated peers (llama.cpp, llama-server, transformers), or 'none'; llama.cpp's "
+        "concurrency sweep runs on llama-server when bench/build_llama_server.sh has built it",
+    )
     p.add_argument("--concurrency", default=None, help="concurrent requests per level (default 1,4,16,32,64)")
-    p.add_argument("--roofline-batches", default=None, help="batch sizes of the predicted-vs-measured check (default 1,16)")
-    p.add_argument("--roofline-context", type=int, default=None, metavar="N",
-                   help="prompt tokens before the roofline check's decode steps (default 64): its context")
-    p.add_argument("--prompt-lens", default=None, metavar="LO,HI", help="prompt length range of the sweep (default 64,512)")
-    p.add_argument("--output-lens", default=None, metavar="LO,HI", help="output length range of the sweep (default 32,128)")
-    p.add_argument("--requests-per-level", type=int, default=None,
-                   help="requests per concurrency level: max(level, this) (default 4)")
-    p.add_argument("--parts", default="single,concurrency,roofline",
-                   help="which parts to run (comma-separated): single, concurrency, roofline, context, prefix-cache "
-                        "(KV tiers: a repeated long prompt cold / RAM hit / disk hit, and a multi-turn chat); or "
-                        "speculative on its own (batch-1 decode with and without --speculative-config on copy-heavy "
-                        "and open prompts, beside llama.cpp's prompt-lookup decoding)")
-    p.add_argument("--speculative-config", default=None, metavar="JSON",
-                   help='the speculative part\'s config (default {"method": "ngram", "num_speculative_tokens": 4})')
+    p.add_argument(
+        "--roofline-batches", default=None, help="batch sizes of the predicted-vs-measured check (default 1,16)"
+    )
+    p.add_argument(
+        "--roofline-context",
+        type=int,
+        default=None,
+        metavar="N",
+        help="prompt tokens before the roofline check's decode steps (default 64): its context",
+    )
+    p.add_argument(
+        "--prompt-lens", default=None, metavar="LO,HI", help="prompt length range of the sweep (default 64,512)"
+    )
+    p.add_argument(
+        "--output-lens", default=None, metavar="LO,HI", help="output length range of the sweep (default 32,128)"
+    )
+    p.add_argument(
+        "--requests-per-level",
+        type=int,
+        default=None,
+        help="requests per concurrency level: max(level, this) (default 4)",
+    )
+    p.add_argument(
+        "--parts",
+        default="single,concurrency,roofline",
+        help="which parts to run (comma-separated): single, concurrency, roofline, context, prefix-cache "
+        "(KV tiers: a repeated long prompt cold / RAM hit / disk hit, and a multi-turn chat); or "
+        "speculative on its own (batch-1 decode with and without --speculative-config on copy-heavy "
+        "and open prompts, beside llama.cpp's prompt-lookup decoding)",
+    )
+    p.add_argument(
+        "--speculative-config",
+        default=None,
+        metavar="JSON",
+        help='the speculative part\'s config (default {"method": "ngram", "num_speculative_tokens": 4})',
+    )
     p.add_argument("--spec-max-tokens", type=int, default=128, help="speculative part: tokens decoded per prompt")
-    p.add_argument("--contexts", default=None, metavar="N,N,...",
-                   help="context part: contexts (tokens) each batch-1 decode run ends at (default 512,2048,8192)")
-    p.add_argument("--prefix-prompt-len", type=int, default=None, metavar="N",
-                   help="prefix-cache part: tokens of the repeated prompt (default 8192)")
-    p.add_argument("--kv-offload-size", default=None, metavar="SIZE",
-                   help="prefix-cache part: the KV tiers' host-RAM size (default 4GiB)")
-    p.add_argument("--weights", default=None, metavar="FMT",
-                   help="bytediet weight format (e.g. int8, int4-g64, fp32); default: the GGUF's native blocks")
-    p.add_argument("--formats", default=None, metavar="FMT[:KV],...",
-                   help="also run the single-stream and context parts with these weight formats of the same model "
-                        "('gguf' = the native blocks; ':KV' also sets the KV codec, e.g. gguf:int8), in the same "
-                        "run: the bytes-vs-speed table of every format")
-    p.add_argument("--activations", default="q16", choices=["q16", "q8", "f32"],
-                   help="how native GGUF blocks multiply (int8 or float activations)")
+    p.add_argument(
+        "--contexts",
+        default=None,
+        metavar="N,N,...",
+        help="context part: contexts (tokens) each batch-1 decode run ends at (default 512,2048,8192)",
+    )
+    p.add_argument(
+        "--prefix-prompt-len",
+        type=int,
+        default=None,
+        metavar="N",
+        help="prefix-cache part: tokens of the repeated prompt (default 8192)",
+    )
+    p.add_argument(
+        "--kv-offload-size",
+        default=None,
+        metavar="SIZE",
+        help="prefix-cache part: the KV tiers' host-RAM size (default 4GiB)",
+    )
+    p.add_argument(
+        "--weights",
+        default=None,
+        metavar="FMT",
+        help="bytediet weight format (e.g. int8, int4-g64, fp32); default: the GGUF's native blocks",
+    )
+    p.add_argument(
+        "--formats",
+        default=None,
+        metavar="FMT[:KV],...",
+        help="also run the single-stream and context parts with these weight formats of the same model "
+        "('gguf' = the native blocks; ':KV' also sets the KV codec, e.g. gguf:int8), in the same "
+        "run: the bytes-vs-speed table of every format",
+    )
+    p.add_argument(
+        "--activations",
+        default="q16",
+        choices=["q16", "q8", "f32"],
+        help="how native GGUF blocks multiply (int8 or float activations)",
+    )
     p.add_argument("--kv-cache-dtype", default="auto", metavar="CODEC", help="bytediet KV-cache codec")
     p.add_argument("--max-num-batched-tokens", type=int, default=512, help="bytediet token budget per step")
     p.add_argument("--measure", action="store_true", help="re-measure this machine's bandwidth before the run")
@@ -113,7 +175,7 @@ def run(args: argparse.Namespace) -> int:
         from ..quant import get_weight_format
 
         check_splits(get_weight_format(args.weights), "--weights", args.tensor_parallel_size)
-    progress = (lambda msg: print(f"[bench] {msg}", file=sys.stderr, flush=True))
+    progress = lambda msg: print(f"[bench] {msg}", file=sys.stderr, flush=True)
     variants = [LazyVariant(spec, args, config, progress) for spec in _formats(args)]
     torch.set_num_threads(config.threads)
     args.device = bench_device(args)
@@ -124,8 +186,11 @@ def run(args: argparse.Namespace) -> int:
     else:
         hardware = this_machine(measure_if_missing=True, threads=config.threads, remeasure=args.measure)
     tp = args.tensor_parallel_size
-    progress(f"loading {args.model}" + (f" with weights {args.weights}" if args.weights else "")
-             + (f" across {tp} processes" if tp > 1 else ""))
+    progress(
+        f"loading {args.model}"
+        + (f" with weights {args.weights}" if args.weights else "")
+        + (f" across {tp} processes" if tp > 1 else "")
+    )
     ours = load_system(args, config.threads, args.weights, args.kv_cache_dtype)
     try:
         return _run(args, config, parts, ours, variants, hardware, progress)
@@ -142,10 +207,16 @@ def run_speculative(args: argparse.Namespace, config) -> int:
 
     spec = SpeculativeConfig.parse(args.speculative_config or '{"method": "ngram", "num_speculative_tokens": 4}')
     names = [] if args.peers.strip().lower() in ("", "none") else [n.strip() for n in args.peers.split(",")]
-    progress = (lambda msg: print(f"[bench] {msg}", file=sys.stderr, flush=True))
-    result = run_speculative_bench(args.model, spec.to_dict(), threads=config.threads,
-                                   max_tokens=16 if args.quick else args.spec_max_tokens, text=novel_text("persuasion"),
-                                   peers=names, progress=progress)
+    progress = lambda msg: print(f"[bench] {msg}", file=sys.stderr, flush=True)
+    result = run_speculative_bench(
+        args.model,
+        spec.to_dict(),
+        threads=config.threads,
+        max_tokens=16 if args.quick else args.spec_max_tokens,
+        text=novel_text("persuasion"),
+        peers=names,
+        progress=progress,
+    )
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1))
     if args.json:
@@ -180,16 +251,22 @@ def load_system(args: argparse.Namespace, threads: int, weights, kv_cache_dtype:
 
     common = dict(kv_cache_dtype=kv_cache_dtype, max_num_batched_tokens=args.max_num_batched_tokens)
     if args.tensor_parallel_size > 1:
-        return BytedietSystem.tensor_parallel(args.model, args.tensor_parallel_size, threads=threads, weights=weights,
-                                              activations=args.activations, **common)
+        return BytedietSystem.tensor_parallel(
+            args.model,
+            args.tensor_parallel_size,
+            threads=threads,
+            weights=weights,
+            activations=args.activations,
+            **common,
+        )
     device = getattr(args, "device", "cpu")
     dtype = torch.bfloat16 if device == "cuda" else torch.float32  # the GPU computes in bf16, the CPU in float32
     loaded = load_model(args.model, dtype=dtype, weights=weights, keep_packed=True, activations=args.activations)
-    system = BytedietSystem(loaded, threads=threads, device=device, enforce_eager=getattr(args, "enforce_eager", False),
-                            **common)
+    system = BytedietSystem(
+        loaded, threads=threads, device=device, enforce_eager=getattr(args, "enforce_eager", False), **common
+    )
     if kv_cache_dtype.strip().lower().startswith("auto:"):  # a byte budget: planned as generate/serve plan it
         from ..eval.harness import calibrated_kv_codec
-
         from ._engine_args import KV_CALIBRATION
 
         codec = calibrated_kv_codec(kv_cache_dtype, *loaded, dict(KV_CALIBRATION))
@@ -204,14 +281,15 @@ def _run(args: argparse.Namespace, config, parts: list[str], ours, variants: lis
     from ..perf.peers import make_peers
 
     model, tokenizer = ours.model, ours.tokenizer
-    names = [] if args.peers.strip().lower() in ("", "none") else [n.strip() for n in args.peers.split(",") if n.strip()]
+    names = (
+        [] if args.peers.strip().lower() in ("", "none") else [n.strip() for n in args.peers.split(",") if n.strip()]
+    )
     path = resolve_model_path(args.model)
     eos = sorted(getattr(tokenizer, "eos_token_ids", ()) or [0])
     if names:
         progress(f"loading peers: {', '.join(names)}")
     n_ctx = 256 * -(-(config.longest_sequence(parts) + 16) // 256)
-    peers = make_peers(names, path, threads=config.threads, n_ctx=n_ctx,
-                       pad_token_id=eos[0], device=args.device)
+    peers = make_peers(names, path, threads=config.threads, n_ctx=n_ctx, pad_token_id=eos[0], device=args.device)
     extra = {"command": command_line(args), "model": str(path)}
 
     def write(partial: dict) -> None:
@@ -220,8 +298,20 @@ def _run(args: argparse.Namespace, config, parts: list[str], ours, variants: lis
             Path(args.out).write_text(json.dumps({**partial, **extra}, indent=2) + "\n")
 
     corpus = corpus_token_ids(tokenizer, model.config.vocab_size, config.corpus_tokens(parts), config.seed)
-    result = {**run_bench(ours, peers, config, parts=parts, hardware=hardware, progress=progress, checkpoint=write,
-                          corpus=corpus, variants=variants), **extra}
+    result = {
+        **run_bench(
+            ours,
+            peers,
+            config,
+            parts=parts,
+            hardware=hardware,
+            progress=progress,
+            checkpoint=write,
+            corpus=corpus,
+            variants=variants,
+        ),
+        **extra,
+    }
     write(result)
     if args.json:
         print(json.dumps(result))
@@ -256,9 +346,11 @@ def check_splits(fmt, flag: str, tp: int) -> None:
     from ..quant.base import WeightFormat
 
     if tp > 1 and type(fmt).shard is WeightFormat.shard:
-        raise ConfigError(f"{flag} {fmt.spec()}: this weight format cannot be split for tensor parallelism "
-                          f"(--tensor-parallel-size {tp}); drop it, use a format that splits (fp32, bf16, fp16, "
-                          "int8, GGUF blocks) or --tensor-parallel-size 1")
+        raise ConfigError(
+            f"{flag} {fmt.spec()}: this weight format cannot be split for tensor parallelism "
+            f"(--tensor-parallel-size {tp}); drop it, use a format that splits (fp32, bf16, fp16, "
+            "int8, GGUF blocks) or --tensor-parallel-size 1"
+        )
 
 
 class LazyVariant:
@@ -273,8 +365,9 @@ class LazyVariant:
         if self._system is None:
             spec, _, kv = self.spec.partition(":")
             self.progress(f"loading {self.args.model} with weights {spec}" + (f", KV {kv}" if kv else ""))
-            self._system = load_system(self.args, self.config.threads, None if spec == "gguf" else spec,
-                                       kv or self.args.kv_cache_dtype)
+            self._system = load_system(
+                self.args, self.config.threads, None if spec == "gguf" else spec, kv or self.args.kv_cache_dtype
+            )
         return self._system
 
     def info(self) -> dict:
@@ -291,19 +384,32 @@ class LazyVariant:
 
 def command_line(args: argparse.Namespace) -> str:
     """The flags of this run, spelled out (defaults included), to reproduce it."""
-    flags = [f"--model {args.model}", f"--threads {args.threads}", f"--peers {args.peers}", f"--parts {args.parts}",
-             f"--kv-cache-dtype {args.kv_cache_dtype}", f"--max-num-batched-tokens {args.max_num_batched_tokens}"]
+    flags = [
+        f"--model {args.model}",
+        f"--threads {args.threads}",
+        f"--peers {args.peers}",
+        f"--parts {args.parts}",
+        f"--kv-cache-dtype {args.kv_cache_dtype}",
+        f"--max-num-batched-tokens {args.max_num_batched_tokens}",
+    ]
     if args.tensor_parallel_size > 1:
         flags.append(f"--tensor-parallel-size {args.tensor_parallel_size}")
     if getattr(args, "device", "cpu") != "cpu":
         flags.append(f"--device {args.device}" + (" --enforce-eager" if args.enforce_eager else ""))
-    for flag, value in (("--weights", args.weights), ("--formats", args.formats), ("--contexts", args.contexts),
-                        ("--activations", args.activations),
-                        ("--concurrency", args.concurrency),
-                        ("--roofline-batches", args.roofline_batches), ("--roofline-context", args.roofline_context),
-                        ("--prompt-lens", args.prompt_lens),
-                        ("--output-lens", args.output_lens), ("--requests-per-level", args.requests_per_level),
-                        ("--prefix-prompt-len", args.prefix_prompt_len), ("--kv-offload-size", args.kv_offload_size)):
+    for flag, value in (
+        ("--weights", args.weights),
+        ("--formats", args.formats),
+        ("--contexts", args.contexts),
+        ("--activations", args.activations),
+        ("--concurrency", args.concurrency),
+        ("--roofline-batches", args.roofline_batches),
+        ("--roofline-context", args.roofline_context),
+        ("--prompt-lens", args.prompt_lens),
+        ("--output-lens", args.output_lens),
+        ("--requests-per-level", args.requests_per_level),
+        ("--prefix-prompt-len", args.prefix_prompt_len),
+        ("--kv-offload-size", args.kv_offload_size),
+    ):
         if value:
             flags.append(f"{flag} {value}")
     return " ".join(["bytediet bench", *flags, *(["--quick"] if args.quick else [])])
@@ -321,24 +427,34 @@ def print_tables(r: dict) -> None:
     m = r["machine"]
     tp = r.get("tensor_parallel_size", 1)
     split = f" (bytediet across {tp} processes, {max(1, r['config']['threads'] // tp)} each)" if tp > 1 else ""
-    console.print(f"[bold]{r.get('model')}[/] on {m['cpu']} ({m['cores']} cores), {r['config']['threads']} threads{split}, "
-                  f"load average {m['load_average'][0]:.2f} → {m['load_average_end'][0]:.2f}; measured read bandwidth "
-                  f"{_f(r['read_bandwidth_gb_per_s'])} GB/s; prompts from {r['corpus']}")
+    console.print(
+        f"[bold]{r.get('model')}[/] on {m['cpu']} ({m['cores']} cores), {r['config']['threads']} threads{split}, "
+        f"load average {m['load_average'][0]:.2f} → {m['load_average_end'][0]:.2f}; measured read bandwidth "
+        f"{_f(r['read_bandwidth_gb_per_s'])} GB/s; prompts from {r['corpus']}"
+    )
     systems = {k: v for k, v in r["systems"].items() if v["available"]}
     for name, s in r["systems"].items():
         if not s["available"]:
             console.print(f"[yellow]{name}: {s['reason']}[/]")
     c = r["config"]
     if any("single" in s for s in systems.values()):
-        t = Table(title=f"single stream: prefill of {c['prefill_len']} tokens; {c['decode_new_tokens']} decode "
-                        f"tokens after {c['decode_prompt_len']}")
+        t = Table(
+            title=f"single stream: prefill of {c['prefill_len']} tokens; {c['decode_new_tokens']} decode "
+            f"tokens after {c['decode_prompt_len']}"
+        )
         for col in ("system", "weights", "prefill tok/s", "decode tok/s", "weight MB", "achieved GB/s", "% read BW"):
             t.add_column(col, justify="left" if col in ("system", "weights") else "right")
         for name, s in systems.items():
             one = s["single"]
-            t.add_row(name, s["info"]["weights"], _f(one["prefill_tokens_per_s"]), _f(one["decode_tokens_per_s"]),
-                      _f(s["info"].get("weight_bytes"), ".0f", 1e-6), _f(one.get("achieved_weight_gb_per_s"), ".2f"),
-                      _f(one.get("fraction_of_read_bandwidth"), ".0f", 100))
+            t.add_row(
+                name,
+                s["info"]["weights"],
+                _f(one["prefill_tokens_per_s"]),
+                _f(one["decode_tokens_per_s"]),
+                _f(s["info"].get("weight_bytes"), ".0f", 1e-6),
+                _f(one.get("achieved_weight_gb_per_s"), ".2f"),
+                _f(one.get("fraction_of_read_bandwidth"), ".0f", 100),
+            )
         console.print(t)
     if any("concurrency" in s for s in systems.values()):
         t = Table(title="concurrency sweep (all requests arrive at t=0; times in ms)")
@@ -350,8 +466,13 @@ def print_tables(r: dict) -> None:
                 ran = s.get("concurrency_system", {}).get("system")
                 label = name if ran in (None, name) else f"{name} ({ran})"
                 if q:
-                    t.add_row(level, label, str(q["requests"]), _f(q["output_tokens_per_s"]),
-                              *(_f(q[k], ".0f", 1e3) for k in ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s")))
+                    t.add_row(
+                        level,
+                        label,
+                        str(q["requests"]),
+                        _f(q["output_tokens_per_s"]),
+                        *(_f(q[k], ".0f", 1e3) for k in ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s")),
+                    )
         console.print(t)
     _print_ratios(console, r)
     if "roofline" in r:
@@ -375,18 +496,26 @@ def _print_prefix_cache(console, pc: dict) -> None:
         t.add_column(col, justify="left" if col in ("run", "cached tokens") else "right")
     for name in ("cold", "ram_hit", "disk_hit"):
         x = rp[name]
-        t.add_row(name, _f(x["ttft_s"], ".0f", 1e3), _f(x["ttft_s"] / rp["cold"]["ttft_s"], ".2f"),
-                  str(x["cached_tokens"]), str(x["tokens_equal_cold"]))
+        t.add_row(
+            name,
+            _f(x["ttft_s"], ".0f", 1e3),
+            _f(x["ttft_s"] / rp["cold"]["ttft_s"], ".2f"),
+            str(x["cached_tokens"]),
+            str(x["tokens_equal_cold"]),
+        )
     console.print(t)
     ch = pc["multi_turn_chat"]
-    t = Table(title=f"KV tiers: multi-turn chat, {ch['conversations']} conversations over {ch['system_prompts']} "
-                    f"system prompts of {ch['system_tokens']} tokens (pool {ch['pool_blocks']} blocks)")
+    t = Table(
+        title=f"KV tiers: multi-turn chat, {ch['conversations']} conversations over {ch['system_prompts']} "
+        f"system prompts of {ch['system_tokens']} tokens (pool {ch['pool_blocks']} blocks)"
+    )
     for col in ("tiers", "TTFT mean ms", "TTFT p50 ms", "out tok/s"):
         t.add_column(col, justify="left" if col == "tiers" else "right")
     for name in ("tiers_off", "tiers_on"):
         x = ch[name]
-        t.add_row(name, _f(x["ttft_mean_s"], ".0f", 1e3), _f(x["ttft_p50_s"], ".0f", 1e3),
-                  _f(x["output_tokens_per_s"], ".1f"))
+        t.add_row(
+            name, _f(x["ttft_mean_s"], ".0f", 1e3), _f(x["ttft_p50_s"], ".0f", 1e3), _f(x["output_tokens_per_s"], ".1f")
+        )
     console.print(t)
 
 
@@ -399,7 +528,15 @@ def _print_formats(console, r: dict) -> None:
         return
     peers = list(r["ratios"])
     t = Table(title="bytes down ⇒ time down: batch-1 decode of every weight format (same run)")
-    for col in ("system", "weights", "weight MB", "decode tok/s", "prefill tok/s", "achieved GB/s", *(f"vs {p}" for p in peers)):
+    for col in (
+        "system",
+        "weights",
+        "weight MB",
+        "decode tok/s",
+        "prefill tok/s",
+        "achieved GB/s",
+        *(f"vs {p}" for p in peers),
+    ):
         t.add_column(col, justify="left" if col in ("system", "weights") else "right")
     for name, s in sorted(mine.items(), key=lambda kv: -(kv[1]["info"].get("weight_bytes") or 0)):
         one = s["single"]
@@ -407,9 +544,15 @@ def _print_formats(console, r: dict) -> None:
         for p in peers:
             ratio = r["ratios"][p] if name == "bytediet" else r["ratios"][p].get(name, {})
             cells.append(_f(ratio.get("decode_tokens_per_s"), ".2f"))
-        t.add_row(name, s["info"]["weights"], _f(s["info"].get("weight_bytes"), ".0f", 1e-6),
-                  _f(one["decode_tokens_per_s"]), _f(one["prefill_tokens_per_s"]),
-                  _f(one.get("achieved_weight_gb_per_s"), ".2f"), *cells)
+        t.add_row(
+            name,
+            s["info"]["weights"],
+            _f(s["info"].get("weight_bytes"), ".0f", 1e-6),
+            _f(one["decode_tokens_per_s"]),
+            _f(one["prefill_tokens_per_s"]),
+            _f(one.get("achieved_weight_gb_per_s"), ".2f"),
+            *cells,
+        )
     console.print(t)
 
 
@@ -419,8 +562,10 @@ def _print_context(console, r: dict) -> None:
 
     systems = {n: s for n, s in r["systems"].items() if s.get("available") and "context" in s}
     pred = {row["context"]: row for row in r["context_roofline"]}
-    t = Table(title=f"context scaling: batch-1 decode of {r['config']['context_new_tokens']} tokens ending at each "
-                    f"context (tok/s)")
+    t = Table(
+        title=f"context scaling: batch-1 decode of {r['config']['context_new_tokens']} tokens ending at each "
+        f"context (tok/s)"
+    )
     t.add_column("context", justify="right")
     for name in systems:
         t.add_column(name, justify="right")
@@ -431,10 +576,14 @@ def _print_context(console, r: dict) -> None:
         t.add_column(col, justify="right")
     for n in map(str, r["config"]["contexts"]):
         row = pred.get(int(n), {})
-        t.add_row(n, *(_f(s["context"].get(n, {}).get("decode_tokens_per_s")) for s in systems.values()),
-                  *(_f(r["ratios"][p].get(f"context_{n}"), ".2f") for p in peers),
-                  _f(row.get("predicted_step_s"), ".1f", 1e3), _f(row.get("measured_step_s"), ".1f", 1e3),
-                  _f(row.get("kv_bytes_per_step"), ".0f", 1e-6))
+        t.add_row(
+            n,
+            *(_f(s["context"].get(n, {}).get("decode_tokens_per_s")) for s in systems.values()),
+            *(_f(r["ratios"][p].get(f"context_{n}"), ".2f") for p in peers),
+            _f(row.get("predicted_step_s"), ".1f", 1e3),
+            _f(row.get("measured_step_s"), ".1f", 1e3),
+            _f(row.get("kv_bytes_per_step"), ".0f", 1e-6),
+        )
     console.print(t)
 
 
@@ -464,16 +613,40 @@ def _print_ratios(console, r: dict) -> None:
 def _print_roofline(console, rf: dict) -> None:
     from rich.table import Table
 
-    t = Table(title=f"roofline ({rf['hardware_name']}): predicted vs measured bytediet decode, weights "
-                    f"{rf['weights']}, KV {rf['kv']}")
-    for col in ("measurement", "batch", "context", "predicted tok/s", "measured tok/s", "measured/predicted",
-                "bound", "step ms pred", "step ms meas", "linears ms", "forward ms", "engine ms", "achieved GB/s"):
+    t = Table(
+        title=f"roofline ({rf['hardware_name']}): predicted vs measured bytediet decode, weights "
+        f"{rf['weights']}, KV {rf['kv']}"
+    )
+    for col in (
+        "measurement",
+        "batch",
+        "context",
+        "predicted tok/s",
+        "measured tok/s",
+        "measured/predicted",
+        "bound",
+        "step ms pred",
+        "step ms meas",
+        "linears ms",
+        "forward ms",
+        "engine ms",
+        "achieved GB/s",
+    ):
         t.add_column(col, justify="left" if col == "measurement" else "right")
     for row in rf["rows"]:
-        t.add_row(row["measurement"], str(row["batch"]), str(row["context"]), _f(row["predicted_tokens_per_s"]),
-                  _f(row["measured_tokens_per_s"]), _f(row["measured_over_predicted"], ".2f"), row["predicted_bound"],
-                  _f(row["predicted_step_s"], ".1f", 1e3), _f(row["measured_step_s"], ".1f", 1e3),
-                  _f(row.get("linear_pass_s"), ".1f", 1e3), _f(row.get("forward_s_per_step"), ".1f", 1e3),
-                  _f(row.get("overhead_s_per_step"), ".1f", 1e3),
-                  _f(row["achieved_bandwidth"], ".2f", 1e-9))
+        t.add_row(
+            row["measurement"],
+            str(row["batch"]),
+            str(row["context"]),
+            _f(row["predicted_tokens_per_s"]),
+            _f(row["measured_tokens_per_s"]),
+            _f(row["measured_over_predicted"], ".2f"),
+            row["predicted_bound"],
+            _f(row["predicted_step_s"], ".1f", 1e3),
+            _f(row["measured_step_s"], ".1f", 1e3),
+            _f(row.get("linear_pass_s"), ".1f", 1e3),
+            _f(row.get("forward_s_per_step"), ".1f", 1e3),
+            _f(row.get("overhead_s_per_step"), ".1f", 1e3),
+            _f(row["achieved_bandwidth"], ".2f", 1e-9),
+        )
     console.print(t)

@@ -1,4 +1,5 @@
 """``bytediet chat``: an interactive multi-turn chat rendered with the model's own chat template."""
+
 from __future__ import annotations
 
 import argparse
@@ -10,8 +11,11 @@ EXIT_WORDS = {"/exit", "/quit"}
 
 
 def register(sub) -> None:
-    p = sub.add_parser("chat", help="interactive multi-turn chat (the model's chat template)",
-                       description="Chat with a model. Type /exit (or send end-of-file) to leave, /reset to start over.")
+    p = sub.add_parser(
+        "chat",
+        help="interactive multi-turn chat (the model's chat template)",
+        description="Chat with a model. Type /exit (or send end-of-file) to leave, /reset to start over.",
+    )
     p.add_argument("--system", default=None, help="system message")
     add_model_args(p)
     add_sampling_args(p)

@@ -1,4 +1,5 @@
 """``bytediet eval``: one configuration against the unmodified model — fidelity, passkey, speed/memory."""
+
 from __future__ import annotations
 
 import argparse
@@ -12,43 +13,74 @@ from ._parse import floats, positive_ints
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("eval", help="measure a weight format / KV codec against the unmodified model",
-                              description=__doc__)
+    p = subparsers.add_parser(
+        "eval", help="measure a weight format / KV codec against the unmodified model", description=__doc__
+    )
     p.add_argument("--model", default="default", help="model name or path (default: SmolLM2-135M-Instruct)")
     p.add_argument("--weights", default=None, help="weight format applied to every linear layer (e.g. int8, int4-g64)")
     p.add_argument("--kv-cache-dtype", default=None, help="KV-cache codec (e.g. bf16, int8, turboquant3.5)")
-    p.add_argument("--kv-calib-windows", type=int, default=None, metavar="N",
-                   help="calibrate a KV codec that has calibration hooks (fp8, turboquant) on N windows of "
-                        "--kv-calib-len tokens of the corpus's calibration split (default: 2 for the codecs that need "
-                        "it — budgets, TurboQuant — else none; 0: uncalibrated fallback)")
+    p.add_argument(
+        "--kv-calib-windows",
+        type=int,
+        default=None,
+        metavar="N",
+        help="calibrate a KV codec that has calibration hooks (fp8, turboquant) on N windows of "
+        "--kv-calib-len tokens of the corpus's calibration split (default: 2 for the codecs that need "
+        "it — budgets, TurboQuant — else none; 0: uncalibrated fallback)",
+    )
     p.add_argument("--kv-calib-len", type=int, default=1024, help="tokens per KV calibration window (default 1024)")
     p.add_argument("--windows", type=int, default=8, help="evaluation windows (default 8)")
     p.add_argument("--window-len", type=int, default=512, help="tokens per window (default 512)")
     p.add_argument("--corpus", default="prideprejudice", help="an Austen novel, 'austen' (all six) or a text file")
     p.add_argument("--seed", type=int, default=0, help="picks the windows and the passkeys")
     p.add_argument("--tasks", default="ppl,passkey,speed", help="comma-separated: ppl, passkey, speed")
-    p.add_argument("--passkey-lengths", default=None,
-                   help="prompt lengths in tokens (default 1024,2048,4096, clipped to the context; with --kv-pareto "
-                        "2048,4096,8192, lengths beyond the context skipped)")
-    p.add_argument("--passkey-depths", default=None,
-                   help="needle depths, fractions of the filler (default 0,0.25,0.5,0.75,1; with --kv-pareto 0.25,0.5,0.75)")
+    p.add_argument(
+        "--passkey-lengths",
+        default=None,
+        help="prompt lengths in tokens (default 1024,2048,4096, clipped to the context; with --kv-pareto "
+        "2048,4096,8192, lengths beyond the context skipped)",
+    )
+    p.add_argument(
+        "--passkey-depths",
+        default=None,
+        help="needle depths, fractions of the filler (default 0,0.25,0.5,0.75,1; with --kv-pareto 0.25,0.5,0.75)",
+    )
     p.add_argument("--passkey-trials", type=int, default=1, help="trials per (length, depth)")
     p.add_argument("--speed-tokens", type=int, default=32, help="tokens generated for the speed measurement")
-    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, metavar="N",
-                   help="split the reference and the test model each across N processes (each loads its own "
-                        "shard); every task runs through the split model. Not with --kv-pareto or KV calibration")
-    p.add_argument("--kv-pareto", action="store_true",
-                   help="instead of one configuration: every KV anchor (llama.cpp q8_0/q5_0/q4_1/q4_0 and k=q8_0,v=q4_0, "
-                        "vLLM fp8, HF QuantizedCache hf4/hf2, KIVI), bytediet's codecs and budgets auto:<bits>, on the "
-                        "same windows against bf16 KV: perplexity change, mean/p99 token KL, bytes per token, frontier")
-    p.add_argument("--kv-pareto-anchors", default=None,
-                   help="anchor specs, comma-separated (semicolons when a spec holds a comma: q8_0;k=q8_0,v=q4_0)")
+    p.add_argument(
+        "--tensor-parallel-size",
+        "-tp",
+        type=int,
+        default=1,
+        metavar="N",
+        help="split the reference and the test model each across N processes (each loads its own "
+        "shard); every task runs through the split model. Not with --kv-pareto or KV calibration",
+    )
+    p.add_argument(
+        "--kv-pareto",
+        action="store_true",
+        help="instead of one configuration: every KV anchor (llama.cpp q8_0/q5_0/q4_1/q4_0 and k=q8_0,v=q4_0, "
+        "vLLM fp8, HF QuantizedCache hf4/hf2, KIVI), bytediet's codecs and budgets auto:<bits>, on the "
+        "same windows against bf16 KV: perplexity change, mean/p99 token KL, bytes per token, frontier",
+    )
+    p.add_argument(
+        "--kv-pareto-anchors",
+        default=None,
+        help="anchor specs, comma-separated (semicolons when a spec holds a comma: q8_0;k=q8_0,v=q4_0)",
+    )
     p.add_argument("--kv-pareto-codecs", default=None, help="bytediet codec specs, separated as the anchors")
-    p.add_argument("--kv-pareto-budgets", default=None,
-                   help="comma-separated budgets in bits per coordinate (default 8.5,6,4.5,3.5; 'none' for none)")
-    p.add_argument("--capacity-memory", default=None, metavar="SIZE",
-                   help="--kv-pareto: KV memory (e.g. 1GiB) in which each entry's concurrent 4096-token sequences are "
-                        "counted (default: what 16 such sequences take in bf16)")
+    p.add_argument(
+        "--kv-pareto-budgets",
+        default=None,
+        help="comma-separated budgets in bits per coordinate (default 8.5,6,4.5,3.5; 'none' for none)",
+    )
+    p.add_argument(
+        "--capacity-memory",
+        default=None,
+        metavar="SIZE",
+        help="--kv-pareto: KV memory (e.g. 1GiB) in which each entry's concurrent 4096-token sequences are "
+        "counted (default: what 16 such sequences take in bf16)",
+    )
     p.add_argument("--plot", metavar="DIR", default=None, help="write PNG figures into DIR")
     p.add_argument("--json", action="store_true", help="print one JSON object with every number")
     p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
@@ -59,10 +91,17 @@ def settings_from_args(args: argparse.Namespace):
     from ..eval.harness import EvalSettings
 
     tasks = tuple(t.strip().lower() for t in args.tasks.split(",") if t.strip())
-    return EvalSettings(corpus=args.corpus, windows=args.windows, window_len=args.window_len, seed=args.seed,
-                        tasks=tasks, passkey_lengths=positive_ints(args.passkey_lengths or "1024,2048,4096"),
-                        passkey_depths=floats(args.passkey_depths or "0,0.25,0.5,0.75,1"), passkey_trials=args.passkey_trials,
-                        speed_new_tokens=args.speed_tokens)
+    return EvalSettings(
+        corpus=args.corpus,
+        windows=args.windows,
+        window_len=args.window_len,
+        seed=args.seed,
+        tasks=tasks,
+        passkey_lengths=positive_ints(args.passkey_lengths or "1024,2048,4096"),
+        passkey_depths=floats(args.passkey_depths or "0,0.25,0.5,0.75,1"),
+        passkey_trials=args.passkey_trials,
+        speed_new_tokens=args.speed_tokens,
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -70,22 +109,34 @@ def run(args: argparse.Namespace) -> int:
     if tp < 1:
         raise ConfigError(f"--tensor-parallel-size must be at least 1, got {tp}")
     if args.kv_pareto and tp > 1:
-        raise ConfigError(f"--kv-pareto scores every KV codec (and calibrates the budgets) on the whole model in one "
-                          f"process; it does not run at --tensor-parallel-size {tp}: drop -tp, or evaluate one codec "
-                          "with --kv-cache-dtype")
+        raise ConfigError(
+            f"--kv-pareto scores every KV codec (and calibrates the budgets) on the whole model in one "
+            f"process; it does not run at --tensor-parallel-size {tp}: drop -tp, or evaluate one codec "
+            "with --kv-cache-dtype"
+        )
     if args.kv_pareto:
         return run_kv_pareto(args)
     from ..eval.harness import evaluate
 
     kv_calibration = None
-    if args.kv_calib_windows is None:   # a budget needs its plan, TurboQuant its means: the default calibration
+    if args.kv_calib_windows is None:  # a budget needs its plan, TurboQuant its means: the default calibration
         args.kv_calib_windows = 2 if args.kv_cache_dtype and _needs_calibration(args.kv_cache_dtype) else 0
     if args.kv_calib_windows > 0:
-        kv_calibration = {"corpus": args.corpus, "windows": args.kv_calib_windows, "window_len": args.kv_calib_len,
-                          "seed": args.seed}
-    result = evaluate(args.model, weights=args.weights, kv_cache_dtype=args.kv_cache_dtype,
-                      settings=settings_from_args(args), progress=not args.no_progress, kv_calibration=kv_calibration,
-                      tensor_parallel_size=tp)
+        kv_calibration = {
+            "corpus": args.corpus,
+            "windows": args.kv_calib_windows,
+            "window_len": args.kv_calib_len,
+            "seed": args.seed,
+        }
+    result = evaluate(
+        args.model,
+        weights=args.weights,
+        kv_cache_dtype=args.kv_cache_dtype,
+        settings=settings_from_args(args),
+        progress=not args.no_progress,
+        kv_calibration=kv_calibration,
+        tensor_parallel_size=tp,
+    )
     if args.plot:
         from ..eval.plots import write_plots
 
@@ -118,17 +169,29 @@ def run_kv_pareto(args: argparse.Namespace) -> int:
 
     model, tokenizer = load_model(args.model, dtype=torch.float32, weights=args.weights)
     passkey = "passkey" in (t.strip().lower() for t in args.tasks.split(","))
-    budgets = kp.BUDGETS if args.kv_pareto_budgets is None else (
-        () if args.kv_pareto_budgets.strip().lower() == "none" else floats(args.kv_pareto_budgets))
-    result = kp.kv_pareto(model, tokenizer, corpus=args.corpus, windows=args.windows, window_len=args.window_len,
-                          seed=args.seed, anchors=_specs(args.kv_pareto_anchors, kp.ANCHORS),
-                          ours=_specs(args.kv_pareto_codecs, kp.OURS), budgets=budgets,
-                          calib_windows=max(args.kv_calib_windows or 0, 1), calib_len=args.kv_calib_len,
-                          passkey_lengths=positive_ints(args.passkey_lengths or "2048,4096,8192") if passkey else (),
-                          passkey_depths=floats(args.passkey_depths or "0.25,0.5,0.75"),
-                          passkey_trials=args.passkey_trials,
-                          capacity_memory=parse_bytes(args.capacity_memory) if args.capacity_memory else None,
-                          progress=no_progress if args.no_progress else rich_progress)  # bars go to stderr
+    budgets = (
+        kp.BUDGETS
+        if args.kv_pareto_budgets is None
+        else (() if args.kv_pareto_budgets.strip().lower() == "none" else floats(args.kv_pareto_budgets))
+    )
+    result = kp.kv_pareto(
+        model,
+        tokenizer,
+        corpus=args.corpus,
+        windows=args.windows,
+        window_len=args.window_len,
+        seed=args.seed,
+        anchors=_specs(args.kv_pareto_anchors, kp.ANCHORS),
+        ours=_specs(args.kv_pareto_codecs, kp.OURS),
+        budgets=budgets,
+        calib_windows=max(args.kv_calib_windows or 0, 1),
+        calib_len=args.kv_calib_len,
+        passkey_lengths=positive_ints(args.passkey_lengths or "2048,4096,8192") if passkey else (),
+        passkey_depths=floats(args.passkey_depths or "0.25,0.5,0.75"),
+        passkey_trials=args.passkey_trials,
+        capacity_memory=parse_bytes(args.capacity_memory) if args.capacity_memory else None,
+        progress=no_progress if args.no_progress else rich_progress,
+    )  # bars go to stderr
     if args.plot:
         result["plots"] = [str(kp.plot_kv_pareto(result, f"{args.plot}/kv_pareto.png"))]
     if args.json:
@@ -151,9 +214,11 @@ def pareto_table(result: dict):
     ref, st = result["reference"], result["settings"]
     lengths = st["passkey_lengths"] if ref["passkey"] else []
     mib = st["capacity_memory"] / 2**20
-    table = Table(title=f"{result['model_name']}: KV codecs vs bf16 KV (ppl {ref['ppl']:.4f}, "
-                        f"{ref['bytes_per_token']:.0f} B/token); * = frontier; passkey retrieved/trials; "
-                        f"seq@{st['capacity_len']}: concurrent sequences in {mib:.0f} MiB of KV memory")
+    table = Table(
+        title=f"{result['model_name']}: KV codecs vs bf16 KV (ppl {ref['ppl']:.4f}, "
+        f"{ref['bytes_per_token']:.0f} B/token); * = frontier; passkey retrieved/trials; "
+        f"seq@{st['capacity_len']}: concurrent sequences in {mib:.0f} MiB of KV memory"
+    )
     cols = ["codec", "kind", "bits/coord", "bytes/token", "ppl Δ %", "KL mean", "KL p99"]
     cols += [f"pk@{n}" for n in lengths] + [f"seq@{st['capacity_len']}"]
     for col in cols:
@@ -163,15 +228,23 @@ def pareto_table(result: dict):
         pk = [f"{p['retrieved']}/{p['trials']}" for p in r["passkey"] or []]
         return pk + [str(r["capacity"]["sequences"])]
 
-    table.add_row("  bf16 (reference)", "reference", "16.000", f"{ref['bytes_per_token']:.0f}", "+0.000",
-                  "0", "0", *checks(ref))
+    table.add_row(
+        "  bf16 (reference)", "reference", "16.000", f"{ref['bytes_per_token']:.0f}", "+0.000", "0", "0", *checks(ref)
+    )
     for r in sorted(result["records"], key=lambda r: r.get("bytes_per_token", 0)):
         if "error" in r:
             table.add_row(r["spec"], r["kind"], "", "", r["error"][:60], *[""] * (len(cols) - 5))
             continue
-        table.add_row(("* " if r.get("frontier") else "  ") + r["spec"], r["kind"], f"{r['bits_per_coordinate']:.3f}",
-                      f"{r['bytes_per_token']:.0f}", f"{r['ppl_change_pct']:+.3f}", f"{r['kl_mean']:.2e}",
-                      f"{r['kl_p99']:.2e}", *checks(r))
+        table.add_row(
+            ("* " if r.get("frontier") else "  ") + r["spec"],
+            r["kind"],
+            f"{r['bits_per_coordinate']:.3f}",
+            f"{r['bytes_per_token']:.0f}",
+            f"{r['ppl_change_pct']:+.3f}",
+            f"{r['kl_mean']:.2e}",
+            f"{r['kl_p99']:.2e}",
+            *checks(r),
+        )
     return table
 
 
@@ -202,9 +275,10 @@ def render_table(result: dict):
     blocks = cfg.get("native_blocks") or {}
     weights = cfg["weights"] or ("as loaded" + (f" ({'/'.join(blocks)} blocks, native)" if blocks else ""))
     tp = result.get("tensor_parallel_size", 1)
-    table = Table(title=f"{result['model_name']}: weights={weights}, kv={cfg['kv_codec']} "
-                        f"vs unmodified ({ref['dtype']}, kv={ref['kv_codec']})"
-                        + (f", both across {tp} processes" if tp > 1 else ""))
+    table = Table(
+        title=f"{result['model_name']}: weights={weights}, kv={cfg['kv_codec']} "
+        f"vs unmodified ({ref['dtype']}, kv={ref['kv_codec']})" + (f", both across {tp} processes" if tp > 1 else "")
+    )
     for column, justify in (("task", "left"), ("metric", "left"), ("reference", "right"), ("test", "right")):
         table.add_column(column, justify=justify, no_wrap=True)
     for task, metric, ref, test in table_rows(result):

@@ -10,6 +10,7 @@ A pruned checkpoint (sparse24, sparse24-int8, sparse50) is fine-tuned back towar
 :func:`bytediet.models.checkpoint.save_quantized` (nothing is left behind on error); ``bytediet generate --model DIR``
 loads it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,34 +23,56 @@ from ..errors import ConfigError
 
 
 def register(sub) -> None:
-    p = sub.add_parser("quantize", help="quantize a model's weights and save the result",
-                       description="Quantize every linear layer (round to nearest, or calibrated with AWQ / GPTQ / "
-                                   "SmoothQuant; optionally per-block mixed precision under a KL or perplexity "
-                                   "budget) and save a bytediet checkpoint.")
+    p = sub.add_parser(
+        "quantize",
+        help="quantize a model's weights and save the result",
+        description="Quantize every linear layer (round to nearest, or calibrated with AWQ / GPTQ / "
+        "SmoothQuant; optionally per-block mixed precision under a KL or perplexity "
+        "budget) and save a bytediet checkpoint.",
+    )
     p.add_argument("--model", default="default", help="GGUF file, Hugging Face directory, or 'default' / 'gemma3-270m'")
     p.add_argument("--format", required=True, help="weight format, e.g. int8, int4-g128, int8-w8a8, nvfp4")
-    p.add_argument("--calibrate", choices=["awq", "gptq", "smoothquant", "wanda", "sparsegpt"], default=None,
-                   help="calibration method (default: round to nearest)")
+    p.add_argument(
+        "--calibrate",
+        choices=["awq", "gptq", "smoothquant", "wanda", "sparsegpt"],
+        default=None,
+        help="calibration method (default: round to nearest)",
+    )
     p.add_argument("--calib-samples", type=int, default=128, help="calibration windows (default 128)")
     p.add_argument("--calib-len", type=int, default=512, help="tokens per calibration window (default 512)")
     p.add_argument("--calib-corpus", default="austen", help="calibration text: a novel name, austen, or a text file")
     p.add_argument("--seed", type=int, default=0, help="seed of the calibration window choice")
-    p.add_argument("--overrides", default="", metavar="PATTERN=FMT,…",
-                   help="per-layer formats by glob pattern, first match wins (e.g. 'lm_head=int8,*.layers.0.*=int8')")
+    p.add_argument(
+        "--overrides",
+        default="",
+        metavar="PATTERN=FMT,…",
+        help="per-layer formats by glob pattern, first match wins (e.g. 'lm_head=int8,*.layers.0.*=int8')",
+    )
     p.add_argument("--skip", default="", metavar="PATTERN,…", help="layers left as loaded")
-    p.add_argument("--output-policy", choices=["protect", "same"], default="protect",
-                   help="protect (default): lm_head at int8 below 8 bits, kept otherwise; same: like every layer")
+    p.add_argument(
+        "--output-policy",
+        choices=["protect", "same"],
+        default="protect",
+        help="protect (default): lm_head at int8 below 8 bits, kept otherwise; same: like every layer",
+    )
     budget = p.add_mutually_exclusive_group()
     budget.add_argument("--max-kl", type=float, default=None, help="mixed precision: mean KL budget (nats/token)")
     budget.add_argument("--max-ppl-increase", type=float, default=None, help="mixed precision: perplexity budget (%%)")
-    p.add_argument("--candidates", default=None,
-                   help="mixed precision candidates, comma-separated (default: FORMAT,int8,fp32)")
-    p.add_argument("--sensitivity-samples", type=int, default=8,
-                   help="calibration windows used for the mixed-precision sensitivity scan (default 8)")
+    p.add_argument(
+        "--candidates", default=None, help="mixed precision candidates, comma-separated (default: FORMAT,int8,fp32)"
+    )
+    p.add_argument(
+        "--sensitivity-samples",
+        type=int,
+        default=8,
+        help="calibration windows used for the mixed-precision sensitivity scan (default 8)",
+    )
     p.add_argument("--out", required=True, help="output directory (must not exist unless --overwrite)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output directory")
     p.add_argument("--export-gguf", default=None, metavar="FILE", help="also write a GGUF file (GGUF sources only)")
-    p.add_argument("--gguf-type", default="q8_0", help="GGUF block type for layers not already in one (q8_0, q4_0, q4_1)")
+    p.add_argument(
+        "--gguf-type", default="q8_0", help="GGUF block type for layers not already in one (q8_0, q4_0, q4_1)"
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=run)
@@ -79,9 +102,12 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.exists() and not args.overwrite:
         raise ConfigError(f"{out} already exists; choose another --out or pass --overwrite")
-    config = QuantizeConfig(format=args.format, overrides=parse_overrides(args.overrides),
-                            skip=tuple(filter(None, (s.strip() for s in args.skip.split(",")))),
-                            output_policy=args.output_policy)
+    config = QuantizeConfig(
+        format=args.format,
+        overrides=parse_overrides(args.overrides),
+        skip=tuple(filter(None, (s.strip() for s in args.skip.split(",")))),
+        output_policy=args.output_policy,
+    )
     if args.export_gguf and Path(str(resolve_model_path(args.model))).suffix.lower() != ".gguf":
         raise ConfigError("--export-gguf needs a .gguf source model (its metadata is copied)")
     progress = no_progress if args.no_progress else rich_progress
@@ -107,18 +133,29 @@ def run(args: argparse.Namespace) -> int:
         from ..calibrate.gguf_export import export_gguf
 
         gguf_path = str(export_gguf(model, source, args.export_gguf, args.gguf_type))
-    result = {"model": str(source), "out": str(out), "format": config.format, "calibration": config.calibration,
-              "overrides": dict(config.overrides), "bytes_before": summary.bytes_before,
-              "bytes_after": summary.bytes_after, "layers": {layer.name: layer.format for layer in summary.layers},
-              "skipped": summary.skipped, "mixed_precision": mixed, "gguf": gguf_path,
-              "seconds": round(time.perf_counter() - t0, 2)}
+    result = {
+        "model": str(source),
+        "out": str(out),
+        "format": config.format,
+        "calibration": config.calibration,
+        "overrides": dict(config.overrides),
+        "bytes_before": summary.bytes_before,
+        "bytes_after": summary.bytes_after,
+        "layers": {layer.name: layer.format for layer in summary.layers},
+        "skipped": summary.skipped,
+        "mixed_precision": mixed,
+        "gguf": gguf_path,
+        "seconds": round(time.perf_counter() - t0, 2),
+    }
     if args.json:
         print(json.dumps(result))
     else:
-        print(f"quantized {len(summary.layers)} layers of {source.name} to {config.format}"
-              f"{' (' + args.calibrate + ')' if args.calibrate else ''}: linear weights "
-              f"{summary.bytes_before / 2**20:.1f} MiB → {summary.bytes_after / 2**20:.1f} MiB; saved {out}"
-              + (f"; GGUF {gguf_path}" if gguf_path else ""))
+        print(
+            f"quantized {len(summary.layers)} layers of {source.name} to {config.format}"
+            f"{' (' + args.calibrate + ')' if args.calibrate else ''}: linear weights "
+            f"{summary.bytes_before / 2**20:.1f} MiB → {summary.bytes_after / 2**20:.1f} MiB; saved {out}"
+            + (f"; GGUF {gguf_path}" if gguf_path else "")
+        )
         if mixed:
             print(f"mixed precision: measured {mixed['measured']}, per unit {mixed['assignment']}", file=sys.stderr)
     return 0
@@ -129,10 +166,13 @@ def _mixed(model, windows, config, args, progress):
 
     from ..calibrate.mixed import MixedPrecisionConfig, mixed_precision
 
-    cands = ([s.strip() for s in args.candidates.split(",") if s.strip()] if args.candidates
-             else list(dict.fromkeys([args.format, "int8", "fp32"])))
+    cands = (
+        [s.strip() for s in args.candidates.split(",") if s.strip()]
+        if args.candidates
+        else list(dict.fromkeys([args.format, "int8", "fp32"]))
+    )
     mp = MixedPrecisionConfig(candidates=tuple(cands), max_kl=args.max_kl, max_ppl_increase=args.max_ppl_increase)
-    res = mixed_precision(model, windows[:args.sensitivity_samples], mp, progress)
+    res = mixed_precision(model, windows[: args.sensitivity_samples], mp, progress)
     # the user's explicit overrides still win over the chosen ones
     merged = {**dict(config.overrides), **{k: v for k, v in res.config.overrides.items() if k not in config.overrides}}
     return replace(config, format=res.config.format, overrides=merged), res.to_dict()

@@ -1,4 +1,5 @@
 """``bytediet roofline``: what-if prefill/decode speed, memory fit and binding limit on any hardware."""
+
 from __future__ import annotations
 
 import argparse
@@ -27,8 +28,10 @@ def resolve_weights(spec: str) -> tuple[str, Any]:
         pass
     if spec.lower() in _SIMPLE_BITS:
         return spec.lower(), float(_SIMPLE_BITS[spec.lower()])
-    raise ConfigError(f"unknown weight format {spec!r}: give bits (e.g. 4.5), a registered format, "
-                      f"or one of {', '.join(_SIMPLE_BITS)}")
+    raise ConfigError(
+        f"unknown weight format {spec!r}: give bits (e.g. 4.5), a registered format, "
+        f"or one of {', '.join(_SIMPLE_BITS)}"
+    )
 
 
 def resolve_kv(spec: str) -> tuple[str, Any]:
@@ -46,13 +49,16 @@ def resolve_kv(spec: str) -> tuple[str, Any]:
         pass
     if spec.lower() in _SIMPLE_BITS:
         return spec.lower(), float(_SIMPLE_BITS[spec.lower()])
-    raise ConfigError(f"unknown KV format {spec!r}: give bits per coordinate (e.g. 3.5), a registered codec, "
-                      f"or one of {', '.join(_SIMPLE_BITS)}")
+    raise ConfigError(
+        f"unknown KV format {spec!r}: give bits per coordinate (e.g. 3.5), a registered codec, "
+        f"or one of {', '.join(_SIMPLE_BITS)}"
+    )
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("roofline", help="predict speed, memory fit and the binding limit on any hardware",
-                              description=__doc__)
+    p = subparsers.add_parser(
+        "roofline", help="predict speed, memory fit and the binding limit on any hardware", description=__doc__
+    )
     p.add_argument("--model", default="llama-2-70b", help="catalogue name (llama-2-70b, llama-3-8b, …) or checkpoint")
     p.add_argument("--hardware", default="h100-sxm", help="comma-separated ids, e.g. h100-sxm,h200,tpu-v7,this-machine")
     p.add_argument("--weights", default="fp16", help="weight format: int8 | int4 | fp16 | <bits> | a registered format")
@@ -61,11 +67,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--context", type=int, default=4096, help="tokens in each sequence's cache at decode")
     p.add_argument("--prompt-len", type=int, default=None, help="prefill length L (default: --context)")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel chips")
-    p.add_argument("--link-bandwidth", type=float, default=None, metavar="GB/S",
-                   help="the chips' link, bidirectional GB/s (overrides the catalogue; needed for --tp on this-machine)")
-    p.add_argument("--link-latency-us", type=float, default=None, metavar="US",
-                   help="fixed cost of one hop of a ring collective, µs (default: unknown, counted as 0; "
-                        "bench/tp_step_time.py measures it for gloo on this machine)")
+    p.add_argument(
+        "--link-bandwidth",
+        type=float,
+        default=None,
+        metavar="GB/S",
+        help="the chips' link, bidirectional GB/s (overrides the catalogue; needed for --tp on this-machine)",
+    )
+    p.add_argument(
+        "--link-latency-us",
+        type=float,
+        default=None,
+        metavar="US",
+        help="fixed cost of one hop of a ring collective, µs (default: unknown, counted as 0; "
+        "bench/tp_step_time.py measures it for gloo on this machine)",
+    )
     p.add_argument("--compute", default="auto", help="compute dtype (auto: bf16; fp32 on this-machine)")
     p.add_argument("--json", action="store_true", help="print one JSON object with every number")
     p.add_argument("--plot", default=None, metavar="PNG", help="write a roofline figure")
@@ -94,20 +110,43 @@ def run(args: argparse.Namespace) -> int:
     w_label, weights = resolve_weights(args.weights)
     kv_label, kv = resolve_kv(args.kv)
     batches = positive_ints(args.batch)
-    preds = [analyze(config, hw, weights=weights, kv=kv, batch=b, context=args.context,
-                     prompt_len=args.prompt_len, tp=args.tp, compute_dtype=args.compute)
-             for hw in hardware.values() for b in batches]
+    preds = [
+        analyze(
+            config,
+            hw,
+            weights=weights,
+            kv=kv,
+            batch=b,
+            context=args.context,
+            prompt_len=args.prompt_len,
+            tp=args.tp,
+            compute_dtype=args.compute,
+        )
+        for hw in hardware.values()
+        for b in batches
+    ]
     result: dict[str, Any] = {
-        "model": config.to_dict() | {"num_parameters": config.num_parameters,
-                                     "num_active_parameters": config.num_active_parameters},
-        "weights": w_label, "kv": kv_label, "context": args.context, "tp": args.tp,
+        "model": config.to_dict()
+        | {"num_parameters": config.num_parameters, "num_active_parameters": config.num_active_parameters},
+        "weights": w_label,
+        "kv": kv_label,
+        "context": args.context,
+        "tp": args.tp,
         "hardware": {i: hw.to_dict() for i, hw in hardware.items()},
         "predictions": [p.to_dict() for p in preds],
     }
     if args.compare:
-        result["compare"] = rank_hardware(config, list(hardware.values()), weights=weights, kv=kv, batches=batches,
-                                          context=args.context, prompt_len=args.prompt_len, tp=args.tp,
-                                          compute_dtype=args.compute)
+        result["compare"] = rank_hardware(
+            config,
+            list(hardware.values()),
+            weights=weights,
+            kv=kv,
+            batches=batches,
+            context=args.context,
+            prompt_len=args.prompt_len,
+            tp=args.tp,
+            compute_dtype=args.compute,
+        )
     if args.dataflow:
         result["dataflow"] = _dataflow(args, hardware)
     if args.plot:
@@ -163,29 +202,64 @@ def _print_tables(result: dict, preds: list, args: argparse.Namespace) -> None:
     cfg = result["model"]
     active = cfg.get("num_active_parameters", cfg["num_parameters"])
     moe = f" ({active / 1e9:.2f} B active per token)" if active != cfg["num_parameters"] else ""
-    console.print(f"[bold]{cfg['name'] or args.model}[/]: {cfg['num_parameters'] / 1e9:.2f} B parameters{moe}, "
-                  f"weights {result['weights']}, KV {result['kv']}, context {args.context}, tp {args.tp}")
+    console.print(
+        f"[bold]{cfg['name'] or args.model}[/]: {cfg['num_parameters'] / 1e9:.2f} B parameters{moe}, "
+        f"weights {result['weights']}, KV {result['kv']}, context {args.context}, tp {args.tp}"
+    )
     t = Table(title="roofline prediction (per device, per batch)")
-    for col in ("hardware", "batch", "weights GB", "KV GB", "fits", "max batch", "chips needed", "TTFT ms",
-                "TPOT ms", "tok/s", "decode bound", "prefill bound"):
+    for col in (
+        "hardware",
+        "batch",
+        "weights GB",
+        "KV GB",
+        "fits",
+        "max batch",
+        "chips needed",
+        "TTFT ms",
+        "TPOT ms",
+        "tok/s",
+        "decode bound",
+        "prefill bound",
+    ):
         t.add_column(col, justify="left" if col == "hardware" else "right")
     for p in preds:
-        t.add_row(p.hardware, str(p.batch), _gb(p.weights_bytes), _gb(p.kv_bytes), "yes" if p.fits else "no",
-                  str(p.max_batch), str(p.chips_to_hold),
-                  f"{p.ttft_s * 1e3:,.1f}", f"{p.time_per_output_token_s * 1e3:,.2f}",
-                  f"{p.decode_tokens_per_s:,.1f}", p.decode.bound, p.prefill.bound)
+        t.add_row(
+            p.hardware,
+            str(p.batch),
+            _gb(p.weights_bytes),
+            _gb(p.kv_bytes),
+            "yes" if p.fits else "no",
+            str(p.max_batch),
+            str(p.chips_to_hold),
+            f"{p.ttft_s * 1e3:,.1f}",
+            f"{p.time_per_output_token_s * 1e3:,.2f}",
+            f"{p.decode_tokens_per_s:,.1f}",
+            p.decode.bound,
+            p.prefill.bound,
+        )
     console.print(t)
     for p in preds if args.ops else preds[:1]:
         ops = Table(title=f"decode operators: {p.hardware}, batch {p.batch} ({p.compute_dtype} compute)")
         for col in ("operator", "GFLOP", "MB moved", "FLOP/byte", "time ms", "bound"):
             ops.add_column(col, justify="left" if col == "operator" else "right")
         for o in p.decode.ops:
-            ops.add_row(o.name, f"{o.flops / 1e9:,.2f}", f"{o.bytes / 1e6:,.1f}", f"{o.intensity:,.2f}",
-                        f"{o.time * 1e3:,.3f}", o.bound)
+            ops.add_row(
+                o.name,
+                f"{o.flops / 1e9:,.2f}",
+                f"{o.bytes / 1e6:,.1f}",
+                f"{o.intensity:,.2f}",
+                f"{o.time * 1e3:,.3f}",
+                o.bound,
+            )
         if p.decode.allreduce_s:
-            ops.add_row("collectives (of which latency)", "", "", "",
-                        f"{p.decode.allreduce_s * 1e3:,.3f} ({p.decode.allreduce_latency_s * 1e3:,.3f})",
-                        "interconnect")
+            ops.add_row(
+                "collectives (of which latency)",
+                "",
+                "",
+                "",
+                f"{p.decode.allreduce_s * 1e3:,.3f} ({p.decode.allreduce_latency_s * 1e3:,.3f})",
+                "interconnect",
+            )
         console.print(ops)
     if "compare" in result:
         c = Table(title="hardware portfolio (fewest chips that hold the model)")
@@ -195,9 +269,15 @@ def _print_tables(result: dict, preds: list, args: argparse.Namespace) -> None:
             if not r["fits"]:
                 c.add_row(r["hardware"], str(r["chips"]), r["reason"], "", "", "", "")
                 continue
-            c.add_row(r["hardware"], str(r["chips"]), f"{r['time_per_output_token_s'] * 1e3:,.2f}",
-                      str(r["best_batch"]), f"{r['throughput_tokens_per_s']:,.0f}",
-                      f"{r['throughput_per_chip']:,.1f}", r["throughput_bound"])
+            c.add_row(
+                r["hardware"],
+                str(r["chips"]),
+                f"{r['time_per_output_token_s'] * 1e3:,.2f}",
+                str(r["best_batch"]),
+                f"{r['throughput_tokens_per_s']:,.0f}",
+                f"{r['throughput_per_chip']:,.1f}",
+                r["throughput_bound"],
+            )
         console.print(c)
         console.print("latency (batch-1 decode): " + " > ".join(result["compare"]["latency_ranking"]))
         console.print("throughput per chip:      " + " > ".join(result["compare"]["throughput_ranking"]))
@@ -210,10 +290,19 @@ def _print_tables(result: dict, preds: list, args: argparse.Namespace) -> None:
             if r is None:
                 df.add_row(name, "does not fit", "", "", "", "", "")
                 continue
-            df.add_row(name, str(tuple(r["tile"])), f"{r['bytes_a'] / 1e6:,.2f}", f"{r['bytes_b'] / 1e6:,.2f}",
-                       f"{r['bytes_c'] / 1e6:,.2f}", f"{r['total_bytes'] / 1e6:,.2f}", f"{r['intensity']:,.1f}")
+            df.add_row(
+                name,
+                str(tuple(r["tile"])),
+                f"{r['bytes_a'] / 1e6:,.2f}",
+                f"{r['bytes_b'] / 1e6:,.2f}",
+                f"{r['bytes_c'] / 1e6:,.2f}",
+                f"{r['total_bytes'] / 1e6:,.2f}",
+                f"{r['intensity']:,.1f}",
+            )
         console.print(df)
-        console.print(f"best: {d['best']}; lower bound {d['lower_bound_bytes'] / 1e6:,.2f} MB "
-                      f"(compulsory {d['compulsory_bytes'] / 1e6:,.2f} MB)")
+        console.print(
+            f"best: {d['best']}; lower bound {d['lower_bound_bytes'] / 1e6:,.2f} MB "
+            f"(compulsory {d['compulsory_bytes'] / 1e6:,.2f} MB)"
+        )
     if "plot" in result:
         console.print(f"wrote {result['plot']}")

@@ -7,6 +7,7 @@ always gloo, over which rank 0 broadcasts each step's batch as a pickled object 
 answers to a :class:`~.worker.Call` (vLLM keeps the same split: a CPU group for metadata, a device group
 for activations).
 """
+
 from __future__ import annotations
 
 import pickle
@@ -67,7 +68,9 @@ class TPGroup:
     def broadcast_object(self, obj: Any = None) -> Any:
         """Rank 0's ``obj`` on every rank (a length, then the pickled bytes, over the control group)."""
         if self.rank == 0:
-            payload = torch.frombuffer(bytearray(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)), dtype=torch.uint8)
+            payload = torch.frombuffer(
+                bytearray(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)), dtype=torch.uint8
+            )
             size = torch.tensor([payload.numel()], dtype=torch.int64)
         else:
             size = torch.zeros(1, dtype=torch.int64)
@@ -88,4 +91,4 @@ class TPGroup:
         self.control.allgather([payloads], [torch.nn.functional.pad(mine, (0, width - mine.numel()))]).wait()
         if self.rank != 0:
             return None
-        return [pickle.loads(p[:int(n)].numpy().tobytes()) for p, n in zip(payloads, sizes)]
+        return [pickle.loads(p[: int(n)].numpy().tobytes()) for p, n in zip(payloads, sizes)]

@@ -7,6 +7,7 @@ spawned here with ``torch.multiprocessing`` (the ``spawn`` start method). Every 
 most ``timeout_s``; a worker killed mid-step closes its sockets, so rank 0's next collective fails at
 once and :meth:`Workers.failure` reports which rank died and how.
 """
+
 from __future__ import annotations
 
 import os
@@ -61,8 +62,9 @@ class Workers:
         """Forget a sequence's per-sequence codec state on the workers too (sent with the next step)."""
         self._freed.append(seq_id)
 
-    def run(self, input_ids: torch.Tensor, meta, logit_rows: torch.Tensor,
-            forward: Callable[[], torch.Tensor]) -> torch.Tensor:
+    def run(
+        self, input_ids: torch.Tensor, meta, logit_rows: torch.Tensor, forward: Callable[[], torch.Tensor]
+    ) -> torch.Tensor:
         """Broadcast one step, then run rank 0's own ``forward`` (its collectives meet the workers')."""
         step = Step(input_ids.cpu(), meta.to("cpu"), logit_rows.cpu(), self._freed)
         self._freed = []
@@ -72,10 +74,12 @@ class Workers:
         """Have every worker run ``fn(shard, *args)`` while rank 0 runs ``local()`` (the same function on its own
         shard: collectives inside meet). Returns ``[rank 0's result]``, or with ``gather`` every rank's, in rank
         order (each pickled back: keep them small)."""
+
         def run() -> list:
             self.group.broadcast_object(Call(fn, tuple(args), gather))
             mine = local()
             return self.group.gather_object(mine) if gather else [mine]
+
         return self._call(run)
 
     def shutdown(self, timeout_s: float = 10.0) -> None:
@@ -98,8 +102,11 @@ class Workers:
         """None while every worker runs; else what went wrong (for ``/health``; a step also raises it)."""
         if self.failed is not None:
             return self.failed
-        dead = [f"rank {r} (pid {p.pid}) {_exit_text(p.exitcode)}{_stored_error(self.store, r)}"
-                for r, p in enumerate(self.procs, start=1) if not p.is_alive()]
+        dead = [
+            f"rank {r} (pid {p.pid}) {_exit_text(p.exitcode)}{_stored_error(self.store, r)}"
+            for r, p in enumerate(self.procs, start=1)
+            if not p.is_alive()
+        ]
         return "tensor-parallel worker " + "; ".join(dead) if dead else None
 
     def _call(self, fn):
@@ -117,13 +124,18 @@ class Workers:
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline and all(p.is_alive() for p in self.procs):
             time.sleep(0.05)  # a killed worker's exit shows a moment after its sockets close
-        dead = [f"rank {r} (pid {p.pid}) {_exit_text(p.exitcode)}{_stored_error(self.store, r)}"
-                for r, p in enumerate(self.procs, start=1) if not p.is_alive()]
+        dead = [
+            f"rank {r} (pid {p.pid}) {_exit_text(p.exitcode)}{_stored_error(self.store, r)}"
+            for r, p in enumerate(self.procs, start=1)
+            if not p.is_alive()
+        ]
         if dead:
             return "tensor-parallel worker " + "; ".join(dead) + "; the engine cannot continue — restart it"
         silent = ", ".join(str(r) for r in range(1, self.world))
-        return (f"tensor-parallel worker rank(s) {silent} did not answer within the collective timeout "
-                f"({exc}); a worker hangs or the machine is overloaded — restart the engine")
+        return (
+            f"tensor-parallel worker rank(s) {silent} did not answer within the collective timeout "
+            f"({exc}); a worker hangs or the machine is overloaded — restart the engine"
+        )
 
     def terminate(self) -> None:
         for p in self.procs:
@@ -147,8 +159,9 @@ def _stored_error(store, rank: int) -> str:
     return ""
 
 
-def launch(world: int, load: dict, threads: Optional[int] = None, timeout_s: float = DEFAULT_TIMEOUT_S,
-           device: str = "cpu"):
+def launch(
+    world: int, load: dict, threads: Optional[int] = None, timeout_s: float = DEFAULT_TIMEOUT_S, device: str = "cpu"
+):
     """Spawn ranks 1..world−1, load rank 0's shard here → ``(workers, model, tokenizer)``.
 
     ``load``: :func:`~.shard.load_shard`'s arguments (``spec``, ``dtype``, ``weights``, ``keep_packed``,
@@ -158,12 +171,19 @@ def launch(world: int, load: dict, threads: Optional[int] = None, timeout_s: flo
         raise ConfigError(f"tensor_parallel_size {world}: launch needs at least 2 ranks")
     threads = threads or default_threads(world)
     torch.set_num_threads(threads)
-    store = dist.TCPStore(HOST, 0, world, is_master=True, wait_for_workers=False,
-                          timeout=timedelta(seconds=LOAD_TIMEOUT_S))
+    store = dist.TCPStore(
+        HOST, 0, world, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=LOAD_TIMEOUT_S)
+    )
     ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=worker_main, name=f"bytediet-tp-rank{r}", daemon=True,
-                         args=(WorkerArgs(r, world, HOST, store.port, timeout_s, threads, load, device),))
-             for r in range(1, world)]
+    procs = [
+        ctx.Process(
+            target=worker_main,
+            name=f"bytediet-tp-rank{r}",
+            daemon=True,
+            args=(WorkerArgs(r, world, HOST, store.port, timeout_s, threads, load, device),),
+        )
+        for r in range(1, world)
+    ]
     for p in procs:
         p.start()
     handle = None
@@ -190,9 +210,12 @@ def _wait_for(store, procs: list, key: str, what: str) -> None:
         for r in sorted(pending):
             p = procs[r - 1]
             if not p.is_alive():
-                raise TensorParallelError(f"tensor-parallel worker rank {r} (pid {p.pid}) {_exit_text(p.exitcode)} "
-                                          f"before it could {what}{_stored_error(store, r)}")
+                raise TensorParallelError(
+                    f"tensor-parallel worker rank {r} (pid {p.pid}) {_exit_text(p.exitcode)} "
+                    f"before it could {what}{_stored_error(store, r)}"
+                )
         if pending and time.monotonic() > deadline:
-            raise TensorParallelError(f"tensor-parallel worker rank(s) {sorted(pending)} did not {what} within "
-                                      f"{LOAD_TIMEOUT_S:.0f} s")
+            raise TensorParallelError(
+                f"tensor-parallel worker rank(s) {sorted(pending)} did not {what} within {LOAD_TIMEOUT_S:.0f} s"
+            )
         time.sleep(0.05)

@@ -12,6 +12,7 @@ is replicated on ``world / num_kv_heads`` ranks, which split its group of query 
 Sizes may differ by one unit between ranks; all-reduces sum full-width tensors and the logits gather
 pads, so uneven splits cost nothing in correctness.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -71,5 +72,11 @@ def partition(config: ModelConfig, rank: int, world: int) -> Partition:
         head = rank // share
         lo, hi = even_range(group, share, rank % share)
         kv, q = (head, head + 1), (head * group + lo, head * group + hi)
-    return Partition(rank, world, q, kv, even_range(config.intermediate_size, world, rank),
-                     even_range(config.vocab_size, world, rank))
+    return Partition(
+        rank,
+        world,
+        q,
+        kv,
+        even_range(config.intermediate_size, world, rank),
+        even_range(config.vocab_size, world, rank),
+    )

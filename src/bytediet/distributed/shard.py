@@ -12,6 +12,7 @@ shard plus the one tensor being converted. :func:`install` then sets the local h
 the collectives as forward hooks (the layout of gpt-fast's ``tp.py``), leaving the model's modules,
 names and forward pass as they are.
 """
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -34,10 +35,15 @@ def _plan(name: str) -> Optional[tuple[str, str]]:
     """(kind of split, partition field) for a module name (by its last part); None: replicated (norms)."""
     leaf = name.rsplit(".", 1)[-1]
     return {
-        "q_proj": (COLUMN, "q_heads"), "k_proj": (COLUMN, "kv_heads"), "v_proj": (COLUMN, "kv_heads"),
-        "gate_proj": (COLUMN, "intermediate"), "up_proj": (COLUMN, "intermediate"),
-        "o_proj": (ROW, "q_heads"), "down_proj": (ROW, "intermediate"),
-        "lm_head": (COLUMN, "vocab"), "embed_tokens": (VOCAB, "vocab"),
+        "q_proj": (COLUMN, "q_heads"),
+        "k_proj": (COLUMN, "kv_heads"),
+        "v_proj": (COLUMN, "kv_heads"),
+        "gate_proj": (COLUMN, "intermediate"),
+        "up_proj": (COLUMN, "intermediate"),
+        "o_proj": (ROW, "q_heads"),
+        "down_proj": (ROW, "intermediate"),
+        "lm_head": (COLUMN, "vocab"),
+        "embed_tokens": (VOCAB, "vocab"),
     }.get(leaf)
 
 
@@ -120,8 +126,12 @@ def install(model: CausalLM, group: TPGroup) -> CausalLM:
     sizes = [hi - lo for lo, hi in (partition(full, r, group.world).vocab for r in range(group.world))]
     model.lm_head.register_forward_hook(lambda _m, _x, y: group.all_gather_last(y, sizes))
     # the rank's own shapes (its KV cache holds only its heads); the vocabulary stays whole
-    model.config = replace(full, num_heads=part.num_heads, num_kv_heads=part.num_kv_heads,
-                           intermediate_size=part.intermediate[1] - part.intermediate[0])
+    model.config = replace(
+        full,
+        num_heads=part.num_heads,
+        num_kv_heads=part.num_kv_heads,
+        intermediate_size=part.intermediate[1] - part.intermediate[0],
+    )
     model.full_config = full
     model.tensor_parallel, model.kv_head_range = (group.rank, group.world), part.kv_heads
     model.tp_group = group  # for functions rank 0 runs on every shard (a link measurement)
@@ -135,8 +145,12 @@ def full_shape(name: str, shape: tuple[int, int], config: ModelConfig) -> tuple[
     if plan is None:
         return shape
     split, field = plan
-    whole = {"q_heads": config.num_heads * config.head_dim, "kv_heads": config.num_kv_heads * config.head_dim,
-             "intermediate": config.intermediate_size, "vocab": config.vocab_size}[field]
+    whole = {
+        "q_heads": config.num_heads * config.head_dim,
+        "kv_heads": config.num_kv_heads * config.head_dim,
+        "intermediate": config.intermediate_size,
+        "vocab": config.vocab_size,
+    }[field]
     return (whole, shape[1]) if split == COLUMN else (shape[0], whole)
 
 

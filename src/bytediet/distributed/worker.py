@@ -7,6 +7,7 @@ them over the control group: :class:`AllocateCaches` (again whenever the engine 
 sequence, a measurement), and finally :class:`Stop`. A worker that fails writes its traceback to the
 store (``error/<rank>``) so rank 0 can quote it.
 """
+
 from __future__ import annotations
 
 import os

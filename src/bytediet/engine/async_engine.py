@@ -5,6 +5,7 @@ asyncio event loop. Commands (add, abort) cross over through a thread-safe queue
 to each request's ``asyncio.Queue`` with ``call_soon_threadsafe``. A consumer that stops iterating
 (a client that disconnected) aborts its request, which frees its blocks at once.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -32,8 +33,13 @@ class AsyncEngine:
         self._thread.start()
 
     # -- public API (event-loop side) ---------------------------------------------------------
-    async def generate(self, prompt_token_ids: Sequence[int], params: SamplingParams,
-                       request_id: Optional[str] = None, priority: int = 0) -> AsyncIterator[StepOutput]:
+    async def generate(
+        self,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams,
+        request_id: Optional[str] = None,
+        priority: int = 0,
+    ) -> AsyncIterator[StepOutput]:
         """Validate, queue and stream one request; raises ``ConfigError`` before queueing on bad input."""
         ids = self.engine.validate(prompt_token_ids, params)  # read-only checks: safe off-thread
         rid = request_id or f"async-{next(self._ids)}"

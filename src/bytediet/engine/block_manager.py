@@ -7,6 +7,7 @@ Freed blocks keep their hash until they are reused (least recently freed first),
 revived after its request finished. With KV tiers (:mod:`bytediet.engine.kv_tiers`) a reused block's bytes are
 first handed to the tier store, and a prefix the pool lost is looked up there and loaded into free blocks.
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -39,7 +40,7 @@ class BlockManager:
         self.hash_to_block: dict[int, int] = {}
         self.enable_prefix_caching = enable_prefix_caching
         self.prefix_queries = 0  # blocks looked up
-        self.prefix_hits = 0     # blocks found
+        self.prefix_hits = 0  # blocks found
         self.tiers = tiers  # a kv_tiers.TierStore (moves bytes below the pool), or None
 
     @property
@@ -83,7 +84,7 @@ class BlockManager:
         if len(hashes) < num_full_blocks:
             tokens = request.all_token_ids
             for i in range(len(hashes), num_full_blocks):
-                hashes.append(chain_hash(hashes[-1] if hashes else None, tuple(tokens[i * bs:(i + 1) * bs])))
+                hashes.append(chain_hash(hashes[-1] if hashes else None, tuple(tokens[i * bs : (i + 1) * bs])))
         return hashes[:num_full_blocks]
 
     def _tier_keys(self, request: Request, num_full_blocks: int) -> list[bytes]:
@@ -92,7 +93,7 @@ class BlockManager:
         if len(keys) < num_full_blocks:
             tokens = request.all_token_ids
             for i in range(len(keys), num_full_blocks):
-                keys.append(self.tiers.key(keys[-1] if keys else None, tokens[i * bs:(i + 1) * bs]))
+                keys.append(self.tiers.key(keys[-1] if keys else None, tokens[i * bs : (i + 1) * bs]))
         return keys[:num_full_blocks]
 
     def allocate_cached_prefix(self, request: Request) -> Optional[int]:
@@ -160,13 +161,16 @@ class BlockManager:
         request.tier_load = None
         start = request.num_registered_blocks
         n = self.tiers.finish(load)
-        for block_id in request.block_ids[start + n:]:  # lost or corrupt: those tokens are recomputed
+        for block_id in request.block_ids[start + n :]:  # lost or corrupt: those tokens are recomputed
             self._release(block_id)
-        del request.block_ids[start + n:]
+        del request.block_ids[start + n :]
         for j in range(start, start + n):
             block = self.blocks[request.block_ids[j]]
-            block.block_hash, block.tier_key, block.position = request.block_hashes[j], request.tier_keys[j], \
-                j * self.block_size
+            block.block_hash, block.tier_key, block.position = (
+                request.block_hashes[j],
+                request.tier_keys[j],
+                j * self.block_size,
+            )
             self.hash_to_block.setdefault(block.block_hash, block.block_id)
         for entry in load.entries[:n]:
             tier = entry[1]

@@ -1,4 +1,5 @@
 """The engine's configuration: which model, how to store it (weights, KV cache), how to schedule it."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -63,5 +64,7 @@ class EngineConfig:
         if self.tensor_parallel_size < 1:
             raise ConfigError(f"tensor_parallel_size must be at least 1, got {self.tensor_parallel_size}")
         if self.scheduler.max_num_batched_tokens < self.cache.block_size:
-            raise ConfigError(f"--max-num-batched-tokens {self.scheduler.max_num_batched_tokens} is smaller than one "
-                              f"KV block ({self.cache.block_size} tokens); raise it or lower --block-size")
+            raise ConfigError(
+                f"--max-num-batched-tokens {self.scheduler.max_num_batched_tokens} is smaller than one "
+                f"KV block ({self.cache.block_size} tokens); raise it or lower --block-size"
+            )

@@ -7,6 +7,7 @@ at a padding block outside the block manager's pool (position 0, one token of co
 whole forward pass — every linear, the paged attention, the LM head — with no launch overhead and no host
 synchronisation. Prefill steps and batches larger than the largest bucket run eagerly.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -19,7 +20,7 @@ from ..kvcache.base import AttentionMetadata
 def graph_batch_sizes(max_num_seqs: int) -> list[int]:
     """The buckets: 1, 2, 4, 8, then every 16, up to the first that holds ``max_num_seqs`` sequences."""
     sizes = [1, 2, 4, 8] + list(range(16, max_num_seqs + 16, 16))
-    return sizes[:next(i + 1 for i, b in enumerate(sizes) if b >= max_num_seqs)]
+    return sizes[: next(i + 1 for i, b in enumerate(sizes) if b >= max_num_seqs)]
 
 
 def bucket_for(n: int, sizes: list[int]) -> Optional[int]:
@@ -27,9 +28,17 @@ def bucket_for(n: int, sizes: list[int]) -> Optional[int]:
     return next((b for b in sorted(sizes) if b >= n), None)
 
 
-def pad_decode_batch(input_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-                     context_lens: torch.Tensor, block_tables: torch.Tensor, size: int, width: int,
-                     pad_block: int, block_size: int) -> tuple[torch.Tensor, ...]:
+def pad_decode_batch(
+    input_ids: torch.Tensor,
+    positions: torch.Tensor,
+    slots: torch.Tensor,
+    context_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    size: int,
+    width: int,
+    pad_block: int,
+    block_size: int,
+) -> tuple[torch.Tensor, ...]:
     """One decode step of n sequences as ``size`` rows (n ≤ size): the real rows first, then padding rows that
     read and write only ``pad_block`` (its first slot, position 0, one token of context).
 
@@ -44,7 +53,7 @@ def pad_decode_batch(input_ids: torch.Tensor, positions: torch.Tensor, slots: to
     tables = torch.full((size, width), -1, dtype=torch.int64, device=dev)
     tables[n:, 0] = pad_block
     ids[:n], pos[:n], slot[:n], ctx[:n] = input_ids, positions, slots, context_lens
-    tables[:n, :block_tables.shape[1]] = block_tables
+    tables[:n, : block_tables.shape[1]] = block_tables
     return ids, pos, slot, ctx, tables
 
 
@@ -65,9 +74,16 @@ class DecodeGraphs:
         self.logits: dict[int, torch.Tensor] = {}
 
     def _meta(self, size: int) -> AttentionMetadata:
-        meta = AttentionMetadata(self.positions[:size], self.slots[:size], self.starts[:size + 1],
-                                 self.context_lens[:size], self.tables[:size], self.block_size, [1] * size,
-                                 [self.width * self.block_size] * size)
+        meta = AttentionMetadata(
+            self.positions[:size],
+            self.slots[:size],
+            self.starts[: size + 1],
+            self.context_lens[:size],
+            self.tables[:size],
+            self.block_size,
+            [1] * size,
+            [self.width * self.block_size] * size,
+        )
         meta.__dict__["token_rows"] = self.rows[:size]  # the cached property, as a static buffer (no host copy)
         return meta
 
@@ -92,14 +108,27 @@ class DecodeGraphs:
     def fits(self, meta: AttentionMetadata, logit_rows: torch.Tensor) -> bool:
         """Whether a step is a decode step a graph replays: one token per sequence, every one sampled."""
         n = len(meta.query_lens_list)
-        return (all(q == 1 for q in meta.query_lens_list) and bucket_for(n, self.sizes) is not None
-                and logit_rows.shape[0] == n and meta.block_tables.shape[1] <= self.width)
+        return (
+            all(q == 1 for q in meta.query_lens_list)
+            and bucket_for(n, self.sizes) is not None
+            and logit_rows.shape[0] == n
+            and meta.block_tables.shape[1] <= self.width
+        )
 
     def fill(self, input_ids: torch.Tensor, meta: AttentionMetadata) -> int:
         """Copy a decode step of n sequences into the static buffers (padded); returns its bucket."""
         size = bucket_for(input_ids.shape[0], self.sizes)
-        padded = pad_decode_batch(input_ids, meta.positions, meta.slot_mapping, meta.context_lens, meta.block_tables,
-                                  size, self.width, self.pad_block, self.block_size)
+        padded = pad_decode_batch(
+            input_ids,
+            meta.positions,
+            meta.slot_mapping,
+            meta.context_lens,
+            meta.block_tables,
+            size,
+            self.width,
+            self.pad_block,
+            self.block_size,
+        )
         for buf, value in zip((self.ids, self.positions, self.slots, self.context_lens, self.tables), padded):
             buf[:size].copy_(value)
         return size
@@ -108,4 +137,4 @@ class DecodeGraphs:
         """Logits (n, vocab) of a decode step of n sequences, by replaying its bucket's graph."""
         size = self.fill(input_ids, meta)
         self.graphs[size].replay()
-        return self.logits[size][:input_ids.shape[0]].clone()
+        return self.logits[size][: input_ids.shape[0]].clone()

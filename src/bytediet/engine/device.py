@@ -1,6 +1,7 @@
 """Where the engine runs: the device resolved once, the model moved there, the KV pool sized from the device's free
 memory (vLLM's ``gpu_memory_utilization``), and the check that every layer has a kernel on the GPU path — a
 weight format or KV page type without one is refused at start, never run on a slow path without saying so."""
+
 from __future__ import annotations
 
 from typing import Optional
@@ -22,8 +23,10 @@ def resolve_device(name: str) -> str:
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"--device cuda: torch {torch.__version__} sees no CUDA GPU on this machine; "
-                          "run with --device cpu (or auto)")
+        raise ConfigError(
+            f"--device cuda: torch {torch.__version__} sees no CUDA GPU on this machine; "
+            "run with --device cpu (or auto)"
+        )
     return name
 
 
@@ -36,8 +39,10 @@ def move_model(model, device: str):
     try:
         model.to(device)  # moves every parameter and buffer (a module already there stays)
     except torch.cuda.OutOfMemoryError as e:
-        raise ConfigError(f"out of GPU memory loading the model's {model.weight_bytes() / GiB:.1f} GiB of weights "
-                          f"onto {device}; choose a smaller --weights format (e.g. int4-g128)") from e
+        raise ConfigError(
+            f"out of GPU memory loading the model's {model.weight_bytes() / GiB:.1f} GiB of weights "
+            f"onto {device}; choose a smaller --weights format (e.g. int4-g128)"
+        ) from e
     if tied:  # Module.to copies each tensor once: one table for the embedding and the LM head again
         head.set_packed(head.format, {"weight": model.model.embed_tokens.weight.data})
     for _, lin in model.linear_layers():
@@ -62,9 +67,11 @@ def kv_budget_from_free_memory(model, utilization: float, reserve: int) -> int:
     free, total = torch.cuda.mem_get_info(model.device)
     budget = int(total * utilization) - (total - free) - reserve
     if budget <= 0:
-        raise ConfigError(f"out of GPU memory at start: {(total - free) / GiB:.1f} GiB of {total / GiB:.1f} GiB are "
-                          f"in use (weights {model.weight_bytes() / GiB:.1f} GiB), and --gpu-memory-utilization "
-                          f"{utilization} leaves no room for the KV cache; raise it or use a smaller --weights format")
+        raise ConfigError(
+            f"out of GPU memory at start: {(total - free) / GiB:.1f} GiB of {total / GiB:.1f} GiB are "
+            f"in use (weights {model.weight_bytes() / GiB:.1f} GiB), and --gpu-memory-utilization "
+            f"{utilization} leaves no room for the KV cache; raise it or use a smaller --weights format"
+        )
     return budget
 
 
@@ -76,8 +83,10 @@ def check_kernels(model, caches, codec_name: str = "") -> None:
         except ConfigError as e:
             raise ConfigError(f"weight format {lin.format.spec()} ({name}): {e}") from e
         if weight is None and lin.format is not None and lin.format.name not in ("fp32", "bf16", "fp16"):
-            raise ConfigError(f"weight format {lin.format.spec()} ({name}) has no GPU kernel; run with --device cpu "
-                              "or quantize to int8, int4-gN, fp8, mxfp4, nvfp4, sparse24 or a GGUF block type")
+            raise ConfigError(
+                f"weight format {lin.format.spec()} ({name}) has no GPU kernel; run with --device cpu "
+                "or quantize to int8, int4-gN, fp8, mxfp4, nvfp4, sparse24 or a GGUF block type"
+            )
     for i, cache in enumerate(caches):
         pages = cache.attention_pages()
         try:
@@ -85,8 +94,10 @@ def check_kernels(model, caches, codec_name: str = "") -> None:
                 raise ConfigError("its pages have no reader outside the codec")
             backend.check_attention(pages)
         except ConfigError as e:
-            raise ConfigError(f"KV cache {codec_name} (layer {i}): no GPU attention kernel ({e}); choose another "
-                              "--kv-cache-dtype (bf16, int8, fp8, q8_0, q4_0, turboquant…) or --device cpu") from e
+            raise ConfigError(
+                f"KV cache {codec_name} (layer {i}): no GPU attention kernel ({e}); choose another "
+                "--kv-cache-dtype (bf16, int8, fp8, q8_0, q4_0, turboquant…) or --device cpu"
+            ) from e
 
 
 def describe(model, caches, decode: str) -> dict:

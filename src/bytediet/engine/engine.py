@@ -3,6 +3,7 @@
 :class:`LLMEngine` is synchronous and single-threaded; :class:`bytediet.engine.llm.LLM` (offline) and
 :class:`bytediet.engine.async_engine.AsyncEngine` (server) drive it.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -22,8 +23,8 @@ from .params import SamplingParams
 from .request import FinishReason, Request
 from .runner import ModelRunner
 from .sampling import Sampler, TokenLogprobs, token_logprobs
-from .speculative import AdaptiveDraft, eligible, make_proposer, verify
 from .scheduler import Scheduler
+from .speculative import AdaptiveDraft, eligible, make_proposer, verify
 from .stop import StopStringDetector
 
 
@@ -58,8 +59,8 @@ class EngineStats:
     generated_tokens: int = 0
     steps: int = 0
     forward_time: float = 0.0
-    spec_verifications: int = 0   # request-steps that verified speculative drafts
-    spec_draft_tokens: int = 0    # drafts proposed to the target
+    spec_verifications: int = 0  # request-steps that verified speculative drafts
+    spec_draft_tokens: int = 0  # drafts proposed to the target
     spec_accepted_tokens: int = 0  # drafts the target kept
 
 
@@ -72,8 +73,9 @@ class LLMEngine:
         # workers: tensor-parallel ranks 1..N-1; the runner owns the thread policy (ModelRunner.step_threads)
         self.runner = ModelRunner(model, config.cache, workers, config.num_threads, cuda_graphs=graphs)
         self.tiers = build_tier_store(config.offload, model, self.runner, config.cache)  # None: no KV tiers
-        self.block_manager = BlockManager(self.runner.num_blocks, config.cache.block_size,
-                                          config.cache.enable_prefix_caching, self.tiers)
+        self.block_manager = BlockManager(
+            self.runner.num_blocks, config.cache.block_size, config.cache.enable_prefix_caching, self.tiers
+        )
         self._at_exit = None
         if self.tiers is not None:  # the pool's cached blocks go down to the tiers when the process ends
             self._at_exit = partial(_close_tiers, self.block_manager, self.tiers)
@@ -89,20 +91,28 @@ class LLMEngine:
         self.sampler = Sampler(seed=config.seed)
         self.speculative = config.speculative
         if config.speculative is not None and self.runner.max_sequences is not None:
-            raise ConfigError(f"speculative decoding rolls rejected drafts back slot by slot; the KV codec "
-                              f"{config.cache.kv_cache_dtype!r} keeps per-sequence staging that cannot roll back: "
-                              "choose another --kv-cache-dtype (e.g. int8, q8_0, turboquant4) or drop "
-                              "--speculative-config")
-        self.proposer = None if config.speculative is None else make_proposer(config.speculative, tokenizer,
-                                                                               config.num_threads)
+            raise ConfigError(
+                f"speculative decoding rolls rejected drafts back slot by slot; the KV codec "
+                f"{config.cache.kv_cache_dtype!r} keeps per-sequence staging that cannot roll back: "
+                "choose another --kv-cache-dtype (e.g. int8, q8_0, turboquant4) or drop "
+                "--speculative-config"
+            )
+        self.proposer = (
+            None if config.speculative is None else make_proposer(config.speculative, tokenizer, config.num_threads)
+        )
         self.stats = EngineStats()
         self._detok: dict[str, _Detok] = {}
         self._ids = itertools.count()
         self.eos_token_ids = frozenset(getattr(tokenizer, "eos_token_ids", ()) or ())
 
     # -- requests -------------------------------------------------------------------------------
-    def add_request(self, prompt_token_ids: Sequence[int], params: SamplingParams,
-                    request_id: Optional[str] = None, priority: int = 0) -> Request:
+    def add_request(
+        self,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams,
+        request_id: Optional[str] = None,
+        priority: int = 0,
+    ) -> Request:
         """Validate and queue one sequence (``params.n`` must be 1 here; the LLM API expands n). ``priority``:
         smaller runs first under the ``priority`` scheduling policy (ignored by ``fcfs``)."""
         ids = self.validate(prompt_token_ids, params)
@@ -191,12 +201,13 @@ class LLMEngine:
         for s in sampling:
             r = s.request
             if s.drafts:
-                mine = logits[row:row + 1 + len(s.drafts)]
+                mine = logits[row : row + 1 + len(s.drafts)]
                 verdict = verify(mine, s.drafts, r.params, self.sampler, r.generator)
                 lps = [None] * len(verdict.tokens)
                 if r.params.logprobs is not None:
-                    lps = token_logprobs(mine[verdict.rows], torch.tensor(verdict.tokens, device=mine.device),
-                                         r.params.logprobs)
+                    lps = token_logprobs(
+                        mine[verdict.rows], torch.tensor(verdict.tokens, device=mine.device), r.params.logprobs
+                    )
                 sampled[r.request_id] = (verdict.tokens, lps)
                 r.draft.update(len(s.drafts), verdict.accepted_drafts)
                 self.stats.spec_verifications += 1
@@ -208,8 +219,10 @@ class LLMEngine:
             row += 1 + len(s.drafts)
         if plain:
             so = self.sampler(
-                logits[plain_rows], [r.params for r in plain],
-                prompt_ids=[r.prompt_token_ids for r in plain], output_ids=[r.output_token_ids for r in plain],
+                logits[plain_rows],
+                [r.params for r in plain],
+                prompt_ids=[r.prompt_token_ids for r in plain],
+                output_ids=[r.output_token_ids for r in plain],
                 generators=[r.generator for r in plain],
             )
             for r, tok, lp in zip(plain, so.token_ids.tolist(), so.logprobs):
@@ -245,9 +258,10 @@ class LLMEngine:
             if not positions:
                 continue
             req = s.request
-            targets = torch.tensor(req.prompt_token_ids[positions.start + 1:positions.stop + 1], device=logits.device)
-            req.prompt_logprobs += token_logprobs(logits[row:row + len(positions)], targets,
-                                                  req.params.prompt_logprobs)
+            targets = torch.tensor(req.prompt_token_ids[positions.start + 1 : positions.stop + 1], device=logits.device)
+            req.prompt_logprobs += token_logprobs(
+                logits[row : row + len(positions)], targets, req.params.prompt_logprobs
+            )
             row += len(positions)
 
     def _emit(self, req: Request, count: int = 1) -> StepOutput:
@@ -267,7 +281,7 @@ class LLMEngine:
                 update = state.stop.feed(piece)
                 delta += update.delta
                 if update.stopped and not req.is_finished:
-                    del req.output_token_ids[i + 1:], req.output_logprobs[i + 1:]
+                    del req.output_token_ids[i + 1 :], req.output_logprobs[i + 1 :]
                     req.stop_reason = update.stop
                     self.scheduler.finish_requests(req.request_id, FinishReason.STOP)
         if req.is_finished:
@@ -276,8 +290,16 @@ class LLMEngine:
         lps = req.output_logprobs[first:] if req.output_logprobs else [None] * len(tokens)
         prompt_lps = req.prompt_logprobs if first == 0 else None
         cached = dict(req.cached_tokens_by_tier) if self.tiers is not None and first == 0 else None
-        return StepOutput(req.request_id, tokens, delta, req.is_finished,
-                          req.finish_reason.value if req.finish_reason else None, lps, prompt_lps, cached)
+        return StepOutput(
+            req.request_id,
+            tokens,
+            delta,
+            req.is_finished,
+            req.finish_reason.value if req.finish_reason else None,
+            lps,
+            prompt_lps,
+            cached,
+        )
 
     def _new_text(self, state: _Detok, req: Request, token: int) -> str:
         """The text ``token`` completes: O(1) per token with an incremental decoder (the full output is
@@ -289,12 +311,17 @@ class LLMEngine:
             return state.decoder.push(token)
         text = self.tokenizer.decode(req.output_token_ids, skip_special_tokens=skip)
         stable = len(text) - 1 if text.endswith("\ufffd") else len(text)  # an incomplete UTF-8 character
-        piece, state.text_sent = text[state.text_sent:stable], max(state.text_sent, stable)
+        piece, state.text_sent = text[state.text_sent : stable], max(state.text_sent, stable)
         return piece
 
     def _finished_output(self, req: Request) -> StepOutput:
-        return StepOutput(req.request_id, [], self._detok[req.request_id].stop.finish(), True,
-                          req.finish_reason.value if req.finish_reason else None)
+        return StepOutput(
+            req.request_id,
+            [],
+            self._detok[req.request_id].stop.finish(),
+            True,
+            req.finish_reason.value if req.finish_reason else None,
+        )
 
     def output_text(self, request_id: str) -> str:
         state = self._detok.get(request_id)

@@ -8,6 +8,7 @@ with its counters, and a reader thread hands them to the requests' ``asyncio.Que
 The engine process ignores SIGINT / SIGTERM (the API process drains, then stops it) and exits when the pipe
 closes, so it never outlives the server. Grammar masks cross the pipe as their schema and are compiled there.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -62,8 +63,10 @@ class EngineProcess:
             waited += 1.0
             if not self._proc.is_alive() or waited >= timeout:
                 self._proc.kill()
-                raise RuntimeError(f"the engine process did not start (exit status {self._proc.exitcode}); "
-                                   "run with --no-engine-process to see the error in this process")
+                raise RuntimeError(
+                    f"the engine process did not start (exit status {self._proc.exitcode}); "
+                    "run with --no-engine-process to see the error in this process"
+                )
         msg = self._conn.recv()
         if msg[0] == "failed":
             self._proc.join(timeout=30)
@@ -71,8 +74,13 @@ class EngineProcess:
         return msg[1], msg[2]
 
     # -- public API (event-loop side), as AsyncEngine's ----------------------------------------------
-    async def generate(self, prompt_token_ids: Sequence[int], params: SamplingParams,
-                       request_id: Optional[str] = None, priority: int = 0) -> AsyncIterator[StepOutput]:
+    async def generate(
+        self,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams,
+        request_id: Optional[str] = None,
+        priority: int = 0,
+    ) -> AsyncIterator[StepOutput]:
         """Validate, queue and stream one request; raises ``ConfigError`` before queueing on bad input."""
         ids = self.info.validate(prompt_token_ids, params)
         if not isinstance(priority, int) or isinstance(priority, bool):
@@ -151,8 +159,17 @@ class EngineProcess:
                 return
             except Exception as exc:  # e.g. an unpicklable logits processor: fail that request only
                 if cmd[0] == "add":
-                    self._deliver([(cmd[1], RuntimeError(f"cannot send the request to the engine process: {exc}; "
-                                                         "use picklable logits processors or --no-engine-process"))])
+                    self._deliver(
+                        [
+                            (
+                                cmd[1],
+                                RuntimeError(
+                                    f"cannot send the request to the engine process: {exc}; "
+                                    "use picklable logits processors or --no-engine-process"
+                                ),
+                            )
+                        ]
+                    )
 
     def _read(self) -> None:
         try:
@@ -206,8 +223,9 @@ def _portable(params: SamplingParams) -> SamplingParams:
     procs = params.logits_processors
     if not procs or not any(isinstance(p, GrammarMask) for p in procs):
         return params
-    return replace(params, logits_processors=tuple(_GrammarSpec(p.schema_text) if isinstance(p, GrammarMask) else p
-                                                   for p in procs))
+    return replace(
+        params, logits_processors=tuple(_GrammarSpec(p.schema_text) if isinstance(p, GrammarMask) else p for p in procs)
+    )
 
 
 # -- the engine process ------------------------------------------------------------------------------------
@@ -218,7 +236,7 @@ def _engine_main(conn, factory: Callable, args: tuple) -> None:
         built = factory(*args)
         engine = getattr(built, "engine", built)
         conn.send(("ready", engine_info(engine), engine_counters(engine)))
-    except BaseException as exc:  # noqa: BLE001 - reported to the API process, which raises it
+    except BaseException as exc:
         conn.send(("failed", _picklable(exc)))
         return
     try:
@@ -299,9 +317,15 @@ class _Core:
             from .grammar import GrammarCompiler
 
             self.compiler = GrammarCompiler(self.engine.tokenizer, self.engine.model.config.vocab_size)
-        return replace(params, logits_processors=tuple(
-            GrammarMask(self.compiler.compile_json(p.schema_text), self.compiler.vocab_size, p.schema_text)
-            if isinstance(p, _GrammarSpec) else p for p in procs))
+        return replace(
+            params,
+            logits_processors=tuple(
+                GrammarMask(self.compiler.compile_json(p.schema_text), self.compiler.vocab_size, p.schema_text)
+                if isinstance(p, _GrammarSpec)
+                else p
+                for p in procs
+            ),
+        )
 
 
 def _picklable(exc: BaseException) -> BaseException:
@@ -309,5 +333,5 @@ def _picklable(exc: BaseException) -> BaseException:
     try:
         pickle.dumps(exc)
         return exc
-    except Exception:  # noqa: BLE001
+    except Exception:
         return RuntimeError(f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}")

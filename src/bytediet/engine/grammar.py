@@ -11,6 +11,7 @@ grammar is complete only the end-of-sequence tokens remain allowed, so the outpu
 Why xgrammar (measured on SmolLM2-135M's 49,152-token vocabulary, ``bench/grammar_overhead.py``):
 see the server's note; it had the lowest per-token mask time of the libraries tried.
 """
+
 from __future__ import annotations
 
 import json
@@ -48,8 +49,13 @@ def tokenizer_info(tokenizer, vocab_size: int):
             if idx < vocab_size:
                 vocab[idx] = token
         meta = xgr.TokenizerInfo._detect_metadata_from_hf(backend.to_str())
-        return xgr.TokenizerInfo(vocab, vocab_type=meta["vocab_type"], vocab_size=vocab_size,
-                                 stop_token_ids=stop, add_prefix_space=meta["add_prefix_space"])
+        return xgr.TokenizerInfo(
+            vocab,
+            vocab_type=meta["vocab_type"],
+            vocab_size=vocab_size,
+            stop_token_ids=stop,
+            add_prefix_space=meta["add_prefix_space"],
+        )
     vocab = [tokenizer.decode([i]) for i in range(vocab_size)]
     return xgr.TokenizerInfo(vocab, vocab_type=xgr.VocabType.RAW, vocab_size=vocab_size, stop_token_ids=stop)
 
@@ -115,7 +121,7 @@ class GrammarMask:
 
     def __call__(self, output_ids: Sequence[int], logits: torch.Tensor) -> torch.Tensor:
         """``logits`` (V,) with every token the grammar forbids after ``output_ids`` set to ``-inf``."""
-        for token in output_ids[self.seen:]:
+        for token in output_ids[self.seen :]:
             if not self.matcher.is_terminated() and not self.matcher.accept_token(int(token)):
                 raise RuntimeError(f"grammar mask: token {token} was sampled although the grammar forbids it")
         self.seen = len(output_ids)

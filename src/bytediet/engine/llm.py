@@ -1,4 +1,5 @@
 """The offline API: ``LLM(model=...).generate(prompts, SamplingParams)``, chat, and streaming."""
+
 from __future__ import annotations
 
 import time
@@ -14,10 +15,10 @@ from ..kvcache.config import CacheConfig
 from .config import EngineConfig, OffloadConfig
 from .device import activation_reserve, kv_budget_from_free_memory, move_model, resolve_device
 from .engine import LLMEngine, StepOutput
-from .runner import set_threads
-from .speculative import SpeculativeConfig
 from .params import SamplingParams
+from .runner import set_threads
 from .sampling import TokenLogprobs
+from .speculative import SpeculativeConfig
 
 Message = dict
 DEFAULT_KV_MEMORY = "1GiB"  # the KV pool's budget on the CPU unless kv_cache_memory says otherwise
@@ -77,17 +78,38 @@ class LLM:
     ``kv_offload_disk_size`` (disk), ``kv_offload_codec`` (re-encode at rest, e.g. "rot-q8_0").
     """
 
-    def __init__(self, model: str = "default", *, dtype: str = "float32", weights: Optional[str] = None,
-                 kv_cache_dtype: str = "auto", kv_cache_memory: Union[str, int, None] = None,
-                 block_size: Optional[int] = None,
-                 num_blocks: Optional[int] = None, max_num_batched_tokens: int = 512, max_num_seqs: int = 64,
-                 long_prefill_token_threshold: int = 0, scheduling_policy: str = "fcfs",
-                 enable_prefix_caching: bool = True, enable_chunked_prefill: bool = True, seed: int = 0,
-                 num_threads: Optional[int] = None, keep_packed: bool = True, activations: str = "q16",
-                 tensor_parallel_size: int = 1, loaded=None, kv_calibration_state=None, device: str = "auto",
-                 gpu_memory_utilization: float = 0.9, enforce_eager: bool = False, speculative_config=None,
-                 kv_offload_dir: Optional[str] = None, kv_offload_size: Union[str, int] = 0,
-                 kv_offload_disk_size: Union[str, int] = "40GiB", kv_offload_codec: Optional[str] = None) -> None:
+    def __init__(
+        self,
+        model: str = "default",
+        *,
+        dtype: str = "float32",
+        weights: Optional[str] = None,
+        kv_cache_dtype: str = "auto",
+        kv_cache_memory: Union[str, int, None] = None,
+        block_size: Optional[int] = None,
+        num_blocks: Optional[int] = None,
+        max_num_batched_tokens: int = 512,
+        max_num_seqs: int = 64,
+        long_prefill_token_threshold: int = 0,
+        scheduling_policy: str = "fcfs",
+        enable_prefix_caching: bool = True,
+        enable_chunked_prefill: bool = True,
+        seed: int = 0,
+        num_threads: Optional[int] = None,
+        keep_packed: bool = True,
+        activations: str = "q16",
+        tensor_parallel_size: int = 1,
+        loaded=None,
+        kv_calibration_state=None,
+        device: str = "auto",
+        gpu_memory_utilization: float = 0.9,
+        enforce_eager: bool = False,
+        speculative_config=None,
+        kv_offload_dir: Optional[str] = None,
+        kv_offload_size: Union[str, int] = 0,
+        kv_offload_disk_size: Union[str, int] = "40GiB",
+        kv_offload_codec: Optional[str] = None,
+    ) -> None:
         from ..models.loader import load_model
 
         set_threads(num_threads)
@@ -102,35 +124,57 @@ class LLM:
             if quantized is not None:
                 weights, overrides = quantized.format, dict(quantized.overrides)
         self.config = EngineConfig(
-            model=str(model), dtype=dtype, weights=weights, weight_overrides=overrides, seed=seed,
-            num_threads=num_threads, tensor_parallel_size=tensor_parallel_size, device=device,
-            gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager,
+            model=str(model),
+            dtype=dtype,
+            weights=weights,
+            weight_overrides=overrides,
+            seed=seed,
+            num_threads=num_threads,
+            tensor_parallel_size=tensor_parallel_size,
+            device=device,
+            gpu_memory_utilization=gpu_memory_utilization,
+            enforce_eager=enforce_eager,
             speculative=SpeculativeConfig.parse(speculative_config),
-            offload=OffloadConfig(dir=kv_offload_dir, ram_size=kv_offload_size, disk_size=kv_offload_disk_size,
-                                  codec=kv_offload_codec),
-            cache=CacheConfig(block_size=block_size, kv_cache_memory=kv_cache_memory or DEFAULT_KV_MEMORY,
-                              kv_cache_dtype=kv_cache_dtype,
-                              enable_prefix_caching=enable_prefix_caching, num_blocks=num_blocks,
-                              kv_calibration_state=kv_calibration_state),
-            scheduler=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
-                                      enable_chunked_prefill=enable_chunked_prefill,
-                                      long_prefill_token_threshold=long_prefill_token_threshold,
-                                      policy=scheduling_policy),
+            offload=OffloadConfig(
+                dir=kv_offload_dir, ram_size=kv_offload_size, disk_size=kv_offload_disk_size, codec=kv_offload_codec
+            ),
+            cache=CacheConfig(
+                block_size=block_size,
+                kv_cache_memory=kv_cache_memory or DEFAULT_KV_MEMORY,
+                kv_cache_dtype=kv_cache_dtype,
+                enable_prefix_caching=enable_prefix_caching,
+                num_blocks=num_blocks,
+                kv_calibration_state=kv_calibration_state,
+            ),
+            scheduler=SchedulerConfig(
+                max_num_batched_tokens=max_num_batched_tokens,
+                max_num_seqs=max_num_seqs,
+                enable_chunked_prefill=enable_chunked_prefill,
+                long_prefill_token_threshold=long_prefill_token_threshold,
+                policy=scheduling_policy,
+            ),
         )
         t0 = time.perf_counter()
         self.workers = None
         if tensor_parallel_size > 1:
             self.workers, self.model, self.tokenizer = _launch_tensor_parallel(
-                tensor_parallel_size, loaded, num_threads,
-                dict(spec=str(model), dtype=dtype, weights=weights, keep_packed=keep_packed, activations=activations))
+                tensor_parallel_size,
+                loaded,
+                num_threads,
+                dict(spec=str(model), dtype=dtype, weights=weights, keep_packed=keep_packed, activations=activations),
+            )
         else:
-            self.model, self.tokenizer = loaded or load_model(model, dtype=dtype, weights=weights,
-                                                              keep_packed=keep_packed, activations=activations)
+            self.model, self.tokenizer = loaded or load_model(
+                model, dtype=dtype, weights=weights, keep_packed=keep_packed, activations=activations
+            )
         move_model(self.model, device)
         if device == "cuda" and kv_cache_memory is None and num_blocks is None:  # the pool fills what is free
             sched = self.config.scheduler
-            budget = kv_budget_from_free_memory(self.model, gpu_memory_utilization, activation_reserve(
-                self.model, sched.max_num_batched_tokens, sched.max_num_seqs))
+            budget = kv_budget_from_free_memory(
+                self.model,
+                gpu_memory_utilization,
+                activation_reserve(self.model, sched.max_num_batched_tokens, sched.max_num_seqs),
+            )
             self.config = replace(self.config, cache=replace(self.config.cache, kv_cache_memory=budget))
         self.load_time = time.perf_counter() - t0
         try:
@@ -157,15 +201,20 @@ class LLM:
         sched_keys = {f.name for f in fields(SchedulerConfig)}
         unknown = sorted(set(settings) - cache_keys - sched_keys)
         if unknown:
-            raise ConfigError(f"rebuild_engine: unknown setting(s) {unknown}; choose from "
-                              f"{', '.join(sorted(cache_keys | sched_keys))}")
+            raise ConfigError(
+                f"rebuild_engine: unknown setting(s) {unknown}; choose from "
+                f"{', '.join(sorted(cache_keys | sched_keys))}"
+            )
         cache = {k: v for k, v in settings.items() if k in cache_keys}
         if "kv_cache_dtype" in cache:
             cache.setdefault("block_size", None)
         if "kv_cache_memory" in cache:
             cache.setdefault("num_blocks", None)
-        config = replace(self.config, cache=replace(self.config.cache, **cache), scheduler=replace(
-            self.config.scheduler, **{k: v for k, v in settings.items() if k in sched_keys}))
+        config = replace(
+            self.config,
+            cache=replace(self.config.cache, **cache),
+            scheduler=replace(self.config.scheduler, **{k: v for k, v in settings.items() if k in sched_keys}),
+        )
         self.engine.close()  # its KV tiers' directory is released for the new engine
         self.engine = None  # its pool (and the workers' pages) goes first
         self.config = config
@@ -193,6 +242,7 @@ class LLM:
         def local():
             with torch.inference_mode():
                 return fn(self.model, *args)
+
         if self.workers is None:
             return [local()]
         return self.workers.call(fn, args, local, gather=gather)
@@ -213,9 +263,12 @@ class LLM:
         return self.tokenizer.encode(self.chat_prompt(messages), add_special_tokens=False)
 
     # -- generation -----------------------------------------------------------------------------
-    def generate(self, prompts: Union[Prompt, Sequence[Prompt]], sampling_params: Optional[
-                 Union[SamplingParams, Sequence[SamplingParams]]] = None,
-                 priority: Optional[Sequence[int]] = None) -> list[RequestOutput]:
+    def generate(
+        self,
+        prompts: Union[Prompt, Sequence[Prompt]],
+        sampling_params: Optional[Union[SamplingParams, Sequence[SamplingParams]]] = None,
+        priority: Optional[Sequence[int]] = None,
+    ) -> list[RequestOutput]:
         """Generate for every prompt together (continuous batching); results in prompt order. ``priority``: one
         integer per prompt for the ``priority`` scheduling policy (smaller first)."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
@@ -224,8 +277,11 @@ class LLM:
         texts = [p if isinstance(p, str) else None for p in prompts]
         return self._run(token_lists, texts, sampling_params, priority)
 
-    def chat(self, conversations: Union[Sequence[Message], Sequence[Sequence[Message]]],
-             sampling_params: Optional[SamplingParams] = None) -> list[RequestOutput]:
+    def chat(
+        self,
+        conversations: Union[Sequence[Message], Sequence[Sequence[Message]]],
+        sampling_params: Optional[SamplingParams] = None,
+    ) -> list[RequestOutput]:
         """One conversation (a list of {"role", "content"} dicts) or a list of them."""
         if conversations and isinstance(conversations[0], dict):
             conversations = [conversations]
@@ -254,11 +310,16 @@ class LLM:
         while self.engine.has_unfinished_requests():
             self.engine.step()
         for rid, (ro, i, req) in children.items():
-            ro.outputs.append(CompletionOutput(
-                i, self.engine.output_text(rid), list(req.output_token_ids),
-                req.finish_reason.value if req.finish_reason else None, req.stop_reason,
-                req.output_logprobs if req.params.logprobs is not None else None,
-            ))
+            ro.outputs.append(
+                CompletionOutput(
+                    i,
+                    self.engine.output_text(rid),
+                    list(req.output_token_ids),
+                    req.finish_reason.value if req.finish_reason else None,
+                    req.stop_reason,
+                    req.output_logprobs if req.params.logprobs is not None else None,
+                )
+            )
             ro.prompt_logprobs = ro.prompt_logprobs or req.prompt_logprobs
             ro.arrival_time = req.arrival_time
             if req.num_cached_tokens >= ro.num_cached_tokens:
@@ -294,8 +355,10 @@ def _score(model, ids: torch.Tensor, codec) -> torch.Tensor:
 def _launch_tensor_parallel(size: int, loaded, num_threads: Optional[int], load: dict):
     """``(workers, rank 0's shard, tokenizer)``: every rank loads its own slices (a loaded model cannot be split)."""
     if loaded is not None:
-        raise ConfigError("tensor_parallel_size > 1: each rank loads its own shard from the checkpoint; pass the "
-                          "model's name or path, not a loaded model")
+        raise ConfigError(
+            "tensor_parallel_size > 1: each rank loads its own shard from the checkpoint; pass the "
+            "model's name or path, not a loaded model"
+        )
     from ..distributed.launch import launch
 
     return launch(size, load, threads=num_threads)

@@ -5,6 +5,7 @@ number of logprobs) live in :meth:`SamplingParams.validate`, which the engine ca
 vocabulary size before it queues the request. A bad value raises
 :class:`bytediet.errors.ConfigError` whose message names the field and the allowed range.
 """
+
 from __future__ import annotations
 
 import math
@@ -177,5 +178,7 @@ class SamplingParams:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise ConfigError(f"unknown sampling field(s) {', '.join(unknown)}; known fields: {', '.join(sorted(known))}")
+            raise ConfigError(
+                f"unknown sampling field(s) {', '.join(unknown)}; known fields: {', '.join(sorted(known))}"
+            )
         return cls(**data)

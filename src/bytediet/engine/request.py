@@ -3,6 +3,7 @@
 vLLM v1's single idea: there is no separate prefill and decode phase. ``num_computed_tokens`` catches
 up with ``num_tokens`` (prompt + output); chunked prefill, prefix caching and preemption fall out of it.
 """
+
 from __future__ import annotations
 
 import enum
@@ -22,25 +23,32 @@ class RequestStatus(enum.Enum):
 
 
 class FinishReason(str, enum.Enum):
-    STOP = "stop"      # end-of-sequence token, stop token id or stop string
+    STOP = "stop"  # end-of-sequence token, stop token id or stop string
     LENGTH = "length"  # max_tokens or the context window
-    ABORT = "abort"    # cancelled by the caller (or a disconnected client)
+    ABORT = "abort"  # cancelled by the caller (or a disconnected client)
 
 
 class Request:
     """One sequence being generated. ``block_ids`` is owned by the block manager."""
 
-    def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                 arrival_time: Optional[float] = None, eos_token_ids: frozenset[int] = frozenset(),
-                 priority: int = 0) -> None:
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        arrival_time: Optional[float] = None,
+        eos_token_ids: frozenset[int] = frozenset(),
+        priority: int = 0,
+    ) -> None:
         self.request_id = request_id
         self.seq_id = -1  # the engine's integer id, for codecs that keep per-sequence state
         self.prompt_token_ids = list(prompt_token_ids)
         self.output_token_ids: list[int] = []
         self.output_logprobs: list[Optional[TokenLogprobs]] = []
         # prompt logprobs (params.prompt_logprobs): entry i scores prompt token i; the first has no context
-        self.prompt_logprobs: Optional[list[Optional[TokenLogprobs]]] = \
+        self.prompt_logprobs: Optional[list[Optional[TokenLogprobs]]] = (
             None if params.prompt_logprobs is None else [None]
+        )
         self.params = params
         self.arrival_time = time.perf_counter() if arrival_time is None else arrival_time
         self.priority = priority  # the "priority" policy runs smaller values first (vLLM's meaning)
@@ -105,5 +113,7 @@ class Request:
         return None
 
     def __repr__(self) -> str:
-        return (f"Request({self.request_id!r}, prompt={self.num_prompt_tokens}, out={self.num_output_tokens}, "
-                f"computed={self.num_computed_tokens}, {self.status.value})")
+        return (
+            f"Request({self.request_id!r}, prompt={self.num_prompt_tokens}, out={self.num_output_tokens}, "
+            f"computed={self.num_computed_tokens}, {self.status.value})"
+        )

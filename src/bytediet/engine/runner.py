@@ -2,6 +2,7 @@
 
 It owns the model and the per-layer KV pages; it makes no scheduling decision.
 """
+
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -46,8 +47,10 @@ def sequence_capacity(codec: KVCodec, model: CausalLM, cache: CacheConfig, seq_l
     c = model.config
     num_blocks = cache.num_blocks or num_blocks_for_budget(codec, model, cache)
     by_blocks = num_blocks // -(-seq_len // cache.block_size)
-    caches = [codec.create_cache(i, num_blocks, cache.block_size, c.num_kv_heads, c.head_dim, model.dtype, "meta")
-              for i in range(c.num_layers)]
+    caches = [
+        codec.create_cache(i, num_blocks, cache.block_size, c.num_kv_heads, c.head_dim, model.dtype, "meta")
+        for i in range(c.num_layers)
+    ]
     by_staging = sequence_limit(caches)
     sequences = by_blocks if by_staging is None else min(by_blocks, by_staging)
     return {"sequences": sequences, "num_blocks": num_blocks, "by_blocks": by_blocks, "by_staging": by_staging}
@@ -61,8 +64,15 @@ class ModelRunner:
     CUDA unless ``enforce_eager``).
     """
 
-    def __init__(self, model: CausalLM, cache: CacheConfig, workers=None, num_threads: Optional[int] = None, *,
-                 cuda_graphs: int = 0) -> None:
+    def __init__(
+        self,
+        model: CausalLM,
+        cache: CacheConfig,
+        workers=None,
+        num_threads: Optional[int] = None,
+        *,
+        cuda_graphs: int = 0,
+    ) -> None:
         self.model = model
         self.block_size = cache.block_size
         self.codec = cache.build_codec(model.dtype, getattr(model, "rope", None))  # built once, from name + state
@@ -79,8 +89,13 @@ class ModelRunner:
         self.prefill_threads = 1  # torch threads for steps with prefill chunks (set by each step_threads)
         if self.decoder is not None:  # the kernel pool gets the threads; torch gets one inside each step
             ops.native_library().set_num_threads(num_threads or torch.get_num_threads())
-        self.decode_path = ("native" if self.decoder is not None else "triton" if triton
-                            else f"modules ({why_not_native(model, self.caches)})")
+        self.decode_path = (
+            "native"
+            if self.decoder is not None
+            else "triton"
+            if triton
+            else f"modules ({why_not_native(model, self.caches)})"
+        )
         self.graphs = None
         if cuda_graphs and self.max_sequences is None:
             self._capture(cuda_graphs)
@@ -98,7 +113,7 @@ class ModelRunner:
         try:
             graphs = DecodeGraphs(self.model, self.caches, max_num_seqs, width, self.num_blocks, self.block_size)
             graphs.capture()
-        except Exception as e:  # noqa: BLE001 - reported: the decode path names the failure
+        except Exception as e:
             self.decode_path += f", eager (CUDA graph capture failed: {type(e).__name__}: {str(e).splitlines()[0]})"
             return
         self.graphs = graphs
@@ -130,7 +145,7 @@ class ModelRunner:
         for s in out.scheduled:
             prompt_rows.extend(row + p - s.request.num_computed_tokens for p in s.prompt_logprob_positions)
             req, start, n = s.request, s.request.num_computed_tokens, s.num_tokens
-            ids.extend(req.all_token_ids[start:start + n - len(s.drafts)] + s.drafts)
+            ids.extend(req.all_token_ids[start : start + n - len(s.drafts)] + s.drafts)
             pos = range(start, start + n)
             positions.extend(pos)
             slots.extend(req.block_ids[p // bs] * bs + p % bs for p in pos)
@@ -145,17 +160,26 @@ class ModelRunner:
         width = max(len(t) for t in tables)
         block_tables = torch.full((len(tables), width), -1, dtype=torch.int64)
         for i, t in enumerate(tables):
-            block_tables[i, :len(t)] = torch.tensor(t, dtype=torch.int64)
+            block_tables[i, : len(t)] = torch.tensor(t, dtype=torch.int64)
         qsl = torch.zeros(len(qlens) + 1, dtype=torch.int64)
         qsl[1:] = torch.cumsum(torch.tensor(qlens, dtype=torch.int64), 0)
         meta = AttentionMetadata(
-            positions=torch.tensor(positions, dtype=torch.int64), slot_mapping=torch.tensor(slots, dtype=torch.int64),
-            query_start_loc=qsl, context_lens=torch.tensor(clens, dtype=torch.int64), block_tables=block_tables,
-            block_size=bs, query_lens_list=qlens, context_lens_list=clens, seq_ids=seq_ids,
+            positions=torch.tensor(positions, dtype=torch.int64),
+            slot_mapping=torch.tensor(slots, dtype=torch.int64),
+            query_start_loc=qsl,
+            context_lens=torch.tensor(clens, dtype=torch.int64),
+            block_tables=block_tables,
+            block_size=bs,
+            query_lens_list=qlens,
+            context_lens_list=clens,
+            seq_ids=seq_ids,
         )
         device = self.model.device
-        return (torch.tensor(ids, dtype=torch.int64, device=device), meta.to(device),
-                torch.tensor(logit_rows, dtype=torch.int64, device=device))
+        return (
+            torch.tensor(ids, dtype=torch.int64, device=device),
+            meta.to(device),
+            torch.tensor(logit_rows, dtype=torch.int64, device=device),
+        )
 
     @contextmanager
     def step_threads(self):
@@ -184,16 +208,19 @@ class ModelRunner:
             with torch_threads(self.prefill_threads):  # step_threads lowered them for the native decode step
                 return self.model(input_ids, meta, self.caches, logit_rows)
         if self.workers is not None:
-            return self.workers.run(input_ids, meta, logit_rows,
-                                    lambda: self.model(input_ids, meta, self.caches, logit_rows))
+            return self.workers.run(
+                input_ids, meta, logit_rows, lambda: self.model(input_ids, meta, self.caches, logit_rows)
+            )
         return self.model(input_ids, meta, self.caches, logit_rows)  # (0, vocab) when nobody samples
 
 
 def _decoding_only(out: SchedulerOutput) -> bool:
     """Every scheduled request computes its one last token (and its drafts): the one-call native step runs it, the
     query rows of one sequence attending causally over the pages the step writes first."""
-    return all(s.request.num_computed_tokens + 1 == s.request.num_tokens and s.num_tokens == 1 + len(s.drafts)
-               for s in out.scheduled)
+    return all(
+        s.request.num_computed_tokens + 1 == s.request.num_tokens and s.num_tokens == 1 + len(s.drafts)
+        for s in out.scheduled
+    )
 
 
 def set_threads(num_threads: Optional[int]) -> None:

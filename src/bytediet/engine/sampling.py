@@ -12,6 +12,7 @@ Logprobs are reported, like vLLM's default (``logprobs_mode="raw_logprobs"``), u
 *raw model distribution*: ``log_softmax`` of the logits as the model produced them, before
 penalties, temperature and truncation. Greedy rows consume no randomness.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -95,7 +96,9 @@ def apply_penalties(
 NUCLEUS_CANDIDATES = 1024
 
 
-def apply_top_k_top_p(logits: torch.Tensor, top_k: Optional[torch.Tensor], top_p: Optional[torch.Tensor]) -> torch.Tensor:
+def apply_top_k_top_p(
+    logits: torch.Tensor, top_k: Optional[torch.Tensor], top_p: Optional[torch.Tensor]
+) -> torch.Tensor:
     """Mask (to -inf) tokens outside the top-k, then outside the nucleus of mass top_p.
 
     logits (B, V); top_k (B,) int64 in [1, V] (V = off); top_p (B,) in (0, 1] (1 = off).
@@ -137,8 +140,9 @@ def _mask_top_k_top_p(logits, candidates, k_on, k, p_on, p, full: bool) -> torch
     if bool(spill.any()):  # these nuclei reach past the candidates: sort those rows in full (rare)
         rows = spill.nonzero().flatten()
         sub = logits[rows]
-        out[rows] = _mask_top_k_top_p(sub, torch.sort(sub, dim=-1, descending=True), k_on[rows], k[rows],
-                                      p_on[rows], p[rows], full=True)
+        out[rows] = _mask_top_k_top_p(
+            sub, torch.sort(sub, dim=-1, descending=True), k_on[rows], k[rows], p_on[rows], p[rows], full=True
+        )
     return out
 
 
@@ -191,8 +195,9 @@ def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     if bool(past_end.any()):
         positions = torch.arange(V, device=probs.device).expand(B, V)
         last_positive = torch.where((probs > 0) & (positions <= idx.unsqueeze(1)), positions, -1).amax(dim=-1)
-        last_positive = torch.where(last_positive >= 0, last_positive,
-                                    torch.where(probs > 0, positions, -1).amax(dim=-1))
+        last_positive = torch.where(
+            last_positive >= 0, last_positive, torch.where(probs > 0, positions, -1).amax(dim=-1)
+        )
         idx = torch.where(past_end, last_positive, idx)
     return idx
 
@@ -206,7 +211,9 @@ class Sampler:
     its generator, on the generator's device.
     """
 
-    def __init__(self, generator: Optional[torch.Generator] = None, seed: int = 0, device: torch.device | str = "cpu") -> None:
+    def __init__(
+        self, generator: Optional[torch.Generator] = None, seed: int = 0, device: torch.device | str = "cpu"
+    ) -> None:
         self.generator = generator if generator is not None else make_generator(seed, device)
 
     def __call__(
@@ -310,7 +317,7 @@ class Sampler:
             return out
         scored = token_logprobs(_rows(raw, want), tokens[want], max(params[i].logprobs for i in want))
         for i, lp in zip(want, scored):
-            out[i] = replace(lp, top=lp.top[:params[i].logprobs])
+            out[i] = replace(lp, top=lp.top[: params[i].logprobs])
         return out
 
 

@@ -7,6 +7,7 @@ decodes, which are scheduled first. Preemption by recompute: when blocks run out
 (under the ``priority`` policy: the lowest in priority) gives its blocks back and is requeued, keeping its
 generated tokens (they are recomputed with the prompt later).
 """
+
 from __future__ import annotations
 
 from collections import deque
@@ -155,8 +156,9 @@ class Scheduler:
         for s in out.scheduled:
             req = s.request
             got = sampled.get(req.request_id)
-            tokens, logprobs = ([], []) if got is None else (
-                (got[0], got[1]) if isinstance(got[0], list) else ([got[0]], [got[1]]))
+            tokens, logprobs = (
+                ([], []) if got is None else ((got[0], got[1]) if isinstance(got[0], list) else ([got[0]], [got[1]]))
+            )
             rejected = len(s.drafts) - (len(tokens) - 1) if s.drafts and tokens else len(s.drafts)
             req.num_computed_tokens += s.num_tokens - rejected
             reason = None
@@ -192,7 +194,7 @@ class Scheduler:
         room = min(budget - 1, self.max_model_len - req.num_tokens - 1)
         if req.params.max_tokens is not None:
             room = min(room, req.params.max_tokens - req.num_output_tokens - 1)
-        return req.draft_token_ids[:max(0, room)]
+        return req.draft_token_ids[: max(0, room)]
 
     def _rank(self, req: Request) -> tuple:
         """Sort key of the policy: smaller runs first and is preempted last."""

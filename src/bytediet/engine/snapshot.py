@@ -3,6 +3,7 @@
 :class:`EngineInfo` is fixed once the engine is built (tokenizer, limits, what is served);
 :class:`EngineCounters` is the state the server's ``/metrics`` and ``/health`` show, read after each step.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -45,11 +46,14 @@ class EngineInfo:
         if bad:
             raise ConfigError(f"prompt: token id {bad[0]} is outside the vocabulary [0, {self.vocab_size - 1}]")
         if len(ids) >= self.max_model_len:
-            raise ConfigError(f"prompt: {len(ids)} tokens do not fit the context window of {self.max_model_len} "
-                              "tokens (at least one token must be generated); shorten the prompt")
+            raise ConfigError(
+                f"prompt: {len(ids)} tokens do not fit the context window of {self.max_model_len} "
+                "tokens (at least one token must be generated); shorten the prompt"
+            )
         if len(ids) >= self.capacity:
-            raise ConfigError(f"prompt: {len(ids)} tokens exceed the KV cache ({self.capacity} tokens); "
-                              "raise --kv-cache-memory")
+            raise ConfigError(
+                f"prompt: {len(ids)} tokens exceed the KV cache ({self.capacity} tokens); raise --kv-cache-memory"
+            )
         return ids
 
 
@@ -74,20 +78,31 @@ def engine_info(engine) -> EngineInfo:
     config = engine.model.config
     codec = engine.runner.codec  # the codec that runs (with its calibration state)
     bm = engine.block_manager
-    return EngineInfo(tokenizer=engine.tokenizer, vocab_size=config.vocab_size, max_model_len=engine.max_model_len,
-                      num_blocks=bm.num_blocks, block_size=bm.block_size,
-                      source_path=getattr(engine.model, "source_path", None),
-                      kv_codec=codec.describe(config.head_dim),
-                      kv_compression=16.0 / codec.bits_per_coordinate(config.num_kv_heads, config.head_dim),
-                      weight_format=",".join(engine.model.weight_formats()))
+    return EngineInfo(
+        tokenizer=engine.tokenizer,
+        vocab_size=config.vocab_size,
+        max_model_len=engine.max_model_len,
+        num_blocks=bm.num_blocks,
+        block_size=bm.block_size,
+        source_path=getattr(engine.model, "source_path", None),
+        kv_codec=codec.describe(config.head_dim),
+        kv_compression=16.0 / codec.bits_per_coordinate(config.num_kv_heads, config.head_dim),
+        weight_format=",".join(engine.model.weight_formats()),
+    )
 
 
 def engine_counters(engine) -> EngineCounters:
     """The state of an :class:`~bytediet.engine.engine.LLMEngine` now (plain reads)."""
     bm, sched = engine.block_manager, engine.scheduler
-    return EngineCounters(num_running=len(sched.running), num_waiting=len(sched.waiting),
-                          num_free_blocks=bm.num_free_blocks, prefix_queries=bm.prefix_queries,
-                          prefix_hits=bm.prefix_hits, num_preemptions=sched.num_preemptions,
-                          spec_verifications=engine.stats.spec_verifications,
-                          spec_draft_tokens=engine.stats.spec_draft_tokens,
-                          spec_accepted_tokens=engine.stats.spec_accepted_tokens, failure=engine.failure)
+    return EngineCounters(
+        num_running=len(sched.running),
+        num_waiting=len(sched.waiting),
+        num_free_blocks=bm.num_free_blocks,
+        prefix_queries=bm.prefix_queries,
+        prefix_hits=bm.prefix_hits,
+        num_preemptions=sched.num_preemptions,
+        spec_verifications=engine.stats.spec_verifications,
+        spec_draft_tokens=engine.stats.spec_draft_tokens,
+        spec_accepted_tokens=engine.stats.spec_accepted_tokens,
+        failure=engine.failure,
+    )

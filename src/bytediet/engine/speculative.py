@@ -14,12 +14,13 @@ to the accepted length). Proposals come from the text itself (**prompt lookup**,
 sequence's last n tokens (n from ``prompt_lookup_max`` down to ``prompt_lookup_min``) looked up earlier in the
 sequence, and the tokens that followed them there. :class:`AdaptiveDraft` lowers a request's k when its drafts are
 rejected, to 0 when they do not pay, and probes again later; a batch of more than ``disable_by_batch_size``
-decoding sequences (where a step is no longer memory-bound) does not speculate. A **draft model** (any smaller model with the target's
-tokenizer, :class:`DraftModelProposer`) drafts greedily instead.
+decoding sequences (where a step is no longer memory-bound) does not speculate. A **draft model** (any smaller
+model with the target's tokenizer, :class:`DraftModelProposer`) drafts greedily instead.
 
 Requests with penalties, logits processors (structured output) or prompt logprobs do not speculate: each of
 their rows would need the state after the drafts before it.
 """
+
 from __future__ import annotations
 
 import json
@@ -53,14 +54,18 @@ class SpeculativeConfig:
             raise ConfigError(f"speculative config: method {self.method!r} is unknown; choose {' or '.join(METHODS)}")
         k = self.num_speculative_tokens
         if not isinstance(k, int) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
-            raise ConfigError(f"speculative config: num_speculative_tokens must be an integer in "
-                              f"[1, {MAX_SPECULATIVE_TOKENS}], got {k!r}")
+            raise ConfigError(
+                f"speculative config: num_speculative_tokens must be an integer in "
+                f"[1, {MAX_SPECULATIVE_TOKENS}], got {k!r}"
+            )
         lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
         if not (isinstance(lo, int) and isinstance(hi, int) and 1 <= lo <= hi):
-            raise ConfigError(f"speculative config: prompt_lookup_min ({lo!r}) and prompt_lookup_max ({hi!r}) must be "
-                              "integers with 1 <= prompt_lookup_min <= prompt_lookup_max")
+            raise ConfigError(
+                f"speculative config: prompt_lookup_min ({lo!r}) and prompt_lookup_max ({hi!r}) must be "
+                "integers with 1 <= prompt_lookup_min <= prompt_lookup_max"
+            )
         if self.method == "draft_model" and not self.model:
-            raise ConfigError("speculative config: method draft_model needs \"model\": the draft model's path or name")
+            raise ConfigError('speculative config: method draft_model needs "model": the draft model\'s path or name')
         if not isinstance(self.disable_by_batch_size, int) or self.disable_by_batch_size < 1:
             raise ConfigError("speculative config: disable_by_batch_size must be a positive integer")
 
@@ -73,8 +78,10 @@ class SpeculativeConfig:
             try:
                 value = json.loads(value)
             except json.JSONDecodeError as exc:
-                raise ConfigError(f"--speculative-config is not valid JSON ({exc.msg}); write e.g. "
-                                  '\'{"method": "ngram", "num_speculative_tokens": 4}\'') from None
+                raise ConfigError(
+                    f"--speculative-config is not valid JSON ({exc.msg}); write e.g. "
+                    '\'{"method": "ngram", "num_speculative_tokens": 4}\''
+                ) from None
         if not isinstance(value, dict):
             raise ConfigError("--speculative-config must be a JSON object")
         known = {f.name for f in fields(cls)}
@@ -109,13 +116,13 @@ class NgramProposer:
         arr = np.asarray(tokens, dtype=np.int64)
         n_tok = arr.shape[0]
         for n in range(min(self.lookup_max, n_tok - 1), self.lookup_min - 1, -1):
-            match = np.ones(n_tok - n, dtype=bool)     # match[s]: tokens[s:s+n] equals the tail (s < n_tok − n)
+            match = np.ones(n_tok - n, dtype=bool)  # match[s]: tokens[s:s+n] equals the tail (s < n_tok − n)
             for j in range(n):
-                match &= arr[j:n_tok - n + j] == arr[n_tok - n + j]
+                match &= arr[j : n_tok - n + j] == arr[n_tok - n + j]
             hits = np.flatnonzero(match)
-            if hits.size:                               # the most recent earlier occurrence
+            if hits.size:  # the most recent earlier occurrence
                 start = int(hits[-1])
-                return arr[start + n:start + n + k].tolist()
+                return arr[start + n : start + n + k].tolist()
         return []
 
 
@@ -158,8 +165,9 @@ class Verdict:
         return len(self.tokens) - 1
 
 
-def verify(logits: torch.Tensor, drafts: Sequence[int], params: SamplingParams, sampler,
-           generator: Optional[torch.Generator]) -> Verdict:
+def verify(
+    logits: torch.Tensor, drafts: Sequence[int], params: SamplingParams, sampler, generator: Optional[torch.Generator]
+) -> Verdict:
     """logits (1 + len(drafts), V): the target's rows at the last token and at each draft. Greedy: drafts kept while
     they are the argmax; sampling: rejection sampling against the point-mass draft (see the module doc)."""
     n = len(drafts)
@@ -169,14 +177,14 @@ def verify(logits: torch.Tensor, drafts: Sequence[int], params: SamplingParams, 
         while kept < n and best[kept] == drafts[kept]:
             kept += 1
         return Verdict(list(drafts[:kept]) + [best[kept]], list(range(kept + 1)))
-    probs = sampler.processed_probs(logits.float(), [params] * (n + 1))   # (n + 1, V), the target's p per row
+    probs = sampler.processed_probs(logits.float(), [params] * (n + 1))  # (n + 1, V), the target's p per row
     gen = generator if generator is not None else sampler.generator
     for j, x in enumerate(drafts):
         u = float(torch.rand(1, generator=gen, dtype=torch.float64, device=gen.device))
         px = float(probs[j, x])
-        if u < px:                      # accepted with probability min(1, p(x) / q(x)) = p(x)
+        if u < px:  # accepted with probability min(1, p(x) / q(x)) = p(x)
             continue
-        residual = probs[j].clone()     # max(0, p − δ_x): x removed, renormalised by the draw
+        residual = probs[j].clone()  # max(0, p − δ_x): x removed, renormalised by the draw
         residual[x] = 0.0
         return Verdict(list(drafts[:j]) + [_draw(residual, gen)], list(range(j + 1)))
     return Verdict(list(drafts) + [_draw(probs[n], gen)], list(range(n + 1)))
@@ -225,11 +233,14 @@ def check_same_tokenizer(target, draft) -> None:
         same = vocab[0] == vocab[1]
     else:
         probe = "The quick brown fox, 12 ½ times: naïve café."
-        same = all(hasattr(t, "encode") for t in (target, draft)) and \
-            target.encode(probe, add_special_tokens=False) == draft.encode(probe, add_special_tokens=False)
+        same = all(hasattr(t, "encode") for t in (target, draft)) and target.encode(
+            probe, add_special_tokens=False
+        ) == draft.encode(probe, add_special_tokens=False)
     if not same:
-        raise ConfigError("speculative config: \"model\" (the draft model) has another tokenizer than the target; "
-                          "a draft model must share the target's tokenizer (e.g. a smaller model of the same family)")
+        raise ConfigError(
+            'speculative config: "model" (the draft model) has another tokenizer than the target; '
+            "a draft model must share the target's tokenizer (e.g. a smaller model of the same family)"
+        )
 
 
 def make_proposer(config: SpeculativeConfig, target_tokenizer=None, num_threads: Optional[int] = None):
@@ -243,6 +254,7 @@ def make_proposer(config: SpeculativeConfig, target_tokenizer=None, num_threads:
 
     model, tokenizer = load_model(config.model, keep_packed=True)
     check_same_tokenizer(target_tokenizer, tokenizer)
-    engine_config = EngineConfig(model=config.model, cache=CacheConfig(kv_cache_memory="256MiB"),
-                                 num_threads=num_threads)
+    engine_config = EngineConfig(
+        model=config.model, cache=CacheConfig(kv_cache_memory="256MiB"), num_threads=num_threads
+    )
     return DraftModelProposer(LLMEngine(model, tokenizer, engine_config))

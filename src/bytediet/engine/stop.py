@@ -10,6 +10,7 @@ held back, so a stream never shows text that a later stop would retract.
 The caller feeds text that will not change any more: an incremental detokenizer must hold
 back an incomplete UTF-8 sequence itself (it decodes to U+FFFD until the next token arrives).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

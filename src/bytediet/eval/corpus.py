@@ -10,6 +10,7 @@ its lines joined with "\\n" (empty lines kept), so Pride and Prejudice starts
 Texts are cached as ``$BYTEDIET_CACHE/austen/<name>.txt`` (default ``~/.cache/bytediet``), so
 only the first call needs ``apt-get``.  ``python -m bytediet.eval.corpus --fetch`` fills the cache.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -62,16 +63,19 @@ def extract_novels(rdata_base: str | Path) -> dict[str, str]:
     lines = {name: character_vector(objects.get(name)) for name in NOVELS}
     missing = [name for name, value in lines.items() if value is None]
     if missing:
-        raise BytedietError(f"the janeaustenr data at {rdata_base} lack the novels {missing}; "
-                            f"found objects {sorted(objects)}")
+        raise BytedietError(
+            f"the janeaustenr data at {rdata_base} lack the novels {missing}; found objects {sorted(objects)}"
+        )
     return {name: "\n".join(line or "" for line in value) for name, value in lines.items()}
 
 
 def _download_rdata(workdir: Path) -> Path:
     """``apt-get download`` the package into ``workdir`` and unpack it; returns the Rdata base path."""
     if shutil.which("apt-get") is None or shutil.which("dpkg-deb") is None:
-        raise BytedietError("the Austen corpus needs apt-get and dpkg-deb (Debian/Ubuntu) to fetch "
-                            f"{DEB_PACKAGE}; " + _NO_PACKAGE_HELP.format(cache=cache_dir()))
+        raise BytedietError(
+            "the Austen corpus needs apt-get and dpkg-deb (Debian/Ubuntu) to fetch "
+            f"{DEB_PACKAGE}; " + _NO_PACKAGE_HELP.format(cache=cache_dir())
+        )
 
     def download() -> subprocess.CompletedProcess:
         return subprocess.run(["apt-get", "download", DEB_PACKAGE], cwd=workdir, capture_output=True, text=True)
@@ -82,8 +86,10 @@ def _download_rdata(workdir: Path) -> Path:
         result = download()
     debs = sorted(workdir.glob(f"{DEB_PACKAGE}_*.deb"))
     if result.returncode != 0 or not debs:
-        raise BytedietError(f"`apt-get download {DEB_PACKAGE}` failed ({result.stderr.strip()[-300:]}); "
-                            + _NO_PACKAGE_HELP.format(cache=cache_dir()))
+        raise BytedietError(
+            f"`apt-get download {DEB_PACKAGE}` failed ({result.stderr.strip()[-300:]}); "
+            + _NO_PACKAGE_HELP.format(cache=cache_dir())
+        )
     subprocess.run(["dpkg-deb", "-x", str(debs[-1]), str(workdir / "root")], check=True)
     return workdir / "root" / _RDATA
 
@@ -163,8 +169,13 @@ def _segment_bounds(n_tokens: int, split: str) -> list[tuple[int, int]]:
     return [b for i, b in enumerate(bounds) if (i in CALIBRATION_SEGMENTS) == want_cal]
 
 
-def make_windows(token_ids: Sequence[int] | torch.Tensor, window_len: int, count: int | None = None,
-                 split: str = "eval", seed: int = 0) -> list[Window]:
+def make_windows(
+    token_ids: Sequence[int] | torch.Tensor,
+    window_len: int,
+    count: int | None = None,
+    split: str = "eval",
+    seed: int = 0,
+) -> list[Window]:
     """``count`` non-overlapping windows of ``window_len`` tokens from one split, sorted by start.
 
     The split is fixed by position alone: the stream is cut into :data:`SEGMENTS` equal segments
@@ -178,15 +189,18 @@ def make_windows(token_ids: Sequence[int] | torch.Tensor, window_len: int, count
     if window_len < 1:
         raise ConfigError(f"window_len must be >= 1, got {window_len}")
     ids = torch.as_tensor(token_ids, dtype=torch.long).reshape(-1)
-    starts = [lo + j * window_len for lo, hi in _segment_bounds(len(ids), split)
-              for j in range((hi - lo) // window_len)]
+    starts = [
+        lo + j * window_len for lo, hi in _segment_bounds(len(ids), split) for j in range((hi - lo) // window_len)
+    ]
     if count is None:
         count = len(starts)
     if count < 1 or count > len(starts):
-        raise ConfigError(f"asked for {count} {split} windows of {window_len} tokens but a {len(ids)}-token "
-                          f"text has {len(starts)}; use fewer or shorter windows, or a longer corpus")
+        raise ConfigError(
+            f"asked for {count} {split} windows of {window_len} tokens but a {len(ids)}-token "
+            f"text has {len(starts)}; use fewer or shorter windows, or a longer corpus"
+        )
     chosen = sorted(random.Random(seed).sample(starts, count))
-    return [Window(s, ids[s:s + window_len].clone()) for s in chosen]
+    return [Window(s, ids[s : s + window_len].clone()) for s in chosen]
 
 
 def tokenize_corpus(tokenizer, corpus: str) -> torch.Tensor:
@@ -209,7 +223,8 @@ def calibration_windows(tokenizer, config, bos: bool = True) -> torch.Tensor:
         raise ConfigError(
             f"calibration data too short: {config.samples} × {config.seq_len} tokens were asked from the calibration "
             f"split of {config.corpus!r} ({exc}); pass a smaller --calib-samples or --calib-len, or a longer "
-            f"--calib-corpus") from None
+            f"--calib-corpus"
+        ) from None
     prefix = torch.tensor(tokenizer.encode("", add_special_tokens=True) if bos else [], dtype=torch.long)
     return torch.stack([torch.cat([prefix, w.ids]) for w in windows])
 

@@ -15,6 +15,7 @@ of the logits predicts ``targets[i]`` (for a window of ids (L+1,) that is ``logi
 * Tail statistics:        mean, median (p50), p90, p99 and max of the per-position values; the
   percentiles interpolate linearly between order statistics (numpy's default "linear" method).
 """
+
 from __future__ import annotations
 
 import heapq
@@ -54,8 +55,8 @@ def token_nll(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     out = torch.empty(rows, dtype=torch.float64)
     step = _rows_per_chunk(vocab)
     for lo in range(0, rows, step):
-        logp = torch.log_softmax(logits[lo:lo + step].double(), dim=-1)
-        out[lo:lo + step] = -logp.gather(1, targets[lo:lo + step].long().unsqueeze(1)).squeeze(1)
+        logp = torch.log_softmax(logits[lo : lo + step].double(), dim=-1)
+        out[lo : lo + step] = -logp.gather(1, targets[lo : lo + step].long().unsqueeze(1)).squeeze(1)
     return out
 
 
@@ -77,8 +78,9 @@ def kl_per_position(ref_logits: torch.Tensor, test_logits: torch.Tensor) -> torc
     return _compare(ref_logits, test_logits)[0]
 
 
-def _compare(ref_logits: torch.Tensor, test_logits: torch.Tensor,
-             targets: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _compare(
+    ref_logits: torch.Tensor, test_logits: torch.Tensor, targets: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """KL per position (L,) and, given targets, NLL (2, L) of [ref, test]: one log-softmax per row."""
     _check_logits(ref_logits, "ref_logits")
     _check_logits(test_logits, "test_logits")
@@ -91,20 +93,21 @@ def _compare(ref_logits: torch.Tensor, test_logits: torch.Tensor,
     nll = torch.empty(2, rows, dtype=torch.float64) if targets is not None else None
     step = _rows_per_chunk(vocab)
     for lo in range(0, rows, step):
-        lp_ref = torch.log_softmax(ref_logits[lo:lo + step].double(), dim=-1)
-        lp_test = torch.log_softmax(test_logits[lo:lo + step].double(), dim=-1)
+        lp_ref = torch.log_softmax(ref_logits[lo : lo + step].double(), dim=-1)
+        lp_test = torch.log_softmax(test_logits[lo : lo + step].double(), dim=-1)
         p_ref = lp_ref.exp()
         terms = torch.where(p_ref > 0, p_ref * (lp_ref - lp_test), torch.zeros((), dtype=torch.float64))
-        kl[lo:lo + step] = terms.sum(dim=-1).clamp_min(0.0)
+        kl[lo : lo + step] = terms.sum(dim=-1).clamp_min(0.0)
         if nll is not None:
-            idx = targets[lo:lo + step].long().unsqueeze(1)
-            nll[0, lo:lo + step] = -lp_ref.gather(1, idx).squeeze(1)
-            nll[1, lo:lo + step] = -lp_test.gather(1, idx).squeeze(1)
+            idx = targets[lo : lo + step].long().unsqueeze(1)
+            nll[0, lo : lo + step] = -lp_ref.gather(1, idx).squeeze(1)
+            nll[1, lo : lo + step] = -lp_test.gather(1, idx).squeeze(1)
     return kl, nll
 
 
-def compare_rows(ref_logits: torch.Tensor, test_logits: torch.Tensor,
-                 targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def compare_rows(
+    ref_logits: torch.Tensor, test_logits: torch.Tensor, targets: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per position: KL (L,), NLL (2, L) of [ref, test] and top-1 agreement (L,) bool — one chunk of a window."""
     kl, nll = _compare(ref_logits, test_logits, targets)
     return kl, nll, top1_match(ref_logits, test_logits)
@@ -140,8 +143,9 @@ class TailStats:
 
 def tail_stats(values: torch.Tensor | np.ndarray | list[float]) -> TailStats:
     """Tail statistics of a 1-D set of values (percentiles by linear interpolation)."""
-    arr = np.asarray(values.detach().cpu() if isinstance(values, torch.Tensor) else values,
-                     dtype=np.float64).reshape(-1)
+    arr = np.asarray(values.detach().cpu() if isinstance(values, torch.Tensor) else values, dtype=np.float64).reshape(
+        -1
+    )
     if arr.size == 0:
         raise ConfigError("tail statistics of an empty set of values are undefined; score at least one token")
     p50, p90, p99 = np.percentile(arr, [50, 90, 99])
@@ -179,8 +183,14 @@ class FidelityAccumulator:
     _matches: int = 0
     _windows: int = 0
 
-    def add(self, test_logits: torch.Tensor, targets: torch.Tensor, *, ref_logits: torch.Tensor | None = None,
-            name: str | None = None) -> WindowResult | None:
+    def add(
+        self,
+        test_logits: torch.Tensor,
+        targets: torch.Tensor,
+        *,
+        ref_logits: torch.Tensor | None = None,
+        name: str | None = None,
+    ) -> WindowResult | None:
         """Score one window: logits (L, V) whose row i predicts targets[i]. Returns the window's numbers."""
         if targets.numel() == 0:
             raise ConfigError("a window needs at least one scored token (logits for L >= 1 positions)")
@@ -195,8 +205,9 @@ class FidelityAccumulator:
         kl, nll, match = compare_rows(ref_logits, test_logits, targets)
         return self.add_scores(kl, nll[0], nll[1], int(match.sum()), name)
 
-    def add_scores(self, kl: torch.Tensor, nll_ref: torch.Tensor, nll_test: torch.Tensor, matches: int,
-                   name: str | None = None) -> WindowResult:
+    def add_scores(
+        self, kl: torch.Tensor, nll_ref: torch.Tensor, nll_test: torch.Tensor, matches: int, name: str | None = None
+    ) -> WindowResult:
         """Score one window from its per-position values (:func:`compare_rows`, over the window's chunks)."""
         if self._windows and self._ref_tokens == 0:
             raise ConfigError("give ref_logits for every window or for none, so that the totals compare alike")
@@ -207,8 +218,15 @@ class FidelityAccumulator:
         self._nll_ref += float(nll_ref.sum())
         self._ref_tokens += len(kl)
         self._matches += matches
-        result = WindowResult(name if name is not None else str(self._windows - 1), len(kl), float(kl.mean()),
-                              float(kl.max()), matches / len(kl), float(nll_test.mean()), float(nll_ref.mean()))
+        result = WindowResult(
+            name if name is not None else str(self._windows - 1),
+            len(kl),
+            float(kl.mean()),
+            float(kl.max()),
+            matches / len(kl),
+            float(nll_test.mean()),
+            float(nll_ref.mean()),
+        )
         heapq.heappush(self._worst, (result.mean_kl, -self._windows, result))  # min-heap of the worst
         if len(self._worst) > self.keep_worst:
             heapq.heappop(self._worst)
@@ -226,13 +244,20 @@ class FidelityAccumulator:
         """JSON-ready totals: ``ppl = exp(total NLL / total tokens)``; KL tail over every scored position."""
         if self._tokens == 0:
             raise ConfigError("no windows were scored; add at least one window before asking for a summary")
-        out: dict = {"windows": self._windows, "tokens": self._tokens,
-                     "nll_test": self._nll_test / self._tokens, "ppl_test": math.exp(self._nll_test / self._tokens)}
+        out: dict = {
+            "windows": self._windows,
+            "tokens": self._tokens,
+            "nll_test": self._nll_test / self._tokens,
+            "ppl_test": math.exp(self._nll_test / self._tokens),
+        }
         if self._ref_tokens:
             nll_ref = self._nll_ref / self._ref_tokens
-            out.update(nll_ref=nll_ref, ppl_ref=math.exp(nll_ref),
-                       top1_agreement=self._matches / self._ref_tokens,
-                       kl=tail_stats(torch.cat(self._kl)).as_dict(),
-                       worst=[asdict(r) for r in self.worst()])
+            out.update(
+                nll_ref=nll_ref,
+                ppl_ref=math.exp(nll_ref),
+                top1_agreement=self._matches / self._ref_tokens,
+                kl=tail_stats(torch.cat(self._kl)).as_dict(),
+                worst=[asdict(r) for r in self.worst()],
+            )
             out["ppl_ratio"] = out["ppl_test"] / out["ppl_ref"]
         return out

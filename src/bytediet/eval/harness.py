@@ -13,6 +13,7 @@ Memory stays bounded for large vocabularies (Gemma-3: 262,144 logits per positio
 scored one at a time; the reference logits of a window are kept in RAM up to
 ``ReferenceCache.max_memory_bytes`` and spilled to a temporary directory beyond that.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -112,7 +113,7 @@ class ReferenceCache:
             else:
                 self._disk[index] = self._new_file(index, total, vocab)
         if index in self._ram:
-            self._ram[index][start:start + rows.shape[0]] = rows
+            self._ram[index][start : start + rows.shape[0]] = rows
             return
         with open(self._disk[index], "r+b") as f:
             f.seek(HEADER_BYTES + start * vocab * 4)
@@ -147,8 +148,9 @@ class ReferenceCache:
             path = self._disk[index]
             total, vocab = np.fromfile(path, dtype=np.int64, count=2)
             hi = min(hi, int(total))
-            data = np.fromfile(path, dtype=np.float32, count=(hi - lo) * int(vocab),
-                               offset=HEADER_BYTES + lo * int(vocab) * 4)
+            data = np.fromfile(
+                path, dtype=np.float32, count=(hi - lo) * int(vocab), offset=HEADER_BYTES + lo * int(vocab) * 4
+            )
             return torch.from_numpy(data.reshape(hi - lo, int(vocab)))
         raise KeyError(f"the reference cache has no logits for window {index}; run the reference first")
 
@@ -185,8 +187,13 @@ class EvalContext:
     progress: Callable[[Sequence, str], Iterator] = no_progress
 
 
-def build_context(tokenizer, settings: EvalSettings, reference: ReferenceCache,
-                  corpus_ids: Optional[torch.Tensor] = None, progress: bool = True) -> EvalContext:
+def build_context(
+    tokenizer,
+    settings: EvalSettings,
+    reference: ReferenceCache,
+    corpus_ids: Optional[torch.Tensor] = None,
+    progress: bool = True,
+) -> EvalContext:
     """Tokenize the corpus (unless ids are given) and cut the seeded evaluation windows."""
     ids = corpus_ids if corpus_ids is not None else tokenize_corpus(tokenizer, settings.corpus)
     windows = make_windows(ids, settings.window_len, settings.windows, split="eval", seed=settings.seed)
@@ -214,11 +221,22 @@ def apply_weights(model, weights: Optional[str]) -> None:
         quantize(model, QuantizeConfig(format=weights))
 
 
-def evaluate(model_spec: str, *, weights: Optional[str] = None, kv_cache_dtype: Optional[str] = None,
-             windows: int = 8, window_len: int = 512, corpus: str = "prideprejudice", seed: int = 0,
-             tasks: Sequence[str] = DEFAULT_TASKS, reference: Optional[ReferenceCache] = None,
-             settings: Optional[EvalSettings] = None, progress: bool = True,
-             kv_calibration: Optional[dict] = None, tensor_parallel_size: int = 1) -> dict:
+def evaluate(
+    model_spec: str,
+    *,
+    weights: Optional[str] = None,
+    kv_cache_dtype: Optional[str] = None,
+    windows: int = 8,
+    window_len: int = 512,
+    corpus: str = "prideprejudice",
+    seed: int = 0,
+    tasks: Sequence[str] = DEFAULT_TASKS,
+    reference: Optional[ReferenceCache] = None,
+    settings: Optional[EvalSettings] = None,
+    progress: bool = True,
+    kv_calibration: Optional[dict] = None,
+    tensor_parallel_size: int = 1,
+) -> dict:
     """Measure ``weights`` × ``kv_cache_dtype`` on ``model_spec`` against the unmodified model.
 
     ``kv_calibration`` ({corpus, windows, window_len, seed}, as in a run config) calibrates a codec with
@@ -235,15 +253,23 @@ def evaluate(model_spec: str, *, weights: Optional[str] = None, kv_cache_dtype: 
     """
     from ..models.loader import load_as_engine_runs, load_model
 
-    settings = settings or EvalSettings(corpus=corpus, windows=windows, window_len=window_len, seed=seed,
-                                        tasks=tuple(tasks))
+    settings = settings or EvalSettings(
+        corpus=corpus, windows=windows, window_len=window_len, seed=seed, tasks=tuple(tasks)
+    )
     _check_tasks(settings.tasks)
     if tensor_parallel_size > 1:
         from .parallel import evaluate_tensor_parallel
 
-        return evaluate_tensor_parallel(model_spec, tensor_parallel_size, weights=weights, settings=settings,
-                                        kv_cache_dtype=kv_cache_dtype, reference=reference, progress=progress,
-                                        kv_calibration=kv_calibration)
+        return evaluate_tensor_parallel(
+            model_spec,
+            tensor_parallel_size,
+            weights=weights,
+            settings=settings,
+            kv_cache_dtype=kv_cache_dtype,
+            reference=reference,
+            progress=progress,
+            kv_calibration=kv_calibration,
+        )
     reference = reference_cache(str(model_spec), settings, reference)
     t0 = time.perf_counter()
     model, tokenizer = load_model(model_spec, dtype=torch.float32)
@@ -251,22 +277,40 @@ def evaluate(model_spec: str, *, weights: Optional[str] = None, kv_cache_dtype: 
     kv = kv_cache_dtype
     if kv_calibration and kv_cache_dtype:
         kv = calibrated_kv_codec(kv_cache_dtype, as_loaded or model, tokenizer, kv_calibration)
-    result = evaluate_loaded(model, tokenizer, weights=weights, kv_cache_dtype=kv, settings=settings,
-                             reference=reference, progress=progress, model_label=str(model_spec),
-                             test_model=as_loaded)
+    result = evaluate_loaded(
+        model,
+        tokenizer,
+        weights=weights,
+        kv_cache_dtype=kv,
+        settings=settings,
+        reference=reference,
+        progress=progress,
+        model_label=str(model_spec),
+        test_model=as_loaded,
+    )
     result["config"]["kv_calibration"] = kv_calibration if kv is not kv_cache_dtype else None
-    if hasattr(kv, "plan_table"):   # a budget: the per-layer plan calibration chose
+    if hasattr(kv, "plan_table"):  # a budget: the per-layer plan calibration chose
         c = model.config
-        result["config"].update(kv_plan=kv.calibration_state()["plan"], kv_plan_table=kv.plan_table(c.num_kv_heads,
-                                                                                                    c.head_dim))
+        result["config"].update(
+            kv_plan=kv.calibration_state()["plan"], kv_plan_table=kv.plan_table(c.num_kv_heads, c.head_dim)
+        )
     result["elapsed_s"] = time.perf_counter() - t0
     return result
 
 
-def evaluate_loaded(model, tokenizer, *, settings: EvalSettings, weights: Optional[str] = None,
-                    kv_cache_dtype: Optional[str] = None, reference: Optional[ReferenceCache] = None,
-                    corpus_ids: Optional[torch.Tensor] = None, progress: bool = True,
-                    model_label: str = "", test_model=None) -> dict:
+def evaluate_loaded(
+    model,
+    tokenizer,
+    *,
+    settings: EvalSettings,
+    weights: Optional[str] = None,
+    kv_cache_dtype: Optional[str] = None,
+    reference: Optional[ReferenceCache] = None,
+    corpus_ids: Optional[torch.Tensor] = None,
+    progress: bool = True,
+    model_label: str = "",
+    test_model=None,
+) -> dict:
     """:func:`evaluate` on a model already loaded *unmodified* (it is quantized in place afterwards).
 
     ``corpus_ids`` (N,) replaces the tokenized ``settings.corpus`` (tests, pre-tokenized text).
@@ -302,19 +346,35 @@ def evaluate_loaded(model, tokenizer, *, settings: EvalSettings, weights: Option
     return result_dict(label, model, ctx, results, weights, kv, kv_name, blocks, t0)
 
 
-def result_dict(label: str, model, ctx: EvalContext, results: dict, weights: Optional[str], kv, kv_name: str,
-                native_blocks: dict, t0: float) -> dict:
+def result_dict(
+    label: str,
+    model,
+    ctx: EvalContext,
+    results: dict,
+    weights: Optional[str],
+    kv,
+    kv_name: str,
+    native_blocks: dict,
+    t0: float,
+) -> dict:
     """The JSON-ready result of :func:`evaluate` (``model``: the reference, or a shard of it)."""
     from ..kvcache import get_kv_codec
 
     return {
         "model": label,
         "model_name": model.config.name or label,
-        "config": {"weights": weights, "kv_cache_dtype": kv if isinstance(kv, str) else kv.name, "kv_codec": kv_name,
-                   "native_blocks": native_blocks},
-        "reference_config": {"weights": None, "kv_cache_dtype": "auto",
-                             "kv_codec": get_kv_codec("auto", model.dtype).describe(),
-                             "dtype": str(model.dtype).removeprefix("torch.")},
+        "config": {
+            "weights": weights,
+            "kv_cache_dtype": kv if isinstance(kv, str) else kv.name,
+            "kv_codec": kv_name,
+            "native_blocks": native_blocks,
+        },
+        "reference_config": {
+            "weights": None,
+            "kv_cache_dtype": "auto",
+            "kv_codec": get_kv_codec("auto", model.dtype).describe(),
+            "dtype": str(model.dtype).removeprefix("torch."),
+        },
         "settings": asdict(ctx.settings),
         "window_starts": [w.start for w in ctx.windows],
         "tasks": results,
@@ -325,8 +385,10 @@ def result_dict(label: str, model, ctx: EvalContext, results: dict, weights: Opt
 def check_window(settings: EvalSettings, config, has_tokenizer: bool) -> None:
     """Refuse windows longer than the model's context (a BOS token takes one more position)."""
     if settings.window_len + (1 if has_tokenizer else 0) > config.max_position_embeddings:
-        raise ConfigError(f"window_len {settings.window_len} exceeds the model's context "
-                          f"({config.max_position_embeddings} tokens); use a shorter --window-len")
+        raise ConfigError(
+            f"window_len {settings.window_len} exceeds the model's context "
+            f"({config.max_position_embeddings} tokens); use a shorter --window-len"
+        )
 
 
 def check_weights(weights: str) -> None:
@@ -336,8 +398,9 @@ def check_weights(weights: str) -> None:
     QuantizeConfig(format=weights)
 
 
-def reference_cache(label: str, settings: EvalSettings, reference: Optional[ReferenceCache] = None,
-                    directory: Optional[Path] = None) -> ReferenceCache:
+def reference_cache(
+    label: str, settings: EvalSettings, reference: Optional[ReferenceCache] = None, directory: Optional[Path] = None
+) -> ReferenceCache:
     """A new cache for ``label`` (the model spec, or ``model.source_path`` for :func:`evaluate_loaded`) and
     ``settings`` (``directory``: every window's logits on disk there, one in memory at a time); or ``reference``
     itself after checking that it was made for the same."""
@@ -345,8 +408,10 @@ def reference_cache(label: str, settings: EvalSettings, reference: Optional[Refe
     if reference is None:
         return ReferenceCache(key) if directory is None else ReferenceCache(key, 0, directory)
     if reference.key != key:
-        raise ConfigError("the reference cache was measured for another model or other settings; "
-                          "pass the same model and settings, or no reference")
+        raise ConfigError(
+            "the reference cache was measured for another model or other settings; "
+            "pass the same model and settings, or no reference"
+        )
     return reference
 
 
@@ -370,7 +435,14 @@ def calibrated_kv_codec(spec: str, model, tokenizer, calibration: Mapping[str, A
     codec = get_kv_codec(spec, model.dtype)
     if not has_calibration(codec):
         return spec
-    windows = calibration_windows(tokenizer, CalibrationConfig(samples=calibration["windows"],
-                                  seq_len=calibration["window_len"], corpus=calibration["corpus"],
-                                  seed=calibration["seed"]), bos=False)
+    windows = calibration_windows(
+        tokenizer,
+        CalibrationConfig(
+            samples=calibration["windows"],
+            seq_len=calibration["window_len"],
+            corpus=calibration["corpus"],
+            seed=calibration["seed"],
+        ),
+        bos=False,
+    )
     return calibrate_codec(codec, model, windows)

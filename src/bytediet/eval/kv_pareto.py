@@ -19,6 +19,7 @@ path with that codec, and is compared position by position with the same model o
 
 The **frontier** is the set of entries no other entry beats on both bytes and perplexity change.
 """
+
 from __future__ import annotations
 
 import math
@@ -27,9 +28,9 @@ from typing import Optional, Sequence
 
 import torch
 
+from ..calibrate.kv_budget import rank_correlation
 from ..errors import ConfigError
 from .corpus import make_windows, tokenize_corpus
-from ..calibrate.kv_budget import rank_correlation
 from .fidelity import kl_per_position, next_token_pairs, token_nll
 
 ANCHORS = ("q8_0", "fp8_vllm", "k=q8_0,v=q4_0", "q5_0", "q4_1", "q4_0", "hf4", "hf2", "kivi4", "kivi2")
@@ -61,19 +62,40 @@ class Checks:
     :class:`~bytediet.eval.tasks.PasskeyTask` as they are (it leaves room for the answer at the context's end).
     ``memory`` bytes of KV memory hold ``capacity_len``-token sequences (:func:`sequence_capacity`)."""
 
-    def __init__(self, model, tokenizer, corpus_ids, *, corpus: str, seed: int, passkey_lengths: Sequence[int],
-                 passkey_depths: Sequence[float], passkey_trials: int, memory: int, capacity_len: int,
-                 progress) -> None:
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        corpus_ids,
+        *,
+        corpus: str,
+        seed: int,
+        passkey_lengths: Sequence[int],
+        passkey_depths: Sequence[float],
+        passkey_trials: int,
+        memory: int,
+        capacity_len: int,
+        progress,
+    ) -> None:
         from .harness import EvalContext, EvalSettings, ReferenceCache
 
         self.model, self.tokenizer, self.memory, self.capacity_len = model, tokenizer, int(memory), capacity_len
         context = model.config.max_position_embeddings
         lengths = sorted({int(n) for n in passkey_lengths})
-        self.notes = [f"passkey at {n} tokens skipped: beyond the model's context ({context} tokens)"
-                      for n in lengths if n > context]
+        self.notes = [
+            f"passkey at {n} tokens skipped: beyond the model's context ({context} tokens)"
+            for n in lengths
+            if n > context
+        ]
         self.lengths = [n for n in lengths if n <= context]
-        settings = EvalSettings(corpus=corpus, seed=seed, tasks=("passkey",), passkey_lengths=self.lengths or (1,),
-                                passkey_depths=tuple(passkey_depths), passkey_trials=passkey_trials)
+        settings = EvalSettings(
+            corpus=corpus,
+            seed=seed,
+            tasks=("passkey",),
+            passkey_lengths=self.lengths or (1,),
+            passkey_depths=tuple(passkey_depths),
+            passkey_trials=passkey_trials,
+        )
         self.ctx = EvalContext(settings, [], corpus_ids, ReferenceCache(()), progress=progress)
 
     def passkey(self, spec: str, codec) -> Optional[list[dict]]:
@@ -96,8 +118,9 @@ class Checks:
         from ..kvcache.base import default_block_size
         from ..kvcache.config import CacheConfig
 
-        cache = CacheConfig(block_size=default_block_size(codec), kv_cache_memory=self.memory,
-                            kv_cache_dtype=codec.name)
+        cache = CacheConfig(
+            block_size=default_block_size(codec), kv_cache_memory=self.memory, kv_cache_dtype=codec.name
+        )
         return sequence_capacity(codec, self.model, cache, self.capacity_len)
 
 
@@ -107,16 +130,24 @@ def _measure(model, codec, spec, kind, wins, bos, reference, n_tok, ref_nll, che
     bpt = codec.bytes_per_token(c.num_kv_heads, c.head_dim) * c.num_layers
     nll, kls = 0.0, []
     for w, (ref_logits, targets) in zip(wins, reference):
-        logits, _ = next_token_pairs(_score(model, torch.cat([bos, w.ids]), codec)[len(bos):], w.ids)
+        logits, _ = next_token_pairs(_score(model, torch.cat([bos, w.ids]), codec)[len(bos) :], w.ids)
         nll += float(token_nll(logits, targets).sum())
         kls.append(kl_per_position(ref_logits, logits))
     kl = torch.cat(kls).double()
     ppl, ppl_ref = math.exp(nll / n_tok), math.exp(ref_nll / n_tok)
-    rec = {"spec": spec, "kind": kind, "codec": codec.describe(c.head_dim),
-           "bits_per_coordinate": bpt * 8 / (2 * c.num_kv_heads * c.head_dim * c.num_layers),
-           "bytes_per_token": bpt, "ppl": ppl, "ppl_change_pct": 100 * (ppl / ppl_ref - 1),
-           "kl_mean": float(kl.mean()), "kl_p99": float(torch.quantile(kl, 0.99)),
-           "capacity": checks.capacity(codec), "passkey": checks.passkey(spec, codec)}
+    rec = {
+        "spec": spec,
+        "kind": kind,
+        "codec": codec.describe(c.head_dim),
+        "bits_per_coordinate": bpt * 8 / (2 * c.num_kv_heads * c.head_dim * c.num_layers),
+        "bytes_per_token": bpt,
+        "ppl": ppl,
+        "ppl_change_pct": 100 * (ppl / ppl_ref - 1),
+        "kl_mean": float(kl.mean()),
+        "kl_p99": float(torch.quantile(kl, 0.99)),
+        "capacity": checks.capacity(codec),
+        "passkey": checks.passkey(spec, codec),
+    }
     if kind == "budget":
         rec["plan"] = codec.calibration_state()["plan"]
     return rec
@@ -126,7 +157,7 @@ def _reference(model, ref_codec, wins, bos, progress) -> tuple[list, float, int]
     """bf16 KV's (logits, targets) per window, total NLL and token count."""
     reference, nll, n_tok = [], 0.0, 0
     for w in progress(wins, "bf16 KV reference"):
-        logits, targets = next_token_pairs(_score(model, torch.cat([bos, w.ids]), ref_codec)[len(bos):], w.ids)
+        logits, targets = next_token_pairs(_score(model, torch.cat([bos, w.ids]), ref_codec)[len(bos) :], w.ids)
         reference.append((logits, targets))
         nll += float(token_nll(logits, targets).sum())
         n_tok += len(targets)
@@ -138,8 +169,9 @@ def _calibration(model, tokenizer, corpus, seed, calib_windows, calib_len):
     from ..calibrate.base import CalibrationConfig
     from .corpus import calibration_windows
 
-    cal = calibration_windows(tokenizer, CalibrationConfig(samples=calib_windows, seq_len=calib_len, corpus=corpus,
-                                                           seed=seed), bos=False)
+    cal = calibration_windows(
+        tokenizer, CalibrationConfig(samples=calib_windows, seq_len=calib_len, corpus=corpus, seed=seed), bos=False
+    )
     return cal, f"{calib_windows} × {calib_len} tokens of {corpus}'s calibration split"
 
 
@@ -168,22 +200,48 @@ def _budget_entries(model, budgets, cal, note, progress):
         codec = get_kv_codec(f"auto:{b:g}")
         try:
             plan = plan_from_errors(sens, b, c.num_kv_heads, c.head_dim, model, progress)
-        except ConfigError as exc:          # a budget below every candidate: listed with its reason
+        except ConfigError as exc:  # a budget below every candidate: listed with its reason
             failed.append({"spec": codec.name, "kind": "budget", "error": str(exc)})
             continue
         codec.load_calibration_state(plan.state(), rope=getattr(model, "rope", None))
-        entries.append((codec.name, "budget", codec, {"calibrated": note, "validation": plan.verdict(),
-                                                      "validation_kl": plan.validation, "chosen": plan.chosen,
-                                                      "proxy_error": plan.estimated}))
+        entries.append(
+            (
+                codec.name,
+                "budget",
+                codec,
+                {
+                    "calibrated": note,
+                    "validation": plan.verdict(),
+                    "validation_kl": plan.validation,
+                    "chosen": plan.chosen,
+                    "proxy_error": plan.estimated,
+                },
+            )
+        )
     return entries, failed
 
 
-def kv_pareto(model, tokenizer, *, corpus: str = "prideprejudice", windows: int = 4, window_len: int = 2048,
-              seed: int = 0, anchors: Sequence[str] = ANCHORS, ours: Sequence[str] = OURS,
-              budgets: Sequence[float] = BUDGETS, calib_windows: int = 1, calib_len: int = 512,
-              passkey_lengths: Sequence[int] = PASSKEY_LENGTHS, passkey_depths: Sequence[float] = (0.5,),
-              passkey_trials: int = 1, capacity_memory: Optional[int] = None, capacity_len: int = CAPACITY_LEN,
-              reference_sequences: int = 16, progress=None) -> dict:
+def kv_pareto(
+    model,
+    tokenizer,
+    *,
+    corpus: str = "prideprejudice",
+    windows: int = 4,
+    window_len: int = 2048,
+    seed: int = 0,
+    anchors: Sequence[str] = ANCHORS,
+    ours: Sequence[str] = OURS,
+    budgets: Sequence[float] = BUDGETS,
+    calib_windows: int = 1,
+    calib_len: int = 512,
+    passkey_lengths: Sequence[int] = PASSKEY_LENGTHS,
+    passkey_depths: Sequence[float] = (0.5,),
+    passkey_trials: int = 1,
+    capacity_memory: Optional[int] = None,
+    capacity_len: int = CAPACITY_LEN,
+    reference_sequences: int = 16,
+    progress=None,
+) -> dict:
     """Measure every entry; returns a JSON-ready dict (``records``, ``frontier``, ``reference``, ``settings``,
     ``notes``). ``passkey_lengths=()`` measures no passkey; ``capacity_memory`` None: the KV memory of
     ``reference_sequences`` bf16 sequences of ``capacity_len`` tokens."""
@@ -201,12 +259,27 @@ def kv_pareto(model, tokenizer, *, corpus: str = "prideprejudice", windows: int 
     reference, ref_nll, n_tok = _reference(model, ref_codec, wins, bos, progress)
     ref_bpt = ref_codec.bytes_per_token(c.num_kv_heads, c.head_dim) * c.num_layers
     memory = capacity_memory or ref_bpt * capacity_len * reference_sequences
-    checks = Checks(model, tokenizer, ids, corpus=corpus, seed=seed, passkey_lengths=passkey_lengths,
-                    passkey_depths=passkey_depths, passkey_trials=passkey_trials, memory=memory,
-                    capacity_len=capacity_len, progress=progress)
-    ref_row = {"kv_cache_dtype": "bf16", "ppl": math.exp(ref_nll / n_tok), "tokens": n_tok,
-               "bytes_per_token": ref_bpt, "capacity": checks.capacity(ref_codec),
-               "passkey": checks.passkey("bf16", ref_codec)}      # first: a passkey setting that fails, fails here
+    checks = Checks(
+        model,
+        tokenizer,
+        ids,
+        corpus=corpus,
+        seed=seed,
+        passkey_lengths=passkey_lengths,
+        passkey_depths=passkey_depths,
+        passkey_trials=passkey_trials,
+        memory=memory,
+        capacity_len=capacity_len,
+        progress=progress,
+    )
+    ref_row = {
+        "kv_cache_dtype": "bf16",
+        "ppl": math.exp(ref_nll / n_tok),
+        "tokens": n_tok,
+        "bytes_per_token": ref_bpt,
+        "capacity": checks.capacity(ref_codec),
+        "passkey": checks.passkey("bf16", ref_codec),
+    }  # first: a passkey setting that fails, fails here
 
     cal, note = _calibration(model, tokenizer, corpus, seed, calib_windows, calib_len)
     entries = []
@@ -217,26 +290,41 @@ def kv_pareto(model, tokenizer, *, corpus: str = "prideprejudice", windows: int 
     planned, records = _budget_entries(model, budgets, cal, note, progress)
     for spec, kind, codec, extra in progress(entries + planned, "KV codecs"):
         try:
-            records.append({**_measure(model, codec, spec, kind, wins, bos, reference, n_tok, ref_nll, checks),
-                            **extra})
-        except ConfigError as exc:          # e.g. a head dim the codec cannot take: listed, not fatal
+            records.append(
+                {**_measure(model, codec, spec, kind, wins, bos, reference, n_tok, ref_nll, checks), **extra}
+            )
+        except ConfigError as exc:  # e.g. a head dim the codec cannot take: listed, not fatal
             records.append({"spec": spec, "kind": kind, "error": str(exc)})
     ok = [r for r in records if "error" not in r]
     proxy = [(r["proxy_error"][n], kl) for r in ok if r.get("proxy_error") for n, kl in r["validation_kl"].items()]
     for i in pareto_front([(r["bytes_per_token"], r["ppl_change_pct"]) for r in ok]):
         ok[i]["frontier"] = True
-    return {"model": getattr(model, "source_path", "") or c.name, "model_name": c.name,
-            "reference": ref_row,
-            "settings": {"corpus": corpus, "windows": windows, "window_len": window_len, "seed": seed,
-                         "calib_windows": calib_windows, "calib_len": calib_len, "budgets": list(budgets),
-                         "passkey_lengths": checks.lengths, "passkey_depths": list(passkey_depths),
-                         "passkey_trials": passkey_trials, "capacity_memory": int(memory),
-                         "capacity_len": capacity_len},
-            "notes": checks.notes, "window_starts": [w.start for w in wins], "records": records,
-            "proxy_rank_correlation": rank_correlation([p for p, _ in proxy], [k for _, k in proxy]),
-            "proxy_points": len(proxy),
-            "frontier": [r["spec"] for r in sorted(ok, key=lambda r: r["bytes_per_token"]) if r.get("frontier")],
-            "elapsed_s": time.perf_counter() - t0}
+    return {
+        "model": getattr(model, "source_path", "") or c.name,
+        "model_name": c.name,
+        "reference": ref_row,
+        "settings": {
+            "corpus": corpus,
+            "windows": windows,
+            "window_len": window_len,
+            "seed": seed,
+            "calib_windows": calib_windows,
+            "calib_len": calib_len,
+            "budgets": list(budgets),
+            "passkey_lengths": checks.lengths,
+            "passkey_depths": list(passkey_depths),
+            "passkey_trials": passkey_trials,
+            "capacity_memory": int(memory),
+            "capacity_len": capacity_len,
+        },
+        "notes": checks.notes,
+        "window_starts": [w.start for w in wins],
+        "records": records,
+        "proxy_rank_correlation": rank_correlation([p for p, _ in proxy], [k for _, k in proxy]),
+        "proxy_points": len(proxy),
+        "frontier": [r["spec"] for r in sorted(ok, key=lambda r: r["bytes_per_token"]) if r.get("frontier")],
+        "elapsed_s": time.perf_counter() - t0,
+    }
 
 
 def clip_limit(values: Sequence[float], floor: float = 5.0) -> float:
@@ -261,28 +349,46 @@ def plot_kv_pareto(result: dict, path, clip: Optional[float] = None):
     plt = _pyplot()
     recs = [r for r in result["records"] if "error" not in r]
     top = clip if clip is not None else clip_limit([r["ppl_change_pct"] for r in recs])
-    style = {"anchor": ("#ee854a", "s", "anchors (llama.cpp, vLLM, HF, KIVI)"),
-             "bytediet": ("#4878d0", "o", "bytediet codecs"), "budget": ("#6acc64", "D", "bytediet auto:<bits>")}
+    style = {
+        "anchor": ("#ee854a", "s", "anchors (llama.cpp, vLLM, HF, KIVI)"),
+        "bytediet": ("#4878d0", "o", "bytediet codecs"),
+        "budget": ("#6acc64", "D", "bytediet auto:<bits>"),
+    }
     fig, ax = plt.subplots(figsize=(10, 6))
     off = off_scale(recs, top)
     for kind, (color, marker, label) in style.items():
         pts = [r for r in recs if r["kind"] == kind]
         if pts:
-            ax.scatter([r["bytes_per_token"] for r in pts], [min(r["ppl_change_pct"], top) for r in pts], c=color,
-                       marker=marker, s=50, label=label, zorder=3)
+            ax.scatter(
+                [r["bytes_per_token"] for r in pts],
+                [min(r["ppl_change_pct"], top) for r in pts],
+                c=color,
+                marker=marker,
+                s=50,
+                label=label,
+                zorder=3,
+            )
         for r in pts:
             y = min(r["ppl_change_pct"], top)
             ax.annotate(r["spec"], (r["bytes_per_token"], y), fontsize=7, xytext=(4, 3), textcoords="offset points")
     front = sorted((r for r in recs if r.get("frontier")), key=lambda r: r["bytes_per_token"])
-    ax.plot([r["bytes_per_token"] for r in front], [min(r["ppl_change_pct"], top) for r in front], "--",
-            color="#999999", zorder=1, label="frontier")
+    ax.plot(
+        [r["bytes_per_token"] for r in front],
+        [min(r["ppl_change_pct"], top) for r in front],
+        "--",
+        color="#999999",
+        zorder=1,
+        label="frontier",
+    )
     ax.axhline(0, color="#333333", linewidth=0.8)
     ax.set_xscale("log")
     ax.set_ylim(top=top * 1.05)
     ax.set_xlabel("KV bytes per token (all layers, all-in), log scale")
     ax.set_ylabel(f"perplexity change vs bf16 KV [%] (clipped at {top:.3g} %)")
-    ax.set_title(f"{result['model_name']}: KV accuracy per byte ({result['settings']['windows']} × "
-                 f"{result['settings']['window_len']} tokens)")
+    ax.set_title(
+        f"{result['model_name']}: KV accuracy per byte ({result['settings']['windows']} × "
+        f"{result['settings']['window_len']} tokens)"
+    )
     if off:
         ax.text(0.01, 0.01, "off scale: " + "; ".join(off), transform=ax.transAxes, fontsize=7, va="bottom")
     ax.grid(True, alpha=0.3)

@@ -13,6 +13,7 @@ sentence end so the key is not spliced into a word.  A trial succeeds when the g
 continuation (a few tokens) contains the key's digits.  The prompt is fixed: it is not tuned to
 favour any configuration.
 """
+
 from __future__ import annotations
 
 import random
@@ -23,8 +24,10 @@ import torch
 
 from ..errors import ConfigError
 
-TASK = ("There is an important piece of information hidden inside a lot of irrelevant text. "
-        "Find it and memorize it. I will quiz you about the important information there.")
+TASK = (
+    "There is an important piece of information hidden inside a lot of irrelevant text. "
+    "Find it and memorize it. I will quiz you about the important information there."
+)
 NEEDLE = " The pass key is {key}. Remember it. {key} is the pass key. "
 QUESTION = "\n\nWhat is the pass key? The pass key is"
 ANSWER_TOKENS = 8  # enough for a 5-digit key and a little slack
@@ -51,8 +54,9 @@ def _sentence_end(tokenizer, filler: Sequence[int], pos: int) -> int:
     return pos
 
 
-def build_prompt(tokenizer, filler_ids: torch.Tensor, length: int, depth: float, key: str,
-                 offset: int = 0) -> PasskeyPrompt:
+def build_prompt(
+    tokenizer, filler_ids: torch.Tensor, length: int, depth: float, key: str, offset: int = 0
+) -> PasskeyPrompt:
     """A prompt of exactly ``length`` tokens (BOS included when the tokenizer adds one).
 
     ``filler_ids`` (N,) is a tokenized text; the haystack is ``filler_ids[offset : offset + n]``
@@ -64,12 +68,16 @@ def build_prompt(tokenizer, filler_ids: torch.Tensor, length: int, depth: float,
     tail = tokenizer.encode(QUESTION, add_special_tokens=False)
     n_filler = length - len(head) - len(needle) - len(tail)
     if n_filler < 0:
-        raise ConfigError(f"passkey length {length} is shorter than the fixed prompt "
-                          f"({len(head) + len(needle) + len(tail)} tokens); use a longer length")
+        raise ConfigError(
+            f"passkey length {length} is shorter than the fixed prompt "
+            f"({len(head) + len(needle) + len(tail)} tokens); use a longer length"
+        )
     if offset + n_filler > len(filler_ids):
-        raise ConfigError(f"the filler text has {len(filler_ids)} tokens, {offset + n_filler} needed; "
-                          "use a longer corpus or shorter passkey lengths")
-    filler = filler_ids[offset:offset + n_filler].tolist()
+        raise ConfigError(
+            f"the filler text has {len(filler_ids)} tokens, {offset + n_filler} needed; "
+            "use a longer corpus or shorter passkey lengths"
+        )
+    filler = filler_ids[offset : offset + n_filler].tolist()
     cut = _sentence_end(tokenizer, filler, round(depth * n_filler))
     ids = head + filler[:cut] + needle + filler[cut:] + tail
     return PasskeyPrompt(ids, key, len(head) + cut, length, depth)
@@ -80,8 +88,9 @@ def answer_contains(text: str, key: str) -> bool:
     return key in text
 
 
-def make_trials(tokenizer, filler_ids: torch.Tensor, lengths: Sequence[int], depths: Sequence[float],
-                trials: int, seed: int = 0) -> list[PasskeyPrompt]:
+def make_trials(
+    tokenizer, filler_ids: torch.Tensor, lengths: Sequence[int], depths: Sequence[float], trials: int, seed: int = 0
+) -> list[PasskeyPrompt]:
     """Seeded prompts for every (length, depth, trial): a fresh 5-digit key and filler offset each."""
     rng = random.Random(seed)
     prompts = []
@@ -100,8 +109,9 @@ def clip_lengths(lengths: Sequence[int], max_len: int) -> list[int]:
     return sorted({min(int(n), limit) for n in lengths})
 
 
-def run_passkey(llm, prompts: Sequence[PasskeyPrompt],
-                progress: Optional[Callable[[Sequence, str], Iterator]] = None) -> dict:
+def run_passkey(
+    llm, prompts: Sequence[PasskeyPrompt], progress: Optional[Callable[[Sequence, str], Iterator]] = None
+) -> dict:
     """Greedy-generate an answer for every prompt with ``llm`` (:class:`bytediet.engine.llm.LLM`).
 
     Returns ``{"accuracy", "trials", "cells": [{"length", "depth", "accuracy", "trials"}],
@@ -114,8 +124,9 @@ def run_passkey(llm, prompts: Sequence[PasskeyPrompt],
     answers = []
     for p in progress(prompts, "passkey"):  # one at a time: CPU prefill gains nothing from batching
         text = llm.generate([p.ids], params)[0].outputs[0].text
-        answers.append({"length": p.length, "depth": p.depth, "key": p.key, "answer": text,
-                        "ok": answer_contains(text, p.key)})
+        answers.append(
+            {"length": p.length, "depth": p.depth, "key": p.key, "answer": text, "ok": answer_contains(text, p.key)}
+        )
     if not answers:
         raise ConfigError("no passkey trials: give at least one length and one depth")
     cells = {}
@@ -124,7 +135,9 @@ def run_passkey(llm, prompts: Sequence[PasskeyPrompt],
     return {
         "accuracy": sum(a["ok"] for a in answers) / len(answers),
         "trials": len(answers),
-        "cells": [{"length": n, "depth": d, "accuracy": sum(v) / len(v), "trials": len(v)}
-                  for (n, d), v in sorted(cells.items())],
+        "cells": [
+            {"length": n, "depth": d, "accuracy": sum(v) / len(v), "trials": len(v)}
+            for (n, d), v in sorted(cells.items())
+        ],
         "answers": answers,
     }

@@ -14,19 +14,37 @@ quantized whole, then cut) or as the engine runs it (a GGUF's blocks packed); wh
 one of the two is loaded at a time. KV calibration (``kv_calibration``, an ``auto:<bits>`` budget's plan)
 runs the whole model in one process, so it is refused here.
 """
+
 from __future__ import annotations
 
 import time
 from typing import Optional
 
 from ..errors import ConfigError
-from .harness import (EvalSettings, ReferenceCache, Subject, build_context, check_weights, check_window,
-                      reference_cache, result_dict, run_tasks)
+from .harness import (
+    EvalSettings,
+    ReferenceCache,
+    Subject,
+    build_context,
+    check_weights,
+    check_window,
+    reference_cache,
+    result_dict,
+    run_tasks,
+)
 
 
-def evaluate_tensor_parallel(model_spec, size: int, *, settings: EvalSettings, weights: Optional[str] = None,
-                             kv_cache_dtype: Optional[str] = None, reference: Optional[ReferenceCache] = None,
-                             progress: bool = True, kv_calibration: Optional[dict] = None) -> dict:
+def evaluate_tensor_parallel(
+    model_spec,
+    size: int,
+    *,
+    settings: EvalSettings,
+    weights: Optional[str] = None,
+    kv_cache_dtype: Optional[str] = None,
+    reference: Optional[ReferenceCache] = None,
+    progress: bool = True,
+    kv_calibration: Optional[dict] = None,
+) -> dict:
     """:func:`bytediet.eval.harness.evaluate` with both models split across ``size`` processes."""
     from ..engine.llm import LLM
     from ..kvcache import get_kv_codec
@@ -34,9 +52,11 @@ def evaluate_tensor_parallel(model_spec, size: int, *, settings: EvalSettings, w
 
     kv = kv_cache_dtype or "auto"
     if kv_calibration or kv.strip().lower().startswith("auto:"):
-        raise ConfigError(f"KV calibration of {kv} (--kv-calib-windows, an auto:<bits> budget's plan) runs the whole "
-                          f"model in one process, not at --tensor-parallel-size {size}: evaluate the codec "
-                          "uncalibrated (no --kv-calib-windows), or use --tensor-parallel-size 1")
+        raise ConfigError(
+            f"KV calibration of {kv} (--kv-calib-windows, an auto:<bits> budget's plan) runs the whole "
+            f"model in one process, not at --tensor-parallel-size {size}: evaluate the codec "
+            "uncalibrated (no --kv-calib-windows), or use --tensor-parallel-size 1"
+        )
     label = str(model_spec)
     reference = reference_cache(label, settings, reference)
     config = load_config(model_spec)
@@ -56,8 +76,9 @@ def evaluate_tensor_parallel(model_spec, size: int, *, settings: EvalSettings, w
             nonlocal llm
             if weights or blocks:  # another model: the reference's ranks stop first
                 llm.shutdown()
-                llm = LLM(label, dtype="float32", weights=weights, keep_packed=True, num_blocks=1,
-                          tensor_parallel_size=size)
+                llm = LLM(
+                    label, dtype="float32", weights=weights, keep_packed=True, num_blocks=1, tensor_parallel_size=size
+                )
             return Subject("test", llm.model, llm.tokenizer, kv, weights, llm=llm)
 
         results = run_tasks(Subject("reference", model, llm.tokenizer, "auto", None, llm=llm), make_test, ctx)

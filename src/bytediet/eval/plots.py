@@ -1,4 +1,5 @@
 """Figures of an ``evaluate`` result (read from its JSON dict alone): KL histogram, per-window perplexity."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -17,8 +18,10 @@ def _pyplot():
 
 def _label(result: dict) -> str:
     cfg = result.get("config", {})
-    return f"{result.get('model_name', result.get('model', ''))}: weights={cfg.get('weights') or 'as loaded'}, " \
-           f"kv={cfg.get('kv_codec', 'auto')}"
+    return (
+        f"{result.get('model_name', result.get('model', ''))}: weights={cfg.get('weights') or 'as loaded'}, "
+        f"kv={cfg.get('kv_codec', 'auto')}"
+    )
 
 
 def plot_kl_histogram(result: dict, path: str | Path) -> Path:
@@ -28,8 +31,9 @@ def plot_kl_histogram(result: dict, path: str | Path) -> Path:
     hist, kl = fid["kl_histogram"], fid["kl"]
     edges, counts = np.asarray(hist["edges"]), np.asarray(hist["counts"])
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    ax.bar(edges[:-1], counts, width=np.diff(edges), align="edge", color="#4878d0", edgecolor="white",
-           label="positions")
+    ax.bar(
+        edges[:-1], counts, width=np.diff(edges), align="edge", color="#4878d0", edgecolor="white", label="positions"
+    )
     if hist["below"]:
         ax.bar(edges[0] / 3, hist["below"], width=edges[0] * 0.4, color="#999999", label=f"< {edges[0]:g}")
     for name, style in (("mean", "-"), ("p99", "--"), ("max", ":")):
@@ -74,5 +78,7 @@ def write_plots(result: dict, directory: str | Path) -> list[Path]:
     directory = Path(directory)
     if "ppl" not in result.get("tasks", {}):
         return []
-    return [plot_kl_histogram(result, directory / "kl_histogram.png"),
-            plot_window_ppl(result, directory / "window_ppl.png")]
+    return [
+        plot_kl_histogram(result, directory / "kl_histogram.png"),
+        plot_window_ppl(result, directory / "window_ppl.png"),
+    ]

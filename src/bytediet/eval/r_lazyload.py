@@ -78,7 +78,7 @@ def read_lazyload_db(base: str | Path) -> dict[str, Any]:
         name = str(key)  # `rdata` gives numpy strings
         offset, length = (int(v) for v in where)
         try:
-            raw = decompress_lazyload(data[offset:offset + length], level)
+            raw = decompress_lazyload(data[offset : offset + length], level)
         except (zlib.error, lzma.LZMAError, OSError, ValueError) as exc:  # bz2 raises OSError / ValueError
             raise RDataError(f"the .rdb record of {name!r} does not decompress ({exc})") from exc
         out[name] = unserialize(raw)

@@ -6,6 +6,7 @@ unmodified model (its result is cached in the :class:`~bytediet.eval.harness.Ref
 numbers as table rows with ``rows(result)``.  The table and the JSON are both read from the same
 result dict, so they cannot disagree.  A new task is one class with ``@EVAL_TASKS.register``.
 """
+
 from __future__ import annotations
 
 import math
@@ -57,7 +58,7 @@ def _window_pairs(subject, ctx, index: int) -> tuple[torch.Tensor, torch.Tensor]
         logits = subject.llm.score(seq, kv_codec=subject.kv_cache_dtype)  # (B + L, V)
     else:
         logits = subject.model.score(seq, kv_codec=subject.kv_cache_dtype)
-    return next_token_pairs(logits[len(ctx.bos):], ids)
+    return next_token_pairs(logits[len(ctx.bos) :], ids)
 
 
 ROW_CHUNK_ELEMENTS = 16 << 20  # logits scored at a time: 64 MiB of float32 (at least 64 rows, a prefill's path)
@@ -76,15 +77,14 @@ def _window_chunks(subject, ctx, index: int) -> Iterator[tuple[int, torch.Tensor
     rows = max(64, ROW_CHUNK_ELEMENTS // subject.model.config.vocab_size)
     for lo, logits in subject.model.score_rows(seq, b, b + len(ids) - 1, rows, kv_codec=subject.kv_cache_dtype):
         j = lo - b
-        yield j, logits, ids[j + 1:j + 1 + logits.shape[0]]
+        yield j, logits, ids[j + 1 : j + 1 + logits.shape[0]]
 
 
 def kl_histogram(kl: torch.Tensor) -> dict:
     """Counts of per-position KL over :data:`KL_HIST_EDGES` (log-spaced) plus those below the first edge."""
     values = kl.double().numpy()
     counts, _ = np.histogram(np.clip(values, None, KL_HIST_EDGES[-1]), bins=KL_HIST_EDGES)
-    return {"edges": KL_HIST_EDGES.tolist(), "counts": counts.tolist(),
-            "below": int((values < KL_HIST_EDGES[0]).sum())}
+    return {"edges": KL_HIST_EDGES.tolist(), "counts": counts.tolist(), "below": int((values < KL_HIST_EDGES[0]).sum())}
 
 
 @EVAL_TASKS.register("ppl")
@@ -117,20 +117,35 @@ class FidelityTask(EvalTask):
                 del logits
             nll_both = torch.cat(nll, dim=1)
             w = acc.add_scores(torch.cat(kl), nll_both[0], nll_both[1], matches, name=str(ctx.windows[i].start))
-            per_window.append({"start": ctx.windows[i].start, "tokens": w.tokens, "ppl_ref": math.exp(w.nll_ref),
-                               "ppl_test": math.exp(w.nll_test), "mean_kl": w.mean_kl, "max_kl": w.max_kl,
-                               "top1_agreement": w.top1_agreement})
+            per_window.append(
+                {
+                    "start": ctx.windows[i].start,
+                    "tokens": w.tokens,
+                    "ppl_ref": math.exp(w.nll_ref),
+                    "ppl_test": math.exp(w.nll_test),
+                    "mean_kl": w.mean_kl,
+                    "max_kl": w.max_kl,
+                    "top1_agreement": w.top1_agreement,
+                }
+            )
         s = acc.summary()
         return {
-            "reference": reference, "test": {"ppl": s["ppl_test"], "nll": s["nll_test"], "tokens": s["tokens"]},
-            "ppl_ratio": s["ppl_ratio"], "kl": s["kl"], "top1_agreement": s["top1_agreement"],
-            "worst": s["worst"], "per_window": per_window, "kl_histogram": kl_histogram(acc.kl_values()),
+            "reference": reference,
+            "test": {"ppl": s["ppl_test"], "nll": s["nll_test"], "tokens": s["tokens"]},
+            "ppl_ratio": s["ppl_ratio"],
+            "kl": s["kl"],
+            "top1_agreement": s["top1_agreement"],
+            "worst": s["worst"],
+            "per_window": per_window,
+            "kl_histogram": kl_histogram(acc.kl_values()),
         }
 
     def rows(self, r: dict) -> list[Row]:
-        rows: list[Row] = [("perplexity", r["reference"]["ppl"], r["test"]["ppl"]),
-                           ("ppl ratio (test / ref)", None, r["ppl_ratio"]),
-                           ("top-1 agreement", None, r["top1_agreement"])]
+        rows: list[Row] = [
+            ("perplexity", r["reference"]["ppl"], r["test"]["ppl"]),
+            ("ppl ratio (test / ref)", None, r["ppl_ratio"]),
+            ("top-1 agreement", None, r["top1_agreement"]),
+        ]
         rows += [(f"KL {k}", None, r["kl"][k]) for k in ("mean", "p50", "p90", "p99", "max")]
         rows += [(f"worst window @{w['name']} mean KL", None, w["mean_kl"]) for w in r["worst"]]
         return rows
@@ -142,13 +157,14 @@ def _engine(subject, **kwargs):
     from ..engine.llm import LLM
     from ..kvcache.base import codec_config
 
-    name, state = codec_config(subject.kv_cache_dtype)   # a calibrated codec travels as name + state
+    name, state = codec_config(subject.kv_cache_dtype)  # a calibrated codec travels as name + state
     settings = dict(kv_cache_dtype=name, kv_calibration_state=state, enable_prefix_caching=False, **kwargs)
     if subject.llm is not None:
         subject.llm.rebuild_engine(**settings)
         return subject.llm
-    return LLM(subject.label, loaded=(subject.model, subject.tokenizer), device=subject.model.device.type,
-               **settings)  # the engine runs where the measured model is
+    return LLM(
+        subject.label, loaded=(subject.model, subject.tokenizer), device=subject.model.device.type, **settings
+    )  # the engine runs where the measured model is
 
 
 @EVAL_TASKS.register("passkey")
@@ -162,8 +178,9 @@ class PasskeyTask(EvalTask):
         if subject.tokenizer is None:
             raise ConfigError("the passkey task needs a tokenizer")
         lengths = longctx.clip_lengths(s.passkey_lengths, subject.model.config.max_position_embeddings)
-        prompts = longctx.make_trials(subject.tokenizer, ctx.corpus_ids, lengths, s.passkey_depths,
-                                      s.passkey_trials, s.seed)
+        prompts = longctx.make_trials(
+            subject.tokenizer, ctx.corpus_ids, lengths, s.passkey_depths, s.passkey_trials, s.seed
+        )
         llm = _engine(subject, max_num_batched_tokens=1024, kv_cache_memory=_kv_budget(subject, max(lengths)))
         return longctx.run_passkey(llm, prompts, ctx.progress)
 
@@ -177,8 +194,9 @@ class PasskeyTask(EvalTask):
     def rows(self, r: dict) -> list[Row]:
         rows: list[Row] = [("accuracy (all)", r["reference"]["accuracy"], r["test"]["accuracy"])]
         for ref_cell, cell in zip(r["reference"]["cells"], r["test"]["cells"]):
-            rows.append((f"accuracy @{cell['length']} tok, depth {cell['depth']:g}", ref_cell["accuracy"],
-                         cell["accuracy"]))
+            rows.append(
+                (f"accuracy @{cell['length']} tok, depth {cell['depth']:g}", ref_cell["accuracy"], cell["accuracy"])
+            )
         return rows
 
 
@@ -245,34 +263,53 @@ class SpeedTask(EvalTask):
         decode_tps = (len(out.outputs[0].token_ids) - 1) / decode_s
         ranks = subject.llm.collective_rpc(_footprint) if subject.llm is not None else [_footprint(subject.model)]
         weight_bytes, decode_weight_bytes, peak, current = (sum(r[i] for r in ranks) for i in range(4))
-        kv_per_token = get_kv_codec(subject.kv_cache_dtype, subject.model.dtype).bytes_per_token(
-            c.num_kv_heads, c.head_dim) * c.num_layers
+        kv_per_token = (
+            get_kv_codec(subject.kv_cache_dtype, subject.model.dtype).bytes_per_token(c.num_kv_heads, c.head_dim)
+            * c.num_layers
+        )
         # per decode step: all weights (a MoE model: its top-k experts) + the KV of the (average) context
         step_bytes = decode_weight_bytes + kv_per_token * (len(prompt) + s.speed_new_tokens / 2)
         ceiling = _measured_read_bandwidth()
         achieved = step_bytes * decode_tps
-        return {"weight_bytes": weight_bytes, "kv_bytes_per_token": kv_per_token,
-                "prefill_tok_s": len(prompt) / out.ttft, "decode_tok_s": decode_tps,
-                "achieved_gb_s": achieved / 1e9, "bandwidth_fraction": achieved / ceiling if ceiling else None,
-                "peak_rss_bytes": peak, "rss_bytes": current, "processes": len(ranks), "prompt_tokens": len(prompt),
-                "new_tokens": len(out.outputs[0].token_ids)}
+        return {
+            "weight_bytes": weight_bytes,
+            "kv_bytes_per_token": kv_per_token,
+            "prefill_tok_s": len(prompt) / out.ttft,
+            "decode_tok_s": decode_tps,
+            "achieved_gb_s": achieved / 1e9,
+            "bandwidth_fraction": achieved / ceiling if ceiling else None,
+            "peak_rss_bytes": peak,
+            "rss_bytes": current,
+            "processes": len(ranks),
+            "prompt_tokens": len(prompt),
+            "new_tokens": len(out.outputs[0].token_ids),
+        }
 
     def measure_reference(self, subject, ctx) -> dict:
         return self._run(subject, ctx)
 
     def measure_test(self, subject, ctx, reference: dict) -> dict:
         test = self._run(subject, ctx)
-        return {"reference": reference, "test": test,
-                "weight_ratio": test["weight_bytes"] / reference["weight_bytes"],
-                "kv_ratio": test["kv_bytes_per_token"] / reference["kv_bytes_per_token"],
-                "decode_speedup": test["decode_tok_s"] / reference["decode_tok_s"]}
+        return {
+            "reference": reference,
+            "test": test,
+            "weight_ratio": test["weight_bytes"] / reference["weight_bytes"],
+            "kv_ratio": test["kv_bytes_per_token"] / reference["kv_bytes_per_token"],
+            "decode_speedup": test["decode_tok_s"] / reference["decode_tok_s"],
+        }
 
     def rows(self, r: dict) -> list[Row]:
         ref, test = r["reference"], r["test"]
-        keys = [("weight bytes", "weight_bytes"), ("KV bytes / token (all layers)", "kv_bytes_per_token"),
-                ("prefill tok/s", "prefill_tok_s"), ("decode tok/s", "decode_tok_s"),
-                ("achieved GB/s (decode)", "achieved_gb_s"), ("fraction of measured bandwidth", "bandwidth_fraction"),
-                (f"peak RSS bytes ({_processes(test)})", "peak_rss_bytes"), ("RSS bytes", "rss_bytes")]
+        keys = [
+            ("weight bytes", "weight_bytes"),
+            ("KV bytes / token (all layers)", "kv_bytes_per_token"),
+            ("prefill tok/s", "prefill_tok_s"),
+            ("decode tok/s", "decode_tok_s"),
+            ("achieved GB/s (decode)", "achieved_gb_s"),
+            ("fraction of measured bandwidth", "bandwidth_fraction"),
+            (f"peak RSS bytes ({_processes(test)})", "peak_rss_bytes"),
+            ("RSS bytes", "rss_bytes"),
+        ]
         return [(label, ref[k], test[k]) for label, k in keys] + [("decode speedup", None, r["decode_speedup"])]
 
 

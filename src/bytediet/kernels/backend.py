@@ -5,6 +5,7 @@ path on the CPU, its kernels in Triton's interpreter (``TRITON_INTERPRET=1``, se
 the tests keep that path from rotting without a GPU. The model's layers ask :func:`triton_selected` once per call
 and hand their tensors to :func:`gemm` / :func:`attention_over_pages`; nothing else in the code names a backend.
 """
+
 from __future__ import annotations
 
 import os
@@ -52,8 +53,9 @@ def _triton_modules():
     try:
         from .triton import gemm_blocks, paged_attention
     except ImportError as e:
-        raise ConfigError(f"the Triton kernels cannot be imported ({e}); install triton (pip install triton) or run "
-                          "with --device cpu") from e
+        raise ConfigError(
+            f"the Triton kernels cannot be imported ({e}); install triton (pip install triton) or run with --device cpu"
+        ) from e
     return gemm_blocks, paged_attention
 
 
@@ -113,8 +115,9 @@ def prepare(type_id: int, blocks: torch.Tensor, dtype: torch.dtype) -> DeviceWei
 
         k = native_layouts.row_weights(t, blocks.shape[1])
         if semi_structured_unsupported_reason(blocks.device) is None and blocks.shape[0] % 64 == 0 and k % 128 == 0:
-            return DeviceWeight("sparse24 semi-structured (2:4 tensor cores)", t,
-                                sparse=sparse24_weight_from_rows(blocks, dtype))
+            return DeviceWeight(
+                "sparse24 semi-structured (2:4 tensor cores)", t, sparse=sparse24_weight_from_rows(blocks, dtype)
+            )
     if not has_gemm(t):
         raise ConfigError(f"weight layout {t} has no GPU kernel; run with --device cpu")
     return DeviceWeight(f"triton gemm_blocks type {t}", t, blocks=blocks.contiguous())
@@ -126,18 +129,46 @@ def gemm(type_id: int, blocks: torch.Tensor, x: torch.Tensor, bias: Optional[tor
     return gemm_blocks.gemm_blocks(int(type_id), blocks, x, bias)
 
 
-def attention_over_pages(q: torch.Tensor, positions: torch.Tensor, token_rows: torch.Tensor,
-                         block_tables: torch.Tensor, block_size: int, scale: float, window: Optional[int],
-                         kv_dtype: str, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                         k_scale: Optional[torch.Tensor] = None, v_scale: Optional[torch.Tensor] = None,
-                         v_dtype: Optional[str] = None, k_side=None, v_side=None) -> torch.Tensor:
+def attention_over_pages(
+    q: torch.Tensor,
+    positions: torch.Tensor,
+    token_rows: torch.Tensor,
+    block_tables: torch.Tensor,
+    block_size: int,
+    scale: float,
+    window: Optional[int],
+    kv_dtype: str,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k_scale: Optional[torch.Tensor] = None,
+    v_scale: Optional[torch.Tensor] = None,
+    v_dtype: Optional[str] = None,
+    k_side=None,
+    v_side=None,
+) -> torch.Tensor:
     """:func:`bytediet.kernels.ops.attention_over_pages` by the Triton paged attention (split-K flash-decoding),
     in q's dtype."""
     _, paged_attention = _triton_modules()
     # a float32 model gets float32 dots unless torch allows TF32 for its own float32 products
     exact = q.dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32
-    out = paged_attention.run(q, positions, token_rows, block_tables, block_size, scale, window, kv_dtype, k_cache,
-                              v_cache, k_scale, v_scale, v_dtype, k_side, v_side, precision="ieee" if exact else None)
+    out = paged_attention.run(
+        q,
+        positions,
+        token_rows,
+        block_tables,
+        block_size,
+        scale,
+        window,
+        kv_dtype,
+        k_cache,
+        v_cache,
+        k_scale,
+        v_scale,
+        v_dtype,
+        k_side,
+        v_side,
+        precision="ieee" if exact else None,
+    )
     return out.to(q.dtype)  # the kernel accumulates and returns float32
 
 

@@ -3,6 +3,7 @@
 The model layer builds a :class:`DecoderSpec` from its modules and KV pages once; the kernels read the
 tensors in place (no copies), so the spec stays valid as long as the model and caches live.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -48,12 +49,27 @@ KV_PAGE_TYPES = tuple(m.page_name for m in KVPage)  # every page type's name, in
 # of another; it also reads CODE_PAGE_TYPES with their side data, and "turboquant" pages (MSE or inner-product keys,
 # MSE values) described by a TurboQuantPageSpec per half
 ATTENTION_PAGE_TYPES = ROW_PAGE_TYPES + tuple(BLOCK_PAGE_TYPES)
-CODE_PAGE_BITS = {"kivi2-keys": 2, "kivi4-keys": 4, "int2-token-g32-asym": 2, "int4-token-g32-asym": 4,
-                  "int2-token-g64-asym": 2, "int4-token-g64-asym": 4, "qjl1-keys": 1, "qjl2-keys": 1, "qjl3-keys": 1,
-                  "qjl4-keys": 1}  # bits per code (PolarQuant: 4 at its first level, 2 above)
+CODE_PAGE_BITS = {
+    "kivi2-keys": 2,
+    "kivi4-keys": 4,
+    "int2-token-g32-asym": 2,
+    "int4-token-g32-asym": 4,
+    "int2-token-g64-asym": 2,
+    "int4-token-g64-asym": 4,
+    "qjl1-keys": 1,
+    "qjl2-keys": 1,
+    "qjl3-keys": 1,
+    "qjl4-keys": 1,
+}  # bits per code (PolarQuant: 4 at its first level, 2 above)
 # head_dim must be a multiple of this for the native attention to read a page type (GGML blocks: 32 values)
-PAGE_ALIGN = {**{t: 32 for t in BLOCK_PAGE_TYPES}, "int2-token-g32-asym": 32, "int4-token-g32-asym": 32,
-              "int2-token-g64-asym": 64, "int4-token-g64-asym": 64, "polarquant": 64}
+PAGE_ALIGN = {
+    **{t: 32 for t in BLOCK_PAGE_TYPES},
+    "int2-token-g32-asym": 32,
+    "int4-token-g32-asym": 32,
+    "int2-token-g64-asym": 64,
+    "int4-token-g64-asym": 64,
+    "polarquant": 64,
+}
 POLAR_MAX_DIM = 512  # the widest PolarQuant row the native attention widens
 FLOAT_PAGE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}  # their element types
 

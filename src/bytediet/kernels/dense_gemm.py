@@ -21,6 +21,7 @@ a bf16 instruction *and* a timed (256 × 1024) @ (1024 × 1024) product (best of
 count) runs at least :data:`MIN_SPEEDUP` × faster than fp32, the default otherwise — never assumed from the
 flags alone. Only the ``q16`` activation mode is affected; ``f32`` (``-af32`` specs) stays exact fp32 everywhere.
 """
+
 from __future__ import annotations
 
 import functools
@@ -57,8 +58,12 @@ def describe() -> dict:
 
         lib = ops.native_library()
         if lib is None or not lib.bd_has_gemm_panel(2):
-            return {"dtype": "fp32", "reason": "int8 asked, but the native library here has no AVX-512 VNNI panel "
-                    f"kernel ({lib.variant if lib else 'no native library'}): fp32", "speedup": None}
+            return {
+                "dtype": "fp32",
+                "reason": "int8 asked, but the native library here has no AVX-512 VNNI panel "
+                f"kernel ({lib.variant if lib else 'no native library'}): fp32",
+                "speedup": None,
+            }
         name = "int8-q16"
     return {"dtype": name, "reason": c["reason"], "speedup": c["speedup"]}
 
@@ -69,8 +74,11 @@ def _choice(threads: int) -> dict:
     if asked not in (*KINDS, "auto"):
         raise ValueError(f"{ENV} must be one of {', '.join(KINDS)}, auto; got {asked!r}")
     if asked != "auto":
-        reason = f"{ENV}={asked}" if os.environ.get(ENV) else \
-            "the default (q16 activations on int8 dot products, as the decode kernels; kernels/dense_gemm.py)"
+        reason = (
+            f"{ENV}={asked}"
+            if os.environ.get(ENV)
+            else "the default (q16 activations on int8 dot products, as the decode kernels; kernels/dense_gemm.py)"
+        )
         return {"kind": asked, "reason": reason, "speedup": None}
     from .cpu.build import cpu_flags
 
@@ -79,8 +87,11 @@ def _choice(threads: int) -> dict:
     speedup = measured_bf16_speedup()
     if speedup >= MIN_SPEEDUP:
         return {"kind": "bf16", "reason": f"bf16 GEMM measured {speedup:.2f}x fp32", "speedup": speedup}
-    return {"kind": DEFAULT, "reason": f"bf16 GEMM measured only {speedup:.2f}x fp32 (< {MIN_SPEEDUP})",
-            "speedup": speedup}
+    return {
+        "kind": DEFAULT,
+        "reason": f"bf16 GEMM measured only {speedup:.2f}x fp32 (< {MIN_SPEEDUP})",
+        "speedup": speedup,
+    }
 
 
 def measured_bf16_speedup(m: int = 256, k: int = 1024, n: int = 1024, repeats: int = 5) -> float:

@@ -5,6 +5,7 @@
 ``ENCODERS[type](x)``: x (n, block_size) float32 → (n, type_size) uint8, bit-identical to
 ``gguf.quants.quantize`` (the reference ggml quantizers), for the types that have a float quantizer here.
 """
+
 from __future__ import annotations
 
 from typing import Callable
@@ -174,11 +175,21 @@ def encode_q5_1(x: torch.Tensor) -> torch.Tensor:
 Codec = Callable[[torch.Tensor], torch.Tensor]
 
 DECODERS: dict[T, Codec] = {
-    T.Q4_0: decode_q4_0, T.Q4_1: decode_q4_1, T.Q5_0: decode_q5_0, T.Q5_1: decode_q5_1, T.Q8_0: decode_q8_0,
-    T.Q4_K: decode_q4_k, T.Q5_K: decode_q5_k, T.Q6_K: decode_q6_k,
+    T.Q4_0: decode_q4_0,
+    T.Q4_1: decode_q4_1,
+    T.Q5_0: decode_q5_0,
+    T.Q5_1: decode_q5_1,
+    T.Q8_0: decode_q8_0,
+    T.Q4_K: decode_q4_k,
+    T.Q5_K: decode_q5_k,
+    T.Q6_K: decode_q6_k,
 }
 ENCODERS: dict[T, Codec] = {
-    T.Q4_0: encode_q4_0, T.Q4_1: encode_q4_1, T.Q5_0: encode_q5_0, T.Q5_1: encode_q5_1, T.Q8_0: encode_q8_0,
+    T.Q4_0: encode_q4_0,
+    T.Q4_1: encode_q4_1,
+    T.Q5_0: encode_q5_0,
+    T.Q5_1: encode_q5_1,
+    T.Q8_0: encode_q8_0,
 }
 
 

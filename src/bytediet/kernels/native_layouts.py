@@ -38,6 +38,7 @@ and fold the ½ into the block scale, so the FP4 formats use the same integer do
 Type ids (``types.WeightType``) start at 100, clear of GGML's (0–39), and travel through the same
 ``ggml_type`` argument.
 """
+
 from __future__ import annotations
 
 import torch
@@ -45,9 +46,14 @@ import torch
 from .types import WeightType
 
 INT8_ROW = WeightType.INT8_ROW
-INT4_GROUPS = {(32, False): WeightType.INT4_G32_ASYM, (64, False): WeightType.INT4_G64_ASYM,
-               (128, False): WeightType.INT4_G128_ASYM, (32, True): WeightType.INT4_G32_SYM,
-               (64, True): WeightType.INT4_G64_SYM, (128, True): WeightType.INT4_G128_SYM}  # (group, symmetric)
+INT4_GROUPS = {
+    (32, False): WeightType.INT4_G32_ASYM,
+    (64, False): WeightType.INT4_G64_ASYM,
+    (128, False): WeightType.INT4_G128_ASYM,
+    (32, True): WeightType.INT4_G32_SYM,
+    (64, True): WeightType.INT4_G64_SYM,
+    (128, True): WeightType.INT4_G128_SYM,
+}  # (group, symmetric)
 _INT4_BY_TYPE = {t: key for key, t in INT4_GROUPS.items()}
 MXFP4_BLOCKS = WeightType.MXFP4_BLOCKS
 NVFP4_BLOCKS = WeightType.NVFP4_BLOCKS
@@ -57,8 +63,14 @@ SPARSE24_F16 = WeightType.SPARSE24_F16
 TYPES = frozenset({INT8_ROW, *INT4_GROUPS.values(), MXFP4_BLOCKS, NVFP4_BLOCKS, SPARSE24_INT8, FP8_ROW, SPARSE24_F16})
 #: layouts of non-integer values: multiplied with float activations only (no integer dot product)
 FLOAT_TYPES = frozenset({FP8_ROW, SPARSE24_F16})
-_BLOCK32 = {INT8_ROW: 32, MXFP4_BLOCKS: 17, NVFP4_BLOCKS: 18, SPARSE24_INT8: 20, FP8_ROW: 32,
-            SPARSE24_F16: 36}  # bytes per 32 weights
+_BLOCK32 = {
+    INT8_ROW: 32,
+    MXFP4_BLOCKS: 17,
+    NVFP4_BLOCKS: 18,
+    SPARSE24_INT8: 20,
+    FP8_ROW: 32,
+    SPARSE24_F16: 36,
+}  # bytes per 32 weights
 #: E2M1 code (0..15) → value (OCP MX v1.0 §5.3.3); codes 8..15 are the negatives
 E2M1_VALUES = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
 
@@ -206,7 +218,7 @@ def dequantize(type_id: int, rows: torch.Tensor) -> torch.Tensor:
     group, symmetric = _INT4_BY_TYPE[t]
     b = rows.reshape(n, -1, block_bytes(t))  # (N, groups, bytes)
     d = b[..., 0:2].contiguous().view(torch.float16).float()  # (N, groups, 1)
-    qs = b[..., 2 if symmetric else 4:].reshape(n, b.shape[1], group // 32, 16)
+    qs = b[..., 2 if symmetric else 4 :].reshape(n, b.shape[1], group // 32, 16)
     q = torch.cat((qs & 0x0F, qs >> 4), dim=-1).reshape(n, b.shape[1], group).float()
     if symmetric:
         w = (q - 8) * d

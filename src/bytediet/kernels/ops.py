@@ -4,6 +4,7 @@ Every function here has a twin of the same name and signature in :mod:`bytediet.
 (plus an optional ``variant`` to force an ISA build, for tests) and a test comparing the two on fresh
 random inputs for every variant this CPU can run.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -15,12 +16,22 @@ from typing import Callable, Optional
 import torch
 
 from . import dense_gemm, native_layouts, reference, tuning
-from .types import Activations, KVPage, Status, WeightType
 from .cpu.dispatch import NativeLibrary, native
 from .cpu.structs import CodePagesDesc, LayerDesc, LinearDesc, ModelDesc, TQPagesDesc, TQPartDesc
-from .decoder_spec import (ATTENTION_PAGE_TYPES, BLOCK_PAGE_TYPES, CODE_PAGE_TYPES, FLOAT_PAGE_DTYPES,
-                           PAGE_ALIGN, POLAR_MAX_DIM, CodePageSide, DecoderSpec, LinearSpec, TurboQuantPageSpec)
+from .decoder_spec import (
+    ATTENTION_PAGE_TYPES,
+    BLOCK_PAGE_TYPES,
+    CODE_PAGE_TYPES,
+    FLOAT_PAGE_DTYPES,
+    PAGE_ALIGN,
+    POLAR_MAX_DIM,
+    CodePageSide,
+    DecoderSpec,
+    LinearSpec,
+    TurboQuantPageSpec,
+)
 from .ggml_codecs import block_size_of
+from .types import Activations, KVPage, Status, WeightType
 
 NATIVE_GEMM_TYPES = frozenset(WeightType)  # GGML's block types and bytediet's layouts the native GEMMs multiply
 
@@ -88,8 +99,7 @@ def _like_input(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 def gelu_tanh_mul(gate: torch.Tensor, up: torch.Tensor, variant: Optional[str] = None) -> torch.Tensor:
     """See :func:`bytediet.kernels.reference.gelu_tanh_mul` (one native pass over float32 CPU tensors)."""
     lib = _library(variant) if gate.device.type == "cpu" else None  # no native build for GPU tensors
-    if (lib is None or gate.dtype != torch.float32 or up.dtype != torch.float32
-            or gate.shape != up.shape):
+    if lib is None or gate.dtype != torch.float32 or up.dtype != torch.float32 or gate.shape != up.shape:
         return reference.gelu_tanh_mul(gate, up)
     gate, up = gate.contiguous(), up.contiguous()
     out = torch.empty_like(gate)
@@ -100,8 +110,13 @@ def gelu_tanh_mul(gate: torch.Tensor, up: torch.Tensor, variant: Optional[str] =
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, variant: Optional[str] = None) -> torch.Tensor:
     """See :func:`bytediet.kernels.reference.rms_norm` (one native pass over float32 CPU rows)."""
     lib = _library(variant) if x.device.type == "cpu" else None  # no native build for GPU tensors
-    if (lib is None or x.dtype != torch.float32 or weight.dtype != torch.float32
-            or x.shape[-1] != weight.numel() or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))):
+    if (
+        lib is None
+        or x.dtype != torch.float32
+        or weight.dtype != torch.float32
+        or x.shape[-1] != weight.numel()
+        or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
+    ):
         return reference.rms_norm(x, weight, eps)  # autograd (recovery training) needs the torch ops
     x = x.contiguous()
     out = torch.empty_like(x)
@@ -152,8 +167,14 @@ def quantize_rows_q16(x: torch.Tensor, variant: Optional[str] = None):
     return q, d, q2, d2, s
 
 
-def gemm_blocks(ggml_type: int, blocks: torch.Tensor, x: torch.Tensor, bias: Optional[torch.Tensor] = None,
-                activations: str = "q8", variant: Optional[str] = None) -> torch.Tensor:
+def gemm_blocks(
+    ggml_type: int,
+    blocks: torch.Tensor,
+    x: torch.Tensor,
+    bias: Optional[torch.Tensor] = None,
+    activations: str = "q8",
+    variant: Optional[str] = None,
+) -> torch.Tensor:
     """See :func:`bytediet.kernels.reference.gemm_blocks`."""
     lib = _library(variant)
     if lib is None or int(ggml_type) not in NATIVE_GEMM_TYPES or x.device.type != "cpu":
@@ -162,7 +183,9 @@ def gemm_blocks(ggml_type: int, blocks: torch.Tensor, x: torch.Tensor, bias: Opt
         return reference.gemm_blocks(ggml_type, blocks, x, bias, activations)
     mode = Activations.named(activations)
     if int(ggml_type) in native_layouts.FLOAT_TYPES and mode != Activations.F32:
-        raise ValueError(f"layout {int(ggml_type)} holds float values: it multiplies f32 activations, not {activations!r}")
+        raise ValueError(
+            f"layout {int(ggml_type)} holds float values: it multiplies f32 activations, not {activations!r}"
+        )
     x2 = _float_rows(x)
     n, m, k = blocks.shape[0], x2.shape[0], x2.shape[1]
     y = torch.empty(m, n, dtype=torch.float32)
@@ -170,8 +193,17 @@ def gemm_blocks(ggml_type: int, blocks: torch.Tensor, x: torch.Tensor, bias: Opt
     if bias is not None:
         b = bias if bias.dtype == torch.float32 and bias.is_contiguous() else bias.float().contiguous()
     blocks = blocks if blocks.is_contiguous() else blocks.contiguous()
-    rc = lib.bd_gemm_blocks(int(ggml_type), blocks.data_ptr(), n, k, x2.data_ptr(), m, y.data_ptr(),
-                            None if b is None else b.data_ptr(), mode)
+    rc = lib.bd_gemm_blocks(
+        int(ggml_type),
+        blocks.data_ptr(),
+        n,
+        k,
+        x2.data_ptr(),
+        m,
+        y.data_ptr(),
+        None if b is None else b.data_ptr(),
+        mode,
+    )
     if rc != 0:
         raise ValueError(f"GGML type {int(ggml_type)}: {k} values per row are not whole super-blocks")
     return _like_input(y, x)
@@ -191,8 +223,9 @@ def row_weights(ggml_type: int, row_bytes: int) -> int:
     return row_bytes // reference.block_bytes(ggml_type) * _block_weights(ggml_type)
 
 
-def dequantize_blocks(ggml_type: int, blocks: torch.Tensor, dtype: torch.dtype = torch.float32,
-                      variant: Optional[str] = None) -> torch.Tensor:
+def dequantize_blocks(
+    ggml_type: int, blocks: torch.Tensor, dtype: torch.dtype = torch.float32, variant: Optional[str] = None
+) -> torch.Tensor:
     """See :func:`bytediet.kernels.reference.dequantize_blocks` (the native decoder fuses and parallelises it;
     float32 and bfloat16 are written directly, other dtypes converted from float32)."""
     lib = _library(variant)
@@ -218,8 +251,13 @@ def has_gemm_panel(ggml_type: int, variant: Optional[str] = None) -> bool:
     return lib is not None and bool(lib.bd_has_gemm_panel(int(ggml_type)))
 
 
-def gemm_panel(ggml_type: int, blocks: torch.Tensor, x: torch.Tensor, bias: Optional[torch.Tensor] = None,
-               variant: Optional[str] = None) -> torch.Tensor:
+def gemm_panel(
+    ggml_type: int,
+    blocks: torch.Tensor,
+    x: torch.Tensor,
+    bias: Optional[torch.Tensor] = None,
+    variant: Optional[str] = None,
+) -> torch.Tensor:
     """See :func:`bytediet.kernels.reference.gemm_panel` (the reference runs where the library lacks it)."""
     lib = _library(variant)
     if lib is None or not lib.bd_has_gemm_panel(int(ggml_type)):
@@ -274,8 +312,13 @@ def linear(w: LinearWeight, x: torch.Tensor, bias: Optional[torch.Tensor] = None
         # f32. q8 keeps its integer kernel, and q8-token (int8-w8a8) the rounding that defines the format.
         q16 = x.dtype == torch.float32 and w.activations == "q16"
         grad = torch.is_grad_enabled() and x.requires_grad  # recovery training: keep F.linear's backward
-        if (q16 and not grad and dense_gemm.kind() == "int8" and has_gemm_panel(native[0])
-                and tuned_kernel(native[0], w.out_features, w.in_features, PREFILL_TUNE_ROWS) != "fp32"):
+        if (
+            q16
+            and not grad
+            and dense_gemm.kind() == "int8"
+            and has_gemm_panel(native[0])
+            and tuned_kernel(native[0], w.out_features, w.in_features, PREFILL_TUNE_ROWS) != "fp32"
+        ):
             return gemm_panel(native[0], native[1], x, bias)
         gemm = dense_gemm.dtype() if q16 else x.dtype
         y = torch.nn.functional.linear(x.to(gemm), dequantize_blocks(native[0], native[1], dtype=gemm)).to(x.dtype)
@@ -295,8 +338,12 @@ X4_TYPES = reference.X4_TYPES  # Q4_0, Q4_1, Q5_0, Q8_0 (gemm_x4.cpp), Q4_K, Q6_
 
 def can_interleave(ggml_type: int, n: int, k: int) -> bool:
     """Whether ``repack_x4`` takes this weight (and a native library is here to use it)."""
-    return (int(ggml_type) in X4_TYPES and n % 4 == 0 and k % block_size_of(int(ggml_type)) == 0
-            and _library(None) is not None)
+    return (
+        int(ggml_type) in X4_TYPES
+        and n % 4 == 0
+        and k % block_size_of(int(ggml_type)) == 0
+        and _library(None) is not None
+    )
 
 
 def repack_x4(ggml_type: int, blocks: torch.Tensor, variant: Optional[str] = None) -> torch.Tensor:
@@ -311,16 +358,24 @@ def repack_x4(ggml_type: int, blocks: torch.Tensor, variant: Optional[str] = Non
     out = torch.empty(n * row_bytes, dtype=torch.uint8)
     rc = lib.bd_repack_x4(int(ggml_type), blocks.data_ptr(), n, k, out.data_ptr()) if row_bytes else -1
     if rc != 0:
-        raise ValueError(f"GGML type {int(ggml_type)} ({n}×{k}) does not interleave (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, "
-                         "Q6_K with rows % 4 == 0)")
+        raise ValueError(
+            f"GGML type {int(ggml_type)} ({n}×{k}) does not interleave (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, "
+            "Q6_K with rows % 4 == 0)"
+        )
     return out.reshape(n, -1)
 
 
 X4_ACTIVATIONS = ("q8", "q16")  # the activation modes the interleaved (x4) kernels multiply
 
 
-def gemm_x4(ggml_type: int, packed: torch.Tensor, x: torch.Tensor, bias: Optional[torch.Tensor] = None,
-            activations: str = "q8", variant: Optional[str] = None) -> torch.Tensor:
+def gemm_x4(
+    ggml_type: int,
+    packed: torch.Tensor,
+    x: torch.Tensor,
+    bias: Optional[torch.Tensor] = None,
+    activations: str = "q8",
+    variant: Optional[str] = None,
+) -> torch.Tensor:
     """See :func:`bytediet.kernels.reference.gemm_x4`."""
     lib = _library(variant)
     if lib is None:
@@ -330,17 +385,21 @@ def gemm_x4(ggml_type: int, packed: torch.Tensor, x: torch.Tensor, bias: Optiona
     x2 = _float_rows(x)
     n, m, k = packed.shape[0], x2.shape[0], x2.shape[1]
     if packed.shape[1] != lib.bd_x4_row_bytes(int(ggml_type), k):
-        raise ValueError(f"interleaved GGML type {int(ggml_type)} rows of {packed.shape[1]} bytes do not hold {k} weights")
+        raise ValueError(
+            f"interleaved GGML type {int(ggml_type)} rows of {packed.shape[1]} bytes do not hold {k} weights"
+        )
     y = torch.empty(m, n, dtype=torch.float32)
     b = None if bias is None else bias.float().contiguous()
-    rc = lib.bd_gemm_x4(int(ggml_type), packed.data_ptr(), n, k, x2.data_ptr(), m, y.data_ptr(), _ptr(b),
-                        Activations.named(activations))
+    rc = lib.bd_gemm_x4(
+        int(ggml_type), packed.data_ptr(), n, k, x2.data_ptr(), m, y.data_ptr(), _ptr(b), Activations.named(activations)
+    )
     if rc != 0:
         raise ValueError(f"GGML type {int(ggml_type)} ({n}×{k}) has no interleaved kernel")
     return _like_input(y, x)
 
 
 # --- the one-call decode step --------------------------------------------------------------------------------
+
 
 def _code_side(kv_dtype: str, side: Optional[CodePageSide], d: int) -> tuple[Optional[CodePagesDesc], list]:
     """(the C struct of a code page type's side data, the tensors it points into) — (None, []) for other pages."""
@@ -353,17 +412,23 @@ def _code_side(kv_dtype: str, side: Optional[CodePageSide], d: int) -> tuple[Opt
     stage_of = as_type(side.stage_of, torch.int32)
     transform, table = (as_type(t, torch.float32) for t in (side.transform, side.table))
     window = side.window or side.group
-    missing = [what for what, gone in (
-        ("zero points", zero is None and (kv_dtype.startswith(("kivi", "int")))),
-        ("group size", kv_dtype.startswith("kivi") and side.group < 1),
-        ("staging pages and window", stage_of is not None and (stage is None or window < 1)),
-        ("sketch or rotation", transform is None and kv_dtype.startswith(("qjl", "polar"))),
-        ("centroid cos/sin table", table is None and kv_dtype == "polarquant")) if gone]
+    missing = [
+        what
+        for what, gone in (
+            ("zero points", zero is None and (kv_dtype.startswith(("kivi", "int")))),
+            ("group size", kv_dtype.startswith("kivi") and side.group < 1),
+            ("staging pages and window", stage_of is not None and (stage is None or window < 1)),
+            ("sketch or rotation", transform is None and kv_dtype.startswith(("qjl", "polar"))),
+            ("centroid cos/sin table", table is None and kv_dtype == "polarquant"),
+        )
+        if gone
+    ]
     if missing:
         raise ValueError(f"{kv_dtype!r} pages need their {', '.join(missing)}")
     keep = [t for t in (scale, zero, stage_of, stage, transform, table) if t is not None]
-    return CodePagesDesc(_ptr(scale), _ptr(zero), _ptr(stage_of), _ptr(stage), side.group, window, _ptr(transform),
-                      _ptr(table)), keep
+    return CodePagesDesc(
+        _ptr(scale), _ptr(zero), _ptr(stage_of), _ptr(stage), side.group, window, _ptr(transform), _ptr(table)
+    ), keep
 
 
 def _ptr(t: Optional[torch.Tensor]) -> Optional[int]:
@@ -371,8 +436,9 @@ def _ptr(t: Optional[torch.Tensor]) -> Optional[int]:
 
 
 def _linear_desc(lin: LinearSpec) -> LinearDesc:
-    return LinearDesc(_ptr(lin.blocks), _ptr(lin.bias), lin.n, lin.k, lin.ggml_type, int(lin.interleaved),
-                   _ptr(lin.source))
+    return LinearDesc(
+        _ptr(lin.blocks), _ptr(lin.bias), lin.n, lin.k, lin.ggml_type, int(lin.interleaved), _ptr(lin.source)
+    )
 
 
 def _tq_desc(pages: TurboQuantPageSpec) -> TQPagesDesc:
@@ -380,11 +446,26 @@ def _tq_desc(pages: TurboQuantPageSpec) -> TQPagesDesc:
         raise ValueError(f"the native step reads TurboQuant pages of 1 or 2 parts, got {len(pages.parts)}")
     if (pages.rope_mean is None) != (pages.inv_freq is None):
         raise ValueError("TurboQuant pages with a pre-RoPE mean need the layer's inv_freq, and only they do")
-    desc = TQPagesDesc(channels=_ptr(pages.channels), mean=_ptr(pages.mean), rope_mean=_ptr(pages.rope_mean),
-                    inv_freq=_ptr(pages.inv_freq), num_parts=len(pages.parts))
+    desc = TQPagesDesc(
+        channels=_ptr(pages.channels),
+        mean=_ptr(pages.mean),
+        rope_mean=_ptr(pages.rope_mean),
+        inv_freq=_ptr(pages.inv_freq),
+        num_parts=len(pages.parts),
+    )
     for i, p in enumerate(pages.parts):
-        desc.parts[i] = TQPartDesc(_ptr(p.rotation), _ptr(p.codebook), _ptr(p.norm), _ptr(p.idx), p.dim, p.bits, 0,
-                                _ptr(p.signs), _ptr(p.res_norm), _ptr(p.sketch))
+        desc.parts[i] = TQPartDesc(
+            _ptr(p.rotation),
+            _ptr(p.codebook),
+            _ptr(p.norm),
+            _ptr(p.idx),
+            p.dim,
+            p.bits,
+            0,
+            _ptr(p.signs),
+            _ptr(p.res_norm),
+            _ptr(p.sketch),
+        )
     return desc
 
 
@@ -393,8 +474,17 @@ def _model_desc(spec: DecoderSpec) -> ModelDesc:
     keep = []  # the TurboQuant descriptors the layers point at
     for i, ls in enumerate(spec.layers):
         layer = layers[i]
-        for name in ("attn_norm", "post_attn_norm", "pre_ffn_norm", "post_ffn_norm", "q_norm", "k_norm", "inv_freq",
-                     "k_cache", "v_cache"):
+        for name in (
+            "attn_norm",
+            "post_attn_norm",
+            "pre_ffn_norm",
+            "post_ffn_norm",
+            "q_norm",
+            "k_norm",
+            "inv_freq",
+            "k_cache",
+            "v_cache",
+        ):
             setattr(layer, name, _ptr(getattr(ls, name)))
         for name in ("q", "k", "v", "o", "gate", "up", "down"):
             setattr(layer, name, _linear_desc(getattr(ls, name)))
@@ -409,19 +499,43 @@ def _model_desc(spec: DecoderSpec) -> ModelDesc:
         if (ls.v_dtype or ls.kv_dtype) == "turboquant":
             keep.append(_tq_desc(ls.v_tq))
             layer.v_tq = ctypes.addressof(keep[-1])
-    model = ModelDesc(ctypes.cast(layers, ctypes.POINTER(LayerDesc)), len(spec.layers), spec.hidden, spec.intermediate,
-                   spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.eps, spec.attention_scale, int(spec.gelu),
-                   int(spec.sandwich), Activations.named(spec.activations), 0)
+    model = ModelDesc(
+        ctypes.cast(layers, ctypes.POINTER(LayerDesc)),
+        len(spec.layers),
+        spec.hidden,
+        spec.intermediate,
+        spec.num_heads,
+        spec.num_kv_heads,
+        spec.head_dim,
+        spec.eps,
+        spec.attention_scale,
+        int(spec.gelu),
+        int(spec.sandwich),
+        Activations.named(spec.activations),
+        0,
+    )
     model._layers, model._tq = layers, keep  # keep what the struct points at alive with it
     return model
 
 
-def attention_over_pages(q: torch.Tensor, positions: torch.Tensor, token_rows: torch.Tensor,
-                         block_tables: torch.Tensor, block_size: int, scale: float, window: Optional[int],
-                         kv_dtype: str, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                         k_scale: Optional[torch.Tensor] = None, v_scale: Optional[torch.Tensor] = None,
-                         v_dtype: Optional[str] = None, k_side: Optional[CodePageSide] = None,
-                         v_side: Optional[CodePageSide] = None, variant: Optional[str] = None) -> torch.Tensor:
+def attention_over_pages(
+    q: torch.Tensor,
+    positions: torch.Tensor,
+    token_rows: torch.Tensor,
+    block_tables: torch.Tensor,
+    block_size: int,
+    scale: float,
+    window: Optional[int],
+    kv_dtype: str,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k_scale: Optional[torch.Tensor] = None,
+    v_scale: Optional[torch.Tensor] = None,
+    v_dtype: Optional[str] = None,
+    k_side: Optional[CodePageSide] = None,
+    v_side: Optional[CodePageSide] = None,
+    variant: Optional[str] = None,
+) -> torch.Tensor:
     """See :func:`bytediet.kernels.reference.attention_over_pages` (native: flash-decoding over the pages in
     place, every token of a ragged batch in one call; code pages widened row by row from their side data, QJL keys
     scored on their sign bits against the query sketched once, PolarQuant's against the query rotated once)."""
@@ -429,28 +543,86 @@ def attention_over_pages(q: torch.Tensor, positions: torch.Tensor, token_rows: t
     t, hq, d = q.shape
     v_dtype = v_dtype or kv_dtype
     if kv_dtype == "turboquant" or v_dtype == "turboquant":
-        return _turboquant_attention(lib, q, positions, token_rows, block_tables, block_size, scale, window, kv_dtype,
-                                     v_dtype, k_side, v_side, k_cache, v_cache, k_scale, v_scale)
+        return _turboquant_attention(
+            lib,
+            q,
+            positions,
+            token_rows,
+            block_tables,
+            block_size,
+            scale,
+            window,
+            kv_dtype,
+            v_dtype,
+            k_side,
+            v_side,
+            k_cache,
+            v_cache,
+            k_scale,
+            v_scale,
+        )
     readable = ATTENTION_PAGE_TYPES + CODE_PAGE_TYPES
     fits = lambda t: d % PAGE_ALIGN.get(t, 8) == 0 and (t != "polarquant" or d <= POLAR_MAX_DIM)
-    if (lib is None or d % 8 or q.dtype != torch.float32 or kv_dtype not in readable or v_dtype not in readable
-            or not (fits(kv_dtype) and fits(v_dtype))):
-        return reference.attention_over_pages(q, positions, token_rows, block_tables, block_size, scale, window,
-                                              kv_dtype, k_cache, v_cache, k_scale, v_scale, v_dtype, k_side, v_side)
+    if (
+        lib is None
+        or d % 8
+        or q.dtype != torch.float32
+        or kv_dtype not in readable
+        or v_dtype not in readable
+        or not (fits(kv_dtype) and fits(v_dtype))
+    ):
+        return reference.attention_over_pages(
+            q,
+            positions,
+            token_rows,
+            block_tables,
+            block_size,
+            scale,
+            window,
+            kv_dtype,
+            k_cache,
+            v_cache,
+            k_scale,
+            v_scale,
+            v_dtype,
+            k_side,
+            v_side,
+        )
     q = q.contiguous()
-    positions, token_rows, block_tables = (x.to(torch.int64).contiguous() for x in (positions, token_rows, block_tables))
+    positions, token_rows, block_tables = (
+        x.to(torch.int64).contiguous() for x in (positions, token_rows, block_tables)
+    )
     (k_desc, k_keep), (v_desc, v_keep) = _code_side(kv_dtype, k_side, d), _code_side(v_dtype, v_side, d)
     out = torch.empty_like(q)
-    rc = lib.bd_paged_attention(KVPage.named(kv_dtype), KVPage.named(v_dtype), q.data_ptr(),
-                                out.data_ptr(), t, hq, k_cache.shape[1], d, scale, window or 0, positions.data_ptr(),
-                                token_rows.data_ptr(), block_tables.data_ptr(), block_tables.shape[1], block_size,
-                                k_cache.data_ptr(), v_cache.data_ptr(), _ptr(k_scale), _ptr(v_scale),
-                                None if k_desc is None else ctypes.addressof(k_desc),
-                                None if v_desc is None else ctypes.addressof(v_desc))
+    rc = lib.bd_paged_attention(
+        KVPage.named(kv_dtype),
+        KVPage.named(v_dtype),
+        q.data_ptr(),
+        out.data_ptr(),
+        t,
+        hq,
+        k_cache.shape[1],
+        d,
+        scale,
+        window or 0,
+        positions.data_ptr(),
+        token_rows.data_ptr(),
+        block_tables.data_ptr(),
+        block_tables.shape[1],
+        block_size,
+        k_cache.data_ptr(),
+        v_cache.data_ptr(),
+        _ptr(k_scale),
+        _ptr(v_scale),
+        None if k_desc is None else ctypes.addressof(k_desc),
+        None if v_desc is None else ctypes.addressof(v_desc),
+    )
     del k_keep, v_keep  # the side tensors lived through the call
     if rc != 0:
-        raise ValueError(f"native paged attention refused {kv_dtype!r} keys, {v_dtype!r} values, {hq} heads over "
-                         f"{k_cache.shape[1]} KV heads of dim {d}")
+        raise ValueError(
+            f"native paged attention refused {kv_dtype!r} keys, {v_dtype!r} values, {hq} heads over "
+            f"{k_cache.shape[1]} KV heads of dim {d}"
+        )
     return out
 
 
@@ -459,9 +631,24 @@ def attention_over_pages(q: torch.Tensor, positions: torch.Tensor, token_rows: t
 TQ_MAX_GROUP, TQ_MAX_HEAD_DIM = 64, 512
 
 
-def _turboquant_attention(lib, q, positions, token_rows, block_tables, block_size, scale, window, kv_dtype, v_dtype,
-                          k_side, v_side, k_cache=None, v_cache=None, k_scale=None,
-                          v_scale=None) -> torch.Tensor:
+def _turboquant_attention(
+    lib,
+    q,
+    positions,
+    token_rows,
+    block_tables,
+    block_size,
+    scale,
+    window,
+    kv_dtype,
+    v_dtype,
+    k_side,
+    v_side,
+    k_cache=None,
+    v_cache=None,
+    k_scale=None,
+    v_scale=None,
+) -> torch.Tensor:
     """attention_over_pages on TurboQuant pages — keys (MSE or inner-product variant), values (MSE) or both, their
     :class:`TurboQuantPageSpec` in k_side/v_side; the other side row or block pages (k_cache/v_cache, with
     k_scale/v_scale: an ``auto:<bits>`` plan's k=q5_0,v=turboquant4) — by the decode step's kernel on codes, every
@@ -471,26 +658,72 @@ def _turboquant_attention(lib, q, positions, token_rows, block_tables, block_siz
     rows = [(dtype, pages) for dtype, pages in ((kv_dtype, k_cache), (v_dtype, v_cache)) if dtype != "turboquant"]
     hkv = tq[0].parts[0].norm.shape[1]
     bits_ok = all(1 <= p.bits <= 8 for side in tq for p in side.parts)
-    rows_ok = all(dtype in ATTENTION_PAGE_TYPES and pages is not None and d % PAGE_ALIGN.get(dtype, 8) == 0
-                  for dtype, pages in rows)
-    if (lib is None or q.dtype != torch.float32 or d % 8 or d > TQ_MAX_HEAD_DIM or hq // hkv > TQ_MAX_GROUP
-            or not bits_ok or not rows_ok):
-        return reference.attention_over_pages(q, positions, token_rows, block_tables, block_size, scale, window,
-                                              kv_dtype, k_cache, v_cache, k_scale, v_scale, v_dtype, k_side, v_side)
+    rows_ok = all(
+        dtype in ATTENTION_PAGE_TYPES and pages is not None and d % PAGE_ALIGN.get(dtype, 8) == 0
+        for dtype, pages in rows
+    )
+    if (
+        lib is None
+        or q.dtype != torch.float32
+        or d % 8
+        or d > TQ_MAX_HEAD_DIM
+        or hq // hkv > TQ_MAX_GROUP
+        or not bits_ok
+        or not rows_ok
+    ):
+        return reference.attention_over_pages(
+            q,
+            positions,
+            token_rows,
+            block_tables,
+            block_size,
+            scale,
+            window,
+            kv_dtype,
+            k_cache,
+            v_cache,
+            k_scale,
+            v_scale,
+            v_dtype,
+            k_side,
+            v_side,
+        )
     q = q.contiguous()
-    positions, token_rows, block_tables = (x.to(torch.int64).contiguous() for x in (positions, token_rows, block_tables))
-    k_desc, v_desc = (_tq_desc(side) if dtype == "turboquant" else None
-                      for dtype, side in ((kv_dtype, k_side), (v_dtype, v_side)))
+    positions, token_rows, block_tables = (
+        x.to(torch.int64).contiguous() for x in (positions, token_rows, block_tables)
+    )
+    k_desc, v_desc = (
+        _tq_desc(side) if dtype == "turboquant" else None for dtype, side in ((kv_dtype, k_side), (v_dtype, v_side))
+    )
     out = torch.empty_like(q)
-    rc = lib.bd_turboquant_attention(KVPage.named(kv_dtype), KVPage.named(v_dtype),
-                                     None if k_desc is None else ctypes.addressof(k_desc),
-                                     None if v_desc is None else ctypes.addressof(v_desc),
-                                     _ptr(k_cache), _ptr(v_cache), _ptr(k_scale), _ptr(v_scale), q.data_ptr(),
-                                     out.data_ptr(), t, hq, hkv, d, scale, window or 0, positions.data_ptr(),
-                                     token_rows.data_ptr(), block_tables.data_ptr(), block_tables.shape[1], block_size)
+    rc = lib.bd_turboquant_attention(
+        KVPage.named(kv_dtype),
+        KVPage.named(v_dtype),
+        None if k_desc is None else ctypes.addressof(k_desc),
+        None if v_desc is None else ctypes.addressof(v_desc),
+        _ptr(k_cache),
+        _ptr(v_cache),
+        _ptr(k_scale),
+        _ptr(v_scale),
+        q.data_ptr(),
+        out.data_ptr(),
+        t,
+        hq,
+        hkv,
+        d,
+        scale,
+        window or 0,
+        positions.data_ptr(),
+        token_rows.data_ptr(),
+        block_tables.data_ptr(),
+        block_tables.shape[1],
+        block_size,
+    )
     if rc != 0:
-        raise ValueError(f"native TurboQuant attention refused {kv_dtype!r} keys, {v_dtype!r} values, {hq} heads over "
-                         f"{hkv} KV heads of dim {d}")
+        raise ValueError(
+            f"native TurboQuant attention refused {kv_dtype!r} keys, {v_dtype!r} values, {hq} heads over "
+            f"{hkv} KV heads of dim {d}"
+        )
     return out
 
 
@@ -508,8 +741,9 @@ def _row_values(kv_dtype: str, width: int) -> int:
     return width
 
 
-def read_kv_rows(kv_dtype: str, pages: torch.Tensor, scales: Optional[torch.Tensor] = None,
-                 variant: Optional[str] = None) -> torch.Tensor:
+def read_kv_rows(
+    kv_dtype: str, pages: torch.Tensor, scales: Optional[torch.Tensor] = None, variant: Optional[str] = None
+) -> torch.Tensor:
     """See :func:`bytediet.kernels.reference.read_kv_rows` (the page decoding of the native attention)."""
     lib = _library(variant)
     d = _row_values(kv_dtype, pages.shape[-1])
@@ -518,8 +752,9 @@ def read_kv_rows(kv_dtype: str, pages: torch.Tensor, scales: Optional[torch.Tens
     pages = pages.contiguous()
     scales = None if scales is None else scales.contiguous()
     out = torch.empty(*pages.shape[:-1], d, dtype=torch.float32)
-    rc = lib.bd_read_kv_rows(KVPage.named(kv_dtype), pages.data_ptr(), _ptr(scales), pages[..., 0].numel(), d,
-                             out.data_ptr())
+    rc = lib.bd_read_kv_rows(
+        KVPage.named(kv_dtype), pages.data_ptr(), _ptr(scales), pages[..., 0].numel(), d, out.data_ptr()
+    )
     if rc != 0:
         raise NativeKernelError(f"the native kernels read no {kv_dtype!r} rows of {d} values")
     return out
@@ -535,15 +770,23 @@ def write_kv_rows(kv_dtype: str, x: torch.Tensor, variant: Optional[str] = None)
     dtype, width = _page_row(kv_dtype, d)
     pages = torch.empty(*x.shape[:-1], width, dtype=dtype)
     scales = torch.empty(*x.shape[:-1], 1, dtype=torch.float16) if kv_dtype in ("int8", "fp8") else None
-    rc = lib.bd_write_kv_rows(KVPage.named(kv_dtype), x.data_ptr(), x[..., 0].numel(), d, pages.data_ptr(),
-                              _ptr(scales))
+    rc = lib.bd_write_kv_rows(
+        KVPage.named(kv_dtype), x.data_ptr(), x[..., 0].numel(), d, pages.data_ptr(), _ptr(scales)
+    )
     if rc != 0:
         raise NativeKernelError(f"the native kernels write no {kv_dtype!r} rows of {d} values")
     return pages, scales
 
 
-def decode_step(spec: DecoderSpec, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-                block_tables: torch.Tensor, block_size: int, variant: Optional[str] = None) -> torch.Tensor:
+def decode_step(
+    spec: DecoderSpec,
+    x: torch.Tensor,
+    positions: torch.Tensor,
+    slots: torch.Tensor,
+    block_tables: torch.Tensor,
+    block_size: int,
+    variant: Optional[str] = None,
+) -> torch.Tensor:
     """See :func:`bytediet.kernels.reference.decode_step`."""
     lib = _library(variant)
     if lib is None:
@@ -553,18 +796,33 @@ def decode_step(spec: DecoderSpec, x: torch.Tensor, positions: torch.Tensor, slo
     x = x.to(torch.float32).contiguous().clone()
     positions, slots = positions.contiguous(), slots.contiguous()
     block_tables = block_tables.contiguous()
-    rc = lib.bd_decode_step(ctypes.addressof(spec.native), x.data_ptr(), x.shape[0], positions.data_ptr(),
-                            slots.data_ptr(), block_tables.data_ptr(), block_tables.shape[1], block_size)
+    rc = lib.bd_decode_step(
+        ctypes.addressof(spec.native),
+        x.data_ptr(),
+        x.shape[0],
+        positions.data_ptr(),
+        slots.data_ptr(),
+        block_tables.data_ptr(),
+        block_tables.shape[1],
+        block_size,
+    )
     if rc != Status.OK:
         pages = sorted({(ls.kv_dtype, ls.v_dtype or ls.kv_dtype) for ls in spec.layers})
-        raise NativeKernelError(f"the native decode step refused its layers' pages ({_status_name(rc)}): keys/values "
-                                f"{', '.join('/'.join(p) for p in pages)} at head_dim {spec.head_dim}; it reads row, "
-                                "block and TurboQuant pages only — run these layers on the module path")
+        raise NativeKernelError(
+            f"the native decode step refused its layers' pages ({_status_name(rc)}): keys/values "
+            f"{', '.join('/'.join(p) for p in pages)} at head_dim {spec.head_dim}; it reads row, "
+            "block and TurboQuant pages only — run these layers on the module path"
+        )
     return x
 
 
-def turboquant_write(pages: TurboQuantPageSpec, x: torch.Tensor, slots: torch.Tensor,
-                     positions: Optional[torch.Tensor] = None, variant: Optional[str] = None) -> None:
+def turboquant_write(
+    pages: TurboQuantPageSpec,
+    x: torch.Tensor,
+    slots: torch.Tensor,
+    positions: Optional[torch.Tensor] = None,
+    variant: Optional[str] = None,
+) -> None:
     """See :func:`bytediet.kernels.reference.turboquant_write` (the decode step's write of the new token)."""
     lib = _library(variant)
     if lib is None:
@@ -575,6 +833,10 @@ def turboquant_write(pages: TurboQuantPageSpec, x: torch.Tensor, slots: torch.Te
     slots = slots.to(torch.int64).contiguous()
     pos = (torch.zeros_like(slots) if positions is None else positions).to(torch.int64).contiguous()
     desc = _tq_desc(pages)
-    if lib.bd_turboquant_write(ctypes.addressof(desc), x.data_ptr(), x.shape[0], slots.data_ptr(), pos.data_ptr(),
-                               x.shape[1], x.shape[2]) != 0:
+    if (
+        lib.bd_turboquant_write(
+            ctypes.addressof(desc), x.data_ptr(), x.shape[0], slots.data_ptr(), pos.data_ptr(), x.shape[1], x.shape[2]
+        )
+        != 0
+    ):
         raise NativeKernelError("the native TurboQuant write refused its pages")

@@ -1,4 +1,5 @@
 """Plain-PyTorch reference kernels: the truth every fast kernel is tested against."""
+
 from __future__ import annotations
 
 import math
@@ -7,9 +8,16 @@ from typing import Callable, Optional
 import torch
 import torch.nn.functional as F
 
-from .decoder_spec import (BLOCK_PAGE_TYPES, CODE_PAGE_BITS, CODE_PAGE_TYPES, FLOAT_PAGE_DTYPES, DecoderSpec, LayerSpec,
-                           TurboQuantPageSpec)
 from . import native_layouts, turboquant_pages
+from .decoder_spec import (
+    BLOCK_PAGE_TYPES,
+    CODE_PAGE_BITS,
+    CODE_PAGE_TYPES,
+    FLOAT_PAGE_DTYPES,
+    DecoderSpec,
+    LayerSpec,
+    TurboQuantPageSpec,
+)
 from .ggml_codecs import DECODERS, ENCODERS
 
 
@@ -30,8 +38,9 @@ def causal_window_mask(query_positions: torch.Tensor, num_keys: int, window: Opt
     return allowed
 
 
-def attention_over_context(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-                           window: Optional[int] = None) -> torch.Tensor:
+def attention_over_context(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, window: Optional[int] = None
+) -> torch.Tensor:
     """Causal grouped-query attention of the last n tokens of a context over the whole context.
 
     q: (n, Hq, D) for positions ctx-n .. ctx-1;  k, v: (ctx, Hkv, D)  →  (n, Hq, D).
@@ -43,10 +52,20 @@ def attention_over_context(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sc
     ctx = k.shape[0]
     if window is not None and ctx <= window:  # every key is inside every query's window: plain causal attention,
         window = None  # whose fused kernel skips the blocks above the diagonal (a mask makes it compute them all)
-    mask = None if window is None and n == ctx else causal_window_mask(torch.arange(ctx - n, ctx, device=q.device),
-                                                                        ctx, window)
-    out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
-                                         attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=True)
+    mask = (
+        None
+        if window is None and n == ctx
+        else causal_window_mask(torch.arange(ctx - n, ctx, device=q.device), ctx, window)
+    )
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1)[None],
+        k.transpose(0, 1)[None],
+        v.transpose(0, 1)[None],
+        attn_mask=mask,
+        is_causal=mask is None,
+        scale=scale,
+        enable_gqa=True,
+    )
     return out[0].transpose(0, 1)
 
 
@@ -59,8 +78,14 @@ def batch_slots(block_tables: torch.Tensor, context_lens: torch.Tensor, block_si
     return torch.where(pos[None, :] < context_lens[:, None], slots, torch.zeros_like(slots))
 
 
-def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context_lens: torch.Tensor, scale: float,
-                     window: Optional[int] = None) -> torch.Tensor:
+def decode_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+    window: Optional[int] = None,
+) -> torch.Tensor:
     """One query per sequence over padded contexts, batched.
 
     q: (S, Hq, D); k, v: (S, L, Hkv, D) (positions ≥ context_lens are padding) → (S, Hq, D).
@@ -79,8 +104,13 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context_
     return out.reshape(s, hq, d)
 
 
-def paged_attention(q: torch.Tensor, meta, scale: float, window: Optional[int],
-                    gather: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+def paged_attention(
+    q: torch.Tensor,
+    meta,
+    scale: float,
+    window: Optional[int],
+    gather: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+) -> torch.Tensor:
     """Reference paged attention over a ragged batch.
 
     q: (T, Hq, D); ``gather(slots)`` returns full-precision (k, v) for a tensor of slots, each
@@ -103,15 +133,27 @@ def paged_attention(q: torch.Tensor, meta, scale: float, window: Optional[int],
         slots = sequence_slots(meta.block_tables[s], ctx, meta.block_size)
         k, v = gather(slots)
         lo = starts[s]
-        out[lo:lo + n] = attention_over_context(q[lo:lo + n], k.to(q.dtype), v.to(q.dtype), scale, window)
+        out[lo : lo + n] = attention_over_context(q[lo : lo + n], k.to(q.dtype), v.to(q.dtype), scale, window)
     return out
 
 
-def attention_over_pages(q: torch.Tensor, positions: torch.Tensor, token_rows: torch.Tensor,
-                         block_tables: torch.Tensor, block_size: int, scale: float, window: Optional[int],
-                         kv_dtype: str, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                         k_scale: Optional[torch.Tensor] = None, v_scale: Optional[torch.Tensor] = None,
-                         v_dtype: Optional[str] = None, k_side=None, v_side=None) -> torch.Tensor:
+def attention_over_pages(
+    q: torch.Tensor,
+    positions: torch.Tensor,
+    token_rows: torch.Tensor,
+    block_tables: torch.Tensor,
+    block_size: int,
+    scale: float,
+    window: Optional[int],
+    kv_dtype: str,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k_scale: Optional[torch.Tensor] = None,
+    v_scale: Optional[torch.Tensor] = None,
+    v_dtype: Optional[str] = None,
+    k_side=None,
+    v_side=None,
+) -> torch.Tensor:
     """Twin of the native paged attention: q (T, Hq, D); token t at ``positions[t]`` attends causally (and within
     ``window``) over the pages of block table row ``token_rows[t]``; key pages of ``kv_dtype``, value pages of
     ``v_dtype`` (default: the same), each (slots, Hkv, D) rows or (slots, Hkv, D/32 · block bytes) GGML blocks
@@ -135,9 +177,10 @@ def attention_over_pages(q: torch.Tensor, positions: torch.Tensor, token_rows: t
         slots = sequence_slots(block_tables[int(token_rows[t])], pos + 1, block_size)
         first = max(0, pos + 1 - window) if window else 0
         slots = slots[first:]
-        k, v = (read(*args, slots, first)
-                for args in zip(dtypes, (k_cache, v_cache), (k_scale, v_scale), (k_side, v_side)))
-        out[t] = decode_attention(q[t:t + 1].float(), k[None], v[None], torch.tensor([k.shape[0]]), scale)[0]
+        k, v = (
+            read(*args, slots, first) for args in zip(dtypes, (k_cache, v_cache), (k_scale, v_scale), (k_side, v_side))
+        )
+        out[t] = decode_attention(q[t : t + 1].float(), k[None], v[None], torch.tensor([k.shape[0]]), scale)[0]
     return out
 
 
@@ -157,19 +200,21 @@ def read_code_rows(kv_dtype: str, codes: torch.Tensor, side, slots: torch.Tensor
     score of a query alike); PolarQuant rows decoded down the polar tree in the rotated basis, then rotated back."""
     if kv_dtype.startswith("qjl"):
         m = int(kv_dtype[3]) * d
-        signs = _unpack_codes(codes[slots], 1, m) * 2 - 1                                   # (L, H, m)
+        signs = _unpack_codes(codes[slots], 1, m) * 2 - 1  # (L, H, m)
         return (signs @ side.transform) * ((math.sqrt(math.pi / 2) / m) * side.scale[slots].float())[..., None]
     if kv_dtype == "polarquant":
         return _polar_rows(codes[slots], side.scale[slots].float(), side.table, d) @ side.transform
-    q = _unpack_codes(codes[slots], CODE_PAGE_BITS[kv_dtype], d)                         # (L, H, D)
+    q = _unpack_codes(codes[slots], CODE_PAGE_BITS[kv_dtype], d)  # (L, H, D)
     if kv_dtype.startswith("kivi"):
         g = slots // side.group
         x = q * side.scale[g].float() + side.zero[g].float()
     else:
         n, h = q.shape[:2]
         group = d // side.scale.shape[-1]
-        x = (q.reshape(n, h, d // group, group) * side.scale[slots].float()[..., None]
-             + side.zero[slots].float()[..., None]).reshape(n, h, d)
+        x = (
+            q.reshape(n, h, d // group, group) * side.scale[slots].float()[..., None]
+            + side.zero[slots].float()[..., None]
+        ).reshape(n, h, d)
     if side.stage_of is not None:
         window = side.window or side.group
         page = side.stage_of[slots // window].long()
@@ -182,7 +227,7 @@ def read_code_rows(kv_dtype: str, codes: torch.Tensor, side, slots: torch.Tensor
 def _polar_rows(rows: torch.Tensor, radii: torch.Tensor, table: torch.Tensor, d: int) -> torch.Tensor:
     """PolarQuant rows (..., 23·D/64) uint8 and their radii (..., D/16) → (..., D) float32 in the rotated basis: from
     the radii down, r ← (r·cos ψ, r·sin ψ) per pair with each level's centroid cos/sin (``table``, CodePageSide's)."""
-    sizes = [d // 4, d // 16, d // 32, d // 64]                         # bytes of levels 1..4 (4, 2, 2, 2 bits)
+    sizes = [d // 4, d // 16, d // 32, d // 64]  # bytes of levels 1..4 (4, 2, 2, 2 bits)
     levels = torch.split(rows, sizes, dim=-1)
     tables = torch.split(table.float(), [32, 8, 8, 8])
     r = radii
@@ -280,8 +325,9 @@ def block_bytes(ggml_type: int) -> int:
     return GGML_QUANT_SIZES[GGMLQuantizationType(int(ggml_type))][1]
 
 
-def gemm_blocks(ggml_type: int, blocks: torch.Tensor, x: torch.Tensor, bias: Optional[torch.Tensor] = None,
-                activations: str = "q8") -> torch.Tensor:
+def gemm_blocks(
+    ggml_type: int, blocks: torch.Tensor, x: torch.Tensor, bias: Optional[torch.Tensor] = None, activations: str = "q8"
+) -> torch.Tensor:
     """y = x · Wᵀ + b for a weight W kept in GGML blocks.
 
     blocks: (N, bytes per row) uint8; x: (..., K) → y: (..., N) in x's dtype. ``activations``: ``"q8"``
@@ -293,7 +339,9 @@ def gemm_blocks(ggml_type: int, blocks: torch.Tensor, x: torch.Tensor, bias: Opt
     """
     k = x.shape[-1]
     if int(ggml_type) in native_layouts.FLOAT_TYPES and activations != "f32":
-        raise ValueError(f"layout {int(ggml_type)} holds float values: it multiplies f32 activations, not {activations!r}")
+        raise ValueError(
+            f"layout {int(ggml_type)} holds float values: it multiplies f32 activations, not {activations!r}"
+        )
     w = dequantize_blocks(ggml_type, blocks)
     if w.shape[1] != k:
         raise ValueError(f"weight rows hold {w.shape[1]} values, activations {k}")
@@ -327,8 +375,9 @@ def quantize_rows_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (xf / s).clamp_(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn), s
 
 
-def fp8_w8a8_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor,
-                    bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+def fp8_w8a8_linear(
+    x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, bias: Optional[torch.Tensor] = None
+) -> torch.Tensor:
     """Twin of ``kernels/triton/fp8.py``: y = (s_x · x_q) · (qweight · scale)ᵀ (+ bias), x rounded per token by
     :func:`quantize_rows_fp8`. x (..., K); qweight (N, K) float8_e4m3fn; scale (N,) float32 → (..., N) in x's
     dtype, computed in float64."""
@@ -356,7 +405,7 @@ def _codes(ggml_type: int, blocks: torch.Tensor) -> torch.Tensor:
         high = ((b[..., 2:6].to(torch.int64) << torch.arange(0, 32, 8)).sum(-1, keepdim=True) >> torch.arange(32)) & 1
         qs = b[..., 6:]
         return torch.cat((qs & 0x0F, qs >> 4), dim=-1) | (high.to(torch.uint8) << 4)
-    qs = b[..., 2 * _X4_SCALES[ggml_type]:]
+    qs = b[..., 2 * _X4_SCALES[ggml_type] :]
     return torch.cat((qs & 0x0F, qs >> 4), dim=-1)
 
 
@@ -378,13 +427,15 @@ def repack_x4(ggml_type: int, blocks: torch.Tensor) -> torch.Tensor:
     """
     n = blocks.shape[0]
     if ggml_type not in X4_TYPES or n % 4:
-        raise ValueError(f"GGML type {ggml_type} ({n} rows) does not interleave (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K "
-                         "with rows % 4 == 0)")
+        raise ValueError(
+            f"GGML type {ggml_type} ({n} rows) does not interleave (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K "
+            "with rows % 4 == 0)"
+        )
     if ggml_type in _KX4_BYTES:
         return repack_kx4(ggml_type, blocks)
     ts, ns = block_bytes(ggml_type), _X4_SCALES[ggml_type]
     b = blocks.reshape(n // 4, 4, -1, ts)  # (G, 4, nb, ts)
-    scales = b[..., :2 * ns].reshape(n // 4, 4, -1, ns, 2).permute(0, 2, 3, 1, 4).reshape(n // 4, -1, 8 * ns)
+    scales = b[..., : 2 * ns].reshape(n // 4, 4, -1, ns, 2).permute(0, 2, 3, 1, 4).reshape(n // 4, -1, 8 * ns)
     codes = _codes(ggml_type, blocks).reshape(n // 4, 4, -1, 4, 8)  # (G, r, nb, k, e)
     u = codes.permute(0, 2, 3, 1, 4).reshape(n // 4, -1, 4, 32)  # (G, nb, k, 8r + e)
     parts = [scales]
@@ -407,8 +458,8 @@ def unpack_x4(ggml_type: int, packed: torch.Tensor) -> torch.Tensor:
     ts, ns = block_bytes(ggml_type), _X4_SCALES[ggml_type]
     g = packed.reshape(n // 4, -1, 4 * ts)  # (G, nb, 4·ts)
     nb = g.shape[1]
-    scales = g[..., :8 * ns].reshape(n // 4, nb, ns, 4, 2).permute(0, 3, 1, 2, 4).reshape(n // 4, 4, nb, 2 * ns)
-    c = g[..., 8 * ns:]
+    scales = g[..., : 8 * ns].reshape(n // 4, nb, ns, 4, 2).permute(0, 3, 1, 2, 4).reshape(n // 4, 4, nb, 2 * ns)
+    c = g[..., 8 * ns :]
     if ggml_type == 8:
         u = c.reshape(n // 4, nb, 4, 32)
     else:
@@ -461,8 +512,14 @@ def _q4k_scales(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _q4k_pack_scales(sc: torch.Tensor, mn: torch.Tensor) -> torch.Tensor:
     """The inverse of :func:`_q4k_scales`."""
-    return torch.cat(((sc[..., :4] & 63) | ((sc[..., 4:] >> 4) << 6), (mn[..., :4] & 63) | ((mn[..., 4:] >> 4) << 6),
-                      (sc[..., 4:] & 0x0F) | ((mn[..., 4:] & 0x0F) << 4)), dim=-1)
+    return torch.cat(
+        (
+            (sc[..., :4] & 63) | ((sc[..., 4:] >> 4) << 6),
+            (mn[..., :4] & 63) | ((mn[..., 4:] >> 4) << 6),
+            (sc[..., 4:] & 0x0F) | ((mn[..., 4:] & 0x0F) << 4),
+        ),
+        dim=-1,
+    )
 
 
 def repack_kx4(ggml_type: int, blocks: torch.Tensor) -> torch.Tensor:
@@ -483,8 +540,12 @@ def repack_kx4(ggml_type: int, blocks: torch.Tensor) -> torch.Tensor:
     codes = [low[..., 0, :] | (low[..., 1, :] << 4), low[..., 2, :] | (low[..., 3, :] << 4)]
     if ggml_type == 12:
         sc, mn = _q4k_scales(sb[..., 4:16])  # (G, ns, r, 8)
-        head = [sb[..., 0:2].reshape(g, ns, 8), sb[..., 2:4].reshape(g, ns, 8),
-                sc.transpose(-1, -2).reshape(g, ns, 32), mn.transpose(-1, -2).reshape(g, ns, 32)]
+        head = [
+            sb[..., 0:2].reshape(g, ns, 8),
+            sb[..., 2:4].reshape(g, ns, 8),
+            sc.transpose(-1, -2).reshape(g, ns, 32),
+            mn.transpose(-1, -2).reshape(g, ns, 32),
+        ]
     else:
         head = [sb[..., 208:210].reshape(g, ns, 8), sb[..., 192:208].transpose(-1, -2).reshape(g, ns, 64)]
         hb = u >> 4
@@ -510,22 +571,27 @@ def unpack_kx4(ggml_type: int, packed: torch.Tensor) -> torch.Tensor:
     if ggml_type == 12:
         sc = p[..., 16:48].reshape(g, ns, 8, 4).transpose(-1, -2)
         mn = p[..., 48:80].reshape(g, ns, 8, 4).transpose(-1, -2)
-        sb = torch.cat((p[..., 0:8].reshape(g, ns, 4, 2), p[..., 8:16].reshape(g, ns, 4, 2), _q4k_pack_scales(sc, mn), body), -1)
+        sb = torch.cat(
+            (p[..., 0:8].reshape(g, ns, 4, 2), p[..., 8:16].reshape(g, ns, 4, 2), _q4k_pack_scales(sc, mn), body), -1
+        )
     else:
         sc = p[..., 8:72].reshape(g, ns, 16, 4).transpose(-1, -2)
         sb = torch.cat((body, sc, p[..., 0:8].reshape(g, ns, 4, 2)), dim=-1)
     return sb.permute(0, 2, 1, 3).reshape(n, -1)
 
 
-def gemm_panel(ggml_type: int, blocks: torch.Tensor, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+def gemm_panel(
+    ggml_type: int, blocks: torch.Tensor, x: torch.Tensor, bias: Optional[torch.Tensor] = None
+) -> torch.Tensor:
     """The prefill (compute-bound) product of ``csrc/gemm_panel.cpp``: :func:`gemm_blocks` with ``"q16"``
     activations — W in its blocks (N, bytes per row) uint8, x (..., K) → (..., N). The native kernel unpacks
     the weight a panel of 32 rows at a time and dots it with both activation planes (AVX-512 VNNI)."""
     return gemm_blocks(ggml_type, blocks, x, bias, "q16")
 
 
-def gemm_x4(ggml_type: int, packed: torch.Tensor, x: torch.Tensor, bias: Optional[torch.Tensor] = None,
-            activations: str = "q8") -> torch.Tensor:
+def gemm_x4(
+    ggml_type: int, packed: torch.Tensor, x: torch.Tensor, bias: Optional[torch.Tensor] = None, activations: str = "q8"
+) -> torch.Tensor:
     """:func:`gemm_blocks` with int8 (``q8``) or two-plane (``q16``) activations on a :func:`repack_x4` weight."""
     if activations not in ("q8", "q16"):
         raise ValueError(f"the interleaved kernels take q8 or q16 activations, got {activations!r}")
@@ -533,6 +599,7 @@ def gemm_x4(ggml_type: int, packed: torch.Tensor, x: torch.Tensor, bias: Optiona
 
 
 # --- the one-call decode step (twin of kernels/cpu/csrc/decoder.cpp) ----------------------------------------
+
 
 def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
@@ -565,8 +632,9 @@ def quantize_fp8_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 _ROW_QUANTIZERS = {"int8": quantize_int8_rows, "fp8": quantize_fp8_rows}
 
 
-def turboquant_write(pages: TurboQuantPageSpec, x: torch.Tensor, slots: torch.Tensor,
-                     positions: Optional[torch.Tensor] = None) -> None:
+def turboquant_write(
+    pages: TurboQuantPageSpec, x: torch.Tensor, slots: torch.Tensor, positions: Optional[torch.Tensor] = None
+) -> None:
     """TurboQuant pages: quantize x (T, Hkv, D) into ``slots`` (T,) (:func:`turboquant_pages.write`); ``positions``
     (T,) for keys calibrated with a pre-RoPE mean."""
     turboquant_pages.write(pages, x, slots, positions)
@@ -584,8 +652,9 @@ def write_kv_rows(kv_dtype: str, x: torch.Tensor) -> tuple[torch.Tensor, Optiona
     return x.to(FLOAT_PAGE_DTYPES[kv_dtype]), None
 
 
-def _write_rows(kv_dtype: str, pages: torch.Tensor, scales: Optional[torch.Tensor], slots: torch.Tensor,
-                x: torch.Tensor) -> None:
+def _write_rows(
+    kv_dtype: str, pages: torch.Tensor, scales: Optional[torch.Tensor], slots: torch.Tensor, x: torch.Tensor
+) -> None:
     """x (T, Hkv, D) → rows ``slots`` of pages of ``kv_dtype`` (and their scales)."""
     rows, scale = write_kv_rows(kv_dtype, x)
     pages[slots] = rows
@@ -595,12 +664,15 @@ def _write_rows(kv_dtype: str, pages: torch.Tensor, scales: Optional[torch.Tenso
 
 def _sides(layer: LayerSpec) -> tuple[tuple, tuple]:
     """(page type, pages, scales, TurboQuant spec) of the layer's keys and of its values."""
-    return ((layer.kv_dtype, layer.k_cache, layer.k_scale, layer.k_tq),
-            (layer.v_dtype or layer.kv_dtype, layer.v_cache, layer.v_scale, layer.v_tq))
+    return (
+        (layer.kv_dtype, layer.k_cache, layer.k_scale, layer.k_tq),
+        (layer.v_dtype or layer.kv_dtype, layer.v_cache, layer.v_scale, layer.v_tq),
+    )
 
 
-def _write_pages(layer: LayerSpec, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                 positions: torch.Tensor) -> None:
+def _write_pages(
+    layer: LayerSpec, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor
+) -> None:
     for (dtype, pages, scales, tq), x in zip(_sides(layer), (k, v)):
         if dtype == "turboquant":
             turboquant_pages.write(tq, x, slots, positions)
@@ -626,14 +698,19 @@ def read_kv_rows(kv_dtype: str, pages: torch.Tensor, scales: Optional[torch.Tens
 def _read_pages(layer: LayerSpec, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """float32 (k, v) of ``slots`` (T, L): row t's context, column j at position j → (T, L, Hkv, D)."""
     positions = torch.arange(slots.shape[-1]).expand(slots.shape)
-    return tuple(turboquant_pages.read(tq, slots, positions) if dtype == "turboquant"
-                 else read_kv_rows(dtype, pages[slots], None if scales is None else scales[slots].reshape(*slots.shape, -1, 1))
-                 for dtype, pages, scales, tq in _sides(layer))
+    return tuple(
+        turboquant_pages.read(tq, slots, positions)
+        if dtype == "turboquant"
+        else read_kv_rows(dtype, pages[slots], None if scales is None else scales[slots].reshape(*slots.shape, -1, 1))
+        for dtype, pages, scales, tq in _sides(layer)
+    )
 
 
-def _decode_layer(spec: DecoderSpec, layer: LayerSpec, x: torch.Tensor, positions, slots, block_tables,
-                  block_size: int) -> torch.Tensor:
+def _decode_layer(
+    spec: DecoderSpec, layer: LayerSpec, x: torch.Tensor, positions, slots, block_tables, block_size: int
+) -> torch.Tensor:
     t, d = x.shape[0], spec.head_dim
+
     def lin(layer_spec, h):
         if layer_spec.interleaved:
             return gemm_x4(layer_spec.ggml_type, layer_spec.blocks, h, layer_spec.bias, spec.activations)
@@ -646,7 +723,7 @@ def _decode_layer(spec: DecoderSpec, layer: LayerSpec, x: torch.Tensor, position
     if layer.q_norm is not None:
         q, k = _rms(q, layer.q_norm, spec.eps), _rms(k, layer.k_norm, spec.eps)
     q, k = _rope(q, positions, layer.inv_freq), _rope(k, positions, layer.inv_freq)
-    if layer.k_rot is not None:        # rotated pages (kvcache/rotated.py): q·k = (q Rᵀ)·(k Rᵀ)
+    if layer.k_rot is not None:  # rotated pages (kvcache/rotated.py): q·k = (q Rᵀ)·(k Rᵀ)
         q, k = q @ layer.k_rot.T, k @ layer.k_rot.T
     if layer.v_rot is not None:
         v = v @ layer.v_rot.T
@@ -654,7 +731,7 @@ def _decode_layer(spec: DecoderSpec, layer: LayerSpec, x: torch.Tensor, position
     context_lens = positions + 1
     kk, vv = _read_pages(layer, batch_slots(block_tables, context_lens, block_size))
     att = decode_attention(q, kk, vv, context_lens, spec.attention_scale, layer.window or None)
-    if layer.v_rot is not None:        # Σ p v = (Σ p v Rᵀ) R
+    if layer.v_rot is not None:  # Σ p v = (Σ p v Rᵀ) R
         att = att @ layer.v_rot
     o = lin(layer.o, att.reshape(t, -1))
     x = x + (_rms(o, layer.post_attn_norm, spec.eps) if spec.sandwich else o)
@@ -665,8 +742,14 @@ def _decode_layer(spec: DecoderSpec, layer: LayerSpec, x: torch.Tensor, position
     return x + (_rms(down, layer.post_ffn_norm, spec.eps) if spec.sandwich else down)
 
 
-def decode_step(spec: DecoderSpec, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-                block_tables: torch.Tensor, block_size: int) -> torch.Tensor:
+def decode_step(
+    spec: DecoderSpec,
+    x: torch.Tensor,
+    positions: torch.Tensor,
+    slots: torch.Tensor,
+    block_tables: torch.Tensor,
+    block_size: int,
+) -> torch.Tensor:
     """All layers of a decode step, one new token per sequence; writes each layer's k, v into its pages.
 
     x: (T, hidden) embeddings; positions, slots: (T,) int64; block_tables: (T, max_blocks) int64.
@@ -688,8 +771,9 @@ def sparse24_positions(index: torch.Tensor, groups: int) -> torch.Tensor:
     return torch.stack([codes & 3, (codes >> 2) & 3], dim=-1).long()
 
 
-def sparse24_matmul(x: torch.Tensor, values: torch.Tensor, index: torch.Tensor,
-                    scale: Optional[torch.Tensor] = None) -> torch.Tensor:
+def sparse24_matmul(
+    x: torch.Tensor, values: torch.Tensor, index: torch.Tensor, scale: Optional[torch.Tensor] = None
+) -> torch.Tensor:
     """y = x Wᵀ read straight from the compressed 2:4 layout (no dense weight is formed).
 
     x: (T, k); values: (out, k/2) kept weights in column order (float, or int8 with ``scale`` (out,));

@@ -16,6 +16,7 @@ machine key: CPU model and flags, the loaded library file (its name carries the 
 flags), bytediet's version and the thread count — a new CPU, build or thread count starts from the defaults
 (x4 wherever it exists, 200 µs of spin) until ``bytediet tune`` runs again.
 """
+
 from __future__ import annotations
 
 import functools
@@ -40,7 +41,8 @@ PREFILL_ROWS = 256  # the batch a prefill chunk's products are tuned at
 
 def cache_dir() -> Path:
     root = os.environ.get("BYTEDIET_TUNE_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "bytediet", "tune")
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "bytediet", "tune"
+    )
     return Path(root)
 
 
@@ -52,8 +54,13 @@ def machine_key(library_path: str, threads: int) -> dict:
         __version__ = version("bytediet")
     except PackageNotFoundError:  # run from a source tree
         __version__ = "source"
-    return {"cpu": build.cpu_model(), "flags": hashlib.sha256(" ".join(sorted(build.cpu_flags())).encode()).hexdigest()[:16],
-            "library": Path(library_path).name, "bytediet": __version__, "threads": int(threads)}
+    return {
+        "cpu": build.cpu_model(),
+        "flags": hashlib.sha256(" ".join(sorted(build.cpu_flags())).encode()).hexdigest()[:16],
+        "library": Path(library_path).name,
+        "bytediet": __version__,
+        "threads": int(threads),
+    }
 
 
 def cache_path(key: dict) -> Path:
@@ -133,9 +140,18 @@ def _best_time(fn: Callable[[], object], repeats: int, timer: Callable[[], float
     return min(times)
 
 
-def tune(lib, shapes: Sequence[tuple[int, int, int]], *, batches: Sequence[int] = (1, 16), activations: str = "q16",
-         repeats: int = 20, spin_candidates: Sequence[int] = SPIN_CANDIDATES, prefill_rows: int = PREFILL_ROWS,
-         timer: Callable[[], float] = time.perf_counter, progress: Callable[[str], None] = lambda msg: None) -> TuningTable:
+def tune(
+    lib,
+    shapes: Sequence[tuple[int, int, int]],
+    *,
+    batches: Sequence[int] = (1, 16),
+    activations: str = "q16",
+    repeats: int = 20,
+    spin_candidates: Sequence[int] = SPIN_CANDIDATES,
+    prefill_rows: int = PREFILL_ROWS,
+    timer: Callable[[], float] = time.perf_counter,
+    progress: Callable[[str], None] = lambda msg: None,
+) -> TuningTable:
     """Time the candidates for each (block type, n, k) at each batch, then the spin times over a decode-like
     sequence of all the shapes at batch 1; returns the table (not yet saved)."""
     from . import ops
@@ -156,20 +172,35 @@ def tune(lib, shapes: Sequence[tuple[int, int, int]], *, batches: Sequence[int] 
             t_rows = _best_time(lambda: ops.gemm_blocks(gtype, blocks, x, None, activations), repeats, timer)
             winner = "x4" if t_x4 <= t_rows else "rows"
             table.kernels[shape_key(gtype, n, k, batch)] = winner
-            table.measurements.append({"type": gtype, "n": n, "k": k, "batch": batch, "x4_s": t_x4, "rows_s": t_rows,
-                                       "winner": winner})
-            progress(f"type {gtype} {n}×{k} batch {batch}: x4 {t_x4 * 1e6:.0f} µs, rows {t_rows * 1e6:.0f} µs → {winner}")
+            table.measurements.append(
+                {"type": gtype, "n": n, "k": k, "batch": batch, "x4_s": t_x4, "rows_s": t_rows, "winner": winner}
+            )
+            progress(
+                f"type {gtype} {n}×{k} batch {batch}: x4 {t_x4 * 1e6:.0f} µs, rows {t_rows * 1e6:.0f} µs → {winner}"
+            )
         if prefill_rows and activations == "q16" and ops.has_gemm_panel(gtype):
             x = torch.randn(prefill_rows, k, generator=gen)
             t_panel = _best_time(lambda: ops.gemm_panel(gtype, blocks, x), max(3, repeats // 4), timer)
-            t_fp32 = _best_time(lambda: torch.nn.functional.linear(x, ops.dequantize_blocks(gtype, blocks)),
-                                max(3, repeats // 4), timer)
+            t_fp32 = _best_time(
+                lambda: torch.nn.functional.linear(x, ops.dequantize_blocks(gtype, blocks)), max(3, repeats // 4), timer
+            )
             winner = "panel" if t_panel <= t_fp32 else "fp32"
             table.kernels[shape_key(gtype, n, k, prefill_rows)] = winner
-            table.measurements.append({"type": gtype, "n": n, "k": k, "batch": prefill_rows, "panel_s": t_panel,
-                                       "fp32_s": t_fp32, "winner": winner})
-            progress(f"type {gtype} {n}×{k} prefill ({prefill_rows} rows): panel {t_panel * 1e3:.2f} ms, "
-                     f"fp32 {t_fp32 * 1e3:.2f} ms → {winner}")
+            table.measurements.append(
+                {
+                    "type": gtype,
+                    "n": n,
+                    "k": k,
+                    "batch": prefill_rows,
+                    "panel_s": t_panel,
+                    "fp32_s": t_fp32,
+                    "winner": winner,
+                }
+            )
+            progress(
+                f"type {gtype} {n}×{k} prefill ({prefill_rows} rows): panel {t_panel * 1e3:.2f} ms, "
+                f"fp32 {t_fp32 * 1e3:.2f} ms → {winner}"
+            )
     if weights and spin_candidates:
         xs = {k: torch.randn(1, k, generator=gen) for (_, _, k) in weights}
 

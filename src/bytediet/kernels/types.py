@@ -4,6 +4,7 @@ Mirrored by ``cpu/csrc/types.h`` (one ``enum class`` per list); the library repo
 (``bd_type_ids``) and ``tests/kernels/test_types.py`` checks the two agree. No id is a position in a list:
 adding a member is one line here and one line there.
 """
+
 from __future__ import annotations
 
 from enum import IntEnum

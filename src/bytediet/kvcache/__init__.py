@@ -1,4 +1,5 @@
 """KV-cache codecs, chosen by name from :data:`KV_CODECS`; one file each, registered on import."""
+
 from .base import KV_CODECS, AttentionMetadata, KVCodec, LayerKVCache, default_block_size, get_kv_codec
 
 # every built-in codec registers itself here, when the package is imported (one line per codec file)

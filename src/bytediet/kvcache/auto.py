@@ -19,6 +19,7 @@ codec cannot size anything and says how to get one; a plan over the budget is re
 Like ``k=…,v=…``, ``auto:<bits>`` is spec syntax (:func:`bytediet.kvcache.base.get_kv_codec`), not a registered
 codec: it names no storage of its own, so the codec matrix does not run it (its layers are registered codecs).
 """
+
 from __future__ import annotations
 
 import re
@@ -38,8 +39,8 @@ class BudgetCodec(KVCodec):
         self.budget = budget
         self.name = f"auto:{budget:g}"
         self.plan: Optional[list[dict]] = None
-        self.states: dict = {}       # spec → calibration state of the plan's calibrated codecs
-        self.verdict: Optional[str] = None   # what the plan beat on validation, when it was just chosen
+        self.states: dict = {}  # spec → calibration state of the plan's calibrated codecs
+        self.verdict: Optional[str] = None  # what the plan beat on validation, when it was just chosen
         self.layers: list[KVCodec] = []
 
     @classmethod
@@ -64,7 +65,11 @@ class BudgetCodec(KVCodec):
         if float(state.get("budget", -1)) != self.budget:
             raise ConfigError(f"the KV plan was chosen for budget auto:{state.get('budget')}, not {self.name}")
         plan = state.get("plan")
-        if not isinstance(plan, list) or not plan or not all(isinstance(p, dict) and set(p) == {"k", "v"} for p in plan):
+        if (
+            not isinstance(plan, list)
+            or not plan
+            or not all(isinstance(p, dict) and set(p) == {"k", "v"} for p in plan)
+        ):
             raise ConfigError(f"{self.name}: the plan must be a list of {{'k': codec, 'v': codec}}, one per layer")
         states = state.get("states") or {}
         if not isinstance(states, dict):
@@ -81,16 +86,20 @@ class BudgetCodec(KVCodec):
         self.layers = [split_codec(f"k={p['k']},v={p['v']}", build) for p in plan]
         for i, codec in enumerate(self.layers):
             if codec.min_block_size() > 16:
-                raise ConfigError(f"{self.name}: layer {i}'s codec {codec.name} needs blocks of "
-                                  f"{codec.min_block_size()} tokens; plans use codecs that page 16-token blocks")
+                raise ConfigError(
+                    f"{self.name}: layer {i}'s codec {codec.name} needs blocks of "
+                    f"{codec.min_block_size()} tokens; plans use codecs that page 16-token blocks"
+                )
         self.plan = [dict(p) for p in plan]
         self.states = dict(states)
 
     def _need_plan(self) -> None:
         if self.plan is None:
-            raise ConfigError(f"{self.name} is a byte budget, not a codec: a calibration pass must choose the per-layer "
-                              "plan first (bytediet eval/generate/serve run it; in a run config give kv_calibration, "
-                              "or the plan itself as kv_calibration_state)")
+            raise ConfigError(
+                f"{self.name} is a byte budget, not a codec: a calibration pass must choose the per-layer "
+                "plan first (bytediet eval/generate/serve run it; in a run config give kv_calibration, "
+                "or the plan itself as kv_calibration_state)"
+            )
 
     # -- sizes and pages ------------------------------------------------------------------------------
     def layer_bits(self, num_kv_heads: int, head_dim: int) -> list[float]:
@@ -103,26 +112,34 @@ class BudgetCodec(KVCodec):
         mean = sum(c.bytes_per_token(num_kv_heads, head_dim) for c in self.layers) / len(self.layers)
         bits = mean * 8 / (2 * num_kv_heads * head_dim)
         if bits > self.budget + 1e-9:
-            raise ConfigError(f"the KV plan costs {bits:.4f} bits per coordinate at {num_kv_heads} KV heads × "
-                              f"head_dim {head_dim}, over the budget {self.name}; re-run the calibration for this model")
+            raise ConfigError(
+                f"the KV plan costs {bits:.4f} bits per coordinate at {num_kv_heads} KV heads × "
+                f"head_dim {head_dim}, over the budget {self.name}; re-run the calibration for this model"
+            )
         return mean
 
     def create_cache(self, layer, num_blocks, block_size, num_kv_heads, head_dim, dtype, device) -> LayerKVCache:
         self._need_plan()
         if layer >= len(self.layers):
-            raise ConfigError(f"{self.name}: the plan covers {len(self.layers)} layers, the model has layer {layer}; "
-                              "re-run the calibration for this model")
-        self.bytes_per_token(num_kv_heads, head_dim)          # refuses a plan over the budget
+            raise ConfigError(
+                f"{self.name}: the plan covers {len(self.layers)} layers, the model has layer {layer}; "
+                "re-run the calibration for this model"
+            )
+        self.bytes_per_token(num_kv_heads, head_dim)  # refuses a plan over the budget
         return self.layers[layer].create_cache(layer, num_blocks, block_size, num_kv_heads, head_dim, dtype, device)
 
     def plan_table(self, num_kv_heads: int, head_dim: int) -> str:
         """The plan, one line per layer with its all-in bits (what ``generate``/``serve``/``eval`` print)."""
         bits = self.layer_bits(num_kv_heads, head_dim)
         mean = sum(bits) / len(bits)
-        lines = [f"KV plan for {self.name}: {mean:.3f} bits per coordinate all-in"
-                 + (f"; {self.verdict}" if self.verdict else "")]
-        lines += [f"  layer {i:2d}: k={p['k']:<14} v={p['v']:<14} {b:.3f} bits"
-                  for i, (p, b) in enumerate(zip(self.plan, bits))]
+        lines = [
+            f"KV plan for {self.name}: {mean:.3f} bits per coordinate all-in"
+            + (f"; {self.verdict}" if self.verdict else "")
+        ]
+        lines += [
+            f"  layer {i:2d}: k={p['k']:<14} v={p['v']:<14} {b:.3f} bits"
+            for i, (p, b) in enumerate(zip(self.plan, bits))
+        ]
         return "\n".join(lines)
 
     def describe(self, head_dim: Optional[int] = None) -> str:

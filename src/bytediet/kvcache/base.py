@@ -11,6 +11,7 @@ Data flow for one attention layer in one engine step (vLLM-style paged attention
 Because step 3 reads the pages, a lossy codec affects prefill as well as decode, which is what
 makes perplexity a faithful measure of a codec.
 """
+
 from __future__ import annotations
 
 import math
@@ -71,13 +72,21 @@ class AttentionMetadata:
     def to(self, device: torch.device | str) -> "AttentionMetadata":
         move = lambda t: t.to(device)
         return AttentionMetadata(
-            move(self.positions), move(self.slot_mapping), move(self.query_start_loc), move(self.context_lens),
-            move(self.block_tables), self.block_size, self.query_lens_list, self.context_lens_list, self.seq_ids,
+            move(self.positions),
+            move(self.slot_mapping),
+            move(self.query_start_loc),
+            move(self.context_lens),
+            move(self.block_tables),
+            self.block_size,
+            self.query_lens_list,
+            self.context_lens_list,
+            self.seq_ids,
         )
 
     @staticmethod
-    def for_single_sequence(num_tokens: int, block_size: int, device: torch.device | str = "cpu",
-                            first_block: int = 0) -> "AttentionMetadata":
+    def for_single_sequence(
+        num_tokens: int, block_size: int, device: torch.device | str = "cpu", first_block: int = 0
+    ) -> "AttentionMetadata":
         """Metadata for one fresh sequence of ``num_tokens`` in consecutive blocks (eval, tests)."""
         n_blocks = math.ceil(num_tokens / block_size)
         blocks = torch.arange(first_block, first_block + n_blocks, dtype=torch.int64, device=device)
@@ -116,16 +125,18 @@ class LayerKVCache(ABC):
     head_dim: int
 
     @abstractmethod
-    def write(self, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor,
-              positions: Optional[torch.Tensor] = None) -> None:
+    def write(
+        self, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor, positions: Optional[torch.Tensor] = None
+    ) -> None:
         """Store new keys and values. k, v: (T, num_kv_heads, head_dim); slot_mapping, positions: (T,).
 
         ``positions`` (each token's position in its sequence) matters only to codecs whose stored form
         depends on it (TurboQuant's pre-RoPE key mean); the others ignore it."""
 
     @abstractmethod
-    def attend(self, q: torch.Tensor, meta: AttentionMetadata, scale: float,
-               window: Optional[int] = None) -> torch.Tensor:
+    def attend(
+        self, q: torch.Tensor, meta: AttentionMetadata, scale: float, window: Optional[int] = None
+    ) -> torch.Tensor:
         """Causal attention of the new queries over each sequence's cached context.
 
         q: (T, num_heads, head_dim) → output (T, num_heads, head_dim) in q's dtype.
@@ -148,8 +159,10 @@ class LayerKVCache(ABC):
         kinds = f"{type(self).__name__} ({getattr(getattr(self, 'k', None), 'dtype', '?')})"
         if pages is None:
             return StepPages(objection=f"KV cache {kinds} has no native step (its pages have no native read)")
-        if any(KVPage.named(pages.get(side) or pages["kv_dtype"]).kind not in STEP_PAGE_KINDS
-               for side in ("kv_dtype", "v_dtype")):
+        if any(
+            KVPage.named(pages.get(side) or pages["kv_dtype"]).kind not in STEP_PAGE_KINDS
+            for side in ("kv_dtype", "v_dtype")
+        ):
             return StepPages(objection=f"KV cache {kinds}: {pages['kv_dtype']} pages have no native step")
         return StepPages({k: v for k, v in pages.items() if k not in ("k_side", "v_side")})
 
@@ -164,8 +177,9 @@ class LayerKVCache(ABC):
         then only :meth:`attend_natively`, which rotates the query and the output around the kernel, reads them."""
         return self.native_pages()
 
-    def attend_natively(self, q: torch.Tensor, meta: AttentionMetadata, scale: float,
-                        window: Optional[int]) -> Optional[torch.Tensor]:
+    def attend_natively(
+        self, q: torch.Tensor, meta: AttentionMetadata, scale: float, window: Optional[int]
+    ) -> Optional[torch.Tensor]:
         """Attention of a step's queries — decodes, prefill chunks, or both — by the native kernel over the pages in
         place (no gather: a prefill chunk's tokens share each page row read, 8 at a time), or None where it does
         not apply: no native kernels, pages it cannot read, a non-float32 query, a query that needs gradients.
@@ -174,12 +188,14 @@ class LayerKVCache(ABC):
             return None  # autograd (recovery training) needs the codec's differentiable read
         pages = self.attention_pages()
         if pages is not None and backend.triton_selected(q):  # the GPU path: kernels/backend.py
-            return backend.attention_over_pages(q, meta.positions, meta.token_rows, meta.block_tables,
-                                                meta.block_size, scale, window, **pages)
+            return backend.attention_over_pages(
+                q, meta.positions, meta.token_rows, meta.block_tables, meta.block_size, scale, window, **pages
+            )
         if q.dtype != torch.float32 or self.head_dim % 8 or pages is None or ops.native_library() is None:
             return None
-        return ops.attention_over_pages(q, meta.positions, meta.token_rows, meta.block_tables, meta.block_size,
-                                        scale, window, **pages)
+        return ops.attention_over_pages(
+            q, meta.positions, meta.token_rows, meta.block_tables, meta.block_size, scale, window, **pages
+        )
 
     def free_sequence(self, seq_id: int) -> None:  # noqa: B027 - optional hook
         """Forget per-sequence state (codecs that keep some); called when a request's blocks are freed."""
@@ -207,8 +223,16 @@ class KVCodec(ABC):
         """All-in bytes for one token's K and V in one layer (codes, scales, norms, metadata)."""
 
     @abstractmethod
-    def create_cache(self, layer: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
-                     dtype: torch.dtype, device: torch.device | str) -> LayerKVCache:
+    def create_cache(
+        self,
+        layer: int,
+        num_blocks: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> LayerKVCache:
         """Allocate the pages of one layer. ``dtype`` is the model's compute dtype."""
 
     def min_block_size(self) -> int:
@@ -270,7 +294,7 @@ def get_kv_codec(spec: "str | KVCodec", model_dtype: torch.dtype = torch.float32
     if spec.startswith("auto:"):  # a byte budget; its per-layer plan comes from calibration
         from .auto import BudgetCodec
 
-        return BudgetCodec.from_spec(spec[len("auto"):])
+        return BudgetCodec.from_spec(spec[len("auto") :])
     if spec in ("auto", ""):
         spec = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[model_dtype]
     return KV_CODECS.build(spec)
@@ -282,8 +306,10 @@ def build_kv_codec(spec: str, state=None, model_dtype: torch.dtype = torch.float
     from .state import read_state
 
     if not isinstance(spec, str):
-        raise ConfigError(f"a KV codec is configured by name (and calibration state), got {type(spec).__name__}; "
-                          "pass codec.name and codec.calibration_state()")
+        raise ConfigError(
+            f"a KV codec is configured by name (and calibration state), got {type(spec).__name__}; "
+            "pass codec.name and codec.calibration_state()"
+        )
     codec = get_kv_codec(spec, model_dtype)
     state = read_state(state)
     if state is not None:

@@ -6,6 +6,7 @@ once all its tokens exist, so this half is used behind a full-precision window
 (:class:`~bytediet.kvcache.window.WindowHalf`) whose chunks are whole groups: every write is a run of complete,
 aligned groups.
 """
+
 from __future__ import annotations
 
 import torch
@@ -21,8 +22,9 @@ class ChannelwisePages(HalfPages):
     def __init__(self, num_slots, num_heads, head_dim, device, bits: int, group: int) -> None:
         super().__init__(num_slots, num_heads, head_dim, device)
         self.bits, self.group = bits, group
-        self.codes = torch.zeros(num_slots, num_heads, bitpack.packed_size(head_dim, bits), dtype=torch.uint8,
-                                 device=device)
+        self.codes = torch.zeros(
+            num_slots, num_heads, bitpack.packed_size(head_dim, bits), dtype=torch.uint8, device=device
+        )
         self.scale = torch.zeros(num_slots // group, num_heads, head_dim, dtype=torch.float16, device=device)
         self.zero = torch.zeros_like(self.scale)
 
@@ -30,11 +32,11 @@ class ChannelwisePages(HalfPages):
         """x (n·G, H, D) for the slots of n whole groups, in slot order."""
         order = torch.argsort(slots)
         slots, x = slots[order], x[order]
-        if slots.shape[0] % self.group or bool((slots[::self.group] % self.group).any()):
+        if slots.shape[0] % self.group or bool((slots[:: self.group] % self.group).any()):
             raise ValueError(f"per-channel keys are written in whole aligned groups of {self.group} tokens")
         n = slots.shape[0] // self.group
         codes, scale, zero = quantize_groups(x.float().reshape(n, self.group, self.num_heads, self.head_dim), self.bits)
-        g = slots[::self.group] // self.group
+        g = slots[:: self.group] // self.group
         self.codes.index_copy_(0, slots, bitpack.pack(codes.reshape(-1, self.num_heads, self.head_dim), self.bits))
         self.scale.index_copy_(0, g, scale)
         self.zero.index_copy_(0, g, zero)
@@ -63,7 +65,9 @@ class ChannelwiseHalf(HalfCodec):
 
     def check(self, num_heads, head_dim, block_size):
         if block_size % self.group:
-            raise ConfigError(f"{self.name}: the key group ({self.group} tokens) must divide the block size {block_size}")
+            raise ConfigError(
+                f"{self.name}: the key group ({self.group} tokens) must divide the block size {block_size}"
+            )
 
     def bytes_per_token(self, num_heads, head_dim):
         return num_heads * (head_dim * self.bits / 8 + 2 * 2 * head_dim / self.group)

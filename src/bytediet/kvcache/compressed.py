@@ -9,6 +9,7 @@ block table a chunk of blocks at a time (``CHUNK_TOKENS``), asks the key half fo
 
 Blocks wholly before a sliding window are skipped. Compute is float32; the output is cast to q's dtype.
 """
+
 from __future__ import annotations
 
 import copy
@@ -32,8 +33,9 @@ class CompressedCache(LayerKVCache):
         self.num_blocks, self.block_size = num_blocks, block_size
         self.num_kv_heads, self.head_dim = keys.num_heads, keys.head_dim
 
-    def write(self, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor,
-              positions: Optional[torch.Tensor] = None) -> None:
+    def write(
+        self, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor, positions: Optional[torch.Tensor] = None
+    ) -> None:
         for half, x in ((self.keys, k), (self.values, v)):
             if half.uses_positions:
                 if positions is None:
@@ -54,14 +56,17 @@ class CompressedCache(LayerKVCache):
     def tensors(self) -> list[torch.Tensor]:
         return self.keys.tensors() + self.values.tensors()
 
-    def decode(self, slots: torch.Tensor, positions: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def decode(
+        self, slots: torch.Tensor, positions: Optional[torch.Tensor] = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(L,) slots of one sequence → float32 (k, v), each (L, H, D): the reference read used by the tests.
 
         ``positions`` (L,) default to 0 … L − 1 (the slots of one sequence, in order)."""
         if positions is None:
             positions = torch.arange(slots.shape[0], device=slots.device)
-        return tuple(h.decode(slots, positions) if h.uses_positions else h.decode(slots)
-                     for h in (self.keys, self.values))
+        return tuple(
+            h.decode(slots, positions) if h.uses_positions else h.decode(slots) for h in (self.keys, self.values)
+        )
 
     def native_pages(self) -> Optional[dict]:
         """Both halves' pages when the native attention reads each in place, whatever their types (k=q8_0,v=q4_0);
@@ -82,8 +87,7 @@ class CompressedCache(LayerKVCache):
         (kt, kc, ks, kside), (vt, vc, vs, vside) = ((*h, None)[:4] for h in (k, v))
         if (kt == "turboquant") != (vt == "turboquant") and not {kt, vt} <= {"turboquant", *ATTENTION_PAGE_TYPES}:
             return None  # TurboQuant pages beside row or block pages only (k=q5_0,v=turboquant4), not code pages
-        return dict(kv_dtype=kt, v_dtype=vt, k_cache=kc, v_cache=vc, k_scale=ks, v_scale=vs, k_side=kside,
-                    v_side=vside)
+        return dict(kv_dtype=kt, v_dtype=vt, k_cache=kc, v_cache=vc, k_scale=ks, v_scale=vs, k_side=kside, v_side=vside)
 
     def step_ready(self) -> bool:
         return self.keys.step_ready() and self.values.step_ready()
@@ -94,15 +98,30 @@ class CompressedCache(LayerKVCache):
         sides = [h.step_side() for h in (self.keys, self.values)]
         objection = next((why for side, why in sides if side is None), None)
         if objection is not None:
-            return StepPages(objection=f"KV cache of {type(self.keys).__name__} keys, {type(self.values).__name__} "
-                                       f"values has no native step: {objection}")
+            return StepPages(
+                objection=f"KV cache of {type(self.keys).__name__} keys, {type(self.values).__name__} "
+                f"values has no native step: {objection}"
+            )
         (kt, kc, ks, ktq), (vt, vc, vs, vtq) = (side for side, _ in sides)
-        rotation = lambda h: None if h.rotation is None else h.rotation.float().contiguous()  # noqa: E731
-        return StepPages(dict(kv_dtype=kt, v_dtype=None if vt == kt == "turboquant" else vt, k_cache=kc, v_cache=vc, k_scale=ks,
-                              v_scale=vs, k_tq=ktq, v_tq=vtq, k_rot=rotation(self.keys), v_rot=rotation(self.values)))
+        rotation = lambda h: None if h.rotation is None else h.rotation.float().contiguous()
+        return StepPages(
+            dict(
+                kv_dtype=kt,
+                v_dtype=None if vt == kt == "turboquant" else vt,
+                k_cache=kc,
+                v_cache=vc,
+                k_scale=ks,
+                v_scale=vs,
+                k_tq=ktq,
+                v_tq=vtq,
+                k_rot=rotation(self.keys),
+                v_rot=rotation(self.values),
+            )
+        )
 
-    def attend_natively(self, q: torch.Tensor, meta: AttentionMetadata, scale: float,
-                        window: Optional[int]) -> Optional[torch.Tensor]:
+    def attend_natively(
+        self, q: torch.Tensor, meta: AttentionMetadata, scale: float, window: Optional[int]
+    ) -> Optional[torch.Tensor]:
         """The native attention over the pages in place; rotated halves (R: pages hold x Rᵀ) by q·k = (q Rᵀ)·(k Rᵀ)
         and Σ p v = (Σ p v Rᵀ) R — the query rotated before the kernel, the output after."""
         rk, rv = self.keys.rotation, self.values.rotation
@@ -111,10 +130,11 @@ class CompressedCache(LayerKVCache):
         out = super().attend_natively(q, meta, scale, window)
         return out if out is None or rv is None else (out.float() @ rv).to(out.dtype)
 
-    def attend(self, q: torch.Tensor, meta: AttentionMetadata, scale: float,
-               window: Optional[int] = None) -> torch.Tensor:
+    def attend(
+        self, q: torch.Tensor, meta: AttentionMetadata, scale: float, window: Optional[int] = None
+    ) -> torch.Tensor:
         for half in (self.keys, self.values):
-            if hasattr(half, "track_sequences"):      # halves with per-sequence state (KIVI's open groups)
+            if hasattr(half, "track_sequences"):  # halves with per-sequence state (KIVI's open groups)
                 half.track_sequences(meta)
         out = self.attend_natively(q, meta, scale, window)
         if out is not None:
@@ -124,18 +144,20 @@ class CompressedCache(LayerKVCache):
         for s, (n, ctx) in enumerate(zip(meta.query_lens_list, meta.context_lens_list)):
             if n:
                 lo = starts[s]
-                out[lo:lo + n] = self._attend_sequence(q[lo:lo + n].float(), meta.block_tables[s], ctx,
-                                                       scale, window).to(q.dtype)
+                out[lo : lo + n] = self._attend_sequence(
+                    q[lo : lo + n].float(), meta.block_tables[s], ctx, scale, window
+                ).to(q.dtype)
         return out
 
-    def _attend_sequence(self, q: torch.Tensor, block_table: torch.Tensor, ctx: int, scale: float,
-                         window: Optional[int]) -> torch.Tensor:
+    def _attend_sequence(
+        self, q: torch.Tensor, block_table: torch.Tensor, ctx: int, scale: float, window: Optional[int]
+    ) -> torch.Tensor:
         """q: (n, Hq, D) for positions ctx−n … ctx−1 → (n, Hq, D) float32."""
         n, hq, d = q.shape
         hkv = self.num_kv_heads
         group = hq // hkv
-        qg = q.reshape(n, hkv, group, d).permute(1, 2, 0, 3).reshape(hkv, group * n, d)   # rows: (group, n)
-        qpos = torch.arange(ctx - n, ctx, device=q.device).repeat(group)                   # (G,)
+        qg = q.reshape(n, hkv, group, d).permute(1, 2, 0, 3).reshape(hkv, group * n, d)  # rows: (group, n)
+        qpos = torch.arange(ctx - n, ctx, device=q.device).repeat(group)  # (G,)
         prepared = self.keys.prepare_query(qg)
         m = torch.full((hkv, group * n, 1), float("-inf"), device=q.device)
         denom = torch.zeros(hkv, group * n, 1, device=q.device)  # l in the recurrence above
@@ -150,8 +172,11 @@ class CompressedCache(LayerKVCache):
             allowed = kpos[None, :] <= qpos[:, None]
             if window is not None:
                 allowed &= kpos[None, :] > qpos[:, None] - window
-            s = (self.keys.scores(prepared, slots, kpos) if self.keys.uses_positions
-                 else self.keys.scores(prepared, slots)) * scale                              # (H, G, L)
+            s = (
+                self.keys.scores(prepared, slots, kpos)
+                if self.keys.uses_positions
+                else self.keys.scores(prepared, slots)
+            ) * scale  # (H, G, L)
             s = s.masked_fill(~allowed, float("-inf"))
             m_new = torch.maximum(m, s.amax(-1, keepdim=True))
             m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
@@ -161,7 +186,7 @@ class CompressedCache(LayerKVCache):
             part = self.values.weighted_sum(p, slots)
             acc = part if acc is None else acc * corr + part
             m = m_new
-        o = self.values.finish(acc / denom)                                                 # (H, G, D)
+        o = self.values.finish(acc / denom)  # (H, G, D)
         return o.reshape(hkv, group, n, d).permute(2, 0, 1, 3).reshape(n, hq, d)
 
 
@@ -172,8 +197,9 @@ class CompressedCodec(KVCodec):
         self.name, self.key_half, self.value_half = name, key_half, value_half
 
     def bytes_per_token(self, num_kv_heads: int, head_dim: int) -> float:
-        return (self.key_half.bytes_per_token(num_kv_heads, head_dim)
-                + self.value_half.bytes_per_token(num_kv_heads, head_dim))
+        return self.key_half.bytes_per_token(num_kv_heads, head_dim) + self.value_half.bytes_per_token(
+            num_kv_heads, head_dim
+        )
 
     def min_block_size(self) -> int:
         return max(self.key_half.min_block_size(), self.value_half.min_block_size())
@@ -193,8 +219,9 @@ class CompressedCodec(KVCodec):
     def load_calibration_state(self, state: dict, rope=None) -> None:
         unknown = set(state) - {"k", "v"}
         if unknown:
-            raise ConfigError(f"KV codec {self.name!r}: calibration state has unknown parts {sorted(unknown)} "
-                              "(expected 'k' and 'v')")
+            raise ConfigError(
+                f"KV codec {self.name!r}: calibration state has unknown parts {sorted(unknown)} (expected 'k' and 'v')"
+            )
         for half, role in ((self.key_half, "k"), (self.value_half, "v")):
             if state.get(role) is not None:
                 half.load_calibration_state(state[role], rope=rope)

@@ -1,4 +1,5 @@
 """The paged KV cache's configuration: it names a codec, so it lives with the codec registry that checks the name."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -31,8 +32,10 @@ class CacheConfig:
 
     def __post_init__(self) -> None:
         if isinstance(self.kv_cache_dtype, KVCodec) or not isinstance(self.kv_cache_dtype, str):
-            raise ConfigError("kv_cache_dtype must be a codec name; a calibrated codec travels as its name plus "
-                              "kv_calibration_state=codec.calibration_state()")
+            raise ConfigError(
+                "kv_cache_dtype must be a codec name; a calibrated codec travels as its name plus "
+                "kv_calibration_state=codec.calibration_state()"
+            )
         if self.block_size is None:
             object.__setattr__(self, "block_size", default_block_size(self.kv_cache_dtype))
         if self.block_size <= 0 or self.block_size & (self.block_size - 1):

@@ -8,6 +8,7 @@ constant, so a token costs exactly 8 bits per coordinate. Values beyond the cali
 **Fallback when uncalibrated:** a dynamic per-token, per-head scale (fp16), 8 + 16/D bits per coordinate.
 The choice is made by the codec (all layers alike), so ``bytes_per_token`` stays one number.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -28,8 +29,9 @@ class FP8Pages(HalfPages):
         super().__init__(num_slots, num_heads, head_dim, device)
         self.codes = torch.zeros(num_slots, num_heads, head_dim, dtype=torch.uint8, device=device)
         self.static_scale = None if static_scale is None else static_scale.to(device)  # (H,)
-        self.scale = None if static_scale is not None else torch.zeros(num_slots, num_heads, dtype=torch.float16,
-                                                                       device=device)
+        self.scale = (
+            None if static_scale is not None else torch.zeros(num_slots, num_heads, dtype=torch.float16, device=device)
+        )
 
     def _scales(self, slots: torch.Tensor) -> torch.Tensor:
         """(L, H, 1) float32 scale of each stored token."""
@@ -51,7 +53,7 @@ class FP8Pages(HalfPages):
         return self.codes[slots].view(torch.float8_e4m3fn).float() * self._scales(slots)
 
     def native_pages(self):
-        return None if self.scale is None else ("fp8", self.codes, self.scale)   # static scales: module path
+        return None if self.scale is None else ("fp8", self.codes, self.scale)  # static scales: module path
 
     def tensors(self):
         return [self.codes] + ([] if self.scale is None else [self.scale])
@@ -69,12 +71,14 @@ class FP8Half(HalfCodec):
 
     def create(self, layer, role, num_blocks, block_size, num_heads, head_dim, device):
         if self.scales and layer not in self.scales:
-            raise ConfigError(f"fp8 KV cache was calibrated for layers {sorted(self.scales)} but not layer {layer}; "
-                              "calibrate every layer (or none, for dynamic per-token scales)")
+            raise ConfigError(
+                f"fp8 KV cache was calibrated for layers {sorted(self.scales)} but not layer {layer}; "
+                "calibrate every layer (or none, for dynamic per-token scales)"
+            )
         return FP8Pages(num_blocks * block_size, num_heads, head_dim, device, self.scales.get(layer))
 
     def calibrate(self, samples: torch.Tensor, layer: int) -> None:
-        amax = samples.float().abs().reshape(-1, *samples.shape[-2:]).amax(dim=(0, 2))   # (H,)
+        amax = samples.float().abs().reshape(-1, *samples.shape[-2:]).amax(dim=(0, 2))  # (H,)
         self.scales[layer] = (amax / E4M3_MAX).clamp(min=1e-6)
 
     def calibration_state(self):

@@ -8,6 +8,7 @@ amax / 448 over the layer's K (or V), all heads together. Exactly 8 bits per coo
 bytediet's own ``fp8`` differs: calibrated it keeps one scale per *head* (finer than vLLM's per-tensor), and
 uncalibrated it falls back to a dynamic per-token, per-head fp16 scale (8 + 16/D bits), not a scale of 1.0.
 """
+
 from __future__ import annotations
 
 import torch

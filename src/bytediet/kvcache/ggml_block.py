@@ -21,6 +21,7 @@ per coordinate are the table's. The head dimension must be a multiple of 32 (lla
 The native attention reads these pages in place, for keys and values alike and beside any other page type it
 reads (``k=q8_0,v=q4_0``, ``k=bf16,v=q4_1``): ``kernels/cpu/csrc/kv_pages.h``.
 """
+
 from __future__ import annotations
 
 import torch
@@ -43,12 +44,13 @@ class GGMLBlockPages(HalfPages):
         super().__init__(num_slots, num_heads, head_dim, device)
         self.name, self.ggml_type = name, TYPES[name]
         self.type_bytes = TYPE_BYTES[self.ggml_type]
-        self.blocks = torch.zeros(num_slots, num_heads, head_dim // QK * self.type_bytes, dtype=torch.uint8,
-                                  device=device)
+        self.blocks = torch.zeros(
+            num_slots, num_heads, head_dim // QK * self.type_bytes, dtype=torch.uint8, device=device
+        )
 
     def write(self, x, slots):
         t, h, d = x.shape
-        b = ENCODERS[self.ggml_type](x.float().reshape(-1, QK).contiguous())     # (t·h·d/32, bytes)
+        b = ENCODERS[self.ggml_type](x.float().reshape(-1, QK).contiguous())  # (t·h·d/32, bytes)
         self.blocks.index_copy_(0, slots, b.reshape(t, h, -1))
 
     def decode(self, slots):
@@ -74,8 +76,10 @@ class GGMLBlockHalf(HalfCodec):
 
     def create(self, layer, role, num_blocks, block_size, num_heads, head_dim, device):
         if head_dim % QK:
-            raise ConfigError(f"{self.name}: layer {layer} has head_dim {head_dim}, not a multiple of {QK} "
-                              "(llama.cpp's block); choose another KV codec for this model")
+            raise ConfigError(
+                f"{self.name}: layer {layer} has head_dim {head_dim}, not a multiple of {QK} "
+                "(llama.cpp's block); choose another KV codec for this model"
+            )
         return GGMLBlockPages(num_blocks * block_size, num_heads, head_dim, device, self.name)
 
 
@@ -83,7 +87,9 @@ def ggml_codec_class(name: str):
     """A codec class storing K and V both in the llama.cpp type ``name`` (registered below, one per type)."""
 
     class GGMLCodec(CompressedCodec):
-        __doc__ = f"llama.cpp's ``{name}`` KV cache (``-ctk {name} -ctv {name}``); see :mod:`bytediet.kvcache.ggml_block`."
+        __doc__ = (
+            f"llama.cpp's ``{name}`` KV cache (``-ctk {name} -ctv {name}``); see :mod:`bytediet.kvcache.ggml_block`."
+        )
 
         def __init__(self) -> None:
             super().__init__(name, GGMLBlockHalf(name), GGMLBlockHalf(name))

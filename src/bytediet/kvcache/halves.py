@@ -12,6 +12,7 @@ The defaults decode one chunk to float32 (never the whole context) and use plain
 Shapes: H = KV heads, D = head dim, G = query rows per KV head (query heads per group × new tokens),
 L = tokens in one chunk. ``qg``: (H, G, D); scores: (H, G, L); ``p``: (H, G, L).
 """
+
 from __future__ import annotations
 
 import copy
@@ -32,7 +33,7 @@ class HalfPages(ABC):
     """
 
     uses_positions = False
-    rotation: Optional[torch.Tensor] = None   # (D, D): pages hold x Rᵀ (kvcache/rotated.py); None: x itself
+    rotation: Optional[torch.Tensor] = None  # (D, D): pages hold x Rᵀ (kvcache/rotated.py); None: x itself
 
     def __init__(self, num_slots: int, num_heads: int, head_dim: int, device) -> None:
         self.num_slots, self.num_heads, self.head_dim, self.device = num_slots, num_heads, head_dim, device
@@ -71,16 +72,17 @@ class HalfPages(ABC):
         if pages is None:
             return None, f"{type(self).__name__} pages have no native read"
         if KVPage.named(pages[0]).kind not in (PageKind.ROW, PageKind.BLOCK):
-            return None, (f"{pages[0]} pages are codes the native step does not write; the module path runs, its "
-                          "attention native")
+            return None, (
+                f"{pages[0]} pages are codes the native step does not write; the module path runs, its attention native"
+            )
         return (pages[0], pages[1], pages[2], None), ""
 
     def prepare_query(self, qg: torch.Tensor) -> Any:
         return qg
 
     def scores(self, prepared: Any, slots: torch.Tensor) -> torch.Tensor:
-        k = self.decode(slots).transpose(0, 1)                  # (H, L, D)
-        return torch.bmm(prepared, k.transpose(1, 2))          # (H, G, L)
+        k = self.decode(slots).transpose(0, 1)  # (H, L, D)
+        return torch.bmm(prepared, k.transpose(1, 2))  # (H, G, L)
 
     def weighted_sum(self, p: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         return torch.bmm(p, self.decode(slots).transpose(0, 1))  # (H, G, D)
@@ -99,8 +101,9 @@ class HalfCodec(ABC):
         """All-in bytes of one token's K (or V) in one layer: codes, scales, norms, amortised bookkeeping."""
 
     @abstractmethod
-    def create(self, layer: int, role: str, num_blocks: int, block_size: int, num_heads: int, head_dim: int,
-               device) -> HalfPages:
+    def create(
+        self, layer: int, role: str, num_blocks: int, block_size: int, num_heads: int, head_dim: int, device
+    ) -> HalfPages:
         """Allocate pages; ``role`` is ``"k"`` or ``"v"`` (seeds random transforms differently)."""
 
     def describe(self, head_dim: Optional[int] = None) -> str:

@@ -17,6 +17,7 @@ and ``int<bits>-token-g64-asym``, ``kernels/cpu/csrc/code_pages.h``), rows of a 
 staging page (the slot's window indexes ``stage_of``); the numbers of the codec's own read. The one-call decode step
 does not write these pages (it says so in one line; the module path runs, its attention native).
 """
+
 from __future__ import annotations
 
 import re

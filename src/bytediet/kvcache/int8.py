@@ -1,4 +1,5 @@
 """INT8 KV cache: symmetric per-token, per-head scale (fp16). All-in 8 + 16/D bits per coordinate."""
+
 from __future__ import annotations
 
 from ..errors import ConfigError

@@ -25,6 +25,7 @@ open (the slot's group indexes ``stage_of``: one indirection per row, no separat
 per-token groups of 32 channels; the same numbers as :meth:`KiviKeyPages.decode`. The one-call decode step does
 not write these pages (it says so in one line and the module path runs, its attention still native).
 """
+
 from __future__ import annotations
 
 import re
@@ -45,8 +46,8 @@ STAGE_PERIOD = 512
 def quantize_groups(x: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x (n, G, H, D) → codes (n, G, H, D) int64, scale and zero (n, H, D) fp16, per channel over tokens."""
     zero = x.amin(1).to(torch.float16)
-    scale = ((x.amax(1) - zero.float()) / (2 ** bits - 1)).clamp(min=1e-6).to(torch.float16)
-    codes = torch.round((x - zero.float()[:, None]) / scale.float()[:, None]).clamp(0, 2 ** bits - 1)
+    scale = ((x.amax(1) - zero.float()) / (2**bits - 1)).clamp(min=1e-6).to(torch.float16)
+    codes = torch.round((x - zero.float()[:, None]) / scale.float()[:, None]).clamp(0, 2**bits - 1)
     return codes.long(), scale, zero
 
 
@@ -55,8 +56,9 @@ class KiviKeyPages(HalfPages):
         super().__init__(num_slots, num_heads, head_dim, device)
         self.bits, self.group = bits, group
         n_groups = num_slots // group
-        self.codes = torch.zeros(num_slots, num_heads, bitpack.packed_size(head_dim, bits), dtype=torch.uint8,
-                                 device=device)
+        self.codes = torch.zeros(
+            num_slots, num_heads, bitpack.packed_size(head_dim, bits), dtype=torch.uint8, device=device
+        )
         self.scale = torch.zeros(n_groups, num_heads, head_dim, dtype=torch.float16, device=device)
         self.zero = torch.zeros_like(self.scale)
         self.fill = torch.zeros(n_groups, dtype=torch.int32, device=device)
@@ -64,14 +66,16 @@ class KiviKeyPages(HalfPages):
         n_stage = max(1, num_slots // STAGE_PERIOD)
         self.stage = torch.zeros(n_stage, group, num_heads, head_dim, dtype=torch.float16, device=device)
         self.free_pages = list(range(n_stage))
-        self.open_group: dict[int, int] = {}      # engine seq id → its open (staged) group
+        self.open_group: dict[int, int] = {}  # engine seq id → its open (staged) group
 
     def track_sequences(self, meta) -> None:
         """Note each sequence's last group (the one a later write extends); called once per attend."""
         if meta.seq_ids is None:
             return
         for s, (sid, ctx) in enumerate(zip(meta.seq_ids, meta.context_lens_list)):
-            slot = int(meta.block_tables[s, (ctx - 1) // meta.block_size]) * meta.block_size + (ctx - 1) % meta.block_size
+            slot = (
+                int(meta.block_tables[s, (ctx - 1) // meta.block_size]) * meta.block_size + (ctx - 1) % meta.block_size
+            )
             g = slot // self.group
             if int(self.stage_of[g]) >= 0:
                 self.open_group[sid] = g
@@ -97,7 +101,7 @@ class KiviKeyPages(HalfPages):
     def _store_group(self, g: int, xg: torch.Tensor) -> None:
         """Quantize one complete group xg (G, H, D) into its slots."""
         codes, scale, zero = quantize_groups(xg[None].float(), self.bits)
-        self.codes[g * self.group:(g + 1) * self.group] = bitpack.pack(codes[0], self.bits)
+        self.codes[g * self.group : (g + 1) * self.group] = bitpack.pack(codes[0], self.bits)
         self.scale[g], self.zero[g] = scale[0], zero[0]
 
     def write(self, x, slots):
@@ -105,12 +109,12 @@ class KiviKeyPages(HalfPages):
         for g in torch.unique(groups).tolist():
             sel = groups == g
             xs, os = x[sel], offs[sel]
-            if bool((os == 0).any()):        # the group starts afresh
+            if bool((os == 0).any()):  # the group starts afresh
                 self._release(g)
                 self.fill[g] = 0
             self.fill[g] += len(os)
             full = int(self.fill[g]) >= self.group
-            if full and int(self.stage_of[g]) < 0:           # whole group in this write: no staging
+            if full and int(self.stage_of[g]) < 0:  # whole group in this write: no staging
                 self._store_group(g, xs[torch.argsort(os)])
                 continue
             if int(self.stage_of[g]) < 0:
@@ -118,7 +122,8 @@ class KiviKeyPages(HalfPages):
                     raise BytedietError(
                         f"kivi: more than {self.stage.shape[0]} KV groups are open at once (one per running "
                         f"sequence, one staging page per {STAGE_PERIOD} cache tokens); give the KV cache more "
-                        "memory or run fewer sequences at once")
+                        "memory or run fewer sequences at once"
+                    )
                 self.stage_of[g] = self.free_pages.pop()
             page = int(self.stage_of[g])
             self.stage[page, os] = xs.to(torch.float16)
@@ -142,8 +147,12 @@ class KiviKeyPages(HalfPages):
         page (``decoder_spec.CodePageSide``); the same numbers as :meth:`decode`."""
         if self.head_dim % 8:
             return None
-        return (f"kivi{self.bits}-keys", self.codes, None,
-                CodePageSide(self.scale, self.zero, self.stage_of, self.stage, self.group))
+        return (
+            f"kivi{self.bits}-keys",
+            self.codes,
+            None,
+            CodePageSide(self.scale, self.zero, self.stage_of, self.stage, self.group),
+        )
 
     def tensors(self):
         return [self.codes, self.scale, self.zero, self.fill, self.stage_of, self.stage]
@@ -159,14 +168,16 @@ class KiviKeyHalf(HalfCodec):
 
     def check(self, num_heads, head_dim, block_size):
         if block_size % self.group:
-            raise ConfigError(f"kivi group size {self.group} must divide the KV block size {block_size}; "
-                              f"use a block size of at least {self.group} or a spec like kivi{self.bits}g{block_size}")
+            raise ConfigError(
+                f"kivi group size {self.group} must divide the KV block size {block_size}; "
+                f"use a block size of at least {self.group} or a spec like kivi{self.bits}g{block_size}"
+            )
 
     def bytes_per_token(self, num_heads, head_dim):
         codes = head_dim * self.bits / 8
-        group_side = (2 * 2 * head_dim) / self.group                  # fp16 scale + zero per channel per group
-        stage = self.group * head_dim * 2 / STAGE_PERIOD               # fp16 staging, amortised
-        return num_heads * (codes + group_side + stage) + 2 * 4 / self.group   # + fill, stage_of (int32)
+        group_side = (2 * 2 * head_dim) / self.group  # fp16 scale + zero per channel per group
+        stage = self.group * head_dim * 2 / STAGE_PERIOD  # fp16 staging, amortised
+        return num_heads * (codes + group_side + stage) + 2 * 4 / self.group  # + fill, stage_of (int32)
 
     def create(self, layer, role, num_blocks, block_size, num_heads, head_dim, device):
         return KiviKeyPages(num_blocks * block_size, num_heads, head_dim, device, self.bits, self.group)
@@ -182,8 +193,11 @@ class KiviCodec(CompressedCodec):
             raise ConfigError(f"kivi supports 2 or 4 bits, got {bits}")
         if group < 1 or group & (group - 1):
             raise ConfigError(f"kivi group size must be a power of two, got {group}")
-        super().__init__(f"kivi{bits}" + ("" if group == 32 else f"g{group}"), KiviKeyHalf(bits, group),
-                         TokenwiseHalf(bits, group=32, symmetric=False))
+        super().__init__(
+            f"kivi{bits}" + ("" if group == 32 else f"g{group}"),
+            KiviKeyHalf(bits, group),
+            TokenwiseHalf(bits, group=32, symmetric=False),
+        )
 
     @classmethod
     def from_spec(cls, rest: str) -> "KiviCodec":
@@ -191,5 +205,7 @@ class KiviCodec(CompressedCodec):
             return cls()
         m = _SPEC.match(rest)
         if not m:
-            raise ConfigError(f"bad KIVI spec 'kivi{rest}': expected kivi2, kivi4 or kivi<bits>g<group> (e.g. kivi2g16)")
+            raise ConfigError(
+                f"bad KIVI spec 'kivi{rest}': expected kivi2, kivi4 or kivi<bits>g<group> (e.g. kivi2g16)"
+            )
         return cls(int(m.group(1)), int(m.group(2) or 32))

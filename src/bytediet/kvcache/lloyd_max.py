@@ -5,6 +5,7 @@ Used by TurboQuant (coordinates of a uniformly random unit vector in R^d, densit
 ∝ sin^(k)(2ψ) on [0, π/2]; arXiv 2502.02617 Lemma 2). The density is discretised on a fine grid and the
 classic Lloyd iteration (centroid ↔ midpoint boundaries) is run to convergence in float64.
 """
+
 from __future__ import annotations
 
 from functools import lru_cache
@@ -46,7 +47,7 @@ def sphere_coordinate_codebook(d: int, bits: int) -> tuple[torch.Tensor, float]:
         logw = (d - 3) / 2 * np.log(np.clip(1 - x * x, 1e-300, None))
     w = np.exp(logw - logw.max())
     w /= w.sum()
-    c, mse = _lloyd(x, w, 2 ** bits)
+    c, mse = _lloyd(x, w, 2**bits)
     return torch.tensor(c, dtype=torch.float32), mse
 
 
@@ -56,7 +57,7 @@ def sine_power_codebook(power: int, bits: int) -> torch.Tensor:
     x = np.linspace(0.0, np.pi / 2, _GRID)
     w = np.sin(2 * x) ** power
     w /= w.sum()
-    c, _ = _lloyd(x, w, 2 ** bits)
+    c, _ = _lloyd(x, w, 2**bits)
     return torch.tensor(c, dtype=torch.float32)
 
 

@@ -19,6 +19,7 @@ row widened in the rotated basis from its radii down the polar tree in an L1 til
 table), the values' sum rotated back once per head — the numbers of this file's own read. The one-call decode step
 does not write these pages (it says so in one line; the module path runs, its attention native).
 """
+
 from __future__ import annotations
 
 import math
@@ -85,8 +86,10 @@ class PolarPages(HalfPages):
 
     def rotated(self, slots: torch.Tensor) -> torch.Tensor:
         """(L,) slots → (L, H, D) reconstruction in the preconditioned domain."""
-        codes = [bitpack.unpack(s, bits, self.head_dim >> (lvl + 1))
-                 for lvl, (s, bits) in enumerate(zip(torch.split(self.codes[slots], self.sizes, -1), LEVEL_BITS))]
+        codes = [
+            bitpack.unpack(s, bits, self.head_dim >> (lvl + 1))
+            for lvl, (s, bits) in enumerate(zip(torch.split(self.codes[slots], self.sizes, -1), LEVEL_BITS))
+        ]
         return polar_decode(codes, self.radii[slots].float(), self.codebooks)
 
     def native_pages(self):
@@ -120,9 +123,11 @@ class PolarHalf(HalfCodec):
     name = "polarquant"
 
     def check(self, num_heads, head_dim, block_size):
-        if head_dim % (2 ** LEVELS) or (head_dim >> LEVELS) * 2 % 8:
-            raise ConfigError(f"polarquant needs a head_dim divisible by {2 ** (LEVELS + 2)} "
-                              f"({LEVELS} polar levels, packed 2-bit angles), got {head_dim}")
+        if head_dim % (2**LEVELS) or (head_dim >> LEVELS) * 2 % 8:
+            raise ConfigError(
+                f"polarquant needs a head_dim divisible by {2 ** (LEVELS + 2)} "
+                f"({LEVELS} polar levels, packed 2-bit angles), got {head_dim}"
+            )
 
     def bytes_per_token(self, num_heads, head_dim):
         angle_bits = sum((head_dim >> (lvl + 1)) * bits for lvl, bits in enumerate(LEVEL_BITS))
@@ -130,8 +135,9 @@ class PolarHalf(HalfCodec):
 
     def create(self, layer, role, num_blocks, block_size, num_heads, head_dim, device):
         seed = 4099 * layer + (0 if role == "k" else 1)
-        return PolarPages(num_blocks * block_size, num_heads, head_dim, device,
-                          random_rotation(head_dim, "hadamard", seed))
+        return PolarPages(
+            num_blocks * block_size, num_heads, head_dim, device, random_rotation(head_dim, "hadamard", seed)
+        )
 
 
 @KV_CODECS.register("polarquant")

@@ -21,6 +21,7 @@ estimator's error scales with ‖k‖, and on small models the mean carries a la
 (37–68 % on SmolLM2, see ``bench/KV_RESULTS.md``). This is our stand-in for the paper's separate
 treatment of outlier channels (§4). Without calibration no mean is used (documented fallback).
 """
+
 from __future__ import annotations
 
 import math
@@ -40,11 +41,12 @@ from .tokenwise import TokenwiseHalf
 
 
 class QJLKeyPages(HalfPages):
-    def __init__(self, num_slots, num_heads, head_dim, device, sketch: torch.Tensor,
-                 mean: Optional[torch.Tensor] = None) -> None:
+    def __init__(
+        self, num_slots, num_heads, head_dim, device, sketch: torch.Tensor, mean: Optional[torch.Tensor] = None
+    ) -> None:
         super().__init__(num_slots, num_heads, head_dim, device)
-        self.S = sketch.to(device)                                   # (m, D)
-        self.mean = None if mean is None else mean.to(device)        # (H, D) calibrated key mean, a constant
+        self.S = sketch.to(device)  # (m, D)
+        self.mean = None if mean is None else mean.to(device)  # (H, D) calibrated key mean, a constant
         self.m = sketch.shape[0]
         self.coef = math.sqrt(math.pi / 2) / self.m
         self.signs = torch.zeros(num_slots, num_heads, self.m // 8, dtype=torch.uint8, device=device)
@@ -57,7 +59,7 @@ class QJLKeyPages(HalfPages):
         self.norm.index_copy_(0, slots, x.norm(dim=-1).to(torch.float16))
 
     def _pm1(self, slots: torch.Tensor) -> torch.Tensor:
-        return bitpack.unpack(self.signs[slots], 1, self.m).float() * 2 - 1                  # (L, H, m)
+        return bitpack.unpack(self.signs[slots], 1, self.m).float() * 2 - 1  # (L, H, m)
 
     def decode(self, slots):
         """The estimator's implied key μ + √(π/2)/m · ‖k − μ‖ · Sᵀ sign(S (k − μ)) (so scores = ⟨q, decode⟩)."""
@@ -65,13 +67,13 @@ class QJLKeyPages(HalfPages):
         return k if self.mean is None else k + self.mean
 
     def prepare_query(self, qg):
-        qmu = None if self.mean is None else torch.einsum("hgd,hd->hg", qg, self.mean)      # (H, G)
-        return qg @ self.S.T, qmu                                                              # (H, G, m)
+        qmu = None if self.mean is None else torch.einsum("hgd,hd->hg", qg, self.mean)  # (H, G)
+        return qg @ self.S.T, qmu  # (H, G, m)
 
     def scores(self, prepared, slots):
         sq, qmu = prepared
-        signs = self._pm1(slots).transpose(0, 1)                                               # (H, L, m)
-        norm = self.norm[slots].float().transpose(0, 1)                                        # (H, L)
+        signs = self._pm1(slots).transpose(0, 1)  # (H, L, m)
+        norm = self.norm[slots].float().transpose(0, 1)  # (H, L)
         s = torch.bmm(sq, signs.transpose(1, 2)) * (self.coef * norm)[:, None, :]
         return s if qmu is None else s + qmu[..., None]
 

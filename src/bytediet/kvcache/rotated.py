@@ -21,6 +21,7 @@ and k after RoPE and v before it writes the pages, and the attention output afte
 them to the readers that know the halves' :attr:`~RotatedPages.rotation`. A split spec mixes them with any other
 half (``k=rot-q8_0,v=int8``), as ``auto:<bits>`` plans do.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -48,10 +49,10 @@ class RotatedPages(HalfPages):
         self.inner.write(x.float() @ self.rotation.T, slots)
 
     def decode(self, slots):
-        return self.inner.decode(slots) @ self.rotation                     # (L, H, D) in the model's basis
+        return self.inner.decode(slots) @ self.rotation  # (L, H, D) in the model's basis
 
     def native_pages(self):
-        return self.inner.native_pages()                                    # in the rotated basis
+        return self.inner.native_pages()  # in the rotated basis
 
     def prepare_query(self, qg):
         return self.inner.prepare_query(qg @ self.rotation.T)
@@ -72,7 +73,7 @@ class RotatedPages(HalfPages):
 class RotatedHalf(HalfCodec):
     """One of K or V stored by ``inner`` (a per-token half: int8's or a llama.cpp block type) after a rotation."""
 
-    ROTATABLE = (TokenwiseHalf, GGMLBlockHalf)   # stateless, position-free halves whose scales a rotation helps
+    ROTATABLE = (TokenwiseHalf, GGMLBlockHalf)  # stateless, position-free halves whose scales a rotation helps
 
     def __init__(self, inner: HalfCodec, rotation: str = "hadamard") -> None:
         if not isinstance(inner, self.ROTATABLE):
@@ -81,7 +82,7 @@ class RotatedHalf(HalfCodec):
         self.name = f"rot-{inner.name}"
 
     def bytes_per_token(self, num_heads, head_dim):
-        return self.inner.bytes_per_token(num_heads, head_dim)    # R is a per-layer constant, not a page
+        return self.inner.bytes_per_token(num_heads, head_dim)  # R is a per-layer constant, not a page
 
     def check(self, num_heads, head_dim, block_size):
         self.inner.check(num_heads, head_dim, block_size)

@@ -11,6 +11,7 @@ head dims ≤ 256 anyway; the fast Walsh–Hadamard transform only pays off for 
 ``random_rotation(d, "hadamard", …)`` with d not a power of two **falls back to "qr"** (documented
 behaviour; padding would add stored coordinates). ``rotation_kind(d, kind)`` tells which one is used.
 """
+
 from __future__ import annotations
 
 import torch
@@ -43,7 +44,7 @@ def random_rotation(d: int, kind: str, seed: int) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)
     if rotation_kind(d, kind) == "hadamard":
         signs = torch.randint(0, 2, (d,), generator=gen).float() * 2 - 1
-        return hadamard(d) * signs[None, :] / d ** 0.5
+        return hadamard(d) * signs[None, :] / d**0.5
     g = torch.randn(d, d, generator=gen, dtype=torch.float64)
     q, r = torch.linalg.qr(g)
     q = q * torch.sign(torch.diagonal(r))[None, :]

@@ -3,6 +3,7 @@
 Any codec built from halves (:class:`CompressedCodec`) or a full-precision codec (fp32/bf16/fp16) can be
 either side; the spec's order does not matter, both sides are required.
 """
+
 from __future__ import annotations
 
 import torch
@@ -29,7 +30,9 @@ def split_codec(spec: str, build) -> CompressedCodec:
         role, sep, sub = item.partition("=")
         role = role.strip()
         if not sep or role not in ("k", "v") or role in sides or not sub.strip():
-            raise ConfigError(f"bad split KV spec {spec!r}: expected k=<codec>,v=<codec>, e.g. k=turboquant3,v=turboquant4")
+            raise ConfigError(
+                f"bad split KV spec {spec!r}: expected k=<codec>,v=<codec>, e.g. k=turboquant3,v=turboquant4"
+            )
         sides[role] = half_of(build(sub.strip()), role)
     if set(sides) != {"k", "v"}:
         raise ConfigError(f"split KV spec {spec!r} must name both k= and v=")

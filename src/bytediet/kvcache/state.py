@@ -5,6 +5,7 @@ stored with string keys (JSON's only key type) and read back with :func:`layer_m
 turns tensors into lists so a state can sit inline in a run config; :func:`read_state` accepts the data
 itself or a path to a ``.json`` or ``torch.save`` file of it.
 """
+
 from __future__ import annotations
 
 import json

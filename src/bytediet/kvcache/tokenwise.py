@@ -4,6 +4,7 @@ Used by ``int8`` (symmetric, 8 bits, one group = the whole head), by KIVI's valu
 (asymmetric, 2 or 4 bits, groups of 32 channels; KIVI arXiv 2402.02750 §3.2). Scales and zero points are
 stored in fp16 and the codes are computed with the fp16-rounded scale, so decode is exact to the stored data.
 """
+
 from __future__ import annotations
 
 import torch
@@ -24,13 +25,14 @@ class TokenwisePages(HalfPages):
         super().__init__(num_slots, num_heads, head_dim, device)
         self.bits, self.group, self.symmetric = bits, group, symmetric
         ngroups = head_dim // group
-        self.codes = torch.zeros(num_slots, num_heads, bitpack.packed_size(head_dim, bits), dtype=torch.uint8,
-                                 device=device)
+        self.codes = torch.zeros(
+            num_slots, num_heads, bitpack.packed_size(head_dim, bits), dtype=torch.uint8, device=device
+        )
         self.scale = torch.zeros(num_slots, num_heads, ngroups, dtype=torch.float16, device=device)
         self.zero = None if symmetric else torch.zeros_like(self.scale)
 
     def native_pages(self):
-        if self.bits == 8 and self.symmetric and self.group == self.head_dim:   # the ``int8`` codec: code = q + 128
+        if self.bits == 8 and self.symmetric and self.group == self.head_dim:  # the ``int8`` codec: code = q + 128
             return "int8", self.codes, self.scale
         if self.bits in (2, 4) and not self.symmetric and self.group in (32, 64):  # KIVI's, QJL's, HF's values
             return f"int{self.bits}-token-g{self.group}-asym", self.codes, None, CodePageSide(self.scale, self.zero)
@@ -46,8 +48,8 @@ class TokenwisePages(HalfPages):
         else:
             lo, hi = xg.amin(-1), xg.amax(-1)
             zero = lo.to(torch.float16)
-            scale = _fp16_scale((hi - zero.float()) / (2 ** self.bits - 1))
-            q = torch.round((xg - zero.float()[..., None]) / scale.float()[..., None]).clamp(0, 2 ** self.bits - 1)
+            scale = _fp16_scale((hi - zero.float()) / (2**self.bits - 1))
+            q = torch.round((xg - zero.float()[..., None]) / scale.float()[..., None]).clamp(0, 2**self.bits - 1)
             self.zero.index_copy_(0, slots, zero)
         self.scale.index_copy_(0, slots, scale)
         self.codes.index_copy_(0, slots, bitpack.pack(q.reshape(t, h, d).to(torch.int64), self.bits))
@@ -86,9 +88,10 @@ class TokenwiseHalf(HalfCodec):
 
     def bytes_per_token(self, num_heads, head_dim):
         ngroups = head_dim // self._group(head_dim)
-        side = 2 if self.symmetric else 4            # fp16 scale (+ fp16 zero point)
+        side = 2 if self.symmetric else 4  # fp16 scale (+ fp16 zero point)
         return num_heads * (head_dim * self.bits / 8 + ngroups * side)
 
     def create(self, layer, role, num_blocks, block_size, num_heads, head_dim, device):
-        return TokenwisePages(num_blocks * block_size, num_heads, head_dim, device, self.bits,
-                              self._group(head_dim), self.symmetric)
+        return TokenwisePages(
+            num_blocks * block_size, num_heads, head_dim, device, self.bits, self._group(head_dim), self.symmetric
+        )

@@ -26,6 +26,7 @@ sign bits flipping the sketched query), values summed in rotated coordinates and
 decode step writes and reads the MSE variant; it does not write ``turboquant_prod`` keys (it says so in one line; the
 module path runs, its attention native).
 """
+
 from __future__ import annotations
 
 import re
@@ -54,21 +55,30 @@ class TurboQuantPages(HalfPages):
     :class:`~bytediet.models.layers.RotaryEmbedding`): instead a *pre-RoPE* key mean, subtracted as
     RoPE(μ, p) at each key's position p."""
 
-    def __init__(self, num_slots, num_heads, head_dim, device, parts: list[TurboQuantizer],
-                 channels: Optional[torch.Tensor], mean: Optional[torch.Tensor] = None,
-                 rope_mean: Optional[tuple[torch.Tensor, torch.Tensor]] = None) -> None:
+    def __init__(
+        self,
+        num_slots,
+        num_heads,
+        head_dim,
+        device,
+        parts: list[TurboQuantizer],
+        channels: Optional[torch.Tensor],
+        mean: Optional[torch.Tensor] = None,
+        rope_mean: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
+    ) -> None:
         super().__init__(num_slots, num_heads, head_dim, device)
         self.parts = [p.to(device) for p in parts]
         self.channels = channels  # (H, D) channel order, outliers first; None = identity / not yet chosen
-        self.mean = None if mean is None else mean.to(device)   # (H, D) calibrated channel mean, a constant
+        self.mean = None if mean is None else mean.to(device)  # (H, D) calibrated channel mean, a constant
         self.rope_mean = None if rope_mean is None else (rope_mean[0].to(device), rope_mean[1])
         self.uses_positions = self.rope_mean is not None
         self.store = []
         for p in self.parts:
             s = {"norm": torch.zeros(num_slots, num_heads, dtype=torch.float16, device=device)}
             if p.mse_bits:
-                s["idx"] = torch.zeros(num_slots, num_heads, bitpack.packed_size(p.dim, p.mse_bits),
-                                       dtype=torch.uint8, device=device)
+                s["idx"] = torch.zeros(
+                    num_slots, num_heads, bitpack.packed_size(p.dim, p.mse_bits), dtype=torch.uint8, device=device
+                )
             if p.variant == "prod":
                 s["signs"] = torch.zeros(num_slots, num_heads, p.dim // 8, dtype=torch.uint8, device=device)
                 s["res_norm"] = torch.zeros(num_slots, num_heads, dtype=torch.float16, device=device)
@@ -96,7 +106,7 @@ class TurboQuantPages(HalfPages):
             x = x - self._rotated_mean(positions)
         elif self.mean is not None:
             x = x - self.mean
-        if self.channels is None and len(self.parts) > 1:   # documented fallback: calibrate on first write
+        if self.channels is None and len(self.parts) > 1:  # documented fallback: calibrate on first write
             self.channels = outlier_order(x, self.parts[0].dim)
         for p, s, xp in zip(self.parts, self.store, self._split(x)):
             c = p.quantize(xp)
@@ -143,8 +153,8 @@ class TurboQuantPages(HalfPages):
     def scores(self, prepared, slots, positions=None):
         parts, qmu, rope_terms = prepared
         s = sum(p.scores(prep, self._codes(i, slots, True)) for i, (p, prep) in enumerate(zip(self.parts, parts)))
-        if rope_terms is not None:   # the pre-RoPE mean's share of each score, at each key's position
-            freqs = positions.float()[:, None] * self.rope_mean[1].inv_freq[None, :]     # (L, D/2)
+        if rope_terms is not None:  # the pre-RoPE mean's share of each score, at each key's position
+            freqs = positions.float()[:, None] * self.rope_mean[1].inv_freq[None, :]  # (L, D/2)
             s = s + rope_terms[0] @ freqs.cos().T + rope_terms[1] @ freqs.sin().T
         return s if qmu is None else s + qmu[..., None]
 
@@ -154,10 +164,10 @@ class TurboQuantPages(HalfPages):
 
     def finish(self, acc):
         parts = torch.split(acc, [p.dim for p in self.parts], dim=-1)
-        out = torch.cat([a @ p.R for a, p in zip(parts, self.parts)], dim=-1)        # (H, G, D)
+        out = torch.cat([a @ p.R for a, p in zip(parts, self.parts)], dim=-1)  # (H, G, D)
         if self.channels is not None:
             out = torch.empty_like(out).scatter_(-1, self.channels[:, None, :].expand(-1, out.shape[1], -1), out)
-        return out if self.mean is None else out + self.mean[:, None, :]   # the weights sum to one
+        return out if self.mean is None else out + self.mean[:, None, :]  # the weights sum to one
 
     def page_spec(self) -> TurboQuantPageSpec:
         """These pages as the native kernels read them in place (inner-product parts with their signs, residual norms
@@ -165,11 +175,15 @@ class TurboQuantPages(HalfPages):
         cached = getattr(self, "_spec", None)
         if cached is not None and cached.channels is self.channels:
             return cached
-        parts = [TurboQuantPart(p.dim, p.mse_bits, p.R, p.codebook, s["norm"], s.get("idx"), s.get("signs"),
-                                s.get("res_norm"), p.S) for p, s in zip(self.parts, self.store)]
+        parts = [
+            TurboQuantPart(
+                p.dim, p.mse_bits, p.R, p.codebook, s["norm"], s.get("idx"), s.get("signs"), s.get("res_norm"), p.S
+            )
+            for p, s in zip(self.parts, self.store)
+        ]
         mean = None if self.mean is None else self.mean.float().contiguous()
         rope_mean = inv_freq = None
-        if self.rope_mean is not None:   # keys calibrated with a pre-RoPE mean (rotated by the layer's own RoPE)
+        if self.rope_mean is not None:  # keys calibrated with a pre-RoPE mean (rotated by the layer's own RoPE)
             mu, rope = self.rope_mean
             rope_mean, inv_freq = mu.float().contiguous(), rope.inv_freq.float().contiguous()
         self._spec = TurboQuantPageSpec(parts, self.channels, mean, rope_mean, inv_freq)
@@ -178,7 +192,11 @@ class TurboQuantPages(HalfPages):
     def native_pages(self):
         """("turboquant", None, None, :meth:`page_spec`) when the native attention reads these pages: 1 or 2 parts,
         each with MSE codes, the outlier channels chosen (by calibration or the first write)."""
-        if len(self.parts) > 2 or any(not p.mse_bits for p in self.parts) or (len(self.parts) > 1 and self.channels is None):
+        if (
+            len(self.parts) > 2
+            or any(not p.mse_bits for p in self.parts)
+            or (len(self.parts) > 1 and self.channels is None)
+        ):
             return None
         return "turboquant", None, None, self.page_spec()
 
@@ -186,10 +204,16 @@ class TurboQuantPages(HalfPages):
         """None when the native decode step reads and writes these pages (the MSE variant, 1 or 2 parts, head_dim up
         to ops.TQ_MAX_HEAD_DIM), else why not, in one line."""
         if any(p.variant != "mse" for p in self.parts):
-            read = ("its attention on the codec's own read (a part of 1-bit keys keeps no MSE codes, which the kernel "
-                    "needs)" if any(p.mse_bits == 0 for p in self.parts) else "its attention native")
-            return ("turboquant_prod keys (1-bit QJL residual) have no native step (it does not write them; the MSE "
-                    f"variant, turboquant, has); the module path runs, {read}")
+            read = (
+                "its attention on the codec's own read (a part of 1-bit keys keeps no MSE codes, which the kernel "
+                "needs)"
+                if any(p.mse_bits == 0 for p in self.parts)
+                else "its attention native"
+            )
+            return (
+                "turboquant_prod keys (1-bit QJL residual) have no native step (it does not write them; the MSE "
+                f"variant, turboquant, has); the module path runs, {read}"
+            )
         if self.head_dim > ops.TQ_MAX_HEAD_DIM:
             return f"TurboQuant pages of head dim {self.head_dim} (the native step reads up to {ops.TQ_MAX_HEAD_DIM})"
         if len(self.parts) > 2:
@@ -211,7 +235,7 @@ class TurboQuantPages(HalfPages):
 
 def outlier_order(samples: torch.Tensor, n_outliers: int) -> torch.Tensor:
     """samples (..., H, D) → (H, D) channel order: the n_outliers largest mean-square channels first."""
-    ms = samples.float().pow(2).reshape(-1, *samples.shape[-2:]).mean(0)              # (H, D)
+    ms = samples.float().pow(2).reshape(-1, *samples.shape[-2:]).mean(0)  # (H, D)
     order = torch.argsort(ms, dim=-1, descending=True)
     out, rest = order[:, :n_outliers].sort(-1).values, order[:, n_outliers:].sort(-1).values
     return torch.cat([out, rest], -1)
@@ -238,16 +262,17 @@ class TurboQuantHalf(HalfCodec):
       queries reading the channel, i.e. the expected score error; values: centred variance);
     * the layout (:func:`choose_layout`), one for all layers, from the mean importance profile.
     """
+
     head_state = ("ranking", "means", "rope_means")  # per-KV-head calibration state, sliced per tensor-parallel rank
     needs_calibration = True  # uncalibrated, keys with outlier channels can collapse (bench/KV_RESULTS.md §13)
 
     def __init__(self, bits: float, variant: str, rotation: str) -> None:
         self.bits, self.variant, self.rotation = bits, variant, rotation
         self.name = f"turboquant{'_prod' if variant == 'prod' else ''}{bits:g}" + (":qr" if rotation == "qr" else "")
-        self.ranking: dict[int, torch.Tensor] = {}    # layer → (H, D) channels by decreasing importance
-        self.means: dict[int, torch.Tensor] = {}      # layer → (H, D) channel mean
-        self.rope_means: dict[int, tuple] = {}        # layer → (μ_pre (H, D), the layer's RotaryEmbedding)
-        self.profiles: dict[int, torch.Tensor] = {}   # layer → (D,) sorted importance fractions (mean over heads)
+        self.ranking: dict[int, torch.Tensor] = {}  # layer → (H, D) channels by decreasing importance
+        self.means: dict[int, torch.Tensor] = {}  # layer → (H, D) channel mean
+        self.rope_means: dict[int, tuple] = {}  # layer → (μ_pre (H, D), the layer's RotaryEmbedding)
+        self.profiles: dict[int, torch.Tensor] = {}  # layer → (D,) sorted importance fractions (mean over heads)
 
     def layout(self, head_dim: int):
         profiles = [p for p in self.profiles.values() if p.shape[0] == head_dim]
@@ -278,35 +303,53 @@ class TurboQuantHalf(HalfCodec):
 
     def create(self, layer, role, num_blocks, block_size, num_heads, head_dim, device):
         if not self.profiles and device != "meta":
-            warnings.warn(f"{self.name} runs uncalibrated (no channel mean, outlier channels from the first prefill): "
-                          "on models with key outliers its error can be many times the calibrated one. Calibrate it: "
-                          "--kv-calib-windows 1 (generate, serve, eval), or "
-                          "bytediet.calibrate.kv.calibrate_codec(codec, model, windows)", UserWarning, stacklevel=2)
+            warnings.warn(
+                f"{self.name} runs uncalibrated (no channel mean, outlier channels from the first prefill): "
+                "on models with key outliers its error can be many times the calibrated one. Calibrate it: "
+                "--kv-calib-windows 1 (generate, serve, eval), or "
+                "bytediet.calibrate.kv.calibrate_codec(codec, model, windows)",
+                UserWarning,
+                stacklevel=2,
+            )
         layout = self.layout(head_dim)
         seed = 7919 * layer + (0 if role == "k" else 104729)
         parts = [TurboQuantizer(n, b, self.variant, self.rotation, seed + 17 * i) for i, (n, b) in enumerate(layout)]
         ranking = self.ranking.get(layer)
         channels = None if ranking is None or len(parts) == 1 else split_order(ranking, layout[0][0]).to(device)
-        return TurboQuantPages(num_blocks * block_size, num_heads, head_dim, device, parts, channels,
-                               self.means.get(layer), self.rope_means.get(layer))
+        return TurboQuantPages(
+            num_blocks * block_size,
+            num_heads,
+            head_dim,
+            device,
+            parts,
+            channels,
+            self.means.get(layer),
+            self.rope_means.get(layer),
+        )
 
-    def calibrate(self, samples: torch.Tensor, layer: int, queries: Optional[torch.Tensor] = None,
-                  positions: Optional[torch.Tensor] = None, rope=None) -> None:
+    def calibrate(
+        self,
+        samples: torch.Tensor,
+        layer: int,
+        queries: Optional[torch.Tensor] = None,
+        positions: Optional[torch.Tensor] = None,
+        rope=None,
+    ) -> None:
         """samples (N, H, D) of this half's vectors for ``layer``; queries (N, Hq, D) weight key channels;
         positions (N,) and ``rope`` (the layer's RotaryEmbedding) of key samples give the pre-RoPE mean."""
         x = samples.float().reshape(-1, *samples.shape[-2:])
         if rope is not None and positions is not None and bool((positions >= 0).all()) and x.shape[-1] % 2 == 0:
             pos = positions.reshape(-1)
-            mu_pre = rope.inverse(x, pos).mean(0)                                # (H, D)
+            mu_pre = rope.inverse(x, pos).mean(0)  # (H, D)
             self.rope_means[layer] = (mu_pre, rope)
             self.means.pop(layer, None)
             centred = x - rope(mu_pre.expand(pos.shape[0], -1, -1), pos)
         else:
-            mean = x.mean(0)                                                     # (H, D)
+            mean = x.mean(0)  # (H, D)
             self.means[layer] = mean
             self.rope_means.pop(layer, None)
             centred = x - mean
-        importance = centred.pow(2).mean(0)                                     # (H, D)
+        importance = centred.pow(2).mean(0)  # (H, D)
         if queries is not None:
             h = x.shape[1]
             q = queries.float().reshape(-1, h, queries.shape[-2] // h, queries.shape[-1])
@@ -320,8 +363,12 @@ class TurboQuantHalf(HalfCodec):
         (its RoPE is the model's own, handed back to :meth:`load_calibration_state` as ``rope``)."""
         if not self.profiles:
             return None
-        return {"ranking": dict(self.ranking), "profiles": dict(self.profiles), "means": dict(self.means),
-                "rope_means": {layer: mu for layer, (mu, _) in self.rope_means.items()}}
+        return {
+            "ranking": dict(self.ranking),
+            "profiles": dict(self.profiles),
+            "means": dict(self.means),
+            "rope_means": {layer: mu for layer, (mu, _) in self.rope_means.items()},
+        }
 
     def load_calibration_state(self, state, rope=None):
         self.ranking = layer_map(state["ranking"], lambda x: torch.as_tensor(x, dtype=torch.long))
@@ -329,8 +376,10 @@ class TurboQuantHalf(HalfCodec):
         self.means = layer_map(state.get("means", {}))
         rope_means = layer_map(state.get("rope_means", {}))
         if rope_means and rope is None:
-            raise ConfigError(f"{self.name}: the calibration state holds pre-RoPE key means; load it with the "
-                              "model's rotary embeddings (rope=model.rope)")
+            raise ConfigError(
+                f"{self.name}: the calibration state holds pre-RoPE key means; load it with the "
+                "model's rotary embeddings (rope=model.rope)"
+            )
         self.rope_means = {layer: (mu, rope(layer)) for layer, mu in rope_means.items()}
 
 
@@ -344,8 +393,11 @@ class TurboQuantCodec(CompressedCodec):
         if not MIN_BITS <= bits <= MAX_BITS:
             raise ConfigError(f"turboquant bits must be in [{MIN_BITS:g}, {MAX_BITS:g}] (all-in), got {bits:g}")
         prefix = "turboquant_prod" if self.variant == "prod" else "turboquant"
-        super().__init__(f"{prefix}{bits:g}" + (":qr" if rotation == "qr" else ""),
-                         TurboQuantHalf(bits, self.variant, rotation), TurboQuantHalf(bits, "mse", rotation))
+        super().__init__(
+            f"{prefix}{bits:g}" + (":qr" if rotation == "qr" else ""),
+            TurboQuantHalf(bits, self.variant, rotation),
+            TurboQuantHalf(bits, "mse", rotation),
+        )
 
     @classmethod
     def from_spec(cls, rest: str) -> "TurboQuantCodec":
@@ -356,8 +408,9 @@ class TurboQuantCodec(CompressedCodec):
             raise ConfigError(f"bad TurboQuant spec parameters {rest!r}: expected <bits>[:qr], e.g. 3.5 or 2.5:qr")
         return cls(float(m.group(1)), m.group(2) or "hadamard")
 
-    def calibrate(self, k_samples: torch.Tensor, v_samples: torch.Tensor, layer: int,
-                  queries: Optional[torch.Tensor] = None) -> None:
+    def calibrate(
+        self, k_samples: torch.Tensor, v_samples: torch.Tensor, layer: int, queries: Optional[torch.Tensor] = None
+    ) -> None:
         """Calibrate ``layer`` from keys/values (N, H, D) and optionally the queries (N, Hq, D) that read them."""
         self.key_half.calibrate(k_samples, layer, queries=queries)
         self.value_half.calibrate(v_samples, layer)

@@ -13,6 +13,7 @@ residual r = Ru − c[idx] (arXiv 2406.03482): signs of S r with S ∈ R^{d×d} 
 All work happens in rotated coordinates: a query is rotated (and sketched) once, then dotted with
 codebook values; :meth:`TurboQuantizer.rotated` gives the rotated-space reconstruction used for values.
 """
+
 from __future__ import annotations
 
 import math
@@ -50,7 +51,7 @@ class TurboQuantizer:
         self.dim, self.bits, self.variant = dim, bits, variant
         self.mse_bits = bits if variant == "mse" else bits - 1
         self.rotation = rotation_kind(dim, rotation)
-        self.R = random_rotation(dim, rotation, seed)                        # (d, d)
+        self.R = random_rotation(dim, rotation, seed)  # (d, d)
         self.codebook = sphere_coordinate_codebook(dim, self.mse_bits)[0] if self.mse_bits else None
         self.S = gaussian_sketch(dim, dim, seed + 1) if variant == "prod" else None
         self.qjl_coef = math.sqrt(math.pi / 2) / dim
@@ -67,7 +68,7 @@ class TurboQuantizer:
 
     def quantize(self, x: torch.Tensor) -> TQCodes:
         norm = x.norm(dim=-1)
-        u = (x / norm.clamp(min=1e-12)[..., None]) @ self.R.T                 # rotated unit vectors
+        u = (x / norm.clamp(min=1e-12)[..., None]) @ self.R.T  # rotated unit vectors
         if self.mse_bits:
             idx = nearest(u, self.codebook)
             r = u - self.codebook[idx]

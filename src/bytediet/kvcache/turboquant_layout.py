@@ -14,6 +14,7 @@ inner-product variant's two norms), and the total must not exceed ``target · he
   (D ≈ the Gaussian Lloyd–Max distortion at b bits, cf. Theorem 1), so every feasible two-part layout (outlier bits
   up to 8) is scored by Σ F_part · D_part and the best is taken — reverse water-filling over two groups.
 """
+
 from __future__ import annotations
 
 import math
@@ -40,8 +41,10 @@ def _base_bits(target: float, head_dim: int, variant: str) -> int:
     base = next((b for b in (4, 3, 2, 1) if head_dim * b + overhead_bits(variant) <= budget), None)
     if base is None:
         need = (head_dim + overhead_bits(variant)) / head_dim
-        raise ConfigError(f"turboquant{'_prod' if variant == 'prod' else ''}{target:g}: at head_dim {head_dim} the "
-                          f"smallest layout (1 bit + fp16 norms) needs {need:.3f} bits per coordinate")
+        raise ConfigError(
+            f"turboquant{'_prod' if variant == 'prod' else ''}{target:g}: at head_dim {head_dim} the "
+            f"smallest layout (1 bit + fp16 norms) needs {need:.3f} bits per coordinate"
+        )
     return base
 
 
@@ -59,9 +62,8 @@ def resolve_layout(target: float, head_dim: int, variant: str) -> Layout:
 def candidate_layouts(target: float, head_dim: int, variant: str) -> list[Layout]:
     """Every single- or two-part layout within the budget (parts a multiple of 8 channels, ≤ 8 bits)."""
     budget = target * head_dim + 1e-9
-    lowest = 2 if variant == "prod" else 1           # prod spends one bit on the QJL sign
-    out = [[(head_dim, b)] for b in range(lowest, MAX_PART_BITS + 1)
-           if layout_bits([(head_dim, b)], variant) <= budget]
+    lowest = 2 if variant == "prod" else 1  # prod spends one bit on the QJL sign
+    out = [[(head_dim, b)] for b in range(lowest, MAX_PART_BITS + 1) if layout_bits([(head_dim, b)], variant) <= budget]
     for n in range(8, head_dim, 8):
         for base in range(lowest, MAX_PART_BITS):
             for hi in range(base + 1, MAX_PART_BITS + 1):
@@ -69,7 +71,7 @@ def candidate_layouts(target: float, head_dim: int, variant: str) -> list[Layout
                 if layout_bits(lay, variant) <= budget:
                     out.append(lay)
     if not out:
-        _base_bits(target, head_dim, variant)        # raises the clear error
+        _base_bits(target, head_dim, variant)  # raises the clear error
     return out
 
 
@@ -83,7 +85,7 @@ def part_distortion(bits: int, variant: str) -> float:
     b = bits if variant == "mse" else bits - 1
     if b == 0:
         return 1.0
-    return _GAUSSIAN_LLOYD_MAX.get(b, 3 ** 0.5 * math.pi / 2 * 4.0 ** -b)
+    return _GAUSSIAN_LLOYD_MAX.get(b, 3**0.5 * math.pi / 2 * 4.0**-b)
 
 
 def choose_layout(target: float, head_dim: int, variant: str, profile: Optional[torch.Tensor]) -> Layout:

@@ -11,11 +11,12 @@ sequence — per ``period`` tokens; the engine reads the limit (``max_sequences`
 once. The pool and the per-chunk bookkeeping (two int32) are counted in ``bytes_per_token`` (amortised), so
 the block pool and every bits-per-coordinate figure include them.
 """
+
 from __future__ import annotations
 
-import torch
-
 import dataclasses
+
+import torch
 
 from ..errors import BytedietError, ConfigError
 from .halves import HalfCodec, HalfPages
@@ -29,17 +30,20 @@ class WindowPages(HalfPages):
         self.fill = torch.zeros(n_chunks, dtype=torch.int32, device=inner.device)
         self.stage_of = torch.full((n_chunks,), -1, dtype=torch.int32, device=inner.device)
         n_stage = max(1, inner.num_slots // period)
-        self.stage = torch.zeros(n_stage, window, inner.num_heads, inner.head_dim, dtype=torch.float16,
-                                 device=inner.device)
+        self.stage = torch.zeros(
+            n_stage, window, inner.num_heads, inner.head_dim, dtype=torch.float16, device=inner.device
+        )
         self.free_pages = list(range(n_stage))
-        self.open_chunk: dict[int, int] = {}      # engine seq id → its open (staged) chunk
+        self.open_chunk: dict[int, int] = {}  # engine seq id → its open (staged) chunk
 
     def track_sequences(self, meta) -> None:
         """Note each sequence's last chunk (the one a later write extends); called once per attend."""
         if meta.seq_ids is None:
             return
         for s, (sid, ctx) in enumerate(zip(meta.seq_ids, meta.context_lens_list)):
-            slot = int(meta.block_tables[s, (ctx - 1) // meta.block_size]) * meta.block_size + (ctx - 1) % meta.block_size
+            slot = (
+                int(meta.block_tables[s, (ctx - 1) // meta.block_size]) * meta.block_size + (ctx - 1) % meta.block_size
+            )
             c = slot // self.window
             if int(self.stage_of[c]) >= 0:
                 self.open_chunk[sid] = c
@@ -71,19 +75,20 @@ class WindowPages(HalfPages):
         for c in torch.unique(chunks).tolist():
             sel = chunks == c
             xs, os = x[sel], offs[sel]
-            if bool((os == 0).any()):        # the chunk starts afresh (a new sequence or a recomputation)
+            if bool((os == 0).any()):  # the chunk starts afresh (a new sequence or a recomputation)
                 self._release(c)
                 self.fill[c] = 0
             self.fill[c] += len(os)
             full = int(self.fill[c]) >= self.window
-            if full and int(self.stage_of[c]) < 0:            # the whole chunk in this write: no staging
+            if full and int(self.stage_of[c]) < 0:  # the whole chunk in this write: no staging
                 self._flush(c, xs[torch.argsort(os)])
                 continue
             if int(self.stage_of[c]) < 0:
                 if not self.free_pages:
                     raise BytedietError(
                         f"full-precision KV window: more than {self.stage.shape[0]} windows are open at once (one "
-                        "per running sequence); give the KV cache more memory or run fewer sequences at once")
+                        "per running sequence); give the KV cache more memory or run fewer sequences at once"
+                    )
                 self.stage_of[c] = self.free_pages.pop()
             page = int(self.stage_of[c])
             self.stage[page, os] = xs.to(torch.float16)
@@ -129,12 +134,14 @@ class WindowHalf(HalfCodec):
 
     def check(self, num_heads, head_dim, block_size):
         if block_size % self.window:
-            raise ConfigError(f"the full-precision window ({self.window} tokens) must divide the KV block size "
-                              f"{block_size}; use a block size of at least {self.window}")
+            raise ConfigError(
+                f"the full-precision window ({self.window} tokens) must divide the KV block size "
+                f"{block_size}; use a block size of at least {self.window}"
+            )
         self.inner.check(num_heads, head_dim, block_size)
 
     def bytes_per_token(self, num_heads, head_dim):
-        stage = self.window * num_heads * head_dim * 2 / self.period      # fp16 staging, amortised
+        stage = self.window * num_heads * head_dim * 2 / self.period  # fp16 staging, amortised
         return self.inner.bytes_per_token(num_heads, head_dim) + stage + 2 * 4 / self.window
 
     def create(self, layer, role, num_blocks, block_size, num_heads, head_dim, device):

@@ -3,6 +3,7 @@
 One adapter per family, registered in :data:`ARCHITECTURES` by the checkpoint's architecture name
 (GGUF ``general.architecture`` or HF ``model_type``).
 """
+
 from __future__ import annotations
 
 import re
@@ -19,20 +20,32 @@ ARCHITECTURES: Registry = Registry("model architecture")
 
 # GGUF per-layer tensor names → HF module names (shared by the families; absent ones are skipped)
 GGUF_LAYER_NAMES = {
-    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
-    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
-    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-    "post_attention_norm": "post_attention_layernorm", "post_ffw_norm": "post_feedforward_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "post_attention_norm": "post_attention_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
 }
 GGUF_GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 # llama.cpp's mixture-of-experts tensors (the same in every family). ``{e}``: the tensor stacks all experts
 # as (n_expert, out, in) and is split into one tensor per expert; older Mixtral files store
 # ``ffn_gate.{e}`` / ``ffn_up.{e}`` / ``ffn_down.{e}`` one per expert.
 GGUF_MOE_NAMES = {
-    "ffn_gate_inp": "mlp.gate", "ffn_gate_exps": "mlp.experts.{e}.gate_proj", "ffn_up_exps": "mlp.experts.{e}.up_proj",
-    "ffn_down_exps": "mlp.experts.{e}.down_proj", "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
-    "ffn_up_shexp": "mlp.shared_expert.up_proj", "ffn_down_shexp": "mlp.shared_expert.down_proj",
+    "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_exps": "mlp.experts.{e}.gate_proj",
+    "ffn_up_exps": "mlp.experts.{e}.up_proj",
+    "ffn_down_exps": "mlp.experts.{e}.down_proj",
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+    "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj",
     "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
 }
 _GGUF_SINGLE_EXPERT = re.compile(r"^(ffn_gate|ffn_up|ffn_down)\.(\d+)$")
@@ -103,19 +116,26 @@ def moe_from_gguf(meta: Callable[[str, Any], Any], family: str, gating: str, nor
     if func is not None and GGUF_GATING_FUNCS.get(int(func)) != "softmax":
         raise CheckpointError(
             f"{family} MoE: expert_gating_func {GGUF_GATING_FUNCS.get(int(func), func)!r} is not a gating variant "
-            f"bytediet loads (softmax only; rules: {', '.join(GATINGS.names())})")
-    return dict(num_experts=experts, num_experts_per_tok=int(meta("expert_used_count")),
-                moe_intermediate_size=int(meta("expert_feed_forward_length", 0) or 0),
-                shared_expert_intermediate_size=int(meta("expert_shared_feed_forward_length", 0) or 0),
-                moe_gating=gating, norm_topk_prob=bool(meta("expert_weights_norm", norm_topk_prob)))
+            f"bytediet loads (softmax only; rules: {', '.join(GATINGS.names())})"
+        )
+    return dict(
+        num_experts=experts,
+        num_experts_per_tok=int(meta("expert_used_count")),
+        moe_intermediate_size=int(meta("expert_feed_forward_length", 0) or 0),
+        shared_expert_intermediate_size=int(meta("expert_shared_feed_forward_length", 0) or 0),
+        moe_gating=gating,
+        norm_topk_prob=bool(meta("expert_weights_norm", norm_topk_prob)),
+    )
 
 
 def check_hf_gating(cfg: dict, family: str) -> None:
     """Refuse HF MoE configs whose router scores are not a softmax (e.g. DeepSeek-V3's ``sigmoid``)."""
     scoring = cfg.get("scoring_func", "softmax")
     if scoring != "softmax":
-        raise CheckpointError(f"{family} MoE: scoring_func {scoring!r} is not a gating variant bytediet loads "
-                              f"(softmax only; rules: {', '.join(GATINGS.names())})")
+        raise CheckpointError(
+            f"{family} MoE: scoring_func {scoring!r} is not a gating variant bytediet loads "
+            f"(softmax only; rules: {', '.join(GATINGS.names())})"
+        )
 
 
 def unpermute_rope(w: np.ndarray, n_heads: int) -> np.ndarray:

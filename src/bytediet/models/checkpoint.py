@@ -5,6 +5,7 @@ overrides and calibration settings, the source checkpoint's sha256 and the sha25
 A save is written into a temporary directory next to ``out_dir`` and renamed into place, so a failure
 never leaves a half-written checkpoint; a load verifies every checksum before reading a tensor.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -27,8 +28,14 @@ WEIGHTS_FILE = "model.safetensors"
 TOKENIZER_GGUF = "tokenizer.gguf"
 TOKENIZER_DIR = "tokenizer"
 FORMAT_VERSION = 1
-_HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
-                       "config.json", "generation_config.json")
+_HF_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "tokenizer.model",
+    "config.json",
+    "generation_config.json",
+)
 
 
 def sha256_of(path: str | os.PathLike) -> str:
@@ -60,9 +67,16 @@ def _unique_tensors(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str
     return tensors, aliases
 
 
-def save_quantized(model: nn.Module, tokenizer_source_path: Optional[str | os.PathLike], out_dir: str | os.PathLike,
-                   *, source_path: Optional[str | os.PathLike] = None, quantize_config: Optional[QuantizeConfig] = None,
-                   calibration: Optional[dict[str, Any]] = None, overwrite: bool = False) -> Path:
+def save_quantized(
+    model: nn.Module,
+    tokenizer_source_path: Optional[str | os.PathLike],
+    out_dir: str | os.PathLike,
+    *,
+    source_path: Optional[str | os.PathLike] = None,
+    quantize_config: Optional[QuantizeConfig] = None,
+    calibration: Optional[dict[str, Any]] = None,
+    overwrite: bool = False,
+) -> Path:
     """Write ``model`` (any module tree of ``Linear`` layers; ``model.config`` is recorded when present).
 
     tokenizer_source_path: a ``.gguf`` file (its metadata is copied into ``tokenizer.gguf``) or a Hugging
@@ -102,10 +116,13 @@ def _describe(model, aliases, source_path, quantize_config, calibration) -> dict
         "layers": {name: layer.format.spec() for name, layer in linear_layers(model)},
         "aliases": aliases,
         "quantize_config": quantize_config.to_dict() if quantize_config is not None else None,
-        "calibration": calibration if calibration is not None else
-        (quantize_config.calibration if quantize_config is not None else None),
-        "source": {"path": str(source_path) if source_path else None,
-                   "sha256": sha256_of(source_path) if source_path and Path(source_path).exists() else None},
+        "calibration": calibration
+        if calibration is not None
+        else (quantize_config.calibration if quantize_config is not None else None),
+        "source": {
+            "path": str(source_path) if source_path else None,
+            "sha256": sha256_of(source_path) if source_path and Path(source_path).exists() else None,
+        },
     }
 
 
@@ -145,20 +162,28 @@ def read_config(path: str | os.PathLike) -> dict[str, Any]:
     except json.JSONDecodeError as exc:
         raise CheckpointError(f"{cfg_path}: corrupt JSON ({exc}); re-save the checkpoint") from None
     if config.get("format_version") != FORMAT_VERSION:
-        raise CheckpointError(f"{cfg_path}: format_version {config.get('format_version')!r}, this bytediet reads {FORMAT_VERSION}")
+        raise CheckpointError(
+            f"{cfg_path}: format_version {config.get('format_version')!r}, this bytediet reads {FORMAT_VERSION}"
+        )
     for name, digest in config.get("files", {}).items():
         f = path / name
         if not f.is_file():
             raise CheckpointError(f"{path}: {name} is missing; the checkpoint is incomplete, re-save it")
         if sha256_of(f) != digest:
-            raise CheckpointError(f"{path}: {name} does not match its sha256 in {CONFIG_FILE}; the file is corrupt or was modified")
+            raise CheckpointError(
+                f"{path}: {name} does not match its sha256 in {CONFIG_FILE}; the file is corrupt or was modified"
+            )
     if WEIGHTS_FILE not in config.get("files", {}):
         raise CheckpointError(f"{cfg_path}: lists no {WEIGHTS_FILE}")
     return config
 
 
-def load_quantized(path: str | os.PathLike, dtype: torch.dtype = torch.float32, model: Optional[nn.Module] = None,
-                   load_tokenizer: bool = True):
+def load_quantized(
+    path: str | os.PathLike,
+    dtype: torch.dtype = torch.float32,
+    model: Optional[nn.Module] = None,
+    load_tokenizer: bool = True,
+):
     """Load a saved checkpoint → ``(model, tokenizer)``.
 
     ``model``: an already-built module to fill (any tree of ``Linear`` layers); by default the model is
@@ -199,11 +224,13 @@ def _install(model: nn.Module, tensors: dict[str, torch.Tensor], config: dict, d
     layers = dict(linear_layers(model))
     if set(layers) != set(config["layers"]):
         missing, extra = sorted(set(config["layers"]) - set(layers)), sorted(set(layers) - set(config["layers"]))
-        raise CheckpointError(f"{path}: the checkpoint's layers do not match the model (only in checkpoint: {missing[:3]}, "
-                              f"only in model: {extra[:3]}); was it saved from another architecture?")
+        raise CheckpointError(
+            f"{path}: the checkpoint's layers do not match the model (only in checkpoint: {missing[:3]}, "
+            f"only in model: {extra[:3]}); was it saved from another architecture?"
+        )
     for name, layer in layers.items():
         prefix = f"{name}.packed_"
-        packed = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
+        packed = {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
         if not packed:
             raise CheckpointError(f"{path}: no packed tensors for layer {name}")
         layer.set_packed(build_format(config["layers"][name]), packed)

@@ -3,6 +3,7 @@
 Uses the ``gguf`` package's reader and dequantizers. Each tensor's source type is remembered so a
 weight format can keep native blocks packed instead of dequantizing them.
 """
+
 from __future__ import annotations
 
 import os
@@ -101,7 +102,8 @@ class GGUFCheckpoint:
             "__has_output": "output.weight" in names,
             "__has_qkv_bias": "blk.0.attn_q.bias" in names,
             "__vocab_from_tokens": len(self.reader.fields["tokenizer.ggml.tokens"].data)
-            if "tokenizer.ggml.tokens" in self.reader.fields else 0,
+            if "tokenizer.ggml.tokens" in self.reader.fields
+            else 0,
             "__name": self.field("general.name", ""),
         }
 
@@ -116,8 +118,10 @@ class GGUFCheckpoint:
             raise CheckpointError(f"{self.path}: cannot read the {arch} configuration: {exc}") from exc
         experts = int(self.field(f"{arch}.expert_count", 0) or 0)
         if experts and not config.num_experts:
-            raise CheckpointError(f"{self.path}: {arch} with {experts} experts is not an MoE family bytediet "
-                                  f"loads (MoE families: mixtral as llama, qwen2moe, olmoe)")
+            raise CheckpointError(
+                f"{self.path}: {arch} with {experts} experts is not an MoE family bytediet "
+                f"loads (MoE families: mixtral as llama, qwen2moe, olmoe)"
+            )
         return config
 
     def tensors(self) -> Iterator[GGUFTensor]:

@@ -3,6 +3,7 @@
 Attention never owns a cache: it receives the layer's :class:`LayerKVCache` and explicit
 :class:`AttentionMetadata` (positions, slot mapping, block tables, context lengths).
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -82,11 +83,22 @@ class Linear(nn.Module):
         """This layer's weight as the kernels choose a product for it (``ops.linear``); ``triton``: for the GPU path
         (kernels/backend.py), which multiplies the weight as :meth:`device_weight` prepares it."""
         if triton:
-            return ops.LinearWeight(self.in_features, self.out_features, None,
-                                    lambda x, bias: self.format.apply(x, self.packed, bias), device=self.device_weight)
-        return ops.LinearWeight(self.in_features, self.out_features, getattr(self.format, "activations", None),
-                                lambda x, bias: self.format.apply(x, self.packed, bias), self.native_weight(),
-                                self.interleaved, getattr(self.format, "ggml_type", None))
+            return ops.LinearWeight(
+                self.in_features,
+                self.out_features,
+                None,
+                lambda x, bias: self.format.apply(x, self.packed, bias),
+                device=self.device_weight,
+            )
+        return ops.LinearWeight(
+            self.in_features,
+            self.out_features,
+            getattr(self.format, "activations", None),
+            lambda x, bias: self.format.apply(x, self.packed, bias),
+            self.native_weight(),
+            self.interleaved,
+            getattr(self.format, "ggml_type", None),
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return ops.linear(self.weight(backend.triton_selected(x)), x, self.bias)
@@ -179,9 +191,22 @@ class Attention(nn.Module):
     whole projection (``qk_norm_per_head=False``, olmoe), q/k/v bias (qwen2), output bias and a q/k/v
     clamp (``clip``, olmoe)."""
 
-    def __init__(self, hidden: int, num_heads: int, num_kv_heads: int, head_dim: int, *, bias: bool,
-                 qk_norm_eps: Optional[float], rope: RotaryEmbedding, scale: float, window: Optional[int],
-                 qk_norm_per_head: bool = True, clip: Optional[float] = None, out_bias: bool = False) -> None:
+    def __init__(
+        self,
+        hidden: int,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        *,
+        bias: bool,
+        qk_norm_eps: Optional[float],
+        rope: RotaryEmbedding,
+        scale: float,
+        window: Optional[int],
+        qk_norm_per_head: bool = True,
+        clip: Optional[float] = None,
+        out_bias: bool = False,
+    ) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.q_proj = Linear(hidden, num_heads * head_dim, bias)

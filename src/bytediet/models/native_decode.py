@@ -8,6 +8,7 @@ the module path. :func:`native_decoder` describes a model and its KV pages as a
 per-op cost is amortized) and every model or cache the native step does not cover stay on the module
 path, which is also the reference the step is tested against.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -28,8 +29,11 @@ def _linear(lin: Linear, interleave: bool = False) -> Optional[LinearSpec]:
         return None
     gtype, blocks = native
     bias = None if lin.bias is None else lin.bias.detach().float().contiguous()
-    x4 = (interleave and ops.can_interleave(int(gtype), lin.out_features, lin.in_features)
-          and ops.tuned_kernel(int(gtype), lin.out_features, lin.in_features) != "rows")  # `bytediet tune`
+    x4 = (
+        interleave
+        and ops.can_interleave(int(gtype), lin.out_features, lin.in_features)
+        and ops.tuned_kernel(int(gtype), lin.out_features, lin.in_features) != "rows"
+    )  # `bytediet tune`
     source = None
     if x4:
         if lin.interleaved is None:  # the module path (prefill) multiplies with the same copy
@@ -56,8 +60,10 @@ def why_not_native(model: CausalLM, caches: list) -> Optional[str]:
         return "tensor parallel (the native step has no collectives)"
     c = model.config
     if c.num_experts:
-        return (f"mixture-of-experts model ({c.architecture}, {c.num_experts} experts, top-{c.num_experts_per_tok}): "
-                "the native step has no router, so experts run token-grouped on the module path")
+        return (
+            f"mixture-of-experts model ({c.architecture}, {c.num_experts} experts, top-{c.num_experts_per_tok}): "
+            "the native step has no router, so experts run token-grouped on the module path"
+        )
     if c.qk_norm and not c.qk_norm_per_head or c.clip_qkv is not None or c.attention_out_bias:
         return "q/k norm over the whole projection, q/k/v clamp or output bias (olmoe attention): module path only"
     if ops.native_library() is None:
@@ -67,8 +73,10 @@ def why_not_native(model: CausalLM, caches: list) -> Optional[str]:
     kinds = {type(lin.format).__name__ for _, lin in model.linear_layers() if lin.format is not None}
     for name, lin in model.linear_layers():
         if name != "lm_head" and _linear(lin) is None:
-            return (f"weight format {lin.format.spec()} of {name} has no native kernel "
-                    f"(formats: {', '.join(sorted(kinds))})")
+            return (
+                f"weight format {lin.format.spec()} of {name} has no native kernel "
+                f"(formats: {', '.join(sorted(kinds))})"
+            )
     modes = {lin.format.activations for name, lin in model.linear_layers() if name != "lm_head"}
     if len(modes) != 1:
         return f"mixed activation modes {sorted(modes)}"
@@ -80,8 +88,10 @@ def why_not_native(model: CausalLM, caches: list) -> Optional[str]:
             return objection
         tq = "turboquant" in (pages["kv_dtype"], pages.get("v_dtype"))
         if tq and c.num_heads // c.num_kv_heads > ops.TQ_MAX_GROUP:
-            return (f"{c.num_heads // c.num_kv_heads} query heads per KV head (TurboQuant pages: at most "
-                    f"{ops.TQ_MAX_GROUP})")
+            return (
+                f"{c.num_heads // c.num_kv_heads} query heads per KV head (TurboQuant pages: at most "
+                f"{ops.TQ_MAX_GROUP})"
+            )
     return None
 
 
@@ -121,10 +131,18 @@ class NativeDecoder:
     def logits(self, input_ids: torch.Tensor, meta, logit_rows: torch.Tensor) -> torch.Tensor:
         """input_ids (T,), one per sequence → float32 logits (N, vocab) of ``logit_rows``."""
         if not self.ready():
-            raise RuntimeError("the native decode step ran before the first write chose the TurboQuant outlier "
-                               "channels; run that step on the module path (check NativeDecoder.ready())")
-        hidden = ops.decode_step(self.spec, self.model.embed(input_ids), meta.positions, meta.slot_mapping,
-                                 meta.block_tables, meta.block_size)[logit_rows]
+            raise RuntimeError(
+                "the native decode step ran before the first write chose the TurboQuant outlier "
+                "channels; run that step on the module path (check NativeDecoder.ready())"
+            )
+        hidden = ops.decode_step(
+            self.spec,
+            self.model.embed(input_ids),
+            meta.positions,
+            meta.slot_mapping,
+            meta.block_tables,
+            meta.block_size,
+        )[logit_rows]
         return self.model.head(hidden)  # lm_head multiplies with its interleaved copy when it has one
 
 
@@ -140,20 +158,39 @@ def native_decoder(model: CausalLM, caches: list) -> Optional[NativeDecoder]:
         attn, mlp = layer.self_attn, layer.mlp
         norm = lambda m: None if m is None else m.weight.detach().float().contiguous()
         lin = lambda m: _linear(m, x4)
-        layers.append(LayerSpec(
-            attn_norm=norm(layer.input_layernorm), post_attn_norm=norm(layer.post_attention_layernorm),
-            inv_freq=attn.rope.inv_freq.float().contiguous(), **_pages(cache),
-            q=lin(attn.q_proj), k=lin(attn.k_proj), v=lin(attn.v_proj), o=lin(attn.o_proj),
-            gate=lin(mlp.gate_proj), up=lin(mlp.up_proj), down=lin(mlp.down_proj),
-            window=attn.window or 0,
-            pre_ffn_norm=norm(getattr(layer, "pre_feedforward_layernorm", None)),
-            post_ffn_norm=norm(getattr(layer, "post_feedforward_layernorm", None)),
-            q_norm=norm(attn.q_norm), k_norm=norm(attn.k_norm),
-        ))
-    spec = DecoderSpec(layers=layers, hidden=c.hidden_size, intermediate=c.intermediate_size, num_heads=c.num_heads,
-                       num_kv_heads=c.num_kv_heads, head_dim=c.head_dim, eps=c.rms_norm_eps,
-                       attention_scale=model.model.layers[0].self_attn.scale, gelu=c.hidden_act == "gelu_tanh",
-                       sandwich=c.sandwich_norm, activations=activations)
+        layers.append(
+            LayerSpec(
+                attn_norm=norm(layer.input_layernorm),
+                post_attn_norm=norm(layer.post_attention_layernorm),
+                inv_freq=attn.rope.inv_freq.float().contiguous(),
+                **_pages(cache),
+                q=lin(attn.q_proj),
+                k=lin(attn.k_proj),
+                v=lin(attn.v_proj),
+                o=lin(attn.o_proj),
+                gate=lin(mlp.gate_proj),
+                up=lin(mlp.up_proj),
+                down=lin(mlp.down_proj),
+                window=attn.window or 0,
+                pre_ffn_norm=norm(getattr(layer, "pre_feedforward_layernorm", None)),
+                post_ffn_norm=norm(getattr(layer, "post_feedforward_layernorm", None)),
+                q_norm=norm(attn.q_norm),
+                k_norm=norm(attn.k_norm),
+            )
+        )
+    spec = DecoderSpec(
+        layers=layers,
+        hidden=c.hidden_size,
+        intermediate=c.intermediate_size,
+        num_heads=c.num_heads,
+        num_kv_heads=c.num_kv_heads,
+        head_dim=c.head_dim,
+        eps=c.rms_norm_eps,
+        attention_scale=model.model.layers[0].self_attn.scale,
+        gelu=c.hidden_act == "gelu_tanh",
+        sandwich=c.sandwich_norm,
+        activations=activations,
+    )
     head = model.lm_head
     if getattr(head.format, "activations", None) in ("q8", "q16"):
         _linear(head, interleave=True)  # gives lm_head its interleaved copy, which model.head multiplies with

@@ -4,6 +4,7 @@ Softmax-then-top-k gating without renormalization (``norm_topk_prob`` false); q 
 over the whole projection (not per head) before RoPE; optional ``clip_qkv`` clamp; ``attention_bias``
 covers q, k, v and o. llama.cpp: architecture ``olmoe``, NEOX (rotate-half) RoPE stored as in HF.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -28,12 +29,25 @@ class Olmoe(Llama):
     def config_from_hf(self, cfg: dict) -> ModelConfig:
         check_hf_gating(cfg, self.name)
         base = super().config_from_hf(cfg)
-        return self._olmoe(dataclasses.replace(
-            base, num_experts=cfg["num_experts"], num_experts_per_tok=cfg["num_experts_per_tok"],
-            moe_gating="softmax-topk", norm_topk_prob=bool(cfg.get("norm_topk_prob", False)),
-        ), cfg.get("clip_qkv"), bool(cfg.get("attention_bias", False)))
+        return self._olmoe(
+            dataclasses.replace(
+                base,
+                num_experts=cfg["num_experts"],
+                num_experts_per_tok=cfg["num_experts_per_tok"],
+                moe_gating="softmax-topk",
+                norm_topk_prob=bool(cfg.get("norm_topk_prob", False)),
+            ),
+            cfg.get("clip_qkv"),
+            bool(cfg.get("attention_bias", False)),
+        )
 
     @staticmethod
     def _olmoe(config: ModelConfig, clip, bias: bool) -> ModelConfig:
-        return dataclasses.replace(config, qk_norm=True, qk_norm_per_head=False, attention_bias=bias,
-                                   attention_out_bias=bias, clip_qkv=None if clip is None else float(clip))
+        return dataclasses.replace(
+            config,
+            qk_norm=True,
+            qk_norm_per_head=False,
+            attention_bias=bias,
+            attention_out_bias=bias,
+            clip_qkv=None if clip is None else float(clip),
+        )

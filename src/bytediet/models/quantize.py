@@ -11,6 +11,7 @@ as it is when the format already has 8 or more (llama.cpp likewise keeps ``outpu
 Q6_K / Q8_0). ``output_policy="same"`` quantizes it like every other layer. Every layer is quantized from its
 dequantized float weight *before* any layer is replaced, so a bad spec or shape raises and leaves the model untouched.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
@@ -61,8 +62,13 @@ class QuantizeConfig:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "QuantizeConfig":
         # configs saved before the output policy existed quantized lm_head like every layer
-        return cls(format=d["format"], overrides=d.get("overrides", {}), skip=tuple(d.get("skip", ())),
-                   calibration=d.get("calibration"), output_policy=d.get("output_policy", "same"))
+        return cls(
+            format=d["format"],
+            overrides=d.get("overrides", {}),
+            skip=tuple(d.get("skip", ())),
+            calibration=d.get("calibration"),
+            output_policy=d.get("output_policy", "same"),
+        )
 
 
 OUTPUT_LAYERS = ("lm_head",)
@@ -102,8 +108,12 @@ class QuantizeSummary:
         return sum(layer.bytes_after for layer in self.layers)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"bytes_before": self.bytes_before, "bytes_after": self.bytes_after, "skipped": self.skipped,
-                "layers": [asdict(layer) for layer in self.layers]}
+        return {
+            "bytes_before": self.bytes_before,
+            "bytes_after": self.bytes_after,
+            "skipped": self.skipped,
+            "layers": [asdict(layer) for layer in self.layers],
+        }
 
 
 def linear_layers(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
@@ -123,8 +133,10 @@ def packed_nbytes(packed: Packed) -> int:
 def _check_prepacked(name: str, layer: nn.Module, fmt: WeightFormat, packed: Packed) -> None:
     shape = tuple(fmt.dequantize(packed).shape)
     if shape != (layer.out_features, layer.in_features):
-        raise ConfigError(f"layer {name}: pre-packed {fmt.spec()} tensors decode to {shape}, the layer is "
-                          f"{(layer.out_features, layer.in_features)}")
+        raise ConfigError(
+            f"layer {name}: pre-packed {fmt.spec()} tensors decode to {shape}, the layer is "
+            f"{(layer.out_features, layer.in_features)}"
+        )
 
 
 def quantize_layer(name: str, layer: Linear, config: QuantizeConfig) -> None:
@@ -141,8 +153,12 @@ def quantize_layer(name: str, layer: Linear, config: QuantizeConfig) -> None:
     layer.set_packed(fmt, packed)
 
 
-def quantize(model: nn.Module, config: QuantizeConfig | str, stats: Optional[Mapping[str, Any]] = None,
-             prepacked: Optional[Mapping[str, Packed]] = None) -> QuantizeSummary:
+def quantize(
+    model: nn.Module,
+    config: QuantizeConfig | str,
+    stats: Optional[Mapping[str, Any]] = None,
+    prepacked: Optional[Mapping[str, Packed]] = None,
+) -> QuantizeSummary:
     """Re-quantize the linear layers of ``model`` in place; ``stats[layer_name]`` goes to formats that calibrate.
 
     ``prepacked[layer_name]``: tensors already packed in the layer's configured format by a calibration
@@ -173,7 +189,15 @@ def quantize(model: nn.Module, config: QuantizeConfig | str, stats: Optional[Map
     for name, layer, fmt, packed in planned:  # nothing is replaced until every layer quantized cleanly
         before = packed_nbytes(layer.packed)
         layer.set_packed(fmt, packed)
-        summary.append(LayerSummary(name, fmt.spec(), (layer.out_features, layer.in_features), before,
-                                    packed_nbytes(packed), fmt.bits_per_weight(layer.out_features, layer.in_features)))
+        summary.append(
+            LayerSummary(
+                name,
+                fmt.spec(),
+                (layer.out_features, layer.in_features),
+                before,
+                packed_nbytes(packed),
+                fmt.bits_per_weight(layer.out_features, layer.in_features),
+            )
+        )
     model.quantize_config = config
     return QuantizeSummary(summary, skipped)

@@ -6,6 +6,7 @@ Qwen2 attention (q/k/v biases); each sparse layer has ``num_experts`` fine-grain
 scaled by ``sigmoid(shared_expert_gate · x)``. Layers listed in ``mlp_only_layers``, or off the
 ``decoder_sparse_step`` grid, keep a dense MLP of width ``intermediate_size``. GGUF: ``qwen2moe``.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -32,9 +33,14 @@ class Qwen2Moe(Qwen2):
         types = cfg.get("layer_types") or ["full_attention"] * n
         sliding = tuple("sliding" if t == "sliding_attention" else "full" for t in types)
         return dataclasses.replace(
-            base, num_experts=experts, num_experts_per_tok=cfg["num_experts_per_tok"],
+            base,
+            num_experts=experts,
+            num_experts_per_tok=cfg["num_experts_per_tok"],
             moe_intermediate_size=cfg["moe_intermediate_size"],
             shared_expert_intermediate_size=cfg.get("shared_expert_intermediate_size", 0),
-            moe_gating="softmax-topk", norm_topk_prob=bool(cfg.get("norm_topk_prob", False)), dense_layers=dense,
-            layer_types=sliding, sliding_window=cfg.get("sliding_window") if "sliding" in sliding else None,
+            moe_gating="softmax-topk",
+            norm_topk_prob=bool(cfg.get("norm_topk_prob", False)),
+            dense_layers=dense,
+            layer_types=sliding,
+            sliding_window=cfg.get("sliding_window") if "sliding" in sliding else None,
         )

@@ -4,6 +4,7 @@ Tensors are read lazily with ``safetensors.safe_open`` one at a time; names are 
 module names the model uses. Gemma's RMSNorm weights are stored as ``w`` and applied as ``1 + w``:
 the offset is added here, so the model's norm is always ``x · w``.
 """
+
 from __future__ import annotations
 
 import json
@@ -57,8 +58,10 @@ class HFCheckpoint:
             raise CheckpointError(f"{cfg_path}: missing key {exc}") from exc
         experts = max(int(self.hf_config.get(k) or 0) for k in ("num_experts", "num_local_experts", "n_routed_experts"))
         if experts and not self.config.num_experts:
-            raise CheckpointError(f"{cfg_path}: model_type {model_type!r} with {experts} experts is not an MoE family "
-                                  f"bytediet loads (MoE families: mixtral, qwen2_moe, olmoe)")
+            raise CheckpointError(
+                f"{cfg_path}: model_type {model_type!r} with {experts} experts is not an MoE family "
+                f"bytediet loads (MoE families: mixtral, qwen2_moe, olmoe)"
+            )
         self.files = self._weight_files()
 
     def _weight_files(self) -> list[Path]:
@@ -70,7 +73,9 @@ class HFCheckpoint:
             files = sorted(self.path.glob("*.safetensors"))
         missing = [f for f in files if not f.is_file()]
         if missing or not files:
-            raise CheckpointError(f"{self.path}: safetensors file(s) missing: {[str(m) for m in missing] or '*.safetensors'}")
+            raise CheckpointError(
+                f"{self.path}: safetensors file(s) missing: {[str(m) for m in missing] or '*.safetensors'}"
+            )
         return files
 
     def tensors(self) -> Iterator[HFTensor]:
@@ -84,7 +89,7 @@ class HFCheckpoint:
                 raise CheckpointError(f"{f}: corrupt safetensors file ({exc})") from exc
             with handle:
                 for name in handle.keys():
-                    hf_name = name[len("language_model."):] if name.startswith("language_model.") else name
+                    hf_name = name[len("language_model.") :] if name.startswith("language_model.") else name
                     hf_name = self.arch.hf_name_to_module(hf_name)
                     if "rotary_emb" in hf_name:
                         continue

@@ -5,6 +5,7 @@ checkpoint as loaded (a GGUF on its own blocks) with some layers replaced: quant
 one layer at a time from the shared blocks (:func:`bytediet.models.quantize.quantize`), so no run holds
 a float copy of the whole model, and dropping the copy frees exactly what it added.
 """
+
 from __future__ import annotations
 
 import copy

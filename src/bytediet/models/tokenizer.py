@@ -6,6 +6,7 @@ transformers does (``trim_blocks``, ``lstrip_blocks``, ``raise_exception``, ``st
 :class:`IncrementalDecoder` turns a stream of ids into text that only ever grows by whole
 characters, for streaming.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,15 +23,32 @@ from ..errors import BytedietError, CheckpointError
 from .tokenizer_gguf import build_gguf_tokenizer, read_gguf_tokenizer_meta
 
 # llama.cpp's end-of-generation names (llama-vocab.cpp): a chat model ends its turn with one of these.
-END_OF_TURN_TOKENS = ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<|endoftext|>",
-                      "<EOT>", "<|end_of_text|>", "<｜end▁of▁sentence｜>")
+END_OF_TURN_TOKENS = (
+    "<|im_end|>",
+    "<end_of_turn>",
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<|end|>",
+    "<|endoftext|>",
+    "<EOT>",
+    "<|end_of_text|>",
+    "<｜end▁of▁sentence｜>",
+)
 
 
 class Tokenizer:
     """Text ↔ token ids, special tokens, and the chat template of one checkpoint."""
 
-    def __init__(self, backend: tokenizers.Tokenizer, *, bos_token_id: Optional[int], eos_token_id: Optional[int],
-                 chat_template: Optional[str] = None, extra_eos_ids: Iterable[int] = (), source: str = "") -> None:
+    def __init__(
+        self,
+        backend: tokenizers.Tokenizer,
+        *,
+        bos_token_id: Optional[int],
+        eos_token_id: Optional[int],
+        chat_template: Optional[str] = None,
+        extra_eos_ids: Iterable[int] = (),
+        source: str = "",
+    ) -> None:
         self.backend = backend
         self.bos_token_id = bos_token_id
         self.eos_token_id = eos_token_id
@@ -46,9 +64,13 @@ class Tokenizer:
     def from_gguf(cls, path_or_reader) -> "Tokenizer":
         """From a GGUF file's metadata; ``path_or_reader`` may be an open ``gguf.GGUFReader`` (saves re-parsing)."""
         meta = read_gguf_tokenizer_meta(path_or_reader)
-        return cls(build_gguf_tokenizer(meta), bos_token_id=meta.bos_token_id, eos_token_id=meta.eos_token_id,
-                   chat_template=meta.chat_template,
-                   source=str(path_or_reader) if isinstance(path_or_reader, (str, Path)) else "GGUF file")
+        return cls(
+            build_gguf_tokenizer(meta),
+            bos_token_id=meta.bos_token_id,
+            eos_token_id=meta.eos_token_id,
+            chat_template=meta.chat_template,
+            source=str(path_or_reader) if isinstance(path_or_reader, (str, Path)) else "GGUF file",
+        )
 
     @classmethod
     def from_hf_dir(cls, path) -> "Tokenizer":
@@ -70,11 +92,17 @@ class Tokenizer:
         if config.get("add_bos_token") and bos is not None and bos not in backend.encode("").ids:
             # transformers honours the flag even when tokenizer.json's post-processor does not add BOS
             backend.post_processor = processors.TemplateProcessing(
-                single=f"{bos_text} $A", pair=f"{bos_text} $A {bos_text} $B:1", special_tokens=[(bos_text, bos)])
+                single=f"{bos_text} $A", pair=f"{bos_text} $A {bos_text} $B:1", special_tokens=[(bos_text, bos)]
+            )
         extra = generation.get("eos_token_id", [])
-        return cls(backend, bos_token_id=bos, eos_token_id=token_id("eos_token"),
-                   chat_template=_hf_chat_template(path, config),
-                   extra_eos_ids=extra if isinstance(extra, list) else [extra], source=str(path))
+        return cls(
+            backend,
+            bos_token_id=bos,
+            eos_token_id=token_id("eos_token"),
+            chat_template=_hf_chat_template(path, config),
+            extra_eos_ids=extra if isinstance(extra, list) else [extra],
+            source=str(path),
+        )
 
     # ------------------------------------------------------------------ encode / decode
 
@@ -119,10 +147,14 @@ class Tokenizer:
         transformers' ``apply_chat_template(..., tokenize=False)`` does. Extra kwargs (``tools``, …)
         reach the template. The result already holds BOS if the template writes it: encode it
         with ``add_special_tokens=False`` then."""
-        context = dict(tools=None, documents=None, bos_token=self._token_text(self.bos_token_id), eos_token=self._token_text(self.eos_token_id))
+        context = dict(
+            tools=None,
+            documents=None,
+            bos_token=self._token_text(self.bos_token_id),
+            eos_token=self._token_text(self.eos_token_id),
+        )
         context.update(kwargs)
-        return self._compiled_template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                              **context)
+        return self._compiled_template.render(messages=messages, add_generation_prompt=add_generation_prompt, **context)
 
 
 class IncrementalDecoder:
@@ -165,11 +197,11 @@ class IncrementalDecoder:
     def _advance(self, final: bool) -> str:
         if self._read == len(self.ids):
             return ""
-        prefix_text = self._decode(self.ids[self._prefix:self._read])
-        window_text = self._decode(self.ids[self._prefix:])
+        prefix_text = self._decode(self.ids[self._prefix : self._read])
+        window_text = self._decode(self.ids[self._prefix :])
         if not final and (len(window_text) <= len(prefix_text) or window_text.endswith("\ufffd")):
             return ""
-        new = window_text[len(prefix_text):]
+        new = window_text[len(prefix_text) :]
         self._prefix, self._read = self._read, len(self.ids)
         self.text += new
         return new
@@ -220,7 +252,8 @@ def _jinja_environment():
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
     env.filters["tojson"] = lambda x, indent=None, separators=None, sort_keys=False: json.dumps(
-        x, ensure_ascii=False, indent=indent, separators=separators, sort_keys=sort_keys)
+        x, ensure_ascii=False, indent=indent, separators=separators, sort_keys=sort_keys
+    )
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     return env

@@ -14,6 +14,7 @@ Token types (llama.cpp ``llama_token_type``): 1 normal, 2 unknown, 3 control, 4 
 and ``skip_special_tokens`` drops it); user-defined ones become plain added tokens, matched whole in
 the raw text as llama.cpp does.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -185,8 +186,10 @@ def byte_level_bpe(meta: GGUFTokenizerMeta) -> Tokenizer:
 
 def _regex_then_bytes(pattern: str) -> pre_tokenizers.PreTokenizer:
     return pre_tokenizers.Sequence(
-        [pre_tokenizers.Split(Regex(pattern), behavior="isolated"),
-         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+        [
+            pre_tokenizers.Split(Regex(pattern), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
     )
 
 
@@ -203,7 +206,10 @@ def _gpt2_pre() -> pre_tokenizers.PreTokenizer:
 def _digits_pre() -> pre_tokenizers.PreTokenizer:
     """llama.cpp: ``\\p{N}`` then the GPT-2 split; HF SmolLM2: ``Digits(individual)`` + ``ByteLevel``."""
     return pre_tokenizers.Sequence(
-        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)]
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ]
     )
 
 
@@ -238,7 +244,9 @@ def sentencepiece_bpe(meta: GGUFTokenizerMeta) -> Tokenizer:
         # llama.cpp prefixes a space to every text run that starts the input or follows a special
         # token (``is_prev_special`` in llama_vocab::tokenize); text runs between added tokens are
         # normalized one by one, so Prepend does exactly that. The decoder drops the first one.
-        tk.normalizer = normalizers.Sequence([normalizers.Prepend(SPIECE_SPACE), normalizers.Replace(" ", SPIECE_SPACE)])
+        tk.normalizer = normalizers.Sequence(
+            [normalizers.Prepend(SPIECE_SPACE), normalizers.Replace(" ", SPIECE_SPACE)]
+        )
         decoder.append(decoders.Strip(" ", 1, 0))
     else:
         tk.normalizer = normalizers.Replace(" ", SPIECE_SPACE)

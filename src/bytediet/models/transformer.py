@@ -4,6 +4,7 @@ Module names follow Hugging Face (``model.layers.3.self_attn.q_proj``) so HF che
 and per-module overrides read naturally. The forward pass works on a flat ragged batch of tokens
 with explicit paged-attention metadata; it never owns a KV cache.
 """
+
 from __future__ import annotations
 
 import math
@@ -23,13 +24,24 @@ class DecoderLayer(nn.Module):
 
     def __init__(self, config: ModelConfig, layer: int) -> None:
         super().__init__()
-        rope = RotaryEmbedding(config.head_dim, config.rope_theta_for(layer),
-                               None if config.layer_types[layer] == "sliding" else config.rope_scaling)
+        rope = RotaryEmbedding(
+            config.head_dim,
+            config.rope_theta_for(layer),
+            None if config.layer_types[layer] == "sliding" else config.rope_scaling,
+        )
         self.self_attn = Attention(
-            config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim,
-            bias=config.attention_bias, qk_norm_eps=config.rms_norm_eps if config.qk_norm else None,
-            rope=rope, scale=config.attention_scale, window=config.window_for(layer),
-            qk_norm_per_head=config.qk_norm_per_head, clip=config.clip_qkv, out_bias=config.attention_out_bias,
+            config.hidden_size,
+            config.num_heads,
+            config.num_kv_heads,
+            config.head_dim,
+            bias=config.attention_bias,
+            qk_norm_eps=config.rms_norm_eps if config.qk_norm else None,
+            rope=rope,
+            scale=config.attention_scale,
+            window=config.window_for(layer),
+            qk_norm_per_head=config.qk_norm_per_head,
+            clip=config.clip_qkv,
+            out_bias=config.attention_out_bias,
         )
         if config.is_moe_layer(layer):
             self.mlp = SparseMoE(config)
@@ -88,8 +100,13 @@ class CausalLM(nn.Module):
         return self.model.embed_tokens.weight.device
 
     @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, meta: AttentionMetadata, caches: list[LayerKVCache],
-                logits_indices: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        meta: AttentionMetadata,
+        caches: list[LayerKVCache],
+        logits_indices: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
         x = self.embed(input_ids)
         for layer, cache in zip(self.model.layers, caches):
             x = layer(x, meta, cache)
@@ -143,22 +160,33 @@ class CausalLM(nn.Module):
         total = float(self.weight_bytes())
         for layer in self.model.layers:
             if isinstance(layer.mlp, SparseMoE):
-                sizes = [sum(t.numel() * t.element_size() for t in (*e.parameters(), *e.buffers()))
-                         for e in layer.mlp.experts]
+                sizes = [
+                    sum(t.numel() * t.element_size() for t in (*e.parameters(), *e.buffers()))
+                    for e in layer.mlp.experts
+                ]
                 total -= (len(sizes) - layer.mlp.top_k) * sum(sizes) / len(sizes)
         return int(total)
 
-    def new_caches(self, num_blocks: int, block_size: int = 16, kv_codec: "str | KVCodec" = "auto") -> list[LayerKVCache]:
+    def new_caches(
+        self, num_blocks: int, block_size: int = 16, kv_codec: "str | KVCodec" = "auto"
+    ) -> list[LayerKVCache]:
         """Allocate one paged cache per layer with the named codec (or the codec object the engine built)."""
         codec = get_kv_codec(kv_codec, self.dtype)
         if self.kv_head_range is not None:  # a tensor-parallel shard: per-head codec state for its heads only
             codec = codec.for_heads(*self.kv_head_range)
         c = self.config
-        return [codec.create_cache(i, num_blocks, block_size, c.num_kv_heads, c.head_dim, self.dtype, self.device)
-                for i in range(c.num_layers)]
+        return [
+            codec.create_cache(i, num_blocks, block_size, c.num_kv_heads, c.head_dim, self.dtype, self.device)
+            for i in range(c.num_layers)
+        ]
 
-    def score(self, input_ids: torch.Tensor, kv_codec: str = "auto", block_size: Optional[int] = None,
-              chunk_size: Optional[int] = None) -> torch.Tensor:
+    def score(
+        self,
+        input_ids: torch.Tensor,
+        kv_codec: str = "auto",
+        block_size: Optional[int] = None,
+        chunk_size: Optional[int] = None,
+    ) -> torch.Tensor:
         """Logits (L, vocab) for one sequence run through the paged path (eval, tests).
 
         ``chunk_size`` splits the prompt into chunks (chunked prefill) — the result is the same.
@@ -177,8 +205,9 @@ class CausalLM(nn.Module):
         return torch.cat(outs)
 
     @torch.inference_mode()
-    def score_rows(self, input_ids: torch.Tensor, start: int, stop: int, rows: int,
-                   kv_codec: str = "auto") -> Iterator[tuple[int, torch.Tensor]]:
+    def score_rows(
+        self, input_ids: torch.Tensor, start: int, stop: int, rows: int, kv_codec: str = "auto"
+    ) -> Iterator[tuple[int, torch.Tensor]]:
         """:meth:`score`'s logits of positions start..stop-1 in near-equal chunks of at most ``rows`` positions
         (at least ``rows`` when the span allows): the decoder runs once, ``lm_head`` once per chunk, so no more
         than a chunk of (rows, vocab) logits exists at a time. Yields (first position, (n, vocab) float32)."""
@@ -201,8 +230,13 @@ def _chunk_metadata(start: int, end: int, total: int, block_size: int, device) -
     full = AttentionMetadata.for_single_sequence(total, block_size, device)
     n = end - start
     return AttentionMetadata(
-        positions=full.positions[start:end], slot_mapping=full.slot_mapping[start:end],
-        query_start_loc=torch.tensor([0, n], device=device), context_lens=torch.tensor([end], device=device),
-        block_tables=full.block_tables, block_size=block_size, query_lens_list=[n], context_lens_list=[end],
+        positions=full.positions[start:end],
+        slot_mapping=full.slot_mapping[start:end],
+        query_start_loc=torch.tensor([0, n], device=device),
+        context_lens=torch.tensor([end], device=device),
+        block_tables=full.block_tables,
+        block_size=block_size,
+        query_lens_list=[n],
+        context_lens_list=[end],
         seq_ids=[0],
     )

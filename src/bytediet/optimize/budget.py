@@ -19,6 +19,7 @@ sequence at the planning context).
 * Nothing within budget: the *closest* configuration is the one whose worst budget overshoot,
   as a multiple of its limit, is smallest (a 3% PPL increase under a 2% limit is 1.5×).
 """
+
 from __future__ import annotations
 
 import math
@@ -43,9 +44,11 @@ class Budget:
 
     def __post_init__(self) -> None:
         if not self.max_activation_ppl_cost >= 0 or not 0.0 <= self.max_activation_top1_drop <= 1.0:
-            raise ConfigError("the activation-precision limits are a PPL cost in percentage points >= 0 and a "
-                              f"top-1 drop in [0, 1], got {self.max_activation_ppl_cost}, "
-                              f"{self.max_activation_top1_drop}")
+            raise ConfigError(
+                "the activation-precision limits are a PPL cost in percentage points >= 0 and a "
+                f"top-1 drop in [0, 1], got {self.max_activation_ppl_cost}, "
+                f"{self.max_activation_top1_drop}"
+            )
         if not self.max_ppl_increase >= 0:
             raise ConfigError(f"--max-ppl-increase is a percentage >= 0, got {self.max_ppl_increase}")
         if self.max_kl is not None and not self.max_kl >= 0:
@@ -61,8 +64,10 @@ class Budget:
         text += f", mean KL <= {self.max_kl:g} nats" if self.max_kl is not None else ""
         if self.max_passkey_drop is not None:
             text += f", passkey retrieval drop <= {self.max_passkey_drop:g}"
-        text += (f"; a non-default activation precision adds <= {self.max_activation_ppl_cost:g} points of PPL "
-                 f"and loses <= {100 * self.max_activation_top1_drop:g}% top-1")
+        text += (
+            f"; a non-default activation precision adds <= {self.max_activation_ppl_cost:g} points of PPL "
+            f"and loses <= {100 * self.max_activation_top1_drop:g}% top-1"
+        )
         return text
 
 
@@ -94,16 +99,19 @@ def activation_cost_within(record: dict, budget: Budget) -> bool:
 def activation_cost(record: dict, parent: dict) -> dict:
     """The fields that make ``record`` (the weights of ``parent`` at another activation precision) an
     activation-precision record: its PPL cost in points and its top-1 loss against ``parent``."""
-    return {"activation_parent": parent["label"],
-            "activation_ppl_cost": record["ppl_increase_pct"] - parent["ppl_increase_pct"],
-            "activation_top1_drop": parent["top1"] - record["top1"],
-            "activation_speedup": record["decode_tok_s"] / parent["decode_tok_s"] if parent["decode_tok_s"] else None}
+    return {
+        "activation_parent": parent["label"],
+        "activation_ppl_cost": record["ppl_increase_pct"] - parent["ppl_increase_pct"],
+        "activation_top1_drop": parent["top1"] - record["top1"],
+        "activation_speedup": record["decode_tok_s"] / parent["decode_tok_s"] if parent["decode_tok_s"] else None,
+    }
 
 
 def overshoot(record: dict, budget: Budget) -> float:
     """The worst limit ratio (value / limit) over the budget's limits: <= 1 inside the budget.
 
     A zero limit turns any positive value into ``inf`` (and 0 / 0 into 0)."""
+
     def ratio(value: float, limit: float) -> float:
         if limit > 0:
             return max(value, 0.0) / limit
@@ -147,13 +155,17 @@ def choose(records: Sequence[dict], budget: Budget, objective: str = "throughput
     inside = [r for r in records if within(r, budget)]
     if inside:
         best = min(inside, key=lambda r: objective_key(r, objective))
-        return Choice(best, True, f"best {objective} of {len(inside)} configuration(s) within the budget "
-                                  f"({budget.describe()})")
+        return Choice(
+            best, True, f"best {objective} of {len(inside)} configuration(s) within the budget ({budget.describe()})"
+        )
     closest = min(records, key=lambda r: (overshoot(r, budget), objective_key(r, objective)))
-    return Choice(closest, False,
-                  f"no configuration meets the budget ({budget.describe()}); the closest is "
-                  f"{closest['label']} at {overshoot(closest, budget):.2f}x the limit — relax the budget "
-                  f"(e.g. --max-ppl-increase {_suggest(closest):g}) or accept more loss")
+    return Choice(
+        closest,
+        False,
+        f"no configuration meets the budget ({budget.describe()}); the closest is "
+        f"{closest['label']} at {overshoot(closest, budget):.2f}x the limit — relax the budget "
+        f"(e.g. --max-ppl-increase {_suggest(closest):g}) or accept more loss",
+    )
 
 
 def _suggest(record: dict) -> float:
@@ -166,8 +178,9 @@ def best_of_step(records: Sequence[dict], budget: Budget, objective: str) -> Opt
     return min(inside, key=lambda r: objective_key(r, objective)) if inside else None
 
 
-def compounding(weights: dict, kv: dict, combined: dict, tolerance: float = 0.05,
-                floors: tuple[float, float] = (1e-4, 0.05)) -> dict:
+def compounding(
+    weights: dict, kv: dict, combined: dict, tolerance: float = 0.05, floors: tuple[float, float] = (1e-4, 0.05)
+) -> dict:
     """Whether the errors of two techniques compound when applied together.
 
     Compares the combined mean KL and PPL increase with the sums of the parts (each part measured
@@ -175,11 +188,18 @@ def compounding(weights: dict, kv: dict, combined: dict, tolerance: float = 0.05
     sum of its parts by more than ``tolerance`` (relative) *and* by more than its noise floor
     (``floors``: KL in nats, PPL increase in percentage points) — the errors interact, not just add.
     """
+
     def verdict(a: float, b: float, both: float, floor: float) -> dict:
         total = max(a, 0.0) + max(b, 0.0)
         excess = both - total
-        return {"parts": [a, b], "sum_of_parts": total, "combined": both, "excess": excess, "noise_floor": floor,
-                "super_additive": excess > max(tolerance * total, floor)}
+        return {
+            "parts": [a, b],
+            "sum_of_parts": total,
+            "combined": both,
+            "excess": excess,
+            "noise_floor": floor,
+            "super_additive": excess > max(tolerance * total, floor),
+        }
 
     kl = verdict(weights["kl_mean"], kv["kl_mean"], combined["kl_mean"], floors[0])
     ppl = verdict(weights["ppl_increase_pct"], kv["ppl_increase_pct"], combined["ppl_increase_pct"], floors[1])

@@ -18,6 +18,7 @@ attribute; AWQ and GPTQ: int4, SmoothQuant: int8-w8a8, SparseGPT and Wanda: spar
 at the same spec its round-to-nearest candidate uses, so the two compare on one grid. A calibrated
 spec is written ``FORMAT+METHOD`` (``int4-g64+awq``).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -64,8 +65,9 @@ class Candidate:
     activations: Optional[str] = None  # the checkpoint's own blocks at this activation precision (weights None)
 
     @classmethod
-    def for_weights(cls, step: str, spec: str, kv: str = "auto",
-                    overrides: tuple[tuple[str, str], ...] = ()) -> "Candidate":
+    def for_weights(
+        cls, step: str, spec: str, kv: str = "auto", overrides: tuple[tuple[str, str], ...] = ()
+    ) -> "Candidate":
         """A candidate from a weight spec that may carry ``+METHOD``."""
         fmt, method = split_method(spec)
         return cls(step, fmt, kv, overrides, method)
@@ -84,8 +86,15 @@ class Candidate:
         return " ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"step": self.step, "label": self.label, "weights": self.weights, "method": self.method,
-                "kv": self.kv, "overrides": dict(self.overrides), "activations": self.activations}
+        return {
+            "step": self.step,
+            "label": self.label,
+            "weights": self.weights,
+            "method": self.method,
+            "kv": self.kv,
+            "overrides": dict(self.overrides),
+            "activations": self.activations,
+        }
 
 
 @dataclass
@@ -133,7 +142,9 @@ def kv_fits(spec: str, model, block_size: Optional[int] = None) -> Optional[str]
     c = model.config
     try:
         codec = get_kv_codec(spec, model.dtype)
-        codec.create_cache(0, 1, block_size or default_block_size(codec), c.num_kv_heads, c.head_dim, model.dtype, "cpu")
+        codec.create_cache(
+            0, 1, block_size or default_block_size(codec), c.num_kv_heads, c.head_dim, model.dtype, "cpu"
+        )
     except (ConfigError, KeyError, ValueError) as exc:
         return str(exc.args[0] if isinstance(exc, KeyError) and exc.args else exc)
     return None
@@ -183,12 +194,24 @@ def weight_specs(model, quick: bool = False, only: Optional[list[str]] = None) -
     """Weight-format specs to try on ``model`` (every registered format and variant; ``only`` restricts)."""
     from ..quant import WEIGHT_FORMATS
 
-    return _enumerate(WEIGHT_FORMATS, WEIGHT_VARIANTS, REFERENCE_WEIGHTS, lambda s: weight_fits(s, model),
-                      QUICK_WEIGHT_FAMILIES, quick, only)
+    return _enumerate(
+        WEIGHT_FORMATS,
+        WEIGHT_VARIANTS,
+        REFERENCE_WEIGHTS,
+        lambda s: weight_fits(s, model),
+        QUICK_WEIGHT_FAMILIES,
+        quick,
+        only,
+    )
 
 
-def kv_specs(model, quick: bool = False, only: Optional[list[str]] = None,
-             block_size: Optional[int] = None, budgets: tuple[float, ...] = ()) -> Enumeration:
+def kv_specs(
+    model,
+    quick: bool = False,
+    only: Optional[list[str]] = None,
+    block_size: Optional[int] = None,
+    budgets: tuple[float, ...] = (),
+) -> Enumeration:
     """KV specs to try on ``model``: the budgets ``auto:<bits>`` first, then every registered codec and variant
     (``quick``: one per :data:`QUICK_KV_FAMILIES`). ``only`` restricts to exactly those specs (budgets among them)."""
     from ..kvcache import KV_CODECS
@@ -207,8 +230,13 @@ def kv_specs(model, quick: bool = False, only: Optional[list[str]] = None,
     return Enumeration(out.specs + rest.specs, {**out.skipped, **rest.skipped})
 
 
-def calibrated_specs(model, rtn: Enumeration, quick: bool = False, methods: Optional[tuple[str, ...]] = None,
-                     only: Optional[list[str]] = None) -> Enumeration:
+def calibrated_specs(
+    model,
+    rtn: Enumeration,
+    quick: bool = False,
+    methods: Optional[tuple[str, ...]] = None,
+    only: Optional[list[str]] = None,
+) -> Enumeration:
     """``FORMAT+METHOD`` specs for every registered calibration method and the families it declares.
 
     Each family uses the first spec of it that ``rtn`` (the round-to-nearest enumeration) kept, else the
@@ -242,8 +270,10 @@ def calibrated_specs(model, rtn: Enumeration, quick: bool = False, methods: Opti
             if chosen is None and quick:
                 continue  # --quick calibrates only the families it also measures rounded to nearest
             if chosen is None and family in WEIGHT_FORMATS:
-                chosen = next((s for s in _variants(WEIGHT_FORMATS, family, WEIGHT_VARIANTS)
-                               if weight_fits(s, model) is None), None)
+                chosen = next(
+                    (s for s in _variants(WEIGHT_FORMATS, family, WEIGHT_VARIANTS) if weight_fits(s, model) is None),
+                    None,
+                )
             if chosen is None:
                 out.skipped[f"{family}+{method}"] = f"no {family} spec fits this model"
                 continue

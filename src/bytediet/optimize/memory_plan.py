@@ -11,6 +11,7 @@ of what building it and measuring it need for a moment:
   :data:`~bytediet.eval.tasks.ROW_CHUNK_ELEMENTS` float32 each), the float64 comparison of a few rows, and
   ``lm_head`` decoded once for a prefill chunk (vocab × hidden float32).
 """
+
 from __future__ import annotations
 
 from ..eval.tasks import ROW_CHUNK_ELEMENTS
@@ -72,9 +73,15 @@ def plan_optimize(options) -> MemoryPlan:
         need = candidate_bytes(fp, spec) + max(building, measuring)
         if need > worst:
             worst, worst_spec = need, spec
-    plan = MemoryPlan("bytediet optimize", {
-        "runtime": RUNTIME_BYTES, "tokenizer": TOKENIZER_BYTES_PER_TOKEN * c.vocab_size,
-        "model": fp.loaded_bytes, f"largest step ({worst_spec or 'the reference'})": worst})
+    plan = MemoryPlan(
+        "bytediet optimize",
+        {
+            "runtime": RUNTIME_BYTES,
+            "tokenizer": TOKENIZER_BYTES_PER_TOKEN * c.vocab_size,
+            "model": fp.loaded_bytes,
+            f"largest step ({worst_spec or 'the reference'})": worst,
+        },
+    )
     plan.smaller = _smaller(o, worst_spec)
     return plan
 
@@ -84,7 +91,10 @@ def _smaller(o, worst_spec) -> list[str]:
     hints = []
     if worst_spec:
         fmt, method = worst_spec.split("+")[0], ("+" in worst_spec)
-        hints.append(f"leave out {worst_spec}: --methods none" if method else
-                     f"leave out {fmt}: --weights with the other formats")
+        hints.append(
+            f"leave out {worst_spec}: --methods none"
+            if method
+            else f"leave out {fmt}: --weights with the other formats"
+        )
     hints.append(f"a shorter window: --window-len {max(o.window_len // 2, 64)}")
     return hints

@@ -21,6 +21,7 @@
 Each measured configuration is cached on disk (:mod:`.state`) as soon as it is done, so a killed
 run resumes where it stopped.
 """
+
 from __future__ import annotations
 
 import gc
@@ -35,11 +36,17 @@ import torch
 
 from ..errors import BytedietError
 from ..kvcache.auto import BudgetCodec
+from ..perf.memory import release_freed
 from ..progress import Bars
 from .budget import Budget, activation_cost, best_of_step, compounding, objective_key, within
-from .candidates import (Candidate, activation_specs, as_loaded_activation_modes, calibrated_specs, kv_specs,
-                         weight_specs)
-from ..perf.memory import release_freed
+from .candidates import (
+    Candidate,
+    activation_specs,
+    as_loaded_activation_modes,
+    calibrated_specs,
+    kv_specs,
+    weight_specs,
+)
 from .state import StepCache, model_identity, run_key
 from .timebudget import QUICK_SECONDS, TimeBudget, baseline_seconds, kind_of
 
@@ -47,14 +54,36 @@ STEPS = ("profile", "baseline", "weights", "activations", "kv", "combined", "sen
 ACTIVATION_PARENTS = {"quick": 1, "full": 3}  # weight formats (the best within budget) whose activations are tried
 PRESETS = {  # eval windows × len, speed and profile prompt/new tokens, calibration windows × len, passkey trials,
     # KV budgets (bits per coordinate all-in: the classes of llama.cpp's q8_0, q8_0/q4_0, q4_0 and 3.5-bit codecs)
-    "quick": dict(windows=4, window_len=512, speed_prompt_len=32, speed_new_tokens=16,
-                  profile_prompt_len=256, profile_new_tokens=32, calib_samples=8, calib_len=256,
-                  kv_calib_windows=2, kv_calib_len=512, passkey_lengths=(1024,), passkey_depths=(0.25, 0.75),
-                  kv_budgets=(4.5,)),
-    "full": dict(windows=8, window_len=1024, speed_prompt_len=64, speed_new_tokens=32,
-                 profile_prompt_len=512, profile_new_tokens=64, calib_samples=32, calib_len=512,
-                 kv_calib_windows=2, kv_calib_len=1024, passkey_lengths=(1024, 2048, 4096),
-                 passkey_depths=(0.0, 0.25, 0.5, 0.75, 1.0), kv_budgets=(8.5, 6.0, 4.5, 3.5)),
+    "quick": dict(
+        windows=4,
+        window_len=512,
+        speed_prompt_len=32,
+        speed_new_tokens=16,
+        profile_prompt_len=256,
+        profile_new_tokens=32,
+        calib_samples=8,
+        calib_len=256,
+        kv_calib_windows=2,
+        kv_calib_len=512,
+        passkey_lengths=(1024,),
+        passkey_depths=(0.25, 0.75),
+        kv_budgets=(4.5,),
+    ),
+    "full": dict(
+        windows=8,
+        window_len=1024,
+        speed_prompt_len=64,
+        speed_new_tokens=32,
+        profile_prompt_len=512,
+        profile_new_tokens=64,
+        calib_samples=32,
+        calib_len=512,
+        kv_calib_windows=2,
+        kv_calib_len=1024,
+        passkey_lengths=(1024, 2048, 4096),
+        passkey_depths=(0.0, 0.25, 0.5, 0.75, 1.0),
+        kv_budgets=(8.5, 6.0, 4.5, 3.5),
+    ),
 }
 RECOMMENDED_MODEL_DIR = "recommended-model"
 CACHE_LAYOUT = 2  # keys the step cache: 2 = reference at float activations over the blocks, logits per window
@@ -101,16 +130,23 @@ def record(cand: Candidate, result: dict, context: int) -> dict:
     fid, speed = result["tasks"]["ppl"], result["tasks"]["speed"]
     test = speed["test"]
     return {
-        **cand.to_dict(), "kv_codec": result["config"]["kv_codec"],
+        **cand.to_dict(),
+        "kv_codec": result["config"]["kv_codec"],
         "native_blocks": result["config"].get("native_blocks") or {},
-        "ppl_ref": fid["reference"]["ppl"], "ppl": fid["test"]["ppl"],
+        "ppl_ref": fid["reference"]["ppl"],
+        "ppl": fid["test"]["ppl"],
         "ppl_increase_pct": 100.0 * (fid["ppl_ratio"] - 1.0),
-        "kl_mean": fid["kl"]["mean"], "kl_p99": fid["kl"]["p99"], "kl_max": fid["kl"]["max"],
-        "top1": fid["top1_agreement"], "weight_bytes": test["weight_bytes"],
+        "kl_mean": fid["kl"]["mean"],
+        "kl_p99": fid["kl"]["p99"],
+        "kl_max": fid["kl"]["max"],
+        "top1": fid["top1_agreement"],
+        "weight_bytes": test["weight_bytes"],
         "kv_bytes_per_token": test["kv_bytes_per_token"],
         "memory_bytes": test["weight_bytes"] + test["kv_bytes_per_token"] * context,
-        "decode_tok_s": test["decode_tok_s"], "prefill_tok_s": test["prefill_tok_s"],
-        "decode_speedup": speed["decode_speedup"], "eval_s": result["elapsed_s"],
+        "decode_tok_s": test["decode_tok_s"],
+        "prefill_tok_s": test["prefill_tok_s"],
+        "decode_speedup": speed["decode_speedup"],
+        "eval_s": result["elapsed_s"],
         **_passkey_fields(result["tasks"].get("passkey")),
     }
 
@@ -126,8 +162,13 @@ def _passkey_fields(passkey: Optional[dict]) -> dict:
 class Recipe:
     """One ``optimize`` run. ``on_step(name, report)`` is called after each completed step."""
 
-    def __init__(self, options: OptimizeOptions, out_dir: str | Path,
-                 on_step: Optional[Callable[[str, dict], None]] = None, progress: bool = True) -> None:
+    def __init__(
+        self,
+        options: OptimizeOptions,
+        out_dir: str | Path,
+        on_step: Optional[Callable[[str, dict], None]] = None,
+        progress: bool = True,
+    ) -> None:
         self.opt = options.resolved()
         self.out = Path(out_dir)
         self.on_step = on_step or (lambda name, report: None)
@@ -150,14 +191,28 @@ class Recipe:
         self._reference_model = None
         self.label = getattr(self.model, "source_path", "") or str(o.model)
         self.corpus_ids = _tokenize_corpus(self.tokenizer, o.corpus)
-        passkey = {"passkey_lengths": o.passkey_lengths, "passkey_depths": o.passkey_depths} if o.passkey_lengths else {}
-        self.settings = EvalSettings(corpus=o.corpus, windows=o.windows, window_len=o.window_len, seed=o.seed,
-                                     tasks=("ppl", "passkey", "speed") if passkey else ("ppl", "speed"),
-                                     speed_prompt_len=o.speed_prompt_len, speed_new_tokens=o.speed_new_tokens,
-                                     **passkey)
-        depends = {"layout": CACHE_LAYOUT, "eval": asdict(self.settings), "context": o.context, "threads": o.threads,
-                   "profile": [o.profile_prompt_len, o.profile_new_tokens],
-                   "calibration": [o.calib_samples, o.calib_len], "kv_calibration": self.kv_calibration}
+        passkey = (
+            {"passkey_lengths": o.passkey_lengths, "passkey_depths": o.passkey_depths} if o.passkey_lengths else {}
+        )
+        self.settings = EvalSettings(
+            corpus=o.corpus,
+            windows=o.windows,
+            window_len=o.window_len,
+            seed=o.seed,
+            tasks=("ppl", "passkey", "speed") if passkey else ("ppl", "speed"),
+            speed_prompt_len=o.speed_prompt_len,
+            speed_new_tokens=o.speed_new_tokens,
+            **passkey,
+        )
+        depends = {
+            "layout": CACHE_LAYOUT,
+            "eval": asdict(self.settings),
+            "context": o.context,
+            "threads": o.threads,
+            "profile": [o.profile_prompt_len, o.profile_new_tokens],
+            "calibration": [o.calib_samples, o.calib_len],
+            "kv_calibration": self.kv_calibration,
+        }
         self._calib_windows = None
         self.key = run_key(model_identity(self.label), depends)
         self.cache = StepCache(self.out, self.key)
@@ -179,7 +234,8 @@ class Recipe:
 
     def reference_ready(self) -> bool:
         return self.reference.has_logits(self.settings.windows) and set(self.settings.tasks) <= set(
-            self.reference.results)
+            self.reference.results
+        )
 
     def speed_again(self, cand: Candidate) -> dict:
         """``cand``'s decode and prefill tok/s measured once more (the speed task alone), cached apart from its
@@ -190,10 +246,17 @@ class Recipe:
         if hit is not None:
             return hit
         model = self.build(cand)
-        result = evaluate_loaded(self.reference_model(), self.tokenizer,
-                                 settings=replace(self.settings, tasks=("speed",)),
-                                 kv_cache_dtype=self.kv_codec(cand.kv, model, cand), reference=self.reference,
-                                 corpus_ids=self.corpus_ids, progress=False, model_label=self.label, test_model=model)
+        result = evaluate_loaded(
+            self.reference_model(),
+            self.tokenizer,
+            settings=replace(self.settings, tasks=("speed",)),
+            kv_cache_dtype=self.kv_codec(cand.kv, model, cand),
+            reference=self.reference,
+            corpus_ids=self.corpus_ids,
+            progress=False,
+            model_label=self.label,
+            test_model=model,
+        )
         test = result["tasks"]["speed"]["test"]
         again = {"decode_tok_s": test["decode_tok_s"], "prefill_tok_s": test["prefill_tok_s"]}
         self.cache.put("speed_again", cand.label, again)
@@ -219,9 +282,17 @@ class Recipe:
             self.cache.put("configs", cand.label, {"error": str(exc)})
             return None
         kv = self.kv_codec(cand.kv, model, cand)
-        result = evaluate_loaded(self.reference_model(), self.tokenizer, settings=self.settings, kv_cache_dtype=kv,
-                                 reference=self.reference, corpus_ids=self.corpus_ids, progress=False,
-                                 model_label=self.label, test_model=model)
+        result = evaluate_loaded(
+            self.reference_model(),
+            self.tokenizer,
+            settings=self.settings,
+            kv_cache_dtype=kv,
+            reference=self.reference,
+            corpus_ids=self.corpus_ids,
+            progress=False,
+            model_label=self.label,
+            test_model=model,
+        )
         rec = record(cand, result, self.opt.context)
         rec["kv_calibrated"] = not isinstance(kv, str)
         # a budget's plan is plain data: the record (and so the recommended run config) carries it
@@ -257,8 +328,13 @@ class Recipe:
         sens = self._kv_errors.get(key) if key is not None else None
         if sens is None:
             cal = self.kv_calibration
-            windows = calibration_windows(self.tokenizer, CalibrationConfig(samples=cal["windows"],
-                                          seq_len=cal["window_len"], corpus=cal["corpus"], seed=cal["seed"]), bos=False)
+            windows = calibration_windows(
+                self.tokenizer,
+                CalibrationConfig(
+                    samples=cal["windows"], seq_len=cal["window_len"], corpus=cal["corpus"], seed=cal["seed"]
+                ),
+                bos=False,
+            )
             sens = measure_errors(model, windows)
             if key is not None:
                 self._kv_errors[key] = sens
@@ -272,8 +348,9 @@ class Recipe:
         from ..calibrate import CalibrationConfig
         from ..eval.corpus import calibration_windows
 
-        calib = CalibrationConfig(samples=self.opt.calib_samples, seq_len=self.opt.calib_len,
-                                  corpus=self.opt.corpus, seed=self.opt.seed)
+        calib = CalibrationConfig(
+            samples=self.opt.calib_samples, seq_len=self.opt.calib_len, corpus=self.opt.corpus, seed=self.opt.seed
+        )
         if self._calib_windows is None:
             self._calib_windows = calibration_windows(self.tokenizer, calib)
         return calib, self._calib_windows
@@ -329,9 +406,14 @@ class Recipe:
         hit = self.cache.get("steps", "profile")
         if hit is None:
             with bars.spin("step 1/5: profiling prefill and decode on this machine"):
-                hit = profile(self.as_loaded or self.model, self.tokenizer, self.corpus_ids,
-                              prompt_len=self.opt.profile_prompt_len,
-                              new_tokens=self.opt.profile_new_tokens, threads=self.opt.threads)
+                hit = profile(
+                    self.as_loaded or self.model,
+                    self.tokenizer,
+                    self.corpus_ids,
+                    prompt_len=self.opt.profile_prompt_len,
+                    new_tokens=self.opt.profile_new_tokens,
+                    threads=self.opt.threads,
+                )
             self.cache.put("steps", "profile", hit)
         return hit
 
@@ -360,21 +442,34 @@ class Recipe:
         from ..kernels import ops
 
         if ops.native_library() is None:
-            return {"records": [], "note": "no native kernels on this machine: the activation precision only "
-                                           "changes the reference path's rounding, not its speed"}
+            return {
+                "records": [],
+                "note": "no native kernels on this machine: the activation precision only "
+                "changes the reference path's rounding, not its speed",
+            }
         b, objective = self.opt.budget, self.opt.objective
         pool = report["steps"].get("baseline", {}).get("records", []) + report["steps"]["weights"]["records"]
-        inside = sorted((r for r in pool if within(r, b) and not r["overrides"]), key=lambda r: objective_key(r, objective))
-        parents = [p for p in inside if self._activation_variants(p)][:ACTIVATION_PARENTS["quick" if self.opt.quick
-                                                                                           else "full"]]
+        inside = sorted(
+            (r for r in pool if within(r, b) and not r["overrides"]), key=lambda r: objective_key(r, objective)
+        )
+        parents = [p for p in inside if self._activation_variants(p)][
+            : ACTIVATION_PARENTS["quick" if self.opt.quick else "full"]
+        ]
         if not parents:
-            return {"records": [], "note": "no weight configuration within the budget offers a choice of "
-                                           "activation precision"}
+            return {
+                "records": [],
+                "note": "no weight configuration within the budget offers a choice of activation precision",
+            }
         records, remeasured = [], []
         for parent in bars.track(parents, "step 2/5: activation precision of the best weight configurations"):
             fresh = {**parent, **self.speed_again(self._candidate_of(parent))}
-            remeasured.append({"label": parent["label"], "decode_tok_s": fresh["decode_tok_s"],
-                               "earlier_decode_tok_s": parent["decode_tok_s"]})
+            remeasured.append(
+                {
+                    "label": parent["label"],
+                    "decode_tok_s": fresh["decode_tok_s"],
+                    "earlier_decode_tok_s": parent["decode_tok_s"],
+                }
+            )
             for cand in self._activation_variants(parent):
                 rec = self.measure(cand)
                 if rec is not None:
@@ -391,16 +486,28 @@ class Recipe:
 
     @staticmethod
     def _candidate_of(record: dict) -> Candidate:
-        return Candidate(record["step"], record["weights"], record["kv"], tuple(record["overrides"].items()),
-                         record.get("method"), record.get("activations"))
+        return Candidate(
+            record["step"],
+            record["weights"],
+            record["kv"],
+            tuple(record["overrides"].items()),
+            record.get("method"),
+            record.get("activations"),
+        )
 
     def _sensitive(self, bars, report: dict, pool: list[dict]) -> list[dict]:
         """Retry the best failing weight configuration with its sensitive layers at higher precision."""
         b, objective = self.opt.budget, self.opt.objective
         incumbent = best_of_step(pool, b, objective)
-        failing = [r for r in pool if r["weights"] and not r["overrides"] and not within(r, b)
-                   and r["step"] != "activations"  # an activation precision over its own limit is not retried
-                   and (incumbent is None or objective_key(r, objective) < objective_key(incumbent, objective))]
+        failing = [
+            r
+            for r in pool
+            if r["weights"]
+            and not r["overrides"]
+            and not within(r, b)
+            and r["step"] != "activations"  # an activation precision over its own limit is not retried
+            and (incumbent is None or objective_key(r, objective) < objective_key(incumbent, objective))
+        ]
         if not failing:
             return []
         target = min(failing, key=lambda r: objective_key(r, objective))
@@ -435,10 +542,17 @@ class Recipe:
             bars.line(plan.describe() + (f"; time budget {o.time_budget / 60:.0f} min" if o.time_budget else ""))
             with peaks.step("load"), bars.spin(f"loading {o.model} and the corpus"):
                 self._load()
-            report = {"model": self.label, "model_name": self.model.config.name or self.label,
-                      "options": _options_dict(o), "settings": asdict(self.settings), "cache_key": self.key,
-                      "budget": o.budget.to_dict(), "objective": o.objective,
-                      "kv_calibration": self.kv_calibration, "steps": {}}
+            report = {
+                "model": self.label,
+                "model_name": self.model.config.name or self.label,
+                "options": _options_dict(o),
+                "settings": asdict(self.settings),
+                "cache_key": self.key,
+                "budget": o.budget.to_dict(),
+                "objective": o.objective,
+                "kv_calibration": self.kv_calibration,
+                "steps": {},
+            }
             for name in STEPS:
                 with peaks.step(name):
                     report["steps"][name] = self._step(name, bars, report)
@@ -463,8 +577,9 @@ class Recipe:
             recs = self._sweep(bars, "step 2/5: weight formats", [Candidate.for_weights("weights", s) for s in w.specs])
             calibrated_only = None if o.weights is None else [s for s in o.weights if "+" in s]
             c = calibrated_specs(self.model, w, quick=o.quick, methods=o.methods, only=calibrated_only)
-            recs += self._sweep(bars, "step 2/5: calibrated weight formats",
-                                [Candidate.for_weights("weights", s) for s in c.specs])
+            recs += self._sweep(
+                bars, "step 2/5: calibrated weight formats", [Candidate.for_weights("weights", s) for s in c.specs]
+            )
             return {"records": recs, "skipped": {**w.skipped, **c.skipped}}
         if name == "activations":
             return self._activations(bars, report)
@@ -484,19 +599,33 @@ class Recipe:
             missing = "weight format" if best_w is None else "KV codec"
             return {"records": [], "note": f"no {missing} is within the budget alone, so there is nothing to combine"}
         if not best_w["weights"] and not best_w.get("activations"):
-            return {"records": [], "note": "the checkpoint's own weights beat every weight format: the KV step's "
-                                           f"winner ({best_kv['label']}) is already the combination"}
-        cand = Candidate("combined", best_w["weights"], best_kv["kv"], method=best_w.get("method"),
-                         activations=best_w.get("activations"))
+            return {
+                "records": [],
+                "note": "the checkpoint's own weights beat every weight format: the KV step's "
+                f"winner ({best_kv['label']}) is already the combination",
+            }
+        cand = Candidate(
+            "combined",
+            best_w["weights"],
+            best_kv["kv"],
+            method=best_w.get("method"),
+            activations=best_w.get("activations"),
+        )
         recs = self._sweep(bars, "step 3/5: combining the winners", [cand])
-        return {"records": recs, "parts": [best_w["label"], best_kv["label"]],
-                "compounding": compounding(best_w, best_kv, recs[0]) if recs else None}
+        return {
+            "records": recs,
+            "parts": [best_w["label"], best_kv["label"]],
+            "compounding": compounding(best_w, best_kv, recs[0]) if recs else None,
+        }
 
 
 def compressed_records(report: dict) -> list[dict]:
     """Every measured configuration except the unmodified baseline, in step order."""
-    return [r for step in ("weights", "activations", "kv", "combined", "sensitive")
-            for r in report["steps"].get(step, {}).get("records", [])]
+    return [
+        r
+        for step in ("weights", "activations", "kv", "combined", "sensitive")
+        for r in report["steps"].get(step, {}).get("records", [])
+    ]
 
 
 def candidate_records(report: dict) -> list[dict]:
@@ -508,7 +637,9 @@ def candidate_records(report: dict) -> list[dict]:
 def weight_records(report: dict) -> list[dict]:
     """The weight-only configurations: the checkpoint as loaded, every weight format, and the activation
     precisions tried on the best."""
-    return [r for step in ("baseline", "weights", "activations") for r in report["steps"].get(step, {}).get("records", [])]
+    return [
+        r for step in ("baseline", "weights", "activations") for r in report["steps"].get(step, {}).get("records", [])
+    ]
 
 
 def _weight_spec(record: dict) -> str:
@@ -524,8 +655,9 @@ def override_plans(model, weights: str, high: str) -> list[tuple[tuple[str, str]
     from ..models.quantize import QuantizeConfig, linear_layers
 
     names = [n for n, _ in linear_layers(model)]
-    layers = sorted({int(m.group(2)): m.group(1) for n in names if (m := re.search(r"^(.*\.layers\.)(\d+)\.", n))}
-                    .items())
+    layers = sorted(
+        {int(m.group(2)): m.group(1) for n in names if (m := re.search(r"^(.*\.layers\.)(\d+)\.", n))}.items()
+    )
     head_now = QuantizeConfig(format=weights).spec_for("lm_head") or "fp32"  # None: kept as loaded (float)
     head = (("lm_head", high),) if "lm_head" in names and head_now != high else ()
     ends = ()
@@ -542,8 +674,10 @@ def _tokenize_corpus(tokenizer, corpus: str):
     try:
         return tokenize_corpus(tokenizer, corpus)
     except BytedietError as exc:
-        raise BytedietError(f"cannot obtain the corpus {corpus!r}: {exc}. Give `bytediet optimize` any long "
-                            "UTF-8 text file instead: --corpus FILE") from exc
+        raise BytedietError(
+            f"cannot obtain the corpus {corpus!r}: {exc}. Give `bytediet optimize` any long "
+            "UTF-8 text file instead: --corpus FILE"
+        ) from exc
 
 
 def _options_dict(o: OptimizeOptions) -> dict:

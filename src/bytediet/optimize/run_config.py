@@ -28,6 +28,7 @@ The file holds names and data, never objects: the engine builds the codec once
 ``notes`` is free-form
 and ignored when loading. Unknown keys are errors, so a typo never silently changes a run.
 """
+
 from __future__ import annotations
 
 import json
@@ -38,11 +39,35 @@ from typing import Any, Mapping, Optional
 from ..errors import ConfigError
 
 VERSION = 1
-ENGINE_KEYS = ("kv_cache_memory", "block_size", "num_blocks", "max_num_batched_tokens", "max_num_seqs",
-               "long_prefill_token_threshold", "scheduling_policy", "speculative_config", "enable_prefix_caching", "enable_chunked_prefill", "seed", "num_threads", "keep_packed", "activations")
+ENGINE_KEYS = (
+    "kv_cache_memory",
+    "block_size",
+    "num_blocks",
+    "max_num_batched_tokens",
+    "max_num_seqs",
+    "long_prefill_token_threshold",
+    "scheduling_policy",
+    "speculative_config",
+    "enable_prefix_caching",
+    "enable_chunked_prefill",
+    "seed",
+    "num_threads",
+    "keep_packed",
+    "activations",
+)
 DTYPES = ("float32", "bfloat16", "float16")
-_KEYS = ("bytediet_run_config", "model", "dtype", "weights", "weight_overrides", "kv_cache_dtype", "kv_calibration",
-         "kv_calibration_state", "engine", "notes")
+_KEYS = (
+    "bytediet_run_config",
+    "model",
+    "dtype",
+    "weights",
+    "weight_overrides",
+    "kv_cache_dtype",
+    "kv_calibration",
+    "kv_calibration_state",
+    "engine",
+    "notes",
+)
 _KV_CALIBRATION_KEYS = {"corpus": str, "windows": int, "window_len": int, "seed": int}
 
 
@@ -77,8 +102,10 @@ class RunConfig:
         from ..quant.common import ACTIVATION_MODES
 
         if self.engine.get("activations", "q16") not in ACTIVATION_MODES:
-            raise ConfigError(f"run config: engine.activations must be one of {', '.join(ACTIVATION_MODES)}, got "
-                              f"{self.engine['activations']!r}")
+            raise ConfigError(
+                f"run config: engine.activations must be one of {', '.join(ACTIVATION_MODES)}, got "
+                f"{self.engine['activations']!r}"
+            )
         from ..kvcache import get_kv_codec
 
         try:
@@ -86,16 +113,24 @@ class RunConfig:
         except KeyError as exc:
             raise ConfigError(f"run config: kv_cache_dtype: {exc.args[0]}") from None
         if not isinstance(self.kv_cache_dtype, str):
-            raise ConfigError("run config: kv_cache_dtype must be a codec name; its calibration goes in "
-                              "kv_calibration (a recipe) or kv_calibration_state (the data)")
+            raise ConfigError(
+                "run config: kv_cache_dtype must be a codec name; its calibration goes in "
+                "kv_calibration (a recipe) or kv_calibration_state (the data)"
+            )
         if self.kv_calibration_state is not None and not isinstance(self.kv_calibration_state, (dict, str)):
             raise ConfigError("run config: kv_calibration_state must be an object (the state) or a file path")
         if self.kv_calibration is not None:
             cal = dict(self.kv_calibration)
-            bad = {k: v for k, v in cal.items() if k not in _KV_CALIBRATION_KEYS or not isinstance(v, _KV_CALIBRATION_KEYS[k])}
+            bad = {
+                k: v
+                for k, v in cal.items()
+                if k not in _KV_CALIBRATION_KEYS or not isinstance(v, _KV_CALIBRATION_KEYS[k])
+            }
             if bad or set(cal) != set(_KV_CALIBRATION_KEYS) or cal["windows"] < 1 or cal["window_len"] < 2:
-                raise ConfigError(f"run config: kv_calibration must be {{corpus: str, windows: int >= 1, "
-                                  f"window_len: int >= 2, seed: int}}, got {cal}")
+                raise ConfigError(
+                    f"run config: kv_calibration must be {{corpus: str, windows: int >= 1, "
+                    f"window_len: int >= 2, seed: int}}, got {cal}"
+                )
             object.__setattr__(self, "kv_calibration", cal)
 
     def quantize_config(self):
@@ -107,10 +142,18 @@ class RunConfig:
         return QuantizeConfig(format=self.weights, overrides=self.weight_overrides)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"bytediet_run_config": VERSION, "model": self.model, "dtype": self.dtype, "weights": self.weights,
-                "weight_overrides": dict(self.weight_overrides), "kv_cache_dtype": self.kv_cache_dtype,
-                "kv_calibration": self.kv_calibration, "kv_calibration_state": self.kv_calibration_state,
-                "engine": dict(self.engine), "notes": dict(self.notes)}
+        return {
+            "bytediet_run_config": VERSION,
+            "model": self.model,
+            "dtype": self.dtype,
+            "weights": self.weights,
+            "weight_overrides": dict(self.weight_overrides),
+            "kv_cache_dtype": self.kv_cache_dtype,
+            "kv_calibration": self.kv_calibration,
+            "kv_calibration_state": self.kv_calibration_state,
+            "engine": dict(self.engine),
+            "notes": dict(self.notes),
+        }
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "RunConfig":
@@ -123,10 +166,17 @@ class RunConfig:
             raise ConfigError(f"run config: version {d['bytediet_run_config']} is not supported (this is {VERSION})")
         if "model" not in d:
             raise ConfigError("run config: 'model' is required")
-        return cls(model=d["model"], dtype=d.get("dtype", "float32"), weights=d.get("weights"),
-                   weight_overrides=d.get("weight_overrides") or {}, kv_cache_dtype=d.get("kv_cache_dtype", "auto"),
-                   kv_calibration=d.get("kv_calibration"), kv_calibration_state=d.get("kv_calibration_state"),
-                   engine=d.get("engine") or {}, notes=d.get("notes") or {})
+        return cls(
+            model=d["model"],
+            dtype=d.get("dtype", "float32"),
+            weights=d.get("weights"),
+            weight_overrides=d.get("weight_overrides") or {},
+            kv_cache_dtype=d.get("kv_cache_dtype", "auto"),
+            kv_calibration=d.get("kv_calibration"),
+            kv_calibration_state=d.get("kv_calibration_state"),
+            engine=d.get("engine") or {},
+            notes=d.get("notes") or {},
+        )
 
     def write(self, path: str | Path) -> Path:
         path = Path(path)
@@ -163,8 +213,13 @@ def load_run_config(path: str | Path) -> dict[str, Any]:
     ``kv_cache_dtype`` (its name) plus ``kv_calibration_state`` (the file's, or the one the recipe produced).
     """
     config = read_run_config(path)
-    kwargs: dict[str, Any] = {"model": config.model, "dtype": config.dtype, "weights": config.weights,
-                              "kv_cache_dtype": config.kv_cache_dtype, **config.engine}
+    kwargs: dict[str, Any] = {
+        "model": config.model,
+        "dtype": config.dtype,
+        "weights": config.weights,
+        "kv_cache_dtype": config.kv_cache_dtype,
+        **config.engine,
+    }
     if config.kv_calibration_state is not None:
         kwargs["kv_calibration_state"] = config.kv_calibration_state
     if config.weight_overrides or (config.kv_calibration and config.kv_calibration_state is None):
@@ -173,9 +228,13 @@ def load_run_config(path: str | Path) -> dict[str, Any]:
         from ..models.quantize import quantize
 
         # as LLM(model) would load it: a GGUF's own blocks stay packed unless weights re-quantize them
-        model, tokenizer = load_model(config.model, dtype=config.dtype, weights=None,
-                                      keep_packed=not config.weights and config.engine.get("keep_packed", True),
-                                      activations=config.engine.get("activations", "q16"))
+        model, tokenizer = load_model(
+            config.model,
+            dtype=config.dtype,
+            weights=None,
+            keep_packed=not config.weights and config.engine.get("keep_packed", True),
+            activations=config.engine.get("activations", "q16"),
+        )
         if config.weights:
             quantize(model, config.quantize_config())
         kwargs.update(weights=None, loaded=(model, tokenizer))

@@ -7,6 +7,7 @@ and measures only the rest; changed settings get a fresh key and never mix with 
 The reference model's logits are kept beside them (``reference/window<i>.f32``, one file per evaluation window,
 read one at a time) so a resumed run need not re-run the unmodified model.
 """
+
 from __future__ import annotations
 
 import hashlib

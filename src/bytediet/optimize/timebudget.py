@@ -6,6 +6,7 @@ its kind (a calibrated candidate first from three rounded ones); one whose estim
 is skipped and listed. The baseline is never skipped: a budget that cannot hold it is refused once the profile
 has measured this machine's prefill speed (:func:`baseline_seconds`).
 """
+
 from __future__ import annotations
 
 import re
@@ -83,10 +84,12 @@ class TimeBudget:
     def check_baseline(self, needed: float) -> None:
         """Refuse a budget that cannot hold the baseline's ``needed`` seconds after what has run so far."""
         if self.seconds is not None and self.elapsed() + needed > self.seconds:
-            raise ConfigError(f"--time-budget {self.seconds / 60:.1f} min cannot measure even the baseline: it needs "
-                              f"about {(self.elapsed() + needed) / 60:.1f} min on this machine (the unmodified model "
-                              "twice over the evaluation windows); give a larger --time-budget, or fewer / shorter "
-                              "windows (--windows, --window-len)")
+            raise ConfigError(
+                f"--time-budget {self.seconds / 60:.1f} min cannot measure even the baseline: it needs "
+                f"about {(self.elapsed() + needed) / 60:.1f} min on this machine (the unmodified model "
+                "twice over the evaluation windows); give a larger --time-budget, or fewer / shorter "
+                "windows (--windows, --window-len)"
+            )
 
     def eta(self, kinds: list[str]) -> Optional[float]:
         """Seconds the measurements of ``kinds`` should take together (None: nothing to go by yet)."""

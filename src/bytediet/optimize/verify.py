@@ -3,6 +3,7 @@ same evaluation windows against the unmodified model, and compare with what ``re
 
 Meant for a fresh process (``python -m bytediet.optimize.verify OUT_DIR``): nothing is shared with the run.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,21 +35,26 @@ def verify(out_dir: str | Path) -> dict:
     ids = tokenize_corpus(tokenizer, s["corpus"])
     bos = torch.tensor(tokenizer.encode("", add_special_tokens=True), dtype=torch.long)
     # the codec the engine would build: its name plus the calibration state the run config produced
-    test_kv = build_kv_codec(kwargs["kv_cache_dtype"], kwargs.get("kv_calibration_state"), model.dtype,
-                             getattr(model, "rope", None))
+    test_kv = build_kv_codec(
+        kwargs["kv_cache_dtype"], kwargs.get("kv_calibration_state"), model.dtype, getattr(model, "rope", None)
+    )
     totals, kl = {"ref": [0.0, 0], "test": [0.0, 0]}, []
     for w in make_windows(ids, s["window_len"], s["windows"], split="eval", seed=s["seed"]):
         seq, logits = torch.cat([bos, w.ids]), {}
         for name, m, kv in (("ref", reference, "auto"), ("test", model, test_kv)):
-            logits[name], targets = next_token_pairs(m.score(seq, kv_codec=kv)[len(bos):], w.ids)
+            logits[name], targets = next_token_pairs(m.score(seq, kv_codec=kv)[len(bos) :], w.ids)
             totals[name][0] += float(token_nll(logits[name], targets).sum())
             totals[name][1] += len(targets)
         kl.append(kl_per_position(logits["ref"], logits["test"]))
     ppl_ref, ppl = (math.exp(totals[k][0] / totals[k][1]) for k in ("ref", "test"))
     rec = report["recommendation"]["record"]
-    result = {"ppl": ppl, "ppl_ref": ppl_ref, "ppl_increase_pct": 100 * (ppl / ppl_ref - 1),
-              "kl_mean": float(torch.cat(kl).mean()),
-              "reported": {k: rec[k] for k in ("ppl", "ppl_ref", "ppl_increase_pct", "kl_mean")}}
+    result = {
+        "ppl": ppl,
+        "ppl_ref": ppl_ref,
+        "ppl_increase_pct": 100 * (ppl / ppl_ref - 1),
+        "kl_mean": float(torch.cat(kl).mean()),
+        "reported": {k: rec[k] for k in ("ppl", "ppl_ref", "ppl_increase_pct", "kl_mean")},
+    }
     result["within_budget"] = within(result, Budget(**report["budget"]))
     return result
 

@@ -18,6 +18,7 @@ context parts in the same run, so every format is compared with the same peer me
 At tensor-parallel size N (``ours`` split across N processes) every part runs as it does at size 1, and the
 roofline predicts for N chips whose link is the ranks' own all-reduce, measured (:func:`with_measured_link`).
 """
+
 from __future__ import annotations
 
 import math
@@ -76,9 +77,16 @@ def summarize(timings: Sequence[RequestTiming]) -> dict:
     out_tokens = sum(t.output_tokens for t in timings)
     ttft = [t.ttft_s for t in timings]
     tpot = [t.tpot_s for t in timings if t.tpot_s is not None]
-    stats = {"requests": len(timings), "prompt_tokens": sum(t.prompt_tokens for t in timings),
-             "output_tokens": out_tokens, "duration_s": duration, "output_tokens_per_s": out_tokens / duration,
-             "ttft_p50_s": percentile(ttft, 50), "ttft_p99_s": percentile(ttft, 99), "ttft_mean_s": statistics.fmean(ttft)}
+    stats = {
+        "requests": len(timings),
+        "prompt_tokens": sum(t.prompt_tokens for t in timings),
+        "output_tokens": out_tokens,
+        "duration_s": duration,
+        "output_tokens_per_s": out_tokens / duration,
+        "ttft_p50_s": percentile(ttft, 50),
+        "ttft_p99_s": percentile(ttft, 99),
+        "ttft_mean_s": statistics.fmean(ttft),
+    }
     for name, q in (("p50", 50), ("p99", 99)):
         stats[f"tpot_{name}_s"] = percentile(tpot, q) if tpot else None
     stats["tpot_mean_s"] = statistics.fmean(tpot) if tpot else None
@@ -116,13 +124,23 @@ class BenchConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        positive = ("threads", "prefill_len", "prefill_repeats", "decode_prompt_len", "decode_new_tokens",
-                    "min_requests", "roofline_prompt_len", "roofline_steps", "prefix_prompt_len")
+        positive = (
+            "threads",
+            "prefill_len",
+            "prefill_repeats",
+            "decode_prompt_len",
+            "decode_new_tokens",
+            "min_requests",
+            "roofline_prompt_len",
+            "roofline_steps",
+            "prefix_prompt_len",
+        )
         if self.context_new_tokens < 2:
             raise ConfigError("bench: context_new_tokens must be at least 2 (decode speed needs two tokens)")
         if any(n <= self.context_new_tokens for n in self.contexts):
-            raise ConfigError(f"bench: every context must exceed context_new_tokens ({self.context_new_tokens}), "
-                              f"got {self.contexts}")
+            raise ConfigError(
+                f"bench: every context must exceed context_new_tokens ({self.context_new_tokens}), got {self.contexts}"
+            )
         for key in positive:
             if getattr(self, key) < 1:
                 raise ConfigError(f"bench: {key} must be at least 1, got {getattr(self, key)}")
@@ -138,19 +156,40 @@ class BenchConfig:
 
     @classmethod
     def quick(cls, **overrides) -> "BenchConfig":
-        small = dict(prefill_len=24, prefill_repeats=1, decode_prompt_len=24, decode_new_tokens=6,
-                     concurrency=(1, 4), min_requests=2, prompt_len_range=(8, 32), output_len_range=(2, 6),
-                     roofline_batches=(1, 4), roofline_prompt_len=8, roofline_steps=3, contexts=(24, 48),
-                     context_new_tokens=4, prefix_prompt_len=64, prefix_new_tokens=4, prefix_offload_size="64MiB",
-                     chat_system_prompts=2, chat_system_len=64, chat_conversations=4, chat_turns=2, chat_turn_len=8,
-                     chat_new_tokens=3)
+        small = dict(
+            prefill_len=24,
+            prefill_repeats=1,
+            decode_prompt_len=24,
+            decode_new_tokens=6,
+            concurrency=(1, 4),
+            min_requests=2,
+            prompt_len_range=(8, 32),
+            output_len_range=(2, 6),
+            roofline_batches=(1, 4),
+            roofline_prompt_len=8,
+            roofline_steps=3,
+            contexts=(24, 48),
+            context_new_tokens=4,
+            prefix_prompt_len=64,
+            prefix_new_tokens=4,
+            prefix_offload_size="64MiB",
+            chat_system_prompts=2,
+            chat_system_len=64,
+            chat_conversations=4,
+            chat_turns=2,
+            chat_turn_len=8,
+            chat_new_tokens=3,
+        )
         return cls(**{**small, **overrides})
 
     @property
     def max_sequence_len(self) -> int:
-        return max(self.prefill_len + 1, self.decode_prompt_len + self.decode_new_tokens,
-                   self.prompt_len_range[1] + self.output_len_range[1],
-                   self.roofline_prompt_len + self.roofline_steps + 2)
+        return max(
+            self.prefill_len + 1,
+            self.decode_prompt_len + self.decode_new_tokens,
+            self.prompt_len_range[1] + self.output_len_range[1],
+            self.roofline_prompt_len + self.roofline_steps + 2,
+        )
 
     def longest_sequence(self, parts: Sequence[str]) -> int:
         """Tokens the longest request of these parts holds (corpus length, the peers' context size)."""
@@ -160,8 +199,10 @@ class BenchConfig:
         """Distinct corpus tokens the parts' prompts are cut from (the prefix-cache part's prompts never repeat)."""
         if "prefix-cache" not in parts:
             return self.longest_sequence(parts)
-        chat = (self.chat_system_prompts * self.chat_system_len
-                + self.chat_conversations * self.chat_turns * self.chat_turn_len)
+        chat = (
+            self.chat_system_prompts * self.chat_system_len
+            + self.chat_conversations * self.chat_turns * self.chat_turn_len
+        )
         return max(self.longest_sequence(parts), 2 * self.prefix_prompt_len, chat)
 
     def to_dict(self) -> dict:
@@ -177,13 +218,20 @@ class Workload:
 
     def describe(self) -> dict:
         lens = [len(p) for p in self.prompts]
-        return {"requests": len(lens), "prompt_tokens": sum(lens), "prompt_len_min": min(lens),
-                "prompt_len_max": max(lens), "output_tokens": sum(self.max_tokens),
-                "output_len_min": min(self.max_tokens), "output_len_max": max(self.max_tokens)}
+        return {
+            "requests": len(lens),
+            "prompt_tokens": sum(lens),
+            "prompt_len_min": min(lens),
+            "prompt_len_max": max(lens),
+            "output_tokens": sum(self.max_tokens),
+            "output_len_min": min(self.max_tokens),
+            "output_len_max": max(self.max_tokens),
+        }
 
 
-def make_workload(corpus_ids: Sequence[int], n_requests: int, prompt_range: tuple[int, int],
-                  output_range: tuple[int, int], seed: int) -> Workload:
+def make_workload(
+    corpus_ids: Sequence[int], n_requests: int, prompt_range: tuple[int, int], output_range: tuple[int, int], seed: int
+) -> Workload:
     """``n_requests`` prompts cut from ``corpus_ids`` at seeded offsets, with seeded uniform lengths."""
     if len(corpus_ids) <= prompt_range[1]:
         raise ConfigError(f"the corpus has {len(corpus_ids)} tokens; prompts of up to {prompt_range[1]} need more")
@@ -192,7 +240,7 @@ def make_workload(corpus_ids: Sequence[int], n_requests: int, prompt_range: tupl
     for _ in range(n_requests):
         n = rng.randint(*prompt_range)
         start = rng.randrange(0, len(corpus_ids) - n)
-        prompts.append(tuple(int(t) for t in corpus_ids[start:start + n]))
+        prompts.append(tuple(int(t) for t in corpus_ids[start : start + n]))
         outs.append(rng.randint(*output_range))
     return Workload(tuple(prompts), tuple(outs))
 
@@ -211,7 +259,9 @@ class System(Protocol):
 
     def info(self) -> dict: ...
 
-    def serve(self, prompts: Sequence[Sequence[int]], max_tokens: Sequence[int], concurrency: int) -> list[RequestTiming]: ...
+    def serve(
+        self, prompts: Sequence[Sequence[int]], max_tokens: Sequence[int], concurrency: int
+    ) -> list[RequestTiming]: ...
 
     def close(self) -> None: ...
 
@@ -242,13 +292,19 @@ def measure_single(system: System, ctx: BenchContext) -> dict:
     ttfts = []
     for _ in range(c.prefill_repeats):
         ttfts.append(system.serve([prefill_prompt], [1], 1)[0].ttft_s)
-    decode_prompt = ids[len(ids) // 2: len(ids) // 2 + c.decode_prompt_len]  # not the prefill prompt
+    decode_prompt = ids[len(ids) // 2 : len(ids) // 2 + c.decode_prompt_len]  # not the prefill prompt
     run = system.serve([decode_prompt], [c.decode_new_tokens], 1)[0]
     ttft = statistics.median(ttfts)
     decode_tps = 1.0 / run.tpot_s
-    out = {"prefill_tokens": c.prefill_len, "prefill_ttft_s": ttft, "prefill_tokens_per_s": c.prefill_len / ttft,
-           "decode_prompt_tokens": c.decode_prompt_len, "decode_tokens": run.output_tokens,
-           "decode_ttft_s": run.ttft_s, "decode_tokens_per_s": decode_tps}
+    out = {
+        "prefill_tokens": c.prefill_len,
+        "prefill_ttft_s": ttft,
+        "prefill_tokens_per_s": c.prefill_len / ttft,
+        "decode_prompt_tokens": c.decode_prompt_len,
+        "decode_tokens": run.output_tokens,
+        "decode_ttft_s": run.ttft_s,
+        "decode_tokens_per_s": decode_tps,
+    }
     info = system.info()
     weight_bytes = info.get("decode_weight_bytes") or info.get("weight_bytes")
     if weight_bytes:
@@ -263,8 +319,9 @@ def measure_concurrency(system: System, ctx: BenchContext) -> dict[str, dict]:
     """One seeded workload per level (the same for every system); level → summary."""
     c, results = ctx.config, {}
     for level in c.concurrency:
-        work = make_workload(ctx.corpus_ids, max(level, c.min_requests), c.prompt_len_range, c.output_len_range,
-                             seed=c.seed + level)
+        work = make_workload(
+            ctx.corpus_ids, max(level, c.min_requests), c.prompt_len_range, c.output_len_range, seed=c.seed + level
+        )
         ctx.progress(f"{system.name}: {len(work.prompts)} requests at concurrency {level}")
         results[str(level)] = summarize(system.serve(work.prompts, work.max_tokens, level))
     return results
@@ -280,8 +337,13 @@ def measure_context(system: System, ctx: BenchContext) -> dict[str, dict]:
             raise ConfigError(f"the corpus ({len(ids)} tokens) is shorter than the {prompt_len}-token context prompt")
         ctx.progress(f"{system.name}: decode at context {n}")
         run = system.serve([ids[:prompt_len]], [c.context_new_tokens], 1)[0]
-        out[str(n)] = {"prompt_tokens": prompt_len, "decode_tokens": run.output_tokens, "ttft_s": run.ttft_s,
-                       "decode_tokens_per_s": 1.0 / run.tpot_s, "decode_step_s": run.tpot_s}
+        out[str(n)] = {
+            "prompt_tokens": prompt_len,
+            "decode_tokens": run.output_tokens,
+            "ttft_s": run.ttft_s,
+            "decode_tokens_per_s": 1.0 / run.tpot_s,
+            "decode_step_s": run.tpot_s,
+        }
     return out
 
 
@@ -310,6 +372,7 @@ def run_system(system: System, ctx: BenchContext, parts: Sequence[str]) -> dict:
 
 def ratios(ours: dict, peer: dict) -> dict:
     """bytediet / peer for every shared metric (> 1 = bytediet faster for tok/s, slower for times)."""
+
     def div(a, b):
         return a / b if a is not None and b else None
 
@@ -324,8 +387,9 @@ def ratios(ours: dict, peer: dict) -> dict:
     for level, mine in ours.get("concurrency", {}).items():
         theirs = peer.get("concurrency", {}).get(level)
         if theirs:
-            out[f"concurrency_{level}"] = {k: div(mine[k], theirs[k]) for k in
-                                           ("output_tokens_per_s", "ttft_p50_s", "tpot_p50_s")}
+            out[f"concurrency_{level}"] = {
+                k: div(mine[k], theirs[k]) for k in ("output_tokens_per_s", "ttft_p50_s", "tpot_p50_s")
+            }
     return out
 
 
@@ -336,22 +400,37 @@ def crippled_peer(measured: dict) -> str:
     if info.get("extra_buffer_types") is False:
         from .llama_build import REBUILD_HINT
 
-        return (f"{info.get('system', 'the peer')} ran with its repacked kernels off "
-                f"({info.get('extra_buffer_types_note')}); {REBUILD_HINT}")
+        return (
+            f"{info.get('system', 'the peer')} ran with its repacked kernels off "
+            f"({info.get('extra_buffer_types_note')}); {REBUILD_HINT}"
+        )
     return ""
 
 
 def machine_info() -> dict:
     from .measure import cpu_model
 
-    return {"cpu": cpu_model(), "cores": os.cpu_count(), "load_average": list(os.getloadavg()),
-            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+    return {
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "load_average": list(os.getloadavg()),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+    }
 
 
-def run_bench(ours, peers: Sequence, config: BenchConfig, *, parts: Sequence[str] = PARTS,
-              read_bandwidth: Optional[float] = None, hardware=None, corpus: Optional[tuple[list[int], str]] = None,
-              progress: Progress = lambda msg: None, checkpoint: Callable[[dict], None] = lambda partial: None,
-              variants: Sequence = ()) -> dict:
+def run_bench(
+    ours,
+    peers: Sequence,
+    config: BenchConfig,
+    *,
+    parts: Sequence[str] = PARTS,
+    read_bandwidth: Optional[float] = None,
+    hardware=None,
+    corpus: Optional[tuple[list[int], str]] = None,
+    progress: Progress = lambda msg: None,
+    checkpoint: Callable[[dict], None] = lambda partial: None,
+    variants: Sequence = (),
+) -> dict:
     """Run every part for ``ours`` (a :class:`bytediet.perf.peers.BytedietSystem`) and each peer (a
     :class:`System` or :class:`Unavailable`); returns one JSON-able dict.
 
@@ -365,7 +444,9 @@ def run_bench(ours, peers: Sequence, config: BenchConfig, *, parts: Sequence[str
     if bad:
         raise ConfigError(f"unknown bench part(s) {sorted(bad)}; choose from {', '.join(PARTS)}")
     if corpus is None and ours.tokenizer is not None:
-        raise ConfigError("run_bench: pass corpus=bytediet.eval.corpus.corpus_token_ids(...) for a model with a tokenizer")
+        raise ConfigError(
+            "run_bench: pass corpus=bytediet.eval.corpus.corpus_token_ids(...) for a model with a tokenizer"
+        )
     ids, label = corpus or random_token_ids(ours.model.config.vocab_size, config.corpus_tokens(parts), config.seed)
     if hardware is None and ("roofline" in parts or "context" in parts):
         from .measure import this_machine
@@ -374,9 +455,16 @@ def run_bench(ours, peers: Sequence, config: BenchConfig, *, parts: Sequence[str
     bw = read_bandwidth or (hardware.memory_bandwidth if hardware is not None else None)
     ctx = BenchContext(config, list(ids), label, bw, progress)
     tp = getattr(ours, "tensor_parallel_size", 1)
-    result = {"machine": machine_info(), "config": config.to_dict(), "parts": list(parts), "corpus": label,
-              "tensor_parallel_size": tp, "read_bandwidth_gb_per_s": bw / 1e9 if bw else None, "systems": {},
-              "ratios": {}}
+    result = {
+        "machine": machine_info(),
+        "config": config.to_dict(),
+        "parts": list(parts),
+        "corpus": label,
+        "tensor_parallel_size": tp,
+        "read_bandwidth_gb_per_s": bw / 1e9 if bw else None,
+        "systems": {},
+        "ratios": {},
+    }
     if tp > 1 and ("roofline" in parts or "context" in parts) and not hardware.link_bandwidth:
         hardware, result["link"] = with_measured_link(ours, hardware, progress)
     result["systems"][ours.name] = run_system(ours, ctx, parts)
@@ -418,11 +506,16 @@ def with_measured_link(ours, hardware, progress: Progress = lambda msg: None):
     progress(f"{ours.name}: all-reduce between its {ours.tensor_parallel_size} ranks (the roofline's link)")
     link = ours.measure_link()
     # interconnect_bandwidth counts both directions; the analyzer's link_bandwidth (the bus) is half of it
-    spec = replace(hardware, interconnect_bandwidth=2 * link["bus_bandwidth"],
-                   interconnect_latency=link["hop_latency_s"])
-    return spec, {"how": link["how"], "allreduce_s": link["allreduce_s"],
-                  "small_allreduce_s": link["small_allreduce_s"], "hop_latency_us": link["hop_latency_s"] * 1e6,
-                  "bus_bandwidth_gb_per_s": link["bus_bandwidth"] / 1e9}
+    spec = replace(
+        hardware, interconnect_bandwidth=2 * link["bus_bandwidth"], interconnect_latency=link["hop_latency_s"]
+    )
+    return spec, {
+        "how": link["how"],
+        "allreduce_s": link["allreduce_s"],
+        "small_allreduce_s": link["small_allreduce_s"],
+        "hop_latency_us": link["hop_latency_s"] * 1e6,
+        "bus_bandwidth_gb_per_s": link["bus_bandwidth"] / 1e9,
+    }
 
 
 def _run_peer(peer, ctx: BenchContext, parts: Sequence[str]) -> dict:
@@ -446,9 +539,17 @@ def context_roofline(ours, hardware, config: BenchConfig, measured: dict) -> lis
     for n, m in measured.items():
         mean_ctx = int(n) - config.context_new_tokens // 2
         pred = analyze(cfg, hardware, weights=weights, kv=kv, batch=1, prompt_len=int(n), context=mean_ctx, tp=tp)
-        rows.append({"context": int(n), "predicted_step_s": pred.decode.time, "predicted_bound": pred.decode.bound,
-                     "measured_step_s": m["decode_step_s"], "measured_over_predicted": m["decode_step_s"] / pred.decode.time,
-                     "kv_bytes_per_step": pred.kv_bytes, "weight_bytes": pred.weights_bytes})
+        rows.append(
+            {
+                "context": int(n),
+                "predicted_step_s": pred.decode.time,
+                "predicted_bound": pred.decode.bound,
+                "measured_step_s": m["decode_step_s"],
+                "measured_over_predicted": m["decode_step_s"] / pred.decode.time,
+                "kv_bytes_per_step": pred.kv_bytes,
+                "weight_bytes": pred.weights_bytes,
+            }
+        )
     return rows
 
 
@@ -475,8 +576,11 @@ class ModelWeightBits:
             raise ConfigError("the model has no linear layers")
 
     def bits_per_weight(self, out_features: int, in_features: int) -> float:
-        fmt = self.by_shape.get((out_features, in_features)) or self.by_in.get(in_features) \
+        fmt = (
+            self.by_shape.get((out_features, in_features))
+            or self.by_in.get(in_features)
             or next(iter(self.by_shape.values()))
+        )
         return float(fmt.bits_per_weight(out_features, in_features))
 
 
@@ -484,8 +588,11 @@ def roofline_row(kind: str, prediction, measured_tps: float, measured_ttft: Opti
     from .roofline import compare_with_measurement
 
     row = {"measurement": kind, **compare_with_measurement(prediction, measured_tps, measured_ttft)}
-    row.update(predicted_step_s=prediction.decode.time, predicted_bound=prediction.decode.bound,
-               measured_step_s=prediction.batch / measured_tps)
+    row.update(
+        predicted_step_s=prediction.decode.time,
+        predicted_bound=prediction.decode.bound,
+        measured_step_s=prediction.batch / measured_tps,
+    )
     return row
 
 
@@ -504,21 +611,46 @@ def roofline_section(ours, hardware, ctx: BenchContext, single: Optional[dict]) 
     weights, kv = ModelWeightBits(ours.model), ours.kv_codec()
     rows = []
     if single:
-        pred = analyze(cfg, hardware, weights=weights, kv=kv, batch=1, prompt_len=c.decode_prompt_len,
-                       context=c.decode_prompt_len + c.decode_new_tokens // 2, tp=tp)
+        pred = analyze(
+            cfg,
+            hardware,
+            weights=weights,
+            kv=kv,
+            batch=1,
+            prompt_len=c.decode_prompt_len,
+            context=c.decode_prompt_len + c.decode_new_tokens // 2,
+            tp=tp,
+        )
         rows.append(roofline_row("single stream", pred, single["decode_tokens_per_s"], single["decode_ttft_s"]))
     for batch in c.roofline_batches:
         ctx.progress(f"{ours.name}: {c.roofline_steps} decode steps at batch {batch}")
         work = make_workload(ctx.corpus_ids, batch, (c.roofline_prompt_len,) * 2, (1, 1), seed=c.seed + 1000 + batch)
         measured = ours.decode_steps(work.prompts, c.roofline_steps)
-        pred = analyze(cfg, hardware, weights=weights, kv=kv, batch=batch, prompt_len=c.roofline_prompt_len,
-                       context=c.roofline_prompt_len + 1 + c.roofline_steps // 2, tp=tp)
+        pred = analyze(
+            cfg,
+            hardware,
+            weights=weights,
+            kv=kv,
+            batch=batch,
+            prompt_len=c.roofline_prompt_len,
+            context=c.roofline_prompt_len + 1 + c.roofline_steps // 2,
+            tp=tp,
+        )
         row = roofline_row("decode steps", pred, measured["tokens_per_s"])
-        row.update(forward_s_per_step=measured["forward_s_per_step"], overhead_s_per_step=measured["overhead_s_per_step"],
-                   linear_pass_s=ours.linear_pass_s(batch))
+        row.update(
+            forward_s_per_step=measured["forward_s_per_step"],
+            overhead_s_per_step=measured["overhead_s_per_step"],
+            linear_pass_s=ours.linear_pass_s(batch),
+        )
         rows.append(row)
-    return {"hardware": hardware.id, "hardware_name": hardware.name, "weights": ours.info()["weights"],
-            "kv": kv.describe(), "tp": tp, "rows": rows}
+    return {
+        "hardware": hardware.id,
+        "hardware_name": hardware.name,
+        "weights": ours.info()["weights"],
+        "kv": kv.describe(),
+        "tp": tp,
+        "rows": rows,
+    }
 
 
 def _full_config(ours):

@@ -21,6 +21,7 @@ traffic: bigger tiles mean fewer re-reads, until they no longer fit. A lower bou
 schedule is the Hong–Kung bound ≈ 2·M·N·K·e / √(S/e) (Hong & Kung, STOC 1981) plus compulsory
 traffic (each operand once).
 """
+
 from __future__ import annotations
 
 import math
@@ -49,8 +50,9 @@ class Tiling:
         return {**asdict(self), "total_bytes": self.total_bytes}
 
 
-def traffic(dataflow: str, m: int, n: int, k: int, tile: tuple[int, int, int], elem_bytes: float = 2.0,
-            acc_bytes: float = 4.0) -> Tiling:
+def traffic(
+    dataflow: str, m: int, n: int, k: int, tile: tuple[int, int, int], elem_bytes: float = 2.0, acc_bytes: float = 4.0
+) -> Tiling:
     """Off-chip bytes for one dataflow and tile (Tm, Tn, Tk); unused tile entries are ignored."""
     tm, tn, tk = (min(t, d) for t, d in zip(tile, (m, n, k)))
     e, acc = elem_bytes, acc_bytes
@@ -76,16 +78,18 @@ def _candidates(dim: int) -> list[int]:
     return powers + [dim]
 
 
-def best_tiling(dataflow: str, m: int, n: int, k: int, sram_bytes: float, elem_bytes: float = 2.0,
-                acc_bytes: float = 4.0) -> Optional[Tiling]:
+def best_tiling(
+    dataflow: str, m: int, n: int, k: int, sram_bytes: float, elem_bytes: float = 2.0, acc_bytes: float = 4.0
+) -> Optional[Tiling]:
     """The tile with the least off-chip traffic whose footprint fits in ``sram_bytes`` (None if none fits)."""
     best = None
     for tm in _candidates(m) if dataflow != "weight_stationary" else [1]:
         for tn in _candidates(n) if dataflow != "input_stationary" else [1]:
             for tk in _candidates(k) if dataflow != "output_stationary" else [1]:
                 t = traffic(dataflow, m, n, k, (tm, tn, tk), elem_bytes, acc_bytes)
-                if t.footprint <= sram_bytes and (best is None or (t.total_bytes, -t.footprint)
-                                                  < (best.total_bytes, -best.footprint)):
+                if t.footprint <= sram_bytes and (
+                    best is None or (t.total_bytes, -t.footprint) < (best.total_bytes, -best.footprint)
+                ):
                     best = t
     return best
 
@@ -103,6 +107,16 @@ def analyze_gemm(m: int, n: int, k: int, sram_bytes: float, elem_bytes: float = 
         rows[df] = None if t is None else {**t.to_dict(), "intensity": flops / t.total_bytes}
     fitting = {df: r for df, r in rows.items() if r is not None}
     best = min(fitting, key=lambda df: fitting[df]["total_bytes"]) if fitting else None
-    return {"m": m, "n": n, "k": k, "sram_bytes": sram_bytes, "elem_bytes": elem_bytes, "acc_bytes": acc_bytes,
-            "flops": flops, "compulsory_bytes": compulsory, "lower_bound_bytes": max(compulsory, hong_kung),
-            "dataflows": rows, "best": best}
+    return {
+        "m": m,
+        "n": n,
+        "k": k,
+        "sram_bytes": sram_bytes,
+        "elem_bytes": elem_bytes,
+        "acc_bytes": acc_bytes,
+        "flops": flops,
+        "compulsory_bytes": compulsory,
+        "lower_bound_bytes": max(compulsory, hong_kung),
+        "dataflows": rows,
+        "best": best,
+    }

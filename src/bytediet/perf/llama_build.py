@@ -6,6 +6,7 @@ Where the CPU advertises AMX, some VMs fault on the first tile load: llama.cpp i
 
     python -m bytediet.perf.llama_build      # prints the CMake arguments (CMAKE_ARGS for llama-cpp-python)
 """
+
 from __future__ import annotations
 
 from typing import Iterable
@@ -13,9 +14,18 @@ from typing import Iterable
 from ..kernels.cpu.build import cpu_flags
 
 #: /proc/cpuinfo flag → llama.cpp's CMake option for it
-ISA_OPTIONS = {"avx": "GGML_AVX", "avx2": "GGML_AVX2", "fma": "GGML_FMA", "f16c": "GGML_F16C", "bmi2": "GGML_BMI2",
-               "avx_vnni": "GGML_AVX_VNNI", "avx512f": "GGML_AVX512", "avx512vbmi": "GGML_AVX512_VBMI",
-               "avx512_vnni": "GGML_AVX512_VNNI", "avx512_bf16": "GGML_AVX512_BF16"}
+ISA_OPTIONS = {
+    "avx": "GGML_AVX",
+    "avx2": "GGML_AVX2",
+    "fma": "GGML_FMA",
+    "f16c": "GGML_F16C",
+    "bmi2": "GGML_BMI2",
+    "avx_vnni": "GGML_AVX_VNNI",
+    "avx512f": "GGML_AVX512",
+    "avx512vbmi": "GGML_AVX512_VBMI",
+    "avx512_vnni": "GGML_AVX512_VNNI",
+    "avx512_bf16": "GGML_AVX512_BF16",
+}
 AMX_OPTIONS = ("GGML_AMX_TILE", "GGML_AMX_INT8", "GGML_AMX_BF16")
 
 
@@ -24,13 +34,18 @@ def cmake_args(flags: Iterable[str] | None = None) -> list[str]:
     flags = set(cpu_flags() if flags is None else flags)
     if not any(f.startswith("amx") for f in flags):
         return ["-DGGML_NATIVE=ON"]
-    return (["-DGGML_NATIVE=OFF"] + [f"-D{opt}={'ON' if flag in flags else 'OFF'}" for flag, opt in ISA_OPTIONS.items()]
-            + [f"-D{opt}=OFF" for opt in AMX_OPTIONS])
+    return (
+        ["-DGGML_NATIVE=OFF"]
+        + [f"-D{opt}={'ON' if flag in flags else 'OFF'}" for flag, opt in ISA_OPTIONS.items()]
+        + [f"-D{opt}=OFF" for opt in AMX_OPTIONS]
+    )
 
 
-REBUILD_HINT = ("rebuild llama-cpp-python without AMX and with its repacked kernels: "
-                "CMAKE_ARGS=\"$(python -m bytediet.perf.llama_build)\" pip install --force-reinstall --no-cache-dir "
-                "--no-binary llama-cpp-python llama-cpp-python")
+REBUILD_HINT = (
+    "rebuild llama-cpp-python without AMX and with its repacked kernels: "
+    'CMAKE_ARGS="$(python -m bytediet.perf.llama_build)" pip install --force-reinstall --no-cache-dir '
+    "--no-binary llama-cpp-python llama-cpp-python"
+)
 
 
 if __name__ == "__main__":

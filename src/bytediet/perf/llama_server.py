@@ -11,6 +11,7 @@ every chunk, so partial UTF-8 characters still count) and ``n_predict`` + ``igno
 ``max_tokens`` tokens; times are taken at the client as each chunk arrives, like the other peers.
 Only the standard library is used (``http.client`` in threads): no HTTP package at run time.
 """
+
 from __future__ import annotations
 
 import http.client
@@ -65,8 +66,10 @@ def find_binary() -> tuple[Optional[Path], str]:
     for path in candidates:
         if path.is_file() and os.access(path, os.X_OK):
             return path, ""
-    return None, (f"llama-server is not built (looked in {cache_dir()}); build it with `{BUILD_SCRIPT}` "
-                  f"(cmake, ~15 min on 2 cores) or point ${ENV_BINARY} at a llama-server binary")
+    return None, (
+        f"llama-server is not built (looked in {cache_dir()}); build it with `{BUILD_SCRIPT}` "
+        f"(cmake, ~15 min on 2 cores) or point ${ENV_BINARY} at a llama-server binary"
+    )
 
 
 def free_port() -> int:
@@ -75,27 +78,61 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def server_command(binary: Path, gguf: Path, *, port: int, threads: int, slots: int, ctx_per_slot: int,
-                   prompt_cache: bool = False) -> list[str]:
+def server_command(
+    binary: Path, gguf: Path, *, port: int, threads: int, slots: int, ctx_per_slot: int, prompt_cache: bool = False
+) -> list[str]:
     """The llama-server command line: ``slots`` parallel slots of ``ctx_per_slot`` tokens each.
 
     ``-c`` is the total context, split evenly over the slots (the KV cache is not unified when ``-np``
     is given). ``prompt_cache=False`` turns off the RAM prompt cache (``-cram 0``), as the benchmark turns
     off bytediet's prefix caching; requests then say ``cache_prompt: false`` too.
     """
-    cmd = [str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-t", str(threads),
-           "-tb", str(threads), "-np", str(slots), "-c", str(ctx_per_slot * slots), "--cont-batching",
-           "--metrics", "--slots", "--no-webui", "--threads-http", str(max(4, slots + 2))]
+    cmd = [
+        str(binary),
+        "-m",
+        str(gguf),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "-t",
+        str(threads),
+        "-tb",
+        str(threads),
+        "-np",
+        str(slots),
+        "-c",
+        str(ctx_per_slot * slots),
+        "--cont-batching",
+        "--metrics",
+        "--slots",
+        "--no-webui",
+        "--threads-http",
+        str(max(4, slots + 2)),
+    ]
     return cmd + ([] if prompt_cache else ["-cram", "0"])
 
 
-def completion_body(prompt: Union[Sequence[int], str], max_tokens: int, *, temperature: float = 0.0,
-                    cache_prompt: bool = False, seed: int = 0) -> dict:
+def completion_body(
+    prompt: Union[Sequence[int], str],
+    max_tokens: int,
+    *,
+    temperature: float = 0.0,
+    cache_prompt: bool = False,
+    seed: int = 0,
+) -> dict:
     """A streaming ``/completion`` request for exactly ``max_tokens`` tokens (end-of-sequence ignored);
     temperature 0 is greedy (llama.cpp's temperature sampler keeps only the top logit)."""
-    body = {"prompt": prompt if isinstance(prompt, str) else [int(t) for t in prompt], "n_predict": int(max_tokens),
-            "ignore_eos": True, "temperature": temperature, "stream": True, "return_tokens": True,
-            "cache_prompt": cache_prompt, "seed": seed}
+    body = {
+        "prompt": prompt if isinstance(prompt, str) else [int(t) for t in prompt],
+        "n_predict": int(max_tokens),
+        "ignore_eos": True,
+        "temperature": temperature,
+        "stream": True,
+        "return_tokens": True,
+        "cache_prompt": cache_prompt,
+        "seed": seed,
+    }
     if temperature <= 0:
         body["top_k"] = 1
     return body
@@ -237,13 +274,21 @@ class LlamaServerSystem:
         from .peers import gguf_tensor_bytes
 
         slots, ctx = self._key
-        return {"system": "llama-server", "binary": str(self.binary), "version": self.version,
-                "package": f"llama.cpp llama-server ({self.version}), built from llama-cpp-python "
-                           f"{self.source_version()} sources",
-                "source": str(self.path), "weights": "GGUF blocks as stored", "weight_bytes": gguf_tensor_bytes(self.path),
-                "threads": self.threads, "concurrency_mode": "llama-server: -np = concurrency slots, continuous batching",
-                "last_server_command": " ".join(self._server.command) if self._server else None,
-                "slots": slots or None, "ctx_per_slot": ctx or None}
+        return {
+            "system": "llama-server",
+            "binary": str(self.binary),
+            "version": self.version,
+            "package": f"llama.cpp llama-server ({self.version}), built from llama-cpp-python "
+            f"{self.source_version()} sources",
+            "source": str(self.path),
+            "weights": "GGUF blocks as stored",
+            "weight_bytes": gguf_tensor_bytes(self.path),
+            "threads": self.threads,
+            "concurrency_mode": "llama-server: -np = concurrency slots, continuous batching",
+            "last_server_command": " ".join(self._server.command) if self._server else None,
+            "slots": slots or None,
+            "ctx_per_slot": ctx or None,
+        }
 
     def source_version(self) -> str:
         """The llama-cpp-python sdist the binary was built from (the build script's <version> directory)."""
@@ -257,8 +302,9 @@ class LlamaServerSystem:
         if self._server is None or self._key[0] != concurrency or self._key[1] < ctx:
             self.close()
             port = free_port()
-            cmd = server_command(self.binary, self.path, port=port, threads=self.threads, slots=concurrency,
-                                 ctx_per_slot=ctx)
+            cmd = server_command(
+                self.binary, self.path, port=port, threads=self.threads, slots=concurrency, ctx_per_slot=ctx
+            )
             self._server, self._key = LlamaServer(cmd, port), (concurrency, ctx)
         return self._server
 

@@ -13,6 +13,7 @@ Probes (sizes chosen to spill out of the last-level cache where it matters):
 - int8 GEMM: ``torch._int_mm`` (int8 × int8 → int32) when this PyTorch build has it on the CPU.
 A dtype whose probe is unavailable or slower than fp32 is still recorded: it is what the machine does.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -26,16 +27,14 @@ from typing import Callable, Optional
 import torch
 
 from ..errors import BytedietError
-from .hardware import HardwareSpec
 from ..kernels.cpu.build import cpu_model  # the one reader of /proc/cpuinfo
+from .hardware import HardwareSpec
 
 CACHE_VERSION = 1
 
 
 def cache_dir() -> Path:
     return Path(os.environ.get("BYTEDIET_CACHE") or Path.home() / ".cache" / "bytediet")
-
-
 
 
 def machine_key(threads: int) -> str:
@@ -112,25 +111,41 @@ def measure(threads: int = 2, read_mib: int = 1024) -> dict:
     finally:
         torch.set_num_threads(old_threads)
     return {
-        "version": CACHE_VERSION, "host": socket.gethostname(), "cpu": cpu_model(), "threads": threads,
-        "torch": torch.__version__, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "read_bandwidth": read_bw, "copy_bandwidth": copy_bw, "peak_flops": peaks,
-        "memory_bytes": _memory_bytes(), "llc_bytes": _last_level_cache_bytes(),
+        "version": CACHE_VERSION,
+        "host": socket.gethostname(),
+        "cpu": cpu_model(),
+        "threads": threads,
+        "torch": torch.__version__,
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "read_bandwidth": read_bw,
+        "copy_bandwidth": copy_bw,
+        "peak_flops": peaks,
+        "memory_bytes": _memory_bytes(),
+        "llc_bytes": _last_level_cache_bytes(),
     }
 
 
 def spec_from_measurement(m: dict) -> HardwareSpec:
     """A :class:`HardwareSpec` whose bandwidth is the measured *read* bandwidth (what decode does)."""
-    where = (f"measured by bytediet.perf.measure on {m['host']} ({m['cpu']}, {m['threads']} threads) "
-             f"at {m['measured_at']}")
+    where = (
+        f"measured by bytediet.perf.measure on {m['host']} ({m['cpu']}, {m['threads']} threads) at {m['measured_at']}"
+    )
     return HardwareSpec(
-        id="this-machine", name=f"this machine: {m['cpu']} x{m['threads']} threads",
-        peak_flops=m["peak_flops"], memory_bytes=m["memory_bytes"], memory_bandwidth=m["read_bandwidth"],
-        onchip_bytes=m.get("llc_bytes"), measured=True,
-        sources={"peak_flops": where, "memory_bandwidth": where, "memory_bytes": "os.sysconf (physical pages)",
-                 "onchip_bytes": "/sys/devices/system/cpu/cpu0/cache (largest cache level)"},
+        id="this-machine",
+        name=f"this machine: {m['cpu']} x{m['threads']} threads",
+        peak_flops=m["peak_flops"],
+        memory_bytes=m["memory_bytes"],
+        memory_bandwidth=m["read_bandwidth"],
+        onchip_bytes=m.get("llc_bytes"),
+        measured=True,
+        sources={
+            "peak_flops": where,
+            "memory_bandwidth": where,
+            "memory_bytes": "os.sysconf (physical pages)",
+            "onchip_bytes": "/sys/devices/system/cpu/cpu0/cache (largest cache level)",
+        },
         notes=f"copy bandwidth {m['copy_bandwidth'] / 1e9:.1f} GB/s (read + write counted); "
-              f"torch {m['torch']}; no interconnect (single host).",
+        f"torch {m['torch']}; no interconnect (single host).",
     )
 
 
@@ -158,7 +173,9 @@ def this_machine(measure_if_missing: bool = True, threads: int = 2, remeasure: b
     data = None if remeasure else load_cached(threads)
     if data is None:
         if not (measure_if_missing or remeasure):
-            raise BytedietError(f"this machine has not been measured yet ({cache_path(threads)} is missing); "
-                                "run `bytediet roofline --measure` first")
+            raise BytedietError(
+                f"this machine has not been measured yet ({cache_path(threads)} is missing); "
+                "run `bytediet roofline --measure` first"
+            )
         data = measure_and_cache(threads)
     return spec_from_measurement(data)

@@ -4,6 +4,7 @@ memory, and matmul FLOP/s per dtype (bf16, fp16, fp32, tf32, fp8 where ``torch._
 Timed with CUDA events, best of a few repeats after a warm-up; ~2 s in all. Cached beside the CPU's measurements,
 one file per GPU model and host (``bytediet roofline --measure`` and ``bench --measure`` re-measure).
 """
+
 from __future__ import annotations
 
 import json
@@ -39,13 +40,13 @@ def _matmul_flops(dtype: torch.dtype, n: int, device) -> Optional[float]:
         if dtype == torch.float8_e4m3fn:
             a8, b8 = a.to(dtype), b.t().contiguous().to(dtype).t()  # _scaled_mm: column-major right operand
             one = torch.ones((), device=device)
-            fn = lambda: torch._scaled_mm(a8, b8, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)  # noqa: E731
+            fn = lambda: torch._scaled_mm(a8, b8, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
         elif dtype == torch.float32:  # float32, or tf32 tensor cores where torch allows them (the caller's setting)
-            fn = lambda: torch.matmul(a, b)  # noqa: E731
+            fn = lambda: torch.matmul(a, b)
         else:
             a, b = a.to(dtype), b.to(dtype)
-            fn = lambda: torch.matmul(a, b)  # noqa: E731
-        return 2.0 * n ** 3 / (_best_ms(fn) / 1e3)
+            fn = lambda: torch.matmul(a, b)
+        return 2.0 * n**3 / (_best_ms(fn) / 1e3)
     except (RuntimeError, TypeError):  # no kernel for this dtype on this chip / build
         return None
 
@@ -54,14 +55,16 @@ def measure_gpu(device: str = "cuda", read_mib: int = 2048) -> dict:
     """Every probe once on ``device``: a JSON-able dict (B/s, FLOP/s) shaped like :func:`measure.measure`'s."""
     device = torch.device(device)
     props = torch.cuda.get_device_properties(device)
-    x = torch.ones(read_mib * 2 ** 20 // 2, dtype=torch.bfloat16, device=device)
+    x = torch.ones(read_mib * 2**20 // 2, dtype=torch.bfloat16, device=device)
     y = torch.empty_like(x)
     nbytes = x.numel() * 2
     read_bw = nbytes / (_best_ms(lambda: x.sum(dtype=torch.float32)) / 1e3)
     copy_bw = 2 * nbytes / (_best_ms(lambda: y.copy_(x)) / 1e3)
-    del x, y
-    peaks = {name: _matmul_flops(dt, 8192, device) for name, dt in (
-        ("bf16", torch.bfloat16), ("fp16", torch.float16), ("fp8", torch.float8_e4m3fn))}
+    x = y = None  # freed before the matmul probes
+    peaks = {
+        name: _matmul_flops(dt, 8192, device)
+        for name, dt in (("bf16", torch.bfloat16), ("fp16", torch.float16), ("fp8", torch.float8_e4m3fn))
+    }
     allow = torch.backends.cuda.matmul.allow_tf32
     try:
         for name, tf32 in (("fp32", False), ("tf32", True)):  # float32 products as computed, and on tf32 cores
@@ -71,10 +74,18 @@ def measure_gpu(device: str = "cuda", read_mib: int = 2048) -> dict:
         torch.backends.cuda.matmul.allow_tf32 = allow
     peaks = {k: v for k, v in peaks.items() if v is not None}
     return {
-        "version": CACHE_VERSION, "host": socket.gethostname(), "cpu": props.name, "gpu": props.name, "threads": 0,
-        "torch": torch.__version__, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "read_bandwidth": read_bw, "copy_bandwidth": copy_bw, "peak_flops": peaks,
-        "memory_bytes": float(props.total_memory), "llc_bytes": float(getattr(props, "L2_cache_size", 0)) or None,
+        "version": CACHE_VERSION,
+        "host": socket.gethostname(),
+        "cpu": props.name,
+        "gpu": props.name,
+        "threads": 0,
+        "torch": torch.__version__,
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "read_bandwidth": read_bw,
+        "copy_bandwidth": copy_bw,
+        "peak_flops": peaks,
+        "memory_bytes": float(props.total_memory),
+        "llc_bytes": float(getattr(props, "L2_cache_size", 0)) or None,
         "multiprocessors": props.multi_processor_count,
     }
 
@@ -83,8 +94,13 @@ def spec_from_gpu_measurement(m: dict) -> HardwareSpec:
     """A :class:`HardwareSpec` of a measured GPU (bandwidth: the measured read bandwidth, what decode does)."""
     where = f"measured by bytediet.perf.measure_gpu on {m['host']} ({m['gpu']}) at {m['measured_at']}"
     return HardwareSpec(
-        id="this-gpu", name=f"this GPU: {m['gpu']}", peak_flops=m["peak_flops"], memory_bytes=m["memory_bytes"],
-        memory_bandwidth=m["read_bandwidth"], onchip_bytes=m.get("llc_bytes"), measured=True,
+        id="this-gpu",
+        name=f"this GPU: {m['gpu']}",
+        peak_flops=m["peak_flops"],
+        memory_bytes=m["memory_bytes"],
+        memory_bandwidth=m["read_bandwidth"],
+        onchip_bytes=m.get("llc_bytes"),
+        measured=True,
         compute_dtype_default="bf16",
         sources={"peak_flops": where, "memory_bandwidth": where, "memory_bytes": "torch.cuda device properties"},
         notes=f"copy bandwidth {m['copy_bandwidth'] / 1e9:.0f} GB/s (read + write counted); torch {m['torch']}.",

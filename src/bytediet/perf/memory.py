@@ -8,6 +8,7 @@
 * :class:`MemoryPlan`: a predicted peak as named parts; :meth:`MemoryPlan.check` refuses, in one line, a run
   the machine cannot hold, before anything is loaded.
 """
+
 from __future__ import annotations
 
 import os
@@ -175,8 +176,12 @@ def footprint(spec) -> Footprint:
             packable = f"gguf-{t.type_name.lower()}" in WEIGHT_FORMATS
             if key in loaded and packable:
                 loaded[key] = int(t.raw.nbytes)
-            if t.name == "model.embed_tokens.weight" and "lm_head" in loaded and packable \
-                    and "lm_head.weight" not in names:
+            if (
+                t.name == "model.embed_tokens.weight"
+                and "lm_head" in loaded
+                and packable
+                and "lm_head.weight" not in names
+            ):
                 loaded["lm_head"] = int(t.raw.nbytes)  # tied: packed from the embedding's blocks
         size = path.stat().st_size
     else:
@@ -212,5 +217,7 @@ class MemoryPlan:
         if self.total <= have:
             return
         fix = f"; {self.smaller[0]}" if self.smaller else ""
-        raise MemoryPlanError(f"{self.command} needs about {self.total / GB:.1f} GB of memory and this machine has "
-                           f"{have / GB:.1f} GB available{fix}")
+        raise MemoryPlanError(
+            f"{self.command} needs about {self.total / GB:.1f} GB of memory and this machine has "
+            f"{have / GB:.1f} GB available{fix}"
+        )

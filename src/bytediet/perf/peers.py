@@ -22,6 +22,7 @@ How each one serves ``concurrency`` requests at once:
 Peers are optional: they are imported lazily, and a missing package or a model they cannot read
 becomes :class:`~bytediet.perf.bench.Unavailable` with the reason.
 """
+
 from __future__ import annotations
 
 import math
@@ -50,8 +51,17 @@ class BytedietSystem:
 
     name = "bytediet"
 
-    def __init__(self, source, *, threads: int = 2, kv_cache_dtype: str = "auto", max_num_batched_tokens: int = 512,
-                 block_size: Optional[int] = None, device: str = "cpu", enforce_eager: bool = False) -> None:
+    def __init__(
+        self,
+        source,
+        *,
+        threads: int = 2,
+        kv_cache_dtype: str = "auto",
+        max_num_batched_tokens: int = 512,
+        block_size: Optional[int] = None,
+        device: str = "cpu",
+        enforce_eager: bool = False,
+    ) -> None:
         from ..engine.llm import LLM
 
         self.kv_state = None  # the calibration state of a calibrated codec (it travels with the name)
@@ -77,17 +87,34 @@ class BytedietSystem:
         self._llm, self._key = None, None
 
     @classmethod
-    def tensor_parallel(cls, spec: str, size: int, *, threads: int = 2, weights: Optional[str] = None,
-                        activations: str = "q16", kv_cache_dtype: str = "auto",
-                        max_num_batched_tokens: int = 512) -> "BytedietSystem":
+    def tensor_parallel(
+        cls,
+        spec: str,
+        size: int,
+        *,
+        threads: int = 2,
+        weights: Optional[str] = None,
+        activations: str = "q16",
+        kv_cache_dtype: str = "auto",
+        max_num_batched_tokens: int = 512,
+    ) -> "BytedietSystem":
         """The checkpoint ``spec`` split across ``size`` processes, each loading its own shard with
         ``threads // size`` torch threads (at least 1): ``threads`` is what the whole system uses."""
         from ..engine.llm import LLM
 
         per_rank = max(1, threads // size)
-        llm = LLM(spec, dtype="float32", weights=weights, keep_packed=True, activations=activations,
-                  kv_cache_dtype=kv_cache_dtype, max_num_batched_tokens=max_num_batched_tokens, num_blocks=1,
-                  num_threads=per_rank, tensor_parallel_size=size)  # a token pool: each workload sizes its own
+        llm = LLM(
+            spec,
+            dtype="float32",
+            weights=weights,
+            keep_packed=True,
+            activations=activations,
+            kv_cache_dtype=kv_cache_dtype,
+            max_num_batched_tokens=max_num_batched_tokens,
+            num_blocks=1,
+            num_threads=per_rank,
+            tensor_parallel_size=size,
+        )  # a token pool: each workload sizes its own
         return cls(llm, threads=per_rank)
 
     @property
@@ -110,31 +137,46 @@ class BytedietSystem:
         """What runs: formats, weight bytes (all ranks together), KV codec, threads (per rank), kernels."""
         formats = self.model.weight_formats()
         sizes = self.on_ranks(_weight_bytes)
-        out = {"system": "bytediet", "source": getattr(self.model, "source_path", None), "weights": ",".join(formats),
-               "weight_bytes": sum(w for w, _ in sizes), "decode_weight_bytes": sum(d for _, d in sizes),
-               "kv_cache_dtype": self.kv_codec().describe(self.model.config.head_dim),
-               "threads": self.threads, "max_num_batched_tokens": self.max_num_batched_tokens,
-               "concurrency_mode": "continuous batching (max_num_seqs = concurrency)", "kernels": self.kernels()}
+        out = {
+            "system": "bytediet",
+            "source": getattr(self.model, "source_path", None),
+            "weights": ",".join(formats),
+            "weight_bytes": sum(w for w, _ in sizes),
+            "decode_weight_bytes": sum(d for _, d in sizes),
+            "kv_cache_dtype": self.kv_codec().describe(self.model.config.head_dim),
+            "threads": self.threads,
+            "max_num_batched_tokens": self.max_num_batched_tokens,
+            "concurrency_mode": "continuous batching (max_num_seqs = concurrency)",
+            "kernels": self.kernels(),
+        }
         if self._ranks is not None:
-            out.update(tensor_parallel_size=self.tensor_parallel_size, threads_per_rank=self.threads,
-                       weight_bytes_per_rank=[w for w, _ in sizes])
+            out.update(
+                tensor_parallel_size=self.tensor_parallel_size,
+                threads_per_rank=self.threads,
+                weight_bytes_per_rank=[w for w, _ in sizes],
+            )
         return out
 
     def kernels(self) -> dict:
         """The kernel library and ISA, and whether decode steps run as one native call (and if not, why)."""
+        from ..kernels import dense_gemm
         from ..kernels.cpu.dispatch import describe
         from ..models.native_decode import why_not_native
-
-        from ..kernels import dense_gemm
 
         if self.device != "cpu":  # the GPU path: which kernel runs each weight layout and the attention
             from ..engine.device import describe as describe_device
 
-            return describe_device(self.model, self.model.new_caches(1, self.block_size, self.kv_codec()),
-                                   "triton" + ("" if self.enforce_eager else ", CUDA graphs"))
+            return describe_device(
+                self.model,
+                self.model.new_caches(1, self.block_size, self.kv_codec()),
+                "triton" + ("" if self.enforce_eager else ", CUDA graphs"),
+            )
         reason = why_not_native(self.model, self.model.new_caches(1, self.block_size, self.kv_codec()))
-        return {**describe(), "decode_step": "native" if reason is None else f"modules ({reason})",
-                "prefill_gemm": dense_gemm.describe()}
+        return {
+            **describe(),
+            "decode_step": "native" if reason is None else f"modules ({reason})",
+            "prefill_gemm": dense_gemm.describe(),
+        }
 
     def engine(self, concurrency: int, lengths: Sequence[int]):
         """An LLM with ``max_num_seqs = concurrency`` and a KV pool that holds the longest requests at once
@@ -146,18 +188,28 @@ class BytedietSystem:
         longest = sorted(lengths, reverse=True)[:concurrency]
         tokens = sum(math.ceil(n / self.block_size) + 1 for n in longest) * self.block_size
         if self._key is None or self._key[0] != concurrency or self._key[1] < tokens:
-            settings = dict(kv_cache_dtype=self.kv_cache_dtype, kv_calibration_state=self.kv_state,
-                            kv_cache_memory=int(per_token * tokens) + 1, block_size=self.block_size,
-                            max_num_batched_tokens=self.max_num_batched_tokens, max_num_seqs=concurrency,
-                            enable_prefix_caching=False)
+            settings = dict(
+                kv_cache_dtype=self.kv_cache_dtype,
+                kv_calibration_state=self.kv_state,
+                kv_cache_memory=int(per_token * tokens) + 1,
+                block_size=self.block_size,
+                max_num_batched_tokens=self.max_num_batched_tokens,
+                max_num_seqs=concurrency,
+                enable_prefix_caching=False,
+            )
             self._llm = None  # free the old pool first
             if self._ranks is not None:  # per rank: its own heads' pages
                 self._ranks.rebuild_engine(**settings)
                 self._llm = self._ranks
             else:
-                self._llm = LLM(str(getattr(self.model, "source_path", "model")), loaded=(self.model, self.tokenizer),
-                                num_threads=self.threads, device=self.device, enforce_eager=self.enforce_eager,
-                                **settings)
+                self._llm = LLM(
+                    str(getattr(self.model, "source_path", "model")),
+                    loaded=(self.model, self.tokenizer),
+                    num_threads=self.threads,
+                    device=self.device,
+                    enforce_eager=self.enforce_eager,
+                    **settings,
+                )
             self._key = (concurrency, tokens)
         return self._llm
 
@@ -168,8 +220,12 @@ class BytedietSystem:
         params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in max_tokens]
         t0 = time.perf_counter()
         outs = llm.generate([list(p) for p in prompts], params)
-        return [RequestTiming(len(o.prompt_token_ids), len(o.outputs[0].token_ids), o.first_token_time - t0,
-                              o.finish_time - t0) for o in outs]
+        return [
+            RequestTiming(
+                len(o.prompt_token_ids), len(o.outputs[0].token_ids), o.first_token_time - t0, o.finish_time - t0
+            )
+            for o in outs
+        ]
 
     def decode_steps(self, prompts: Sequence[Sequence[int]], steps: int) -> dict:
         """Time ``steps`` pure decode steps with all ``len(prompts)`` sequences running (prefill not timed).
@@ -198,8 +254,14 @@ class BytedietSystem:
             engine.forget(r.request_id)
         if tokens != batch * steps:
             raise ConfigError(f"decode steps: expected {batch * steps} tokens, got {tokens} (a request stalled)")
-        return {"batch": batch, "steps": steps, "tokens_per_s": tokens / elapsed, "step_s": elapsed / steps,
-                "forward_s_per_step": forward / steps, "overhead_s_per_step": (elapsed - forward) / steps}
+        return {
+            "batch": batch,
+            "steps": steps,
+            "tokens_per_s": tokens / elapsed,
+            "step_s": elapsed / steps,
+            "forward_s_per_step": forward / steps,
+            "overhead_s_per_step": (elapsed - forward) / steps,
+        }
 
     def linear_pass_s(self, batch: int, repeats: int = 3) -> float:
         """Best time of every linear layer run once on a (batch, in_features) input: the GEMM share of one
@@ -219,8 +281,13 @@ class BytedietSystem:
         seconds = max(self.on_ranks(_allreduce_s, nbytes, repeats))
         small_s = max(self.on_ranks(_allreduce_s, small, repeats))
         bus, hop = ring_link(n, nbytes, seconds, small, small_s)
-        return {"how": f"gloo all-reduce of {nbytes} and {small} bytes between the {n} ranks (median of {repeats})",
-                "allreduce_s": seconds, "small_allreduce_s": small_s, "bus_bandwidth": bus, "hop_latency_s": hop}
+        return {
+            "how": f"gloo all-reduce of {nbytes} and {small} bytes between the {n} ranks (median of {repeats})",
+            "allreduce_s": seconds,
+            "small_allreduce_s": small_s,
+            "bus_bandwidth": bus,
+            "hop_latency_s": hop,
+        }
 
     def close(self) -> None:
         """Drop the engine; stop the tensor-parallel ranks, if any (the system cannot serve afterwards)."""
@@ -236,7 +303,9 @@ def _weight_bytes(model) -> tuple[int, int]:
 def linear_pass_s(model, batch: int, repeats: int = 3) -> float:
     """Best time of ``model``'s linear layers run once each on random (batch, in_features) inputs."""
     layers = [lin for _, lin in model.linear_layers()]
-    inputs = {n: torch.randn(batch, n, dtype=model.dtype, device=model.device) for n in {lin.in_features for lin in layers}}
+    inputs = {
+        n: torch.randn(batch, n, dtype=model.dtype, device=model.device) for n in {lin.in_features for lin in layers}
+    }
     best = math.inf
     cuda = model.device.type == "cuda"
     for _ in range(repeats + 1):  # the first pass warms up
@@ -280,26 +349,41 @@ class LlamaCppSystem:
             extra_buffer_types, self.extra_note = probe_llama_cpp_extra_buffer_types(self.path, threads)
         self.extra_buffer_types = extra_buffer_types
         with _llama_cpp_model_params(use_extra_bufts=extra_buffer_types):
-            self.llm = llama_cpp.Llama(model_path=str(self.path), n_ctx=n_ctx, n_batch=512, n_threads=threads,
-                                       n_threads_batch=threads, seed=0, verbose=False)
+            self.llm = llama_cpp.Llama(
+                model_path=str(self.path),
+                n_ctx=n_ctx,
+                n_batch=512,
+                n_threads=threads,
+                n_threads_batch=threads,
+                seed=0,
+                verbose=False,
+            )
 
     def info(self) -> dict:
         import llama_cpp
 
         system_info = llama_cpp.llama_print_system_info()
-        return {"system": "llama.cpp", "package": f"llama-cpp-python {self.version}", "source": str(self.path),
-                "system_info": system_info.decode() if isinstance(system_info, bytes) else str(system_info),
-                "weights": "GGUF blocks as stored", "weight_bytes": gguf_tensor_bytes(self.path),
-                "threads": self.threads, "concurrency_mode": "sequential (one sequence per llama_cpp.Llama context)",
-                "extra_buffer_types": self.extra_buffer_types, "extra_buffer_types_note": self.extra_note}
+        return {
+            "system": "llama.cpp",
+            "package": f"llama-cpp-python {self.version}",
+            "source": str(self.path),
+            "system_info": system_info.decode() if isinstance(system_info, bytes) else str(system_info),
+            "weights": "GGUF blocks as stored",
+            "weight_bytes": gguf_tensor_bytes(self.path),
+            "threads": self.threads,
+            "concurrency_mode": "sequential (one sequence per llama_cpp.Llama context)",
+            "extra_buffer_types": self.extra_buffer_types,
+            "extra_buffer_types_note": self.extra_note,
+        }
 
     def serve(self, prompts, max_tokens, concurrency) -> list[RequestTiming]:
         t0, out = time.perf_counter(), []
         for prompt, n in zip(prompts, max_tokens):
             self.llm.reset()  # no prefix reuse between requests
             first, count = None, 0
-            for _ in self.llm.generate(list(prompt), top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0,
-                                       reset=True):  # greedy; yields until stopped, so EOS is ignored
+            for _ in self.llm.generate(
+                list(prompt), top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0, reset=True
+            ):  # greedy; yields until stopped, so EOS is ignored
                 count += 1
                 first = first or time.perf_counter()
                 if count >= n:
@@ -331,15 +415,21 @@ def probe_llama_cpp_extra_buffer_types(gguf_path: Path, threads: int, timeout_s:
     import sys
 
     try:
-        proc = subprocess.run([sys.executable, "-c", _PROBE, str(gguf_path), str(threads)], capture_output=True,
-                              timeout=timeout_s, text=True)
+        proc = subprocess.run(
+            [sys.executable, "-c", _PROBE, str(gguf_path), str(threads)],
+            capture_output=True,
+            timeout=timeout_s,
+            text=True,
+        )
     except subprocess.TimeoutExpired:
         return False, f"probe with extra buffer types timed out after {timeout_s:.0f} s; turned off"
     if proc.returncode == 0:
         return True, ""
     how = f"signal {-proc.returncode}" if proc.returncode < 0 else f"exit code {proc.returncode}"
-    return False, (f"a generation with llama.cpp's extra buffer types (AMX/repack) died ({how}) on this CPU; "
-                   "loaded with use_extra_bufts = False")
+    return False, (
+        f"a generation with llama.cpp's extra buffer types (AMX/repack) died ({how}) on this CPU; "
+        "loaded with use_extra_bufts = False"
+    )
 
 
 class _llama_cpp_model_params:
@@ -387,8 +477,12 @@ class LlamaCppPeer:
 
     def info(self) -> dict:
         notes = {f"{u.name}_unavailable": u.reason for u in (self.single, self.server) if isinstance(u, Unavailable)}
-        return {**self.part_system("single").info(), "single_system": self.part_system("single").name,
-                "concurrency_system": self.part_system("concurrency").name, **notes}
+        return {
+            **self.part_system("single").info(),
+            "single_system": self.part_system("single").name,
+            "concurrency_system": self.part_system("concurrency").name,
+            **notes,
+        }
 
     def serve(self, prompts, max_tokens, concurrency) -> list[RequestTiming]:
         return self.part_system("single").serve(prompts, max_tokens, concurrency)
@@ -433,8 +527,9 @@ class TransformersSystem:
         path = Path(path)
         kwargs = {"gguf_file": path.name} if path.is_file() else {}
         dtype = torch.bfloat16 if device == "cuda" else torch.float32
-        model = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent if path.is_file() else path),
-                                                                  dtype=dtype, **kwargs)
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            str(path.parent if path.is_file() else path), dtype=dtype, **kwargs
+        )
         system = cls(model.to(device), threads, pad_token_id, str(path))
         if device == "cuda":
             system.compile()
@@ -456,27 +551,41 @@ class TransformersSystem:
             if p.data_ptr() not in seen:
                 seen.add(p.data_ptr())
                 total += p.numel() * p.element_size()
-        return {"system": "transformers", "package": f"transformers {transformers.__version__}", "source": self.source,
-                "weights": str(self.model.dtype).replace("torch.", ""), "weight_bytes": total, "threads": self.threads,
-                "recipe": self.recipe, "device": str(self.model.device),
-                "concurrency_mode": "generate() on waves of `concurrency` requests, left-padded"}
+        return {
+            "system": "transformers",
+            "package": f"transformers {transformers.__version__}",
+            "source": self.source,
+            "weights": str(self.model.dtype).replace("torch.", ""),
+            "weight_bytes": total,
+            "threads": self.threads,
+            "recipe": self.recipe,
+            "device": str(self.model.device),
+            "concurrency_mode": "generate() on waves of `concurrency` requests, left-padded",
+        }
 
     @torch.inference_mode()
     def serve(self, prompts, max_tokens, concurrency) -> list[RequestTiming]:
         torch.set_num_threads(self.threads)
         t0, out = time.perf_counter(), []
         for start in range(0, len(prompts), concurrency):
-            wave, outs = prompts[start:start + concurrency], max_tokens[start:start + concurrency]
+            wave, outs = prompts[start : start + concurrency], max_tokens[start : start + concurrency]
             width, steps = max(len(p) for p in wave), max(outs)
             ids = torch.full((len(wave), width), self.pad, dtype=torch.long)
             mask = torch.zeros((len(wave), width), dtype=torch.long)
             for i, p in enumerate(wave):  # left padding: the last prompt token of every row is aligned
-                ids[i, width - len(p):] = torch.tensor(list(p), dtype=torch.long)
-                mask[i, width - len(p):] = 1
+                ids[i, width - len(p) :] = torch.tensor(list(p), dtype=torch.long)
+                mask[i, width - len(p) :] = 1
             clock = _StepClock()
             ids, mask = ids.to(self.model.device), mask.to(self.model.device)
-            self.model.generate(ids, attention_mask=mask, max_new_tokens=steps, min_new_tokens=steps,
-                                do_sample=False, pad_token_id=self.pad, streamer=clock)
+            self.model.generate(
+                ids,
+                attention_mask=mask,
+                max_new_tokens=steps,
+                min_new_tokens=steps,
+                do_sample=False,
+                pad_token_id=self.pad,
+                streamer=clock,
+            )
             for p, n in zip(wave, outs):
                 out.append(RequestTiming(len(p), n, clock.times[0] - t0, clock.times[n - 1] - t0))
         return out
@@ -492,8 +601,15 @@ def gguf_tensor_bytes(path: Path) -> int:
     return int(sum(int(t.n_bytes) for t in GGUFReader(str(path)).tensors))
 
 
-def make_peers(names: Sequence[str], model_path: Optional[Path], *, threads: int, n_ctx: int,
-               pad_token_id: int, device: str = "cpu") -> list:
+def make_peers(
+    names: Sequence[str],
+    model_path: Optional[Path],
+    *,
+    threads: int,
+    n_ctx: int,
+    pad_token_id: int,
+    device: str = "cpu",
+) -> list:
     """Build each named peer on the same checkpoint, or an :class:`Unavailable` that says why it cannot run."""
     peers: list = []
     for name in names:
@@ -502,8 +618,11 @@ def make_peers(names: Sequence[str], model_path: Optional[Path], *, threads: int
         try:
             peers.append(_load_peer(name, Path(model_path or ""), threads, n_ctx, pad_token_id, device))
         except ImportError as exc:
-            package = {"llama.cpp": "llama-cpp-python", "llama-server": "llama-cpp-python",
-                       "transformers": "transformers"}[name]
+            package = {
+                "llama.cpp": "llama-cpp-python",
+                "llama-server": "llama-cpp-python",
+                "transformers": "transformers",
+            }[name]
             peers.append(Unavailable(name, f"{exc} (pip install {package})"))
         except ConfigError as exc:
             peers.append(Unavailable(name, str(exc)))

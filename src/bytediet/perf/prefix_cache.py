@@ -9,6 +9,7 @@ Two workloads, both on bytediet alone (``--parts prefix-cache``):
   ``chat_system_len`` tokens, each turn adding ``chat_turn_len`` tokens, in a pool 4x smaller than the shared prefixes;
   requests arrive one after another. Mean / p50 TTFT and throughput with the tiers on (RAM) and off.
 """
+
 from __future__ import annotations
 
 import tempfile
@@ -23,9 +24,16 @@ Progress = Callable[[str], None]
 def _engine(ours, num_blocks: int, **tiers):
     from ..engine.llm import LLM
 
-    return LLM(loaded=(ours.model, ours.tokenizer), kv_cache_dtype=ours.kv_cache_dtype,
-               kv_calibration_state=ours.kv_state, block_size=ours.block_size, num_blocks=num_blocks,
-               max_num_batched_tokens=ours.max_num_batched_tokens, num_threads=ours.threads, **tiers)
+    return LLM(
+        loaded=(ours.model, ours.tokenizer),
+        kv_cache_dtype=ours.kv_cache_dtype,
+        kv_calibration_state=ours.kv_state,
+        block_size=ours.block_size,
+        num_blocks=num_blocks,
+        max_num_batched_tokens=ours.max_num_batched_tokens,
+        num_threads=ours.threads,
+        **tiers,
+    )
 
 
 def _timed(llm, prompt: Sequence[int], new_tokens: int) -> dict:
@@ -59,16 +67,24 @@ def repeated_prompt(ours, config, ids: Sequence[int], progress: Progress) -> dic
         restarted.shutdown()
     out = {"prompt_tokens": n, "new_tokens": new, "pool_blocks": blocks}
     for name, r in (("cold", cold), ("ram_hit", ram), ("disk_hit", disk)):
-        out[name] = {"ttft_s": r["ttft_s"], "cached_tokens": r["cached_tokens"],
-                     "tokens_equal_cold": r["tokens"] == cold["tokens"]}
+        out[name] = {
+            "ttft_s": r["ttft_s"],
+            "cached_tokens": r["cached_tokens"],
+            "tokens_equal_cold": r["tokens"] == cold["tokens"],
+        }
     out["ram_ttft_ratio"] = ram["ttft_s"] / cold["ttft_s"]
     out["disk_ttft_ratio"] = disk["ttft_s"] / cold["ttft_s"]
     return out
 
 
 def multi_turn_chat(ours, config, ids: Sequence[int], progress: Progress) -> dict:
-    k, s, convs, turn, new = (config.chat_system_prompts, config.chat_system_len, config.chat_conversations,
-                              config.chat_turn_len, config.chat_new_tokens)
+    k, s, convs, turn, new = (
+        config.chat_system_prompts,
+        config.chat_system_len,
+        config.chat_conversations,
+        config.chat_turn_len,
+        config.chat_new_tokens,
+    )
     systems = [_slice(ids, i * s, s) for i in range(k)]
     requests = []
     for t in range(config.chat_turns):
@@ -77,8 +93,14 @@ def multi_turn_chat(ours, config, ids: Sequence[int], progress: Progress) -> dic
             requests.append(systems[c % k] + [tok for u in user for tok in u])
     longest = max(len(r) for r in requests) + new
     blocks = max(-(-k * s // (4 * ours.block_size)), -(-longest // ours.block_size) + 1)  # prefixes 4x the pool
-    out = {"system_prompts": k, "system_tokens": s, "conversations": convs, "turns": config.chat_turns,
-           "requests": len(requests), "pool_blocks": blocks}
+    out = {
+        "system_prompts": k,
+        "system_tokens": s,
+        "conversations": convs,
+        "turns": config.chat_turns,
+        "requests": len(requests),
+        "pool_blocks": blocks,
+    }
     for name, tiers in (("tiers_off", {}), ("tiers_on", {"kv_offload_size": config.prefix_offload_size})):
         progress(f"prefix-cache: multi-turn chat, {name}")
         llm = _engine(ours, blocks, **tiers)
@@ -89,8 +111,12 @@ def multi_turn_chat(ours, config, ids: Sequence[int], progress: Progress) -> dic
             generated += len(res["tokens"])
         wall = time.perf_counter() - t0
         llm.shutdown()
-        out[name] = {"ttft_mean_s": sum(ttfts) / len(ttfts), "ttft_p50_s": percentile(ttfts, 50),
-                     "output_tokens_per_s": generated / wall, "wall_s": wall}
+        out[name] = {
+            "ttft_mean_s": sum(ttfts) / len(ttfts),
+            "ttft_p50_s": percentile(ttfts, 50),
+            "output_tokens_per_s": generated / wall,
+            "wall_s": wall,
+        }
     out["ttft_p50_ratio"] = out["tiers_on"]["ttft_p50_s"] / out["tiers_off"]["ttft_p50_s"]
     return out
 
@@ -98,5 +124,7 @@ def multi_turn_chat(ours, config, ids: Sequence[int], progress: Progress) -> dic
 def measure_prefix_cache(ours, config, ids: Sequence[int], progress: Progress = lambda msg: None) -> dict:
     if getattr(ours, "tensor_parallel_size", 1) > 1:
         return {"skipped": "KV tiers do not support tensor parallelism yet"}
-    return {"repeated_prompt": repeated_prompt(ours, config, ids, progress),
-            "multi_turn_chat": multi_turn_chat(ours, config, ids, progress)}
+    return {
+        "repeated_prompt": repeated_prompt(ours, config, ids, progress),
+        "multi_turn_chat": multi_turn_chat(ours, config, ids, progress),
+    }

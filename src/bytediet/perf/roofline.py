@@ -49,6 +49,7 @@ latency α (:attr:`~bytediet.perf.hardware.HardwareSpec.interconnect_latency`) p
 per-direction bandwidth: the α·hops term is what small decode messages pay (on a CPU's loopback gloo
 it is most of the cost, ``bench/tp_step_time.py``).
 """
+
 from __future__ import annotations
 
 import math
@@ -107,11 +108,16 @@ def linear_shapes(config: ModelConfig, experts: Optional[int] = None) -> list[tu
     ``experts``: how many experts of each MoE layer to count (all of them by default).
     """
     h, d = config.hidden_size, config.head_dim
-    attn = [(config.num_heads * d, h), (config.num_kv_heads * d, h), (config.num_kv_heads * d, h),
-            (h, config.num_heads * d)]
+    attn = [
+        (config.num_heads * d, h),
+        (config.num_kv_heads * d, h),
+        (config.num_kv_heads * d, h),
+        (h, config.num_heads * d),
+    ]
     moe = config.num_moe_layers
-    out = [(s, config.num_layers) for s in attn] + [(s, config.num_layers - moe)
-                                                    for s in _mlp_shapes(h, config.intermediate_size)]
+    out = [(s, config.num_layers) for s in attn] + [
+        (s, config.num_layers - moe) for s in _mlp_shapes(h, config.intermediate_size)
+    ]
     if moe:
         e = config.num_experts if experts is None else experts
         out += [(s, moe * e) for s in _mlp_shapes(h, config.moe_intermediate_size)]
@@ -126,8 +132,11 @@ def weights_bytes(config: ModelConfig, weights: WeightsLike, norm_bytes: float =
     shapes = linear_shapes(config)
     linear = sum(count * o * n * weight_bits(weights, o, n) / 8 for (o, n), count in shapes)
     emb = v * h * weight_bits(weights, v, h) / 8 * (1 if config.tie_word_embeddings else 2)
-    norm_params = config.num_parameters - sum(count * o * n for (o, n), count in shapes) \
+    norm_params = (
+        config.num_parameters
+        - sum(count * o * n for (o, n), count in shapes)
         - v * h * (1 if config.tie_word_embeddings else 2)
+    )
     return linear + emb + norm_params * norm_bytes
 
 
@@ -197,10 +206,18 @@ class PhaseCost:
         return next(o for o in self.ops if o.name == name)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"phase": self.phase, "tokens": self.tokens, "flops": self.flops, "bytes": self.bytes,
-                "intensity": self.flops / self.bytes, "allreduce_s": self.allreduce_s,
-                "allreduce_latency_s": self.allreduce_latency_s, "time": self.time,
-                "bound": self.bound, "ops": [o.to_dict() for o in self.ops]}
+        return {
+            "phase": self.phase,
+            "tokens": self.tokens,
+            "flops": self.flops,
+            "bytes": self.bytes,
+            "intensity": self.flops / self.bytes,
+            "allreduce_s": self.allreduce_s,
+            "allreduce_latency_s": self.allreduce_latency_s,
+            "time": self.time,
+            "bound": self.bound,
+            "ops": [o.to_dict() for o in self.ops],
+        }
 
 
 @dataclass(frozen=True)
@@ -243,16 +260,28 @@ class Prediction:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "model": self.model, "hardware": self.hardware, "compute_dtype": self.compute_dtype,
-            "batch": self.batch, "context": self.context, "prompt_len": self.prompt_len, "tp": self.tp,
-            "weights_bytes": self.weights_bytes, "kv_bytes_per_token": self.kv_bytes_per_token,
-            "kv_bytes": self.kv_bytes, "memory_needed_bytes": self.weights_bytes + self.kv_bytes,
-            "capacity_bytes": self.capacity_bytes, "fits": self.fits, "max_batch": self.max_batch,
-            "chips_to_hold": self.chips_to_hold, "ttft_s": self.ttft_s,
+            "model": self.model,
+            "hardware": self.hardware,
+            "compute_dtype": self.compute_dtype,
+            "batch": self.batch,
+            "context": self.context,
+            "prompt_len": self.prompt_len,
+            "tp": self.tp,
+            "weights_bytes": self.weights_bytes,
+            "kv_bytes_per_token": self.kv_bytes_per_token,
+            "kv_bytes": self.kv_bytes,
+            "memory_needed_bytes": self.weights_bytes + self.kv_bytes,
+            "capacity_bytes": self.capacity_bytes,
+            "fits": self.fits,
+            "max_batch": self.max_batch,
+            "chips_to_hold": self.chips_to_hold,
+            "ttft_s": self.ttft_s,
             "time_per_output_token_s": self.time_per_output_token_s,
             "decode_tokens_per_s": self.decode_tokens_per_s,
             "per_sequence_tokens_per_s": 1.0 / self.decode.time,
-            "prefill": self.prefill.to_dict(), "decode": self.decode.to_dict(), **self.extra,
+            "prefill": self.prefill.to_dict(),
+            "decode": self.decode.to_dict(),
+            **self.extra,
         }
 
 
@@ -276,8 +305,9 @@ class _Ctx:
         acts = t * n_in * self.act / (1 if column else n) + t * n_out * self.act / (n if column else 1)
         return self.cost(name, count * 2 * t * n_in * n_out / n, count * (w + acts))
 
-    def attention(self, batch: int, q_per_seq: int, pairs_per_layer: list[int], kv_read_tokens: list[int],
-                  kv_written: int) -> OpCost:
+    def attention(
+        self, batch: int, q_per_seq: int, pairs_per_layer: list[int], kv_read_tokens: list[int], kv_written: int
+    ) -> OpCost:
         c = self.cfg
         heads = math.ceil(c.num_heads / self.tp)
         kv_share = math.ceil(c.num_kv_heads / self.tp) / c.num_kv_heads  # KV heads replicate when tp > nkv
@@ -314,8 +344,10 @@ def _collectives(ctx: _Ctx, t: int, logit_rows: int) -> tuple[float, float]:
     n, c = ctx.tp, ctx.cfg
     link = ctx.hw.link_bandwidth
     if not link:
-        raise ConfigError(f"{ctx.hw.id} has no interconnect bandwidth in the catalogue; use --tp 1 "
-                          "(or give the link with bytediet roofline --link-bandwidth)")
+        raise ConfigError(
+            f"{ctx.hw.id} has no interconnect bandwidth in the catalogue; use --tp 1 "
+            "(or give the link with bytediet roofline --link-bandwidth)"
+        )
     reduces = 2 * c.num_layers + 1  # o_proj and down_proj per layer, and the embedding
     hops = reduces * 2 * (n - 1) + (n - 1)  # ... and the logits' all-gather
     data = reduces * 2 * (n - 1) / n * t * c.hidden_size * ctx.act + (n - 1) / n * logit_rows * c.vocab_size * ctx.act
@@ -337,8 +369,11 @@ def _mlp_ops(ctx: _Ctx, t: int, layers: int) -> tuple[OpCost, ...]:
     h, i = ctx.cfg.hidden_size, ctx.cfg.intermediate_size
     if not layers:
         return ()
-    return (ctx.linear("mlp_gate", t, h, i, layers, column=True), ctx.linear("mlp_up", t, h, i, layers, column=True),
-            ctx.linear("mlp_down", t, i, h, layers, column=False))
+    return (
+        ctx.linear("mlp_gate", t, h, i, layers, column=True),
+        ctx.linear("mlp_up", t, h, i, layers, column=True),
+        ctx.linear("mlp_down", t, i, h, layers, column=False),
+    )
 
 
 def _moe_ops(ctx: _Ctx, t: int) -> tuple[OpCost, ...]:
@@ -347,19 +382,37 @@ def _moe_ops(ctx: _Ctx, t: int) -> tuple[OpCost, ...]:
     h, e, k, ie, layers = c.hidden_size, c.num_experts, c.num_experts_per_tok, c.moe_intermediate_size, c.num_moe_layers
     router = ctx.cost("router", layers * 2 * t * h * e, layers * (e * h * a + t * h * a + t * e * a))
     expert_w = 3 * h * ie * weight_bits(ctx.weights, ie, h) / 8 / n
-    ops = [router, ctx.cost("experts", layers * 2 * t * k * 3 * h * ie / n,
-                            layers * (experts_touched(e, k, t) * expert_w + t * k * (3 * h + 3 * ie / n) * a))]
+    ops = [
+        router,
+        ctx.cost(
+            "experts",
+            layers * 2 * t * k * 3 * h * ie / n,
+            layers * (experts_touched(e, k, t) * expert_w + t * k * (3 * h + 3 * ie / n) * a),
+        ),
+    ]
     i_s = c.shared_expert_intermediate_size
     if i_s:
         w = 3 * h * i_s * weight_bits(ctx.weights, i_s, h) / 8 / n + h * a
-        ops.append(ctx.cost("shared_expert", layers * 2 * t * (3 * h * i_s / n + h),
-                            layers * (w + t * (3 * h + 3 * i_s / n) * a)))
+        ops.append(
+            ctx.cost(
+                "shared_expert", layers * 2 * t * (3 * h * i_s / n + h), layers * (w + t * (3 * h + 3 * i_s / n) * a)
+            )
+        )
     return tuple(ops)
 
 
-def analyze(config: ModelConfig, hardware: HardwareSpec, *, weights: WeightsLike = 16.0, kv: KVLike = 16.0,
-            batch: int = 1, context: int = 4096, prompt_len: Optional[int] = None, tp: int = 1,
-            compute_dtype: str = "auto") -> Prediction:
+def analyze(
+    config: ModelConfig,
+    hardware: HardwareSpec,
+    *,
+    weights: WeightsLike = 16.0,
+    kv: KVLike = 16.0,
+    batch: int = 1,
+    context: int = 4096,
+    prompt_len: Optional[int] = None,
+    tp: int = 1,
+    compute_dtype: str = "auto",
+) -> Prediction:
     """Predict prefill and decode for ``batch`` sequences; decode attends to ``context`` tokens.
 
     ``weights``: bits per weight, or a weight format. ``kv``: bits per K/V coordinate, or a KV codec.
@@ -377,24 +430,36 @@ def analyze(config: ModelConfig, hardware: HardwareSpec, *, weights: WeightsLike
     windows = [config.window_for(layer) for layer in range(config.num_layers)]
     clip = lambda n, w: n if w is None else min(n, w)
     prefill = _phase(ctx, "prefill", batch, length, [causal_pairs(length, w) for w in windows], [0] * len(windows))
-    decode = _phase(ctx, "decode", batch, 1, [clip(context, w) for w in windows],
-                    [clip(context, w) - 1 for w in windows])
+    decode = _phase(
+        ctx, "decode", batch, 1, [clip(context, w) for w in windows], [clip(context, w) - 1 for w in windows]
+    )
     kv_token_layer = kv_bytes_per_token(kv, config.num_kv_heads, config.head_dim)
     kv_per_seq = sum(clip(context, w) for w in windows) * kv_token_layer
     w_bytes = weights_bytes(config, weights)
     capacity = hardware.memory_bytes * tp
     return Prediction(
-        model=config.name or config.architecture, hardware=hardware.id, compute_dtype=hardware.compute_dtype(dtype),
-        batch=batch, context=context, prompt_len=length, tp=tp, weights_bytes=w_bytes,
-        kv_bytes_per_token=kv_token_layer * config.num_layers, kv_bytes=batch * kv_per_seq,
-        capacity_bytes=capacity, max_batch=max(0, int((capacity - w_bytes) // kv_per_seq)),
-        chips_to_hold=hardware.chips_to_hold(w_bytes + batch * kv_per_seq), prefill=prefill, decode=decode,
+        model=config.name or config.architecture,
+        hardware=hardware.id,
+        compute_dtype=hardware.compute_dtype(dtype),
+        batch=batch,
+        context=context,
+        prompt_len=length,
+        tp=tp,
+        weights_bytes=w_bytes,
+        kv_bytes_per_token=kv_token_layer * config.num_layers,
+        kv_bytes=batch * kv_per_seq,
+        capacity_bytes=capacity,
+        max_batch=max(0, int((capacity - w_bytes) // kv_per_seq)),
+        chips_to_hold=hardware.chips_to_hold(w_bytes + batch * kv_per_seq),
+        prefill=prefill,
+        decode=decode,
         extra={"num_parameters": config.num_parameters, "num_active_parameters": config.num_active_parameters},
     )
 
 
-def compare_with_measurement(prediction: Prediction, measured_tokens_per_s: float,
-                             measured_ttft_s: Optional[float] = None) -> dict[str, Any]:
+def compare_with_measurement(
+    prediction: Prediction, measured_tokens_per_s: float, measured_ttft_s: Optional[float] = None
+) -> dict[str, Any]:
     """Put a measured decode throughput (aggregate tokens/s at ``prediction.batch``) beside the prediction.
 
     Returns predicted and measured tokens/s, their ratio, whether they agree within 20%, and the
@@ -408,24 +473,42 @@ def compare_with_measurement(prediction: Prediction, measured_tokens_per_s: floa
     achieved_bw = prediction.decode.bytes * steps_per_s
     ceiling = prediction.decode.bytes / prediction.decode.time  # the predicted run's effective B/s
     out = {
-        "model": prediction.model, "hardware": prediction.hardware, "batch": prediction.batch,
-        "context": prediction.context, "predicted_tokens_per_s": predicted,
-        "measured_tokens_per_s": measured_tokens_per_s, "measured_over_predicted": measured_tokens_per_s / predicted,
+        "model": prediction.model,
+        "hardware": prediction.hardware,
+        "batch": prediction.batch,
+        "context": prediction.context,
+        "predicted_tokens_per_s": predicted,
+        "measured_tokens_per_s": measured_tokens_per_s,
+        "measured_over_predicted": measured_tokens_per_s / predicted,
         "error_pct": 100.0 * (measured_tokens_per_s - predicted) / predicted,
         "within_20pct": abs(measured_tokens_per_s - predicted) <= 0.2 * predicted,
-        "decode_bytes_per_step": prediction.decode.bytes, "achieved_bandwidth": achieved_bw,
+        "decode_bytes_per_step": prediction.decode.bytes,
+        "achieved_bandwidth": achieved_bw,
         "predicted_bandwidth": ceiling,
         "unexplained_s_per_step": 1.0 / steps_per_s - prediction.decode.time,
     }
     if measured_ttft_s is not None:
-        out.update(predicted_ttft_s=prediction.ttft_s, measured_ttft_s=measured_ttft_s,
-                   ttft_measured_over_predicted=measured_ttft_s / prediction.ttft_s)
+        out.update(
+            predicted_ttft_s=prediction.ttft_s,
+            measured_ttft_s=measured_ttft_s,
+            ttft_measured_over_predicted=measured_ttft_s / prediction.ttft_s,
+        )
     return out
 
 
-def rank_hardware(config: ModelConfig, hardware: list[HardwareSpec], *, weights: WeightsLike, kv: KVLike,
-                  batches: list[int], context: int, prompt_len: Optional[int] = None, tp: int = 1,
-                  compute_dtype: str = "auto", max_batch_cap: int = 1024) -> dict[str, Any]:
+def rank_hardware(
+    config: ModelConfig,
+    hardware: list[HardwareSpec],
+    *,
+    weights: WeightsLike,
+    kv: KVLike,
+    batches: list[int],
+    context: int,
+    prompt_len: Optional[int] = None,
+    tp: int = 1,
+    compute_dtype: str = "auto",
+    max_batch_cap: int = 1024,
+) -> dict[str, Any]:
     """The source documents' "hardware portfolio": which device for latency, which for throughput.
 
     Each device gets the fewest chips that hold weights + one sequence's KV (at least ``tp``; a Groq
@@ -435,25 +518,73 @@ def rank_hardware(config: ModelConfig, hardware: list[HardwareSpec], *, weights:
     """
     rows = []
     for hw in hardware:
-        one = analyze(config, hw, weights=weights, kv=kv, batch=1, context=context, prompt_len=prompt_len,
-                      tp=tp, compute_dtype=compute_dtype)
+        one = analyze(
+            config,
+            hw,
+            weights=weights,
+            kv=kv,
+            batch=1,
+            context=context,
+            prompt_len=prompt_len,
+            tp=tp,
+            compute_dtype=compute_dtype,
+        )
         chips = max(tp, one.chips_to_hold)
         if chips > 1 and not hw.link_bandwidth:
-            rows.append({"hardware": hw.id, "chips": chips, "fits": False,
-                         "reason": "needs more than one chip and has no interconnect"})
+            rows.append(
+                {
+                    "hardware": hw.id,
+                    "chips": chips,
+                    "fits": False,
+                    "reason": "needs more than one chip and has no interconnect",
+                }
+            )
             continue
         if chips != tp:
-            one = analyze(config, hw, weights=weights, kv=kv, batch=1, context=context, prompt_len=prompt_len,
-                          tp=chips, compute_dtype=compute_dtype)
+            one = analyze(
+                config,
+                hw,
+                weights=weights,
+                kv=kv,
+                batch=1,
+                context=context,
+                prompt_len=prompt_len,
+                tp=chips,
+                compute_dtype=compute_dtype,
+            )
         candidates = sorted({b for b in batches if b <= one.max_batch} | {min(one.max_batch, max_batch_cap)} - {0})
-        best = max((analyze(config, hw, weights=weights, kv=kv, batch=b, context=context, prompt_len=prompt_len,
-                            tp=chips, compute_dtype=compute_dtype) for b in candidates or [1]),
-                   key=lambda p: p.decode_tokens_per_s)
-        rows.append({"hardware": hw.id, "chips": chips, "fits": True,
-                     "time_per_output_token_s": one.time_per_output_token_s,
-                     "ttft_s": one.ttft_s, "decode_bound": one.decode.bound, "max_batch": one.max_batch,
-                     "best_batch": best.batch, "throughput_tokens_per_s": best.decode_tokens_per_s,
-                     "throughput_per_chip": best.decode_tokens_per_s / chips, "throughput_bound": best.decode.bound})
+        best = max(
+            (
+                analyze(
+                    config,
+                    hw,
+                    weights=weights,
+                    kv=kv,
+                    batch=b,
+                    context=context,
+                    prompt_len=prompt_len,
+                    tp=chips,
+                    compute_dtype=compute_dtype,
+                )
+                for b in candidates or [1]
+            ),
+            key=lambda p: p.decode_tokens_per_s,
+        )
+        rows.append(
+            {
+                "hardware": hw.id,
+                "chips": chips,
+                "fits": True,
+                "time_per_output_token_s": one.time_per_output_token_s,
+                "ttft_s": one.ttft_s,
+                "decode_bound": one.decode.bound,
+                "max_batch": one.max_batch,
+                "best_batch": best.batch,
+                "throughput_tokens_per_s": best.decode_tokens_per_s,
+                "throughput_per_chip": best.decode_tokens_per_s / chips,
+                "throughput_bound": best.decode.bound,
+            }
+        )
     ok = [r for r in rows if r["fits"]]
     return {
         "rows": rows,

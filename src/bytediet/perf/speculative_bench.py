@@ -6,6 +6,7 @@ repeat with the names changed, one to summarise by quoting it) and open-ended ch
 system decodes the same chat-templated token ids greedily for ``max_tokens`` (EOS ignored); decode tok/s counts
 the tokens after the first over the time after the first.
 """
+
 from __future__ import annotations
 
 import os
@@ -14,8 +15,11 @@ import statistics
 import time
 from typing import Optional, Sequence
 
-OPEN_PROMPTS = ("Tell me a short story about a lighthouse keeper.", "What makes a good friend? Answer in a paragraph.",
-                "Describe an ideal autumn weekend in the countryside.")
+OPEN_PROMPTS = (
+    "Tell me a short story about a lighthouse keeper.",
+    "What makes a good friend? Answer in a paragraph.",
+    "Describe an ideal autumn weekend in the countryside.",
+)
 
 
 def _misspell(passage: str, rng: random.Random) -> str:
@@ -25,7 +29,7 @@ def _misspell(passage: str, rng: random.Random) -> str:
         w = words[i]
         if len(w) >= 4 and w.isalpha():
             j = rng.randrange(1, len(w) - 2)
-            words[i] = w[:j] + w[j + 1] + w[j] + w[j + 2:]
+            words[i] = w[:j] + w[j + 1] + w[j] + w[j + 2 :]
     return " ".join(words)
 
 
@@ -37,10 +41,12 @@ def copy_prompts(text: str, seed: int = 0, words: int = 90) -> dict[str, list[st
     if len(passages) < 3:
         raise ValueError("the corpus has too few long paragraphs for the copy prompts")
     pick = rng.sample(passages, 3)
-    return {"spelling": [f"Correct the spelling in this passage and write it out in full:\n\n{_misspell(pick[0], rng)}"],
-            "names": [f"Repeat this paragraph word for word, with every name changed to Smith:\n\n{pick[1]}"],
-            "quote": [f"Summarise this passage, quoting its most important sentences word for word:\n\n{pick[2]}"],
-            "open": list(OPEN_PROMPTS)}
+    return {
+        "spelling": [f"Correct the spelling in this passage and write it out in full:\n\n{_misspell(pick[0], rng)}"],
+        "names": [f"Repeat this paragraph word for word, with every name changed to Smith:\n\n{pick[1]}"],
+        "quote": [f"Summarise this passage, quoting its most important sentences word for word:\n\n{pick[2]}"],
+        "open": list(OPEN_PROMPTS),
+    }
 
 
 def _decode_rate(n_tokens: int, first: float, last: float) -> Optional[float]:
@@ -62,9 +68,11 @@ def measure_bytediet(llm, prompts: dict[str, list[list[int]]], max_tokens: int) 
             rates.append(_decode_rate(len(r.outputs[0].token_ids), r.first_token_time, r.finish_time))
         after = _spec_counts(llm)
         drafted, accepted, steps = (a - b for a, b in zip(after, before))
-        out[task] = {"decode_tokens_per_s": statistics.median(x for x in rates if x),
-                     "acceptance_rate": accepted / drafted if drafted else None,
-                     "mean_tokens_per_verification": 1 + accepted / steps if steps else None}
+        out[task] = {
+            "decode_tokens_per_s": statistics.median(x for x in rates if x),
+            "acceptance_rate": accepted / drafted if drafted else None,
+            "mean_tokens_per_verification": 1 + accepted / steps if steps else None,
+        }
     return out
 
 
@@ -73,15 +81,23 @@ def _spec_counts(llm) -> tuple[int, int, int]:
     return s.spec_draft_tokens, s.spec_accepted_tokens, s.spec_verifications
 
 
-def measure_llama_cpp(gguf_path: str, prompts: dict[str, list[list[int]]], max_tokens: int, threads: int,
-                      num_pred_tokens: Optional[int]) -> dict:
+def measure_llama_cpp(
+    gguf_path: str, prompts: dict[str, list[list[int]]], max_tokens: int, threads: int, num_pred_tokens: Optional[int]
+) -> dict:
     """The same for llama.cpp, with its prompt-lookup decoding (``num_pred_tokens`` drafts) or without (None)."""
     import llama_cpp
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
     draft = None if num_pred_tokens is None else LlamaPromptLookupDecoding(num_pred_tokens=num_pred_tokens)
-    llm = llama_cpp.Llama(model_path=gguf_path, n_ctx=2048, n_threads=threads, n_threads_batch=threads,
-                          draft_model=draft, verbose=False, seed=0)
+    llm = llama_cpp.Llama(
+        model_path=gguf_path,
+        n_ctx=2048,
+        n_threads=threads,
+        n_threads_batch=threads,
+        draft_model=draft,
+        verbose=False,
+        seed=0,
+    )
     out = {}
     try:
         for task, ids_list in prompts.items():
@@ -105,23 +121,40 @@ def measure_llama_cpp(gguf_path: str, prompts: dict[str, list[list[int]]], max_t
     return out
 
 
-def run_speculative_bench(model: str, spec: dict, *, threads: int, max_tokens: int, text: str,
-                          peers: Sequence[str] = ("llama.cpp",), progress=lambda msg: None) -> dict:
+def run_speculative_bench(
+    model: str,
+    spec: dict,
+    *,
+    threads: int,
+    max_tokens: int,
+    text: str,
+    peers: Sequence[str] = ("llama.cpp",),
+    progress=lambda msg: None,
+) -> dict:
     """bytediet with and without ``spec`` (a speculative config dict) and each available peer, on the same prompts."""
     from ..engine.llm import LLM
     from ..models.loader import resolve_model_path
 
-    result = {"machine_load_average": list(os.getloadavg()), "threads": threads, "max_tokens": max_tokens,
-              "speculative_config": spec, "systems": {}, "ratios": {}}
+    result = {
+        "machine_load_average": list(os.getloadavg()),
+        "threads": threads,
+        "max_tokens": max_tokens,
+        "speculative_config": spec,
+        "systems": {},
+        "ratios": {},
+    }
     messages = copy_prompts(text)
     llm = LLM(model, num_threads=threads)
-    prompts = {task: [llm.chat_token_ids([{"role": "user", "content": m}]) for m in ms] for task, ms in messages.items()}
+    prompts = {
+        task: [llm.chat_token_ids([{"role": "user", "content": m}]) for m in ms] for task, ms in messages.items()
+    }
     progress("bytediet without speculation")
     result["systems"]["bytediet"] = measure_bytediet(llm, prompts, max_tokens)
     del llm
     progress("bytediet with speculation")
-    result["systems"]["bytediet+spec"] = measure_bytediet(LLM(model, num_threads=threads, speculative_config=spec),
-                                                         prompts, max_tokens)
+    result["systems"]["bytediet+spec"] = measure_bytediet(
+        LLM(model, num_threads=threads, speculative_config=spec), prompts, max_tokens
+    )
     if "llama.cpp" in peers:
         path = str(resolve_model_path(model))
         for name, k in (("llama.cpp", None), ("llama.cpp+lookup", spec["num_speculative_tokens"])):
@@ -134,7 +167,8 @@ def run_speculative_bench(model: str, spec: dict, *, threads: int, max_tokens: i
     for other in [n for n in result["systems"] if n != "bytediet+spec"]:
         theirs = result["systems"][other]
         if all(task in theirs for task in mine):
-            result["ratios"][other] = {task: mine[task]["decode_tokens_per_s"] / theirs[task]["decode_tokens_per_s"]
-                                       for task in mine}
+            result["ratios"][other] = {
+                task: mine[task]["decode_tokens_per_s"] / theirs[task]["decode_tokens_per_s"] for task in mine
+            }
     result["machine_load_average_end"] = list(os.getloadavg())
     return result

@@ -1,4 +1,5 @@
 """Weight formats, chosen by name from :data:`WEIGHT_FORMATS`; one file each, registered on import."""
+
 from .base import WEIGHT_FORMATS, Packed, WeightFormat, build_format, get_weight_format
 
 # every built-in format registers itself here, when the package is imported (one line per format file)

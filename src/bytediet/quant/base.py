@@ -5,6 +5,7 @@ tensors and runs a linear layer on them. "Unquantized" is one more format. Forma
 name from :data:`WEIGHT_FORMATS`; a name may carry parameters (``int4-g128-sym``), parsed by the
 format's ``from_spec``.
 """
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod

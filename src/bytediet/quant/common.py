@@ -1,4 +1,5 @@
 """Helpers shared by the quantized weight formats: input checks, spec-suffix parsing, activation modes."""
+
 from __future__ import annotations
 
 from typing import Optional
@@ -8,20 +9,26 @@ import torch
 from ..errors import ConfigError
 
 
-def check_weight(weight: torch.Tensor, fmt_name: str, multiple_of: int = 1,
-                 group_sizes: tuple[int, ...] = ()) -> torch.Tensor:
+def check_weight(
+    weight: torch.Tensor, fmt_name: str, multiple_of: int = 1, group_sizes: tuple[int, ...] = ()
+) -> torch.Tensor:
     """Validate a (out, in) float weight for ``fmt_name`` and return it as contiguous float32.
 
     ``multiple_of``: the block / group size that must divide in_features; ``group_sizes``: the sizes the
     format offers, suggested when it does not divide.
     """
     if weight.dim() != 2:
-        raise ConfigError(f"{fmt_name}: expected a 2-D weight (out_features, in_features), got shape {tuple(weight.shape)}")
+        raise ConfigError(
+            f"{fmt_name}: expected a 2-D weight (out_features, in_features), got shape {tuple(weight.shape)}"
+        )
     k = weight.shape[1]
     if k % multiple_of:
         valid = [g for g in group_sizes if k % g == 0]
-        hint = (f"valid group sizes for it: {', '.join(map(str, valid))}" if valid else
-                "override this layer with a format without blocks (e.g. int8 or fp8)")
+        hint = (
+            f"valid group sizes for it: {', '.join(map(str, valid))}"
+            if valid
+            else "override this layer with a format without blocks (e.g. int8 or fp8)"
+        )
         raise ConfigError(f"{fmt_name}: block size {multiple_of} does not divide in_features ({k}); {hint}")
     w = weight.detach().float().contiguous()
     if not torch.isfinite(w).all():
@@ -83,8 +90,10 @@ def activations_only(cls, suffix: str):
         return cls()
     mode = ACTIVATION_SUFFIXES.get(suffix[1:]) if suffix.startswith("-") else None
     if mode is None:
-        raise ConfigError(f"weight format {cls.name!r} takes only an activation precision: {cls.name}, {cls.name}-a8 "
-                          f"or {cls.name}-af32, got {cls.name + suffix!r}")
+        raise ConfigError(
+            f"weight format {cls.name!r} takes only an activation precision: {cls.name}, {cls.name}-a8 "
+            f"or {cls.name}-af32, got {cls.name + suffix!r}"
+        )
     return cls().with_activations(mode)
 
 
@@ -97,9 +106,17 @@ def check_block_cut(fmt_name: str, start: int, stop: int, block: int) -> None:
         )
 
 
-def shard_columns_in_units(packed: dict[str, torch.Tensor], dim: int, start: int, stop: int, fmt_name: str, *,
-                           columns: Optional[dict[str, int]] = None, block: int = 1,
-                           whole: tuple[str, ...] = ()) -> dict[str, torch.Tensor]:
+def shard_columns_in_units(
+    packed: dict[str, torch.Tensor],
+    dim: int,
+    start: int,
+    stop: int,
+    fmt_name: str,
+    *,
+    columns: Optional[dict[str, int]] = None,
+    block: int = 1,
+    whole: tuple[str, ...] = (),
+) -> dict[str, torch.Tensor]:
     """The slice ``[start, stop)`` along ``dim`` of a format whose tensors are per output row (tensor parallelism,
     :meth:`bytediet.quant.base.WeightFormat.shard`).
 
@@ -119,7 +136,7 @@ def shard_columns_in_units(packed: dict[str, torch.Tensor], dim: int, start: int
             out[name] = t[start:stop].contiguous()
         elif columns and name in columns:
             unit = columns[name]
-            out[name] = t[:, start // unit:stop // unit].contiguous()
+            out[name] = t[:, start // unit : stop // unit].contiguous()
         else:
             out[name] = t
     return out

@@ -5,6 +5,7 @@ no Inf/NaN. The 8 magnitudes are 0, 0.5, 1, 1.5, 2, 3, 4, 6; code = sign << 3 | 
 Conversion from float rounds to nearest, ties to even (the code with mantissa bit 0), and saturates
 at ±6 (OCP MX v1.0 §6.3, "quantization": values beyond the element range are clamped).
 """
+
 from __future__ import annotations
 
 import torch
@@ -48,4 +49,3 @@ def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
 def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
     """(..., n/2) uint8 → (..., n) uint8 in 0..15 (inverse of :func:`pack_nibbles`)."""
     return torch.stack((packed & 0x0F, packed >> 4), dim=-1).flatten(-2)
-

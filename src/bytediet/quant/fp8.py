@@ -4,6 +4,7 @@ E4M3 as in "FP8 Formats for Deep Learning" (Micikevicius et al. 2022, arXiv 2209
 bits (bias 7), 3 mantissa bits, max ±448, no Inf (torch.float8_e4m3fn). Each row is scaled so its
 absmax lands on 448; PyTorch's cast rounds to nearest-even and saturates.
 """
+
 from __future__ import annotations
 
 from typing import Optional

@@ -13,6 +13,7 @@ products (llama.cpp's method; a small, measured accuracy cost), ``"q16"`` (the d
 plane for the rounding error (int16-like precision, twice the integer work, the same weight reads),
 ``"f32"`` keeps them in float. bench/RESULTS.md has the measured cost and speed of each.
 """
+
 from __future__ import annotations
 
 from typing import Sequence
@@ -23,9 +24,9 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from ..errors import CheckpointError, ConfigError
 from ..kernels import ops
+from ..kernels.ggml_codecs import DECODERS, ENCODERS
 from .base import WEIGHT_FORMATS, Packed, WeightFormat
 from .common import NativeActivations, activations_only, check_block_cut, check_weight
-from ..kernels.ggml_codecs import DECODERS, ENCODERS
 
 
 class GGUFBlocks(NativeActivations, WeightFormat):
@@ -88,7 +89,7 @@ class GGUFBlocks(NativeActivations, WeightFormat):
             return {"blocks": blocks[start:stop].contiguous()}
         bs, ts = self.block_size(), self.type_size()
         check_block_cut(self.name, start, stop, bs)
-        return {"blocks": blocks[:, start // bs * ts:stop // bs * ts].contiguous()}
+        return {"blocks": blocks[:, start // bs * ts : stop // bs * ts].contiguous()}
 
     def shape(self, packed: Packed) -> tuple[int, int]:
         """(out_features, in_features) of a packed weight."""
@@ -96,8 +97,9 @@ class GGUFBlocks(NativeActivations, WeightFormat):
         return out, nbytes // self.type_size() * self.block_size()
 
     @staticmethod
-    def from_gguf_tensor(raw: np.ndarray, ggml_type: int | GGMLQuantizationType,
-                         shape: Sequence[int]) -> tuple["GGUFBlocks", Packed]:
+    def from_gguf_tensor(
+        raw: np.ndarray, ggml_type: int | GGMLQuantizationType, shape: Sequence[int]
+    ) -> tuple["GGUFBlocks", Packed]:
         """Wrap a GGUF tensor's bytes without decoding them.
 
         raw: the tensor's uint8 data (any shape, e.g. ``GGUFReader``'s ``tensor.data``); ``shape``: the
@@ -123,9 +125,15 @@ class GGUFBlocks(NativeActivations, WeightFormat):
 
 def _register(gtype: GGMLQuantizationType) -> type[GGUFBlocks]:
     name = f"gguf-{gtype.name.lower()}"
-    cls = type(f"GGUF_{gtype.name}", (GGUFBlocks,), {
-        "name": name, "ggml_type": gtype, "__doc__": f"GGML {gtype.name} blocks, kept packed.",
-    })
+    cls = type(
+        f"GGUF_{gtype.name}",
+        (GGUFBlocks,),
+        {
+            "name": name,
+            "ggml_type": gtype,
+            "__doc__": f"GGML {gtype.name} blocks, kept packed.",
+        },
+    )
     return WEIGHT_FORMATS.register(name)(cls)
 
 

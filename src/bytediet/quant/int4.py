@@ -10,6 +10,7 @@ arXiv 2306.00978):
 
 Codes are packed with :func:`bytediet.quant.fp4.pack_nibbles` (element 2i in the low nibble).
 """
+
 from __future__ import annotations
 
 import torch
@@ -60,8 +61,9 @@ class Int4(NativeActivations, WeightFormat):
 
     def native_layout(self, packed: Packed):
         t = native_layouts.INT4_GROUPS[(self.group_size, self.symmetric)]
-        return t, native_layouts.pack_int4_groups(packed["qweight"], packed["scale"], packed.get("offset"),
-                                                  self.group_size)
+        return t, native_layouts.pack_int4_groups(
+            packed["qweight"], packed["scale"], packed.get("offset"), self.group_size
+        )
 
     def bits_per_weight(self, out_features: int, in_features: int) -> float:
         return 4.0 + (16.0 if self.symmetric else 32.0) / self.group_size
@@ -95,8 +97,9 @@ class Int4(NativeActivations, WeightFormat):
     def shard(self, packed: Packed, dim: int, start: int, stop: int) -> Packed:
         """Rows keep their groups; columns are cut on whole groups (codes two per byte, one scale [+ offset] each)."""
         g = self.group_size
-        return shard_columns_in_units(packed, dim, start, stop, self.spec(), block=g,
-                                      columns={"qweight": 2, "scale": g, "offset": g})
+        return shard_columns_in_units(
+            packed, dim, start, stop, self.spec(), block=g, columns={"qweight": 2, "scale": g, "offset": g}
+        )
 
 
 def _safe_inv(scale: torch.Tensor) -> torch.Tensor:

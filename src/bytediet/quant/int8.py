@@ -4,6 +4,7 @@ W8A8 follows LLM.int8()/SmoothQuant's execution scheme (Xiao et al. 2023, arXiv 
 token's activations get their own scale (absmax / 127) at run time, the product is an int8 × int8
 → int32 matrix multiply, and the int32 result is rescaled by s_x · s_w.
 """
+
 from __future__ import annotations
 
 from typing import Optional

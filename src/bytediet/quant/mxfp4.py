@@ -8,6 +8,7 @@ For each block of k = 32 values along the input dimension (spec §6.3, Algorithm
 
 and decoding is V_i ≈ X · P_i. An all-zero block gets X = 2^−127. bits per weight = 4 + 8/32 = 4.25.
 """
+
 from __future__ import annotations
 
 import torch
@@ -74,5 +75,6 @@ class MXFP4(NativeActivations, WeightFormat):
 
     def shard(self, packed: Packed, dim: int, start: int, stop: int) -> Packed:
         """Columns are cut on whole blocks of 32 (codes two per byte, one E8M0 scale per block)."""
-        return shard_columns_in_units(packed, dim, start, stop, self.spec(), block=BLOCK,
-                                      columns={"qweight": 2, "scale": BLOCK})
+        return shard_columns_in_units(
+            packed, dim, start, stop, self.spec(), block=BLOCK, columns={"qweight": 2, "scale": BLOCK}
+        )

@@ -10,6 +10,7 @@ Two-level scaling as NVIDIA defines it (NVIDIA Blackwell architecture / TensorRT
 
 A block whose E4M3 scale underflows to 0 decodes to 0. bits per weight = 4 + 8/16 + 32/(out·in).
 """
+
 from __future__ import annotations
 
 import torch
@@ -43,7 +44,9 @@ class NVFP4(NativeActivations, WeightFormat):
     def native_layout(self, packed: Packed):
         """Native kernels read the E2M1 codes as int8 2·v with the block scale (kernels/native_layouts.py);
         ``-a8``/``-af32`` choose their activation precision (default q16)."""
-        return native_layouts.NVFP4_BLOCKS, native_layouts.pack_nvfp4(packed["qweight"], packed["scale"], packed["tensor_scale"])
+        return native_layouts.NVFP4_BLOCKS, native_layouts.pack_nvfp4(
+            packed["qweight"], packed["scale"], packed["tensor_scale"]
+        )
 
     def bits_per_weight(self, out_features: int, in_features: int) -> float:
         return 4.0 + 8.0 / BLOCK + 32.0 / (out_features * in_features)
@@ -68,5 +71,13 @@ class NVFP4(NativeActivations, WeightFormat):
     def shard(self, packed: Packed, dim: int, start: int, stop: int) -> Packed:
         """Columns are cut on whole blocks of 16; every shard keeps the tensor scale of the whole weight (each
         rank's blocks were scaled by it, so the shards decode to exactly the unsplit weight's slices)."""
-        return shard_columns_in_units(packed, dim, start, stop, self.spec(), block=BLOCK,
-                                      columns={"qweight": 2, "scale": BLOCK}, whole=("tensor_scale",))
+        return shard_columns_in_units(
+            packed,
+            dim,
+            start,
+            stop,
+            self.spec(),
+            block=BLOCK,
+            columns={"qweight": 2, "scale": BLOCK},
+            whole=("tensor_scale",),
+        )

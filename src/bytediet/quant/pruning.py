@@ -12,6 +12,7 @@ A pruned format stores only the weights its mask keeps. Three kinds of caller ch
 ``span``: the columns inside which a selection is made — 4 for 2:4 (each group of 4 keeps 2), ``None``
 for a per-row choice (each row keeps half of the columns it is given).
 """
+
 from __future__ import annotations
 
 from typing import Any, Optional
@@ -53,8 +54,10 @@ class PrunedFormat(WeightFormat):
         """Validate a (out, in) weight for this format → contiguous float32 (raise with what to do)."""
         need = self.span or 2
         if weight.dim() == 2 and weight.shape[1] % need:
-            raise ConfigError(f"{self.spec()} needs in_features divisible by {need}, got {weight.shape[1]}; "
-                              "leave this layer dense (--skip LAYER) or override it with another format")
+            raise ConfigError(
+                f"{self.spec()} needs in_features divisible by {need}, got {weight.shape[1]}; "
+                "leave this layer dense (--skip LAYER) or override it with another format"
+            )
         return check_weight(weight, self.spec())
 
     def select(self, score: torch.Tensor) -> torch.Tensor:

@@ -21,14 +21,15 @@ Packed tensors (out = out_features, k = in_features, a multiple of 4):
 :meth:`apply` multiplies the re-densified weight with BLAS (the reference path); where the native kernels
 exist both formats are repacked once into block layouts of the same bytes and read in place.
 """
+
 from __future__ import annotations
 
 from typing import Optional
 
 import torch
 
-from ..kernels.reference import sparse24_positions
 from ..kernels import native_layouts
+from ..kernels.reference import sparse24_positions
 from .base import WEIGHT_FORMATS, Packed
 from .common import NativeActivations, activations_only, no_parameters, shard_columns_in_units
 from .int8 import quantize_rows_int8
@@ -132,8 +133,9 @@ class Sparse24Int8(NativeActivations, Sparse24):
     def native_layout(self, packed: Packed):
         if packed["values"].shape[1] % 16:  # whole blocks of 32 weights per row only
             return None
-        return native_layouts.SPARSE24_INT8, native_layouts.pack_sparse24_int8(packed["values"], packed["index"],
-                                                                               packed["scale"])
+        return native_layouts.SPARSE24_INT8, native_layouts.pack_sparse24_int8(
+            packed["values"], packed["index"], packed["scale"]
+        )
 
     def bits_per_weight(self, out_features: int, in_features: int) -> float:
         return super().bits_per_weight(out_features, in_features) + 32.0 / in_features

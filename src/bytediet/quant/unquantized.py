@@ -1,4 +1,5 @@
 """Unquantized weights (fp32 / bf16 / fp16): one more weight format, and the baseline."""
+
 from __future__ import annotations
 
 from typing import Optional

@@ -16,6 +16,7 @@ Packed tensors (out = out_features, k = in_features, even):
 the comparison isolates what the 2:4 constraint costs in accuracy. No CPU or GPU kernel reads this
 layout; :meth:`apply` multiplies the re-densified weight.
 """
+
 from __future__ import annotations
 
 import torch

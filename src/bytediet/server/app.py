@@ -8,12 +8,13 @@ served from this process: it renders offline).
 The middlewares (``middleware.py``) add API keys, CORS, the body limit, draining and request ids.
 With ``own_engine=True`` the app shuts the engine down when the ASGI server stops it.
 """
+
 from __future__ import annotations
 
 import logging
 import platform
-from importlib import resources
 from contextlib import asynccontextmanager
+from importlib import resources
 from typing import Optional, Sequence, Union
 
 import torch
@@ -32,18 +33,35 @@ from .metrics import ServerMetrics
 from .middleware import APIKeys, BodyLimit, Draining, RequestContext
 from .protocol import ChatCompletionRequest, CompletionRequest, ErrorResponse, ModelCard, ModelList
 from .serving import ServerState
-from .tokenize import (DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse, TokenizerInfo,
-                       detokenize, tokenize, tokenizer_info)
+from .tokenize import (
+    DetokenizeRequest,
+    DetokenizeResponse,
+    TokenizeRequest,
+    TokenizeResponse,
+    TokenizerInfo,
+    detokenize,
+    tokenize,
+    tokenizer_info,
+)
 
 log = logging.getLogger("bytediet.server")
 PAGE = (resources.files(__package__) / "web" / "index.html").read_text(encoding="utf-8")  # chat box + live metrics
-ERRORS = {400: {"model": ErrorResponse}, 401: {"model": ErrorResponse}, 404: {"model": ErrorResponse},
-          413: {"model": ErrorResponse}, 503: {"model": ErrorResponse}}
+ERRORS = {
+    400: {"model": ErrorResponse},
+    401: {"model": ErrorResponse},
+    404: {"model": ErrorResponse},
+    413: {"model": ErrorResponse},
+    503: {"model": ErrorResponse},
+}
 
 
-def build_app(engine: AsyncEngine, served_model_names: Union[str, Sequence[str]],
-              metrics: Optional[ServerMetrics] = None, own_engine: bool = False,
-              config: Optional[ServerConfig] = None) -> FastAPI:
+def build_app(
+    engine: AsyncEngine,
+    served_model_names: Union[str, Sequence[str]],
+    metrics: Optional[ServerMetrics] = None,
+    own_engine: bool = False,
+    config: Optional[ServerConfig] = None,
+) -> FastAPI:
     """An app serving ``engine`` under ``served_model_names`` (the first is the name responses carry).
 
     Raises ``ConfigError`` when ``config.max_model_len`` cannot be served (see ``served_model_len``).
@@ -52,8 +70,13 @@ def build_app(engine: AsyncEngine, served_model_names: Union[str, Sequence[str]]
     if not names or not all(isinstance(n, str) and n for n in names):
         raise ValueError("served_model_names: give at least one non-empty model name")
     config = config or ServerConfig()
-    state = ServerState(engine, names, metrics or ServerMetrics(engine, names[0]),
-                        served_model_len(engine.info, config.max_model_len), config)
+    state = ServerState(
+        engine,
+        names,
+        metrics or ServerMetrics(engine, names[0]),
+        served_model_len(engine.info, config.max_model_len),
+        config,
+    )
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
@@ -63,8 +86,13 @@ def build_app(engine: AsyncEngine, served_model_names: Union[str, Sequence[str]]
             total = engine.info.num_blocks
             log.info("engine stopped; KV blocks in use: %d of %d", total - engine.counters().num_free_blocks, total)
 
-    app = FastAPIOffline(title="bytediet", version=__version__, lifespan=lifespan, static_url="/docs/static",
-                         description="OpenAI-compatible completions and chat completions, served by bytediet.")
+    app = FastAPIOffline(
+        title="bytediet",
+        version=__version__,
+        lifespan=lifespan,
+        static_url="/docs/static",
+        description="OpenAI-compatible completions and chat completions, served by bytediet.",
+    )
     app.state.server = state
     install_error_handlers(app)
     _add_middleware(app, state)
@@ -92,8 +120,9 @@ def build_app(engine: AsyncEngine, served_model_names: Union[str, Sequence[str]]
         return {"version": __version__, "torch": torch.__version__, "python": platform.python_version()}
 
     def card(name: str) -> ModelCard:
-        return ModelCard(id=name, created=state.created, root=engine.info.source_path,
-                         max_model_len=state.max_model_len)
+        return ModelCard(
+            id=name, created=state.created, root=engine.info.source_path, max_model_len=state.max_model_len
+        )
 
     @app.get("/v1/models", response_model=ModelList, responses=ERRORS)
     async def models() -> ModelList:
@@ -102,8 +131,12 @@ def build_app(engine: AsyncEngine, served_model_names: Union[str, Sequence[str]]
     @app.get("/v1/models/{model_id:path}", response_model=ModelCard, responses=ERRORS)
     async def model(model_id: str) -> ModelCard:
         if model_id not in names:
-            raise APIError(404, f"The model `{model_id}` does not exist; this server serves {', '.join(names)}.",
-                           "model", code="model_not_found")
+            raise APIError(
+                404,
+                f"The model `{model_id}` does not exist; this server serves {', '.join(names)}.",
+                "model",
+                code="model_not_found",
+            )
         return card(model_id)
 
     @app.post("/tokenize", response_model=TokenizeResponse, responses=ERRORS)
@@ -136,8 +169,13 @@ def _add_middleware(app: FastAPI, state: ServerState) -> None:
         app.add_middleware(APIKeys, keys=config.api_keys)
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
     if config.allowed_origins:
-        app.add_middleware(CORSMiddleware, allow_origins=list(config.allowed_origins), allow_methods=["*"],
-                           allow_headers=["*"], expose_headers=["X-Request-Id"])
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(config.allowed_origins),
+            allow_methods=["*"],
+            allow_headers=["*"],
+            expose_headers=["X-Request-Id"],
+        )
     app.add_middleware(Draining, is_draining=lambda: state.drain.draining, retry_after=config.retry_after)
     app.add_middleware(RequestContext)
 

@@ -1,4 +1,5 @@
 """POST /v1/chat/completions: messages rendered with the model's chat template, whole or streamed as SSE."""
+
 from __future__ import annotations
 
 import time
@@ -14,10 +15,34 @@ from ..engine.sampling import TokenLogprobs
 from ..errors import BytedietError, ConfigError
 from . import tools
 from .errors import APIError
-from .protocol import (AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
-                       ChatCompletionResponse, ChatLogprob, ChatLogprobs, DeltaMessage, TopLogprob)
-from .serving import (DONE, Choice, EventStream, Job, ServerState, collect, error_event, make_jobs, new_id,
-                      run_jobs, sse, token_text, unless_disconnected, usage)
+from .protocol import (
+    AssistantMessage,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatLogprob,
+    ChatLogprobs,
+    DeltaMessage,
+    TopLogprob,
+)
+from .serving import (
+    DONE,
+    Choice,
+    EventStream,
+    Job,
+    ServerState,
+    collect,
+    error_event,
+    make_jobs,
+    new_id,
+    run_jobs,
+    sse,
+    token_text,
+    unless_disconnected,
+    usage,
+)
 
 FIELDS = tuple(ChatCompletionRequest.model_fields)
 
@@ -49,10 +74,12 @@ def chat_logprobs(tokenizer, lps: list[TokenLogprobs]) -> ChatLogprobs:
         text = token_text(tokenizer, token_id)
         return dict(token=text, logprob=logprob, bytes=list(text.encode("utf-8")))
 
-    return ChatLogprobs(content=[
-        ChatLogprob(**entry(lp.token_id, lp.logprob), top_logprobs=[TopLogprob(**entry(t, v)) for t, v in lp.top])
-        for lp in lps
-    ])
+    return ChatLogprobs(
+        content=[
+            ChatLogprob(**entry(lp.token_id, lp.logprob), top_logprobs=[TopLogprob(**entry(t, v)) for t, v in lp.top])
+            for lp in lps
+        ]
+    )
 
 
 async def create_chat_completion(body: ChatCompletionRequest, request: Request, state: ServerState) -> Response:
@@ -67,10 +94,18 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request, 
     choices = await unless_disconnected(request, collect(state, jobs, rid))
     replies = [_reply("".join(c.text), c.finish_reason, calls) for c in choices]
     out = ChatCompletionResponse(
-        id=rid, created=created, model=model,
-        choices=[ChatChoice(index=c.index, message=message, finish_reason=finish,
-                            logprobs=chat_logprobs(state.tokenizer, c.logprobs) if body.logprobs else None)
-                 for c, (message, finish) in zip(choices, replies)],
+        id=rid,
+        created=created,
+        model=model,
+        choices=[
+            ChatChoice(
+                index=c.index,
+                message=message,
+                finish_reason=finish,
+                logprobs=chat_logprobs(state.tokenizer, c.logprobs) if body.logprobs else None,
+            )
+            for c, (message, finish) in zip(choices, replies)
+        ],
         usage=usage(len(prompt), choices),
     )
     return Response(out.model_dump_json(), media_type="application/json")
@@ -84,8 +119,9 @@ def _prepare(state: ServerState, body: ChatCompletionRequest) -> tuple[list[int]
         specs, choice = tools.parse(body.tools, body.tool_choice)
         schema = tools.call_schema(specs, choice) if specs else None
         if schema is not None and body.response_format is not None and body.response_format.type != "text":
-            raise ConfigError("response_format: cannot be combined with a tool call, which has its own format; "
-                              "leave one of them out")
+            raise ConfigError(
+                "response_format: cannot be combined with a tool call, which has its own format; leave one of them out"
+            )
         masks = state.grammars.masks(schema) if schema is not None else state.grammars.masks_for(body.response_format)
         prompt = chat_token_ids(state, body, tools.system_text(specs) if schema is not None else None)
         return prompt, make_jobs(state, [prompt], params, masks, body.priority), schema is not None
@@ -102,8 +138,16 @@ def _reply(text: str, finish: Optional[str], calls: bool) -> tuple[AssistantMess
     return AssistantMessage(content=None, tool_calls=[call.model_dump()]), "tool_calls"
 
 
-async def _events(state: ServerState, jobs: list[Job], rid: str, created: int, model: str,
-                  body: ChatCompletionRequest, num_prompt: int, calls: bool = False) -> AsyncIterator[str]:
+async def _events(
+    state: ServerState,
+    jobs: list[Job],
+    rid: str,
+    created: int,
+    model: str,
+    body: ChatCompletionRequest,
+    num_prompt: int,
+    calls: bool = False,
+) -> AsyncIterator[str]:
     """OpenAI's chunk sequence per choice: the role, content deltas, an empty delta with ``finish_reason``.
 
     A tool call is sent whole, as one ``tool_calls`` delta when its choice finishes (a valid OpenAI stream).
@@ -111,8 +155,9 @@ async def _events(state: ServerState, jobs: list[Job], rid: str, created: int, m
     exclude = None if body.include_usage else {"usage"}
     choices = {job.index: Choice(job.index) for job in jobs}
 
-    def chunk(index: int, delta: DeltaMessage, logprobs: Optional[ChatLogprobs] = None,
-              finish: Optional[str] = None) -> str:
+    def chunk(
+        index: int, delta: DeltaMessage, logprobs: Optional[ChatLogprobs] = None, finish: Optional[str] = None
+    ) -> str:
         c = ChatChunkChoice(index=index, delta=delta, logprobs=logprobs, finish_reason=finish)
         return sse(ChatCompletionChunk(id=rid, created=created, model=model, choices=[c]), exclude)
 
@@ -130,15 +175,18 @@ async def _events(state: ServerState, jobs: list[Job], rid: str, created: int, m
                     finish = out.finish_reason
                     if calls:
                         message, finish = _reply("".join(choices[index].text), finish, True)
-                        delta = DeltaMessage(content=message.content, tool_calls=[
-                            {"index": i, **c} for i, c in enumerate(message.tool_calls or [])] or None)
+                        delta = DeltaMessage(
+                            content=message.content,
+                            tool_calls=[{"index": i, **c} for i, c in enumerate(message.tool_calls or [])] or None,
+                        )
                         yield chunk(index, delta)
                     yield chunk(index, DeltaMessage(), finish=finish)
     except Exception as exc:
         yield error_event(exc)
     else:
         if body.include_usage:
-            final = ChatCompletionChunk(id=rid, created=created, model=model, choices=[],
-                                        usage=usage(num_prompt, list(choices.values())))
+            final = ChatCompletionChunk(
+                id=rid, created=created, model=model, choices=[], usage=usage(num_prompt, list(choices.values()))
+            )
             yield sse(final)
     yield DONE

@@ -1,4 +1,5 @@
 """POST /v1/completions: text or token-id prompts (or a batch of them), whole or streamed as SSE."""
+
 from __future__ import annotations
 
 import time
@@ -13,8 +14,22 @@ from ..engine.sampling import TokenLogprobs
 from ..errors import BytedietError, ConfigError
 from .errors import APIError
 from .protocol import CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse
-from .serving import (DONE, Choice, EventStream, Job, ServerState, collect, error_event, make_jobs, new_id,
-                      run_jobs, sse, token_text, unless_disconnected, usage)
+from .serving import (
+    DONE,
+    Choice,
+    EventStream,
+    Job,
+    ServerState,
+    collect,
+    error_event,
+    make_jobs,
+    new_id,
+    run_jobs,
+    sse,
+    token_text,
+    unless_disconnected,
+    usage,
+)
 
 FIELDS = tuple(CompletionRequest.model_fields)
 
@@ -69,8 +84,9 @@ def prompt_logprobs_block(tokenizer, ids: list[int], lps: list[Optional[TokenLog
         block.text_offset.append(offset)
         offset += len(text)
         block.token_logprobs.append(None if lp is None else lp.logprob)
-        block.top_logprobs.append(None if lp is None else
-                                  {**{token_text(tokenizer, t): v for t, v in lp.top}, text: lp.logprob})
+        block.top_logprobs.append(
+            None if lp is None else {**{token_text(tokenizer, t): v for t, v in lp.top}, text: lp.logprob}
+        )
     return block
 
 
@@ -99,9 +115,12 @@ async def create_completion(body: CompletionRequest, request: Request, state: Se
         return EventStream(_events(state, jobs, rid, created, model, body, num_prompt, echoes))
     choices = [_generated(c, body) for c in await unless_disconnected(request, collect(state, jobs, rid))]
     out = CompletionResponse(
-        id=rid, created=created, model=model,
-        choices=[_choice(state.tokenizer, body, c, prompts[c.index // body.n], echoes[c.index // body.n])
-                 for c in choices],
+        id=rid,
+        created=created,
+        model=model,
+        choices=[
+            _choice(state.tokenizer, body, c, prompts[c.index // body.n], echoes[c.index // body.n]) for c in choices
+        ],
         usage=usage(num_prompt, choices),
     )
     return Response(out.model_dump_json(), media_type="application/json")
@@ -114,8 +133,9 @@ def _choice(tokenizer, body: CompletionRequest, c: Choice, prompt_ids: list[int]
         logprobs = logprobs_block(tokenizer, c.logprobs, len(echo))[0]
         if body.echo:
             logprobs = join(prompt_logprobs_block(tokenizer, prompt_ids, c.prompt_logprobs or [None]), logprobs)
-    return CompletionChoice(index=c.index, text=echo + "".join(c.text), finish_reason=c.finish_reason,
-                            logprobs=logprobs)
+    return CompletionChoice(
+        index=c.index, text=echo + "".join(c.text), finish_reason=c.finish_reason, logprobs=logprobs
+    )
 
 
 def _prepare(state: ServerState, body: CompletionRequest) -> tuple[list[list[int]], list[Job], list[str]]:
@@ -123,22 +143,36 @@ def _prepare(state: ServerState, body: CompletionRequest) -> tuple[list[list[int
     the text ``echo`` puts first ("" without echo)."""
     try:
         params = body.to_sampling_params()
-        if isinstance(body.prompt, list) and len(body.prompt) > state.config.max_prompts_per_request \
-                and not isinstance(body.prompt[0], int):  # refuse before tokenizing a huge batch
-            raise ConfigError(f"prompt: {len(body.prompt)} prompts in one request exceed the server's limit of "
-                              f"{state.config.max_prompts_per_request}; split the batch over several requests")
+        if (
+            isinstance(body.prompt, list)
+            and len(body.prompt) > state.config.max_prompts_per_request
+            and not isinstance(body.prompt[0], int)
+        ):  # refuse before tokenizing a huge batch
+            raise ConfigError(
+                f"prompt: {len(body.prompt)} prompts in one request exceed the server's limit of "
+                f"{state.config.max_prompts_per_request}; split the batch over several requests"
+            )
         prompts = prompt_token_ids(state, body.prompt)
-        jobs = make_jobs(state, prompts, params, state.grammars.masks_for(body.response_format),
-                         body.priority)
-        echoes = [echo_text(state.tokenizer, p, ids) if body.echo else ""
-                  for p, ids in zip(split_prompts(body.prompt), prompts)]
+        jobs = make_jobs(state, prompts, params, state.grammars.masks_for(body.response_format), body.priority)
+        echoes = [
+            echo_text(state.tokenizer, p, ids) if body.echo else ""
+            for p, ids in zip(split_prompts(body.prompt), prompts)
+        ]
         return prompts, jobs, echoes
     except BytedietError as exc:
         raise APIError.bad_request(exc, fields=FIELDS) from exc
 
 
-async def _events(state: ServerState, jobs: list[Job], rid: str, created: int, model: str,
-                  body: CompletionRequest, num_prompt: int, echoes: list[str]) -> AsyncIterator[str]:
+async def _events(
+    state: ServerState,
+    jobs: list[Job],
+    rid: str,
+    created: int,
+    model: str,
+    body: CompletionRequest,
+    num_prompt: int,
+    echoes: list[str],
+) -> AsyncIterator[str]:
     """One chunk per engine output that carries text or logprobs, one with ``finish_reason`` per choice.
 
     With ``echo`` a choice's first chunk starts with its prompt (and the prompt's logprobs).
@@ -166,8 +200,9 @@ async def _events(state: ServerState, jobs: list[Job], rid: str, created: int, m
                     echo = echoes[index // body.n]
                     text, offsets[index] = echo + text, len(echo)
                     if want:
-                        block = prompt_logprobs_block(state.tokenizer, prompt_ids[index],
-                                                      choices[index].prompt_logprobs or [None])
+                        block = prompt_logprobs_block(
+                            state.tokenizer, prompt_ids[index], choices[index].prompt_logprobs or [None]
+                        )
                 if want and lps:
                     generated, offsets[index] = logprobs_block(state.tokenizer, lps, offsets[index])
                     block = join(block, generated)
@@ -179,7 +214,12 @@ async def _events(state: ServerState, jobs: list[Job], rid: str, created: int, m
         yield error_event(exc)
     else:
         if body.include_usage:
-            final = CompletionResponse(id=rid, created=created, model=model, choices=[],
-                                       usage=usage(num_prompt, [_generated(c, body) for c in choices.values()]))
+            final = CompletionResponse(
+                id=rid,
+                created=created,
+                model=model,
+                choices=[],
+                usage=usage(num_prompt, [_generated(c, body) for c in choices.values()]),
+            )
             yield sse(final)
     yield DONE

@@ -1,4 +1,5 @@
 """The server's own settings (limits, keys, CORS, shutdown) and the context length it really serves."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -41,7 +42,9 @@ class ServerConfig:
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
         if self.max_model_len is not None and self.max_model_len < 2:
-            raise ConfigError(f"--max-model-len must be at least 2 (one prompt and one new token), got {self.max_model_len}")
+            raise ConfigError(
+                f"--max-model-len must be at least 2 (one prompt and one new token), got {self.max_model_len}"
+            )
         if self.shutdown_timeout < 0:
             raise ConfigError(f"--shutdown-timeout must be >= 0 seconds, got {self.shutdown_timeout}")
 
@@ -57,10 +60,14 @@ def served_model_len(info, requested: Optional[int]) -> int:
     if requested is None:
         return min(model_len, capacity)
     if requested > model_len:
-        raise ConfigError(f"--max-model-len {requested} exceeds the model's context window of {model_len} tokens; "
-                          f"give at most {model_len}")
+        raise ConfigError(
+            f"--max-model-len {requested} exceeds the model's context window of {model_len} tokens; "
+            f"give at most {model_len}"
+        )
     if requested > capacity:
-        raise ConfigError(f"--max-model-len {requested} does not fit the KV cache, which holds {capacity} tokens; "
-                          f"raise --kv-cache-memory (about {requested / capacity:.1f}x the current budget) "
-                          f"or give --max-model-len {capacity} or less")
+        raise ConfigError(
+            f"--max-model-len {requested} does not fit the KV cache, which holds {capacity} tokens; "
+            f"raise --kv-cache-memory (about {requested / capacity:.1f}x the current budget) "
+            f"or give --max-model-len {capacity} or less"
+        )
     return requested

@@ -4,6 +4,7 @@ Bad input never reaches the engine: pydantic errors (malformed JSON, a missing o
 the engine's own ``ConfigError`` (a value out of range, a prompt too long) both become HTTP 400 naming
 the field in ``param``; the server keeps serving other requests.
 """
+
 from __future__ import annotations
 
 import re
@@ -23,16 +24,23 @@ _FIELD = re.compile(r"^([a-z_]+)\b")
 class APIError(Exception):
     """An error the client must see as ``status`` with OpenAI's error object."""
 
-    def __init__(self, status: int, message: str, param: Optional[str] = None,
-                 type: str = "invalid_request_error", code: Optional[str] = None,
-                 headers: Optional[dict[str, str]] = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: Optional[str] = None,
+        type: str = "invalid_request_error",
+        code: Optional[str] = None,
+        headers: Optional[dict[str, str]] = None,
+    ) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.type, self.code = status, message, param, type, code
         self.headers = headers
 
     @classmethod
-    def bad_request(cls, exc: BytedietError, aliases: Optional[dict[str, str]] = None,
-                    fields: Sequence[str] = ()) -> "APIError":
+    def bad_request(
+        cls, exc: BytedietError, aliases: Optional[dict[str, str]] = None, fields: Sequence[str] = ()
+    ) -> "APIError":
         """HTTP 400 from an engine error whose message starts with the field name ("temperature must ...").
 
         ``aliases`` renames engine fields to the request's (``prompt`` → ``messages`` for chat), in
@@ -43,7 +51,7 @@ class APIError(Exception):
         match = _FIELD.match(message)
         param = match.group(1) if match else None
         if param in (aliases or {}):  # say it in the request's words
-            message = aliases[param] + message[len(param):]
+            message = aliases[param] + message[len(param) :]
             param = aliases[param]
         return cls(400, message, param if param in fields else None)
 
@@ -51,9 +59,14 @@ class APIError(Exception):
         return error_response(self.status, self.message, self.param, self.type, self.code, self.headers)
 
 
-def error_response(status: int, message: str, param: Optional[str] = None,
-                   type: str = "invalid_request_error", code: Optional[str] = None,
-                   headers: Optional[dict[str, str]] = None) -> JSONResponse:
+def error_response(
+    status: int,
+    message: str,
+    param: Optional[str] = None,
+    type: str = "invalid_request_error",
+    code: Optional[str] = None,
+    headers: Optional[dict[str, str]] = None,
+) -> JSONResponse:
     """OpenAI's error object; text the client sent (a lone surrogate in a model name) is escaped, never a 500."""
     message = message.encode("utf-8", "backslashreplace").decode("utf-8")
     body = ErrorResponse(error=ErrorInfo(message=message, type=type, param=param, code=code))
@@ -68,8 +81,11 @@ def _validation_error(exc: RequestValidationError) -> JSONResponse:
         return error_response(400, f"malformed JSON body: {first.get('ctx', {}).get('error', first.get('msg'))}")
     loc = [part for part in first.get("loc", ()) if part != "body"]
     if not loc:
-        return error_response(400, "the body must be a JSON object sent with Content-Type: application/json "
-                              f"({first.get('msg', 'invalid body')})")
+        return error_response(
+            400,
+            "the body must be a JSON object sent with Content-Type: application/json "
+            f"({first.get('msg', 'invalid body')})",
+        )
     return error_response(400, _describe(str(loc[0]), errors), str(loc[0]))
 
 
@@ -108,4 +124,5 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _http(_: Request, exc: HTTPException) -> JSONResponse:
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
         return error_response(exc.status_code, str(exc.detail), type=kind)
+
     # Unexpected exceptions become a 500 in middleware.RequestContext, which keeps the connection alive.

@@ -15,6 +15,7 @@ several apps can coexist in one process):
   per tier (``ram``, ``disk``): prompt tokens loaded (hits) and recomputed by the policy, bytes held, load latency
   (a summary: count and total seconds), and the tokens no tier held (misses).
 """
+
 from __future__ import annotations
 
 import time
@@ -29,12 +30,74 @@ from ..engine.engine import StepOutput
 
 PREFIX = "bytediet:"
 # Bucket edges from vLLM's metrics (vllm/v1/metrics/loggers.py), in seconds.
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
-TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-                20.0, 40.0, 80.0)
-E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
-               240.0, 480.0, 960.0, 1920.0, 7680.0)
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+TPOT_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+E2E_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
 
 
 class _EngineCollector(Collector):
@@ -60,24 +123,35 @@ class _EngineCollector(Collector):
         c = self.async_engine.counters()
         yield self._gauge("num_requests_running", "Requests being computed.", c.num_running)
         yield self._gauge("num_requests_waiting", "Requests queued for their first schedule.", c.num_waiting)
-        yield self._gauge("kv_cache_usage_perc", "Fraction of KV-cache blocks in use (1 = full).",
-                          1.0 - c.num_free_blocks / max(self.num_blocks, 1))
-        yield self._counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
-                            c.prefix_queries * self.block_size)
-        yield self._counter("prefix_cache_hits", "Prompt tokens found in the prefix cache.",
-                            c.prefix_hits * self.block_size)
+        yield self._gauge(
+            "kv_cache_usage_perc",
+            "Fraction of KV-cache blocks in use (1 = full).",
+            1.0 - c.num_free_blocks / max(self.num_blocks, 1),
+        )
+        yield self._counter(
+            "prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", c.prefix_queries * self.block_size
+        )
+        yield self._counter(
+            "prefix_cache_hits", "Prompt tokens found in the prefix cache.", c.prefix_hits * self.block_size
+        )
         yield self._counter("num_preemptions", "Requests preempted to free KV blocks.", c.num_preemptions)
-        yield self._counter("spec_decode_num_drafts", "Request-steps that verified speculative drafts.",
-                            c.spec_verifications)
+        yield self._counter(
+            "spec_decode_num_drafts", "Request-steps that verified speculative drafts.", c.spec_verifications
+        )
         yield self._counter("spec_decode_num_draft_tokens", "Speculative draft tokens proposed.", c.spec_draft_tokens)
-        yield self._counter("spec_decode_num_accepted_tokens", "Speculative draft tokens the target accepted.",
-                            c.spec_accepted_tokens)
-        info = GaugeMetricFamily(PREFIX + "engine_info", "What is served (value 1): KV codec and weight format.",
-                                 labels=["model_name", "kv_codec", "weight_format"])
+        yield self._counter(
+            "spec_decode_num_accepted_tokens", "Speculative draft tokens the target accepted.", c.spec_accepted_tokens
+        )
+        info = GaugeMetricFamily(
+            PREFIX + "engine_info",
+            "What is served (value 1): KV codec and weight format.",
+            labels=["model_name", "kv_codec", "weight_format"],
+        )
         info.add_metric(self.labels + [self.kv_codec, self.weight_format], 1.0)
         yield info
-        yield self._gauge("kv_cache_compression_ratio", "KV-cache bytes at fp16 / bytes as stored by the codec.",
-                          self.compression)
+        yield self._gauge(
+            "kv_cache_compression_ratio", "KV-cache bytes at fp16 / bytes as stored by the codec.", self.compression
+        )
         engine = getattr(self.async_engine, "engine", None)  # in-process engine (thread mode): its KV tiers
         if engine is not None and getattr(engine, "tiers", None) is not None:
             yield from self._tiers(engine.tiers)
@@ -85,15 +159,20 @@ class _EngineCollector(Collector):
     def _tiers(self, tiers):
         """The KV tiers below the pool, one ``tier`` label each."""
         families = {
-            "hits": CounterMetricFamily(PREFIX + "kv_offload_hit_tokens", "Prompt tokens loaded from a KV tier.",
-                                        labels=["model_name", "tier"]),
-            "skipped": CounterMetricFamily(PREFIX + "kv_offload_skipped_tokens",
-                                           "Prompt tokens a KV tier held but recomputed (loading predicted slower).",
-                                           labels=["model_name", "tier"]),
-            "bytes": GaugeMetricFamily(PREFIX + "kv_offload_bytes", "Bytes of KV blocks held by a tier.",
-                                       labels=["model_name", "tier"]),
-            "latency": SummaryMetricFamily(PREFIX + "kv_offload_load_seconds", "Time to load a request's blocks.",
-                                           labels=["model_name", "tier"]),
+            "hits": CounterMetricFamily(
+                PREFIX + "kv_offload_hit_tokens", "Prompt tokens loaded from a KV tier.", labels=["model_name", "tier"]
+            ),
+            "skipped": CounterMetricFamily(
+                PREFIX + "kv_offload_skipped_tokens",
+                "Prompt tokens a KV tier held but recomputed (loading predicted slower).",
+                labels=["model_name", "tier"],
+            ),
+            "bytes": GaugeMetricFamily(
+                PREFIX + "kv_offload_bytes", "Bytes of KV blocks held by a tier.", labels=["model_name", "tier"]
+            ),
+            "latency": SummaryMetricFamily(
+                PREFIX + "kv_offload_load_seconds", "Time to load a request's blocks.", labels=["model_name", "tier"]
+            ),
         }
         held = tiers.tier_bytes()
         for tier, s in tiers.stats.items():
@@ -103,8 +182,9 @@ class _EngineCollector(Collector):
             families["bytes"].add_metric(labels, held[tier])
             families["latency"].add_metric(labels, s.loads, s.load_seconds)
         yield from families.values()
-        yield self._counter("kv_offload_miss_tokens", "Prompt tokens looked up below the pool and found in no tier.",
-                            tiers.miss_tokens)
+        yield self._counter(
+            "kv_offload_miss_tokens", "Prompt tokens looked up below the pool and found in no tier.", tiers.miss_tokens
+        )
 
 
 class ServerMetrics:
@@ -114,22 +194,41 @@ class ServerMetrics:
         self.registry = CollectorRegistry()
         self.model_name = model_name
         r, lab = self.registry, ["model_name"]
-        self.request_success = Counter(PREFIX + "request_success", "Finished requests by finish reason.",
-                                       lab + ["finished_reason"], registry=r)
-        self.prompt_tokens = Counter(PREFIX + "prompt_tokens", "Prompt tokens of accepted requests.", lab,
-                                     registry=r).labels(model_name)
-        self.generation_tokens = Counter(PREFIX + "generation_tokens", "Generated tokens.", lab,
-                                         registry=r).labels(model_name)
-        self.ttft = Histogram(PREFIX + "time_to_first_token_seconds", "Time from arrival to the first token.",
-                              lab, buckets=TTFT_BUCKETS, registry=r).labels(model_name)
-        self.tpot = Histogram(PREFIX + "time_per_output_token_seconds", "Time per output token after the first.",
-                              lab, buckets=TPOT_BUCKETS, registry=r).labels(model_name)
-        self.e2e = Histogram(PREFIX + "e2e_request_latency_seconds",
-                             "Time from arrival to the end (finished requests).", lab, buckets=E2E_BUCKETS, registry=r).labels(model_name)
+        self.request_success = Counter(
+            PREFIX + "request_success", "Finished requests by finish reason.", lab + ["finished_reason"], registry=r
+        )
+        self.prompt_tokens = Counter(
+            PREFIX + "prompt_tokens", "Prompt tokens of accepted requests.", lab, registry=r
+        ).labels(model_name)
+        self.generation_tokens = Counter(PREFIX + "generation_tokens", "Generated tokens.", lab, registry=r).labels(
+            model_name
+        )
+        self.ttft = Histogram(
+            PREFIX + "time_to_first_token_seconds",
+            "Time from arrival to the first token.",
+            lab,
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        ).labels(model_name)
+        self.tpot = Histogram(
+            PREFIX + "time_per_output_token_seconds",
+            "Time per output token after the first.",
+            lab,
+            buckets=TPOT_BUCKETS,
+            registry=r,
+        ).labels(model_name)
+        self.e2e = Histogram(
+            PREFIX + "e2e_request_latency_seconds",
+            "Time from arrival to the end (finished requests).",
+            lab,
+            buckets=E2E_BUCKETS,
+            registry=r,
+        ).labels(model_name)
         self.registry.register(_EngineCollector(async_engine, model_name))
 
-    async def track(self, stream: AsyncIterator[StepOutput], num_prompt_tokens: int,
-                    arrival: Optional[float] = None) -> AsyncIterator[StepOutput]:
+    async def track(
+        self, stream: AsyncIterator[StepOutput], num_prompt_tokens: int, arrival: Optional[float] = None
+    ) -> AsyncIterator[StepOutput]:
         """Pass ``stream`` through, observing one request; a stream closed early counts as ``abort``."""
         arrival = time.perf_counter() if arrival is None else arrival
         last, reason = None, "abort"

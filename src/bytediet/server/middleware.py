@@ -13,6 +13,7 @@ untouched and a client's ``http.disconnect`` still reaches the endpoint.
 * :class:`APIKeys`: ``Authorization: Bearer KEY`` on every ``/v1`` route and on ``/tokenize``, ``/detokenize``,
   ``/tokenizer_info``.
 """
+
 from __future__ import annotations
 
 import logging
@@ -63,12 +64,21 @@ class RequestContext:
             if status[0]:  # the response already started: only dropping the connection can end it
                 raise
             log.exception("internal error while serving request %s", rid)
-            await error_response(500, f"internal server error: {type(exc).__name__}: {exc}",
-                                 type="server_error")(scope, receive, send_with_id)
+            await error_response(500, f"internal server error: {type(exc).__name__}: {exc}", type="server_error")(
+                scope, receive, send_with_id
+            )
         finally:
             client = scope.get("client") or ("-", 0)
-            access_log.info('%s:%s "%s %s" %d %.3fs request_id=%s', client[0], client[1], scope["method"],
-                            scope["path"], status[0], time.perf_counter() - t0, rid)
+            access_log.info(
+                '%s:%s "%s %s" %d %.3fs request_id=%s',
+                client[0],
+                client[1],
+                scope["method"],
+                scope["path"],
+                status[0],
+                time.perf_counter() - t0,
+                rid,
+            )
 
 
 class Draining:
@@ -79,9 +89,13 @@ class Draining:
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http" and self.is_draining():
-            response = error_response(503, "the server is shutting down; retry on another replica or later",
-                                      type="server_error", code="shutting_down",
-                                      headers={"Retry-After": str(self.retry_after), "Connection": "close"})
+            response = error_response(
+                503,
+                "the server is shutting down; retry on another replica or later",
+                type="server_error",
+                code="shutting_down",
+                headers={"Retry-After": str(self.retry_after), "Connection": "close"},
+            )
             return await response(scope, receive, send)
         await self.app(scope, receive, send)
 
@@ -93,9 +107,13 @@ class BodyLimit:
         self.app, self.max_bytes = app, max_bytes
 
     def _refuse(self, size: str):
-        return error_response(413, f"the request body ({size}) exceeds the server's limit of {self.max_bytes} "
-                              "bytes; send a smaller request or start the server with a larger --max-body-bytes",
-                              code="request_too_large", headers={"Connection": "close"})
+        return error_response(
+            413,
+            f"the request body ({size}) exceeds the server's limit of {self.max_bytes} "
+            "bytes; send a smaller request or start the server with a larger --max-body-bytes",
+            code="request_too_large",
+            headers={"Connection": "close"},
+        )
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -142,10 +160,18 @@ class APIKeys:
         return any(secrets.compare_digest(given, key) for key in self.keys)
 
     async def __call__(self, scope, receive, send) -> None:
-        if (scope["type"] == "http" and scope["method"] != "OPTIONS" and scope["path"].startswith(self.GUARDED)
-                and not self._allowed(scope)):
-            response = error_response(401, "Incorrect or missing API key: send it as 'Authorization: Bearer KEY' "
-                                      "(a key given to the server with --api-key or BYTEDIET_API_KEY)",
-                                      code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+        if (
+            scope["type"] == "http"
+            and scope["method"] != "OPTIONS"
+            and scope["path"].startswith(self.GUARDED)
+            and not self._allowed(scope)
+        ):
+            response = error_response(
+                401,
+                "Incorrect or missing API key: send it as 'Authorization: Bearer KEY' "
+                "(a key given to the server with --api-key or BYTEDIET_API_KEY)",
+                code="invalid_api_key",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
             return await response(scope, receive, send)
         await self.app(scope, receive, send)

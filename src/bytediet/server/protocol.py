@@ -6,6 +6,7 @@ plus vLLM's extensions (``top_k``, ``min_p``, ``repetition_penalty``, ``ignore_e
 :class:`bytediet.engine.params.SamplingParams` is the one place that knows them, and its
 ``ConfigError`` names the field (the server turns it into an HTTP 400 with that ``param``).
 """
+
 from __future__ import annotations
 
 import json
@@ -26,8 +27,10 @@ def _utf8(text: str) -> str:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
         bad = text[exc.start]
-        raise ValueError(f"holds a lone UTF-16 surrogate (\\u{ord(bad):04x}) at character {exc.start}, "
-                         "which is not valid Unicode; send the full surrogate pair or the character itself") from None
+        raise ValueError(
+            f"holds a lone UTF-16 surrogate (\\u{ord(bad):04x}) at character {exc.start}, "
+            "which is not valid Unicode; send the full surrogate pair or the character itself"
+        ) from None
     return text
 
 
@@ -78,20 +81,38 @@ class _SamplingRequest(_Schema):
             raise ValueError("only allowed when stream is true; leave it out or set stream to true")
         return value
 
-    def sampling_params(self, max_tokens: Optional[int], logprobs: Optional[int],
-                        prompt_logprobs: Optional[int] = None) -> SamplingParams:
+    def sampling_params(
+        self, max_tokens: Optional[int], logprobs: Optional[int], prompt_logprobs: Optional[int] = None
+    ) -> SamplingParams:
         """The engine's parameters; raises ``ConfigError`` naming the field for a bad value."""
         if self.logit_bias:
             raise ConfigError("logit_bias: not supported by this server; leave it out")
-        given = {key: getattr(self, key) for key in (
-            "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
-            "repetition_penalty", "seed") if getattr(self, key) is not None}
+        given = {
+            key: getattr(self, key)
+            for key in (
+                "temperature",
+                "top_p",
+                "top_k",
+                "min_p",
+                "presence_penalty",
+                "frequency_penalty",
+                "repetition_penalty",
+                "seed",
+            )
+            if getattr(self, key) is not None
+        }
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         return SamplingParams(
-            n=self.n, max_tokens=max_tokens, logprobs=logprobs, stop=tuple(stop),
-            stop_token_ids=tuple(self.stop_token_ids or ()), ignore_eos=self.ignore_eos,
+            n=self.n,
+            max_tokens=max_tokens,
+            logprobs=logprobs,
+            stop=tuple(stop),
+            stop_token_ids=tuple(self.stop_token_ids or ()),
+            ignore_eos=self.ignore_eos,
             include_stop_str_in_output=self.include_stop_str_in_output,
-            skip_special_tokens=self.skip_special_tokens, prompt_logprobs=prompt_logprobs, **given,
+            skip_special_tokens=self.skip_special_tokens,
+            prompt_logprobs=prompt_logprobs,
+            **given,
         )
 
     @property
@@ -154,8 +175,9 @@ class CompletionRequest(_SamplingRequest):
         return self.echo and self.max_tokens == 0
 
     def to_sampling_params(self) -> SamplingParams:
-        return self.sampling_params(1 if self.echo_only else self.max_tokens, self.logprobs,
-                                    self.logprobs if self.echo else None)
+        return self.sampling_params(
+            1 if self.echo_only else self.max_tokens, self.logprobs, self.logprobs if self.echo else None
+        )
 
 
 class ContentPart(_Schema):
@@ -181,9 +203,15 @@ class ChatMessage(_Schema):
                 raise ConfigError(f"messages: message {index} has a {other[0]!r} part; only text parts are supported")
             content = "\n".join(p.text or "" for p in content)
         if not content and self.tool_calls:
-            content = "\n".join(json.dumps({"name": c.get("function", {}).get("name"),
-                                            "arguments": _arguments(c.get("function", {}).get("arguments"))})
-                                 for c in self.tool_calls)
+            content = "\n".join(
+                json.dumps(
+                    {
+                        "name": c.get("function", {}).get("name"),
+                        "arguments": _arguments(c.get("function", {}).get("arguments")),
+                    }
+                )
+                for c in self.tool_calls
+            )
         role = "system" if self.role == "developer" else self.role  # OpenAI's new name for the system role
         return {"role": role, "content": content or ""}
 

@@ -5,6 +5,7 @@ An API request becomes several engine requests (one per prompt × ``n``), each a
 that went away) cancels every job, and each job's ``AsyncEngine.generate`` aborts its engine
 request, which frees its KV blocks at once.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -69,17 +70,26 @@ class ServerState:
         """503 with ``Retry-After`` when the waiting queue cannot take ``num_sequences`` more."""
         limit = self.config.max_waiting_sequences
         if self.num_waiting + num_sequences > limit:
-            raise APIError(503, f"the server is busy: {self.num_waiting} sequences are waiting (limit {limit}); "
-                           "retry after a few seconds", type="server_error", code="server_busy",
-                           headers={"Retry-After": str(self.config.retry_after)})
+            raise APIError(
+                503,
+                f"the server is busy: {self.num_waiting} sequences are waiting (limit {limit}); "
+                "retry after a few seconds",
+                type="server_error",
+                code="server_busy",
+                headers={"Retry-After": str(self.config.retry_after)},
+            )
 
     def model_name(self, requested: Optional[str]) -> str:
         """The name to answer with; an unknown name is a 404 (as OpenAI's ``model_not_found``)."""
         if requested is None:
             return self.model_names[0]
         if requested not in self.model_names:
-            raise APIError(404, f"The model `{requested}` does not exist; this server serves "
-                           f"{', '.join(self.model_names)}.", "model", code="model_not_found")
+            raise APIError(
+                404,
+                f"The model `{requested}` does not exist; this server serves {', '.join(self.model_names)}.",
+                "model",
+                code="model_not_found",
+            )
         return requested
 
 
@@ -124,16 +134,25 @@ def usage(num_prompt_tokens: int, choices: Sequence[Choice]) -> Usage:
     if tiers:  # the prompt is counted once: the choice that found the most of it
         best = max(tiers, key=lambda t: sum(t.values()))
         details = PromptTokensDetails(cached_tokens=sum(best.values()), cached_tokens_by_tier=best)
-    return Usage(prompt_tokens=num_prompt_tokens, completion_tokens=generated,
-                 total_tokens=num_prompt_tokens + generated, prompt_tokens_details=details)
+    return Usage(
+        prompt_tokens=num_prompt_tokens,
+        completion_tokens=generated,
+        total_tokens=num_prompt_tokens + generated,
+        prompt_tokens_details=details,
+    )
 
 
 def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
-def make_jobs(state: ServerState, prompts: Sequence[list[int]], params: SamplingParams,
-              new_mask: Optional[Callable[[], Callable]] = None, priority: int = 0) -> list[Job]:
+def make_jobs(
+    state: ServerState,
+    prompts: Sequence[list[int]],
+    params: SamplingParams,
+    new_mask: Optional[Callable[[], Callable]] = None,
+    priority: int = 0,
+) -> list[Job]:
     """Validate every sequence before any is queued (so a bad one fails the request with nothing running).
 
     As vLLM and OpenAI do, ``max_tokens`` that cannot fit after the prompt is an error, not a silent cut;
@@ -142,13 +161,17 @@ def make_jobs(state: ServerState, prompts: Sequence[list[int]], params: Sampling
     """
     limit = state.config.max_prompts_per_request
     if len(prompts) > limit:
-        raise ConfigError(f"prompt: {len(prompts)} prompts in one request exceed the server's limit of {limit}; "
-                          "split the batch over several requests")
+        raise ConfigError(
+            f"prompt: {len(prompts)} prompts in one request exceed the server's limit of {limit}; "
+            "split the batch over several requests"
+        )
     jobs = []
     for p, ids in enumerate(prompts):
         if len(ids) >= state.max_model_len:
-            raise ConfigError(f"prompt: {len(ids)} tokens do not fit the served context of {state.max_model_len} "
-                              "tokens (at least one token must be generated); shorten the prompt")
+            raise ConfigError(
+                f"prompt: {len(ids)} tokens do not fit the served context of {state.max_model_len} "
+                "tokens (at least one token must be generated); shorten the prompt"
+            )
         for i in range(params.n):
             sub = params.for_completion(i)
             ids = state.engine.validate(ids, sub)
@@ -158,7 +181,8 @@ def make_jobs(state: ServerState, prompts: Sequence[list[int]], params: Sampling
             elif sub.max_tokens > room:
                 raise ConfigError(
                     f"max_tokens: {sub.max_tokens} new tokens after a {len(ids)}-token prompt exceed the context "
-                    f"window of {state.max_model_len} tokens; ask for at most {room}")
+                    f"window of {state.max_model_len} tokens; ask for at most {room}"
+                )
             if new_mask is not None:
                 sub = replace(sub, logits_processors=(new_mask(),))
             jobs.append(Job(p * params.n + i, ids, sub, priority))
@@ -250,8 +274,9 @@ class EventStream(StreamingResponse):
     """
 
     def __init__(self, events: AsyncIterator[str]) -> None:
-        super().__init__(events, media_type="text/event-stream",
-                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        super().__init__(
+            events, media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        )
         self._events = events
 
     async def __call__(self, scope, receive, send) -> None:

@@ -12,6 +12,7 @@
 
 A second signal skips the rest of the wait (step 3 at once); the exit is just as clean.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -34,8 +35,12 @@ class ShuttingDown(APIError):
     """Delivered to every request still running when the shutdown timeout ends."""
 
     def __init__(self) -> None:
-        super().__init__(503, "the server shut down before this request finished; retry it on another replica",
-                         type="server_error", code="shutting_down")
+        super().__init__(
+            503,
+            "the server shut down before this request finished; retry it on another replica",
+            type="server_error",
+            code="shutting_down",
+        )
 
 
 class Drain:

@@ -4,6 +4,7 @@
 given schema. The tokenizer's grammar tables are built once per server, on the first request that
 needs them (about 2 s for a 49k-token vocabulary), on a worker thread.
 """
+
 from __future__ import annotations
 
 import threading
@@ -27,8 +28,10 @@ class Grammars:
         with self._lock:
             if self._compiler is None:
                 if self.info.tokenizer is None:
-                    raise ConfigError("response_format: this model has no tokenizer, so its output cannot be "
-                                      "constrained; leave response_format out")
+                    raise ConfigError(
+                        "response_format: this model has no tokenizer, so its output cannot be "
+                        "constrained; leave response_format out"
+                    )
                 self._compiler = GrammarCompiler(self.info.tokenizer, self.info.vocab_size)
             return self._compiler
 
@@ -50,4 +53,5 @@ class Grammars:
 
         def new_mask():
             return first.pop() if first else compiler.json_mask(schema)
+
         return new_mask

@@ -1,5 +1,6 @@
 """``POST /tokenize``, ``POST /detokenize`` and ``GET /tokenizer_info`` (vLLM's shapes): the served model's
 tokenizer over HTTP (lm-evaluation-harness's ``tokenizer_backend=remote`` uses all three)."""
+
 from __future__ import annotations
 
 from typing import Optional
@@ -79,8 +80,9 @@ async def detokenize(body: DetokenizeRequest, state: ServerState) -> DetokenizeR
     vocab = state.engine.info.vocab_size
     bad = [t for t in body.tokens if not 0 <= t < vocab]
     if bad:
-        raise APIError.bad_request(ConfigError(f"tokens: id {bad[0]} is outside the vocabulary [0, {vocab - 1}]"),
-                                   fields=("tokens",))
+        raise APIError.bad_request(
+            ConfigError(f"tokens: id {bad[0]} is outside the vocabulary [0, {vocab - 1}]"), fields=("tokens",)
+        )
     return DetokenizeResponse(prompt=await run_in_threadpool(tok.decode, body.tokens))
 
 
@@ -89,6 +91,11 @@ async def tokenizer_info(state: ServerState) -> TokenizerInfo:
 
     def text(token_id: Optional[int]) -> Optional[str]:
         return None if token_id is None else token_text(tok, token_id)
-    return TokenizerInfo(tokenizer_class=type(tok).__name__, bos_token=text(getattr(tok, "bos_token_id", None)),
-                         eos_token=text(getattr(tok, "eos_token_id", None)),
-                         chat_template=getattr(tok, "chat_template", None), model_max_length=state.max_model_len)
+
+    return TokenizerInfo(
+        tokenizer_class=type(tok).__name__,
+        bos_token=text(getattr(tok, "bos_token_id", None)),
+        eos_token=text(getattr(tok, "eos_token_id", None)),
+        chat_template=getattr(tok, "chat_template", None),
+        model_max_length=state.max_model_len,
+    )

@@ -7,6 +7,7 @@ tools) or a named function the output is *constrained* (``engine.grammar``) to o
 then carries ``tool_calls`` and ``finish_reason: "tool_calls"``. ``tool_choice: "auto"`` needs a model
 that decides by itself and a parser for its own call syntax, so it is refused with a message saying so.
 """
+
 from __future__ import annotations
 
 import json
@@ -73,8 +74,9 @@ def parse(tools: Optional[list[dict]], tool_choice) -> tuple[list[Tool], ToolCho
     try:
         choice = _CHOICE.validate_python(tool_choice if tool_choice is not None else ("auto" if parsed else "none"))
     except ValidationError:
-        raise ConfigError("tool_choice: expected 'none', 'auto', 'required' or "
-                          "{'type': 'function', 'function': {'name': ...}}") from None
+        raise ConfigError(
+            "tool_choice: expected 'none', 'auto', 'required' or {'type': 'function', 'function': {'name': ...}}"
+        ) from None
     return parsed, choice
 
 
@@ -83,27 +85,47 @@ def call_schema(tools: list[Tool], choice: ToolChoice) -> Optional[dict]:
     if choice == "none":
         return None
     if choice == "auto":
-        raise ConfigError("tool_choice: 'auto' needs a model whose chat template can call tools, and this "
-                          "model's cannot; send tool_choice 'required' or {'type': 'function', 'function': "
-                          "{'name': ...}} (the reply is then constrained to a call), or leave tools out")
+        raise ConfigError(
+            "tool_choice: 'auto' needs a model whose chat template can call tools, and this "
+            "model's cannot; send tool_choice 'required' or {'type': 'function', 'function': "
+            "{'name': ...}} (the reply is then constrained to a call), or leave tools out"
+        )
     chosen = tools
     if isinstance(choice, NamedToolChoice):
         chosen = [t for t in tools if t.function.name == choice.function.name]
         if not chosen:
-            raise ConfigError(f"tool_choice: no tool named {choice.function.name!r} in tools "
-                              f"({', '.join(t.function.name for t in tools)})")
-    shapes = [{"type": "object", "properties": {"name": {"const": t.function.name}, "arguments": t.function.parameters},
-               "required": ["name", "arguments"], "additionalProperties": False} for t in chosen]
+            raise ConfigError(
+                f"tool_choice: no tool named {choice.function.name!r} in tools "
+                f"({', '.join(t.function.name for t in tools)})"
+            )
+    shapes = [
+        {
+            "type": "object",
+            "properties": {"name": {"const": t.function.name}, "arguments": t.function.parameters},
+            "required": ["name", "arguments"],
+            "additionalProperties": False,
+        }
+        for t in chosen
+    ]
     return shapes[0] if len(shapes) == 1 else {"anyOf": shapes}
 
 
 def system_text(tools: list[Tool]) -> str:
     """The tools described to the model, as a system message."""
-    lines = ["You can call these functions. To call one, reply with only a JSON object "
-             '{"name": <function name>, "arguments": <its arguments>}.']
+    lines = [
+        "You can call these functions. To call one, reply with only a JSON object "
+        '{"name": <function name>, "arguments": <its arguments>}.'
+    ]
     for t in tools:
-        lines.append(json.dumps({"name": t.function.name, "description": t.function.description or "",
-                                 "parameters": t.function.parameters}))
+        lines.append(
+            json.dumps(
+                {
+                    "name": t.function.name,
+                    "description": t.function.description or "",
+                    "parameters": t.function.parameters,
+                }
+            )
+        )
     return "\n".join(lines)
 
 
@@ -114,4 +136,6 @@ def parse_call(text: str) -> Optional[ToolCall]:
         name, arguments = value["name"], value["arguments"]
     except (ValueError, KeyError, TypeError):
         return None
-    return ToolCall(id=f"call_{uuid.uuid4().hex[:24]}", function=FunctionCall(name=name, arguments=json.dumps(arguments)))
+    return ToolCall(
+        id=f"call_{uuid.uuid4().hex[:24]}", function=FunctionCall(name=name, arguments=json.dumps(arguments))
+    )

@@ -1,4 +1,5 @@
 """The disk tier: checksummed files, LRU within its size, restart, corrupt / foreign files, full disk, the lock."""
+
 from __future__ import annotations
 
 import errno
@@ -136,9 +137,18 @@ def test_bad_settings_are_one_line_errors(tmp_path):
 
 def test_a_second_process_on_the_same_directory_is_refused_clearly(tmp_path):
     holder = subprocess.Popen(
-        [sys.executable, "-c", ("import sys; from tests.engine.kv_tiers.test_disk import tier; "
-                                f"t = tier({str(tmp_path)!r}); print('ready', flush=True); sys.stdin.read()")],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-c",
+            (
+                "import sys; from tests.engine.kv_tiers.test_disk import tier; "
+                f"t = tier({str(tmp_path)!r}); print('ready', flush=True); sys.stdin.read()"
+            ),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "ready"
         with pytest.raises(ConfigError, match=r"in use by bytediet pid \d+"):

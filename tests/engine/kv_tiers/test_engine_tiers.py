@@ -1,4 +1,5 @@
 """The engine with KV tiers: evicted prefixes come back from RAM and disk, equal to a recompute, across restarts."""
+
 from __future__ import annotations
 
 import errno
@@ -68,7 +69,7 @@ def test_a_ram_tier_hit_equals_a_pool_hit_bit_for_bit(model):
     big_pages = BlockPages(big.engine.runner.caches, 4, "fp32")
     h = None
     for i in range(10):
-        h = chain_hash(h, tuple(PROMPT[4 * i:4 * i + 4]))
+        h = chain_hash(h, tuple(PROMPT[4 * i : 4 * i + 4]))
         want = big_pages.read(bm_big.hash_to_block[h], 0)
         assert torch.equal(small.engine.tiers.pages.read(bm_small.hash_to_block[h], 0), want)
 

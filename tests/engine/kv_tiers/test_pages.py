@@ -1,4 +1,5 @@
 """A block's pages as bytes and back: bit for bit in lossless mode, for every slot-indexed codec; re-encoded smaller."""
+
 from __future__ import annotations
 
 import pytest
@@ -23,7 +24,7 @@ def filled(codec_name: str, dtype=torch.float32, seed=0):
 
 
 def block(caches, b):
-    return [t[b * BS:(b + 1) * BS].clone() for c in caches for t in c.tensors()]
+    return [t[b * BS : (b + 1) * BS].clone() for c in caches for t in c.tensors()]
 
 
 @pytest.mark.parametrize("name", ["fp32", "bf16", "int8", "q8_0", "q4_0", "rot-q8_0", "turboquant3.5"])

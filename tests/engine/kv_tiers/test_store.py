@@ -1,4 +1,5 @@
 """The tier store: RAM LRU within its size, write-through to disk, loads, and the load-or-recompute policy."""
+
 from __future__ import annotations
 
 import torch

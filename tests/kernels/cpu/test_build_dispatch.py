@@ -1,4 +1,5 @@
 """Build, cache and dispatch of the native library: the fallbacks a user's machine may need."""
+
 import warnings
 
 import pytest

@@ -1,5 +1,6 @@
 """The ctypes mirrors (kernels/cpu/structs.py) against the library's own report of its structs' layout, for every
 variant this CPU runs; and the checker itself, fed mirrors that are wrong on purpose."""
+
 import ctypes
 
 import pytest
@@ -23,13 +24,23 @@ def test_every_mirror_matches_the_library_field_by_field(variant):
 
 
 class MovedField(ctypes.Structure):  # bd::LinearDesc with n and k swapped: same size, two offsets wrong
-    _fields_ = [("blocks", ctypes.c_void_p), ("bias", ctypes.c_void_p), ("k", ctypes.c_int64), ("n", ctypes.c_int64),
-                ("ggml_type", ctypes.c_int32), ("interleaved", ctypes.c_int32), ("source", ctypes.c_void_p)]
+    _fields_ = [
+        ("blocks", ctypes.c_void_p),
+        ("bias", ctypes.c_void_p),
+        ("k", ctypes.c_int64),
+        ("n", ctypes.c_int64),
+        ("ggml_type", ctypes.c_int32),
+        ("interleaved", ctypes.c_int32),
+        ("source", ctypes.c_void_p),
+    ]
 
 
 class MissingField(ctypes.Structure):  # bd::CodePagesDesc without its last field
-    _fields_ = ([(name, ctypes.c_void_p) for name in ("scale", "zero", "stage_of", "stage")]
-                + [("group", ctypes.c_int64), ("window", ctypes.c_int64), ("transform", ctypes.c_void_p)])
+    _fields_ = [(name, ctypes.c_void_p) for name in ("scale", "zero", "stage_of", "stage")] + [
+        ("group", ctypes.c_int64),
+        ("window", ctypes.c_int64),
+        ("transform", ctypes.c_void_p),
+    ]
 
 
 @pytest.mark.parametrize("variant", VARIANTS[:1])

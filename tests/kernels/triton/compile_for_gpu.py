@@ -4,6 +4,7 @@ only the interpreter accepts fails on the CPU too.
     PYTHONPATH=src python tests/kernels/triton/compile_for_gpu.py [--arch 90] [LAYOUT ...]   # exit 1 on a failure
 Run in its own process: TRITON_INTERPRET must be unset or 0 when the kernels are defined.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,8 +47,12 @@ def kernels_of(t: int):
     if t in sb.TYPES:
         yield "sparse24.gemv", sb.gemv_kernel, dict(flags, BN=16, NB=8), "*fp32"
         yield "elements.gemm", g._gemm_kernel, dict(dot, GROUP=group, SYM=sym, BK=64), "*bf16"
-    yield "dequantize", g._dequant_kernel, {"TYPE": t, "GROUP": group, "SYM": sym, "ROUND_BF16": False, "BN": 32,
-                                            "BK": 256}, "*bf16"
+    yield (
+        "dequantize",
+        g._dequant_kernel,
+        {"TYPE": t, "GROUP": group, "SYM": sym, "ROUND_BF16": False, "BN": 32, "BK": 256},
+        "*bf16",
+    )
 
 
 def main() -> int:
@@ -60,7 +65,7 @@ def main() -> int:
         for name, kernel, consts, y in kernels_of(t):
             try:
                 compile_kernel(kernel, consts, a.arch, y)
-            except Exception as e:  # noqa: BLE001 - report every failure, one line each (its first cause), then fail
+            except Exception as e:
                 failures += 1
                 while e.__cause__ is not None:
                     e = e.__cause__

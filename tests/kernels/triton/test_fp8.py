@@ -1,5 +1,6 @@
 """W8A8 FP8 through torch._scaled_mm against its twin (reference.fp8_w8a8_linear), on torch's CPU kernel here
 and on the GPU where one is present."""
+
 import pytest
 import torch
 
@@ -7,7 +8,7 @@ from bytediet.kernels import reference
 from bytediet.kernels.triton import fp8
 from bytediet.quant import get_weight_format
 
-U = 2.0 ** -24
+U = 2.0**-24
 
 
 def fp8_weight(n: int, k: int, gen: torch.Generator, device: str = "cpu"):
@@ -49,7 +50,7 @@ def test_fp8_linear_equals_twin_on_cpu(rowwise, m):
     y = fp8.fp8_linear(x.to(dtype), qweight, scale, None if bias is None else bias.to(dtype), rowwise=rowwise)
     assert y.shape == (m, 48) and y.dtype == dtype
     bias_r = None if bias is None else bias.to(dtype)
-    check(y, x.to(dtype), qweight, scale, bias_r, 2.0 ** -7 if rowwise else 2 * U)
+    check(y, x.to(dtype), qweight, scale, bias_r, 2.0**-7 if rowwise else 2 * U)
 
 
 def test_fp8_weight_round_trips_the_format():
@@ -80,4 +81,4 @@ def test_fp8_linear_on_the_gpu():
     qweight, scale = fp8_weight(256, 512, gen, "cuda")
     for m in (1, 16, 100):
         x = torch.randn(m, 512, generator=gen).to(device, torch.bfloat16)
-        check(fp8.fp8_linear(x, qweight, scale), x, qweight, scale, None, 2.0 ** -7)
+        check(fp8.fp8_linear(x, qweight, scale), x, qweight, scale, None, 2.0**-7)

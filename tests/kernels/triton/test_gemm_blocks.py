@@ -1,5 +1,6 @@
 """The Triton dequantize-GEMV/GEMM against its twin (reference.gemm_blocks with float activations) for every
 layout, on fresh random weights made by the repo's own quantizers and codecs, in the interpreter."""
+
 import pytest
 import torch
 from gguf import GGMLQuantizationType as T
@@ -11,12 +12,32 @@ from bytediet.quant import get_weight_format
 
 from ..test_ops_gemm_blocks import random_blocks
 
-GGML = {"q4_0": (T.Q4_0, 64), "q4_1": (T.Q4_1, 64), "q5_0": (T.Q5_0, 96), "q5_1": (T.Q5_1, 96),
-        "q8_0": (T.Q8_0, 64), "q4_k": (T.Q4_K, 256), "q5_k": (T.Q5_K, 256), "q6_k": (T.Q6_K, 256)}
-NATIVE = {"int8": 96, "int4-g32": 64, "int4-g32-sym": 64, "int4-g64": 128, "int4-g64-sym": 128, "int4-g128": 256,
-          "int4-g128-sym": 256, "mxfp4": 64, "nvfp4": 64, "fp8": 96, "sparse24": 64, "sparse24-int8": 64}
+GGML = {
+    "q4_0": (T.Q4_0, 64),
+    "q4_1": (T.Q4_1, 64),
+    "q5_0": (T.Q5_0, 96),
+    "q5_1": (T.Q5_1, 96),
+    "q8_0": (T.Q8_0, 64),
+    "q4_k": (T.Q4_K, 256),
+    "q5_k": (T.Q5_K, 256),
+    "q6_k": (T.Q6_K, 256),
+}
+NATIVE = {
+    "int8": 96,
+    "int4-g32": 64,
+    "int4-g32-sym": 64,
+    "int4-g64": 128,
+    "int4-g64-sym": 128,
+    "int4-g128": 256,
+    "int4-g128-sym": 256,
+    "mxfp4": 64,
+    "nvfp4": 64,
+    "fp8": 96,
+    "sparse24": 64,
+    "sparse24-int8": 64,
+}
 LAYOUTS = list(GGML) + list(NATIVE)
-U = 2.0 ** -24  # float32 unit roundoff
+U = 2.0**-24  # float32 unit roundoff
 
 
 def packed_rows(name: str, n: int, gen: torch.Generator, scale: float = 1.0, k: int = 0) -> tuple[int, torch.Tensor]:
@@ -91,8 +112,9 @@ def test_half_activations_through_the_dot_and_the_gemv(name, dtype):
         x = torch.randn(2, m, w.shape[1], generator=gen).to(dtype)[0]
         y = tg.gemm_blocks(t, rows, x)
         assert y.dtype == dtype
-        assert_within_rounding(y, reference.gemm_blocks(t, rows, x, None, "f32"), x, w,
-                               2.0 ** -7 if dtype == torch.bfloat16 else 2.0 ** -10)
+        assert_within_rounding(
+            y, reference.gemm_blocks(t, rows, x, None, "f32"), x, w, 2.0**-7 if dtype == torch.bfloat16 else 2.0**-10
+        )
 
 
 def test_batched_shapes_large_scales_and_zero_rows():

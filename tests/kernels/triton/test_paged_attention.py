@@ -8,6 +8,7 @@ Tolerance 2e-5 · max(1, max|out|): kernel and twin both compute in float32 from
 only in summation order (blockwise online softmax against one softmax) — a few ulp over ≤ 100 terms; a bfloat16
 dot (8-bit mantissa, relative error 4e-3 on q) would miss it by far, which test_bf16_pages_at_fp32_tolerance checks.
 """
+
 import dataclasses
 import zlib
 
@@ -39,6 +40,8 @@ def to_device(x):
 def kernel(*args, **kwargs):
     """The Triton attention on DEVICE in float32 dots (the twin's precision) → the CPU."""
     return pa.run(*to_device(list(args)), **{k: to_device(v) for k, v in kwargs.items()}, precision="ieee").cpu()
+
+
 ROW_TYPES = ["fp32", "bf16", "fp16", "int8", "fp8", "q8_0", "q5_0", "q4_1", "q4_0"]
 
 
@@ -50,7 +53,7 @@ def ragged_batch(seqs, gen):
     tables, positions, rows, used = [], [], [], 0
     for s, (n, ctx) in enumerate(seqs):
         nb = -(-ctx // BLOCK)
-        tables.append(torch.cat([perm[used:used + nb], torch.full((width - nb,), -1)]))
+        tables.append(torch.cat([perm[used : used + nb], torch.full((width - nb,), -1)]))
         used += nb
         positions += list(range(ctx - n, ctx))
         rows += [s] * n
@@ -69,11 +72,19 @@ def tq_pages(gen, slots, hkv, d, layout, variant="mse", calibrated=None):
     for i, (n, b) in enumerate(layout):
         tq = TurboQuantizer(n, b + (variant == "prod"), variant, "hadamard" if i == 0 else "qr", 5 + i)
         prod = variant == "prod"
-        parts.append(TurboQuantPart(
-            n, b, tq.R, tq.codebook, (torch.rand(slots, hkv, generator=gen) * 3 + 0.1).half(),
-            torch.randint(0, 256, (slots, hkv, n * b // 8), generator=gen, dtype=torch.uint8),
-            torch.randint(0, 256, (slots, hkv, n // 8), generator=gen, dtype=torch.uint8) if prod else None,
-            (torch.rand(slots, hkv, generator=gen) * 0.6).half() if prod else None, tq.S))
+        parts.append(
+            TurboQuantPart(
+                n,
+                b,
+                tq.R,
+                tq.codebook,
+                (torch.rand(slots, hkv, generator=gen) * 3 + 0.1).half(),
+                torch.randint(0, 256, (slots, hkv, n * b // 8), generator=gen, dtype=torch.uint8),
+                torch.randint(0, 256, (slots, hkv, n // 8), generator=gen, dtype=torch.uint8) if prod else None,
+                (torch.rand(slots, hkv, generator=gen) * 0.6).half() if prod else None,
+                tq.S,
+            )
+        )
     channels = mean = rope_mean = inv_freq = None
     if calibrated:
         channels = torch.stack([torch.randperm(d, generator=gen) for _ in range(hkv)])
@@ -98,8 +109,21 @@ def check(name, k_dtype, v_dtype, hq, hkv, d, window, seqs, tq=None, tol=2e-5, *
     bt, positions, rows, slots = ragged_batch(seqs, gen)
     k, v = (side(gen, slots, hkv, d, t, tq) for t in (k_dtype, v_dtype))
     q = torch.randn(len(positions), hq, d, generator=gen)
-    args = (q, positions, rows, bt, BLOCK, d ** -0.5, window, k_dtype, k["cache"], v["cache"], k["scale"], v["scale"],
-            v_dtype)
+    args = (
+        q,
+        positions,
+        rows,
+        bt,
+        BLOCK,
+        d**-0.5,
+        window,
+        k_dtype,
+        k["cache"],
+        v["cache"],
+        k["scale"],
+        v["scale"],
+        v_dtype,
+    )
     want = reference.attention_over_pages(*args, k_side=k["side"], v_side=v["side"])
     got = kernel(*args, k_side=k["side"], v_side=v["side"], **tiling)
     assert got.dtype == torch.float32 and got.shape == want.shape
@@ -135,8 +159,21 @@ def test_every_code_of_int8_and_fp8_values(dtype):
     v = codes.reshape(1, 1, 256).repeat(BLOCK, 1, 1)
     scales = torch.full((BLOCK, 1, 1), 0.75, dtype=torch.float16)
     k = torch.randn(BLOCK, 1, 256).half()
-    args = (torch.randn(1, 1, 256), torch.tensor([0]), torch.tensor([0]), torch.tensor([[0]]), BLOCK, 0.1, None,
-            "fp16", k, v, None, scales, dtype)
+    args = (
+        torch.randn(1, 1, 256),
+        torch.tensor([0]),
+        torch.tensor([0]),
+        torch.tensor([[0]]),
+        BLOCK,
+        0.1,
+        None,
+        "fp16",
+        k,
+        v,
+        None,
+        scales,
+        dtype,
+    )
     assert torch.equal(kernel(*args), reference.attention_over_pages(*args))
 
 
@@ -182,8 +219,21 @@ def test_padded_decode_reads_no_page(splits):
     bt = torch.cat([bt, torch.full((1, bt.shape[1]), -1, dtype=bt.dtype)])
     (k, _), (v, _) = row_pages(gen, slots, 1, 32, "fp16"), row_pages(gen, slots, 1, 32, "q8_0")
     q = torch.randn(3, 2, 32, generator=gen)
-    args = (q, torch.cat([positions, torch.tensor([0])]), torch.cat([rows, torch.tensor([2])]), bt, BLOCK, 0.2, None,
-            "fp16", k, v, None, None, "q8_0")
+    args = (
+        q,
+        torch.cat([positions, torch.tensor([0])]),
+        torch.cat([rows, torch.tensor([2])]),
+        bt,
+        BLOCK,
+        0.2,
+        None,
+        "fp16",
+        k,
+        v,
+        None,
+        None,
+        "q8_0",
+    )
     want = reference.attention_over_pages(q[:2], positions, rows, *args[3:])
     got = kernel(*args, num_splits=splits)
     assert (got[:2] - want).abs().max().item() <= 2e-5 * max(1.0, want.abs().max().item())
@@ -199,8 +249,9 @@ def test_bf16_pages_at_fp32_tolerance():
     (k, _), (v, _) = row_pages(gen, slots, 2, 64, "bf16"), row_pages(gen, slots, 2, 64, "bf16")
     q = torch.randn(1, 4, 64, generator=gen)
     want = reference.attention_over_pages(q, positions, rows, bt, BLOCK, 0.125, None, "bf16", k, v)
-    rounded = reference.attention_over_pages(q.bfloat16().float(), positions, rows, bt, BLOCK, 0.125, None, "bf16",
-                                             k, v)
+    rounded = reference.attention_over_pages(
+        q.bfloat16().float(), positions, rows, bt, BLOCK, 0.125, None, "bf16", k, v
+    )
     assert (rounded - want).abs().max().item() > 50 * 2e-5 * max(1.0, want.abs().max().item())
 
 
@@ -217,8 +268,10 @@ TQ = {
 @pytest.mark.parametrize("calibrated", [None, "mean", "rope"])
 def test_turboquant_pages(layout, calibrated):
     variant, k_layout, v_layout = TQ[layout]
-    pages = {"k": lambda g, s, h, d: tq_pages(g, s, h, d, k_layout, variant, calibrated),
-             "v": lambda g, s, h, d: tq_pages(g, s, h, d, v_layout, "mse", calibrated and "mean")}
+    pages = {
+        "k": lambda g, s, h, d: tq_pages(g, s, h, d, k_layout, variant, calibrated),
+        "v": lambda g, s, h, d: tq_pages(g, s, h, d, v_layout, "mse", calibrated and "mean"),
+    }
     seqs = [(1, 19), (4, 24)] if calibrated else [(1, 19), (1, 40)]
     gen = torch.Generator().manual_seed(zlib.crc32(f"{layout}{calibrated}".encode()))
     bt, positions, rows, slots = ragged_batch(seqs, gen)
@@ -232,18 +285,47 @@ def test_turboquant_pages(layout, calibrated):
 
 @pytest.mark.parametrize("k_dtype,v_dtype", [("q5_0", "turboquant"), ("turboquant", "fp8"), ("int8", "turboquant")])
 def test_turboquant_beside_row_pages(k_dtype, v_dtype):  # an auto:<bits> plan's k=q5_0,v=turboquant4
-    check("tq-mixed", k_dtype, v_dtype, 4, 2, 64, None, [(1, 25), (1, 8)],
-          tq=lambda g, s, h, d: tq_pages(g, s, h, d, [(8, 4), (56, 3)], "mse", "mean"))
+    check(
+        "tq-mixed",
+        k_dtype,
+        v_dtype,
+        4,
+        2,
+        64,
+        None,
+        [(1, 25), (1, 8)],
+        tq=lambda g, s, h, d: tq_pages(g, s, h, d, [(8, 4), (56, 3)], "mse", "mean"),
+    )
 
 
 def test_code_pages_raise_one_line():
     q = torch.randn(1, 2, 32)
     with pytest.raises(NotImplementedError, match="'kivi2-keys' pages"):
-        pa.attention_over_pages(q, torch.tensor([0]), torch.tensor([0]), torch.tensor([[0]]), BLOCK, 0.1, None,
-                                "kivi2-keys", torch.zeros(16, 1, 8, dtype=torch.uint8), torch.zeros(16, 1, 32))
+        pa.attention_over_pages(
+            q,
+            torch.tensor([0]),
+            torch.tensor([0]),
+            torch.tensor([[0]]),
+            BLOCK,
+            0.1,
+            None,
+            "kivi2-keys",
+            torch.zeros(16, 1, 8, dtype=torch.uint8),
+            torch.zeros(16, 1, 32),
+        )
     with pytest.raises(ValueError, match="unknown KV page type 'fp4'"):
-        pa.attention_over_pages(q, torch.tensor([0]), torch.tensor([0]), torch.tensor([[0]]), BLOCK, 0.1, None,
-                                "fp4", torch.zeros(16, 1, 32), torch.zeros(16, 1, 32))
+        pa.attention_over_pages(
+            q,
+            torch.tensor([0]),
+            torch.tensor([0]),
+            torch.tensor([[0]]),
+            BLOCK,
+            0.1,
+            None,
+            "fp4",
+            torch.zeros(16, 1, 32),
+            torch.zeros(16, 1, 32),
+        )
 
 
 def test_check_pages_before_the_first_step():
@@ -261,7 +343,16 @@ def test_check_runs_small_shapes():  # the device check's function, on tiny shap
     from bytediet.kernels.triton import paged_attention_check as pc
 
     assert {s["name"] for s in pc.check_shapes()} >= {"llama3-8b-decode-b16", "llama3-8b-prefill-after-hit"}
-    tiny = [{"name": "tiny", "hq": 4, "hkv": 2, "d": 32, "window": None, "seqs": [(3, 20), (1, 9)],
-             "mixes": [("q8_0", "turboquant"), ("turboquant", "int8")]}]
+    tiny = [
+        {
+            "name": "tiny",
+            "hq": 4,
+            "hkv": 2,
+            "d": 32,
+            "window": None,
+            "seqs": [(3, 20), (1, 9)],
+            "mixes": [("q8_0", "turboquant"), ("turboquant", "int8")],
+        }
+    ]
     rows = pc.check(DEVICE, tiny)
     assert len(rows) == 2 and all(r["ok"] for r in rows), rows

@@ -1,5 +1,6 @@
 """2:4 sparse weights on sparse tensor cores (PyTorch semi-structured) against their twin, reference.sparse24_matmul:
 on a GPU (sm_80+) only; on the CPU, the clear error."""
+
 import pytest
 import torch
 
@@ -33,6 +34,5 @@ def test_sparse24_linear_equals_twin_on_the_gpu():
             ref = reference.sparse24_matmul(x.float(), packed["values"].to(dtype), packed["index"])
             terms = x.double().abs() @ fmt.dequantize(packed).to(dtype).double().abs().T
             # fp32 accumulation of 128 kept products (γ_K), then one rounding to dtype (2⁻⁷ bf16, 2⁻¹⁰ fp16)
-            ulp = 2.0 ** -7 if dtype == torch.bfloat16 else 2.0 ** -10
-            assert ((y.double() - ref.double()).abs() <= ulp * ref.double().abs() + 130 * 2.0 ** -24 * terms
-                    + 1e-6).all()
+            ulp = 2.0**-7 if dtype == torch.bfloat16 else 2.0**-10
+            assert ((y.double() - ref.double()).abs() <= ulp * ref.double().abs() + 130 * 2.0**-24 * terms + 1e-6).all()

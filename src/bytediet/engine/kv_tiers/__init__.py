@@ -4,6 +4,7 @@
 the block manager holds the store and decides, the store moves bytes (:mod:`.store`), :mod:`.pages` reads and writes
 a block's pages, :mod:`.disk` keeps files, :mod:`.keys` salts the hash chain.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -28,14 +29,26 @@ def build_tier_store(offload, model, runner, cache) -> Optional[TierStore]:
     at_rest = offload_codec(offload.codec, model.dtype)
     pages = BlockPages(runner.caches, cache.block_size, runner.codec.name, at_rest, model.dtype)
     if 0 < offload.ram_size < pages.block_bytes:
-        raise ConfigError(f"--kv-offload-size {offload.ram_size} B is below one block ({pages.block_bytes} B); "
-                          "raise it (e.g. 4GiB) or set 0 for no RAM tier")
-    salt = tier_salt(model_fingerprint(model), runner.codec.name, runner.codec.calibration_state(), cache.block_size,
-                     pages.layout(), at_rest.name if at_rest is not None else None)
+        raise ConfigError(
+            f"--kv-offload-size {offload.ram_size} B is below one block ({pages.block_bytes} B); "
+            "raise it (e.g. 4GiB) or set 0 for no RAM tier"
+        )
+    salt = tier_salt(
+        model_fingerprint(model),
+        runner.codec.name,
+        runner.codec.calibration_state(),
+        cache.block_size,
+        pages.layout(),
+        at_rest.name if at_rest is not None else None,
+    )
     disk = None
     if offload.dir:
-        describe = {"model": getattr(model, "source_path", None) or "?", "kv_codec": runner.codec.name,
-                    "stored_as": at_rest.name if at_rest is not None else runner.codec.name,
-                    "block_size": cache.block_size, "block_bytes": pages.block_bytes}
+        describe = {
+            "model": getattr(model, "source_path", None) or "?",
+            "kv_codec": runner.codec.name,
+            "stored_as": at_rest.name if at_rest is not None else runner.codec.name,
+            "block_size": cache.block_size,
+            "block_bytes": pages.block_bytes,
+        }
         disk = DiskTier(offload.dir, salt, offload.disk_size, pages.block_bytes, describe)
     return TierStore(pages, salt, cache.block_size, offload.ram_size, disk)

@@ -6,6 +6,7 @@ as KV; a write goes to a temporary file renamed into place, so a reader never se
 that block (the request goes on). LRU within the size: files are touched on a hit, and a restart orders them by
 modification time.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -34,22 +35,26 @@ class DiskTier:
         self.root, self.salt, self.capacity, self.block_bytes = Path(root).expanduser(), salt, capacity, block_bytes
         self.file_bytes = HEADER.size + block_bytes
         if capacity < self.file_bytes:
-            raise ConfigError(f"--kv-offload-disk-size {capacity} B is below one block ({self.file_bytes} B); "
-                              "raise it or leave it at its default")
+            raise ConfigError(
+                f"--kv-offload-disk-size {capacity} B is below one block ({self.file_bytes} B); "
+                "raise it or leave it at its default"
+            )
         try:
             self.root.mkdir(parents=True, exist_ok=True)
             self._lock_file = open(self.root / "LOCK", "a+")
         except OSError as exc:
-            raise ConfigError(f"--kv-offload-dir {self.root}: cannot write there ({exc.strerror}); "
-                              "choose a writable directory") from None
+            raise ConfigError(
+                f"--kv-offload-dir {self.root}: cannot write there ({exc.strerror}); choose a writable directory"
+            ) from None
         try:
             fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             self._lock_file.seek(0)
             owner = self._lock_file.read().strip() or "another process"
             self._lock_file.close()
-            raise ConfigError(f"--kv-offload-dir {self.root} is in use by {owner}; give each server its own "
-                              "directory") from None
+            raise ConfigError(
+                f"--kv-offload-dir {self.root} is in use by {owner}; give each server its own directory"
+            ) from None
         self._lock_file.seek(0)
         self._lock_file.truncate()
         self._lock_file.write(f"bytediet pid {os.getpid()}\n")
@@ -60,8 +65,9 @@ class DiskTier:
             (self.ns / "meta.json").write_text(json.dumps({"format_version": FORMAT_VERSION, **describe}, indent=1))
         except OSError as exc:
             self.close()
-            raise ConfigError(f"--kv-offload-dir {self.root}: cannot write there ({exc.strerror}); "
-                              "choose a writable directory") from None
+            raise ConfigError(
+                f"--kv-offload-dir {self.root}: cannot write there ({exc.strerror}); choose a writable directory"
+            ) from None
         self._mutex = threading.Lock()
         self.index: OrderedDict[bytes, int] = OrderedDict()  # key → file bytes, least recently used first
         self.bytes = 0
@@ -74,8 +80,12 @@ class DiskTier:
         """Index this salt's files (oldest first); say once that other models' / versions' caches are ignored."""
         others = [p.name for p in self.root.iterdir() if p.is_dir() and p != self.ns]
         if others:
-            log.warning("KV tiers: %s also holds %d cache(s) of another model, codec, block size or format version; "
-                        "they are ignored", self.root, len(others))
+            log.warning(
+                "KV tiers: %s also holds %d cache(s) of another model, codec, block size or format version; "
+                "they are ignored",
+                self.root,
+                len(others),
+            )
         found = []
         for sub in self.ns.iterdir():
             if not sub.is_dir():

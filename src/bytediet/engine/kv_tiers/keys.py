@@ -6,6 +6,7 @@ that outlives the process needs a key that does not: SHA-256 over (parent key, t
 the salt — a digest of the model fingerprint, the KV codec with its calibration state, the block size, the page
 layout and the format version — so a cache is never read by another model, codec or layout.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -72,10 +73,18 @@ def _state_digest(state) -> str:
     return h.hexdigest()
 
 
-def tier_salt(model_fp: str, codec_name: str, codec_state, block_size: int, layout: str,
-              stored_as: Optional[str] = None) -> bytes:
+def tier_salt(
+    model_fp: str, codec_name: str, codec_state, block_size: int, layout: str, stored_as: Optional[str] = None
+) -> bytes:
     """The root of every key: changes with the model, the codec (and its calibration), the block size, the page
     layout, the at-rest codec (``--kv-offload-codec``) and the file format."""
-    parts = {"version": FORMAT_VERSION, "model": model_fp, "codec": codec_name, "codec_state": _state_digest(codec_state),
-             "block_size": block_size, "layout": layout, "stored_as": stored_as}
+    parts = {
+        "version": FORMAT_VERSION,
+        "model": model_fp,
+        "codec": codec_name,
+        "codec_state": _state_digest(codec_state),
+        "block_size": block_size,
+        "layout": layout,
+        "stored_as": stored_as,
+    }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).digest()

@@ -5,6 +5,7 @@ its first dimension) is copied for the block's slots, bit for bit, so a hit is e
 codec would have written. Re-encoded (``--kv-offload-codec``): each layer's block is decoded to float and written
 into a one-block cache of the smaller codec; a load decodes it and writes it back through the pool's codec.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,8 +20,10 @@ def _slot_tensors(cache, slots: int, what: str) -> list[torch.Tensor]:
     tensors = cache.tensors()
     bad = [tuple(t.shape) for t in tensors if t.dim() == 0 or t.shape[0] != slots]
     if bad or not tensors:
-        raise ConfigError(f"KV tiers: {what} keeps state outside its per-slot pages (tensor shapes {bad or 'none'}); "
-                          "offloading needs a codec whose pages are all indexed by slot (e.g. bf16, q8_0, turboquant)")
+        raise ConfigError(
+            f"KV tiers: {what} keeps state outside its per-slot pages (tensor shapes {bad or 'none'}); "
+            "offloading needs a codec whose pages are all indexed by slot (e.g. bf16, q8_0, turboquant)"
+        )
     return tensors
 
 
@@ -35,13 +38,20 @@ class BlockPages:
         else:  # one staging block of the smaller codec per layer
             for c in caches:
                 if not hasattr(c, "decode"):
-                    raise ConfigError(f"--kv-offload-codec: the pool's codec {codec_name!r} cannot be decoded to "
-                                      "re-encode it; leave --kv-offload-codec out (lossless)")
-            self.at_rest = [at_rest.create_cache(i, 1, block_size, c.num_kv_heads, c.head_dim, model_dtype, "cpu")
-                            for i, c in enumerate(caches)]
+                    raise ConfigError(
+                        f"--kv-offload-codec: the pool's codec {codec_name!r} cannot be decoded to "
+                        "re-encode it; leave --kv-offload-codec out (lossless)"
+                    )
+            self.at_rest = [
+                at_rest.create_cache(i, 1, block_size, c.num_kv_heads, c.head_dim, model_dtype, "cpu")
+                for i, c in enumerate(caches)
+            ]
             self.tensors = [_slot_tensors(c, block_size, f"--kv-offload-codec {at_rest.name!r}") for c in self.at_rest]
-        self._parts = [(t.shape[1:], t.dtype, t[0].numel() * t.element_size() * block_size)
-                       for layer in self.tensors for t in layer]
+        self._parts = [
+            (t.shape[1:], t.dtype, t[0].numel() * t.element_size() * block_size)
+            for layer in self.tensors
+            for t in layer
+        ]
         self.block_bytes = sum(n for _, _, n in self._parts)
 
     def layout(self) -> str:
@@ -67,8 +77,8 @@ class BlockPages:
             raise ValueError(f"a block holds {self.block_bytes} bytes, got {data.numel()}")
         dest = self._slices(self.tensors, 0 if self.at_rest is not None else block_id)
         offset = 0
-        for d, (shape, dtype, n) in zip(dest, self._parts):
-            d.copy_(data[offset:offset + n].view(dtype).reshape(d.shape), non_blocking=False)
+        for d, (_shape, dtype, n) in zip(dest, self._parts):
+            d.copy_(data[offset : offset + n].view(dtype).reshape(d.shape), non_blocking=False)
             offset += n
         if self.at_rest is not None:
             self._decode(block_id, first_position)
@@ -78,8 +88,9 @@ class BlockPages:
 
     def _encode(self, block_id: int, first_position: int) -> None:
         for pool, rest in zip(self.caches, self.at_rest):
-            slots = torch.arange(block_id * self.block_size, (block_id + 1) * self.block_size,
-                                 device=pool.tensors()[0].device)
+            slots = torch.arange(
+                block_id * self.block_size, (block_id + 1) * self.block_size, device=pool.tensors()[0].device
+            )
             k, v = pool.decode(slots, self._positions(first_position, slots.device))
             rest.write(k.cpu(), v.cpu(), torch.arange(self.block_size), self._positions(first_position, "cpu"))
 

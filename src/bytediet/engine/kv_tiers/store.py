@@ -6,6 +6,7 @@ holds each of a run of keys; ``worth`` is the policy (load only where the measur
 prefill time of those tokens); ``start`` begins a load (disk reads on a reader thread) and ``finish`` copies the
 bytes of a completed load into the pool's blocks, on the engine's thread, so no step ever sees half a block.
 """
+
 from __future__ import annotations
 
 import logging
@@ -29,7 +30,7 @@ EWMA = 0.3  # weight of the newest measurement in the policy's running averages
 
 @dataclass
 class TierStats:
-    hit_tokens: int = 0      # tokens loaded from this tier into the pool
+    hit_tokens: int = 0  # tokens loaded from this tier into the pool
     skipped_tokens: int = 0  # tokens found here but recomputed (the policy predicted the load slower)
     loads: int = 0
     load_seconds: float = 0.0

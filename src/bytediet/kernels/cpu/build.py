@@ -7,6 +7,7 @@ compiler or another CPU (these VMs change from session to session) gets a fresh 
 written under a temporary name, then renamed, with the SHA-256 of the library beside it: a truncated
 or corrupt file fails that check and is rebuilt, never loaded.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,11 +42,21 @@ class Variant:
 
 VARIANTS = (  # best last: dispatch picks the last one this CPU can run
     Variant("avx2", ("-mavx2", "-mfma", "-mf16c"), frozenset({"avx2", "fma", "f16c"})),
-    Variant("avx512vnni", ("-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"),
-            frozenset({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni"})),
+    Variant(
+        "avx512vnni",
+        ("-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"),
+        frozenset({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni"}),
+    ),
 )
-COMMON_FLAGS = ("-O3", "-std=c++17", "-fPIC", "-shared", "-fno-math-errno", "-pthread",
-                "-ffp-contract=off")  # no silent FMA contraction: the float steps match the reference twins
+COMMON_FLAGS = (
+    "-O3",
+    "-std=c++17",
+    "-fPIC",
+    "-shared",
+    "-fno-math-errno",
+    "-pthread",
+    "-ffp-contract=off",
+)  # no silent FMA contraction: the float steps match the reference twins
 
 
 def variant(name: str) -> Variant:
@@ -111,13 +122,23 @@ def source_hash() -> str:
 
 def cache_dir() -> Path:
     root = os.environ.get("BYTEDIET_KERNEL_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "bytediet", "kernels")
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "bytediet", "kernels"
+    )
     return Path(root)
 
 
 def library_path(v: Variant, compiler: str) -> Path:
-    key = hashlib.sha256(json.dumps([source_hash(), COMMON_FLAGS, v.compile_flags, compiler_version(compiler),
-                                     sorted(cpu_flags() & _ALL_ISA_FLAGS)]).encode()).hexdigest()[:16]
+    key = hashlib.sha256(
+        json.dumps(
+            [
+                source_hash(),
+                COMMON_FLAGS,
+                v.compile_flags,
+                compiler_version(compiler),
+                sorted(cpu_flags() & _ALL_ISA_FLAGS),
+            ]
+        ).encode()
+    ).hexdigest()[:16]
     return cache_dir() / f"libbytediet-{v.name}-{key}.so"
 
 

@@ -5,6 +5,7 @@ The variant is the best one this CPU's flags allow (``build.VARIANTS``, best las
 can be loaded — no compiler, a failed build, a CPU without AVX2 — :func:`native` returns None, one warning
 line says why, and :mod:`bytediet.kernels.ops` runs the PyTorch reference instead.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -39,13 +40,59 @@ SIGNATURES = {  # C ABI of csrc/*.cpp: name → (restype, argtypes)
     "bd_decode_step": (_INT, [_VOID_P, _VOID_P, _LONG, _VOID_P, _VOID_P, _VOID_P, _LONG, _LONG]),
     "bd_read_kv_rows": (_INT, [_INT, _VOID_P, _VOID_P, _LONG, _LONG, _VOID_P]),
     "bd_write_kv_rows": (_INT, [_INT, _VOID_P, _LONG, _LONG, _VOID_P, _VOID_P]),
-    "bd_paged_attention": (_INT, [_INT, _INT, _VOID_P, _VOID_P, _LONG, _LONG, _LONG, _LONG, ctypes.c_float, _LONG,
-                                  _VOID_P, _VOID_P, _VOID_P, _LONG, _LONG, _VOID_P, _VOID_P, _VOID_P, _VOID_P,
-                                  _VOID_P, _VOID_P]),
+    "bd_paged_attention": (
+        _INT,
+        [
+            _INT,
+            _INT,
+            _VOID_P,
+            _VOID_P,
+            _LONG,
+            _LONG,
+            _LONG,
+            _LONG,
+            ctypes.c_float,
+            _LONG,
+            _VOID_P,
+            _VOID_P,
+            _VOID_P,
+            _LONG,
+            _LONG,
+            _VOID_P,
+            _VOID_P,
+            _VOID_P,
+            _VOID_P,
+            _VOID_P,
+            _VOID_P,
+        ],
+    ),
     "bd_turboquant_write": (_INT, [_VOID_P, _VOID_P, _LONG, _VOID_P, _VOID_P, _LONG, _LONG]),
-    "bd_turboquant_attention": (_INT, [_INT, _INT, _VOID_P, _VOID_P, _VOID_P, _VOID_P, _VOID_P, _VOID_P, _VOID_P,
-                                       _VOID_P, _LONG, _LONG, _LONG, _LONG, ctypes.c_float, _LONG, _VOID_P, _VOID_P,
-                                       _VOID_P, _LONG, _LONG]),
+    "bd_turboquant_attention": (
+        _INT,
+        [
+            _INT,
+            _INT,
+            _VOID_P,
+            _VOID_P,
+            _VOID_P,
+            _VOID_P,
+            _VOID_P,
+            _VOID_P,
+            _VOID_P,
+            _VOID_P,
+            _LONG,
+            _LONG,
+            _LONG,
+            _LONG,
+            ctypes.c_float,
+            _LONG,
+            _VOID_P,
+            _VOID_P,
+            _VOID_P,
+            _LONG,
+            _LONG,
+        ],
+    ),
 }
 
 
@@ -87,7 +134,9 @@ def load(variant_name: str) -> NativeLibrary:
     v = build.variant(variant_name)
     missing = v.cpu_flags - build.cpu_flags()
     if missing:
-        raise build.KernelBuildError(f"this CPU cannot run the {v.name} kernels (it lacks {', '.join(sorted(missing))})")
+        raise build.KernelBuildError(
+            f"this CPU cannot run the {v.name} kernels (it lacks {', '.join(sorted(missing))})"
+        )
     path = build.build(v)
     try:
         lib = NativeLibrary(str(path), v.name)
@@ -123,8 +172,9 @@ def _native(name: str) -> Optional[NativeLibrary]:
         return load(name)
     except (build.KernelBuildError, OSError, KeyError) as e:
         first = str(e).splitlines()[0]
-        warnings.warn(f"bytediet: native kernels unavailable ({first}); running the PyTorch reference kernels",
-                      stacklevel=2)
+        warnings.warn(
+            f"bytediet: native kernels unavailable ({first}); running the PyTorch reference kernels", stacklevel=2
+        )
         return None
 
 
@@ -133,5 +183,10 @@ def describe() -> dict:
     lib = native()
     if lib is None:
         return {"kernels": "reference", "isa": None, "requested": requested_variant()}
-    return {"kernels": "native", "isa": lib.isa, "library": lib.path, "threads": lib.bd_num_threads(),
-            "omp_spincount": os.environ.get("GOMP_SPINCOUNT")}  # set by bytediet/__init__.py unless the user did
+    return {
+        "kernels": "native",
+        "isa": lib.isa,
+        "library": lib.path,
+        "threads": lib.bd_num_threads(),
+        "omp_spincount": os.environ.get("GOMP_SPINCOUNT"),
+    }  # set by bytediet/__init__.py unless the user did

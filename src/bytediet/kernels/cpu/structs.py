@@ -4,6 +4,7 @@ Each mirror names its C++ struct (csrc/decoder.h, turboquant_pages.h, code_pages
 struct's size and field offsets (``bd_struct_layout``); :func:`check` compares them with the mirrors when the
 library loads, so a field moved on one side fails loudly instead of reading garbage.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -17,38 +18,90 @@ class ABIError(RuntimeError):
 
 
 class LinearDesc(ctypes.Structure):
-    _fields_ = [("blocks", _PTR), ("bias", _PTR), ("n", _I64), ("k", _I64), ("ggml_type", _I32),
-                ("interleaved", _I32), ("source", _PTR)]
+    _fields_ = [
+        ("blocks", _PTR),
+        ("bias", _PTR),
+        ("n", _I64),
+        ("k", _I64),
+        ("ggml_type", _I32),
+        ("interleaved", _I32),
+        ("source", _PTR),
+    ]
 
 
 class LayerDesc(ctypes.Structure):
-    _fields_ = [(name, _PTR) for name in (
-        "attn_norm", "post_attn_norm", "pre_ffn_norm", "post_ffn_norm", "q_norm", "k_norm", "inv_freq",
-        "k_cache", "v_cache")] + [(name, LinearDesc) for name in ("q", "k", "v", "o", "gate", "up", "down")] + [
-        ("window", _I64), ("k_scale", _PTR), ("v_scale", _PTR), ("k_dtype", _I32), ("v_dtype", _I32),
-        ("k_tq", _PTR), ("v_tq", _PTR), ("k_rot", _PTR), ("v_rot", _PTR)]
+    _fields_ = (
+        [
+            (name, _PTR)
+            for name in (
+                "attn_norm",
+                "post_attn_norm",
+                "pre_ffn_norm",
+                "post_ffn_norm",
+                "q_norm",
+                "k_norm",
+                "inv_freq",
+                "k_cache",
+                "v_cache",
+            )
+        ]
+        + [(name, LinearDesc) for name in ("q", "k", "v", "o", "gate", "up", "down")]
+        + [
+            ("window", _I64),
+            ("k_scale", _PTR),
+            ("v_scale", _PTR),
+            ("k_dtype", _I32),
+            ("v_dtype", _I32),
+            ("k_tq", _PTR),
+            ("v_tq", _PTR),
+            ("k_rot", _PTR),
+            ("v_rot", _PTR),
+        ]
+    )
 
 
 class ModelDesc(ctypes.Structure):
-    _fields_ = [("layers", ctypes.POINTER(LayerDesc))] + [(name, _I64) for name in (
-        "num_layers", "hidden", "intermediate", "num_heads", "num_kv_heads", "head_dim")] + [
-        ("eps", _F32), ("attention_scale", _F32), ("gelu", _I32), ("sandwich", _I32), ("activations", _I32),
-        ("pad", _I32)]
+    _fields_ = (
+        [("layers", ctypes.POINTER(LayerDesc))]
+        + [(name, _I64) for name in ("num_layers", "hidden", "intermediate", "num_heads", "num_kv_heads", "head_dim")]
+        + [
+            ("eps", _F32),
+            ("attention_scale", _F32),
+            ("gelu", _I32),
+            ("sandwich", _I32),
+            ("activations", _I32),
+            ("pad", _I32),
+        ]
+    )
 
 
 class TQPartDesc(ctypes.Structure):
-    _fields_ = [(name, _PTR) for name in ("rotation", "codebook", "norm", "idx")] + [
-        ("dim", _I64), ("bits", _I32), ("pad", _I32)] + [(name, _PTR) for name in ("signs", "res_norm", "sketch")]
+    _fields_ = (
+        [(name, _PTR) for name in ("rotation", "codebook", "norm", "idx")]
+        + [("dim", _I64), ("bits", _I32), ("pad", _I32)]
+        + [(name, _PTR) for name in ("signs", "res_norm", "sketch")]
+    )
 
 
 class TQPagesDesc(ctypes.Structure):
-    _fields_ = [("parts", TQPartDesc * 2), ("channels", _PTR), ("mean", _PTR), ("rope_mean", _PTR),
-                ("inv_freq", _PTR), ("num_parts", _I32), ("pad", _I32)]
+    _fields_ = [
+        ("parts", TQPartDesc * 2),
+        ("channels", _PTR),
+        ("mean", _PTR),
+        ("rope_mean", _PTR),
+        ("inv_freq", _PTR),
+        ("num_parts", _I32),
+        ("pad", _I32),
+    ]
 
 
 class CodePagesDesc(ctypes.Structure):
-    _fields_ = ([(name, _PTR) for name in ("scale", "zero", "stage_of", "stage")]
-                + [("group", _I64), ("window", _I64), ("transform", _PTR), ("table", _PTR)])
+    _fields_ = [(name, _PTR) for name in ("scale", "zero", "stage_of", "stage")] + [
+        ("group", _I64),
+        ("window", _I64),
+        ("transform", _PTR),
+        ("table", _PTR),
+    ]
 
 
 MIRRORS = {cls.__name__: cls for cls in (LinearDesc, LayerDesc, ModelDesc, TQPartDesc, TQPagesDesc, CodePagesDesc)}

@@ -5,6 +5,7 @@ is decoded per element: weight (n, k) finds its code and its block's scales by a
 loads only (rows and blocks are not aligned), so one function serves any tile shape and any row length.
 Each decoder repeats its twin's float32 operations (``ggml_codecs.DECODERS``, ``native_layouts.dequantize``).
 """
+
 from __future__ import annotations
 
 try:
@@ -88,8 +89,8 @@ def _q4(blk, j, mask):
 def _k_scale_min(sc_ptr, s, mask):
     """6-bit scale and min of sub-block s (0..7) from the 12 packed bytes of a Q4_K/Q5_K super-block."""
     lo = s < 4
-    a = _u8(sc_ptr + s, mask)                      # scales[s]
-    b = _u8(sc_ptr + (s + 4), mask)                # scales[s + 4] (in range for s < 8)
+    a = _u8(sc_ptr + s, mask)  # scales[s]
+    b = _u8(sc_ptr + (s + 4), mask)  # scales[s + 4] (in range for s < 8)
     c = _u8(sc_ptr + tl.where(lo, s, s - 4), mask)  # scales[s − 4] for s ≥ 4
     sc = tl.where(lo, a & 63, (b & 15) | ((c >> 6) << 4))
     mn = tl.where(lo, b & 63, (b >> 4) | ((a >> 6) << 4))

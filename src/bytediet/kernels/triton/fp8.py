@@ -5,6 +5,7 @@ bytes); activations are rounded to E4M3 per token (:func:`bytediet.kernels.refer
 y = s_x · s_w · (x_q · w_qᵀ), the E4M3 products accumulated in float32 by the tensor cores.
 Twin: :func:`bytediet.kernels.reference.fp8_w8a8_linear`. Needs no triton.
 """
+
 from __future__ import annotations
 
 import torch
@@ -24,8 +25,10 @@ def fp8_unsupported_reason(device: torch.device) -> str | None:
     if device.type == "cuda":
         cap = torch.cuda.get_device_capability(device)
         if cap < FP8_MIN_CAPABILITY:
-            return (f"W8A8 fp8 needs FP8 tensor cores (sm_89+: Ada, Hopper, Blackwell); this GPU is sm_{cap[0]}{cap[1]}:"
-                    " use the fp8 weight format as W8A16 (gemm_blocks) instead")
+            return (
+                f"W8A8 fp8 needs FP8 tensor cores (sm_89+: Ada, Hopper, Blackwell); this GPU is sm_{cap[0]}{cap[1]}:"
+                " use the fp8 weight format as W8A16 (gemm_blocks) instead"
+            )
     elif device.type != "cpu":
         return f"W8A8 fp8 runs on CUDA (sm_89+) or the CPU, not on {device.type}"
     return None
@@ -33,8 +36,11 @@ def fp8_unsupported_reason(device: torch.device) -> str | None:
 
 def fp8_weight_from_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """FP8_ROW rows (N, 4 + K) uint8 → qweight (N, K) float8_e4m3fn and scale (N,) float32 (copies, on rows' device)."""
-    if rows.dtype != torch.uint8 or rows.dim() != 2 or rows.shape[1] <= native_layouts.row_header_bytes(
-            native_layouts.FP8_ROW):
+    if (
+        rows.dtype != torch.uint8
+        or rows.dim() != 2
+        or rows.shape[1] <= native_layouts.row_header_bytes(native_layouts.FP8_ROW)
+    ):
         raise ValueError(f"FP8_ROW rows must be a 2-D uint8 tensor (N, 4 + K), got {tuple(rows.shape)} {rows.dtype}")
     scale = rows[:, :4].contiguous().view(torch.float32).reshape(-1)
     return rows[:, 4:].contiguous().view(torch.float8_e4m3fn), scale
@@ -47,8 +53,13 @@ def _rowwise(device: torch.device, out_dtype: torch.dtype) -> bool:
     return device.type == "cpu" or torch.cuda.get_device_capability(device) >= ROWWISE_MIN_CAPABILITY
 
 
-def fp8_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None,
-               rowwise: bool | None = None) -> torch.Tensor:
+def fp8_linear(
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    scale: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    rowwise: bool | None = None,
+) -> torch.Tensor:
     """y = x · (qweight · scale)ᵀ (+ bias) with x rounded to E4M3 per token, on FP8 tensor cores.
 
     x: (..., K) float on qweight's device; qweight: (N, K) float8_e4m3fn; scale: (N,) float32; K and N multiples
@@ -64,8 +75,14 @@ def fp8_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, bias
     w_t = qweight.t()  # (K, N), column-major as _scaled_mm wants
     sw = scale.to(torch.float32).reshape(1, n)
     if _rowwise(x.device, x.dtype) if rowwise is None else rowwise:
-        y = torch._scaled_mm(xq, w_t, scale_a=sx, scale_b=sw, out_dtype=torch.bfloat16,
-                             bias=None if bias is None else bias.to(torch.bfloat16))
+        y = torch._scaled_mm(
+            xq,
+            w_t,
+            scale_a=sx,
+            scale_b=sw,
+            out_dtype=torch.bfloat16,
+            bias=None if bias is None else bias.to(torch.bfloat16),
+        )
     else:
         one = torch.ones((), dtype=torch.float32, device=x.device)
         y = torch._scaled_mm(xq, w_t, scale_a=one, scale_b=one, out_dtype=torch.float32) * sx * sw

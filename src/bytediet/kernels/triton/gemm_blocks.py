@@ -14,6 +14,7 @@ INT4_GROUPS, MXFP4, NVFP4, FP8_ROW), :mod:`.kquants` (Q4_K/Q5_K/Q6_K), each a GE
 per-element decoder of :mod:`.block_decode` here (every layout: sparse24's GEMM, dequantize_blocks);
 :mod:`.sparse24_blocks` is the 2:4 layouts' GEMV.
 """
+
 from __future__ import annotations
 
 import os
@@ -25,8 +26,16 @@ from . import kquants, runs, sparse24_blocks
 from .block_decode import round_bf16, tl, triton, weight_tile
 
 GEMV_MAX_M = 4
-_GGML = {2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34), 12: (256, 144), 13: (256, 176),
-         14: (256, 210)}  # type → (weights, bytes) per block, as gguf.GGML_QUANT_SIZES
+_GGML = {
+    2: (32, 18),
+    3: (32, 20),
+    6: (32, 22),
+    7: (32, 24),
+    8: (32, 34),
+    12: (256, 144),
+    13: (256, 176),
+    14: (256, 210),
+}  # type → (weights, bytes) per block, as gguf.GGML_QUANT_SIZES
 TYPES = frozenset(_GGML) | native_layouts.TYPES
 
 
@@ -45,8 +54,10 @@ def row_weights(type_id: int, row_bytes: int) -> int:
     t = int(type_id)
     if t not in TYPES:
         ggml = ", ".join(_name(i).split()[-1] for i in sorted(_GGML))
-        raise NotImplementedError(f"weight layout {_name(t)} has no Triton kernel (they read GGML {ggml} and "
-                                  f"bytediet's layouts {min(native_layouts.TYPES)}–{max(native_layouts.TYPES)})")
+        raise NotImplementedError(
+            f"weight layout {_name(t)} has no Triton kernel (they read GGML {ggml} and "
+            f"bytediet's layouts {min(native_layouts.TYPES)}–{max(native_layouts.TYPES)})"
+        )
     if t in _GGML:
         weights, nbytes = _GGML[t]
         if row_bytes % nbytes:
@@ -76,9 +87,26 @@ def _int4_params(t: int) -> tuple[int, bool]:
 
 
 @triton.jit
-def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, row_bytes, stride_xm, stride_ys, stride_ym, k_per_split,
-                 TYPE: tl.constexpr, GROUP: tl.constexpr, SYM: tl.constexpr, HAS_BIAS: tl.constexpr,
-                 ROUND_BF16: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+def _gemv_kernel(
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    y_ptr,
+    N,
+    K,
+    row_bytes,
+    stride_xm,
+    stride_ys,
+    stride_ym,
+    k_per_split,
+    TYPE: tl.constexpr,
+    GROUP: tl.constexpr,
+    SYM: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    ROUND_BF16: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+):
     """y[split, m, n-tile] = Σ over this split's K range of W[n, k] · x[m, k] (float32)."""
     pid_n, m, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     n = pid_n * BN + tl.arange(0, BN)
@@ -97,9 +125,27 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, row_bytes, stride_xm, stride_
 
 
 @triton.jit
-def _gemm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, row_bytes, stride_xm, stride_ym,
-                 TYPE: tl.constexpr, GROUP: tl.constexpr, SYM: tl.constexpr, HAS_BIAS: tl.constexpr,
-                 DOT_F32: tl.constexpr, ROUND_BF16: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+def _gemm_kernel(
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    y_ptr,
+    M,
+    N,
+    K,
+    row_bytes,
+    stride_xm,
+    stride_ym,
+    TYPE: tl.constexpr,
+    GROUP: tl.constexpr,
+    SYM: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    DOT_F32: tl.constexpr,
+    ROUND_BF16: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+):
     """y[m-tile, n-tile] = x[m-tile] · W[n-tile]ᵀ, the W tile decoded per K step, float32 accumulation."""
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
     m = pid_m * BM + tl.arange(0, BM)
@@ -117,13 +163,27 @@ def _gemm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, row_bytes, stride_xm, stri
         acc += tl.load(b_ptr + n, mask=n < N, other=0.0).to(tl.float32)[None, :]
     if ROUND_BF16:
         acc = round_bf16(acc)
-    tl.store(y_ptr + m[:, None] * stride_ym + n[None, :], acc.to(y_ptr.dtype.element_ty),
-             mask=(m[:, None] < M) & (n[None, :] < N))
+    tl.store(
+        y_ptr + m[:, None] * stride_ym + n[None, :],
+        acc.to(y_ptr.dtype.element_ty),
+        mask=(m[:, None] < M) & (n[None, :] < N),
+    )
 
 
 @triton.jit
-def _dequant_kernel(w_ptr, y_ptr, N, K, row_bytes, TYPE: tl.constexpr, GROUP: tl.constexpr, SYM: tl.constexpr,
-                    ROUND_BF16: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+def _dequant_kernel(
+    w_ptr,
+    y_ptr,
+    N,
+    K,
+    row_bytes,
+    TYPE: tl.constexpr,
+    GROUP: tl.constexpr,
+    SYM: tl.constexpr,
+    ROUND_BF16: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+):
     """y[n-tile, k-tile] = W decoded, rounded to y's dtype."""
     n = tl.program_id(0) * BN + tl.arange(0, BN)[:, None]
     k = tl.program_id(1) * BK + tl.arange(0, BK)[None, :]
@@ -138,8 +198,9 @@ def _check(type_id: int, blocks: torch.Tensor, x: torch.Tensor | None = None) ->
     if blocks.dtype != torch.uint8 or blocks.dim() != 2:
         raise ValueError(f"packed weight rows must be a 2-D uint8 tensor, got {tuple(blocks.shape)} {blocks.dtype}")
     if blocks.device.type != "cuda" and not interpreting():
-        raise RuntimeError(f"the Triton weight kernels run on CUDA tensors (or with TRITON_INTERPRET=1), "
-                           f"not on {blocks.device}")
+        raise RuntimeError(
+            f"the Triton weight kernels run on CUDA tensors (or with TRITON_INTERPRET=1), not on {blocks.device}"
+        )
     if x is not None and x.device != blocks.device:
         raise ValueError(f"activations on {x.device}, weight rows on {blocks.device}: put them on one device")
     return row_weights(type_id, blocks.shape[1])
@@ -153,8 +214,9 @@ def _split_k(n_tiles: int, m: int, k_steps: int, device: torch.device) -> int:
     return max(1, min(k_steps, (2 * sms) // max(1, n_tiles * m)))
 
 
-def gemm_blocks(type_id: int, blocks: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None = None,
-                split_k: int | None = None) -> torch.Tensor:
+def gemm_blocks(
+    type_id: int, blocks: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None = None, split_k: int | None = None
+) -> torch.Tensor:
     """y = x · Wᵀ (+ bias) for W (N, K) in packed rows ``blocks`` (N, row bytes) uint8 of layout ``type_id``.
 
     x: (..., K) float (fp32/fp16/bf16, on blocks' device) → y (..., N) in x's dtype, accumulated in float32.
@@ -175,7 +237,8 @@ def gemm_blocks(type_id: int, blocks: torch.Tensor, x: torch.Tensor, bias: torch
 
 def _gemv(t: int, blocks: torch.Tensor, x2: torch.Tensor, bias, split_k) -> torch.Tensor:
     """The GEMV of a few rows (M, K): block-structured where the layout allows (:mod:`.runs`, :mod:`.kquants`,
-    :mod:`.sparse24_blocks`), else per element; the K range split over programs (partial sums in float32) when N leaves SMs idle."""
+    :mod:`.sparse24_blocks`), else per element; the K range split over programs (partial sums in float32) when N
+    leaves SMs idle."""
     (m, k), n = x2.shape, blocks.shape[0]
     family = next((name for name, mod in _FAMILIES.items() if t in mod.TYPES), "elements")
     bn, bk = _GEMV_TILES[family][interpreting()]
@@ -185,10 +248,20 @@ def _gemv(t: int, blocks: torch.Tensor, x2: torch.Tensor, bias, split_k) -> torc
     splits = triton.cdiv(k, k_per_split)
     out = torch.empty(splits, m, n, dtype=x2.dtype if splits == 1 else torch.float32, device=x2.device)
     grid = (triton.cdiv(n, bn), m, splits)
-    args = (x2, blocks, blocks if bias is None else bias, out, n, k, blocks.shape[1], x2.stride(0), out.stride(0),
-            out.stride(1), k_per_split)
-    flags = {"TYPE": t, "HAS_BIAS": bias is not None, "ROUND_BF16": _round_bf16(out.dtype), "BN": bn,
-             "num_warps": 4}
+    args = (
+        x2,
+        blocks,
+        blocks if bias is None else bias,
+        out,
+        n,
+        k,
+        blocks.shape[1],
+        x2.stride(0),
+        out.stride(0),
+        out.stride(1),
+        k_per_split,
+    )
+    flags = {"TYPE": t, "HAS_BIAS": bias is not None, "ROUND_BF16": _round_bf16(out.dtype), "BN": bn, "num_warps": 4}
     group, sym = _int4_params(t)
     if family == "runs":
         head, bw, bb, co = runs.run_geometry(t, group, sym)
@@ -203,8 +276,12 @@ def _gemv(t: int, blocks: torch.Tensor, x2: torch.Tensor, bias, split_k) -> torc
 
 
 # (BN rows, BK weights) per GEMV program, for the GPU (False) and the interpreter (True: one or two programs)
-_GEMV_TILES = {"runs": {False: (16, 256), True: (16, 64)}, "kquants": {False: (16, 512), True: (16, 256)},
-               "sparse24": {False: (16, 256), True: (16, 64)}, "elements": {False: (32, 128), True: (16, 64)}}
+_GEMV_TILES = {
+    "runs": {False: (16, 256), True: (16, 64)},
+    "kquants": {False: (16, 512), True: (16, 256)},
+    "sparse24": {False: (16, 256), True: (16, 64)},
+    "elements": {False: (32, 128), True: (16, 64)},
+}
 _FAMILIES = {"runs": runs, "kquants": kquants, "sparse24": sparse24_blocks}
 
 
@@ -217,8 +294,16 @@ def _gemm(t: int, blocks: torch.Tensor, x2: torch.Tensor, bias) -> torch.Tensor:
     y = torch.empty(m, n, dtype=x2.dtype, device=x2.device)
     grid = (triton.cdiv(m, bm), triton.cdiv(n, bn))
     args = (x2, blocks, blocks if bias is None else bias, y, m, n, k, blocks.shape[1], x2.stride(0), y.stride(0))
-    flags = {"TYPE": t, "HAS_BIAS": bias is not None, "DOT_F32": interpreting() or x2.dtype == torch.float32,
-             "ROUND_BF16": _round_bf16(y.dtype), "BM": bm, "BN": bn, "num_warps": 4, "num_stages": 3}
+    flags = {
+        "TYPE": t,
+        "HAS_BIAS": bias is not None,
+        "DOT_F32": interpreting() or x2.dtype == torch.float32,
+        "ROUND_BF16": _round_bf16(y.dtype),
+        "BM": bm,
+        "BN": bn,
+        "num_warps": 4,
+        "num_stages": 3,
+    }
     group, sym = _int4_params(t)
     if t in runs.TYPES:
         head, bw, bb, co = runs.run_geometry(t, group, sym)
@@ -240,7 +325,18 @@ def dequantize_blocks(type_id: int, blocks: torch.Tensor, dtype: torch.dtype = t
     blocks = blocks.contiguous()
     y = torch.empty(n, k, dtype=dtype, device=blocks.device)
     bn, bk = (16, 64) if interpreting() else (32, 256)
-    _dequant_kernel[(triton.cdiv(n, bn), triton.cdiv(k, bk))](blocks, y, n, k, blocks.shape[1], TYPE=t, GROUP=group,
-                                                            SYM=sym, ROUND_BF16=_round_bf16(dtype), BN=bn,
-                                                            BK=bk, num_warps=4)
+    _dequant_kernel[(triton.cdiv(n, bn), triton.cdiv(k, bk))](
+        blocks,
+        y,
+        n,
+        k,
+        blocks.shape[1],
+        TYPE=t,
+        GROUP=group,
+        SYM=sym,
+        ROUND_BF16=_round_bf16(dtype),
+        BN=bn,
+        BK=bk,
+        num_warps=4,
+    )
     return y

@@ -12,6 +12,7 @@ contiguous (vector) loads, sums codes · x per sub-block in float32 and applies 
 The GEMM decodes a super-block as its 8 sub-blocks of 32 consecutive weights (each a contiguous x range), one
 ``tl.dot`` each, with the reference decoder's float32 operations.
 """
+
 from __future__ import annotations
 
 from .block_decode import (
@@ -71,9 +72,24 @@ def _q6_half(blk, x_ptr, xo, h, u, mask, xmask):
 
 
 @triton.jit
-def gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, row_bytes, stride_xm, stride_ys, stride_ym, k_per_split,
-                TYPE: tl.constexpr, HAS_BIAS: tl.constexpr, ROUND_BF16: tl.constexpr, BN: tl.constexpr,
-                NB: tl.constexpr):
+def gemv_kernel(
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    y_ptr,
+    N,
+    K,
+    row_bytes,
+    stride_xm,
+    stride_ys,
+    stride_ym,
+    k_per_split,
+    TYPE: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    ROUND_BF16: tl.constexpr,
+    BN: tl.constexpr,
+    NB: tl.constexpr,
+):
     """y[split, m, n-tile] = Σ over this split's K range (whole super-blocks) of W[n, k] · x[m, k], float32."""
     SB: tl.constexpr = 144 if TYPE == Q4_K else (176 if TYPE == Q5_K else 210)
     pid_n, m, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -135,9 +151,25 @@ def _sub_block(blk, s: tl.constexpr, mask, TYPE: tl.constexpr):
 
 
 @triton.jit
-def gemm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, row_bytes, stride_xm, stride_ym,
-                TYPE: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_F32: tl.constexpr, ROUND_BF16: tl.constexpr,
-                BM: tl.constexpr, BN: tl.constexpr, NB: tl.constexpr):
+def gemm_kernel(
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    y_ptr,
+    M,
+    N,
+    K,
+    row_bytes,
+    stride_xm,
+    stride_ym,
+    TYPE: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    DOT_F32: tl.constexpr,
+    ROUND_BF16: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    NB: tl.constexpr,
+):
     """y[m-tile, n-tile] = x[m-tile] · W[n-tile]ᵀ over K steps of NB super-blocks, float32 accumulation."""
     SB: tl.constexpr = 144 if TYPE == Q4_K else (176 if TYPE == Q5_K else 210)
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
@@ -153,8 +185,9 @@ def gemm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, row_bytes, stride_xm, strid
         for s in tl.static_range(8):
             w = tl.reshape(_sub_block(blk, s, mask, TYPE), (BN, NB * 32))
             k = (s0 + col // 32) * 256 + 32 * s + col % 32
-            xt = tl.load(x_ptr + m[:, None] * stride_xm + k[None, :], mask=(m[:, None] < M) & (k[None, :] < K),
-                         other=0.0)
+            xt = tl.load(
+                x_ptr + m[:, None] * stride_xm + k[None, :], mask=(m[:, None] < M) & (k[None, :] < K), other=0.0
+            )
             if DOT_F32:
                 acc += tl.dot(xt.to(tl.float32), tl.trans(w), input_precision="ieee")
             else:
@@ -163,5 +196,8 @@ def gemm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, row_bytes, stride_xm, strid
         acc += tl.load(b_ptr + n, mask=n < N, other=0.0).to(tl.float32)[None, :]
     if ROUND_BF16:
         acc = round_bf16(acc)
-    tl.store(y_ptr + m[:, None] * stride_ym + n[None, :], acc.to(y_ptr.dtype.element_ty),
-             mask=(m[:, None] < M) & (n[None, :] < N))
+    tl.store(
+        y_ptr + m[:, None] * stride_ym + n[None, :],
+        acc.to(y_ptr.dtype.element_ty),
+        mask=(m[:, None] < M) & (n[None, :] < N),
+    )

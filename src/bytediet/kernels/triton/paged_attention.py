@@ -6,6 +6,7 @@ Rotated pages (``rot-int8``, ``rot-q8_0``) are int8 / q8_0 pages here: the calle
 (:meth:`bytediet.kvcache.compressed.CompressedCache.attend_natively`), as for the native kernel. Code pages (KIVI,
 HF QuantizedCache, QJL, PolarQuant) have no Triton kernel: they raise NotImplementedError.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -20,16 +21,43 @@ __all__ = ["attention_over_pages", "available", "check_pages"]
 TRITON_PAGE_TYPES = tuple(FLOAT_PAGE_DTYPES) + ("int8", "fp8") + tuple(BLOCK_PAGE_TYPES) + ("turboquant",)
 
 
-def attention_over_pages(q: torch.Tensor, positions: torch.Tensor, token_rows: torch.Tensor,
-                         block_tables: torch.Tensor, block_size: int, scale: float, window: Optional[int],
-                         kv_dtype: str, k_cache: Optional[torch.Tensor], v_cache: Optional[torch.Tensor],
-                         k_scale: Optional[torch.Tensor] = None, v_scale: Optional[torch.Tensor] = None,
-                         v_dtype: Optional[str] = None, k_side=None, v_side=None) -> torch.Tensor:
+def attention_over_pages(
+    q: torch.Tensor,
+    positions: torch.Tensor,
+    token_rows: torch.Tensor,
+    block_tables: torch.Tensor,
+    block_size: int,
+    scale: float,
+    window: Optional[int],
+    kv_dtype: str,
+    k_cache: Optional[torch.Tensor],
+    v_cache: Optional[torch.Tensor],
+    k_scale: Optional[torch.Tensor] = None,
+    v_scale: Optional[torch.Tensor] = None,
+    v_dtype: Optional[str] = None,
+    k_side=None,
+    v_side=None,
+) -> torch.Tensor:
     """See :func:`bytediet.kernels.reference.attention_over_pages`: q (T, Hq, D) → (T, Hq, D) float32, on q's device
     (CUDA, or the CPU under TRITON_INTERPRET=1). Tokens with one query per block-table row run as decodes (the
     context split over programs, then merged); otherwise tiles of a row's tokens share each page read."""
-    return run(q, positions, token_rows, block_tables, block_size, scale, window, kv_dtype, k_cache, v_cache,
-               k_scale, v_scale, v_dtype, k_side, v_side)
+    return run(
+        q,
+        positions,
+        token_rows,
+        block_tables,
+        block_size,
+        scale,
+        window,
+        kv_dtype,
+        k_cache,
+        v_cache,
+        k_scale,
+        v_scale,
+        v_dtype,
+        k_side,
+        v_side,
+    )
 
 
 def check_pages(kv_dtype: str, v_dtype: Optional[str] = None, k_side=None, v_side=None) -> None:
@@ -38,25 +66,47 @@ def check_pages(kv_dtype: str, v_dtype: Optional[str] = None, k_side=None, v_sid
     v_dtype = v_dtype or kv_dtype
     for dtype in (kv_dtype, v_dtype):
         if dtype in CODE_PAGE_TYPES:
-            raise NotImplementedError(f"the Triton paged attention has no kernel for {dtype!r} pages; "
-                                      f"use a KV cache of {', '.join(TRITON_PAGE_TYPES)}")
+            raise NotImplementedError(
+                f"the Triton paged attention has no kernel for {dtype!r} pages; "
+                f"use a KV cache of {', '.join(TRITON_PAGE_TYPES)}"
+            )
         if dtype not in TRITON_PAGE_TYPES:
             raise ValueError(f"unknown KV page type {dtype!r}; choose one of: {', '.join(TRITON_PAGE_TYPES)}")
     if kv_dtype == "turboquant":
         parts = _parts(k_side, "keys")
         if any((p.signs is None) != (parts[0].signs is None) for p in parts):
-            raise NotImplementedError("the Triton paged attention reads TurboQuant keys whose parts are all MSE or "
-                                      "all inner-product")
+            raise NotImplementedError(
+                "the Triton paged attention reads TurboQuant keys whose parts are all MSE or all inner-product"
+            )
     if v_dtype == "turboquant":
         parts = _parts(v_side, "values")
         if parts[0].signs is not None or v_side.rope_mean is not None:
-            raise NotImplementedError("the Triton paged attention reads TurboQuant values of the MSE variant "
-                                      "without a pre-RoPE mean")
+            raise NotImplementedError(
+                "the Triton paged attention reads TurboQuant values of the MSE variant without a pre-RoPE mean"
+            )
 
 
-def run(q, positions, token_rows, block_tables, block_size, scale, window, kv_dtype, k_cache, v_cache,
-        k_scale=None, v_scale=None, v_dtype=None, k_side=None, v_side=None, *, num_splits: Optional[int] = None,
-        block_m: Optional[int] = None, precision: Optional[str] = None) -> torch.Tensor:
+def run(
+    q,
+    positions,
+    token_rows,
+    block_tables,
+    block_size,
+    scale,
+    window,
+    kv_dtype,
+    k_cache,
+    v_cache,
+    k_scale=None,
+    v_scale=None,
+    v_dtype=None,
+    k_side=None,
+    v_side=None,
+    *,
+    num_splits: Optional[int] = None,
+    block_m: Optional[int] = None,
+    precision: Optional[str] = None,
+) -> torch.Tensor:
     """:func:`attention_over_pages` with the tiling chosen by hand (tests): ``block_m`` tokens a tile, the context
     of each cut into ``num_splits`` slices, ``precision`` the float32 dots' (tl.dot's input_precision: "ieee" in the
     interpreter, else "tf32")."""
@@ -91,11 +141,38 @@ def run(q, positions, token_rows, block_tables, block_size, scale, window, kv_dt
     lse = torch.empty(t, hq, num_splits, dtype=torch.float32, device=q.device)
     half = d // 2
     K._attn_kernel[(tiles, hkv, num_splits)](
-        kq, qx, ra, rb, invf, positions, token_rows, block_tables, block_tables.stride(0), block_size, t, hq, hkv,
-        g, int(window or 0), scale * 1.4426950408889634, d, part, lse, *k_args, *v_args,
-        KT=KV_PAGE_TYPES.index(kv_dtype), VT=KV_PAGE_TYPES.index(v_dtype), DP=dp, HALF=half,
-        HP=max(16, triton_next_pow2(half)), **k_const, **v_const, **cfg, SPLITS=num_splits,
-        DOT_PREC=precision or ("ieee" if interpreting() else "tf32"))
+        kq,
+        qx,
+        ra,
+        rb,
+        invf,
+        positions,
+        token_rows,
+        block_tables,
+        block_tables.stride(0),
+        block_size,
+        t,
+        hq,
+        hkv,
+        g,
+        int(window or 0),
+        scale * 1.4426950408889634,
+        d,
+        part,
+        lse,
+        *k_args,
+        *v_args,
+        KT=KV_PAGE_TYPES.index(kv_dtype),
+        VT=KV_PAGE_TYPES.index(v_dtype),
+        DP=dp,
+        HALF=half,
+        HP=max(16, triton_next_pow2(half)),
+        **k_const,
+        **v_const,
+        **cfg,
+        SPLITS=num_splits,
+        DOT_PREC=precision or ("ieee" if interpreting() else "tf32"),
+    )
     if num_splits > 1:
         K._merge_kernel[(t * hq,)](part, lse, out, d, SPLITS=num_splits, SP=triton_next_pow2(num_splits), DP=dp)
     return _value_output(v_dtype, v_side, out, hkv) if v_dtype == "turboquant" else out
@@ -109,8 +186,12 @@ def tiling(decode: bool, g: int, d: int, turboquant: bool, block_m: Optional[int
     if block_m is None:
         block_m = 1 if decode else max(1, (32 if turboquant else 64) // gp)
     wide = d > 128 or turboquant or interpreting()
-    return {"BLOCK_M": block_m, "G_PAD": max(gp, 16 // block_m), "BLOCK_N": 32 if wide else 64,
-            "num_warps": 4 if block_m == 1 else 8}
+    return {
+        "BLOCK_M": block_m,
+        "G_PAD": max(gp, 16 // block_m),
+        "BLOCK_N": 32 if wide else 64,
+        "num_warps": 4 if block_m == 1 else 8,
+    }
 
 
 def triton_next_pow2(n: int) -> int:
@@ -129,12 +210,15 @@ def _splits(q: torch.Tensor, programs: int, capacity: int) -> int:
 def _parts(spec: TurboQuantPageSpec, what: str):
     """Check the parts of TurboQuant pages the kernel reads (1 or 2 parts, 1–8 MSE bits, whole bytes a row)."""
     if not 1 <= len(spec.parts) <= 2:
-        raise NotImplementedError(f"the Triton paged attention reads TurboQuant {what} of 1 or 2 parts, "
-                                  f"not {len(spec.parts)}")
+        raise NotImplementedError(
+            f"the Triton paged attention reads TurboQuant {what} of 1 or 2 parts, not {len(spec.parts)}"
+        )
     for p in spec.parts:
         if not 1 <= p.bits <= 8 or p.dim * p.bits % 8 or p.dim % 8:
-            raise NotImplementedError(f"the Triton paged attention reads TurboQuant {what} of 1-8 bits a code and "
-                                      f"whole-byte rows, not a part of {p.dim} channels at {p.bits} bits")
+            raise NotImplementedError(
+                f"the Triton paged attention reads TurboQuant {what} of 1-8 bits a code and "
+                f"whole-byte rows, not a part of {p.dim} channels at {p.bits} bits"
+            )
     return spec.parts
 
 
@@ -159,7 +243,7 @@ def _key_query(kv_dtype, spec, qf, hkv, dummy):
     qx = torch.cat(sk, -1).reshape(t, hq, d).contiguous() if prod else dummy
     if spec.rope_mean is None:
         return kq, qx, dummy, dummy, dummy
-    m1, m2 = spec.rope_mean.float()[None, :, None, :].chunk(2, dim=-1)       # (1, Hkv, 1, D/2)
+    m1, m2 = spec.rope_mean.float()[None, :, None, :].chunk(2, dim=-1)  # (1, Hkv, 1, D/2)
     q1, q2 = qg.chunk(2, dim=-1)
     ra = (q1 * m1 + q2 * m2).reshape(t, hq, d // 2).contiguous()
     rb = (q2 * m1 - q1 * m2).reshape(t, hq, d // 2).contiguous()
@@ -176,8 +260,15 @@ def _side_args(dtype, pages, scales, spec, dummy, keys: bool):
         s_strides = (s.stride(0), s.stride(1)) if scales is not None else (0, 0)
         args = [pages, s, pages.stride(0), pages.stride(1), *s_strides]
         args += [dummy] * (10 if keys else 6)
-        const = {pre + "NP": 1, pre + "D0": 0, pre + "D1": 0, pre + "B0": 8, pre + "B1": 8, pre + "P0": 16,
-                 pre + "P1": 16}
+        const = {
+            pre + "NP": 1,
+            pre + "D0": 0,
+            pre + "D1": 0,
+            pre + "B0": 8,
+            pre + "B1": 8,
+            pre + "P0": 16,
+            pre + "P1": 16,
+        }
         if keys:
             const.update(K_PROD=False, K_ROPE=False)
         return args, const
@@ -192,9 +283,15 @@ def _side_args(dtype, pages, scales, spec, dummy, keys: bool):
         if keys:
             args += [dummy, dummy] if p.signs is None else [p.signs.contiguous(), p.res_norm.contiguous()]
     p0, p1 = parts[0], parts[-1]
-    const = {pre + "NP": len(parts), pre + "D0": p0.dim, pre + "D1": p1.dim if len(parts) == 2 else 0,
-             pre + "B0": p0.bits, pre + "B1": p1.bits, pre + "P0": max(16, triton_next_pow2(p0.dim)),
-             pre + "P1": max(16, triton_next_pow2(p1.dim)) if len(parts) == 2 else 16}
+    const = {
+        pre + "NP": len(parts),
+        pre + "D0": p0.dim,
+        pre + "D1": p1.dim if len(parts) == 2 else 0,
+        pre + "B0": p0.bits,
+        pre + "B1": p1.bits,
+        pre + "P0": max(16, triton_next_pow2(p0.dim)),
+        pre + "P1": max(16, triton_next_pow2(p1.dim)) if len(parts) == 2 else 16,
+    }
     if keys:
         const.update(K_PROD=p0.signs is not None, K_ROPE=spec.rope_mean is not None)
     return args, const
@@ -212,4 +309,3 @@ def _value_output(v_dtype, spec, out, hkv) -> torch.Tensor:
     if spec.mean is not None:
         x = x + spec.mean.float()[None, :, None, :]
     return x.reshape(t, hq, d)
-

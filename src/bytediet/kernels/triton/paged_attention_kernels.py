@@ -11,6 +11,7 @@ rotated once (keys) or summed in the rotated basis (values). ``_merge_kernel`` m
 Every ``tl.dot`` takes float32 operands (the interpreter's bf16 dot is wrong); DOT_PREC is "ieee" in the interpreter.
 Page type ids are :data:`bytediet.kernels.decoder_spec.KV_PAGE_TYPES` indices.
 """
+
 from __future__ import annotations
 
 import triton
@@ -20,8 +21,9 @@ from ..decoder_spec import KV_PAGE_TYPES
 
 # page type ids: their indices in decoder_spec.KV_PAGE_TYPES
 FP32, BF16, FP16, INT8, FP8, TURBOQUANT, Q8_0, Q5_0, Q4_1 = (
-    tl.constexpr(KV_PAGE_TYPES.index(n)) for n in ("fp32", "bf16", "fp16", "int8", "fp8", "turboquant", "q8_0", "q5_0",
-                                                   "q4_1"))
+    tl.constexpr(KV_PAGE_TYPES.index(n))
+    for n in ("fp32", "bf16", "fp16", "int8", "fp8", "turboquant", "q8_0", "q5_0", "q4_1")
+)
 
 
 @triton.jit
@@ -43,8 +45,7 @@ def _e4m3(code):
 
 
 @triton.jit
-def _page_rows(TYPE: tl.constexpr, P, S, slots, head, p_slot, p_head, s_slot, s_head, n_mask, D,
-               DP: tl.constexpr):
+def _page_rows(TYPE: tl.constexpr, P, S, slots, head, p_slot, p_head, s_slot, s_head, n_mask, D, DP: tl.constexpr):
     """Rows of row or block pages at ``slots`` (N,) int64 for KV head ``head`` → (N, DP) float32 (0 past D)."""
     cols = tl.arange(0, DP)
     m = n_mask[:, None] & (cols < D)[None, :]
@@ -74,7 +75,7 @@ def _page_rows(TYPE: tl.constexpr, P, S, slots, head, p_slot, p_head, s_slot, s_
             b0 = base + blk * 20
             nib = (tl.load(P + b0 + 4 + (j % 16), mask=m, other=0).to(tl.int32) >> ((j // 16) * 4)) & 15
             x = _f16_bytes(P, b0, m) * nib.to(tl.float32) + _f16_bytes(P, b0 + 2, m)
-        else:                                                       # q4_0
+        else:  # q4_0
             b0 = base + blk * 18
             nib = (tl.load(P + b0 + 2 + (j % 16), mask=m, other=0).to(tl.int32) >> ((j // 16) * 4)) & 15
             x = _f16_bytes(P, b0, m) * (nib - 8).to(tl.float32)
@@ -107,8 +108,24 @@ def _tq_signs(SG, rowbase, n_mask, DIM: tl.constexpr, DP: tl.constexpr):
 
 
 @triton.jit
-def _tq_part_scores(qp, qxp, IDX, NRM, CB, SG, RES, slots, head, hkv, n_mask, DIM: tl.constexpr,
-                    BITS: tl.constexpr, DP: tl.constexpr, PROD: tl.constexpr, DOT_PREC: tl.constexpr):
+def _tq_part_scores(
+    qp,
+    qxp,
+    IDX,
+    NRM,
+    CB,
+    SG,
+    RES,
+    slots,
+    head,
+    hkv,
+    n_mask,
+    DIM: tl.constexpr,
+    BITS: tl.constexpr,
+    DP: tl.constexpr,
+    PROD: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
     """Scores (R, N) of the rotated query part ``qp`` (R, DP) against a part of TurboQuant keys: ‖k‖ (q̃·c[idx]
     + √(π/2)/DIM · ‖r‖ · (S q̃)·sign) — the second term for inner-product keys only (``qxp`` = q̃ Sᵀ)."""
     sh = slots * hkv + head
@@ -123,8 +140,20 @@ def _tq_part_scores(qp, qxp, IDX, NRM, CB, SG, RES, slots, head, hkv, n_mask, DI
 
 
 @triton.jit
-def _tq_part_values(p, IDX, NRM, CB, slots, head, hkv, n_mask, DIM: tl.constexpr, BITS: tl.constexpr,
-                    DP: tl.constexpr, DOT_PREC: tl.constexpr):
+def _tq_part_values(
+    p,
+    IDX,
+    NRM,
+    CB,
+    slots,
+    head,
+    hkv,
+    n_mask,
+    DIM: tl.constexpr,
+    BITS: tl.constexpr,
+    DP: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
     """Σ_j p_j ‖v_j‖ c[idx_j] (R, DP): the weights ``p`` (R, N) over a part of TurboQuant values, rotated basis."""
     sh = slots * hkv + head
     c = _tq_codes(IDX, CB, sh * (DIM * BITS // 8), n_mask, DIM, BITS, DP)
@@ -134,17 +163,80 @@ def _tq_part_values(p, IDX, NRM, CB, slots, head, hkv, n_mask, DIM: tl.constexpr
 
 @triton.jit
 def _attn_kernel(
-        Q, QX, RA, RB, INVF, POS, ROWS, BT, bt_stride, block_size, T, Hq, hkv, G, window, qk_scale, D,
-        OUT, LSE,
-        KP, KS, kp_slot, kp_head, ks_slot, ks_head, KI0, KN0, KC0, KG0, KR0, KI1, KN1, KC1, KG1, KR1,
-        VP, VS, vp_slot, vp_head, vs_slot, vs_head, VI0, VN0, VC0, VI1, VN1, VC1,
-        KT: tl.constexpr, VT: tl.constexpr, DP: tl.constexpr, HALF: tl.constexpr, HP: tl.constexpr,
-        K_NP: tl.constexpr, K_D0: tl.constexpr, K_D1: tl.constexpr, K_B0: tl.constexpr, K_B1: tl.constexpr,
-        K_P0: tl.constexpr, K_P1: tl.constexpr, K_PROD: tl.constexpr, K_ROPE: tl.constexpr,
-        V_NP: tl.constexpr, V_D0: tl.constexpr, V_D1: tl.constexpr, V_B0: tl.constexpr, V_B1: tl.constexpr,
-        V_P0: tl.constexpr, V_P1: tl.constexpr,
-        BLOCK_M: tl.constexpr, G_PAD: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
-        DOT_PREC: tl.constexpr):
+    Q,
+    QX,
+    RA,
+    RB,
+    INVF,
+    POS,
+    ROWS,
+    BT,
+    bt_stride,
+    block_size,
+    T,
+    Hq,
+    hkv,
+    G,
+    window,
+    qk_scale,
+    D,
+    OUT,
+    LSE,
+    KP,
+    KS,
+    kp_slot,
+    kp_head,
+    ks_slot,
+    ks_head,
+    KI0,
+    KN0,
+    KC0,
+    KG0,
+    KR0,
+    KI1,
+    KN1,
+    KC1,
+    KG1,
+    KR1,
+    VP,
+    VS,
+    vp_slot,
+    vp_head,
+    vs_slot,
+    vs_head,
+    VI0,
+    VN0,
+    VC0,
+    VI1,
+    VN1,
+    VC1,
+    KT: tl.constexpr,
+    VT: tl.constexpr,
+    DP: tl.constexpr,
+    HALF: tl.constexpr,
+    HP: tl.constexpr,
+    K_NP: tl.constexpr,
+    K_D0: tl.constexpr,
+    K_D1: tl.constexpr,
+    K_B0: tl.constexpr,
+    K_B1: tl.constexpr,
+    K_P0: tl.constexpr,
+    K_P1: tl.constexpr,
+    K_PROD: tl.constexpr,
+    K_ROPE: tl.constexpr,
+    V_NP: tl.constexpr,
+    V_D0: tl.constexpr,
+    V_D1: tl.constexpr,
+    V_B0: tl.constexpr,
+    V_B1: tl.constexpr,
+    V_P0: tl.constexpr,
+    V_P1: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    G_PAD: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SPLITS: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
     """Stage 1: program (tile, KV head, split) → OUT (T, Hq, SPLITS, D) normalized partial outputs (TurboQuant values:
     the parts' rotated sums side by side) and LSE (T, Hq, SPLITS) their log2-sum-exp2 (−inf: an empty slice)."""
     pid_m = tl.program_id(0)
@@ -162,8 +254,8 @@ def _attn_kernel(
     valid_r = (tok_r < T) & (g < G)
     rows_r = tl.load(ROWS + tok_r, mask=tok_r < T, other=-1)
     pos_r = tl.load(POS + tok_r, mask=tok_r < T, other=0)
-    lo_r = tl.where(window > 0, tl.maximum(pos_r + 1 - window, 0), 0)   # first key of each token's window
-    qrow = (tok_r.to(tl.int64) * Hq + head * G + g)              # (R,) query row in (T·Hq)
+    lo_r = tl.where(window > 0, tl.maximum(pos_r + 1 - window, 0), 0)  # first key of each token's window
+    qrow = tok_r.to(tl.int64) * Hq + head * G + g  # (R,) query row in (T·Hq)
 
     # the query (prepared: rotated per TurboQuant part for TurboQuant keys), loaded once
     cols = tl.arange(0, DP)
@@ -172,8 +264,7 @@ def _attn_kernel(
         q0 = tl.load(Q + qrow[:, None] * D + c0[None, :], mask=valid_r[:, None] & (c0 < K_D0)[None, :], other=0.0)
         qx0 = q0
         if K_PROD:
-            qx0 = tl.load(QX + qrow[:, None] * D + c0[None, :], mask=valid_r[:, None] & (c0 < K_D0)[None, :],
-                          other=0.0)
+            qx0 = tl.load(QX + qrow[:, None] * D + c0[None, :], mask=valid_r[:, None] & (c0 < K_D0)[None, :], other=0.0)
         c1 = tl.arange(0, K_P1)
         m1 = valid_r[:, None] & (c1 < K_D1)[None, :]
         q1 = tl.load(Q + qrow[:, None] * D + K_D0 + c1[None, :], mask=m1, other=0.0)
@@ -216,15 +307,17 @@ def _attn_kernel(
             kpos = start + tl.arange(0, BLOCK_N)
             n_mask = kpos < s_hi
             page = tl.load(BT + row.to(tl.int64) * bt_stride + kpos // block_size, mask=n_mask, other=-1)
-            n_mask = n_mask & (page >= 0)                     # no page (a padded batch's −1 entry): no read
+            n_mask = n_mask & (page >= 0)  # no page (a padded batch's −1 entry): no read
             slots = tl.maximum(page.to(tl.int64), 0) * block_size + kpos % block_size
             # scores (R, N)
             if KT == TURBOQUANT:
-                s = _tq_part_scores(q0, qx0, KI0, KN0, KC0, KG0, KR0, slots, head, hkv, n_mask, K_D0, K_B0, K_P0,
-                                    K_PROD, DOT_PREC)
+                s = _tq_part_scores(
+                    q0, qx0, KI0, KN0, KC0, KG0, KR0, slots, head, hkv, n_mask, K_D0, K_B0, K_P0, K_PROD, DOT_PREC
+                )
                 if K_NP == 2:
-                    s += _tq_part_scores(q1, qx1, KI1, KN1, KC1, KG1, KR1, slots, head, hkv, n_mask, K_D1, K_B1,
-                                         K_P1, K_PROD, DOT_PREC)
+                    s += _tq_part_scores(
+                        q1, qx1, KI1, KN1, KC1, KG1, KR1, slots, head, hkv, n_mask, K_D1, K_B1, K_P1, K_PROD, DOT_PREC
+                    )
                 if K_ROPE:
                     theta = kpos.to(tl.float32)[:, None] * invf[None, :]
                     s += tl.dot(ra, tl.trans(tl.cos(theta)), input_precision=DOT_PREC)
@@ -241,11 +334,13 @@ def _attn_kernel(
             m_i = m_new
             # values
             if VT == TURBOQUANT:
-                acc0 = acc0 * alpha[:, None] + _tq_part_values(p, VI0, VN0, VC0, slots, head, hkv, n_mask, V_D0,
-                                                               V_B0, V_P0, DOT_PREC)
+                acc0 = acc0 * alpha[:, None] + _tq_part_values(
+                    p, VI0, VN0, VC0, slots, head, hkv, n_mask, V_D0, V_B0, V_P0, DOT_PREC
+                )
                 if V_NP == 2:
-                    acc1 = acc1 * alpha[:, None] + _tq_part_values(p, VI1, VN1, VC1, slots, head, hkv, n_mask, V_D1,
-                                                                   V_B1, V_P1, DOT_PREC)
+                    acc1 = acc1 * alpha[:, None] + _tq_part_values(
+                        p, VI1, VN1, VC1, slots, head, hkv, n_mask, V_D1, V_B1, V_P1, DOT_PREC
+                    )
             else:
                 v = _page_rows(VT, VP, VS, slots, head, vp_slot, vp_head, vs_slot, vs_head, n_mask, D, DP)
                 acc0 = acc0 * alpha[:, None] + tl.dot(p, v, input_precision=DOT_PREC)
@@ -255,15 +350,20 @@ def _attn_kernel(
         orow = (qrow * SPLITS + split) * D
         if VT == TURBOQUANT:
             o0 = tl.arange(0, V_P0)
-            tl.store(OUT + orow[:, None] + o0[None, :], acc0 / l_safe[:, None],
-                     mask=sel[:, None] & (o0 < V_D0)[None, :])
+            tl.store(
+                OUT + orow[:, None] + o0[None, :], acc0 / l_safe[:, None], mask=sel[:, None] & (o0 < V_D0)[None, :]
+            )
             if V_NP == 2:
                 o1 = tl.arange(0, V_P1)
-                tl.store(OUT + orow[:, None] + V_D0 + o1[None, :], acc1 / l_safe[:, None],
-                         mask=sel[:, None] & (o1 < V_D1)[None, :])
+                tl.store(
+                    OUT + orow[:, None] + V_D0 + o1[None, :],
+                    acc1 / l_safe[:, None],
+                    mask=sel[:, None] & (o1 < V_D1)[None, :],
+                )
         else:
-            tl.store(OUT + orow[:, None] + cols[None, :], acc0 / l_safe[:, None],
-                     mask=sel[:, None] & (cols < D)[None, :])
+            tl.store(
+                OUT + orow[:, None] + cols[None, :], acc0 / l_safe[:, None], mask=sel[:, None] & (cols < D)[None, :]
+            )
         tl.store(LSE + qrow * SPLITS + split, tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf")), mask=sel)
 
 
@@ -275,8 +375,11 @@ def _merge_kernel(PART, LSE, OUT, D, SPLITS: tl.constexpr, SP: tl.constexpr, DP:
     cols = tl.arange(0, DP)
     lse = tl.load(LSE + row * SPLITS + sp, mask=sp < SPLITS, other=float("-inf"))
     top = tl.max(lse, axis=0)
-    w = tl.exp2(lse - tl.where(top > float("-inf"), top, 0.0))    # all slices empty (no page): weights 0
-    part = tl.load(PART + (row * SPLITS + sp[:, None]) * D + cols[None, :],
-                   mask=(sp < SPLITS)[:, None] & (cols < D)[None, :] & (lse > float("-inf"))[:, None], other=0.0)
+    w = tl.exp2(lse - tl.where(top > float("-inf"), top, 0.0))  # all slices empty (no page): weights 0
+    part = tl.load(
+        PART + (row * SPLITS + sp[:, None]) * D + cols[None, :],
+        mask=(sp < SPLITS)[:, None] & (cols < D)[None, :] & (lse > float("-inf"))[:, None],
+        other=0.0,
+    )
     total = tl.sum(w, axis=0)
     tl.store(OUT + row * D + cols, tl.sum(part * w[:, None], axis=0) / tl.where(total > 0, total, 1.0), mask=cols < D)

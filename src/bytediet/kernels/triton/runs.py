@@ -1,5 +1,6 @@
 """Block-structured dequantize-GEMV and GEMM for the layouts whose codes lie in runs of 32 weights: Q4_0, Q4_1,
-Q5_0, Q5_1 (their fifth bits in a 32-bit word beside), INT4_GROUPS (± zero point), MXFP4, NVFP4 (4-bit, GGML's Q4 order) and Q8_0, INT8_ROW, FP8_ROW (a byte a weight).
+Q5_0, Q5_1 (their fifth bits in a 32-bit word beside), INT4_GROUPS (± zero point), MXFP4, NVFP4 (4-bit, GGML's Q4
+order) and Q8_0, INT8_ROW, FP8_ROW (a byte a weight).
 
 Per K step a program reads a (BN rows, NB runs, 16 or 32 bytes) tile of codes with contiguous (vector) loads and
 each run's scales once, instead of decoding every weight by address arithmetic (:mod:`.block_decode`):
@@ -11,6 +12,7 @@ each run's scales once, instead of decoding every weight by address arithmetic (
 
 The other layouts take :mod:`.gemm_blocks`'s per-element kernels.
 """
+
 from __future__ import annotations
 
 from .block_decode import (
@@ -43,9 +45,17 @@ TYPES = NIBBLE_TYPES | BYTE_TYPES
 
 def run_geometry(type_id: int, group: int, symmetric: bool) -> tuple[int, int, int, int]:
     """(row header bytes, weights per block, bytes per block, offset of the codes in a block) of a layout."""
-    fixed = {Q4_0: (0, 32, 18, 2), Q4_1: (0, 32, 20, 4), Q5_0: (0, 32, 22, 6), Q5_1: (0, 32, 24, 8),
-             MXFP4: (0, 32, 17, 1), NVFP4: (4, 32, 18, 2), Q8_0: (0, 32, 34, 2), INT8_ROW: (4, 32, 32, 0),
-             FP8_ROW: (4, 32, 32, 0)}
+    fixed = {
+        Q4_0: (0, 32, 18, 2),
+        Q4_1: (0, 32, 20, 4),
+        Q5_0: (0, 32, 22, 6),
+        Q5_1: (0, 32, 24, 8),
+        MXFP4: (0, 32, 17, 1),
+        NVFP4: (4, 32, 18, 2),
+        Q8_0: (0, 32, 34, 2),
+        INT8_ROW: (4, 32, 32, 0),
+        FP8_ROW: (4, 32, 32, 0),
+    }
     fixed = {c.value: geometry for c, geometry in fixed.items()}
     if type_id in fixed:
         return fixed[type_id]
@@ -66,10 +76,29 @@ def _code_values(b, TYPE: tl.constexpr):
 
 
 @triton.jit
-def gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, row_bytes, stride_xm, stride_ys, stride_ym, k_per_split,
-                TYPE: tl.constexpr, SYM: tl.constexpr, HEAD: tl.constexpr, BW: tl.constexpr, BB: tl.constexpr,
-                CO: tl.constexpr, HAS_BIAS: tl.constexpr, ROUND_BF16: tl.constexpr, BN: tl.constexpr,
-                NB: tl.constexpr):
+def gemv_kernel(
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    y_ptr,
+    N,
+    K,
+    row_bytes,
+    stride_xm,
+    stride_ys,
+    stride_ym,
+    k_per_split,
+    TYPE: tl.constexpr,
+    SYM: tl.constexpr,
+    HEAD: tl.constexpr,
+    BW: tl.constexpr,
+    BB: tl.constexpr,
+    CO: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    ROUND_BF16: tl.constexpr,
+    BN: tl.constexpr,
+    NB: tl.constexpr,
+):
     """y[split, m, n-tile] = Σ over this split's K range (whole runs of 32) of W[n, k] · x[m, k], float32."""
     NIBBLES: tl.constexpr = (TYPE != Q8_0 and TYPE != INT8_ROW) and TYPE != FP8_ROW
     HALF: tl.constexpr = 16 if NIBBLES else 32  # code bytes per run
@@ -187,10 +216,30 @@ def _weights(b, q_lo, q_hi, lo, hi, add, TYPE: tl.constexpr, SYM: tl.constexpr):
 
 
 @triton.jit
-def gemm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, row_bytes, stride_xm, stride_ym,
-                TYPE: tl.constexpr, SYM: tl.constexpr, HEAD: tl.constexpr, BW: tl.constexpr, BB: tl.constexpr,
-                CO: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_F32: tl.constexpr, ROUND_BF16: tl.constexpr,
-                BM: tl.constexpr, BN: tl.constexpr, NB: tl.constexpr):
+def gemm_kernel(
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    y_ptr,
+    M,
+    N,
+    K,
+    row_bytes,
+    stride_xm,
+    stride_ym,
+    TYPE: tl.constexpr,
+    SYM: tl.constexpr,
+    HEAD: tl.constexpr,
+    BW: tl.constexpr,
+    BB: tl.constexpr,
+    CO: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    DOT_F32: tl.constexpr,
+    ROUND_BF16: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    NB: tl.constexpr,
+):
     """y[m-tile, n-tile] = x[m-tile] · W[n-tile]ᵀ over K steps of NB runs, float32 accumulation."""
     NIBBLES: tl.constexpr = (TYPE != Q8_0 and TYPE != INT8_ROW) and TYPE != FP8_ROW
     HALF: tl.constexpr = 16 if NIBBLES else 32
@@ -219,8 +268,7 @@ def gemm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, row_bytes, stride_xm, strid
             q_lo, q_hi = b, b
         w = _weights(b, q_lo, q_hi, lo, hi, add, TYPE, SYM)  # (BN, NB·32)
         k = c0 * 32 + elem
-        xt = tl.load(x_ptr + m[:, None] * stride_xm + k[None, :], mask=(m[:, None] < M) & (k[None, :] < K),
-                     other=0.0)
+        xt = tl.load(x_ptr + m[:, None] * stride_xm + k[None, :], mask=(m[:, None] < M) & (k[None, :] < K), other=0.0)
         if DOT_F32:
             acc += tl.dot(xt.to(tl.float32), tl.trans(w), input_precision="ieee")
         else:
@@ -229,5 +277,8 @@ def gemm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, row_bytes, stride_xm, strid
         acc += tl.load(b_ptr + n, mask=n < N, other=0.0).to(tl.float32)[None, :]
     if ROUND_BF16:
         acc = round_bf16(acc)
-    tl.store(y_ptr + m[:, None] * stride_ym + n[None, :], acc.to(y_ptr.dtype.element_ty),
-             mask=(m[:, None] < M) & (n[None, :] < N))
+    tl.store(
+        y_ptr + m[:, None] * stride_ym + n[None, :],
+        acc.to(y_ptr.dtype.element_ty),
+        mask=(m[:, None] < M) & (n[None, :] < N),
+    )

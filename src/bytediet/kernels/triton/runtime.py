@@ -1,4 +1,5 @@
 """Whether Triton kernels can run here, without importing triton at bytediet's import."""
+
 from __future__ import annotations
 
 import importlib.util

@@ -6,6 +6,7 @@ time to its dense 2:4 matrix in the activations' dtype and compressed by PyTorch
 values and metadata: the same 9 bits a weight); a step is then one ``F.linear``. Twin:
 :func:`bytediet.kernels.reference.sparse24_matmul`. Its weight is expanded by the Triton decoder (:mod:`.gemm_blocks`).
 """
+
 from __future__ import annotations
 
 import torch

@@ -5,6 +5,7 @@ the 16 activations they multiply: kept value i of group g = i // 2 sits at posit
 code >> 2 (second), the code of group g in nibble g % 2 of byte g // 2 (``native_layouts``). SPARSE24_INT8's row
 scale is applied once per row.
 """
+
 from __future__ import annotations
 
 from .block_decode import (
@@ -22,9 +23,24 @@ TYPES = ids(SPARSE24_F16, SPARSE24_INT8)
 
 
 @triton.jit
-def gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, row_bytes, stride_xm, stride_ys, stride_ym, k_per_split,
-                TYPE: tl.constexpr, HAS_BIAS: tl.constexpr, ROUND_BF16: tl.constexpr, BN: tl.constexpr,
-                NB: tl.constexpr):
+def gemv_kernel(
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    y_ptr,
+    N,
+    K,
+    row_bytes,
+    stride_xm,
+    stride_ys,
+    stride_ym,
+    k_per_split,
+    TYPE: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    ROUND_BF16: tl.constexpr,
+    BN: tl.constexpr,
+    NB: tl.constexpr,
+):
     """y[split, m, n-tile] = Σ over this split's K range (whole runs of 32) of W[n, k] · x[m, k], float32."""
     HEAD: tl.constexpr = 4 if TYPE == SPARSE24_INT8 else 0
     BB: tl.constexpr = 20 if TYPE == SPARSE24_INT8 else 36  # bytes per run: kept values, then 4 code bytes

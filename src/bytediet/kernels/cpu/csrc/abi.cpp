@@ -37,6 +37,8 @@ void field(std::string& out, const char* s, const char* name, size_t value) {
     out += std::string(s) + "." + name + "=" + std::to_string(value) + "\n";
 }
 
+// one struct field a line
+// clang-format off
 std::string struct_layout() {
     std::string out;
 #define BD_SIZE(S) field(out, #S, "sizeof", sizeof(bd::S));
@@ -73,6 +75,7 @@ std::string struct_layout() {
 #undef BD_FIELD
     return out;
 }
+// clang-format on
 
 }  // namespace
 

@@ -46,7 +46,8 @@ template <bool GELU>
 inline void gated_range(const float* gate, const float* up, float* out, long b, long e) {
     auto act = [](__m256 v) { return GELU ? gelu_tanh8(v) : silu8(v); };
     long i = b;
-    for (; i + 8 <= e; i += 8) _mm256_storeu_ps(out + i, _mm256_mul_ps(act(_mm256_loadu_ps(gate + i)), _mm256_loadu_ps(up + i)));
+    for (; i + 8 <= e; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(act(_mm256_loadu_ps(gate + i)), _mm256_loadu_ps(up + i)));
     for (; i < e; ++i) {
         alignas(32) float v[8] = {gate[i]};
         _mm256_store_ps(v, act(_mm256_load_ps(v)));

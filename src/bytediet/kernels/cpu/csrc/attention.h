@@ -65,7 +65,8 @@ inline __m256 signed8(__m256 x, uint8_t bits) {
 inline void axpy(float a, const float* x, float* y, long n) {
     const __m256 va = _mm256_set1_ps(a);
     long i = 0;
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
     for (; i < n; ++i) y[i] += a * x[i];
 }
 
@@ -89,7 +90,10 @@ inline Partial softmax_span(float* s, long lo, long hi, long n) {
             vsum = _mm256_add_ps(vsum, ex);
         }
         sum = hsum(vsum);
-        for (; i < hi; ++i) { s[i] = std::exp(s[i] - mx); sum += s[i]; }
+        for (; i < hi; ++i) {
+            s[i] = std::exp(s[i] - mx);
+            sum += s[i];
+        }
     }
     for (i = hi > lo ? hi : lo; i < n; ++i) s[i] = 0.0f;
     return Partial{mx, sum};

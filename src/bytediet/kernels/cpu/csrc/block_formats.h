@@ -99,9 +99,7 @@ struct Q8_0 : NoRowHeader {
         s.d_lo[0] = s.d_hi[0] = f16_to_f32(b);
         s.m[0] = 0.0f;
     }
-    static __m256i codes(const uint8_t* b, int) {
-        return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2));
-    }
+    static __m256i codes(const uint8_t* b, int) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2)); }
 };
 
 // K-quants: 256 weights per super-block, 6-bit sub-block scales and mins packed in 12 bytes.
@@ -146,7 +144,8 @@ struct Q5_K : NoRowHeader {
     }
 };
 
-struct Q6_K : NoRowHeader {  // 16-element int8 scales, 6-bit codes stored as 4 low bits (ql) + 2 high bits (qh), offset 32
+struct Q6_K
+    : NoRowHeader {  // 16-element int8 scales, 6-bit codes stored as 4 low bits (ql) + 2 high bits (qh), offset 32
     static constexpr int SUB = 8, BYTES = 210;
     static constexpr bool SIGNED = true, SPLIT = true;
     static void scales(const uint8_t* b, SubScales& s) {
@@ -196,8 +195,8 @@ struct Int8Row : Float32RowHeader, UnitSubScales {
 
 // E2M1 codes (4 bits) → int8 2·value: {0, 1, 2, 3, 4, 6, 8, 12} and their negatives (codes 8..15).
 inline __m256i e2m1_codes(const uint8_t* qs) {
-    const __m256i lut = _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12,
-                                         0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+    const __m256i lut = _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12, 0, 1, 2, 3, 4, 6, 8,
+                                         12, 0, -1, -2, -3, -4, -6, -8, -12);
     return _mm256_shuffle_epi8(lut, nibbles_halves(qs));
 }
 
@@ -258,31 +257,36 @@ struct Sparse24Int8 : Float32RowHeader, UnitSubScales {
     // kept value, 1 the second, -128 (0x80) nothing (a zero).
     static __m256i table(int k) {
         switch (k) {
-            case 0: return
-        _mm256_setr_epi8(0, 1, 1, 1, 0, -128, -128, -128, 0, -128, -128, -128, 0, -128, -128, -128, 0, 1, 1, 1, 0, -128, -128, -128, 0, -128, -128, -128, 0, -128, -128, -128);
-            case 1: return
-        _mm256_setr_epi8(-128, 0, -128, -128, 1, 0, 1, 1, -128, 0, -128, -128, -128, 0, -128, -128, -128, 0, -128, -128, 1, 0, 1, 1, -128, 0, -128, -128, -128, 0, -128, -128);
-            case 2: return
-        _mm256_setr_epi8(-128, -128, 0, -128, -128, -128, 0, -128, 1, 1, 0, 1, -128, -128, 0, -128, -128, -128, 0, -128, -128, -128, 0, -128, 1, 1, 0, 1, -128, -128, 0, -128);
-            default: return
-        _mm256_setr_epi8(-128, -128, -128, 0, -128, -128, -128, 0, -128, -128, -128, 0, 1, 1, 1, 0, -128, -128, -128, 0, -128, -128, -128, 0, -128, -128, -128, 0, 1, 1, 1, 0);
+            case 0:
+                return _mm256_setr_epi8(0, 1, 1, 1, 0, -128, -128, -128, 0, -128, -128, -128, 0, -128, -128, -128, 0, 1,
+                                        1, 1, 0, -128, -128, -128, 0, -128, -128, -128, 0, -128, -128, -128);
+            case 1:
+                return _mm256_setr_epi8(-128, 0, -128, -128, 1, 0, 1, 1, -128, 0, -128, -128, -128, 0, -128, -128, -128,
+                                        0, -128, -128, 1, 0, 1, 1, -128, 0, -128, -128, -128, 0, -128, -128);
+            case 2:
+                return _mm256_setr_epi8(-128, -128, 0, -128, -128, -128, 0, -128, 1, 1, 0, 1, -128, -128, 0, -128, -128,
+                                        -128, 0, -128, -128, -128, 0, -128, 1, 1, 0, 1, -128, -128, 0, -128);
+            default:
+                return _mm256_setr_epi8(-128, -128, -128, 0, -128, -128, -128, 0, -128, -128, -128, 0, 1, 1, 1, 0, -128,
+                                        -128, -128, 0, -128, -128, -128, 0, -128, -128, -128, 0, 1, 1, 1, 0);
         }
     }
     static __m256i codes(const uint8_t* b, int) {
         const __m256i t0 = table(0), t1 = table(1), t2 = table(2), t3 = table(3);  // constants: no loads
         uint32_t packed;
         std::memcpy(&packed, b + 16, 4);
-        const __m256i nib = _mm256_and_si256(
-            _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(packed)), _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
-            _mm256_set1_epi32(15));
+        const __m256i nib = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(packed)),
+                                                               _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
+                                             _mm256_set1_epi32(15));
         const __m256i rep = _mm256_mullo_epi32(nib, _mm256_set1_epi32(0x01010101));  // lane g: its code in every byte
         const __m256i m0 = _mm256_set1_epi32(0x000000FF), m1 = _mm256_set1_epi32(0x0000FF00),
                       m2 = _mm256_set1_epi32(0x00FF0000), m3 = _mm256_set1_epi32(static_cast<int>(0xFF000000u));
-        __m256i idx = _mm256_or_si256(
-            _mm256_or_si256(_mm256_and_si256(_mm256_shuffle_epi8(t0, rep), m0), _mm256_and_si256(_mm256_shuffle_epi8(t1, rep), m1)),
-            _mm256_or_si256(_mm256_and_si256(_mm256_shuffle_epi8(t2, rep), m2), _mm256_and_si256(_mm256_shuffle_epi8(t3, rep), m3)));
-        idx = _mm256_add_epi8(idx, _mm256_setr_epi32(0x00000000, 0x02020202, 0x04040404, 0x06060606,
-                                                     0x08080808, 0x0A0A0A0A, 0x0C0C0C0C, 0x0E0E0E0E));  // group g: + 2g
+        __m256i idx = _mm256_or_si256(_mm256_or_si256(_mm256_and_si256(_mm256_shuffle_epi8(t0, rep), m0),
+                                                      _mm256_and_si256(_mm256_shuffle_epi8(t1, rep), m1)),
+                                      _mm256_or_si256(_mm256_and_si256(_mm256_shuffle_epi8(t2, rep), m2),
+                                                      _mm256_and_si256(_mm256_shuffle_epi8(t3, rep), m3)));
+        idx = _mm256_add_epi8(idx, _mm256_setr_epi32(0x00000000, 0x02020202, 0x04040404, 0x06060606, 0x08080808,
+                                                     0x0A0A0A0A, 0x0C0C0C0C, 0x0E0E0E0E));  // group g: + 2g
         const __m256i vals = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b)));
         return _mm256_shuffle_epi8(vals, idx);
     }
@@ -354,8 +358,8 @@ struct Sparse24F16 : NoRowHeader, UnitSubScales {
     };
     static inline const Gather kGather{};
     struct Prepared {
-        __m256 v0, v1;        // kept values 0..7 (groups 0..3), 8..15 (groups 4..7)
-        __m256i idx0, idx1;   // lanes 0..3: positions in activations 0..7 (resp. 16..23), lanes 4..7: in 8..15 (24..31)
+        __m256 v0, v1;  // kept values 0..7 (groups 0..3), 8..15 (groups 4..7)
+        __m256i idx0, idx1;  // lanes 0..3: positions in activations 0..7 (resp. 16..23), lanes 4..7: in 8..15 (24..31)
     };
     __attribute__((always_inline)) static Prepared prepare(const uint8_t* b, int) {
         const auto quad = [](const uint8_t c) {
@@ -390,14 +394,15 @@ struct Sparse24F16 : NoRowHeader, UnitSubScales {
     static inline const Table kTable{};  // built when the library loads: no guard in the inner loop
     __attribute__((always_inline)) static void values(const uint8_t* b, int, __m256 out[4]) {
         const Table& t = kTable;
-        const __m256 v0 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b)));       // values 0..7
+        const __m256 v0 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b)));  // values 0..7
         const __m256 v1 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 16)));  // values 8..15
         for (int k = 0; k < 4; ++k) {  // positions 8k..8k+7 = groups 2k, 2k+1 = kept values 4k..4k+3
             const int c = b[32 + k];
             const __m256i idx = _mm256_add_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(t.idx[c])),
                                                  _mm256_set1_epi32(4 * (k & 1)));  // odd k: lanes 4..7
             const __m256 v = _mm256_permutevar8x32_ps(k < 2 ? v0 : v1, idx);
-            out[k] = _mm256_and_ps(v, _mm256_castsi256_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(t.keep[c]))));
+            out[k] =
+                _mm256_and_ps(v, _mm256_castsi256_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(t.keep[c]))));
         }
     }
     static __m256i codes(const uint8_t*, int) { return _mm256_setzero_si256(); }  // unused (FLOAT)

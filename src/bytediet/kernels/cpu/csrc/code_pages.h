@@ -20,14 +20,14 @@ namespace bd {
 
 struct CodePagesDesc {
     const uint16_t* scale;    // fp16: per-channel keys (slots / group, hkv, d); per-token codes (slots, hkv, d / G);
-                              // QJL keys (slots, hkv) ‖k − μ‖; PolarQuant (slots, hkv, d / 16) the final radii
-    const uint16_t* zero;     // fp16, scale's shape (per-channel keys, per-token codes); else null
+                            // QJL keys (slots, hkv) ‖k − μ‖; PolarQuant (slots, hkv, d / 16) the final radii
+    const uint16_t* zero;  // fp16, scale's shape (per-channel keys, per-token codes); else null
     const int32_t* stage_of;  // (slots / window,) the staging page of a window still open, or −1; null: none
-    const uint16_t* stage;    // (pages, window, hkv, d) fp16: an open window's tokens as written
-    int64_t group;            // per-channel keys: tokens per group (a slot's group is slot / group)
-    int64_t window;           // tokens per staging window (slot / window indexes stage_of): KIVI's group, HF's residual
-    const float* transform;   // (rows, d) float32: QJL's sketch S (R·d rows); PolarQuant's rotation R (d rows)
-    const float* table;       // PolarQuant: cos then sin of each level's centroids (16, 16, then 4, 4 per level)
+    const uint16_t* stage;  // (pages, window, hkv, d) fp16: an open window's tokens as written
+    int64_t group;  // per-channel keys: tokens per group (a slot's group is slot / group)
+    int64_t window;  // tokens per staging window (slot / window indexes stage_of): KIVI's group, HF's residual
+    const float* transform;  // (rows, d) float32: QJL's sketch S (R·d rows); PolarQuant's rotation R (d rows)
+    const float* table;  // PolarQuant: cos then sin of each level's centroids (16, 16, then 4, 4 per level)
 };
 
 template <int BITS>  // codes j … j + 7 of a packed row as floats (j a multiple of 8: BITS whole bytes)
@@ -40,7 +40,9 @@ inline __m256 codes8(const uint8_t* r, long j) {
     return _mm256_cvtepi32_ps(c);
 }
 
-inline __m256 load8_f16(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+inline __m256 load8_f16(const uint16_t* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
 
 // The row of slot, head kvh from its fp16 staging page while its window is open (→ out), else null.
 inline const float* staged_row(const CodePagesDesc& s, long slot, long kvh, long hkv, long d, float* out) {
@@ -119,7 +121,8 @@ struct PagesQJLKeys : SidePages {
         transform_query(s.transform, R * d, q, d, out);
     }
     static float row_scale_at(const CodePagesDesc& s, long slot, long kvh, long hkv, long d) {
-        return static_cast<float>(std::sqrt(M_PI / 2) / static_cast<double>(R * d)) * _cvtsh_ss(s.scale[slot * hkv + kvh]);
+        return static_cast<float>(std::sqrt(M_PI / 2) / static_cast<double>(R * d)) *
+               _cvtsh_ss(s.scale[slot * hkv + kvh]);
     }
     // Σ_j ±sq_j of 8 keys (their sign rows k[0..7], m bits each): sq_j with its sign flipped where bit j is 0.
     static __m256 dot8(const float* sq, const uint8_t* const* k, long m) {
@@ -156,7 +159,7 @@ struct PagesPolar : SidePages {
         const long idx = slot * hkv + kvh;
         const T* row = pages + idx * row_size(d);
         const long offset[4] = {0, d / 4, d / 4 + d / 16, d / 4 + d / 16 + d / 32};  // each level's codes
-        const long table[4] = {0, 32, 40, 48};                                        // each level's cos, sin
+        const long table[4] = {0, 32, 40, 48};  // each level's cos, sin
         float buf[2][MAX_DIM / 2];
         float* r = buf[0];
         long n = d / 16;

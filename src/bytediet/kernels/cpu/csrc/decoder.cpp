@@ -17,9 +17,9 @@
 
 #include "activations.h"
 #include "attention.h"
+#include "code_pages.h"
 #include "gemm_blocks.h"
 #include "isa.h"
-#include "code_pages.h"
 #include "kv_pages.h"
 #include "lanes_avx2.h"
 #include "lanes_avx512.h"
@@ -28,8 +28,8 @@
 namespace bd {
 namespace {
 
-using attention::Partial;
 using attention::for_each_slot;
+using attention::Partial;
 
 struct Scratch {
     std::vector<float> h, q, k, v, att, o, gate, up, chunk_acc, kq;
@@ -75,7 +75,6 @@ void rope(float* q, long hq, float* k, long hkv, long d, const float* inv_freq, 
 // prefetcher follows late (8: the fastest measured, bench/RESULTS.md, Recording 10).
 constexpr long kPrefetchRows = 8;
 
-
 // Linear layers sharing one input: quantized once (q8) or summed per block once (f32).
 class Input {
   public:
@@ -86,7 +85,7 @@ class Input {
             block_sums(x, m, k, s.sums.data());
         } else {
             rows_ = act_ == Activations::Q8_TOKEN ? s.act.quantize_per_token(x, m, k)
-                                                   : s.act.quantize(x, m, k, act_ == Activations::Q16);
+                                                  : s.act.quantize(x, m, k, act_ == Activations::Q16);
         }
     }
     void apply(const LinearDesc& l, float* y) const {
@@ -110,8 +109,9 @@ class Input {
         }
         X4Product products[4];
         int n = 0;
-        for (auto& o : outs) products[n++] = X4Product{o.first->ggml_type, o.first->blocks, o.first->n, o.first->k,
-                                                       o.second, o.first->bias};
+        for (auto& o : outs)
+            products[n++] =
+                X4Product{o.first->ggml_type, o.first->blocks, o.first->n, o.first->k, o.second, o.first->bias};
         gemm_x4_many(products, n, rows_, m_);
     }
 
@@ -202,7 +202,10 @@ void for_each_row_block(const AttendCall& a, const Item& it, const typename P::T
         }
         if (filled == 0) first = p;
         w.slots[filled] = slot;
-        if (++filled == kRowBlock) { fn(first, filled); filled = 0; }
+        if (++filled == kRowBlock) {
+            fn(first, filled);
+            filled = 0;
+        }
     });
     if (filled) fn(first, filled);
 }
@@ -293,7 +296,6 @@ inline WideRow<P> wide_row_at(const AttendCall& a, const typename P::T* pages, c
     }
 }
 
-
 // fn(first head, NG) over the group's heads, kGroupTile at a time, NG a compile-time constant.
 template <class Fn>
 inline void for_each_head_tile(long group, Fn fn) {
@@ -317,41 +319,45 @@ void key_pass_stream(const AttendCall& a, const Item& it, Worker& w) {
     float* folded = w.folded.data();  // (qn, hq, 8 positions, 8 lanes)
     float* scales = w.key_scales.data();  // (hkv, 8 positions)
     const long slot_bytes = hkv * P::row_size(d) * static_cast<long>(sizeof(typename P::T));
-    for_each_row_block<P>(a, it, pages, w, [&](long first, long count) {
-        for (long j0 = 0; j0 < count; j0 += 8) {
-            for (long j = 0; j < 8; ++j) {
-                const long slot = w.slots[j0 + j < count ? j0 + j : j0];  // pad with a real row: its scores are unused
-                if (j0 + j < count && w.ahead[j0 + j] >= 0)
-                    prefetch_bytes(reinterpret_cast<const char*>(pages) + w.ahead[j0 + j] * slot_bytes, slot_bytes);
+    for_each_row_block<P>(
+        a, it, pages, w,
+        [&](long first, long count) {
+            for (long j0 = 0; j0 < count; j0 += 8) {
+                for (long j = 0; j < 8; ++j) {
+                    const long slot =
+                        w.slots[j0 + j < count ? j0 + j : j0];  // pad with a real row: its scores are unused
+                    if (j0 + j < count && w.ahead[j0 + j] >= 0)
+                        prefetch_bytes(reinterpret_cast<const char*>(pages) + w.ahead[j0 + j] * slot_bytes, slot_bytes);
+                    for (long kvh = 0; kvh < hkv; ++kvh) {
+                        const WideRow<P> row = wide_row_at<P>(a, pages, a.L.k_scale, a.k_side, slot, kvh,
+                                                              w.tile.data() + (j * hkv + kvh) * d, scales[kvh * 8 + j]);
+                        for (long tt = 0; tt < it.qn; ++tt)
+                            for_each_head_tile(group, [&](long g0, auto ng) {
+                                constexpr int NG = decltype(ng)::value;
+                                const long h0 = kvh * group + g0;
+                                const float* qs[NG];
+                                for (int g = 0; g < NG; ++g) qs[g] = a.q + ((it.t0 + tt) * hq + h0 + g) * kd;
+                                float* dst = folded + ((tt * hq + h0) * 8 + j) * 8;
+                                if (kd == 64)
+                                    V::template dots<P, NG, 64>(qs, row, kd, dst);
+                                else
+                                    V::template dots<P, NG>(qs, row, kd, dst);
+                            });
+                    }
+                }
                 for (long kvh = 0; kvh < hkv; ++kvh) {
-                    const WideRow<P> row = wide_row_at<P>(a, pages, a.L.k_scale, a.k_side, slot, kvh,
-                                                          w.tile.data() + (j * hkv + kvh) * d, scales[kvh * 8 + j]);
+                    const __m256 sc =
+                        _mm256_mul_ps(_mm256_set1_ps(a.m.attention_scale), _mm256_loadu_ps(scales + kvh * 8));
                     for (long tt = 0; tt < it.qn; ++tt)
-                        for_each_head_tile(group, [&](long g0, auto ng) {
-                            constexpr int NG = decltype(ng)::value;
-                            const long h0 = kvh * group + g0;
-                            const float* qs[NG];
-                            for (int g = 0; g < NG; ++g) qs[g] = a.q + ((it.t0 + tt) * hq + h0 + g) * kd;
-                            float* dst = folded + ((tt * hq + h0) * 8 + j) * 8;
-                            if (kd == 64)
-                                V::template dots<P, NG, 64>(qs, row, kd, dst);
-                            else
-                                V::template dots<P, NG>(qs, row, kd, dst);
-                        });
+                        for (long g = 0; g < group; ++g) {
+                            const long h = kvh * group + g;
+                            _mm256_storeu_ps(w.scores.data() + (tt * hq + h) * it.ns + (first - it.lo) + j0,
+                                             _mm256_mul_ps(attention::hsum8_rows(folded + (tt * hq + h) * 64), sc));
+                        }
                 }
             }
-            for (long kvh = 0; kvh < hkv; ++kvh) {
-                const __m256 sc =
-                    _mm256_mul_ps(_mm256_set1_ps(a.m.attention_scale), _mm256_loadu_ps(scales + kvh * 8));
-                for (long tt = 0; tt < it.qn; ++tt)
-                    for (long g = 0; g < group; ++g) {
-                        const long h = kvh * group + g;
-                        _mm256_storeu_ps(w.scores.data() + (tt * hq + h) * it.ns + (first - it.lo) + j0,
-                                         _mm256_mul_ps(attention::hsum8_rows(folded + (tt * hq + h) * 64), sc));
-                    }
-            }
-        }
-    }, kKeyAhead);
+        },
+        kKeyAhead);
 }
 
 template <class P, class V>
@@ -359,36 +365,41 @@ void value_pass_stream(const AttendCall& a, const Item& it, Worker& w) {
     const long hq = a.m.num_heads, hkv = a.m.num_kv_heads, d = a.m.head_dim, group = hq / hkv;
     const auto* pages = static_cast<const typename P::T*>(a.L.v_cache);
     const long row_bytes = P::row_size(d) * static_cast<long>(sizeof(typename P::T));
-    for_each_row_block<P>(a, it, pages, w, [&](long first, long count) {
-        for (long kvh = 0; kvh < hkv; ++kvh) {
-            const char* ahead[kRowBlock];  // this head's row kValueAhead positions on, fetched by the first head tile
-            for (long j = 0; j < count; ++j)
-                ahead[j] = w.ahead[j] < 0 ? nullptr
-                                          : reinterpret_cast<const char*>(pages) + (w.ahead[j] * hkv + kvh) * row_bytes;
-            WideRow<P> rows[kRowBlock];
-            for (long j = 0; j < count; ++j)
-                rows[j] = wide_row_at<P>(a, pages, a.L.v_scale, a.v_side, w.slots[j], kvh, w.tile.data() + j * d,
-                                         w.row_scales[j]);
-            for (long tt = 0; tt < it.qn; ++tt)
-                for_each_head_tile(group, [&](long g0, auto ng) {
-                    constexpr int NG = decltype(ng)::value;
-                    const long h0 = kvh * group + g0;
-                    const float* ps[NG];
-                    float* accs[NG];
-                    for (int g = 0; g < NG; ++g) {
-                        ps[g] = w.scores.data() + (tt * hq + h0 + g) * it.ns + (first - it.lo);
-                        if (P::SCALED) {
-                            float* scaled = w.weights.data() + g * kRowBlock;
-                            for (long j = 0; j < count; ++j) scaled[j] = ps[g][j] * w.row_scales[j];
-                            ps[g] = scaled;
+    for_each_row_block<P>(
+        a, it, pages, w,
+        [&](long first, long count) {
+            for (long kvh = 0; kvh < hkv; ++kvh) {
+                const char*
+                    ahead[kRowBlock];  // this head's row kValueAhead positions on, fetched by the first head tile
+                for (long j = 0; j < count; ++j)
+                    ahead[j] = w.ahead[j] < 0
+                                   ? nullptr
+                                   : reinterpret_cast<const char*>(pages) + (w.ahead[j] * hkv + kvh) * row_bytes;
+                WideRow<P> rows[kRowBlock];
+                for (long j = 0; j < count; ++j)
+                    rows[j] = wide_row_at<P>(a, pages, a.L.v_scale, a.v_side, w.slots[j], kvh, w.tile.data() + j * d,
+                                             w.row_scales[j]);
+                for (long tt = 0; tt < it.qn; ++tt)
+                    for_each_head_tile(group, [&](long g0, auto ng) {
+                        constexpr int NG = decltype(ng)::value;
+                        const long h0 = kvh * group + g0;
+                        const float* ps[NG];
+                        float* accs[NG];
+                        for (int g = 0; g < NG; ++g) {
+                            ps[g] = w.scores.data() + (tt * hq + h0 + g) * it.ns + (first - it.lo);
+                            if (P::SCALED) {
+                                float* scaled = w.weights.data() + g * kRowBlock;
+                                for (long j = 0; j < count; ++j) scaled[j] = ps[g][j] * w.row_scales[j];
+                                ps[g] = scaled;
+                            }
+                            accs[g] = a.acc + (((it.t0 + tt) * hq + h0 + g) * a.chunks + it.c) * d;
                         }
-                        accs[g] = a.acc + (((it.t0 + tt) * hq + h0 + g) * a.chunks + it.c) * d;
-                    }
-                    V::template weighted<P, NG>(ps, rows, count, d, accs, tt == 0 && g0 == 0 ? ahead : nullptr,
-                                              row_bytes);
-                });
-        }
-    }, kValueAhead);
+                        V::template weighted<P, NG>(ps, rows, count, d, accs, tt == 0 && g0 == 0 ? ahead : nullptr,
+                                                    row_bytes);
+                    });
+            }
+        },
+        kValueAhead);
 }
 
 using Pass = void (*)(const AttendCall&, const Item&, Worker&);
@@ -405,30 +416,33 @@ struct Passes {  // the passes of one call's key and value page types, chosen on
 bool passes(int k_dtype, int v_dtype, long d, Passes& ps) {
     bool fit = d > 0;
     auto fits = [&](auto p) { fit = fit && d % decltype(p)::ALIGN == 0 && d <= decltype(p)::MAX_DIM; };
-    const bool known = with_attention_pages(k_dtype, [&](auto p) {
-        using P = decltype(p);
-        fits(p);
-        if constexpr (P::QUERY) ps.query_size = P::query_size(d), ps.prepare = &prepare_queries<P>;
-        const long kd = ps.query_size ? ps.query_size : d;
-        if constexpr (P::ON_CODES) {
-            ps.keys = &key_pass_on_codes<P>;
-        } else if (kd % 8 == 0) {
-            ps.keys = &key_pass_stream<P, Lanes8>;
+    const bool known = with_attention_pages(k_dtype,
+                                            [&](auto p) {
+                                                using P = decltype(p);
+                                                fits(p);
+                                                if constexpr (P::QUERY)
+                                                    ps.query_size = P::query_size(d), ps.prepare = &prepare_queries<P>;
+                                                const long kd = ps.query_size ? ps.query_size : d;
+                                                if constexpr (P::ON_CODES) {
+                                                    ps.keys = &key_pass_on_codes<P>;
+                                                } else if (kd % 8 == 0) {
+                                                    ps.keys = &key_pass_stream<P, Lanes8>;
 #if BD_AVX512
-            if (kd % 16 == 0) ps.keys = &key_pass_stream<P, Lanes16>;
+                                                    if (kd % 16 == 0) ps.keys = &key_pass_stream<P, Lanes16>;
 #endif
-        }
-    }) && with_attention_pages(v_dtype, [&](auto p) {
-        using P = decltype(p);
-        fits(p);
-        if constexpr (!P::ON_CODES) {  // codes scored as keys are not values
-            if (d % 8 == 0) ps.values = &value_pass_stream<P, Lanes8>;
+                                                }
+                                            }) &&
+                       with_attention_pages(v_dtype, [&](auto p) {
+                           using P = decltype(p);
+                           fits(p);
+                           if constexpr (!P::ON_CODES) {  // codes scored as keys are not values
+                               if (d % 8 == 0) ps.values = &value_pass_stream<P, Lanes8>;
 #if BD_AVX512
-            if (d % 16 == 0) ps.values = &value_pass_stream<P, Lanes16>;
+                               if (d % 16 == 0) ps.values = &value_pass_stream<P, Lanes16>;
 #endif
-        }
-        if constexpr (P::FINISH) ps.finish = &finish_values<P>;
-    });
+                           }
+                           if constexpr (P::FINISH) ps.finish = &finish_values<P>;
+                       });
     return known && fit && ps.keys && ps.values;
 }
 
@@ -464,7 +478,8 @@ void attend(const ModelDesc& m, const LayerDesc& L, const float* q, float* out, 
     std::atomic<long> next_item{0};
     parallel_run([&](int, int) {
         Worker w;
-        w.tile.resize(kRowBlock * m.num_kv_heads * (kd > d ? kd : d));  // the streaming key pass: 8 positions × hkv rows
+        w.tile.resize(kRowBlock * m.num_kv_heads *
+                      (kd > d ? kd : d));  // the streaming key pass: 8 positions × hkv rows
         w.folded.resize(kQueryTile * hq * 64);
         w.key_scales.resize(m.num_kv_heads * 8);
         w.weights.resize(kRowBlock * kGroupTile);  // per head of a tile of heads (the streaming value pass)
@@ -543,8 +558,14 @@ Status step_pages(const ModelDesc& m, const LayerDesc& L, Passes& ps) {
 void layer_step(const ModelDesc& m, const LayerDesc& L, float* x, long T, const int64_t* positions,
                 const int64_t* slots, const int64_t* block_tables, long bt_stride, long block_size, Scratch& s) {
     const long H = m.hidden, hq = m.num_heads, hkv = m.num_kv_heads, d = m.head_dim, I = m.intermediate;
-    s.h.resize(T * H); s.q.resize(T * hq * d); s.k.resize(T * hkv * d); s.v.resize(T * hkv * d);
-    s.att.resize(T * hq * d); s.o.resize(T * H); s.gate.resize(T * I); s.up.resize(T * I);
+    s.h.resize(T * H);
+    s.q.resize(T * hq * d);
+    s.k.resize(T * hkv * d);
+    s.v.resize(T * hkv * d);
+    s.att.resize(T * hq * d);
+    s.o.resize(T * H);
+    s.gate.resize(T * I);
+    s.up.resize(T * I);
     for (long t = 0; t < T; ++t) rmsnorm(x + t * H, L.attn_norm, H, m.eps, s.h.data() + t * H);
     {
         Input in(s.h.data(), T, H, m.activations, s);

@@ -29,14 +29,16 @@ inline __m256 lane_scale(const SubScales& s, int j, float xd) {
 
 template <class F>
 inline __m256i dot_codes(__m256i codes, __m256i xq) {
-    if constexpr (F::SIGNED) return dot_s8s8(codes, xq);
-    else return dot_u8s8(codes, xq);
+    if constexpr (F::SIGNED)
+        return dot_s8s8(codes, xq);
+    else
+        return dot_u8s8(codes, xq);
 }
 
 // y[c][n0 + r] = row_scale_r · (Σ lanes + zero term) + bias.
 template <class F, int NR, int NC>
-inline void store_tile(const __m256 (&acc)[NR][NC], const float (&zero_term)[NR][NC], const uint8_t* w,
-                       long row_bytes, float* y, long ldy, long n0, const float* bias) {
+inline void store_tile(const __m256 (&acc)[NR][NC], const float (&zero_term)[NR][NC], const uint8_t* w, long row_bytes,
+                       float* y, long ldy, long n0, const float* bias) {
     for (int r = 0; r < NR; ++r) {
         const float rs = F::row_scale(w + r * row_bytes);
         for (int c = 0; c < NC; ++c) {
@@ -53,7 +55,10 @@ void tile_q8(const uint8_t* w, long row_bytes, long nsuper, const QuantizedRows&
     __m256 acc[NR][NC];
     float zero_term[NR][NC];
     for (int r = 0; r < NR; ++r)
-        for (int c = 0; c < NC; ++c) { acc[r][c] = _mm256_setzero_ps(); zero_term[r][c] = 0.0f; }
+        for (int c = 0; c < NC; ++c) {
+            acc[r][c] = _mm256_setzero_ps();
+            zero_term[r][c] = 0.0f;
+        }
     SubScales sc[NR];
     for (long i = 0; i < nsuper; ++i) {
         for (int r = 0; r < NR; ++r) F::scales(w + r * row_bytes + F::HEADER + i * F::BYTES, sc[r]);
@@ -96,17 +101,22 @@ inline void widen_codes(__m256i codes, __m256 out[4]) {
 // Sub-block j of the block at b as 32 floats before its scales: integer codes widened, or a FLOAT format's values.
 template <class F>
 inline void weights_f32(const uint8_t* b, int j, __m256 out[4]) {
-    if constexpr (is_float_format<F>::value) F::values(b, j, out);
-    else widen_codes<F>(F::codes(b, j), out);
+    if constexpr (is_float_format<F>::value)
+        F::values(b, j, out);
+    else
+        widen_codes<F>(F::codes(b, j), out);
 }
 
 template <class F, int NR, int NC>
-void tile_f32(const uint8_t* w, long row_bytes, long nsuper, const FloatRows& x, long m0, float* y, long ldy,
-              long n0, const float* bias) {
+void tile_f32(const uint8_t* w, long row_bytes, long nsuper, const FloatRows& x, long m0, float* y, long ldy, long n0,
+              const float* bias) {
     __m256 acc[NR][NC];
     float zero_term[NR][NC];
     for (int r = 0; r < NR; ++r)
-        for (int c = 0; c < NC; ++c) { acc[r][c] = _mm256_setzero_ps(); zero_term[r][c] = 0.0f; }
+        for (int c = 0; c < NC; ++c) {
+            acc[r][c] = _mm256_setzero_ps();
+            zero_term[r][c] = 0.0f;
+        }
     SubScales sc[NR];
     for (long i = 0; i < nsuper; ++i) {
         for (int r = 0; r < NR; ++r) F::scales(w + r * row_bytes + F::HEADER + i * F::BYTES, sc[r]);
@@ -126,8 +136,10 @@ void tile_f32(const uint8_t* w, long row_bytes, long nsuper, const FloatRows& x,
                 weights_f32<F>(w + r * row_bytes + F::HEADER + i * F::BYTES, j, q);
                 for (int c = 0; c < NC; ++c) {
                     const float* xp = x.x + (m0 + c) * x.k + blk * 32;
-                    __m256 lo = _mm256_fmadd_ps(q[1], _mm256_loadu_ps(xp + 8), _mm256_mul_ps(q[0], _mm256_loadu_ps(xp)));
-                    __m256 hi = _mm256_fmadd_ps(q[3], _mm256_loadu_ps(xp + 24), _mm256_mul_ps(q[2], _mm256_loadu_ps(xp + 16)));
+                    __m256 lo =
+                        _mm256_fmadd_ps(q[1], _mm256_loadu_ps(xp + 8), _mm256_mul_ps(q[0], _mm256_loadu_ps(xp)));
+                    __m256 hi =
+                        _mm256_fmadd_ps(q[3], _mm256_loadu_ps(xp + 24), _mm256_mul_ps(q[2], _mm256_loadu_ps(xp + 16)));
                     acc[r][c] = _mm256_fmadd_ps(_mm256_set1_ps(sc[r].d_lo[j]), lo, acc[r][c]);
                     acc[r][c] = _mm256_fmadd_ps(_mm256_set1_ps(sc[r].d_hi[j]), hi, acc[r][c]);
                     zero_term[r][c] += sc[r].m[j] * x.s[(m0 + c) * x.nblocks + blk];
@@ -200,7 +212,6 @@ void gemm_f32(const uint8_t* w, long N, long K, const FloatRows& x, long M, floa
     gemm_rows<F, FloatRows, 2, TileF32>(w, N, K, x, M, y, ldy, bias);
 }
 
-
 }  // namespace
 
 // One block of 32: d = amax/127, codes = round-half-even(x · (1/d)); returns Σ codes.
@@ -212,8 +223,8 @@ inline int quantize_block(const __m256 v[4], int8_t* q, float* d) {
     const float id = dv != 0.0f ? 1.0f / dv : 0.0f;
     __m256i qi[4];
     for (int k = 0; k < 4; ++k)
-        qi[k] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[k], _mm256_set1_ps(id)),
-                                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        qi[k] = _mm256_cvtps_epi32(
+            _mm256_round_ps(_mm256_mul_ps(v[k], _mm256_set1_ps(id)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
     __m256i sum = _mm256_add_epi32(_mm256_add_epi32(qi[0], qi[1]), _mm256_add_epi32(qi[2], qi[3]));
     __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]), _mm256_packs_epi32(qi[2], qi[3]));
     p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));  // undo the lane interleave
@@ -256,8 +267,8 @@ void quantize_rows_q16(const float* x, long M, long K, int8_t* q, float* d, int8
             const int sum1 = quantize_block(v, q + blk * 32, d + blk);
             const __m256 dv = _mm256_set1_ps(d[blk]);
             for (int k = 0; k < 4; ++k) {
-                const __m256 qf = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
-                    _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + blk * 32 + 8 * k))));
+                const __m256 qf = _mm256_cvtepi32_ps(
+                    _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + blk * 32 + 8 * k))));
                 r[k] = _mm256_sub_ps(v[k], _mm256_mul_ps(qf, dv));
             }
             const int sum2 = quantize_block(r, q2 + blk * 32, d2 + blk);
@@ -283,8 +294,9 @@ void quantize_rows_per_token(const float* x, long M, long K, int8_t* q, float* d
             for (long blk = 0; blk < nb; ++blk) {
                 __m256i qi[4];
                 for (int k = 0; k < 4; ++k)
-                    qi[k] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(xr + blk * 32 + 8 * k), id),
-                                                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+                    qi[k] =
+                        _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(xr + blk * 32 + 8 * k), id),
+                                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
                 __m256i sum = _mm256_add_epi32(_mm256_add_epi32(qi[0], qi[1]), _mm256_add_epi32(qi[2], qi[3]));
                 __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]), _mm256_packs_epi32(qi[2], qi[3]));
                 p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
@@ -335,20 +347,21 @@ void block_sums(const float* x, long M, long K, float* s) {
 }
 
 // Returns 0, -1 for an unknown type, -3 for a FLOAT format (no integer kernel: multiply it with f32 activations).
-int gemm_blocks_q8(int ggml_type, const uint8_t* w, long N, long K, const QuantizedRows& x, long M, float* y,
-                   long ldy, const float* bias) {
+int gemm_blocks_q8(int ggml_type, const uint8_t* w, long N, long K, const QuantizedRows& x, long M, float* y, long ldy,
+                   const float* bias) {
     int rc = 0;
     const int found = with_format(ggml_type, [&](auto f) {
         using F = decltype(f);
-        if constexpr (is_float_format<F>::value) rc = -3;
-        else gemm_q8<F>(w, N, K, x, M, y, ldy, bias);
+        if constexpr (is_float_format<F>::value)
+            rc = -3;
+        else
+            gemm_q8<F>(w, N, K, x, M, y, ldy, bias);
     });
     return found != 0 ? found : rc;
 }
 
-
-int gemm_blocks_f32(int ggml_type, const uint8_t* w, long N, long K, const FloatRows& x, long M, float* y,
-                    long ldy, const float* bias) {
+int gemm_blocks_f32(int ggml_type, const uint8_t* w, long N, long K, const FloatRows& x, long M, float* y, long ldy,
+                    const float* bias) {
     return with_format(ggml_type, [&](auto f) { gemm_f32<decltype(f)>(w, N, K, x, M, y, ldy, bias); });
 }
 
@@ -415,14 +428,15 @@ int super_block_weights(int ggml_type) {
 namespace {
 thread_local bd::QuantizedActivations t_act;
 thread_local std::vector<float> t_sums;
-}
+}  // namespace
 
 extern "C" {
 
-// act_mode: an Activations (types.h): Q8, F32, Q16, Q8_TOKEN (int8 per token). Returns 0, or -1 for a block type without a kernel, -2 for
-// K not a multiple of the super-block, -3 for integer activations on a FLOAT format (fp8, sparse24 fp16).
-int bd_gemm_blocks(int ggml_type, const uint8_t* w, long N, long K, const float* x, long M, float* y,
-                   const float* bias, int act_mode) {
+// act_mode: an Activations (types.h): Q8, F32, Q16, Q8_TOKEN (int8 per token). Returns 0, or -1 for a block type
+// without a kernel, -2 for K not a multiple of the super-block, -3 for integer activations on a FLOAT format (fp8,
+// sparse24 fp16).
+int bd_gemm_blocks(int ggml_type, const uint8_t* w, long N, long K, const float* x, long M, float* y, const float* bias,
+                   int act_mode) {
     const int sb = bd::super_block_weights(ggml_type);
     if (sb == 0) return -1;
     if (K % sb) return -2;

@@ -32,15 +32,15 @@ void quantize_rows_q8(const float* x, long M, long K, int8_t* q, float* d, float
 void quantize_rows_per_token(const float* x, long M, long K, int8_t* q, float* d, float* s);
 void quantize_rows_q16(const float* x, long M, long K, int8_t* q, float* d, int8_t* q2, float* d2, float* s);
 void block_sums(const float* x, long M, long K, float* s);
-int gemm_blocks_q8(int ggml_type, const uint8_t* w, long N, long K, const QuantizedRows& x, long M, float* y,
-                   long ldy, const float* bias);
-int gemm_blocks_f32(int ggml_type, const uint8_t* w, long N, long K, const FloatRows& x, long M, float* y,
-                    long ldy, const float* bias);
+int gemm_blocks_q8(int ggml_type, const uint8_t* w, long N, long K, const QuantizedRows& x, long M, float* y, long ldy,
+                   const float* bias);
+int gemm_blocks_f32(int ggml_type, const uint8_t* w, long N, long K, const FloatRows& x, long M, float* y, long ldy,
+                    const float* bias);
 int super_block_weights(int ggml_type);
 // y = x · Wᵀ (+ bias) by the panel GEMM (gemm_panel.cpp) for q16 rows x (two planes); 0, or -1 unknown type,
 // -3 a FLOAT format, -4 no AVX-512 VNNI in this build (the caller keeps its own kernel).
-int gemm_panel_q16(int ggml_type, const uint8_t* w, long N, long K, const QuantizedRows& x, long M, float* y,
-                   long ldy, const float* bias);
+int gemm_panel_q16(int ggml_type, const uint8_t* w, long N, long K, const QuantizedRows& x, long M, float* y, long ldy,
+                   const float* bias);
 int dequantize_blocks(int ggml_type, const uint8_t* w, long N, long K, float* out);
 int dequantize_blocks_bf16(int ggml_type, const uint8_t* w, long N, long K, uint16_t* out);
 

@@ -34,7 +34,8 @@ template <bool SIGNED>
 inline __m256 pairs_u8(const uint8_t* p) {  // 4 bytes (one per row) → 8 float lanes in row pairs
     int32_t v;
     std::memcpy(&v, p, 4);
-    const __m128i b = _mm_shuffle_epi8(_mm_cvtsi32_si128(v), _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, -1, -1, -1, -1, -1, -1, -1, -1));
+    const __m128i b =
+        _mm_shuffle_epi8(_mm_cvtsi32_si128(v), _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, -1, -1, -1, -1, -1, -1, -1, -1));
     return _mm256_cvtepi32_ps(SIGNED ? _mm256_cvtepi8_epi32(b) : _mm256_cvtepu8_epi32(b));
 }
 
@@ -48,7 +49,8 @@ inline long long bytes8(const int8_t* p) {
 // sum of 4 maddubs pairs holds).
 inline __m256i dot4(const __m256i u[4], const int8_t* xq, __m256i ones) {
     __m256i s16 = _mm256_setzero_si256();
-    for (int k = 0; k < 4; ++k) s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(u[k], _mm256_set1_epi64x(bytes8(xq + 8 * k))));
+    for (int k = 0; k < 4; ++k)
+        s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(u[k], _mm256_set1_epi64x(bytes8(xq + 8 * k))));
     return _mm256_madd_epi16(s16, ones);
 }
 
@@ -115,8 +117,8 @@ inline void dot6(const __m256i u[4], const int8_t* xq, const int32_t* half_sums,
 }
 
 template <int NC, bool TWO>
-void group_q6k(const uint8_t* w, long nsuper, const QuantizedRows& x, const int32_t* sums, long m0, float* y,
-               long ldy, long n0, const float* bias) {
+void group_q6k(const uint8_t* w, long nsuper, const QuantizedRows& x, const int32_t* sums, long m0, float* y, long ldy,
+               long n0, const float* bias) {
     __m256 acc[NC];
     for (int c = 0; c < NC; ++c) acc[c] = _mm256_setzero_ps();
     const __m256i ones = _mm256_set1_epi16(1), low = _mm256_set1_epi8(0x0F), top = _mm256_set1_epi8(0x30);
@@ -133,9 +135,11 @@ void group_q6k(const uint8_t* w, long nsuper, const QuantizedRows& x, const int3
             const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 64));
             __m256i u[4];
             u[0] = _mm256_or_si256(_mm256_and_si256(lo, low), _mm256_and_si256(_mm256_slli_epi16(hb, 4), top));
-            u[1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lo, 4), low), _mm256_and_si256(_mm256_slli_epi16(hb, 2), top));
+            u[1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lo, 4), low),
+                                   _mm256_and_si256(_mm256_slli_epi16(hb, 2), top));
             u[2] = _mm256_or_si256(_mm256_and_si256(hi, low), _mm256_and_si256(hb, top));
-            u[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(hi, 4), low), _mm256_and_si256(_mm256_srli_epi16(hb, 2), top));
+            u[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(hi, 4), low),
+                                   _mm256_and_si256(_mm256_srli_epi16(hb, 2), top));
             const long blk = i * 8 + j;
             for (int c2 = 0; c2 < NC; ++c2) {
                 const long row = m0 + c2, at = row * x.k + blk * 32;
@@ -248,8 +252,8 @@ void repack_kx4(int type, const uint8_t* src, long N, long K, uint8_t* dst) {
                     c[b] = static_cast<uint8_t>((u[0][b] & 15) | ((u[1][b] & 15) << 4));
                     c[32 + b] = static_cast<uint8_t>((u[2][b] & 15) | ((u[3][b] & 15) << 4));
                     if (type == kQ6_K)
-                        c[64 + b] = static_cast<uint8_t>((u[0][b] >> 4) | ((u[1][b] >> 4) << 2) | ((u[2][b] >> 4) << 4) |
-                                                         ((u[3][b] >> 4) << 6));
+                        c[64 + b] = static_cast<uint8_t>((u[0][b] >> 4) | ((u[1][b] >> 4) << 2) |
+                                                         ((u[2][b] >> 4) << 4) | ((u[3][b] >> 4) << 6));
                 }
             }
         }

@@ -90,14 +90,14 @@ inline __m512i bcast4(const int8_t* p) {
 template <int MR>
 inline void dot_quads(const uint8_t* codes, const int8_t* x1, const int8_t* x2, long K, int q0, int q1,
                       __m512i acc[MR][2], __m512i acc2[MR][2]) {
-    #pragma GCC unroll 8
+#pragma GCC unroll 8
     for (int r = 0; r < MR; ++r)
         for (int v = 0; v < 2; ++v) acc[r][v] = acc2[r][v] = _mm512_setzero_si512();
-    #pragma GCC unroll 8
+#pragma GCC unroll 8
     for (int q = q0; q < q1; ++q) {
         const __m512i w0 = _mm512_loadu_si512(codes + q * kPanel * 4);
         const __m512i w1 = _mm512_loadu_si512(codes + q * kPanel * 4 + 64);
-        #pragma GCC unroll 8
+#pragma GCC unroll 8
         for (int r = 0; r < MR; ++r) {
             const __m512i a = bcast4(x1 + r * K + 4 * q), b = bcast4(x2 + r * K + 4 * q);
             acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], w0, a);
@@ -110,16 +110,16 @@ inline void dot_quads(const uint8_t* codes, const int8_t* x1, const int8_t* x2, 
 
 // f[r][v] += s[v] · (d[r] · acc[r][v] + d2[r] · acc2[r][v])
 template <int MR>
-inline void fold(const float* s, const float* d, const float* d2, long nb, __m512i acc[MR][2],
-                 __m512i acc2[MR][2], __m512 f[MR][2]) {
+inline void fold(const float* s, const float* d, const float* d2, long nb, __m512i acc[MR][2], __m512i acc2[MR][2],
+                 __m512 f[MR][2]) {
     const __m512 s0 = _mm512_loadu_ps(s), s1 = _mm512_loadu_ps(s + 16);
-    #pragma GCC unroll 8
+#pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
         const __m512 dr = _mm512_set1_ps(d[r * nb]), d2r = _mm512_set1_ps(d2[r * nb]);
-        const __m512 t0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc2[r][0]), d2r,
-                                          _mm512_mul_ps(_mm512_cvtepi32_ps(acc[r][0]), dr));
-        const __m512 t1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc2[r][1]), d2r,
-                                          _mm512_mul_ps(_mm512_cvtepi32_ps(acc[r][1]), dr));
+        const __m512 t0 =
+            _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc2[r][0]), d2r, _mm512_mul_ps(_mm512_cvtepi32_ps(acc[r][0]), dr));
+        const __m512 t1 =
+            _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc2[r][1]), d2r, _mm512_mul_ps(_mm512_cvtepi32_ps(acc[r][1]), dr));
         f[r][0] = _mm512_fmadd_ps(t0, s0, f[r][0]);
         f[r][1] = _mm512_fmadd_ps(t1, s1, f[r][1]);
     }
@@ -129,7 +129,7 @@ inline void fold(const float* s, const float* d, const float* d2, long nb, __m51
 template <int MR>
 inline void add_term(const float* c, const float* xs, long nb, __m512 f[MR][2]) {
     const __m512 c0 = _mm512_loadu_ps(c), c1 = _mm512_loadu_ps(c + 16);
-    #pragma GCC unroll 8
+#pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
         const __m512 x = _mm512_set1_ps(xs[r * nb]);
         f[r][0] = _mm512_fmadd_ps(c0, x, f[r][0]);
@@ -144,7 +144,7 @@ void panel_tile(const Panel& p, const QuantizedRows& x, const float* xs_lo, cons
                 long ldy, long n0, long cols, const float* bias) {
     const long K = x.k, nb = x.nblocks;
     __m512 f[MR][2];
-    #pragma GCC unroll 8
+#pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) f[r][0] = f[r][1] = _mm512_setzero_ps();
     __m512i acc[MR][2], acc2[MR][2];
     const int8_t* x1 = x.q + m0 * K;
@@ -215,8 +215,7 @@ void gemm_panel(const uint8_t* w, long N, long K, const QuantizedRows& x, long M
             const long n0 = pi * kPanel, cols = N - n0 < kPanel ? N - n0 : kPanel;
             unpack_panel<F>(w, row_bytes, n0, cols, nsuper, panel);
             long m = 0;
-            for (; m + kMR <= M; m += kMR)
-                panel_tile<kMR, F::SPLIT>(panel, x, lo, hi, m, y, ldy, n0, cols, bias);
+            for (; m + kMR <= M; m += kMR) panel_tile<kMR, F::SPLIT>(panel, x, lo, hi, m, y, ldy, n0, cols, bias);
             for (; m < M; ++m) panel_tile<1, F::SPLIT>(panel, x, lo, hi, m, y, ldy, n0, cols, bias);
         }
     });
@@ -225,15 +224,17 @@ void gemm_panel(const uint8_t* w, long N, long K, const QuantizedRows& x, long M
 }  // namespace
 #endif
 
-int gemm_panel_q16(int ggml_type, const uint8_t* w, long N, long K, const QuantizedRows& x, long M, float* y,
-                   long ldy, const float* bias) {
+int gemm_panel_q16(int ggml_type, const uint8_t* w, long N, long K, const QuantizedRows& x, long M, float* y, long ldy,
+                   const float* bias) {
 #if BD_AVX512
     if (x.q2 == nullptr) return -4;
     int rc = 0;
     const int found = with_format(ggml_type, [&](auto f) {
         using F = decltype(f);
-        if constexpr (is_float_format<F>::value) rc = -3;
-        else gemm_panel<F>(w, N, K, x, M, y, ldy, bias);
+        if constexpr (is_float_format<F>::value)
+            rc = -3;
+        else
+            gemm_panel<F>(w, N, K, x, M, y, ldy, bias);
     });
     return found != 0 ? found : rc;
 #else
@@ -243,7 +244,6 @@ int gemm_panel_q16(int ggml_type, const uint8_t* w, long N, long K, const Quanti
 }
 
 }  // namespace bd
-
 
 extern "C" {
 

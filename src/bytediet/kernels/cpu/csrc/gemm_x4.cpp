@@ -36,8 +36,10 @@ int x4_block_bytes(int type) {
 
 // 32 weights of one source block as unsigned/signed codes in element order.
 void source_codes(int type, const uint8_t* blk, uint8_t out[32]) {
-    __m256i v = type == kQ4_0 ? Q4_0::codes(blk, 0) : type == kQ4_1 ? Q4_1::codes(blk, 0)
-              : type == kQ5_0 ? Q5_0::codes(blk, 0) : Q8_0::codes(blk, 0);
+    __m256i v = type == kQ4_0   ? Q4_0::codes(blk, 0)
+                : type == kQ4_1 ? Q4_1::codes(blk, 0)
+                : type == kQ5_0 ? Q5_0::codes(blk, 0)
+                                : Q8_0::codes(blk, 0);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), v);
 }
 
@@ -95,14 +97,18 @@ void group_q8(const uint8_t* w, long nblocks, const QuantizedRows& x, long m0, f
                 uint32_t masks[4];
                 std::memcpy(masks, g + CODES + 64, 16);
                 const __m256i bit4 = _mm256_set1_epi8(0x10);
-                for (int k = 0; k < 4; ++k) u[k] = _mm256_or_si256(u[k], _mm256_and_si256(bits_to_bytes(masks[k]), bit4));
+                for (int k = 0; k < 4; ++k)
+                    u[k] = _mm256_or_si256(u[k], _mm256_and_si256(bits_to_bytes(masks[k]), bit4));
             }
         }
         const __m256 d = scales_x4(g);
         __m256 zero_coef;  // per lane: the zero-point term's coefficient, halved (each row has two lanes)
-        if constexpr (TYPE == kQ4_1) zero_coef = _mm256_mul_ps(scales_x4(g + 8), _mm256_set1_ps(0.5f));
-        else if constexpr (TYPE == kQ4_0) zero_coef = _mm256_mul_ps(d, _mm256_set1_ps(-4.0f));
-        else if constexpr (TYPE == kQ5_0) zero_coef = _mm256_mul_ps(d, _mm256_set1_ps(-8.0f));
+        if constexpr (TYPE == kQ4_1)
+            zero_coef = _mm256_mul_ps(scales_x4(g + 8), _mm256_set1_ps(0.5f));
+        else if constexpr (TYPE == kQ4_0)
+            zero_coef = _mm256_mul_ps(d, _mm256_set1_ps(-4.0f));
+        else if constexpr (TYPE == kQ5_0)
+            zero_coef = _mm256_mul_ps(d, _mm256_set1_ps(-8.0f));
         for (int c = 0; c < NC; ++c) {
             const long at = (m0 + c) * x.k + b * 32;
             acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(x.d[(m0 + c) * x.nblocks + b])),
@@ -245,7 +251,8 @@ int bd_gemm_x4(int ggml_type, const uint8_t* w, long N, long K, const float* x, 
     if (!bd::has_x4(ggml_type)) return -1;
     if (N % 4 || K % (bd::has_kx4(ggml_type) ? 256 : 32)) return -2;
     static thread_local bd::QuantizedActivations act;
-    return bd::gemm_x4_q8(ggml_type, w, N, K, act.quantize(x, M, K, act_mode == static_cast<int>(bd::Activations::Q16)), M, y, N, bias);
+    return bd::gemm_x4_q8(ggml_type, w, N, K, act.quantize(x, M, K, act_mode == static_cast<int>(bd::Activations::Q16)),
+                          M, y, N, bias);
 }
 
 // Bytes per row of the interleaved copy of a weight of this type with K weights per row (0: no x4 layout).

@@ -55,9 +55,7 @@ inline __m256i dot_u8s8(__m256i u, __m256i s) {
 }
 
 // Σ a·b for two signed byte vectors (a in [-128, 127], b in [-127, 127]): |a| · sign(b, a).
-inline __m256i dot_s8s8(__m256i a, __m256i b) {
-    return dot_u8s8(_mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a));
-}
+inline __m256i dot_s8s8(__m256i a, __m256i b) { return dot_u8s8(_mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a)); }
 
 // 16 bytes of packed nibbles → 32 bytes: low nibbles are elements 0..15, high nibbles 16..31 (ggml's Q4 layout).
 inline __m256i nibbles_halves(const uint8_t* p) {
@@ -68,8 +66,8 @@ inline __m256i nibbles_halves(const uint8_t* p) {
 
 // 32 bits → 32 bytes, byte j = 0xFF where bit j is set.
 inline __m256i bits_to_bytes(uint32_t x) {
-    const __m256i shuf = _mm256_setr_epi64x(0x0000000000000000LL, 0x0101010101010101LL,
-                                            0x0202020202020202LL, 0x0303030303030303LL);
+    const __m256i shuf =
+        _mm256_setr_epi64x(0x0000000000000000LL, 0x0101010101010101LL, 0x0202020202020202LL, 0x0303030303030303LL);
     __m256i b = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(x)), shuf);
     const __m256i mask = _mm256_set1_epi64x(0x8040201008040201LL);
     return _mm256_cmpeq_epi8(_mm256_and_si256(b, mask), mask);

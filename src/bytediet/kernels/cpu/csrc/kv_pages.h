@@ -8,7 +8,8 @@
 // A page type P gives: T (the stored element), row_size(d) (elements of T per row: pages are (slots, H, row_size)),
 // ALIGN (head_dim a multiple of it), SCALED (a per-row fp16 scale beside the pages — int8, fp8 — applied once per
 // row by the caller), BLOCKS (the row is GGML blocks, widened a row at a time by P::widen), P::load8 (8 values at
-// a time, in registers), write(x, d, row, scale); the flags of code pages (SIDE, QUERY, ON_CODES, FINISH) are PageTraits'.
+// a time, in registers), write(x, d, row, scale); the flags of code pages (SIDE, QUERY, ON_CODES, FINISH) are
+// PageTraits'.
 #pragma once
 #include <cmath>
 #include <cstring>
@@ -25,8 +26,7 @@ namespace bd {
 // query transformed once per call: P::prepare, P::query_size), ON_CODES (keys scored on the codes: P::dot8 instead
 // of widened rows) and FINISH (values summed in a rotated basis, turned back once per head: P::finish).
 struct PageTraits {
-    static constexpr bool SCALED = false, BLOCKS = false, SIDE = false, QUERY = false, ON_CODES = false,
-                          FINISH = false;
+    static constexpr bool SCALED = false, BLOCKS = false, SIDE = false, QUERY = false, ON_CODES = false, FINISH = false;
     static constexpr long ALIGN = 8, MAX_DIM = 1L << 20;
 };
 
@@ -52,18 +52,22 @@ struct PagesBF16 : RowPages<uint16_t> {
         for (long i = 0; i < d; ++i) {  // round to nearest even, as torch's float → bfloat16
             uint32_t b;
             std::memcpy(&b, x + i, 4);
-            r[i] = std::isnan(x[i]) ? static_cast<uint16_t>(0x7FC0) : static_cast<uint16_t>((b + 0x7FFF + ((b >> 16) & 1)) >> 16);
+            r[i] = std::isnan(x[i]) ? static_cast<uint16_t>(0x7FC0)
+                                    : static_cast<uint16_t>((b + 0x7FFF + ((b >> 16) & 1)) >> 16);
         }
     }
 };
 
 struct PagesF16 : RowPages<uint16_t> {
     static constexpr bool SCALED = false;
-    static __m256 load8(const T* r, long j) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r + j))); }
+    static __m256 load8(const T* r, long j) {
+        return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r + j)));
+    }
     static void write(const float* x, long d, T* r, uint16_t*) {
         long i = 0;
         for (; i + 8 <= d; i += 8)
-            _mm_storeu_si128(reinterpret_cast<__m128i*>(r + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(r + i),
+                             _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
         for (; i < d; ++i) r[i] = _cvtss_sh(x[i], _MM_FROUND_TO_NEAREST_INT);
     }
 };
@@ -109,7 +113,8 @@ struct PagesFP8 : RowPages<uint8_t> {
         const __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(r + j)));
         const __m256i mag = _mm256_and_si256(c, _mm256_set1_epi32(0x7F));
         // normals: exponent and mantissa shifted into float32's fields, the bias moved from 7 to 127
-        const __m256 normal = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_slli_epi32(mag, 20), _mm256_set1_epi32(120 << 23)));
+        const __m256 normal =
+            _mm256_castsi256_ps(_mm256_add_epi32(_mm256_slli_epi32(mag, 20), _mm256_set1_epi32(120 << 23)));
         // subnormals (exponent field 0): mantissa · 2⁻⁹, computed in integers (the pool runs with DAZ)
         const __m256 sub = _mm256_mul_ps(_mm256_cvtepi32_ps(mag), _mm256_set1_ps(1.0f / 512.0f));
         const __m256 is_sub = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(8), mag));
@@ -128,7 +133,10 @@ struct PagesFP8 : RowPages<uint8_t> {
         uint32_t m = (b & 0x7FFFFF) >> 20;
         const uint32_t rest = b & 0xFFFFF;
         if (rest > 0x80000 || (rest == 0x80000 && (m & 1))) ++m;
-        if (m == 8) { m = 0; ++e; }
+        if (m == 8) {
+            m = 0;
+            ++e;
+        }
         return sign | static_cast<uint8_t>(((e + 7) << 3) | m);
     }
     static void write(const float* x, long d, T* r, uint16_t* scale) {
@@ -270,8 +278,8 @@ inline __m128i block_codes8(const uint8_t* b, long o) {
     if constexpr (std::is_same_v<F, Q8_0>) return _mm_loadl_epi64(reinterpret_cast<const __m128i*>(qs + o));
     const __m128i c = nibbles8(qs, o);
     if constexpr (kHighBits<F>)
-        return _mm_or_si128(c, _mm_loadl_epi64(reinterpret_cast<const __m128i*>(
-                                   &kQ5HighBits.bytes[b[kHighBitsAt<F> + (o >> 3)]])));
+        return _mm_or_si128(
+            c, _mm_loadl_epi64(reinterpret_cast<const __m128i*>(&kQ5HighBits.bytes[b[kHighBitsAt<F> + (o >> 3)]])));
     return c;
 }
 

@@ -25,7 +25,8 @@ inline __m512 load16(const typename P::T* r, long i) {
         return P::load16_in(r + (i >> 5) * P::row_size(32), i & 31);
     } else {  // two of the page type's 8-value loads
         const __m256 lo = P::load8(r, i), hi = P::load8(r, i + 8);
-        return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(lo)), _mm256_castps_pd(hi), 1));
+        return _mm512_castpd_ps(
+            _mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(lo)), _mm256_castps_pd(hi), 1));
     }
 }
 
@@ -45,7 +46,8 @@ struct Lanes16 {
 
     // One key row k (d floats) against NG queries q[0..NG): each product's 16 lanes folded to 8, stored at
     // out + 64·g (a head's 8 positions lie 8 floats apart, reduced together by hsum8_rows).
-    template <class P, int NG, long D = 0>  // D: head_dim known at compile time (0: d), so the queries stay in registers
+    template <class P, int NG,
+              long D = 0>  // D: head_dim known at compile time (0: d), so the queries stay in registers
     static void dots(const float* const* q, WideRow<P> k, long d, float* out) {
         if constexpr (D > 0) d = D;
         __m512 acc[NG];

@@ -43,10 +43,16 @@ class Pool {
 
     void run(const std::function<void(int, int)>& fn) {
         DenormalsAreZero ftz;  // the caller's thread, for this region only (Python's own numbers keep IEEE subnormals)
-        if (size_ == 1) { fn(0, 1); return; }
+        if (size_ == 1) {
+            fn(0, 1);
+            return;
+        }
         // One region at a time: a second caller (another Python thread, e.g. tensor-parallel ranks run as
         // threads, or a region started inside a region) runs its region alone on its own thread.
-        if (busy_.exchange(true, std::memory_order_acquire)) { fn(0, 1); return; }
+        if (busy_.exchange(true, std::memory_order_acquire)) {
+            fn(0, 1);
+            return;
+        }
         struct Release {
             std::atomic<bool>& flag;
             ~Release() { flag.store(false, std::memory_order_release); }
@@ -84,15 +90,16 @@ class Pool {
         }
         std::unique_lock<std::mutex> lock(mutex_);
         sleepers_.fetch_add(1, std::memory_order_seq_cst);
-        wake_.wait(lock, [&] {
-            return stop_.load() || generation_.load(std::memory_order_seq_cst) != seen;
-        });
+        wake_.wait(lock, [&] { return stop_.load() || generation_.load(std::memory_order_seq_cst) != seen; });
         sleepers_.fetch_sub(1, std::memory_order_seq_cst);
         return !stop_.load();
     }
 
     void stop_workers() {
-        { std::lock_guard<std::mutex> lock(mutex_); stop_.store(true); }
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            stop_.store(true);
+        }
         wake_.notify_all();
         for (auto& t : workers_) t.join();
         workers_.clear();

@@ -25,10 +25,10 @@ namespace {
 constexpr long kMaxHeadDim = 512;
 constexpr long kMaxGroup = 64;  // query heads per KV head (checked on the Python side)
 
-using attention::Partial;
 using attention::axpy;
 using attention::dot;
 using attention::for_each_slot;
+using attention::Partial;
 
 // 8 codes of B ≤ 4 bits in the low 8·B bits of the 32-bit little-endian word w.
 template <int B>
@@ -54,8 +54,8 @@ inline __m256i codes8(const uint8_t* p) {
         const __m256i lo = _mm256_srlv_epi64(all, _mm256_setr_epi64x(0, B, 2 * B, 3 * B));
         const __m256i hi = _mm256_srlv_epi64(all, _mm256_setr_epi64x(4 * B, 5 * B, 6 * B, 7 * B));
         const __m256i even = _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6);
-        const __m256i c = _mm256_blend_epi32(_mm256_permutevar8x32_epi32(lo, even),
-                                             _mm256_permutevar8x32_epi32(hi, even), 0xF0);
+        const __m256i c =
+            _mm256_blend_epi32(_mm256_permutevar8x32_epi32(lo, even), _mm256_permutevar8x32_epi32(hi, even), 0xF0);
         return _mm256_and_si256(c, _mm256_set1_epi32((1 << B) - 1));
     }
 }
@@ -321,9 +321,8 @@ struct TypeTag {  // a type handed to a generic lambda: TypeTag<T>::type
 // fn(TypeTag<PageRows<PG>>, group) for the row or block pages of kv_dtype (the group as with_group gives it).
 template <class Fn>
 void with_page_rows(int kv_dtype, long group, Fn fn) {
-    with_pages(kv_dtype, [&](auto pg) {
-        with_group(group, [&](auto g) { fn(TypeTag<PageRows<decltype(pg)>>{}, g); });
-    });
+    with_pages(kv_dtype,
+               [&](auto pg) { with_group(group, [&](auto g) { fn(TypeTag<PageRows<decltype(pg)>>{}, g); }); });
 }
 
 // A query head's q (d,) in the key pages' coordinates: channel order, then per part y_p = R_p · q_p, and for
@@ -445,7 +444,8 @@ void turboquant_write(const TQPagesDesc& pg, const float* x, long slot, long pos
                 for (long j = 0; j < 8; ++j) {
                     const float u = dot(P.rotation + (8 * w + j) * dp, xn, dp);
                     // the nearest centroid: the number of cell boundaries strictly below u (torch.bucketize)
-                    const uint64_t code = static_cast<uint64_t>(std::lower_bound(bounds, bounds + levels - 1, u) - bounds);
+                    const uint64_t code =
+                        static_cast<uint64_t>(std::lower_bound(bounds, bounds + levels - 1, u) - bounds);
                     word |= code << (j * bits);
                 }
                 std::memcpy(dst + w * bits, &word, bits);  // little-endian: code j in bits j·b … j·b + b − 1
@@ -513,8 +513,8 @@ void turboquant_write(const TQPagesDesc& pg, const float* x, long slot, long pos
 }
 
 void turboquant_attend(const ModelDesc& m, const LayerDesc& L, const float* q, float* out, long T,
-                       const int64_t* positions, const int64_t* token_rows, const int64_t* block_tables,
-                       long bt_stride, long block_size) {
+                       const int64_t* positions, const int64_t* token_rows, const int64_t* block_tables, long bt_stride,
+                       long block_size) {
     // TurboQuant keys, values or both (the other side row or block pages: k_dtype / v_dtype)
     const TQPagesDesc* K = L.k_dtype == kTurboQuantPages ? L.k_tq : nullptr;
     const TQPagesDesc* V = L.v_dtype == kTurboQuantPages ? L.v_tq : nullptr;
@@ -551,8 +551,13 @@ void turboquant_attend(const ModelDesc& m, const LayerDesc& L, const float* q, f
             const long lo = c * chunk_len > first_pos ? c * chunk_len : first_pos;
             const long hi = (c + 1) * chunk_len < pos + 1 ? (c + 1) * chunk_len : pos + 1;
             const long n = hi > lo ? hi - lo : 0;
-            const Span span{block_tables + (token_rows ? token_rows[tok] : tok) * bt_stride, block_size, lo, lo + n,
-                            hkv, kvh, group};
+            const Span span{block_tables + (token_rows ? token_rows[tok] : tok) * bt_stride,
+                            block_size,
+                            lo,
+                            lo + n,
+                            hkv,
+                            kvh,
+                            group};
             const float* qg = qk + (tok * hq + kvh * group) * qw;
             scores.assign(group * n + 8, 0.0f);
             tq_key_pass(m, L, K, q, qg, qw, tok, kvh, span, lo, n, scores.data(), rope_terms);
@@ -605,9 +610,9 @@ extern "C" {
 // token_rows[t]; k, v the TurboQuant pages (values: the MSE variant) of the side whose k_dtype / v_dtype is 5; the
 // other side may be row or block pages (k_cache / v_cache with k_scale / v_scale, kv_pages.h's types 0–4, 6–9).
 // Returns 0, or -1 for shapes or pages it does not take.
-int bd_turboquant_attention(int k_dtype, int v_dtype, const bd::TQPagesDesc* k, const bd::TQPagesDesc* v,
-                            void* k_cache, void* v_cache, void* k_scale, void* v_scale, const float* q, float* out,
-                            long T, long hq, long hkv, long d, float scale, long window, const int64_t* positions,
+int bd_turboquant_attention(int k_dtype, int v_dtype, const bd::TQPagesDesc* k, const bd::TQPagesDesc* v, void* k_cache,
+                            void* v_cache, void* k_scale, void* v_scale, const float* q, float* out, long T, long hq,
+                            long hkv, long d, float scale, long window, const int64_t* positions,
                             const int64_t* token_rows, const int64_t* block_tables, long bt_stride, long block_size) {
     bd::ModelDesc m{};
     m.num_heads = hq, m.num_kv_heads = hkv, m.head_dim = d, m.attention_scale = scale;

@@ -60,7 +60,7 @@ bool turboquant_reads(const ModelDesc& m, const LayerDesc& L);
 // the other side row or block pages (L.k_cache / L.v_cache of kv_pages.h); q, out (T, Hq, D); token t reads block
 // table row token_rows[t] (null: row t).
 void turboquant_attend(const ModelDesc& m, const LayerDesc& L, const float* q, float* out, long T,
-                       const int64_t* positions, const int64_t* token_rows, const int64_t* block_tables,
-                       long bt_stride, long block_size);
+                       const int64_t* positions, const int64_t* token_rows, const int64_t* block_tables, long bt_stride,
+                       long block_size);
 
 }  // namespace bd

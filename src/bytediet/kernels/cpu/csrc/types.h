@@ -6,6 +6,8 @@
 
 namespace bd {
 
+// one id a line, as in ggml.h
+// clang-format off
 #define BD_KV_PAGES(X)                                                                            \
     X(FP32, 0) X(BF16, 1) X(FP16, 2) X(INT8, 3) X(FP8, 4) /* row pages (kv_pages.h) */             \
     X(TURBOQUANT, 5)                                      /* turboquant_pages.h */                \
@@ -37,6 +39,7 @@ namespace bd {
     X(SPARSE24_F16, 111)
 
 #define BD_STATUS(X) X(OK, 0) X(UNSUPPORTED_PAGES, 1) X(MISSING_PAGES, 2)
+// clang-format on
 
 #define BD_ENUMERATOR(name, value) name = value,
 enum class KVPage : int32_t { BD_KV_PAGES(BD_ENUMERATOR) };
