@@ -53,7 +53,7 @@ def test_prompt_lookup_takes_the_longest_recurring_ngram_most_recent_first():
 
 def test_adaptive_draft_stops_drafting_when_drafts_are_rejected_and_probes_later():
     a = AdaptiveDraft(4)
-    assert a.length() == 4
+    assert 1 <= a.length() < 4  # a prior acceptance of 0.6 pays for a few drafts, not four
     for _ in range(8):
         a.update(4, 0)
     lengths = [a.length() for _ in range(32)]
@@ -61,6 +61,15 @@ def test_adaptive_draft_stops_drafting_when_drafts_are_rejected_and_probes_later
     for _ in range(8):
         a.update(1, 1)
     assert a.length() == 4
+
+
+def test_the_draft_length_maximises_tokens_per_step_cost():
+    from bytediet.engine.speculative import expected_gain
+
+    assert expected_gain(0.0, 1) < 1 < expected_gain(0.5, 1)  # a rejected draft costs a row; a kept one pays
+    assert expected_gain(0.13, 1) < 1  # the open prompts' acceptance: drafting does not pay
+    k_best = max(range(1, 9), key=lambda k: expected_gain(0.9, k))
+    assert k_best >= 5  # drafts that are nearly always kept: long ones
 
 
 # ------------------------------------------------------------------------------------------------ verification

@@ -126,23 +126,38 @@ class NgramProposer:
         return []
 
 
+#: the cost of one more draft row in a verifying step, as a fraction of a one-token step (SmolLM2 on 2 cores: a
+#: 5-row step costs ~1.8 one-row steps, bench/results/spec_bench_s12_k4.json and _k8.json)
+DRAFT_ROW_COST = 0.2
+#: the predicted gain a draft must reach to be proposed: a margin for the cost model's error (open prompts at an
+#: acceptance of 0.31 were predicted 1.09× and measured 0.90–0.94×, bench/results/spec_bench_s12_k*_costaware.json)
+MIN_GAIN = 1.15
+
+
+def expected_gain(acceptance: float, k: int, row_cost: float = DRAFT_ROW_COST) -> float:
+    """Tokens a verifying step with ``k`` drafts yields per plain-step cost: E = (1 − a^(k+1)) / (1 − a) tokens (each
+    draft kept with probability a, independently) over 1 + row_cost·k."""
+    a = min(max(acceptance, 0.0), 0.999)
+    return (1 - a ** (k + 1)) / (1 - a) / (1 + row_cost * k)
+
+
 @dataclass
 class AdaptiveDraft:
-    """A request's draft length: ``k`` while drafts are accepted, lower as they are rejected, 0 when they do not pay
-    (an exponential average of the accepted fraction below ``floor``), then a probe of one token every
-    ``probe_every`` steps."""
+    """A request's draft length: the k ≤ ``k`` that maximises :func:`expected_gain` at the exponential average of its
+    accepted fraction; 0 when no k beats a plain step by :data:`MIN_GAIN`, then a probe of one token every ``probe_every`` steps."""
 
     k: int
     acceptance: float = 0.6
-    floor: float = 0.15
     probe_every: int = 16
     idle: int = 0
     proposed: int = 0
     accepted: int = 0
 
     def length(self) -> int:
-        if self.acceptance >= self.floor:
-            return max(1, min(self.k, round(self.k * min(1.0, self.acceptance / 0.6))))
+        gains = [(expected_gain(self.acceptance, k), k) for k in range(1, self.k + 1)]
+        gain, k = max(gains)
+        if gain > MIN_GAIN:
+            return k
         self.idle += 1
         return 1 if self.idle % self.probe_every == 0 else 0
 
