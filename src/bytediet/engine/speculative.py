@@ -144,7 +144,8 @@ def expected_gain(acceptance: float, k: int, row_cost: float = DRAFT_ROW_COST) -
 @dataclass
 class AdaptiveDraft:
     """A request's draft length: the k ≤ ``k`` that maximises :func:`expected_gain` at the exponential average of its
-    accepted fraction; 0 when no k beats a plain step by :data:`MIN_GAIN`, then a probe of one token every ``probe_every`` steps."""
+    accepted fraction; 0 when no k beats a plain step by :data:`MIN_GAIN`, then a probe of one token every
+    ``probe_every`` steps."""
 
     k: int
     acceptance: float = 0.6
