@@ -195,16 +195,10 @@ def allocate(
 
 
 def candidate_bytes(candidates: Sequence[str], num_kv_heads: int, head_dim: int) -> dict[str, dict[str, float]]:
-    """{"k": {spec: bytes per token of its key half}, "v": {...}} (one layer); a candidate that cannot size this
-    head dimension (TurboQuant 2.5 bits at head_dim 8) is left out, as :func:`layer_errors` leaves it out."""
-    out: dict[str, dict[str, float]] = {"k": {}, "v": {}}
-    for spec in candidates:
-        for role in out:
-            try:
-                out[role][spec] = half_of(get_kv_codec(spec), role).bytes_per_token(num_kv_heads, head_dim)
-            except ConfigError:
-                continue
-    return out
+    """{"k": {spec: bytes per token of its key half}, "v": {...}} (one layer) of the uncalibrated candidates; a
+    candidate that cannot size this head dimension (TurboQuant 2.5 bits at head_dim 8) is left out, as
+    :func:`layer_errors` leaves it out."""
+    return _bytes_of({spec: get_kv_codec(spec) for spec in candidates}, num_kv_heads, head_dim)
 
 
 def check_budget(budget: float, nbytes: dict, h: int, d: int) -> None:

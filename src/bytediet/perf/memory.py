@@ -170,8 +170,9 @@ def footprint(spec) -> Footprint:
         from ..models.gguf import GGUFCheckpoint
 
         ckpt = GGUFCheckpoint(path)
-        names = {t.name for t in ckpt.tensors()}
-        for t in ckpt.tensors():
+        tensors = list(ckpt.tensors())
+        names = {t.name for t in tensors}
+        for t in tensors:
             key = t.name.rpartition(".")[0]
             packable = f"gguf-{t.type_name.lower()}" in WEIGHT_FORMATS
             if key in loaded and packable:
