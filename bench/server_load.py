@@ -321,7 +321,12 @@ def print_table(reports: dict) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--system", default="bytediet", choices=[*SYSTEMS, "both"], help="which server(s) get the load")
-    ap.add_argument("--clients", type=int, default=64)
+    ap.add_argument(
+        "--clients",
+        type=client_levels,
+        default=[64],
+        help="concurrent clients, or a comma list of levels swept one after another (e.g. 1,4,16,64)",
+    )
     ap.add_argument("--requests", type=int, default=10, help="requests per client, one after another")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--temperature", type=float, default=0.8)
@@ -343,23 +348,82 @@ def main() -> None:
         metavar="ARG",
         help="one more argument for bytediet serve (repeatable), e.g. --serve-arg=--no-engine-process",
     )
-    ap.add_argument("--json", action="store_true", help="print one JSON object (system → report)")
+    ap.add_argument("--plot", metavar="PNG", help="with several --clients levels: TTFT / TPOT / throughput plots")
+    ap.add_argument("--json", action="store_true", help="print one JSON object (system → report, or the sweep)")
     args = ap.parse_args()
+    levels = args.clients
     if args.sigterm_after is not None:
+        args.clients = levels[0]
         report = run_bytediet_sigterm(args)
         print(json.dumps(report) if args.json else "\n".join(f"{k}: {v}" for k, v in report.items()))
         sys.exit(0 if report["ok"] else 1)
     run = {"bytediet": run_bytediet, "llama-server": run_llama_server}
     names = SYSTEMS if args.system == "both" else (args.system,)
-    reports = {}
-    for name in names:
-        reports[name] = run[name](args)
-    if args.json:
-        print(json.dumps(reports))
+    by_level = {}
+    for clients in levels:
+        args.clients = clients
+        by_level[clients] = {name: run[name](args) for name in names}
+        if not args.json:
+            print(f"\n{clients} clients × {args.requests} requests")
+            print_table(by_level[clients])
+    failed = any(r["errors"] or not r["idle_after"] for reports in by_level.values() for r in reports.values())
+    if len(levels) == 1:
+        if args.json:
+            print(json.dumps(by_level[levels[0]]))
     else:
-        print_table(reports)
-    if any(r["errors"] or not r["idle_after"] for r in reports.values()):
-        sys.exit(1)
+        sweep = sweep_report(by_level)
+        if args.plot:
+            plot_sweep(sweep, args.plot, f"{args.model}, {args.requests} requests/client, {args.max_tokens} tokens")
+            sweep["plot"] = args.plot
+        if args.json:
+            print(json.dumps(sweep))
+        else:
+            print(json.dumps(sweep["ratios"], indent=1))
+    sys.exit(1 if failed else 0)
+
+
+def client_levels(text: str) -> list[int]:
+    """``64`` or ``1,4,16,64``."""
+    try:
+        levels = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--clients takes integers separated by commas, not {text!r}") from None
+    if not levels or min(levels) < 1:
+        raise argparse.ArgumentTypeError(f"--clients needs positive integers, got {text!r}")
+    return levels
+
+
+def sweep_report(by_level: dict[int, dict[str, dict]]) -> dict:
+    """Every level's reports and, where both systems ran, bytediet's ratios to llama-server at each level."""
+    ratios = {}
+    for clients, reports in by_level.items():
+        if len(reports) < 2:
+            continue
+        mine, theirs = reports["bytediet"], reports["llama-server"]
+        div = lambda a, b: a / b if a is not None and b else None
+        ratios[clients] = {
+            "throughput": div(mine["output_chunks_per_s"], theirs["output_chunks_per_s"]),
+            "ttft_p50": div(mine["ttft_s"]["p50"], theirs["ttft_s"]["p50"]),
+            "tpot_p99": div(mine["tpot_s"]["p99"], theirs["tpot_s"]["p99"]),
+        }
+    return {"levels": list(by_level), "by_clients": by_level, "ratios": ratios}
+
+
+def plot_sweep(sweep: dict, path: str, title: str) -> None:
+    """TTFT p50/p99, TPOT p50/p99 and throughput against concurrency, one colour per system."""
+    from bytediet.perf.plots import plot_concurrency
+
+    series: dict[str, dict[int, dict]] = {}
+    for clients, reports in sweep["by_clients"].items():
+        for name, r in reports.items():
+            series.setdefault(name, {})[int(clients)] = {
+                "ttft_p50_s": r["ttft_s"]["p50"],
+                "ttft_p99_s": r["ttft_s"]["p99"],
+                "tpot_p50_s": r["tpot_s"]["p50"],
+                "tpot_p99_s": r["tpot_s"]["p99"],
+                "output_tokens_per_s": r["output_chunks_per_s"],
+            }
+    plot_concurrency(series, path, title)
 
 
 if __name__ == "__main__":

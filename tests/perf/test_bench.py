@@ -355,6 +355,8 @@ def test_cli_json_prints_one_object_with_the_transformers_peer(ckpt, fake_machin
                 "--json",
                 "--out",
                 str(out_file),
+                "--plot",
+                str(tmp_path / "concurrency.png"),
             ]
         )
         == 0
@@ -362,6 +364,7 @@ def test_cli_json_prints_one_object_with_the_transformers_peer(ckpt, fake_machin
     out = capsys.readouterr().out
     obj = json.loads(out)
     assert out.strip().count("\n") == 0
+    assert (tmp_path / "concurrency.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and obj["plot"].endswith(".png")
     assert obj == json.loads(out_file.read_text())
     assert obj["systems"]["llama.cpp"]["available"] is False
     assert "GGUF" in obj["systems"]["llama.cpp"]["reason"]

@@ -122,6 +122,12 @@ def register(sub) -> None:
     p.add_argument("--measure", action="store_true", help="re-measure this machine's bandwidth before the run")
     p.add_argument("--quick", action="store_true", help="tiny workloads (seconds; for tests and CI)")
     add_device_args(p)
+    p.add_argument(
+        "--plot",
+        default=None,
+        metavar="PNG",
+        help="with --parts concurrency: TTFT / TPOT percentiles and throughput against concurrency, every system",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     p.add_argument("--out", default=None, metavar="FILE.json", help="also write the JSON here")
     p.set_defaults(handler=run)
@@ -312,6 +318,11 @@ def _run(args: argparse.Namespace, config, parts: list[str], ours, variants: lis
         ),
         **extra,
     }
+    if args.plot and "concurrency" in parts:
+        from ..perf.plots import concurrency_series, plot_concurrency
+
+        series = concurrency_series(result["systems"])
+        result["plot"] = str(plot_concurrency(series, args.plot, f"{Path(str(path)).name}: concurrency sweep"))
     write(result)
     if args.json:
         print(json.dumps(result))

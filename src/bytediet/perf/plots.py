@@ -72,3 +72,50 @@ def plot_roofline(
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out
+
+
+def plot_concurrency(series: dict[str, dict[int, dict]], path: str | Path, title: str = "") -> Path:
+    """Write a PNG: TTFT p50/p99, TPOT p50/p99 and output tokens/s against concurrency, one colour per system.
+
+    ``series``: system → level → ``{"ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "output_tokens_per_s"}``
+    (a missing or None value leaves a gap)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    panels = [("ttft", "TTFT (s)", 1.0), ("tpot", "TPOT (ms)", 1e3)]
+    levels = sorted({level for by_level in series.values() for level in by_level})
+    for i, (name, by_level) in enumerate(series.items()):
+        xs = sorted(by_level)
+        for ax, (key, label, scale) in zip(axes, panels):
+            for p, style in (("p50", "-o"), ("p99", "--x")):
+                ys = [by_level[x].get(f"{key}_{p}_s") for x in xs]
+                ax.plot(
+                    xs, [y * scale if y is not None else None for y in ys], style, color=f"C{i}", label=f"{name} {p}"
+                )
+                ax.set_ylabel(label)
+        axes[2].plot(xs, [by_level[x].get("output_tokens_per_s") for x in xs], "-o", color=f"C{i}", label=name)
+    axes[2].set_ylabel("output tokens/s")
+    for ax in axes:
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(levels, [str(x) for x in levels])
+        ax.set_xlabel("concurrent requests")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)
+
+
+def concurrency_series(systems: dict[str, dict]) -> dict[str, dict[int, dict]]:
+    """``bytediet bench``'s ``systems`` → :func:`plot_concurrency`'s series (systems with a concurrency part)."""
+    return {
+        name: {int(level): stats for level, stats in r["concurrency"].items()}
+        for name, r in systems.items()
+        if r.get("concurrency")
+    }
