@@ -6,13 +6,14 @@ import json
 import subprocess
 import sys
 
-from bytediet.perf.speculative_bench import copy_prompts
+from bytediet.perf.speculative_bench import copy_prompts, measure_interleaved
 
 TEXT = "\n\n".join(" ".join(f"word{i}x{j} Anne" for j in range(100)) for i in range(5))
+MANY = "\n\n".join(" ".join(f"word{i}x{j} Anne" for j in range(100)) for i in range(12))
 
 
 def test_copy_prompts_hold_the_passages_and_open_prompts_hold_none():
-    p = copy_prompts(TEXT, seed=1)
+    p = copy_prompts(TEXT, seed=1, per_task=1)
     assert set(p) == {"spelling", "names", "quote", "open"}
     assert "word" in p["names"][0] and "Smith" in p["names"][0]
     assert p["spelling"][0] != p["names"][0] and all("word" not in m for m in p["open"])
@@ -44,3 +45,32 @@ def test_bench_speculative_part_runs_and_prints_one_json_object():
     for task in ("spelling", "names", "quote", "open"):
         assert data["systems"]["bytediet"][task]["decode_tokens_per_s"] > 0
         assert data["ratios"]["bytediet"][task] > 0
+
+
+def test_copy_prompts_give_distinct_passages_per_task():
+    p = copy_prompts(MANY, seed=2, per_task=3)
+    assert [len(p[t]) for t in ("spelling", "names", "quote", "open")] == [3, 3, 3, 3]
+    bodies = [m.split("\n\n", 1)[1][:40] for t in ("names", "quote") for m in p[t]]
+    assert len(set(bodies)) == 6
+
+
+class FakeDecoder:
+    def __init__(self, name, rate, log, spec=None):
+        self.name, self.rate, self.log, self.spec = name, rate, log, spec
+
+    def decode(self, ids, max_tokens):
+        self.log.append((self.name, tuple(ids), max_tokens))
+        return self.rate * (1 + ids[0]), self.spec
+
+
+def test_interleaved_runs_every_prompt_on_every_system_in_rotated_order():
+    log = []
+    systems = [FakeDecoder("a", 10.0, log), FakeDecoder("b", 20.0, log, spec=(4, 3, 2))]
+    prompts = {"copy": [[0], [1], [2]], "open": [[0]]}
+    out = measure_interleaved(systems, prompts, 8, rounds=2)
+    runs = [entry for entry in log if entry[2] == 8]
+    assert [name for name, *_ in runs[:2]] == ["a", "b"]  # round 1: a then b on the first prompt
+    assert [name for name, *_ in runs[8:10]] == ["b", "a"]  # round 2 rotated
+    assert out["a"]["copy"]["runs"] == 6 and out["a"]["copy"]["decode_tokens_per_s"] == 20.0  # median of 10,20,30
+    assert out["b"]["copy"]["acceptance_rate"] == 0.75 and out["b"]["copy"]["mean_tokens_per_verification"] == 2.5
+    assert "acceptance_rate" not in out["a"]["open"]

@@ -79,6 +79,12 @@ def register(sub) -> None:
     )
     p.add_argument("--spec-max-tokens", type=int, default=128, help="speculative part: tokens decoded per prompt")
     p.add_argument(
+        "--spec-rounds",
+        type=int,
+        default=3,
+        help="speculative part: rounds over the prompts, every system interleaved prompt by prompt",
+    )
+    p.add_argument(
         "--contexts",
         default=None,
         metavar="N,N,...",
@@ -211,6 +217,8 @@ def run_speculative(args: argparse.Namespace, config) -> int:
     from ..eval.corpus import novel_text
     from ..perf.speculative_bench import run_speculative_bench
 
+    if args.spec_rounds < 1:
+        raise ConfigError(f"--spec-rounds must be at least 1, got {args.spec_rounds}")
     spec = SpeculativeConfig.parse(args.speculative_config or '{"method": "ngram", "num_speculative_tokens": 4}')
     names = [] if args.peers.strip().lower() in ("", "none") else [n.strip() for n in args.peers.split(",")]
     progress = lambda msg: print(f"[bench] {msg}", file=sys.stderr, flush=True)
@@ -221,6 +229,8 @@ def run_speculative(args: argparse.Namespace, config) -> int:
         max_tokens=16 if args.quick else args.spec_max_tokens,
         text=novel_text("persuasion"),
         peers=names,
+        rounds=1 if args.quick else args.spec_rounds,
+        per_task=1 if args.quick else 3,
         progress=progress,
     )
     if args.out:
@@ -231,10 +241,10 @@ def run_speculative(args: argparse.Namespace, config) -> int:
     tasks = list(result["systems"]["bytediet"])
     print("decode tok/s   " + "".join(f"{t:>10}" for t in tasks))
     for name, rows in result["systems"].items():
-        cells = "".join(f"{rows[t]['decode_tokens_per_s']:10.1f}" if t in rows else f"{'—':>10}" for t in tasks)
+        cells = "".join(f"{_f(rows[t]['decode_tokens_per_s']):>10}" if t in rows else f"{'—':>10}" for t in tasks)
         print(f"{name:15s}{cells}")
     for name, r in result["ratios"].items():
-        print(f"bytediet+spec / {name:17s}" + "".join(f"{r[t]:9.2f}×" for t in tasks))
+        print(f"bytediet+spec / {name:17s}" + "".join(f"{_f(r[t], '.2f'):>9}×" for t in tasks))
     return 0
 
 

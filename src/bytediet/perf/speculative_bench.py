@@ -1,10 +1,16 @@
-"""``bytediet bench --parts speculative``: batch-1 decode with and without speculative decoding, beside llama.cpp's
-prompt-lookup decoding (llama-cpp-python's ``LlamaPromptLookupDecoding``) in the same run.
+"""``bytediet bench --parts speculative``: batch-1 decode with and without speculative decoding, beside llama.cpp
+with and without its own n-gram lookup decoding, in the same run.
 
-Prompts are written from the corpus: three copy-heavy tasks (a passage whose spelling is to be corrected, one to
-repeat with the names changed, one to summarise by quoting it) and open-ended chat with nothing to copy. Every
-system decodes the same chat-templated token ids greedily for ``max_tokens`` (EOS ignored); decode tok/s counts
-the tokens after the first over the time after the first.
+Prompts are written from the corpus: three copy-heavy tasks (passages whose spelling is to be corrected, to repeat
+with the names changed, to summarise by quoting them) and open-ended chat with nothing to copy. Every system decodes
+the same chat-templated token ids greedily for ``max_tokens`` (EOS ignored); decode tok/s counts the tokens after
+the first over the time after the first. The systems are interleaved prompt by prompt (each round in a rotated
+order), so a change in the machine's load falls on all of them alike; a task's figure is the median over its
+prompts and rounds.
+
+llama.cpp runs as ``llama-server`` (``bench/build_llama_server.sh``) with ``--spec-type ngram-simple`` (its prompt
+lookup: the last n-gram looked up earlier in the context, the m tokens after it drafted) and, where that binary is
+missing, as ``llama-cpp-python`` with ``LlamaPromptLookupDecoding``.
 """
 
 from __future__ import annotations
@@ -33,19 +39,23 @@ def _misspell(passage: str, rng: random.Random) -> str:
     return " ".join(words)
 
 
-def copy_prompts(text: str, seed: int = 0, words: int = 90) -> dict[str, list[str]]:
-    """task → user messages: 'spelling', 'names' and 'quote' over passages of ``text``, and 'open'."""
+def copy_prompts(text: str, seed: int = 0, words: int = 90, per_task: int = 3) -> dict[str, list[str]]:
+    """task → user messages: ``per_task`` each of 'spelling', 'names' and 'quote' over distinct passages of ``text``,
+    and the 'open' prompts."""
     rng = random.Random(seed)
     paragraphs = [p.replace("\n", " ").strip() for p in text.split("\n\n")]
-    passages = [" ".join(p.split()[:words]) for p in paragraphs if len(p.split()) >= words][:40]
-    if len(passages) < 3:
-        raise ValueError("the corpus has too few long paragraphs for the copy prompts")
-    pick = rng.sample(passages, 3)
+    passages = [" ".join(p.split()[:words]) for p in paragraphs if len(p.split()) >= words][:60]
+    if len(passages) < 3 * per_task:
+        raise ValueError(f"the corpus has too few long paragraphs for {per_task} copy prompts a task")
+    pick = rng.sample(passages, 3 * per_task)
+    spelling, names, quote = pick[:per_task], pick[per_task : 2 * per_task], pick[2 * per_task :]
     return {
-        "spelling": [f"Correct the spelling in this passage and write it out in full:\n\n{_misspell(pick[0], rng)}"],
-        "names": [f"Repeat this paragraph word for word, with every name changed to Smith:\n\n{pick[1]}"],
-        "quote": [f"Summarise this passage, quoting its most important sentences word for word:\n\n{pick[2]}"],
-        "open": list(OPEN_PROMPTS),
+        "spelling": [
+            f"Correct the spelling in this passage and write it out in full:\n\n{_misspell(p, rng)}" for p in spelling
+        ],
+        "names": [f"Repeat this paragraph word for word, with every name changed to Smith:\n\n{p}" for p in names],
+        "quote": [f"Summarise this passage, quoting its most important sentences word for word:\n\n{p}" for p in quote],
+        "open": list(OPEN_PROMPTS[:per_task]),
     }
 
 
@@ -53,27 +63,31 @@ def _decode_rate(n_tokens: int, first: float, last: float) -> Optional[float]:
     return (n_tokens - 1) / (last - first) if n_tokens > 1 and last > first else None
 
 
-def measure_bytediet(llm, prompts: dict[str, list[list[int]]], max_tokens: int) -> dict:
-    """task → {"decode_tokens_per_s" (median over its prompts), ...} for one LLM (speculating or not)."""
-    from ..engine.params import SamplingParams
+class BytedietDecoder:
+    """One bytediet ``LLM`` (speculating or not) decoding one prompt at a time."""
 
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-    llm.generate([prompts["open"][0]], SamplingParams(temperature=0.0, max_tokens=4))  # warm-up
-    out = {}
-    for task, ids_list in prompts.items():
-        before = _spec_counts(llm)
-        rates = []
-        for ids in ids_list:
-            r = llm.generate([ids], params)[0]
-            rates.append(_decode_rate(len(r.outputs[0].token_ids), r.first_token_time, r.finish_time))
-        after = _spec_counts(llm)
-        drafted, accepted, steps = (a - b for a, b in zip(after, before))
-        out[task] = {
-            "decode_tokens_per_s": statistics.median(x for x in rates if x),
-            "acceptance_rate": accepted / drafted if drafted else None,
-            "mean_tokens_per_verification": 1 + accepted / steps if steps else None,
-        }
-    return out
+    def __init__(self, name: str, llm) -> None:
+        from ..engine.params import SamplingParams
+
+        self.name, self.llm = name, llm
+        self.params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+        self.speculating = getattr(llm.engine, "speculative", None) is not None
+
+    def info(self) -> dict:
+        return {"system": "bytediet", "speculating": self.speculating}
+
+    def decode(self, ids: list[int], max_tokens: int) -> tuple[Optional[float], tuple[int, int, int]]:
+        """(decode tok/s, (drafted, accepted, verifications) during this prompt)."""
+        import dataclasses
+
+        before = _spec_counts(self.llm)
+        r = self.llm.generate([ids], dataclasses.replace(self.params, max_tokens=max_tokens))[0]
+        after = _spec_counts(self.llm)
+        rate = _decode_rate(len(r.outputs[0].token_ids), r.first_token_time, r.finish_time)
+        return rate, tuple(a - b for a, b in zip(after, before))
+
+    def close(self) -> None:
+        self.llm = None
 
 
 def _spec_counts(llm) -> tuple[int, int, int]:
@@ -81,43 +95,127 @@ def _spec_counts(llm) -> tuple[int, int, int]:
     return s.spec_draft_tokens, s.spec_accepted_tokens, s.spec_verifications
 
 
-def measure_llama_cpp(
-    gguf_path: str, prompts: dict[str, list[list[int]]], max_tokens: int, threads: int, num_pred_tokens: Optional[int]
-) -> dict:
-    """The same for llama.cpp, with its prompt-lookup decoding (``num_pred_tokens`` drafts) or without (None)."""
-    import llama_cpp
-    from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+class LlamaServerDecoder:
+    """llama.cpp's ``llama-server`` with one slot, with its n-gram lookup decoding (``--spec-type ngram-simple``,
+    lookup n-gram ``lookup_n``, ``draft`` tokens drafted) or without (``draft=None``)."""
 
-    draft = None if num_pred_tokens is None else LlamaPromptLookupDecoding(num_pred_tokens=num_pred_tokens)
-    llm = llama_cpp.Llama(
-        model_path=gguf_path,
-        n_ctx=2048,
-        n_threads=threads,
-        n_threads_batch=threads,
-        draft_model=draft,
-        verbose=False,
-        seed=0,
-    )
-    out = {}
-    try:
-        for task, ids_list in prompts.items():
-            rates = []
-            for ids in ids_list:
-                llm.reset()
-                first = last = None
-                n = 0
-                for _ in llm.generate(list(ids), top_k=1, temp=0.0, repeat_penalty=1.0, reset=True):
-                    n += 1
-                    last = time.perf_counter()
-                    first = first or last
-                    if n >= max_tokens:
-                        break
-                rates.append(_decode_rate(n, first, last))
-            out[task] = {"decode_tokens_per_s": statistics.median(x for x in rates if x)}
-    finally:
-        close = getattr(llm, "close", None)
+    def __init__(self, name: str, gguf: str, threads: int, draft: Optional[int], lookup_n: int = 3) -> None:
+        from .llama_server import LlamaServer, binary_version, find_binary, free_port, server_command
+
+        binary, why = find_binary()
+        if binary is None:
+            raise RuntimeError(why)
+        port = free_port()
+        cmd = server_command(binary, gguf, port=port, threads=threads, slots=1, ctx_per_slot=2048)
+        if draft is not None:
+            cmd += ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", str(lookup_n)]
+            cmd += ["--spec-ngram-simple-size-m", str(draft), "--spec-draft-n-max", str(draft)]
+        self.name, self.version, self.server = name, binary_version(binary), LlamaServer(cmd, port)
+
+    def info(self) -> dict:
+        return {"system": "llama-server", "version": self.version, "command": " ".join(self.server.command)}
+
+    def decode(self, ids: list[int], max_tokens: int) -> tuple[Optional[float], None]:
+        from .llama_server import completion_body, stream_completion
+
+        t0 = time.perf_counter()
+        timing = stream_completion(self.server.port, completion_body(ids, max_tokens), t0)
+        return _decode_rate(timing.output_tokens, t0 + timing.ttft_s, t0 + timing.finish_s), None
+
+    def close(self) -> None:
+        self.server.stop()
+
+
+class LlamaCppPythonDecoder:
+    """llama-cpp-python in process, with its prompt-lookup decoding (``draft`` tokens) or without (None)."""
+
+    def __init__(self, name: str, gguf: str, threads: int, draft: Optional[int]) -> None:
+        import llama_cpp
+        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+        self.name = name
+        self.llm = llama_cpp.Llama(
+            model_path=gguf,
+            n_ctx=2048,
+            n_threads=threads,
+            n_threads_batch=threads,
+            draft_model=None if draft is None else LlamaPromptLookupDecoding(num_pred_tokens=draft),
+            verbose=False,
+            seed=0,
+        )
+
+    def info(self) -> dict:
+        return {"system": "llama-cpp-python"}
+
+    def decode(self, ids: list[int], max_tokens: int) -> tuple[Optional[float], None]:
+        self.llm.reset()
+        first = last = None
+        n = 0
+        for _ in self.llm.generate(list(ids), top_k=1, temp=0.0, repeat_penalty=1.0, reset=True):
+            n += 1
+            last = time.perf_counter()
+            first = first or last
+            if n >= max_tokens:
+                break
+        return _decode_rate(n, first, last), None
+
+    def close(self) -> None:
+        close = getattr(self.llm, "close", None)
         if close:
             close()
+
+
+def llama_cpp_decoders(gguf: str, threads: int, draft: int) -> list:
+    """llama.cpp without and with lookup decoding: llama-server where it is built, else llama-cpp-python."""
+    from .llama_server import find_binary
+
+    if find_binary()[0] is not None:
+        return [
+            LlamaServerDecoder("llama.cpp", gguf, threads, None),
+            LlamaServerDecoder("llama.cpp+lookup", gguf, threads, draft),
+        ]
+    return [
+        LlamaCppPythonDecoder("llama.cpp", gguf, threads, None),
+        LlamaCppPythonDecoder("llama.cpp+lookup", gguf, threads, draft),
+    ]
+
+
+def measure_interleaved(
+    systems: Sequence, prompts: dict[str, list[list[int]]], max_tokens: int, rounds: int, progress=lambda msg: None
+) -> dict[str, dict]:
+    """system → task → {"decode_tokens_per_s" (median over prompts × rounds), "runs", ...}: every prompt decoded by
+    every system in turn, the order rotated each round."""
+    rates = {s.name: {task: [] for task in prompts} for s in systems}
+    counts = {s.name: {task: [0, 0, 0] for task in prompts} for s in systems}
+    for s in systems:  # warm-up
+        s.decode(prompts["open"][0], 4)
+    for r in range(rounds):
+        order = list(systems[r % len(systems) :]) + list(systems[: r % len(systems)])
+        progress(f"round {r + 1}/{rounds}: {', '.join(s.name for s in order)}")
+        for task, ids_list in prompts.items():
+            for ids in ids_list:
+                for s in order:
+                    rate, spec = s.decode(ids, max_tokens)
+                    if rate:
+                        rates[s.name][task].append(rate)
+                    if spec:
+                        counts[s.name][task] = [a + b for a, b in zip(counts[s.name][task], spec)]
+    out: dict[str, dict] = {}
+    for s in systems:
+        out[s.name] = {}
+        for task in prompts:
+            xs = rates[s.name][task]
+            drafted, accepted, steps = counts[s.name][task]
+            row = {
+                "decode_tokens_per_s": statistics.median(xs) if xs else None,
+                "runs": len(xs),
+                "min": min(xs, default=None),
+                "max": max(xs, default=None),
+            }
+            if steps:
+                row["acceptance_rate"] = accepted / drafted if drafted else None
+                row["mean_tokens_per_verification"] = 1 + accepted / steps
+            out[s.name][task] = row
     return out
 
 
@@ -129,9 +227,12 @@ def run_speculative_bench(
     max_tokens: int,
     text: str,
     peers: Sequence[str] = ("llama.cpp",),
+    rounds: int = 3,
+    per_task: int = 3,
     progress=lambda msg: None,
 ) -> dict:
-    """bytediet with and without ``spec`` (a speculative config dict) and each available peer, on the same prompts."""
+    """bytediet with and without ``spec`` (a speculative config dict) and each available peer, on the same prompts,
+    interleaved prompt by prompt."""
     from ..engine.llm import LLM
     from ..models.loader import resolve_model_path
 
@@ -139,36 +240,40 @@ def run_speculative_bench(
         "machine_load_average": list(os.getloadavg()),
         "threads": threads,
         "max_tokens": max_tokens,
+        "rounds": rounds,
         "speculative_config": spec,
         "systems": {},
         "ratios": {},
+        "info": {},
     }
-    messages = copy_prompts(text)
-    llm = LLM(model, num_threads=threads)
+    messages = copy_prompts(text, per_task=per_task)
+    base = LLM(model, num_threads=threads)
     prompts = {
-        task: [llm.chat_token_ids([{"role": "user", "content": m}]) for m in ms] for task, ms in messages.items()
+        task: [base.chat_token_ids([{"role": "user", "content": m}]) for m in ms] for task, ms in messages.items()
     }
-    progress("bytediet without speculation")
-    result["systems"]["bytediet"] = measure_bytediet(llm, prompts, max_tokens)
-    del llm
-    progress("bytediet with speculation")
-    result["systems"]["bytediet+spec"] = measure_bytediet(
-        LLM(model, num_threads=threads, speculative_config=spec), prompts, max_tokens
-    )
+    result["prompt_tokens"] = {task: [len(ids) for ids in ids_list] for task, ids_list in prompts.items()}
+    systems = [
+        BytedietDecoder("bytediet", base),
+        BytedietDecoder("bytediet+spec", LLM(model, num_threads=threads, speculative_config=spec)),
+    ]
     if "llama.cpp" in peers:
-        path = str(resolve_model_path(model))
-        for name, k in (("llama.cpp", None), ("llama.cpp+lookup", spec["num_speculative_tokens"])):
-            progress(name)
-            try:
-                result["systems"][name] = measure_llama_cpp(path, prompts, max_tokens, threads, k)
-            except Exception as exc:  # a missing or failing peer is a result, not a crash
-                result["systems"][name] = {"available": False, "reason": f"{type(exc).__name__}: {exc}"}
+        try:
+            systems += llama_cpp_decoders(str(resolve_model_path(model)), threads, spec["num_speculative_tokens"])
+        except Exception as exc:  # a missing or failing peer is a result, not a crash
+            result["systems"]["llama.cpp"] = {"available": False, "reason": f"{type(exc).__name__}: {exc}"}
+    try:
+        result["info"] = {s.name: s.info() for s in systems}
+        result["systems"].update(measure_interleaved(systems, prompts, max_tokens, rounds, progress))
+    finally:
+        for s in systems:
+            s.close()
     mine = result["systems"]["bytediet+spec"]
     for other in [n for n in result["systems"] if n != "bytediet+spec"]:
         theirs = result["systems"][other]
         if all(task in theirs for task in mine):
+            div = lambda a, b: a / b if a is not None and b else None
             result["ratios"][other] = {
-                task: mine[task]["decode_tokens_per_s"] / theirs[task]["decode_tokens_per_s"] for task in mine
+                task: div(mine[task]["decode_tokens_per_s"], theirs[task]["decode_tokens_per_s"]) for task in mine
             }
     result["machine_load_average_end"] = list(os.getloadavg())
     return result
