@@ -21,7 +21,7 @@ import httpx
 import uvicorn
 
 from tests.server.conftest import parse_sse, run
-from tests.server.test_completions import completion, stream_text
+from tests.server.test_completions import stream_text
 from tests.server.test_disconnect import scope, settled
 
 N_FAST, N_SLOW = 24, 160
@@ -30,20 +30,24 @@ SLOW = {"prompt": "slow", "stream": True, "max_tokens": N_SLOW, "ignore_eos": Tr
 
 
 class StepLog:
-    """The engine's steps as the engine thread runs them: (step, request id, tokens, finished) per output."""
+    """The engine's steps as the engine thread runs them: (step, request id, tokens, text) per output."""
 
     def __init__(self, core) -> None:
-        self.rows: list[tuple[int, str, int, bool]] = []
+        self.rows: list[tuple[int, str, int, str]] = []
         self.count = 0
         step = core.step
 
         def logged():
             outputs = step()
             self.count += 1
-            self.rows += [(self.count, o.request_id, len(o.new_token_ids), o.finished) for o in outputs]
+            self.rows += [(self.count, o.request_id, len(o.new_token_ids), o.delta_text) for o in outputs]
             return outputs
 
         core.step = logged  # AsyncEngine calls self.engine.step(): the instance attribute wins
+
+    def text(self, request_id: str) -> str:
+        """All the text the engine produced for one request."""
+        return "".join(text for _, rid, _, text in self.rows if rid == request_id)
 
     def requests(self, since: int = 0) -> dict[str, list[int]]:
         """Request id → the steps (after ``since``) that gave it tokens, one entry per token."""
@@ -85,7 +89,6 @@ async def stream(app, body: dict, gate: asyncio.Event | None = None, stalled: as
 def test_a_stalled_stream_does_not_hold_back_the_others(make_server):
     server = make_server(num_blocks=256)
     core = server.core
-    solo = completion(server.app, **{**SLOW, "stream": False}).json()["choices"][0]["text"]
     log = StepLog(core)
 
     async def go():
@@ -104,17 +107,21 @@ def test_a_stalled_stream_does_not_hold_back_the_others(make_server):
         return alone, baseline, beside, log.requests(since), await asyncio.wait_for(slow, 30)
 
     alone, baseline, beside, steps, slow_chunks = run(go())
-    for chunks in alone + beside:  # every fast stream complete
-        events = parse_sse(b"".join(chunks).decode())
-        assert events[-1] == "[DONE]" and len(stream_text(events)[0]) == N_FAST
-    assert len(baseline) == 2 and all(one_token_every_step(s, N_FAST) for s in baseline.values())
-    (slow_id,) = [rid for rid, s in steps.items() if len(s) == N_SLOW]
-    fast = [s for rid, s in steps.items() if rid != slow_id]
-    assert len(fast) == 2 and all(one_token_every_step(s, N_FAST) for s in fast), "a fast stream skipped a step"
-    assert one_token_every_step(steps[slow_id], N_SLOW)  # the engine never waited on the stalled client
-    assert steps[slow_id][0] < min(s[0] for s in fast) and steps[slow_id][-1] > max(s[-1] for s in fast)  # beside
-    slow_events = parse_sse(b"".join(slow_chunks).decode())
-    assert slow_events[-1] == "[DONE]" and stream_text(slow_events)[0] == solo  # every token, once it read again
+    ids = {}
+    for label, streams in (("alone", alone), ("beside", beside), ("slow", [slow_chunks])):
+        for chunks in streams:  # every stream complete: all the text the engine made for it, then [DONE]
+            events = parse_sse(b"".join(chunks).decode())
+            rid = f"{events[0]['id']}-0"  # the engine's id of the response's one choice
+            assert events[-1] == "[DONE]" and stream_text(events)[0] == log.text(rid)
+            ids.setdefault(label, []).append(rid)
+    assert sorted(baseline) == sorted(ids["alone"])
+    assert all(one_token_every_step(baseline[rid], N_FAST) for rid in ids["alone"])
+    assert sorted(steps) == sorted(ids["beside"] + ids["slow"])
+    fast = [steps[rid] for rid in ids["beside"]]
+    assert all(one_token_every_step(s, N_FAST) for s in fast), "a fast stream skipped a step beside the stalled one"
+    slow = steps[ids["slow"][0]]
+    assert one_token_every_step(slow, N_SLOW)  # the engine never waited on the stalled client
+    assert slow[0] < min(s[0] for s in fast) and slow[-1] > max(s[-1] for s in fast)  # it ran beside them
 
 
 def test_a_client_that_stops_reading_its_socket_does_not_slow_the_others(make_server):
@@ -147,16 +154,22 @@ def test_a_client_that_stops_reading_its_socket_does_not_slow_the_others(make_se
         while not log.rows:  # the slow request is running
             time.sleep(0.01)
         since = log.count
+        fast_ids = []
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as c:
-            texts = [stream_text(parse_sse(c.post("/v1/completions", json=b).text))[0] for b in FAST]
-        assert all(len(t) == N_FAST for t in texts)
-        fast = [s for s in log.requests(since).values() if len(s) <= N_FAST]
-        assert len(fast) == 2 and all(one_token_every_step(s, N_FAST) for s in fast), "a fast stream skipped a step"
+            for b in FAST:
+                events = parse_sse(c.post("/v1/completions", json=b).text)
+                fast_ids.append(f"{events[0]['id']}-0")  # the engine's id of the response's one choice
+                assert events[-1] == "[DONE]" and stream_text(events)[0] == log.text(fast_ids[-1])
         deadline = time.monotonic() + 60
         while core.has_unfinished_requests() and time.monotonic() < deadline:
             time.sleep(0.02)
         assert not core.has_unfinished_requests()  # the engine ran the unread request to its end
         assert core.num_free_blocks == core.block_manager.num_blocks
+        steps = log.requests(since)
+        assert all(one_token_every_step(steps[rid], N_FAST) for rid in fast_ids), "a fast stream skipped a step"
+        (slow_id,) = set(steps) - set(fast_ids)
+        slow_steps = steps[slow_id]  # a token every step, and still running when the others were done
+        assert one_token_every_step(slow_steps, len(slow_steps)) and slow_steps[-1] > steps[fast_ids[-1]][-1]
         queued = struct.unpack("i", fcntl.ioctl(slow.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0]
         data = b""
         slow.settimeout(30)
