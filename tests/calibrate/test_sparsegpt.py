@@ -145,3 +145,17 @@ def test_layer_name_in_the_error_for_a_bad_input_dimension():
     for method in (sparsegpt_model, wanda_model):  # the calibrated paths name the layer too
         with pytest.raises(ConfigError, match=r"layer model\.layers\.0\.mlp\.down_proj .*divisible by 4, got 62"):
             method(model, config, calib)
+
+
+@pytest.mark.parametrize("spec", ["sparse24", "sparse50"])
+def test_every_buffer_follows_the_weight_device(spec):
+    """``quantize --device cuda`` prunes on the GPU: with the default device set to ``meta``, a buffer made without
+    the weight's device would break this CPU run."""
+    fmt = get_weight_format(spec)
+    x = correlated_inputs(64, 16, seed=2)
+    w, h = torch.randn(8, 16, generator=torch.Generator().manual_seed(2)), 2 * x.double().t() @ x.double() / 64
+    want = sparsegpt_prune(w, h, fmt, SparseGPTConfig(block_size=8))
+    with torch.device("meta"):
+        pruned, keep = sparsegpt_prune(w, h, fmt, SparseGPTConfig(block_size=8))
+    assert pruned.device.type == keep.device.type == "cpu"
+    assert torch.equal(pruned, want[0]) and torch.equal(keep, want[1])

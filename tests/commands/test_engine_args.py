@@ -1,13 +1,20 @@
-"""The engine flags shared by generate / serve / bench: the KV tiers' flags and their policy's roofline seed."""
+"""The engine flags shared by generate / serve / bench / eval / quantize: the KV tiers' flags and their policy's
+roofline seed, ``--device`` resolved (and refused in one line without a GPU)."""
 
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
 from unittest import mock
+
+import pytest
+import torch
 
 from bytediet.commands._engine_args import (
     add_model_args,
     offload_kwargs,
+    resolved_device,
     seed_tier_policy,
 )
 from bytediet.engine.llm import LLM
@@ -52,3 +59,33 @@ def test_the_policy_is_seeded_with_the_roofline_prefill_time_until_one_is_measur
     with mock.patch("bytediet.perf.measure.this_machine", side_effect=BytedietError("not measured")):
         seed_tier_policy(fresh)  # an unmeasured machine: nothing to seed, no error
     assert fresh.engine.tiers.seconds_per_token is None
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where torch sees no GPU")
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["eval", "--tasks", "ppl"],
+        ["eval", "--kv-pareto"],
+        ["eval", "-tp", "2"],
+        ["quantize", "--format", "int8", "--out", "{tmp}/never-written"],
+    ],
+    ids=["eval", "eval-kv-pareto", "eval-tp", "quantize"],
+)
+def test_device_cuda_without_a_gpu_is_refused_in_one_line(argv, tmp_path):
+    r = subprocess.run(
+        [sys.executable, "-m", "bytediet.cli", *(a.format(tmp=tmp_path) for a in argv), "--device", "cuda", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 2 and r.stdout == ""
+    assert len(r.stderr.strip().splitlines()) == 1 and "--device cuda" in r.stderr
+    assert not (tmp_path / "never-written").exists()
+
+
+def test_resolved_device_keeps_tensor_parallelism_on_the_cpu():
+    assert resolved_device("cpu") == "cpu"
+    assert resolved_device("auto", tensor_parallel_size=2) == "cpu"
+    with pytest.raises(BytedietError, match="--device cuda with --tensor-parallel-size > 1"):
+        resolved_device("cuda", tensor_parallel_size=2)

@@ -213,3 +213,36 @@ def test_kv_pareto_json_is_one_object_and_the_table_marks_the_frontier(ckpt, cap
     table = capsys.readouterr().out
     assert "* " in table and "kivi4" in table and (tmp_path / "kv_pareto.png").exists()
     assert "pk@260" in table and "seq@4096" in table and "bf16 (reference)" in table and "skipped" in table
+
+
+def _eval_json(ckpt, capsys, *extra) -> dict:
+    assert (
+        main(argv(ckpt, "--tasks", "ppl,speed", "--weights", "int8", "--kv-cache-dtype", "int8", "--json", *extra)) == 0
+    )
+    return json.loads(capsys.readouterr().out)
+
+
+def test_device_cpu_and_auto_run_on_the_cpu_and_say_so(ckpt, capsys):
+    cpu, auto = _eval_json(ckpt, capsys, "--device", "cpu"), _eval_json(ckpt, capsys, "--device", "auto")
+    assert cpu["device"] == auto["device"] == {"backend": "native", "device": "cpu"}
+    assert cpu["tasks"]["ppl"]["test"]["ppl"] == auto["tasks"]["ppl"]["test"]["ppl"]
+
+
+def test_triton_backend_runs_both_models_and_their_engines_as_the_native_path(ckpt, capsys, monkeypatch):
+    """``BYTEDIET_BACKEND=triton``: the GPU code path (Triton kernels in the interpreter) scores the windows and
+    runs the speed task's engine; its perplexities are the native path's."""
+    pytest.importorskip("triton", reason="the Triton backend needs triton (the test extra)")
+    from bytediet.kernels import backend
+
+    native = _eval_json(ckpt, capsys, "--device", "cpu")
+    monkeypatch.setenv("BYTEDIET_BACKEND", "triton")
+    calls = []
+    attention = backend.attention_over_pages
+    monkeypatch.setattr(backend, "attention_over_pages", lambda *a, **k: calls.append(1) or attention(*a, **k))
+    triton = _eval_json(ckpt, capsys, "--device", "cpu")
+    assert triton["device"] == {"backend": "triton", "device": "cpu", "triton": "interpreter"}
+    assert len(calls) >= 2 * 2 * 2  # windows × layers × (reference, test) at least: the Triton attention ran
+    for side in ("reference", "test"):
+        assert triton["tasks"]["ppl"][side]["ppl"] == pytest.approx(native["tasks"]["ppl"][side]["ppl"], rel=1e-4)
+    assert triton["tasks"]["ppl"]["test"]["ppl"] != triton["tasks"]["ppl"]["reference"]["ppl"]  # int8 ran
+    assert triton["tasks"]["speed"]["test"]["new_tokens"] == native["tasks"]["speed"]["test"]["new_tokens"] == 4

@@ -92,3 +92,34 @@ def test_bad_input_is_a_clear_error_and_leaves_nothing(ckpt, tmp_path, capsys):
 
 def test_parse_overrides_keeps_order():
     assert list(parse_overrides(" lm_head=int8, *.layers.0.*=fp8 ,")) == ["lm_head", "*.layers.0.*"]
+
+
+def _dequantized(path) -> dict:
+    from bytediet.models.loader import load_model
+
+    model, _ = load_model(str(path))
+    return {name: lin.dequantized_weight() for name, lin in model.linear_layers()}
+
+
+def test_device_cpu_auto_and_the_triton_backend_quantize_alike(ckpt, tmp_path, capsys, monkeypatch):
+    """GPTQ's calibration passes run where ``--device`` says; under ``BYTEDIET_BACKEND=triton`` they run the GPU code
+    path (Triton kernels in the interpreter) and the checkpoint is the native path's up to rare rounding flips."""
+    from bytediet.kernels import backend as kernels_backend
+
+    runs, calls = {}, []
+    attention = kernels_backend.attention_over_pages
+    monkeypatch.setattr(kernels_backend, "attention_over_pages", lambda *a, **k: calls.append(1) or attention(*a, **k))
+    for name, device, backend in (("cpu", "cpu", "auto"), ("auto", "auto", "auto"), ("triton", "cpu", "triton")):
+        if backend == "triton":
+            pytest.importorskip("triton", reason="the Triton backend needs triton (the test extra)")
+        monkeypatch.setenv("BYTEDIET_BACKEND", backend)
+        extra = ("--format", "int4-g32", "--calibrate", "gptq", "--device", device)
+        assert main(quantize_argv(ckpt, tmp_path / name, *extra)) == 0
+        runs[name] = json.loads(capsys.readouterr().out)
+    assert runs["cpu"]["device"] == runs["auto"]["device"] == {"backend": "native", "device": "cpu"}
+    assert runs["triton"]["device"] == {"backend": "triton", "device": "cpu", "triton": "interpreter"}
+    assert len(calls) >= 2 * 2  # calibration windows × layers: the calibration passes ran the Triton attention
+    native, triton = _dequantized(tmp_path / "cpu"), _dequantized(tmp_path / "triton")
+    assert native.keys() == triton.keys() and len(native) > 1
+    for name, w in native.items():  # a code may flip where calibration's sums round apart: not more than a few
+        assert (w - triton[name]).abs().mean() <= 0.01 * w.abs().mean(), name

@@ -149,3 +149,22 @@ def test_rejects_non_finite_and_wrong_rank(spec):
         fmt.quantize(w)
     with pytest.raises(ConfigError, match="2-D"):
         fmt.quantize(torch.randn(256))
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_quantize_and_dequantize_stay_on_the_weights_device(spec):
+    """``quantize --device cuda`` packs on the GPU: every tensor a format makes must follow its input's device. With
+    the default device set to ``meta``, a tensor made without it would break this CPU run."""
+    fmt = get_weight_format(spec)
+    gen = torch.Generator().manual_seed(1)
+    if isinstance(fmt, GGUFBlocks) and not fmt.can_quantize():  # decode-only K types: random raw blocks
+        packed = random_packed(fmt, 8, 256, gen)
+    else:
+        w = torch.randn(8, 256, generator=gen) * 0.05
+        want = fmt.quantize(w)
+        with torch.device("meta"):
+            packed = fmt.quantize(w)
+        assert packed.keys() == want.keys() and all(torch.equal(packed[k], want[k]) for k in want)
+    with torch.device("meta"):
+        deq = fmt.dequantize(packed)
+    assert deq.device.type == "cpu" and torch.equal(deq, fmt.dequantize(packed))

@@ -115,3 +115,16 @@ def test_gptq_model_installs_packed_int4_closer_than_rtn():
     quantize(rtn, qcfg)
     rtn_err = (torch.stack([rtn.score(w) for w in windows]) - ref).pow(2).mean()
     assert gptq_err < rtn_err
+
+
+@pytest.mark.parametrize("act_order", [False, True])
+def test_every_buffer_follows_the_weight_device(act_order):
+    """``quantize --device cuda`` runs GPTQ on the GPU: no buffer may land on the default device. With the default
+    device set to ``meta``, a buffer made without the weight's device would break the CPU run."""
+    fmt = get_weight_format("int4-g32")
+    w, _, h = layer_problem(4, k=64)
+    want = fmt.dequantize(gptq_quantize(w, h, fmt, GPTQConfig(block_size=64, act_order=act_order)))
+    with torch.device("meta"):
+        packed = gptq_quantize(w, h, fmt, GPTQConfig(block_size=64, act_order=act_order))
+    assert all(t.device.type == "cpu" for t in packed.values())
+    assert torch.equal(fmt.dequantize(packed), want)

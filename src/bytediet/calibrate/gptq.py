@@ -103,21 +103,25 @@ def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, fmt: Int4, config
     dead = h.diagonal() == 0
     h[dead, dead] = 1.0
     w[:, dead] = 0.0
-    perm = torch.argsort(h.diagonal(), descending=True, stable=True) if config.act_order else torch.arange(k)
-    scales = torch.zeros(out, k // gs, dtype=torch.float16)
+    dev = w.device  # every buffer where the weight is (a GPU with quantize --device cuda)
+    perm = (
+        torch.argsort(h.diagonal(), descending=True, stable=True) if config.act_order else torch.arange(k, device=dev)
+    )
+    scales = torch.zeros(out, k // gs, dtype=torch.float16, device=dev)
     offsets = torch.zeros_like(scales)
     if config.act_order:  # static groups: parameters from the original (dead-zeroed) weights
         for g in range(k // gs):
             scales[:, g], offsets[:, g] = quant.params(w[:, g * gs : (g + 1) * gs])
     w, h = w[:, perm], h[perm][:, perm]
     u = inverse_hessian_factor(h, config.damp)
-    codes = torch.zeros(out, k, dtype=torch.float64)
+    codes = torch.zeros(out, k, dtype=torch.float64, device=dev)
+    groups = (perm // gs).tolist()  # column → its group, read once (not one device sync per column)
     for b0 in range(0, k, config.block_size):
         b1 = min(b0 + config.block_size, k)
-        w1, err1 = w[:, b0:b1].clone(), torch.zeros(out, b1 - b0, dtype=torch.float64)
+        w1, err1 = w[:, b0:b1].clone(), torch.zeros(out, b1 - b0, dtype=torch.float64, device=dev)
         for i in range(b1 - b0):
             col = b0 + i
-            group = int(perm[col]) // gs
+            group = groups[col]
             if not config.act_order and col % gs == 0:  # first column of a group: its parameters, now
                 scales[:, group], offsets[:, group] = quant.params(w1[:, i : i + gs])
             q = quant.codes(w1[:, i], scales[:, group], offsets[:, group])

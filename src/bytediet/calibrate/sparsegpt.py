@@ -67,11 +67,15 @@ def sparsegpt_prune(
     h[dead, dead] = 1.0
     w[:, dead] = 0.0
     u = inverse_hessian_factor(h, config.damp, "SparseGPT")
-    keep = torch.ones(out, k, dtype=torch.bool)
+    keep = torch.ones(out, k, dtype=torch.bool, device=w.device)  # every buffer where the weight is
     span = fmt.span
     for b0 in range(0, k, config.block_size):
         b1 = min(b0 + config.block_size, k)
-        w1, err1, u1 = w[:, b0:b1].clone(), torch.zeros(out, b1 - b0, dtype=torch.float64), u[b0:b1, b0:b1]
+        w1, err1, u1 = (
+            w[:, b0:b1].clone(),
+            torch.zeros(out, b1 - b0, dtype=torch.float64, device=w.device),
+            u[b0:b1, b0:b1],
+        )
         d = u1.diagonal()
         if span is None:  # one selection per row for the whole block
             keep[:, b0:b1] = fmt.select(saliency(w1, d))

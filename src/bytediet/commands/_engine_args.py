@@ -163,11 +163,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 def add_device_args(p: argparse.ArgumentParser) -> None:
     """``--device`` and the GPU's settings (every command that runs a model takes them)."""
     g = p.add_argument_group("device")
-    g.add_argument(
-        "--device",
-        default="auto",
-        choices=["auto", "cpu", "cuda"],
-        help="where the model, KV cache and sampling run (auto: cuda where torch sees a GPU); on cuda "
+    add_device_flag(
+        g,
+        "where the model, KV cache and sampling run (auto: cuda where torch sees a GPU); on cuda "
         "every linear and the paged attention run Triton kernels (docs/gpu.md)",
     )
     g.add_argument(
@@ -183,6 +181,22 @@ def add_device_args(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="run decode steps eagerly on cuda (default: replay CUDA graphs per batch-size bucket)",
     )
+
+
+def add_device_flag(p, help: str) -> None:
+    """``--device auto|cpu|cuda`` alone (eval and quantize take it without the engine's GPU settings)."""
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help=help)
+
+
+def resolved_device(device: str, tensor_parallel_size: int = 1) -> str:
+    """``--device`` resolved as the engine resolves it (auto: cuda where torch sees a GPU; tensor parallelism stays
+    on CPU processes); ``cuda`` without a GPU, or with more than one process, is refused in one line."""
+    from ..engine.device import resolve_device
+    from ..errors import ConfigError
+
+    if tensor_parallel_size > 1 and device == "cuda":
+        raise ConfigError("--device cuda with --tensor-parallel-size > 1 is not supported yet; use one GPU")
+    return resolve_device("cpu" if tensor_parallel_size > 1 and device == "auto" else device)
 
 
 def device_kwargs(args: argparse.Namespace) -> dict:

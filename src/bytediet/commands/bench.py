@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from ._engine_args import add_device_args
+from ._engine_args import add_device_args, resolved_device
 from ._parse import positive_ints
 
 
@@ -250,11 +250,7 @@ def run_speculative(args: argparse.Namespace, config) -> int:
 
 def bench_device(args: argparse.Namespace) -> str:
     """--device resolved (auto: cuda where torch sees a GPU; tensor parallelism stays on the CPU)."""
-    from ..engine.device import resolve_device
-
-    if args.tensor_parallel_size > 1 and args.device == "cuda":
-        raise ConfigError("--device cuda with --tensor-parallel-size > 1 is not supported yet; use one GPU")
-    return resolve_device("cpu" if args.tensor_parallel_size > 1 and args.device == "auto" else args.device)
+    return resolved_device(args.device, args.tensor_parallel_size)
 
 
 def load_system(args: argparse.Namespace, threads: int, weights, kv_cache_dtype: str):

@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from ..errors import ConfigError
-from ._engine_args import _needs_calibration
+from ._engine_args import _needs_calibration, add_device_flag, resolved_device
 from ._parse import floats, positive_ints
 
 
@@ -81,6 +81,11 @@ def register(subparsers) -> None:
         help="--kv-pareto: KV memory (e.g. 1GiB) in which each entry's concurrent 4096-token sequences are "
         "counted (default: what 16 such sequences take in bf16)",
     )
+    add_device_flag(
+        p,
+        "where both models and their engines run (auto: cuda where torch sees a GPU; -tp and --kv-pareto: the "
+        "CPU); on cuda the linears and the paged attention run Triton kernels (docs/gpu.md)",
+    )
     p.add_argument("--plot", metavar="DIR", default=None, help="write PNG figures into DIR")
     p.add_argument("--json", action="store_true", help="print one JSON object with every number")
     p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
@@ -115,7 +120,13 @@ def run(args: argparse.Namespace) -> int:
             "with --kv-cache-dtype"
         )
     if args.kv_pareto:
+        if resolved_device("cpu" if args.device == "auto" else args.device) == "cuda":
+            raise ConfigError(
+                "--kv-pareto runs on the CPU (its anchors' KV pages have no GPU kernels); drop --device cuda, "
+                "or evaluate one codec with --kv-cache-dtype on the GPU"
+            )
         return run_kv_pareto(args)
+    device = resolved_device(args.device, tp)
     from ..eval.harness import evaluate
 
     kv_calibration = None
@@ -136,6 +147,7 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
         kv_calibration=kv_calibration,
         tensor_parallel_size=tp,
+        device=device,
     )
     if args.plot:
         from ..eval.plots import write_plots
@@ -164,6 +176,7 @@ def run_kv_pareto(args: argparse.Namespace) -> int:
 
     from ..config import parse_bytes
     from ..eval import kv_pareto as kp
+    from ..kernels.backend import describe
     from ..models.loader import load_model
     from ..progress import no_progress, rich_progress
 
@@ -192,6 +205,7 @@ def run_kv_pareto(args: argparse.Namespace) -> int:
         capacity_memory=parse_bytes(args.capacity_memory) if args.capacity_memory else None,
         progress=no_progress if args.no_progress else rich_progress,
     )  # bars go to stderr
+    result["device"] = describe("cpu")
     if args.plot:
         result["plots"] = [str(kp.plot_kv_pareto(result, f"{args.plot}/kv_pareto.png"))]
     if args.json:

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from ..errors import ConfigError
+from ._engine_args import add_device_flag, resolved_device
 
 
 def register(sub) -> None:
@@ -73,6 +74,11 @@ def register(sub) -> None:
     p.add_argument(
         "--gguf-type", default="q8_0", help="GGUF block type for layers not already in one (q8_0, q4_0, q4_1)"
     )
+    add_device_flag(
+        p,
+        "where the calibration passes, the mixed-precision scan and the quantization run (auto: cuda where torch "
+        "sees a GPU); the checkpoint is written from the CPU either way",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=run)
@@ -93,12 +99,15 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from ..calibrate import CalibrationConfig, calibrate_and_quantize
+    from ..engine.device import move_model
     from ..eval.corpus import calibration_windows
+    from ..kernels.backend import describe
     from ..models.checkpoint import save_quantized
     from ..models.loader import load_model, resolve_model_path
     from ..models.quantize import QuantizeConfig, quantize
     from ..progress import no_progress, rich_progress
 
+    device = resolved_device(args.device)
     out = Path(args.out)
     if out.exists() and not args.overwrite:
         raise ConfigError(f"{out} already exists; choose another --out or pass --overwrite")
@@ -114,6 +123,7 @@ def run(args: argparse.Namespace) -> int:
     calib = CalibrationConfig(args.calib_samples, args.calib_len, args.calib_corpus, args.seed)
     t0 = time.perf_counter()
     model, tokenizer = load_model(args.model, dtype=torch.float32)
+    move_model(model, device)
     source = Path(model.source_path)
     windows = None
     mixed = None
@@ -126,6 +136,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         summary = quantize(model, config)
     config = model.quantize_config
+    move_model(model, "cpu")  # written (and exported) from host memory
     tok_source = source if source.suffix.lower() == ".gguf" or source.is_dir() else None
     save_quantized(model, tok_source, out, quantize_config=config, overwrite=args.overwrite)
     gguf_path = None
@@ -145,6 +156,7 @@ def run(args: argparse.Namespace) -> int:
         "skipped": summary.skipped,
         "mixed_precision": mixed,
         "gguf": gguf_path,
+        "device": describe(device),
         "seconds": round(time.perf_counter() - t0, 2),
     }
     if args.json:

@@ -236,12 +236,15 @@ def evaluate(
     progress: bool = True,
     kv_calibration: Optional[dict] = None,
     tensor_parallel_size: int = 1,
+    device: str = "cpu",
 ) -> dict:
     """Measure ``weights`` × ``kv_cache_dtype`` on ``model_spec`` against the unmodified model.
 
     ``kv_calibration`` ({corpus, windows, window_len, seed}, as in a run config) calibrates a codec with
     calibration hooks on the unmodified model first (:func:`calibrated_kv_codec`).
     ``tensor_parallel_size`` N > 1: both models split across N processes (:mod:`bytediet.eval.parallel`).
+    ``device`` (``cpu``, ``cuda`` or ``auto``, resolved as the engine does): where both models, their engines and the
+    KV calibration run; the result's ``device`` says which, and which backend ran there.
 
     The reference is the checkpoint's exact float values (a GGUF dequantized to fp32). Without ``weights`` the
     test runs the checkpoint *as the engine loads it*: a GGUF's quantized blocks on the native kernels
@@ -251,8 +254,11 @@ def evaluate(
     ``tasks[name]`` with each task's numbers (see :mod:`bytediet.eval.tasks`).  Pass a
     :class:`ReferenceCache` from an earlier call on the same model and settings to skip the reference.
     """
+    from ..engine.device import move_model, resolve_device
+    from ..kernels.backend import describe
     from ..models.loader import load_as_engine_runs, load_model
 
+    device = resolve_device("cpu" if device == "auto" and tensor_parallel_size > 1 else device)
     settings = settings or EvalSettings(
         corpus=corpus, windows=windows, window_len=window_len, seed=seed, tasks=tuple(tasks)
     )
@@ -260,7 +266,9 @@ def evaluate(
     if tensor_parallel_size > 1:
         from .parallel import evaluate_tensor_parallel
 
-        return evaluate_tensor_parallel(
+        if device != "cpu":
+            raise ConfigError("--device cuda with --tensor-parallel-size > 1 is not supported yet; use one GPU")
+        result = evaluate_tensor_parallel(
             model_spec,
             tensor_parallel_size,
             weights=weights,
@@ -270,10 +278,14 @@ def evaluate(
             progress=progress,
             kv_calibration=kv_calibration,
         )
+        return {**result, "device": describe(device)}
     reference = reference_cache(str(model_spec), settings, reference)
     t0 = time.perf_counter()
     model, tokenizer = load_model(model_spec, dtype=torch.float32)
     as_loaded = None if weights else load_as_engine_runs(model_spec)
+    for m in (model, as_loaded):  # both models where they run, before the KV calibration runs either
+        if m is not None:
+            move_model(m, device)
     kv = kv_cache_dtype
     if kv_calibration and kv_cache_dtype:
         kv = calibrated_kv_codec(kv_cache_dtype, as_loaded or model, tokenizer, kv_calibration)
@@ -294,6 +306,7 @@ def evaluate(
         result["config"].update(
             kv_plan=kv.calibration_state()["plan"], kv_plan_table=kv.plan_table(c.num_kv_heads, c.head_dim)
         )
+    result["device"] = describe(device)
     result["elapsed_s"] = time.perf_counter() - t0
     return result
 

@@ -77,7 +77,7 @@ def _window_chunks(subject, ctx, index: int) -> Iterator[tuple[int, torch.Tensor
     rows = max(64, ROW_CHUNK_ELEMENTS // subject.model.config.vocab_size)
     for lo, logits in subject.model.score_rows(seq, b, b + len(ids) - 1, rows, kv_codec=subject.kv_cache_dtype):
         j = lo - b
-        yield j, logits, ids[j + 1 : j + 1 + logits.shape[0]]
+        yield j, logits.cpu(), ids[j + 1 : j + 1 + logits.shape[0]]  # compared on the CPU, where the reference is
 
 
 def kl_histogram(kl: torch.Tensor) -> dict:
@@ -227,10 +227,15 @@ def _rss_bytes() -> tuple[int, int]:
     return peak, current
 
 
-def _measured_read_bandwidth() -> Optional[float]:
-    """This machine's measured read bandwidth (B/s) if ``bytediet roofline --measure`` cached it."""
+def _measured_read_bandwidth(device: torch.device) -> Optional[float]:
+    """The measured read bandwidth (B/s) of ``device``: a GPU's (measured now if not cached), the CPU's if
+    ``bytediet roofline --measure`` cached it."""
     from ..perf.measure import load_cached
 
+    if device.type == "cuda":
+        from ..perf.measure_gpu import this_gpu
+
+        return this_gpu(str(device)).memory_bandwidth
     data = load_cached(torch.get_num_threads())
     return data.get("read_bandwidth") if data else None
 
@@ -269,7 +274,7 @@ class SpeedTask(EvalTask):
         )
         # per decode step: all weights (a MoE model: its top-k experts) + the KV of the (average) context
         step_bytes = decode_weight_bytes + kv_per_token * (len(prompt) + s.speed_new_tokens / 2)
-        ceiling = _measured_read_bandwidth()
+        ceiling = _measured_read_bandwidth(subject.model.device)
         achieved = step_bytes * decode_tps
         return {
             "weight_bytes": weight_bytes,

@@ -77,7 +77,7 @@ def _k_scale_min(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _k_low_nibbles(qs: torch.Tensor) -> torch.Tensor:
     """(n, 128) uint8 → (n, 8, 32): sub-block 2i = low nibbles of bytes 32i..32i+31, 2i+1 = their high nibbles."""
-    q = qs.reshape(-1, 4, 1, 32) >> torch.tensor([0, 4], dtype=torch.uint8).reshape(1, 1, 2, 1)
+    q = qs.reshape(-1, 4, 1, 32) >> torch.tensor([0, 4], dtype=torch.uint8, device=qs.device).reshape(1, 1, 2, 1)
     return (q & 0x0F).reshape(-1, 8, 32)
 
 
@@ -94,7 +94,7 @@ def decode_q4_k(b: torch.Tensor) -> torch.Tensor:
 
 
 def decode_q5_k(b: torch.Tensor) -> torch.Tensor:
-    qh = b[:, 16:48].reshape(-1, 1, 1, 32) >> torch.arange(8, dtype=torch.uint8).reshape(1, 1, 8, 1)
+    qh = b[:, 16:48].reshape(-1, 1, 1, 32) >> torch.arange(8, dtype=torch.uint8, device=b.device).reshape(1, 1, 8, 1)
     q = _k_low_nibbles(b[:, 48:176]) | ((qh & 1).reshape(-1, 8, 32) << 4)
     return _k_affine(b, q)
 
@@ -103,8 +103,8 @@ def decode_q6_k(b: torch.Tensor) -> torch.Tensor:
     ql, qh = b[:, 0:128], b[:, 128:192]
     scales = b[:, 192:208].contiguous().view(torch.int8).float()
     d = (_f16(b[:, 208:210]) * scales).reshape(-1, 16, 1)
-    lo = ql.reshape(-1, 2, 1, 64) >> torch.tensor([0, 4], dtype=torch.uint8).reshape(1, 1, 2, 1)
-    hi = qh.reshape(-1, 2, 1, 32) >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8).reshape(1, 1, 4, 1)
+    lo = ql.reshape(-1, 2, 1, 64) >> torch.tensor([0, 4], dtype=torch.uint8, device=b.device).reshape(1, 1, 2, 1)
+    hi = qh.reshape(-1, 2, 1, 32) >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8, device=b.device).reshape(1, 1, 4, 1)
     q = ((lo & 0x0F).reshape(-1, 8, 32) | ((hi & 0x03).reshape(-1, 8, 32) << 4)).to(torch.int8) - 32
     return (d * q.reshape(-1, 16, 16).float()).reshape(-1, QK_K)
 
@@ -133,7 +133,7 @@ def _pack_halves(q: torch.Tensor) -> torch.Tensor:
 def _pack_high_bits(q: torch.Tensor) -> torch.Tensor:
     """(n, 32) 5-bit codes → (n, 4) uint8 of their bit 4, little-endian bit order."""
     bits = ((q >> 4) & 1).reshape(-1, 4, 8)
-    return (bits << torch.arange(8, dtype=torch.uint8)).sum(-1, dtype=torch.uint8)
+    return (bits << torch.arange(8, dtype=torch.uint8, device=q.device)).sum(-1, dtype=torch.uint8)
 
 
 def _trunc_codes(x: torch.Tensor, top: int) -> torch.Tensor:

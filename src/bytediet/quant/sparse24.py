@@ -48,11 +48,11 @@ def keep_mask(weight: torch.Tensor, norms: Optional[torch.Tensor] = None) -> tor
 def pack_positions(mask: torch.Tensor) -> torch.Tensor:
     """(out, k) bool with exactly 2 True per group of 4 → (out, ⌈k/8⌉) uint8, two 4-bit group codes per byte."""
     out, k = mask.shape
-    pos = torch.arange(GROUP, dtype=torch.uint8).expand(out, k // GROUP, GROUP)
+    pos = torch.arange(GROUP, dtype=torch.uint8, device=mask.device).expand(out, k // GROUP, GROUP)
     kept = pos[mask.reshape(out, k // GROUP, GROUP)].reshape(out, k // GROUP, KEEP)  # ascending
     codes = kept[..., 0] | (kept[..., 1] << 2)  # (out, k/4), 4 bits each
     if codes.shape[1] % 2:  # an odd number of groups: the last byte's high nibble is padding
-        codes = torch.cat([codes, torch.zeros(out, 1, dtype=torch.uint8)], dim=1)
+        codes = torch.cat([codes, torch.zeros(out, 1, dtype=torch.uint8, device=codes.device)], dim=1)
     return codes[:, 0::2] | (codes[:, 1::2] << 4)
 
 
@@ -64,7 +64,7 @@ def unpack_positions(index: torch.Tensor, groups: Optional[int] = None) -> torch
 def densify(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """values (out, k/2) float, index (out, ⌈k/8⌉) uint8 → dense (out, k) float32 with zeros elsewhere."""
     out, groups = values.shape[0], values.shape[1] // KEEP
-    dense = torch.zeros(out, groups, GROUP, dtype=torch.float32)
+    dense = torch.zeros(out, groups, GROUP, dtype=torch.float32, device=values.device)
     dense.scatter_(-1, unpack_positions(index, groups), values.float().reshape(out, groups, KEEP))
     return dense.reshape(out, groups * GROUP)
 

@@ -32,14 +32,14 @@ _BITS = 2 ** torch.arange(8, dtype=torch.int32)
 def pack_bitmap(mask: torch.Tensor) -> torch.Tensor:
     """(out, k) bool → (out, ⌈k/8⌉) uint8, column j in bit j % 8 of byte j // 8."""
     out, k = mask.shape
-    padded = torch.zeros(out, -(-k // 8) * 8, dtype=torch.int32)
+    padded = torch.zeros(out, -(-k // 8) * 8, dtype=torch.int32, device=mask.device)
     padded[:, :k] = mask.to(torch.int32)
-    return (padded.reshape(out, -1, 8) * _BITS).sum(-1).to(torch.uint8)
+    return (padded.reshape(out, -1, 8) * _BITS.to(mask.device)).sum(-1).to(torch.uint8)
 
 
 def unpack_bitmap(bitmap: torch.Tensor, k: int) -> torch.Tensor:
     """(out, ⌈k/8⌉) uint8 → (out, k) bool."""
-    bits = (bitmap.to(torch.int32)[..., None] & _BITS) != 0
+    bits = (bitmap.to(torch.int32)[..., None] & _BITS.to(bitmap.device)) != 0
     return bits.reshape(bitmap.shape[0], -1)[:, :k]
 
 
@@ -74,6 +74,6 @@ class Sparse50(PrunedFormat):
 
     def dequantize(self, packed: Packed) -> torch.Tensor:
         mask = self.mask(packed)
-        dense = torch.zeros(mask.shape, dtype=torch.float32)
+        dense = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
         dense[mask] = packed["values"].float().reshape(-1)
         return dense
