@@ -207,3 +207,75 @@ def test_a_load_predicted_slower_than_recompute_is_skipped():
     bm = evicted_prefix(tiers)
     again = make_request("a2", 9)
     assert bm.allocate_cached_prefix(again) == 0 and again.block_ids == [] and tiers.skipped_blocks == 2
+
+
+def reusing(num_blocks: int = 8, block_size: int = 4):
+    """A block manager with token-granular reuse and a copy hook that records (src, dst)."""
+    bm = BlockManager(num_blocks, block_size)
+    copies = []
+    bm.enable_token_reuse(lambda src, dst: copies.append((src, dst)))
+    return bm, copies
+
+
+def test_a_finished_requests_tail_is_taken_over_by_a_prompt_that_starts_like_it():
+    bm, copies = reusing()
+    a = computed(bm, make_request("a", 10), 10)  # blocks 0, 1 full; block 2 holds tokens 8, 9
+    blocks = list(a.block_ids)
+    bm.free(a)
+    b = make_request("b", 11)  # tokens 0..10: its third block starts with a's tail (8, 9)
+    tail = blocks[2]
+    assert bm.allocate_cached_prefix(b) == 10 and b.block_ids == blocks
+    assert copies == [] and bm.blocks[tail].ref_count == 1 and bm.partial_hit_tokens == 2
+    assert b.cached_tokens_by_tier == {"pool": 10} and tail not in bm.free_blocks
+    c = make_request("c", 11)  # the tail belongs to b now: c gets the full blocks only
+    assert bm.allocate_cached_prefix(c) == 8
+
+
+def test_the_head_of_a_cached_full_block_is_copied_into_a_fresh_block():
+    bm, copies = reusing()
+    a = computed(bm, make_request("a", 8), 8)  # two full blocks, both cached
+    b = make_request("b", 7)  # tokens 0..6: block 1's head (4, 5) can be served, token 6 is computed
+    assert bm.allocate_cached_prefix(b) == 6
+    assert b.block_ids[0] == a.block_ids[0] and b.block_ids[1] not in a.block_ids
+    assert copies == [(a.block_ids[1], b.block_ids[1])]
+    assert bm.blocks[a.block_ids[1]].block_hash is not None  # the source stays cached
+
+
+def test_a_cached_source_in_the_free_list_is_never_its_own_copy_destination():
+    bm, copies = reusing(num_blocks=2)
+    a = computed(bm, make_request("a", 8), 8)
+    blocks = list(a.block_ids)
+    bm.free(a)  # both blocks cached and free
+    b = make_request("b", 7)
+    assert bm.allocate_cached_prefix(b) == 4  # block 0 is shared; no other free block to copy block 1's head into
+    assert copies == [] and bm.blocks[blocks[1]].block_hash is not None and blocks[1] in bm.free_blocks
+
+
+def test_longest_match_wins_and_a_different_parent_never_matches():
+    bm, copies = reusing(num_blocks=16)
+    a = computed(bm, make_request("a", 6), 6)  # tail: tokens 4, 5 after block (0..3)
+    blocks = list(a.block_ids)
+    bm.free(a)
+    other = computed(bm, make_request("o", 7, first_token=100), 7)  # another parent
+    bm.free(other)
+    b = make_request("b", 9)  # tokens 0..8: block 1 wants 4..7; a's tail gives 4, 5
+    assert bm.allocate_cached_prefix(b) == 6 and b.block_ids == blocks
+    lone = make_request("l", 3, first_token=104)  # starts like o's tail, but o's tail has a parent, lone has none
+    assert bm.allocate_cached_prefix(lone) == 0
+
+
+def test_an_indexed_tail_is_forgotten_when_its_block_is_reused():
+    bm, _ = reusing(num_blocks=3)
+    a = computed(bm, make_request("a", 6), 6)
+    bm.free(a)
+    computed(bm, make_request("x", 12, first_token=50), 12)  # takes every block, the tail included
+    assert all(first >= 50 for _, first in bm.by_head)  # only x's own full blocks are indexed
+    b = make_request("b", 7)
+    assert bm.allocate_cached_prefix(b) == 0
+
+
+def test_without_reuse_the_tail_is_not_indexed():
+    bm = BlockManager(8, 4)
+    a = computed(bm, make_request("a", 10), 10)
+    bm.free(a)
+    assert not bm.by_head and bm.allocate_cached_prefix(make_request("b", 11)) == 8

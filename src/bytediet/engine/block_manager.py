@@ -6,13 +6,19 @@ with the previous block's hash, so a repeated prefix (a system prompt) maps to t
 Freed blocks keep their hash until they are reused (least recently freed first), so a prefix can be
 revived after its request finished. With KV tiers (:mod:`bytediet.engine.kv_tiers`) a reused block's bytes are
 first handed to the tier store, and a prefix the pool lost is looked up there and loaded into free blocks.
+
+Token-granular reuse (SGLang's radix cache, at block level): after a request's cached full blocks, the head of
+its next block is looked up among cached blocks with the same parent — full blocks, and the unshared tails that
+finished requests leave behind. A tail is taken over as it is (its stale slots are overwritten before they are
+read); a full block still cached is copied into a fresh block (``copy_block``). Only for codecs whose pages are
+all indexed by slot (``enable_token_reuse``).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 from .request import Request
 
@@ -24,6 +30,8 @@ class Block:
     block_hash: Optional[int] = None
     tier_key: Optional[bytes] = None  # the block's key below the pool (KV tiers), beside its hash
     position: int = 0  # the position of its first token
+    parent: Optional[int] = None  # token-granular reuse: the chained hash of the block before it
+    tokens: tuple[int, ...] = ()  # token-granular reuse: the tokens its computed slots hold (empty: not indexed)
 
 
 def chain_hash(parent: Optional[int], tokens: tuple[int, ...]) -> int:
@@ -42,6 +50,17 @@ class BlockManager:
         self.prefix_queries = 0  # blocks looked up
         self.prefix_hits = 0  # blocks found
         self.tiers = tiers  # a kv_tiers.TierStore (moves bytes below the pool), or None
+        self.token_reuse = False  # token-granular reuse of a block's head (enable_token_reuse)
+        self.copy_block: Optional[Callable[[int, int], None]] = None  # (src, dst): copies one block's pages
+        self.by_head: dict[tuple[Optional[int], int], dict[int, None]] = {}  # (parent, first token) → blocks
+        self.partial_query_tokens = 0  # prompt tokens after the full blocks, looked up at the head of a block
+        self.partial_hit_tokens = 0  # prompt tokens served from the head of a block
+
+    def enable_token_reuse(self, copy_block: Optional[Callable[[int, int], None]]) -> None:
+        """Turn on token-granular reuse (the codec's pages are all per slot); ``copy_block`` copies a block's
+        pages onto another (None: only unshared tails are reused, taken over without a copy)."""
+        self.token_reuse = self.enable_prefix_caching
+        self.copy_block = copy_block
 
     @property
     def num_blocks(self) -> int:
@@ -69,6 +88,7 @@ class BlockManager:
     def _take_free_block(self) -> int:
         block_id, _ = self.free_blocks.popitem(last=False)
         block = self.blocks[block_id]
+        self._unindex(block)
         if block.block_hash is not None:  # evict its cached prefix
             if self.hash_to_block.get(block.block_hash) == block_id:
                 del self.hash_to_block[block.block_hash]
@@ -112,6 +132,8 @@ class BlockManager:
             return 0
         hashes = self._block_hashes(request, (request.num_tokens - 1) // self.block_size)
         self.prefix_queries += len(hashes)
+        if self.token_reuse:  # the tokens after the full blocks are looked up too
+            self.partial_query_tokens += request.num_tokens - 1 - len(hashes) * self.block_size
         for h in hashes:
             block_id = self.hash_to_block.get(h)
             if block_id is None:
@@ -129,8 +151,68 @@ class BlockManager:
             self._start_tier_load(request, len(hashes))
             if request.tier_load is not None:
                 return self._finish_tier_load(request)
-        request.num_computed_tokens = hits * self.block_size
+        request.num_computed_tokens = hits * self.block_size + self._reuse_head(request, hits)
         return request.num_computed_tokens
+
+    def _reuse_head(self, request: Request, hits: int) -> int:
+        """Tokens of block ``hits`` found at the head of a cached block with the same parent (0: none)."""
+        if not self.token_reuse:
+            return 0
+        start = hits * self.block_size
+        want = request.all_token_ids[start : min(start + self.block_size, request.num_tokens - 1)]
+        if not want:
+            return 0
+        parent = request.block_hashes[hits - 1] if hits else None
+        best, best_len = None, 0
+        for block_id in self.by_head.get((parent, want[0]), ()):
+            n = _common_prefix(self.blocks[block_id].tokens, want)
+            if n > best_len or (n == best_len and self._is_free_tail(block_id)):
+                best, best_len = block_id, n
+        if best is None:
+            return 0
+        block = self.blocks[best]
+        if self._is_free_tail(best):  # a finished request's tail that nothing else names: take it over
+            del self.free_blocks[best]
+            self._unindex(block)
+            block.ref_count = 1
+            request.block_ids.append(best)
+        else:
+            if self.copy_block is None:
+                return 0
+            was_free = block.ref_count == 0
+            if was_free:  # keep the source out of _take_free_block's reach while it is copied
+                del self.free_blocks[best]
+            if not self.free_blocks:
+                if was_free:
+                    self.free_blocks[best] = None
+                return 0
+            dst = self._take_free_block()
+            self.copy_block(best, dst)
+            if was_free:
+                self.free_blocks[best] = None  # back in line, as the most recently used
+            request.block_ids.append(dst)
+        self.partial_hit_tokens += best_len
+        request.cached_tokens_by_tier["pool"] = request.cached_tokens_by_tier.get("pool", 0) + best_len
+        return best_len
+
+    def _is_free_tail(self, block_id: Optional[int]) -> bool:
+        block = None if block_id is None else self.blocks[block_id]
+        return block is not None and block.block_hash is None and block.ref_count == 0
+
+    def _index(self, block: Block, parent: Optional[int], tokens: tuple[int, ...]) -> None:
+        if self.token_reuse and tokens:
+            block.parent, block.tokens = parent, tokens
+            self.by_head.setdefault((parent, tokens[0]), {})[block.block_id] = None
+
+    def _unindex(self, block: Block) -> None:
+        if block.tokens:
+            key = (block.parent, block.tokens[0])
+            entries = self.by_head.get(key)
+            if entries is not None:
+                entries.pop(block.block_id, None)
+                if not entries:
+                    del self.by_head[key]
+            block.parent, block.tokens = None, ()
 
     def _start_tier_load(self, request: Request, num_full_blocks: int) -> None:
         """Load the run of blocks after the pool's hits that the tiers hold, where the policy predicts it pays."""
@@ -182,6 +264,7 @@ class BlockManager:
     def _release(self, block_id: int) -> None:
         """A block no request holds and no prefix names: first in line for reuse."""
         block = self.blocks[block_id]
+        self._unindex(block)
         block.ref_count, block.block_hash, block.tier_key = 0, None, None
         self.free_blocks[block_id] = None
         self.free_blocks.move_to_end(block_id, last=False)
@@ -209,6 +292,12 @@ class BlockManager:
             if block.block_hash is None:
                 block.block_hash = h
                 self.hash_to_block.setdefault(h, block.block_id)
+                bs = self.block_size
+                self._index(
+                    block,
+                    request.block_hashes[i - 1] if i else None,
+                    tuple(request.all_token_ids[i * bs : (i + 1) * bs]),
+                )
                 if self.tiers is not None:
                     block.tier_key, block.position = self._tier_keys(request, i + 1)[i], i * self.block_size
         request.num_registered_blocks = max(request.num_registered_blocks, full)
@@ -224,7 +313,16 @@ class BlockManager:
         del request.block_ids[keep:]
 
     def free(self, request: Request) -> None:
-        """Release the request's blocks (last block first, so a shared prefix's head stays cached longest)."""
+        """Release the request's blocks (last block first, so a shared prefix's head stays cached longest); a
+        partly filled last block is kept for token-granular reuse until its slots are needed."""
+        full, tail = divmod(request.num_computed_tokens, self.block_size)
+        if self.token_reuse and tail and full < len(request.block_ids):
+            block = self.blocks[request.block_ids[full]]
+            if block.ref_count == 1 and block.block_hash is None:
+                parent = self._block_hashes(request, full)[-1] if full else None
+                self._index(
+                    block, parent, tuple(request.all_token_ids[full * self.block_size : request.num_computed_tokens])
+                )
         for block_id in reversed(request.block_ids):
             block = self.blocks[block_id]
             block.ref_count -= 1
@@ -236,5 +334,16 @@ class BlockManager:
 
     def reset_prefix_cache(self) -> None:
         self.hash_to_block.clear()
+        self.by_head.clear()
         for block in self.blocks:
-            block.block_hash = block.tier_key = None
+            block.block_hash = block.tier_key = block.parent = None
+            block.tokens = ()
+
+
+def _common_prefix(a: tuple[int, ...], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n

@@ -16,6 +16,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 from ..errors import ConfigError
+from .block_copy import block_copier
 from .block_manager import BlockManager
 from .config import EngineConfig
 from .kv_tiers import build_tier_store
@@ -76,6 +77,9 @@ class LLMEngine:
         self.block_manager = BlockManager(
             self.runner.num_blocks, config.cache.block_size, config.cache.enable_prefix_caching, self.tiers
         )
+        copier = block_copier(self.runner.caches, config.cache.block_size)
+        if copier is not None and self.runner.max_sequences is None:  # every page per slot: token-granular reuse
+            self.block_manager.enable_token_reuse(copier if workers is None else None)
         self._at_exit = None
         if self.tiers is not None:  # the pool's cached blocks go down to the tiers when the process ends
             self._at_exit = partial(_close_tiers, self.block_manager, self.tiers)

@@ -66,6 +66,8 @@ class EngineCounters:
     num_free_blocks: int = 0
     prefix_queries: int = 0  # in blocks
     prefix_hits: int = 0  # in blocks
+    prefix_partial_query_tokens: int = 0  # tokens looked up at the head of a cached block (token-granular reuse)
+    prefix_partial_hit_tokens: int = 0  # tokens found at the head of a cached block (token-granular reuse)
     num_preemptions: int = 0
     spec_verifications: int = 0  # request-steps that verified speculative drafts
     spec_draft_tokens: int = 0
@@ -100,6 +102,8 @@ def engine_counters(engine) -> EngineCounters:
         num_free_blocks=bm.num_free_blocks,
         prefix_queries=bm.prefix_queries,
         prefix_hits=bm.prefix_hits,
+        prefix_partial_query_tokens=bm.partial_query_tokens,
+        prefix_partial_hit_tokens=bm.partial_hit_tokens,
         num_preemptions=sched.num_preemptions,
         spec_verifications=engine.stats.spec_verifications,
         spec_draft_tokens=engine.stats.spec_draft_tokens,

@@ -129,10 +129,14 @@ class _EngineCollector(Collector):
             1.0 - c.num_free_blocks / max(self.num_blocks, 1),
         )
         yield self._counter(
-            "prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", c.prefix_queries * self.block_size
+            "prefix_cache_queries",
+            "Prompt tokens looked up in the prefix cache.",
+            c.prefix_queries * self.block_size + c.prefix_partial_query_tokens,
         )
         yield self._counter(
-            "prefix_cache_hits", "Prompt tokens found in the prefix cache.", c.prefix_hits * self.block_size
+            "prefix_cache_hits",
+            "Prompt tokens found in the prefix cache.",
+            c.prefix_hits * self.block_size + c.prefix_partial_hit_tokens,
         )
         yield self._counter("num_preemptions", "Requests preempted to free KV blocks.", c.num_preemptions)
         yield self._counter(

@@ -30,7 +30,7 @@ def ids(n: int, seed: int, vocab: int = 96) -> list[int]:
     return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
-PROMPT = ids(42, 1)  # 10 full blocks of 4 tokens are cacheable
+PROMPT = ids(41, 1)  # 10 full blocks of 4 tokens are cacheable, and nothing of an 11th (token-granular reuse)
 OTHERS = [ids(40, 10 + i) for i in range(4)]  # enough to push PROMPT's blocks out of a 16-block pool
 
 

@@ -14,12 +14,13 @@ from typing import Optional
 import torch
 
 from ...errors import ConfigError
+from ..block_copy import slot_tensors
 
 
-def _slot_tensors(cache, slots: int, what: str) -> list[torch.Tensor]:
-    tensors = cache.tensors()
-    bad = [tuple(t.shape) for t in tensors if t.dim() == 0 or t.shape[0] != slots]
-    if bad or not tensors:
+def _slot_tensors(cache, block_size: int, what: str) -> list[torch.Tensor]:
+    tensors = slot_tensors(cache, block_size)
+    if tensors is None:
+        bad = [tuple(t.shape) for t in cache.tensors()]
         raise ConfigError(
             f"KV tiers: {what} keeps state outside its per-slot pages (tensor shapes {bad or 'none'}); "
             "offloading needs a codec whose pages are all indexed by slot (e.g. bf16, q8_0, turboquant)"
@@ -34,7 +35,7 @@ class BlockPages:
         self.caches, self.block_size = caches, block_size
         self.at_rest = None
         if at_rest is None:
-            self.tensors = [_slot_tensors(c, c.num_blocks * block_size, f"KV codec {codec_name!r}") for c in caches]
+            self.tensors = [_slot_tensors(c, block_size, f"KV codec {codec_name!r}") for c in caches]
         else:  # one staging block of the smaller codec per layer
             for c in caches:
                 if not hasattr(c, "decode"):
