@@ -29,9 +29,9 @@ pytestmark = pytest.mark.skipif(not VARIANTS, reason="no native kernels on this 
 BLOCK = 16
 
 
-def pages(gen, slots, hkv, d, kv_dtype):
-    """(pages, scales): random keys or values as the KV codecs store them in ``kv_dtype``."""
-    return reference.write_kv_rows(kv_dtype, torch.randn(slots, hkv, d, generator=gen) * 2)
+def pages(gen, slots, hkv, d, page_type):
+    """(pages, scales): random keys or values as the KV codecs store them in ``page_type``."""
+    return reference.write_kv_rows(page_type, torch.randn(slots, hkv, d, generator=gen) * 2)
 
 
 CASES = {  # name: (hq, hkv, d, window, [(tokens, context) per sequence])
@@ -45,17 +45,17 @@ CASES = {  # name: (hq, hkv, d, window, [(tokens, context) per sequence])
 }
 
 
-def fits(kv_dtype, d):  # llama.cpp's block types, per-token codes, PolarQuant: head_dim a multiple of 32 or 64
-    return d % PAGE_ALIGN.get(kv_dtype, 8) == 0
+def fits(page_type, d):  # llama.cpp's block types, per-token codes, PolarQuant: head_dim a multiple of 32 or 64
+    return d % PAGE_ALIGN.get(page_type, 8) == 0
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("case", sorted(CASES))
-@pytest.mark.parametrize("kv_dtype", ATTENTION_PAGE_TYPES)
-def test_native_attention_over_pages_equals_reference(variant, case, kv_dtype):
-    if not fits(kv_dtype, CASES[case][2]):
-        pytest.skip(f"{kv_dtype} pages need head_dim % 32 == 0")
-    check(variant, case, kv_dtype, kv_dtype)
+@pytest.mark.parametrize("k_dtype", ATTENTION_PAGE_TYPES)
+def test_native_attention_over_pages_equals_reference(variant, case, k_dtype):
+    if not fits(k_dtype, CASES[case][2]):
+        pytest.skip(f"{k_dtype} pages need head_dim % 32 == 0")
+    check(variant, case, k_dtype, k_dtype)
 
 
 # keys of one page type, values of another: llama.cpp's k=q8_0,v=q4_0, and the pairs the auto: budget plans mix
@@ -97,14 +97,14 @@ def ragged_batch(seqs, gen):
     return torch.stack(tables).long(), torch.tensor(positions), torch.tensor(rows), perm.numel() * BLOCK
 
 
-def check(variant, case, kv_dtype, v_dtype):
+def check(variant, case, k_dtype, v_dtype):
     hq, hkv, d, window, seqs = CASES[case]
-    mixed = v_dtype != kv_dtype
-    gen = torch.Generator().manual_seed(zlib.crc32((case + kv_dtype + (v_dtype if mixed else "")).encode()))
+    mixed = v_dtype != k_dtype
+    gen = torch.Generator().manual_seed(zlib.crc32((case + k_dtype + (v_dtype if mixed else "")).encode()))
     bt, positions, rows, slots = ragged_batch(seqs, gen)
-    (k, ks), (v, vs) = pages(gen, slots, hkv, d, kv_dtype), pages(gen, slots, hkv, d, v_dtype)
+    (k, ks), (v, vs) = pages(gen, slots, hkv, d, k_dtype), pages(gen, slots, hkv, d, v_dtype)
     q = torch.randn(len(positions), hq, d, generator=gen)
-    args = (q, positions, rows, bt, BLOCK, d**-0.5, window, kv_dtype, k, v, ks, vs, v_dtype if mixed else None)
+    args = (q, positions, rows, bt, BLOCK, d**-0.5, window, k_dtype, k, v, ks, vs, v_dtype if mixed else None)
     want = reference.attention_over_pages(*args)
     with mock.patch.object(reference, "attention_over_pages", side_effect=AssertionError("the reference ran")):
         got = ops.attention_over_pages(*args, variant=variant)  # natively: no fallback to the twin
@@ -130,26 +130,26 @@ def polar_table(gen):
     )
 
 
-def code_pages(gen, slots, hkv, d, kv_dtype, group, window=0):
-    """(codes, CodePageSide): random code pages of ``kv_dtype`` (decoder_spec.CODE_PAGE_TYPES). Per-channel keys have
+def code_pages(gen, slots, hkv, d, page_type, group, window=0):
+    """(codes, CodePageSide): random code pages of ``page_type`` (decoder_spec.CODE_PAGE_TYPES). Per-channel keys have
     about a third of their windows open (a window of ``window`` tokens, 0: their group, KIVI's), per-token codes too
     when ``window`` (HF QuantizedCache's values); QJL keys a Gaussian sketch, PolarQuant a random rotation."""
-    if kv_dtype == "polarquant":
+    if page_type == "polarquant":
         codes = torch.randint(0, 256, (slots, hkv, 23 * d // 64), generator=gen, dtype=torch.uint8)
         rotation = torch.linalg.qr(torch.randn(d, d, generator=gen))[0]
         return codes, CodePageSide(
             (torch.rand(slots, hkv, d // 16, generator=gen) + 0.2).half(), transform=rotation, table=polar_table(gen)
         )
-    bits = CODE_PAGE_BITS[kv_dtype]
-    if kv_dtype.startswith("qjl"):
-        m = int(kv_dtype[3]) * d
+    bits = CODE_PAGE_BITS[page_type]
+    if page_type.startswith("qjl"):
+        m = int(page_type[3]) * d
         codes = torch.randint(0, 256, (slots, hkv, m // 8), generator=gen, dtype=torch.uint8)
         return codes, CodePageSide(
             (torch.rand(slots, hkv, generator=gen) * 4 + 0.1).half(), transform=torch.randn(m, d, generator=gen)
         )
     codes = torch.randint(0, 256, (slots, hkv, d * bits // 8), generator=gen, dtype=torch.uint8)
-    if not kv_dtype.startswith("kivi"):
-        shape = (slots, hkv, d // PAGE_ALIGN[kv_dtype])
+    if not page_type.startswith("kivi"):
+        shape = (slots, hkv, d // PAGE_ALIGN[page_type])
         stage_of, stage = staged(gen, slots, hkv, d, window) if window else (None, None)
         return codes, CodePageSide(
             (torch.rand(shape, generator=gen) * 0.5 + 0.01).half(),

@@ -60,8 +60,8 @@ def test_which_pages_the_native_attention_reads(spec):
     if PAGES[spec] is None:
         assert pages is None
         return
-    assert (pages["kv_dtype"], pages["v_dtype"]) == PAGES[spec]
-    if pages["kv_dtype"] == "turboquant":  # the codes of both halves, described by their TurboQuantPageSpec
+    assert (pages["k_dtype"], pages["v_dtype"]) == PAGES[spec]
+    if pages["k_dtype"] == "turboquant":  # the codes of both halves, described by their TurboQuantPageSpec
         assert pages["k_cache"] is None and len(pages["k_side"].parts) == len(cache.keys.parts)
         assert (pages["k_side"].parts[0].signs is not None) == spec.startswith("turboquant_prod")
         return
@@ -80,7 +80,7 @@ def test_an_auto_plan_reads_its_layers_natively_where_both_halves_allow():
     ]
     codec.load_calibration_state({"budget": 7.0, "plan": plan})
     caches = [codec.create_cache(i, 4, 16, 2, 64, torch.float32, "cpu") for i in range(len(plan))]
-    kinds = [None if p is None else (p["kv_dtype"], p["v_dtype"]) for p in (c.native_pages() for c in caches)]
+    kinds = [None if p is None else (p["k_dtype"], p["v_dtype"]) for p in (c.native_pages() for c in caches)]
     assert kinds == [("q8_0", "q4_0"), None, ("bf16", "q5_0"), ("q4_0", "q4_0")]  # turboquant keys: codec's read
 
 
@@ -196,7 +196,7 @@ def test_the_native_decode_step_says_it_does_not_write_kivi_pages():
     pages, why = _pages_or_objection(cache)
     assert pages is None and "kivi2-keys" in why and "\n" not in why
     pages, why = _pages_or_objection(get_kv_codec("q8_0").create_cache(0, 4, 16, 2, 64, torch.float32, "cpu"))
-    assert why == "" and "k_side" not in pages and pages["kv_dtype"] == "q8_0"
+    assert why == "" and "k_side" not in pages and pages["k_dtype"] == "q8_0"
 
 
 # QJL (arXiv 2406.03482): keys scored on their sign bits against the query sketched once per call, values per token
@@ -288,4 +288,4 @@ def test_the_native_decode_step_says_it_does_not_write_turboquant_prod_keys():
     )
     assert pages is None and "turboquant_prod" in why and "attention native" in why and "\n" not in why
     pages, why = _pages_or_objection(get_kv_codec("turboquant3").create_cache(0, 4, 16, 2, 64, torch.float32, "cpu"))
-    assert why == "" and pages["kv_dtype"] == "turboquant" and pages["k_tq"] is not None
+    assert why == "" and pages["k_dtype"] == "turboquant" and pages["k_tq"] is not None

@@ -70,7 +70,7 @@ def check_attention(pages: dict) -> None:
     ``attention_pages()`` gives them (page types, TurboQuant layouts); checked once, before the first step."""
     _, paged_attention = _triton_modules()
     try:
-        paged_attention.check_pages(pages["kv_dtype"], pages.get("v_dtype"), pages.get("k_side"), pages.get("v_side"))
+        paged_attention.check_pages(pages["k_dtype"], pages.get("v_dtype"), pages.get("k_side"), pages.get("v_side"))
     except (NotImplementedError, ValueError) as e:
         raise ConfigError(str(e).splitlines()[0]) from e
 
@@ -137,7 +137,7 @@ def attention_over_pages(
     block_size: int,
     scale: float,
     window: Optional[int],
-    kv_dtype: str,
+    k_dtype: str,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     k_scale: Optional[torch.Tensor] = None,
@@ -159,7 +159,7 @@ def attention_over_pages(
         block_size,
         scale,
         window,
-        kv_dtype,
+        k_dtype,
         k_cache,
         v_cache,
         k_scale,

@@ -79,7 +79,7 @@ def test_triton_attention_over_codec_pages(spec):
     calls = []
 
     def triton(*args, variant=None, **kwargs):
-        calls.append(kwargs["kv_dtype"])
+        calls.append(kwargs["k_dtype"])
         return pa.run(*args, **kwargs, precision="ieee")
 
     with (

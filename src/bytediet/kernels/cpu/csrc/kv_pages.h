@@ -367,10 +367,10 @@ inline const float* widen_row(const typename P::T* r, long d, float* tile) {
     }
 }
 
-// fn(P{}) for page type id kv_dtype (not TurboQuant's); returns false for an id with no row pages.
+// fn(P{}) for page type id page_type (not TurboQuant's); returns false for an id with no row pages.
 template <class Fn>
-bool with_pages(int kv_dtype, Fn fn) {
-    switch (static_cast<KVPage>(kv_dtype)) {
+bool with_pages(int page_type, Fn fn) {
+    switch (static_cast<KVPage>(page_type)) {
         case KVPage::FP32: fn(PagesF32{}); return true;
         case KVPage::BF16: fn(PagesBF16{}); return true;
         case KVPage::FP16: fn(PagesF16{}); return true;
