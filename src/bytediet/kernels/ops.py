@@ -17,7 +17,16 @@ import torch
 
 from . import dense_gemm, native_layouts, reference, tuning
 from .cpu.dispatch import NativeLibrary, native
-from .cpu.structs import CodePagesDesc, LayerDesc, LinearDesc, ModelDesc, TQPagesDesc, TQPartDesc
+from .cpu.structs import (
+    LAYER_LINEARS,
+    LAYER_TENSORS,
+    CodePagesDesc,
+    LayerDesc,
+    LinearDesc,
+    ModelDesc,
+    TQPagesDesc,
+    TQPartDesc,
+)
 from .decoder_spec import (
     ATTENTION_PAGE_TYPES,
     BLOCK_PAGE_TYPES,
@@ -435,6 +444,19 @@ def _ptr(t: Optional[torch.Tensor]) -> Optional[int]:
     return None if t is None else t.data_ptr()
 
 
+def _addr(desc: Optional[ctypes.Structure]) -> Optional[int]:
+    return None if desc is None else ctypes.addressof(desc)
+
+
+def _query_batch(q, out, hkv, scale, window, positions, token_rows, block_tables, block_size) -> tuple[list, list]:
+    """(args, keep): the arguments both native paged attentions take for the queries and their batch (dispatch's
+    _ATTENTION_BATCH), and the int64 index tensors they point at, to keep alive through the call."""
+    keep = [x.to(torch.int64).contiguous() for x in (positions, token_rows, block_tables)]
+    t, hq, d = q.shape
+    args = [q.data_ptr(), out.data_ptr(), t, hq, hkv, d, scale, window or 0, *(x.data_ptr() for x in keep)]
+    return args + [block_tables.shape[1], block_size], keep
+
+
 def _linear_desc(lin: LinearSpec) -> LinearDesc:
     return LinearDesc(
         _ptr(lin.blocks), _ptr(lin.bias), lin.n, lin.k, lin.ggml_type, int(lin.interleaved), _ptr(lin.source)
@@ -474,19 +496,9 @@ def _model_desc(spec: DecoderSpec) -> ModelDesc:
     keep = []  # the TurboQuant descriptors the layers point at
     for i, ls in enumerate(spec.layers):
         layer = layers[i]
-        for name in (
-            "attn_norm",
-            "post_attn_norm",
-            "pre_ffn_norm",
-            "post_ffn_norm",
-            "q_norm",
-            "k_norm",
-            "inv_freq",
-            "k_cache",
-            "v_cache",
-        ):
+        for name in LAYER_TENSORS:
             setattr(layer, name, _ptr(getattr(ls, name)))
-        for name in ("q", "k", "v", "o", "gate", "up", "down"):
+        for name in LAYER_LINEARS:
             setattr(layer, name, _linear_desc(getattr(ls, name)))
         layer.window = ls.window
         layer.k_scale, layer.v_scale = _ptr(ls.k_scale), _ptr(ls.v_scale)
@@ -542,25 +554,10 @@ def attention_over_pages(
     lib = _library(variant)
     t, hq, d = q.shape
     v_dtype = v_dtype or k_dtype
+    args = (q, positions, token_rows, block_tables, block_size, scale, window, k_dtype, k_cache, v_cache, k_scale)
+    args += (v_scale, v_dtype, k_side, v_side)  # attention_over_pages's arguments, as the reference takes them
     if k_dtype == "turboquant" or v_dtype == "turboquant":
-        return _turboquant_attention(
-            lib,
-            q,
-            positions,
-            token_rows,
-            block_tables,
-            block_size,
-            scale,
-            window,
-            k_dtype,
-            v_dtype,
-            k_side,
-            v_side,
-            k_cache,
-            v_cache,
-            k_scale,
-            v_scale,
-        )
+        return _turboquant_attention(lib, args)
     readable = ATTENTION_PAGE_TYPES + CODE_PAGE_TYPES
     fits = lambda t: d % PAGE_ALIGN.get(t, 8) == 0 and (t != "polarquant" or d <= POLAR_MAX_DIM)
     if (
@@ -571,53 +568,23 @@ def attention_over_pages(
         or v_dtype not in readable
         or not (fits(k_dtype) and fits(v_dtype))
     ):
-        return reference.attention_over_pages(
-            q,
-            positions,
-            token_rows,
-            block_tables,
-            block_size,
-            scale,
-            window,
-            k_dtype,
-            k_cache,
-            v_cache,
-            k_scale,
-            v_scale,
-            v_dtype,
-            k_side,
-            v_side,
-        )
+        return reference.attention_over_pages(*args)
     q = q.contiguous()
-    positions, token_rows, block_tables = (
-        x.to(torch.int64).contiguous() for x in (positions, token_rows, block_tables)
-    )
     (k_desc, k_keep), (v_desc, v_keep) = _code_side(k_dtype, k_side, d), _code_side(v_dtype, v_side, d)
     out = torch.empty_like(q)
+    batch, keep = _query_batch(q, out, k_cache.shape[1], scale, window, positions, token_rows, block_tables, block_size)
     rc = lib.bd_paged_attention(
         KVPage.named(k_dtype),
         KVPage.named(v_dtype),
-        q.data_ptr(),
-        out.data_ptr(),
-        t,
-        hq,
-        k_cache.shape[1],
-        d,
-        scale,
-        window or 0,
-        positions.data_ptr(),
-        token_rows.data_ptr(),
-        block_tables.data_ptr(),
-        block_tables.shape[1],
-        block_size,
+        *batch,
         k_cache.data_ptr(),
         v_cache.data_ptr(),
         _ptr(k_scale),
         _ptr(v_scale),
-        None if k_desc is None else ctypes.addressof(k_desc),
-        None if v_desc is None else ctypes.addressof(v_desc),
+        _addr(k_desc),
+        _addr(v_desc),
     )
-    del k_keep, v_keep  # the side tensors lived through the call
+    del keep, k_keep, v_keep  # the index and side tensors lived through the call
     if rc != 0:
         raise ValueError(
             f"native paged attention refused {k_dtype!r} keys, {v_dtype!r} values, {hq} heads over "
@@ -631,28 +598,13 @@ def attention_over_pages(
 TQ_MAX_GROUP, TQ_MAX_HEAD_DIM = 64, 512
 
 
-def _turboquant_attention(
-    lib,
-    q,
-    positions,
-    token_rows,
-    block_tables,
-    block_size,
-    scale,
-    window,
-    k_dtype,
-    v_dtype,
-    k_side,
-    v_side,
-    k_cache=None,
-    v_cache=None,
-    k_scale=None,
-    v_scale=None,
-) -> torch.Tensor:
+def _turboquant_attention(lib, args: tuple) -> torch.Tensor:
     """attention_over_pages on TurboQuant pages — keys (MSE or inner-product variant), values (MSE) or both, their
     :class:`TurboQuantPageSpec` in k_side/v_side; the other side row or block pages (k_cache/v_cache, with
     k_scale/v_scale: an ``auto:<bits>`` plan's k=q5_0,v=turboquant4) — by the decode step's kernel on codes, every
     token with its block table row."""
+    q, positions, token_rows, block_tables, block_size, scale, window, k_dtype, k_cache, v_cache, k_scale = args[:11]
+    v_scale, v_dtype, k_side, v_side = args[11:]
     t, hq, d = q.shape
     tq = [side for dtype, side in ((k_dtype, k_side), (v_dtype, v_side)) if dtype == "turboquant"]
     rows = [(dtype, pages) for dtype, pages in ((k_dtype, k_cache), (v_dtype, v_cache)) if dtype != "turboquant"]
@@ -671,54 +623,25 @@ def _turboquant_attention(
         or not bits_ok
         or not rows_ok
     ):
-        return reference.attention_over_pages(
-            q,
-            positions,
-            token_rows,
-            block_tables,
-            block_size,
-            scale,
-            window,
-            k_dtype,
-            k_cache,
-            v_cache,
-            k_scale,
-            v_scale,
-            v_dtype,
-            k_side,
-            v_side,
-        )
+        return reference.attention_over_pages(*args)
     q = q.contiguous()
-    positions, token_rows, block_tables = (
-        x.to(torch.int64).contiguous() for x in (positions, token_rows, block_tables)
-    )
     k_desc, v_desc = (
         _tq_desc(side) if dtype == "turboquant" else None for dtype, side in ((k_dtype, k_side), (v_dtype, v_side))
     )
     out = torch.empty_like(q)
+    batch, keep = _query_batch(q, out, hkv, scale, window, positions, token_rows, block_tables, block_size)
     rc = lib.bd_turboquant_attention(
         KVPage.named(k_dtype),
         KVPage.named(v_dtype),
-        None if k_desc is None else ctypes.addressof(k_desc),
-        None if v_desc is None else ctypes.addressof(v_desc),
+        _addr(k_desc),
+        _addr(v_desc),
         _ptr(k_cache),
         _ptr(v_cache),
         _ptr(k_scale),
         _ptr(v_scale),
-        q.data_ptr(),
-        out.data_ptr(),
-        t,
-        hq,
-        hkv,
-        d,
-        scale,
-        window or 0,
-        positions.data_ptr(),
-        token_rows.data_ptr(),
-        block_tables.data_ptr(),
-        block_tables.shape[1],
-        block_size,
+        *batch,
     )
+    del keep
     if rc != 0:
         raise ValueError(
             f"native TurboQuant attention refused {k_dtype!r} keys, {v_dtype!r} values, {hq} heads over "

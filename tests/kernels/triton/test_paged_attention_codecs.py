@@ -80,7 +80,7 @@ def test_triton_attention_over_codec_pages(spec):
 
     def triton(*args, variant=None, **kwargs):
         calls.append(kwargs["k_dtype"])
-        return pa.run(*args, **kwargs, precision="ieee")
+        return pa.attention_over_pages(*args, **kwargs, precision="ieee")
 
     with (
         mock.patch.object(ops, "native_library", lambda: object()),

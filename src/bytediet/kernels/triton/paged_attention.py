@@ -21,45 +21,6 @@ __all__ = ["attention_over_pages", "available", "check_pages"]
 TRITON_PAGE_TYPES = tuple(FLOAT_PAGE_DTYPES) + ("int8", "fp8") + tuple(BLOCK_PAGE_TYPES) + ("turboquant",)
 
 
-def attention_over_pages(
-    q: torch.Tensor,
-    positions: torch.Tensor,
-    token_rows: torch.Tensor,
-    block_tables: torch.Tensor,
-    block_size: int,
-    scale: float,
-    window: Optional[int],
-    k_dtype: str,
-    k_cache: Optional[torch.Tensor],
-    v_cache: Optional[torch.Tensor],
-    k_scale: Optional[torch.Tensor] = None,
-    v_scale: Optional[torch.Tensor] = None,
-    v_dtype: Optional[str] = None,
-    k_side=None,
-    v_side=None,
-) -> torch.Tensor:
-    """See :func:`bytediet.kernels.reference.attention_over_pages`: q (T, Hq, D) → (T, Hq, D) float32, on q's device
-    (CUDA, or the CPU under TRITON_INTERPRET=1). Tokens with one query per block-table row run as decodes (the
-    context split over programs, then merged); otherwise tiles of a row's tokens share each page read."""
-    return run(
-        q,
-        positions,
-        token_rows,
-        block_tables,
-        block_size,
-        scale,
-        window,
-        k_dtype,
-        k_cache,
-        v_cache,
-        k_scale,
-        v_scale,
-        v_dtype,
-        k_side,
-        v_side,
-    )
-
-
 def check_pages(k_dtype: str, v_dtype: Optional[str] = None, k_side=None, v_side=None) -> None:
     """Raise a one-line NotImplementedError (a page type or TurboQuant layout without a Triton kernel) or ValueError
     (an unknown page type) unless the kernel reads these pages: for a caller to check once, before the first step."""
@@ -86,20 +47,20 @@ def check_pages(k_dtype: str, v_dtype: Optional[str] = None, k_side=None, v_side
             )
 
 
-def run(
-    q,
-    positions,
-    token_rows,
-    block_tables,
-    block_size,
-    scale,
-    window,
-    k_dtype,
-    k_cache,
-    v_cache,
-    k_scale=None,
-    v_scale=None,
-    v_dtype=None,
+def attention_over_pages(
+    q: torch.Tensor,
+    positions: torch.Tensor,
+    token_rows: torch.Tensor,
+    block_tables: torch.Tensor,
+    block_size: int,
+    scale: float,
+    window: Optional[int],
+    k_dtype: str,
+    k_cache: Optional[torch.Tensor],
+    v_cache: Optional[torch.Tensor],
+    k_scale: Optional[torch.Tensor] = None,
+    v_scale: Optional[torch.Tensor] = None,
+    v_dtype: Optional[str] = None,
     k_side=None,
     v_side=None,
     *,
@@ -107,9 +68,11 @@ def run(
     block_m: Optional[int] = None,
     precision: Optional[str] = None,
 ) -> torch.Tensor:
-    """:func:`attention_over_pages` with the tiling chosen by hand (tests): ``block_m`` tokens a tile, the context
-    of each cut into ``num_splits`` slices, ``precision`` the float32 dots' (tl.dot's input_precision: "ieee" in the
-    interpreter, else "tf32")."""
+    """See :func:`bytediet.kernels.reference.attention_over_pages`: q (T, Hq, D) → (T, Hq, D) float32, on q's device
+    (CUDA, or the CPU under TRITON_INTERPRET=1). Tokens with one query per block-table row run as decodes (the
+    context split over programs, then merged); otherwise tiles of a row's tokens share each page read. The tiling is
+    chosen unless given (tests): ``block_m`` tokens a tile, the context of each cut into ``num_splits`` slices;
+    ``precision`` the float32 dots' (tl.dot's input_precision: "ieee" in the interpreter, else "tf32")."""
     v_dtype = v_dtype or k_dtype
     check_pages(k_dtype, v_dtype, k_side, v_side)
     from . import paged_attention_kernels as K  # triton only now
