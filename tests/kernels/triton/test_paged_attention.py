@@ -251,33 +251,11 @@ def test_turboquant_beside_row_pages(k_dtype, v_dtype):  # an auto:<bits> plan's
 
 
 def test_code_pages_raise_one_line():
-    q = torch.randn(1, 2, 32)
+    batch = (torch.randn(1, 2, 32), torch.tensor([0]), torch.tensor([0]), torch.tensor([[0]]), BLOCK, 0.1, None)
     with pytest.raises(NotImplementedError, match="'kivi2-keys' pages"):
-        pa.attention_over_pages(
-            q,
-            torch.tensor([0]),
-            torch.tensor([0]),
-            torch.tensor([[0]]),
-            BLOCK,
-            0.1,
-            None,
-            "kivi2-keys",
-            torch.zeros(16, 1, 8, dtype=torch.uint8),
-            torch.zeros(16, 1, 32),
-        )
+        pa.attention_over_pages(*batch, "kivi2-keys", torch.zeros(16, 1, 8, dtype=torch.uint8), torch.zeros(16, 1, 32))
     with pytest.raises(ValueError, match="unknown KV page type 'fp4'"):
-        pa.attention_over_pages(
-            q,
-            torch.tensor([0]),
-            torch.tensor([0]),
-            torch.tensor([[0]]),
-            BLOCK,
-            0.1,
-            None,
-            "fp4",
-            torch.zeros(16, 1, 32),
-            torch.zeros(16, 1, 32),
-        )
+        pa.attention_over_pages(*batch, "fp4", torch.zeros(16, 1, 32), torch.zeros(16, 1, 32))
 
 
 def test_check_pages_before_the_first_step():
