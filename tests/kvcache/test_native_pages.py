@@ -127,6 +127,15 @@ def assert_native_equals_own_read(spec, *, tol, **kwargs):
         assert (native - own).abs().max().item() <= tol * max(1.0, own.abs().max().item())
 
 
+def assert_staged_native_equals_own_read(spec, block, slots, hq, hkv, d, window):
+    """assert_native_equals_own_read for pages with staged windows (KIVI, HF): ``slots`` tokens in blocks of
+    ``block``, to 1e-5."""
+    seed = hq * d + hkv + block
+    assert_native_equals_own_read(
+        spec, hq=hq, hkv=hkv, d=d, window=window, seed=seed, num_blocks=slots // block, block_size=block, tol=1e-5
+    )
+
+
 @NATIVE
 @pytest.mark.parametrize(
     "spec",
@@ -168,19 +177,7 @@ KIVI_SPECS = {  # spec: block size (a multiple of the key group)
 @pytest.mark.parametrize("spec", sorted(KIVI_SPECS))
 @pytest.mark.parametrize("hq,hkv,d,window", [(9, 3, 64, None), (4, 1, 256, 20), (4, 4, 32, None), (6, 2, 96, 7)])
 def test_native_attention_on_kivi_pages_equals_the_codecs_own_read(spec, hq, hkv, d, window):
-    block = KIVI_SPECS[spec]
-    # 8 staging pages: 3 open groups fit
-    assert_native_equals_own_read(
-        spec,
-        hq=hq,
-        hkv=hkv,
-        d=d,
-        window=window,
-        seed=hq * d + hkv + block,
-        num_blocks=4096 // block,
-        block_size=block,
-        tol=1e-5,
-    )
+    assert_staged_native_equals_own_read(spec, KIVI_SPECS[spec], 4096, hq, hkv, d, window)  # 8 staging pages: 3 open
 
 
 def test_kivi_pages_the_native_attention_cannot_read_keep_the_codecs_read():
@@ -237,19 +234,7 @@ HF_SPECS = {"hf4": 128, "hf2": 128, "hf4r64": 64, "k=hf2r64,v=bf16": 64, "k=q8_0
     "hq,hkv,d,window", [(9, 3, 64, None), (4, 1, 256, 20), (6, 2, 128, 7), (7, 1, 64, None), (4, 4, 64, 100)]
 )
 def test_native_attention_on_hf_pages_equals_the_codecs_own_read(spec, hq, hkv, d, window):
-    block = HF_SPECS[spec]
-    # 4 staging windows: 3 open fit
-    assert_native_equals_own_read(
-        spec,
-        hq=hq,
-        hkv=hkv,
-        d=d,
-        window=window,
-        seed=hq * d + hkv + block,
-        num_blocks=8192 // block,
-        block_size=block,
-        tol=1e-5,
-    )
+    assert_staged_native_equals_own_read(spec, HF_SPECS[spec], 8192, hq, hkv, d, window)  # 4 staging windows: 3 open
 
 
 # TurboQuant on the module path (arXiv 2504.19874): turboquant_prod's keys — MSE codes plus the residual's 1-bit QJL
