@@ -322,7 +322,7 @@ def attention_section(run: Run, out: dict) -> None:
             if pages is None:
                 return {"error": f"{name}: the codec gives no pages a kernel reads"}
             q = torch.randn(positions.numel(), hq, d, generator=g).to(dev, dtype)
-            res = {"pages": f"{pages['kv_dtype']}/{pages.get('v_dtype') or pages['kv_dtype']}"}
+            res = {"pages": f"{pages['k_dtype']}/{pages.get('v_dtype') or pages['k_dtype']}"}
             for window in (None, 256 if not DRY else 8):
                 args = (positions.to(dev), rows.to(dev), tables.to(dev), bs, d**-0.5, window)
                 y = backend.attention_over_pages(q, *args, **pages)

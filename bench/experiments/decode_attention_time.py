@@ -27,7 +27,7 @@ clock = time.thread_time if os.environ.get("CPU_TIME") else time.perf_counter
 layers = int(os.environ.get("LAYERS", "4"))
 gen = torch.Generator().manual_seed(0)
 slots = context + 64
-spec = random_spec(gen, heads=9, kv_heads=3, head_dim=64, hidden=64, inter=64, layers=layers, slots=slots, kv_dtype=kv)
+spec = random_spec(gen, heads=9, kv_heads=3, head_dim=64, hidden=64, inter=64, layers=layers, slots=slots, k_dtype=kv)
 tables = torch.arange(slots // BLOCK).long()[None]
 positions = torch.tensor([context - 1])
 x = torch.randn(1, 64)

@@ -48,7 +48,7 @@ def native_kv(spec, x, positions, slots, block_tables, variant) -> list[tuple[to
     for i, layer in enumerate(spec.layers):
         probe = dataclasses.replace(
             layer,
-            kv_dtype="fp32",
+            k_dtype="fp32",
             v_dtype=None,
             k_cache=torch.zeros(shape),
             v_cache=torch.zeros(shape),

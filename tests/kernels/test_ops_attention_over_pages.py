@@ -5,6 +5,7 @@ values of different types, the GQA ratios of the three families, odd context len
 sliding windows, a ragged batch mixing a prefill chunk (tokens sharing a block table row) with decodes, long
 contexts split across threads."""
 
+import functools
 import zlib
 from unittest import mock
 
@@ -19,19 +20,13 @@ from bytediet.kernels.decoder_spec import (
     CODE_PAGE_TYPES,
     PAGE_ALIGN,
     CodePageSide,
-    TurboQuantPageSpec,
-    TurboQuantPart,
 )
-from bytediet.kvcache.turboquant_core import TurboQuantizer
+from tests.kernels import paged_batches
+from tests.kernels.paged_batches import BLOCK, row_pages, turboquant_pages
 
 VARIANTS = [v.name for v in build.runnable_variants()] if build.find_compiler() else []
 pytestmark = pytest.mark.skipif(not VARIANTS, reason="no native kernels on this machine")
-BLOCK = 16
-
-
-def pages(gen, slots, hkv, d, kv_dtype):
-    """(pages, scales): random keys or values as the KV codecs store them in ``kv_dtype``."""
-    return reference.write_kv_rows(kv_dtype, torch.randn(slots, hkv, d, generator=gen) * 2)
+ragged_batch = functools.partial(paged_batches.ragged_batch, spare=3, dtype=torch.int64)
 
 
 CASES = {  # name: (hq, hkv, d, window, [(tokens, context) per sequence])
@@ -45,17 +40,17 @@ CASES = {  # name: (hq, hkv, d, window, [(tokens, context) per sequence])
 }
 
 
-def fits(kv_dtype, d):  # llama.cpp's block types, per-token codes, PolarQuant: head_dim a multiple of 32 or 64
-    return d % PAGE_ALIGN.get(kv_dtype, 8) == 0
+def fits(page_type, d):  # llama.cpp's block types, per-token codes, PolarQuant: head_dim a multiple of 32 or 64
+    return d % PAGE_ALIGN.get(page_type, 8) == 0
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("case", sorted(CASES))
-@pytest.mark.parametrize("kv_dtype", ATTENTION_PAGE_TYPES)
-def test_native_attention_over_pages_equals_reference(variant, case, kv_dtype):
-    if not fits(kv_dtype, CASES[case][2]):
-        pytest.skip(f"{kv_dtype} pages need head_dim % 32 == 0")
-    check(variant, case, kv_dtype, kv_dtype)
+@pytest.mark.parametrize("k_dtype", ATTENTION_PAGE_TYPES)
+def test_native_attention_over_pages_equals_reference(variant, case, k_dtype):
+    if not fits(k_dtype, CASES[case][2]):
+        pytest.skip(f"{k_dtype} pages need head_dim % 32 == 0")
+    check(variant, case, k_dtype, k_dtype)
 
 
 # keys of one page type, values of another: llama.cpp's k=q8_0,v=q4_0, and the pairs the auto: budget plans mix
@@ -82,29 +77,14 @@ def test_native_attention_over_mixed_pages_equals_reference(variant, case, k_dty
     check(variant, case, k_dtype, v_dtype)
 
 
-def ragged_batch(seqs, gen):
-    """Block tables over shuffled pages (3 spare), each token's position and table row, and the slot count for
-    sequences given as (new tokens, context) pairs."""
-    width = max(-(-ctx // BLOCK) for _, ctx in seqs)
-    perm = torch.randperm(sum(-(-ctx // BLOCK) for _, ctx in seqs) + 3, generator=gen)
-    tables, positions, rows, used = [], [], [], 0
-    for s, (n, ctx) in enumerate(seqs):
-        nb = -(-ctx // BLOCK)
-        tables.append(torch.cat([perm[used : used + nb], torch.full((width - nb,), -1)]))
-        used += nb
-        positions += list(range(ctx - n, ctx))
-        rows += [s] * n
-    return torch.stack(tables).long(), torch.tensor(positions), torch.tensor(rows), perm.numel() * BLOCK
-
-
-def check(variant, case, kv_dtype, v_dtype):
+def check(variant, case, k_dtype, v_dtype):
     hq, hkv, d, window, seqs = CASES[case]
-    mixed = v_dtype != kv_dtype
-    gen = torch.Generator().manual_seed(zlib.crc32((case + kv_dtype + (v_dtype if mixed else "")).encode()))
+    mixed = v_dtype != k_dtype
+    gen = torch.Generator().manual_seed(zlib.crc32((case + k_dtype + (v_dtype if mixed else "")).encode()))
     bt, positions, rows, slots = ragged_batch(seqs, gen)
-    (k, ks), (v, vs) = pages(gen, slots, hkv, d, kv_dtype), pages(gen, slots, hkv, d, v_dtype)
+    (k, ks), (v, vs) = row_pages(gen, slots, hkv, d, k_dtype), row_pages(gen, slots, hkv, d, v_dtype)
     q = torch.randn(len(positions), hq, d, generator=gen)
-    args = (q, positions, rows, bt, BLOCK, d**-0.5, window, kv_dtype, k, v, ks, vs, v_dtype if mixed else None)
+    args = (q, positions, rows, bt, BLOCK, d**-0.5, window, k_dtype, k, v, ks, vs, v_dtype if mixed else None)
     want = reference.attention_over_pages(*args)
     with mock.patch.object(reference, "attention_over_pages", side_effect=AssertionError("the reference ran")):
         got = ops.attention_over_pages(*args, variant=variant)  # natively: no fallback to the twin
@@ -130,26 +110,26 @@ def polar_table(gen):
     )
 
 
-def code_pages(gen, slots, hkv, d, kv_dtype, group, window=0):
-    """(codes, CodePageSide): random code pages of ``kv_dtype`` (decoder_spec.CODE_PAGE_TYPES). Per-channel keys have
+def code_pages(gen, slots, hkv, d, page_type, group, window=0):
+    """(codes, CodePageSide): random code pages of ``page_type`` (decoder_spec.CODE_PAGE_TYPES). Per-channel keys have
     about a third of their windows open (a window of ``window`` tokens, 0: their group, KIVI's), per-token codes too
     when ``window`` (HF QuantizedCache's values); QJL keys a Gaussian sketch, PolarQuant a random rotation."""
-    if kv_dtype == "polarquant":
+    if page_type == "polarquant":
         codes = torch.randint(0, 256, (slots, hkv, 23 * d // 64), generator=gen, dtype=torch.uint8)
         rotation = torch.linalg.qr(torch.randn(d, d, generator=gen))[0]
         return codes, CodePageSide(
             (torch.rand(slots, hkv, d // 16, generator=gen) + 0.2).half(), transform=rotation, table=polar_table(gen)
         )
-    bits = CODE_PAGE_BITS[kv_dtype]
-    if kv_dtype.startswith("qjl"):
-        m = int(kv_dtype[3]) * d
+    bits = CODE_PAGE_BITS[page_type]
+    if page_type.startswith("qjl"):
+        m = int(page_type[3]) * d
         codes = torch.randint(0, 256, (slots, hkv, m // 8), generator=gen, dtype=torch.uint8)
         return codes, CodePageSide(
             (torch.rand(slots, hkv, generator=gen) * 4 + 0.1).half(), transform=torch.randn(m, d, generator=gen)
         )
     codes = torch.randint(0, 256, (slots, hkv, d * bits // 8), generator=gen, dtype=torch.uint8)
-    if not kv_dtype.startswith("kivi"):
-        shape = (slots, hkv, d // PAGE_ALIGN[kv_dtype])
+    if not page_type.startswith("kivi"):
+        shape = (slots, hkv, d // PAGE_ALIGN[page_type])
         stage_of, stage = staged(gen, slots, hkv, d, window) if window else (None, None)
         return codes, CodePageSide(
             (torch.rand(shape, generator=gen) * 0.5 + 0.01).half(),
@@ -199,7 +179,7 @@ def test_native_attention_over_code_pages_equals_reference(variant, case, k_dtyp
     def make(dtype):
         if dtype in CODE_PAGE_TYPES:
             return code_pages(gen, slots, hkv, d, dtype, group, window)
-        p, s = pages(gen, slots, hkv, d, dtype)
+        p, s = row_pages(gen, slots, hkv, d, dtype)
         return (p, s, None)
 
     (k, *k_rest), (v, *v_rest) = make(k_dtype), make(v_dtype)
@@ -239,40 +219,9 @@ def test_code_pages_refuse_missing_side_data():
 # sketch of the residual, scored against the query sketched once), values MSE; prefill chunks beside decodes ---
 
 
-def turboquant_pages(gen, slots, hkv, d, layout, variant, calibrated):
-    """Random TurboQuant codes of ``layout`` [(channels, bits), …]; ``calibrated``: a channel order, and a constant
-    mean or (\"rope\") a pre-RoPE mean with the layer's frequencies."""
-    parts = []
-    for i, (n, b) in enumerate(layout):
-        tq = TurboQuantizer(n, b, variant, "hadamard" if i == 0 else "qr", 31 + 17 * i)
-        prod = variant == "prod"
-        parts.append(
-            TurboQuantPart(
-                n,
-                tq.mse_bits,
-                tq.R,
-                tq.codebook,
-                (torch.rand(slots, hkv, generator=gen) * 3 + 0.1).half(),
-                torch.randint(0, 256, (slots, hkv, n * tq.mse_bits // 8), generator=gen, dtype=torch.uint8),
-                torch.randint(0, 256, (slots, hkv, n // 8), generator=gen, dtype=torch.uint8) if prod else None,
-                (torch.rand(slots, hkv, generator=gen) * 0.6).half() if prod else None,
-                tq.S,
-            )
-        )
-    channels = mean = rope_mean = inv_freq = None
-    if calibrated:
-        channels = torch.stack([torch.randperm(d, generator=gen) for _ in range(hkv)])
-        mu = torch.randn(hkv, d, generator=gen) * 2
-        if calibrated == "rope":
-            rope_mean, inv_freq = mu, 1.0 / 10000 ** (torch.arange(0, d, 2).float() / d)
-        else:
-            mean = mu
-    return TurboQuantPageSpec(parts, channels, mean, rope_mean, inv_freq)
-
-
-TQ_LAYOUTS = {  # keys' variant and layout, values' layout, at head dim d
-    "prod-3": lambda d: ("prod", [(d, 3)], [(d, 3)]),
-    "prod-4+2": lambda d: ("prod", [(16, 4), (d - 16, 2)], [(8, 4), (d - 8, 3)]),
+TQ_LAYOUTS = {  # keys' variant and layout, values' layout, at head dim d: (channels, MSE bits) (prod: + a sign bit)
+    "prod-3": lambda d: ("prod", [(d, 2)], [(d, 3)]),
+    "prod-4+2": lambda d: ("prod", [(16, 3), (d - 16, 1)], [(8, 4), (d - 8, 3)]),
     "mse-4+3": lambda d: ("mse", [(8, 4), (d - 8, 3)], [(d, 2)]),
 }
 
@@ -288,8 +237,8 @@ def test_native_attention_over_turboquant_pages_equals_reference(variant, case, 
     gen = torch.Generator().manual_seed(zlib.crc32(f"{case}{layout}{calibrated}".encode()))
     bt, positions, rows, slots = ragged_batch(seqs, gen)
     kv, k_layout, v_layout = TQ_LAYOUTS[layout](d)
-    k = turboquant_pages(gen, slots, hkv, d, k_layout, kv, calibrated)
-    v = turboquant_pages(gen, slots, hkv, d, v_layout, "mse", calibrated and True)
+    k = turboquant_pages(gen, slots, hkv, d, k_layout, kv, calibrated, seed=31)
+    v = turboquant_pages(gen, slots, hkv, d, v_layout, "mse", calibrated and True, seed=31)
     q = torch.randn(len(positions), hq, d, generator=gen)
     args = (q, positions, rows, bt, BLOCK, d**-0.5, window, "turboquant", None, None)
     want = reference.attention_over_pages(*args, k_side=k, v_side=v)
@@ -321,12 +270,12 @@ def test_native_attention_over_turboquant_beside_row_pages_equals_reference(vari
         pytest.skip(f"{rows_dtype} pages need head_dim % {PAGE_ALIGN[rows_dtype]} == 0")
     gen = torch.Generator().manual_seed(zlib.crc32(f"{case}{k_dtype}{v_dtype}".encode()))
     bt, positions, rows, slots = ragged_batch(seqs, gen)
-    tq = turboquant_pages(gen, slots, hkv, d, [(8, 4), (d - 8, 3)], "mse", True)
-    row_pages, scales = pages(gen, slots, hkv, d, rows_dtype)
+    tq = turboquant_pages(gen, slots, hkv, d, [(8, 4), (d - 8, 3)], "mse", True, seed=31)
+    pages, scales = row_pages(gen, slots, hkv, d, rows_dtype)
     if k_dtype == "turboquant":
-        sides, caches = dict(k_side=tq), dict(k_cache=None, v_cache=row_pages, k_scale=None, v_scale=scales)
+        sides, caches = dict(k_side=tq), dict(k_cache=None, v_cache=pages, k_scale=None, v_scale=scales)
     else:
-        sides, caches = dict(v_side=tq), dict(k_cache=row_pages, v_cache=None, k_scale=scales, v_scale=None)
+        sides, caches = dict(v_side=tq), dict(k_cache=pages, v_cache=None, k_scale=scales, v_scale=None)
     q = torch.randn(len(positions), hq, d, generator=gen)
     args = (q, positions, rows, bt, BLOCK, d**-0.5, window, k_dtype)
     want = reference.attention_over_pages(*args, v_dtype=v_dtype, **caches, **sides)

@@ -33,9 +33,9 @@ def linear(n, k, gen, gtype=T.Q4_1, bias=False, interleave=False):
     return LinearSpec(blocks, int(gtype), n, k, torch.randn(n, generator=gen) if bias else None)
 
 
-def random_pages(gen, slots, kv_heads, head_dim, kv_dtype):
-    """(pages, scales): random earlier keys or values stored as ``kv_dtype`` pages."""
-    return reference.write_kv_rows(kv_dtype, torch.randn(slots, kv_heads, head_dim, generator=gen))
+def random_pages(gen, slots, kv_heads, head_dim, page_type):
+    """(pages, scales): random earlier keys or values stored as ``page_type`` pages."""
+    return reference.write_kv_rows(page_type, torch.randn(slots, kv_heads, head_dim, generator=gen))
 
 
 def random_spec(
@@ -53,7 +53,7 @@ def random_spec(
     activations="q8",
     interleave=False,
     slots=512,
-    kv_dtype="fp32",
+    k_dtype="fp32",
     v_dtype=None,
 ):
     def norm(n):
@@ -63,7 +63,7 @@ def random_spec(
     for i in range(layers):
         lin = lambda n, k, b=False: linear(n, k, gen, T.Q8_0 if i == 1 else T.Q4_1, b, interleave)
         (k_cache, k_scale), (v_cache, v_scale) = (
-            random_pages(gen, slots, kv_heads, head_dim, t) for t in (kv_dtype, v_dtype or kv_dtype)
+            random_pages(gen, slots, kv_heads, head_dim, t) for t in (k_dtype, v_dtype or k_dtype)
         )
         specs.append(
             LayerSpec(
@@ -72,7 +72,7 @@ def random_spec(
                 inv_freq=1.0 / (10000 ** (torch.arange(0, head_dim, 2).float() / head_dim)),
                 k_cache=k_cache,
                 v_cache=v_cache,
-                kv_dtype=kv_dtype,
+                k_dtype=k_dtype,
                 v_dtype=v_dtype,
                 k_scale=k_scale,
                 v_scale=v_scale,
@@ -171,30 +171,30 @@ def check_step(spec, positions, slots, bt, x, variant):
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("case", sorted(CASES))
 @pytest.mark.parametrize(
-    "kv_dtype,v_dtype",
+    "k_dtype,v_dtype",
     [(t, None) for t in ("bf16", "fp16", "int8", "fp8", *BLOCK_PAGE_TYPES)]
     + [("q8_0", "q4_0"), ("int8", "q5_0"), ("q4_1", "bf16")],
 )
-def test_decode_step_over_stored_page_types_equals_reference(variant, case, kv_dtype, v_dtype):
+def test_decode_step_over_stored_page_types_equals_reference(variant, case, k_dtype, v_dtype):
     """Pages read in place in their stored type and the new token's k, v written the way the torch codec
     rounds them (bf16/fp16: round to nearest even; int8: the int8 codec's per-token scale and codes; q8_0 … q4_0:
     llama.cpp's block quantizers); keys and values of different types (k=q8_0,v=q4_0)."""
     kwargs, contexts = CASES[case]
-    gen = torch.Generator().manual_seed(zlib.crc32((case + kv_dtype + (v_dtype or "")).encode()))
-    spec = random_spec(gen, activations="q16", kv_dtype=kv_dtype, v_dtype=v_dtype, **kwargs)
+    gen = torch.Generator().manual_seed(zlib.crc32((case + k_dtype + (v_dtype or "")).encode()))
+    spec = random_spec(gen, activations="q16", k_dtype=k_dtype, v_dtype=v_dtype, **kwargs)
     check_step(spec, *batch(gen, contexts), torch.randn(len(contexts), spec.hidden, generator=gen), variant)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("case", sorted(CASES))
-@pytest.mark.parametrize("kv_dtype,v_dtype,rotate", [("q8_0", None, "kv"), ("int8", None, "k"), ("int8", "q8_0", "v")])
-def test_decode_step_over_rotated_pages_equals_reference(variant, case, kv_dtype, v_dtype, rotate):
+@pytest.mark.parametrize("k_dtype,v_dtype,rotate", [("q8_0", None, "kv"), ("int8", None, "k"), ("int8", "q8_0", "v")])
+def test_decode_step_over_rotated_pages_equals_reference(variant, case, k_dtype, v_dtype, rotate):
     """``k_rot``/``v_rot`` (kvcache/rotated.py): q and k rotated after RoPE, v before its write, the output back."""
     from bytediet.kvcache.rotation import random_rotation
 
     kwargs, contexts = CASES[case]
-    gen = torch.Generator().manual_seed(zlib.crc32((case + kv_dtype + rotate).encode()))
-    spec = random_spec(gen, activations="f32", kv_dtype=kv_dtype, v_dtype=v_dtype, **kwargs)
+    gen = torch.Generator().manual_seed(zlib.crc32((case + k_dtype + rotate).encode()))
+    spec = random_spec(gen, activations="f32", k_dtype=k_dtype, v_dtype=v_dtype, **kwargs)
     for i, layer in enumerate(spec.layers):
         d = spec.head_dim
         layer.k_rot = random_rotation(d, "hadamard", 2 * i) if "k" in rotate else None

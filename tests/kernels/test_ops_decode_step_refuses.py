@@ -22,19 +22,19 @@ def linear(n, k, gen):
     )
 
 
-def spec(kv_dtype, head_dim, with_scales=True):
+def spec(k_dtype, head_dim, with_scales=True):
     gen = torch.Generator().manual_seed(0)
-    if kv_dtype == "kivi2-keys":  # code pages: 2-bit codes, read by the attention with side data only
+    if k_dtype == "kivi2-keys":  # code pages: 2-bit codes, read by the attention with side data only
         pages, scales = torch.randint(0, 256, (SLOTS, 1, head_dim // 4), dtype=torch.uint8, generator=gen), None
     else:
-        pages, scales = reference.write_kv_rows(kv_dtype, torch.randn(SLOTS, 1, head_dim, generator=gen))
+        pages, scales = reference.write_kv_rows(k_dtype, torch.randn(SLOTS, 1, head_dim, generator=gen))
     layer = LayerSpec(
         attn_norm=torch.ones(HIDDEN),
         post_attn_norm=torch.ones(HIDDEN),
         inv_freq=1.0 / (10000 ** (torch.arange(0, head_dim, 2).float() / head_dim)),
         k_cache=pages,
         v_cache=pages.clone(),
-        kv_dtype=kv_dtype,
+        k_dtype=k_dtype,
         k_scale=scales if with_scales else None,
         v_scale=scales if with_scales else None,
         q=linear(HEADS * head_dim, HIDDEN, gen),
@@ -61,19 +61,19 @@ def spec(kv_dtype, head_dim, with_scales=True):
 
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize(
-    "kv_dtype,head_dim,with_scales,status",
+    "k_dtype,head_dim,with_scales,status",
     [
         ("kivi2-keys", 32, True, "unsupported pages"),  # code pages: the attention reads them, the step does not
         ("q8_0", 48, True, "unsupported pages"),  # GGML block pages need head_dim a multiple of 32
         ("int8", 32, False, "missing pages"),  # int8 pages keep a scale per row
     ],
 )
-def test_decode_step_refuses_pages_it_cannot_read(variant, kv_dtype, head_dim, with_scales, status):
-    s = spec(kv_dtype, head_dim, with_scales)
+def test_decode_step_refuses_pages_it_cannot_read(variant, k_dtype, head_dim, with_scales, status):
+    s = spec(k_dtype, head_dim, with_scales)
     x = torch.randn(1, HIDDEN)
     k_before = s.layers[0].k_cache.clone()
     bt = torch.arange(SLOTS // BLOCK).reshape(1, -1)
-    with pytest.raises(ops.NativeKernelError, match=f"refused its layers' pages \\({status}\\).*{kv_dtype}"):
+    with pytest.raises(ops.NativeKernelError, match=f"refused its layers' pages \\({status}\\).*{k_dtype}"):
         ops.decode_step(s, x, torch.tensor([5]), torch.tensor([5]), bt, BLOCK, variant=variant)
     assert torch.equal(s.layers[0].k_cache, k_before)  # no work done: the new key was not written
 

@@ -16,21 +16,21 @@ VARIANTS = [v.name for v in build.runnable_variants()] if build.find_compiler() 
 pytestmark = pytest.mark.skipif(not VARIANTS, reason="no native kernels on this machine")
 
 
-def random_rows(kv_dtype, rows, d, gen):
+def random_rows(page_type, rows, d, gen):
     x = torch.randn(rows, d, generator=gen) * torch.logspace(-3, 3, rows)[:, None]
-    return reference.write_kv_rows(kv_dtype, x)
+    return reference.write_kv_rows(page_type, x)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("kv_dtype", ATTENTION_PAGE_TYPES)
-def test_page_rows_read_as_the_reference(variant, kv_dtype):
-    gen = torch.Generator().manual_seed(ATTENTION_PAGE_TYPES.index(kv_dtype))
-    d = 96 if kv_dtype in BLOCK_PAGE_TYPES else 72  # block pages: 3 blocks of 32 values a row
-    pages, scales = random_rows(kv_dtype, 37, d, gen)
+@pytest.mark.parametrize("page_type", ATTENTION_PAGE_TYPES)
+def test_page_rows_read_as_the_reference(variant, page_type):
+    gen = torch.Generator().manual_seed(ATTENTION_PAGE_TYPES.index(page_type))
+    d = 96 if page_type in BLOCK_PAGE_TYPES else 72  # block pages: 3 blocks of 32 values a row
+    pages, scales = random_rows(page_type, 37, d, gen)
     with mock.patch.object(reference, "read_kv_rows", side_effect=AssertionError("the reference ran")):
-        got = ops.read_kv_rows(kv_dtype, pages, scales, variant=variant)
+        got = ops.read_kv_rows(page_type, pages, scales, variant=variant)
     assert got.shape == (37, d)
-    assert torch.equal(got, reference.read_kv_rows(kv_dtype, pages, scales))
+    assert torch.equal(got, reference.read_kv_rows(page_type, pages, scales))
 
 
 def hard_rows(gen):
@@ -48,12 +48,12 @@ def hard_rows(gen):
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("kv_dtype", ATTENTION_PAGE_TYPES)
-def test_page_rows_written_as_the_reference(variant, kv_dtype):
-    x = hard_rows(torch.Generator().manual_seed(7 + ATTENTION_PAGE_TYPES.index(kv_dtype)))
+@pytest.mark.parametrize("page_type", ATTENTION_PAGE_TYPES)
+def test_page_rows_written_as_the_reference(variant, page_type):
+    x = hard_rows(torch.Generator().manual_seed(7 + ATTENTION_PAGE_TYPES.index(page_type)))
     with mock.patch.object(reference, "write_kv_rows", side_effect=AssertionError("the reference ran")):
-        got, got_scales = ops.write_kv_rows(kv_dtype, x, variant=variant)
-    want, want_scales = reference.write_kv_rows(kv_dtype, x)
+        got, got_scales = ops.write_kv_rows(page_type, x, variant=variant)
+    want, want_scales = reference.write_kv_rows(page_type, x)
     assert got.dtype == want.dtype and got.shape == want.shape
     assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))  # bit for bit (signed zeros included)
     assert (got_scales is None) == (want_scales is None)

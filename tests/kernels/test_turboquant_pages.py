@@ -50,7 +50,7 @@ def tq_pages(gen, slots, kv_heads, head_dim, layout, calibrated, seed, inv_freq=
 def tq_spec(gen, layout, calibrated, **kwargs):
     spec = random_spec(gen, **kwargs)
     for i, layer in enumerate(spec.layers):
-        layer.kv_dtype, layer.k_cache, layer.v_cache = "turboquant", None, None
+        layer.k_dtype, layer.k_cache, layer.v_cache = "turboquant", None, None
         layer.k_tq = tq_pages(gen, 512, spec.num_kv_heads, spec.head_dim, layout, calibrated, 100 * i, layer.inv_freq)
         layer.v_tq = tq_pages(gen, 512, spec.num_kv_heads, spec.head_dim, layout[::-1], calibrated, 100 * i + 7)
     return spec
@@ -125,11 +125,11 @@ def test_decode_step_on_turboquant_beside_row_pages_equals_reference(variant, ca
     kwargs, contexts = CASES[case]
     gen = torch.Generator().manual_seed(zlib.crc32(f"{case}{k_dtype}{v_dtype}".encode()))
     rows_dtype = v_dtype if k_dtype == "turboquant" else k_dtype
-    spec = random_spec(gen, activations="q16", kv_dtype=rows_dtype, **kwargs)
+    spec = random_spec(gen, activations="q16", k_dtype=rows_dtype, **kwargs)
     d = spec.head_dim
     for i, layer in enumerate(spec.layers):
         pages = tq_pages(gen, 512, spec.num_kv_heads, d, [(8, 4), (d - 8, 3)], True, 100 * i)
-        layer.kv_dtype, layer.v_dtype = k_dtype, v_dtype
+        layer.k_dtype, layer.v_dtype = k_dtype, v_dtype
         if k_dtype == "turboquant":
             layer.k_cache, layer.k_scale, layer.k_tq = None, None, pages
         else:

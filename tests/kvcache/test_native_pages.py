@@ -60,8 +60,8 @@ def test_which_pages_the_native_attention_reads(spec):
     if PAGES[spec] is None:
         assert pages is None
         return
-    assert (pages["kv_dtype"], pages["v_dtype"]) == PAGES[spec]
-    if pages["kv_dtype"] == "turboquant":  # the codes of both halves, described by their TurboQuantPageSpec
+    assert (pages["k_dtype"], pages["v_dtype"]) == PAGES[spec]
+    if pages["k_dtype"] == "turboquant":  # the codes of both halves, described by their TurboQuantPageSpec
         assert pages["k_cache"] is None and len(pages["k_side"].parts) == len(cache.keys.parts)
         assert (pages["k_side"].parts[0].signs is not None) == spec.startswith("turboquant_prod")
         return
@@ -80,7 +80,7 @@ def test_an_auto_plan_reads_its_layers_natively_where_both_halves_allow():
     ]
     codec.load_calibration_state({"budget": 7.0, "plan": plan})
     caches = [codec.create_cache(i, 4, 16, 2, 64, torch.float32, "cpu") for i in range(len(plan))]
-    kinds = [None if p is None else (p["kv_dtype"], p["v_dtype"]) for p in (c.native_pages() for c in caches)]
+    kinds = [None if p is None else (p["k_dtype"], p["v_dtype"]) for p in (c.native_pages() for c in caches)]
     assert kinds == [("q8_0", "q4_0"), None, ("bf16", "q5_0"), ("q4_0", "q4_0")]  # turboquant keys: codec's read
 
 
@@ -127,6 +127,15 @@ def assert_native_equals_own_read(spec, *, tol, **kwargs):
         assert (native - own).abs().max().item() <= tol * max(1.0, own.abs().max().item())
 
 
+def assert_staged_native_equals_own_read(spec, block, slots, hq, hkv, d, window):
+    """assert_native_equals_own_read for pages with staged windows (KIVI, HF): ``slots`` tokens in blocks of
+    ``block``, to 1e-5."""
+    seed = hq * d + hkv + block
+    assert_native_equals_own_read(
+        spec, hq=hq, hkv=hkv, d=d, window=window, seed=seed, num_blocks=slots // block, block_size=block, tol=1e-5
+    )
+
+
 @NATIVE
 @pytest.mark.parametrize(
     "spec",
@@ -168,19 +177,7 @@ KIVI_SPECS = {  # spec: block size (a multiple of the key group)
 @pytest.mark.parametrize("spec", sorted(KIVI_SPECS))
 @pytest.mark.parametrize("hq,hkv,d,window", [(9, 3, 64, None), (4, 1, 256, 20), (4, 4, 32, None), (6, 2, 96, 7)])
 def test_native_attention_on_kivi_pages_equals_the_codecs_own_read(spec, hq, hkv, d, window):
-    block = KIVI_SPECS[spec]
-    # 8 staging pages: 3 open groups fit
-    assert_native_equals_own_read(
-        spec,
-        hq=hq,
-        hkv=hkv,
-        d=d,
-        window=window,
-        seed=hq * d + hkv + block,
-        num_blocks=4096 // block,
-        block_size=block,
-        tol=1e-5,
-    )
+    assert_staged_native_equals_own_read(spec, KIVI_SPECS[spec], 4096, hq, hkv, d, window)  # 8 staging pages: 3 open
 
 
 def test_kivi_pages_the_native_attention_cannot_read_keep_the_codecs_read():
@@ -196,7 +193,7 @@ def test_the_native_decode_step_says_it_does_not_write_kivi_pages():
     pages, why = _pages_or_objection(cache)
     assert pages is None and "kivi2-keys" in why and "\n" not in why
     pages, why = _pages_or_objection(get_kv_codec("q8_0").create_cache(0, 4, 16, 2, 64, torch.float32, "cpu"))
-    assert why == "" and "k_side" not in pages and pages["kv_dtype"] == "q8_0"
+    assert why == "" and "k_side" not in pages and pages["k_dtype"] == "q8_0"
 
 
 # QJL (arXiv 2406.03482): keys scored on their sign bits against the query sketched once per call, values per token
@@ -237,19 +234,7 @@ HF_SPECS = {"hf4": 128, "hf2": 128, "hf4r64": 64, "k=hf2r64,v=bf16": 64, "k=q8_0
     "hq,hkv,d,window", [(9, 3, 64, None), (4, 1, 256, 20), (6, 2, 128, 7), (7, 1, 64, None), (4, 4, 64, 100)]
 )
 def test_native_attention_on_hf_pages_equals_the_codecs_own_read(spec, hq, hkv, d, window):
-    block = HF_SPECS[spec]
-    # 4 staging windows: 3 open fit
-    assert_native_equals_own_read(
-        spec,
-        hq=hq,
-        hkv=hkv,
-        d=d,
-        window=window,
-        seed=hq * d + hkv + block,
-        num_blocks=8192 // block,
-        block_size=block,
-        tol=1e-5,
-    )
+    assert_staged_native_equals_own_read(spec, HF_SPECS[spec], 8192, hq, hkv, d, window)  # 4 staging windows: 3 open
 
 
 # TurboQuant on the module path (arXiv 2504.19874): turboquant_prod's keys — MSE codes plus the residual's 1-bit QJL
@@ -288,4 +273,4 @@ def test_the_native_decode_step_says_it_does_not_write_turboquant_prod_keys():
     )
     assert pages is None and "turboquant_prod" in why and "attention native" in why and "\n" not in why
     pages, why = _pages_or_objection(get_kv_codec("turboquant3").create_cache(0, 4, 16, 2, 64, torch.float32, "cpu"))
-    assert why == "" and pages["kv_dtype"] == "turboquant" and pages["k_tq"] is not None
+    assert why == "" and pages["k_dtype"] == "turboquant" and pages["k_tq"] is not None

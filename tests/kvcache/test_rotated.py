@@ -93,9 +93,9 @@ def test_bytes_are_the_inner_codecs_and_the_decode_step_reads_the_pages_with_the
             assert get_kv_codec(spec).bytes_per_token(h, d) == get_kv_codec(inner).bytes_per_token(h, d)
     assert get_kv_codec("rot-int8").bits_per_coordinate(1, 256) == 8 + 16 / 256
     cache = get_kv_codec("k=rot-q8_0,v=q8_0").create_cache(0, 4, 16, 2, 64, torch.float32, "cpu")
-    assert cache.native_pages() is None and cache.attention_pages()["kv_dtype"] == "q8_0"
+    assert cache.native_pages() is None and cache.attention_pages()["k_dtype"] == "q8_0"
     pages, why = _pages_or_objection(cache)
-    assert why == "" and pages["kv_dtype"] == "q8_0" and pages["v_rot"] is None
+    assert why == "" and pages["k_dtype"] == "q8_0" and pages["v_rot"] is None
     assert torch.equal(pages["k_rot"], cache.keys.rotation)
 
 

@@ -41,8 +41,8 @@ def cache(spec, d=64, block=16):
 def test_pages_the_step_reads_and_writes_are_described(spec):
     pages = cache(spec).step_pages()
     assert isinstance(pages, StepPages) and pages.objection == ""
-    for side in ("kv_dtype", "v_dtype"):
-        name = pages.fields.get(side) or pages.fields["kv_dtype"]
+    for side in ("k_dtype", "v_dtype"):
+        name = pages.fields.get(side) or pages.fields["k_dtype"]
         assert KVPage.named(name).kind in (PageKind.ROW, PageKind.BLOCK, PageKind.TURBOQUANT)
     assert "k_side" not in pages.fields and "v_side" not in pages.fields
     if spec.startswith(("rot-", "k=rot-")):

@@ -108,7 +108,7 @@ def test_native_decode_step_over_other_kv_pages_equals_module_path(arch, kv):
     caches = model.new_caches(blocks, 16, kv)
     fill_pages(caches, torch.Generator().manual_seed(0))
     decoder = native_decoder(model, caches)
-    assert decoder is not None and decoder.spec.layers[0].kv_dtype == kv
+    assert decoder is not None and decoder.spec.layers[0].k_dtype == kv
     ids = torch.tensor([3, 50, 7])
     saved = snapshot(caches)
     got = decoder.logits(ids, meta, torch.arange(3))
@@ -134,7 +134,7 @@ def test_native_decode_step_over_llama_cpp_kv_blocks_equals_module_path(arch, kv
     decoder = native_decoder(model, caches)
     assert decoder is not None
     k_dtype, _, v_dtype = kv.replace("k=", "").replace("v=", "").partition(",")
-    assert (decoder.spec.layers[0].kv_dtype, decoder.spec.layers[0].v_dtype) == (k_dtype, v_dtype or k_dtype)
+    assert (decoder.spec.layers[0].k_dtype, decoder.spec.layers[0].v_dtype) == (k_dtype, v_dtype or k_dtype)
     ids = torch.tensor([3, 50, 7])
     saved = snapshot(caches)
     got = decoder.logits(ids, meta, torch.arange(3))
@@ -176,7 +176,7 @@ def test_native_decode_step_over_rotated_kv_pages_equals_module_path(arch, kv, p
     assert why_not_native(model, caches) is None
     decoder = native_decoder(model, caches)
     layer = decoder.spec.layers[0]
-    assert (layer.kv_dtype, layer.v_dtype) == pages
+    assert (layer.k_dtype, layer.v_dtype) == pages
     assert (layer.k_rot is None, layer.v_rot is None) == (
         caches[0].keys.rotation is None,
         caches[0].values.rotation is None,
@@ -389,7 +389,7 @@ def test_native_decode_step_on_turboquant_pages_equals_module_path(case, kv):
     meta, blocks = decode_metadata(contexts)
     caches = model.new_caches(blocks, 16, codec)
     decoder = native_decoder(model, caches)  # built before the first write, as the runner builds it
-    assert decoder is not None and decoder.spec.layers[0].kv_dtype == "turboquant"
+    assert decoder is not None and decoder.spec.layers[0].k_dtype == "turboquant"
     fill_pages(caches, gen)
     compare_native_with_module_path(model, caches, meta, decoder, torch.tensor([3, 50, 7]))
 
@@ -456,7 +456,7 @@ def test_an_auto_plan_steps_natively_where_every_layer_is_readable():
         if layers:
             assert why_not_native(model, caches) is None
             spec = native_decoder(model, caches).spec.layers
-            assert [(ls.kv_dtype, ls.v_dtype) for ls in spec] == layers
+            assert [(ls.k_dtype, ls.v_dtype) for ls in spec] == layers
         else:
             assert "turboquant_prod keys" in why_not_native(model, caches)
 
@@ -475,7 +475,7 @@ def test_native_decode_step_on_turboquant_beside_row_pages_equals_module_path(ca
     caches = model.new_caches(blocks, 16, kv)
     decoder = native_decoder(model, caches)
     layer = decoder.spec.layers[0]
-    assert "turboquant" in (layer.kv_dtype, layer.v_dtype) and (layer.k_tq is None) != (layer.v_tq is None)
+    assert "turboquant" in (layer.k_dtype, layer.v_dtype) and (layer.k_tq is None) != (layer.v_tq is None)
     fill_pages(caches, gen)
     compare_native_with_module_path(model, caches, meta, decoder, torch.tensor([3, 50, 7]), codec_read=True)
 

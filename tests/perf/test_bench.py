@@ -323,6 +323,14 @@ def test_variants_run_the_single_and_context_parts_against_the_same_peers():
     assert set(r["ratios"]["peer"]["bytediet int8"]) >= {f"context_{n}" for n in cfg.contexts}
 
 
+ALONE = ("--threads", "1", "--peers", "none")  # one thread, no peer systems
+
+
+def bench(ckpt, *flags: str) -> int:
+    """``bytediet bench --model CKPT --quick FLAGS`` through the CLI: its exit status."""
+    return main(["bench", "--model", str(ckpt), "--quick", *flags])
+
+
 @pytest.fixture
 def fake_machine(tmp_path, monkeypatch):
     """This machine's measured ceilings come from a fixed cache file (no 5-second probe in tests)."""
@@ -336,28 +344,23 @@ def test_cli_json_prints_one_object_with_the_transformers_peer(ckpt, fake_machin
     pytest.importorskip("transformers")
     out_file = tmp_path / "r.json"
     assert (
-        main(
-            [
-                "bench",
-                "--model",
-                str(ckpt),
-                "--quick",
-                "--threads",
-                "1",
-                "--peers",
-                "llama.cpp,transformers",
-                "--prompt-lens",
-                "8,16",
-                "--output-lens",
-                "2,3",
-                "--requests-per-level",
-                "3",
-                "--json",
-                "--out",
-                str(out_file),
-                "--plot",
-                str(tmp_path / "concurrency.png"),
-            ]
+        bench(
+            ckpt,
+            "--threads",
+            "1",
+            "--peers",
+            "llama.cpp,transformers",
+            "--prompt-lens",
+            "8,16",
+            "--output-lens",
+            "2,3",
+            "--requests-per-level",
+            "3",
+            "--json",
+            "--out",
+            str(out_file),
+            "--plot",
+            str(tmp_path / "concurrency.png"),
         )
         == 0
     )
@@ -384,140 +387,42 @@ def test_cli_json_prints_one_object_with_the_transformers_peer(ckpt, fake_machin
 
 
 def test_cli_table_and_bad_flags(ckpt, fake_machine, capsys):
-    assert (
-        main(
-            [
-                "bench",
-                "--model",
-                str(ckpt),
-                "--quick",
-                "--threads",
-                "1",
-                "--peers",
-                "none",
-                "--weights",
-                "int8",
-                "--parts",
-                "single,roofline",
-                "--roofline-batches",
-                "2",
-            ]
-        )
-        == 0
-    )
+    assert bench(ckpt, *ALONE, "--weights", "int8", "--parts", "single,roofline", "--roofline-batches", "2") == 0
     out = capsys.readouterr().out
     assert "single stream" in out and "predicted vs measured" in out and "int8" in out
     assert "concurrency sweep" not in out
     assert (
-        main(
-            [
-                "bench",
-                "--model",
-                str(ckpt),
-                "--quick",
-                "--threads",
-                "1",
-                "--peers",
-                "none",
-                "--formats",
-                "int8,int8:int8",
-                "--parts",
-                "single,context",
-                "--contexts",
-                "20,30",
-                "--json",
-            ]
-        )
+        bench(ckpt, *ALONE, "--formats", "int8,int8:int8", "--parts", "single,context", "--contexts", "20,30", "--json")
         == 0
     )
     obj = json.loads(capsys.readouterr().out)
     assert obj["systems"]["bytediet int8:int8"]["info"]["kv_cache_dtype"].startswith("int8")
     assert not obj["systems"]["bytediet int8"]["info"]["kv_cache_dtype"].startswith("int8")
-    assert (
-        main(
-            [
-                "bench",
-                "--model",
-                str(ckpt),
-                "--quick",
-                "--threads",
-                "1",
-                "--peers",
-                "none",
-                "--formats",
-                "int8",
-                "--parts",
-                "single,context",
-                "--contexts",
-                "20,30",
-            ]
-        )
-        == 0
-    )
+    assert bench(ckpt, *ALONE, "--formats", "int8", "--parts", "single,context", "--contexts", "20,30") == 0
     out = capsys.readouterr().out
     assert "bytes down" in out and "bytediet int8" in out and "context scaling" in out
     assert (
-        main(
-            [
-                "bench",
-                "--model",
-                str(ckpt),
-                "--quick",
-                "--threads",
-                "1",
-                "--peers",
-                "none",
-                "--parts",
-                "roofline",
-                "--roofline-batches",
-                "2",
-                "--roofline-context",
-                "12",
-                "--json",
-            ]
-        )
-        == 0
+        bench(ckpt, *ALONE, "--parts", "roofline", "--roofline-batches", "2", "--roofline-context", "12", "--json") == 0
     )
     obj = json.loads(capsys.readouterr().out)  # the batch's decode steps run after 12-token prompts
     assert obj["config"]["roofline_prompt_len"] == 12 and "--roofline-context 12" in obj["command"]
     assert [row["context"] for row in obj["roofline"]["rows"]] == [12 + 1 + 3 // 2]
-    assert main(["bench", "--model", str(ckpt), "--quick", "--roofline-context", "0"]) == 2
-    assert main(["bench", "--model", str(ckpt), "--quick", "--formats", "int8:zip9"]) == 2
+    assert bench(ckpt, "--roofline-context", "0") == 2
+    assert bench(ckpt, "--formats", "int8:zip9") == 2
     assert "zip9" in capsys.readouterr().err
-    assert main(["bench", "--model", str(ckpt), "--quick", "--formats", "int9"]) == 2
+    assert bench(ckpt, "--formats", "int9") == 2
     assert "int9" in capsys.readouterr().err
-    assert main(["bench", "--model", str(ckpt), "--quick", "--concurrency", "1,x"]) == 2
+    assert bench(ckpt, "--concurrency", "1,x") == 2
     assert "--concurrency" in capsys.readouterr().err
-    assert main(["bench", "--model", str(ckpt), "--quick", "--threads", "1", "--parts", "everything"]) == 2
-    assert main(["bench", "--model", str(ckpt), "--quick", "--output-lens", "3"]) == 2
+    assert bench(ckpt, "--threads", "1", "--parts", "everything") == 2
+    assert bench(ckpt, "--output-lens", "3") == 2
     assert "LO,HI" in capsys.readouterr().err
 
 
 def test_cli_plans_a_kv_budget_before_it_runs(ckpt, fake_machine, capsys):
     """``--formats gguf:auto:<bits>`` (or ``--kv-cache-dtype auto:<bits>``): the budget is planned on calibration
     windows, as generate and serve plan it, and the plan runs (its table in the system's info)."""
-    assert (
-        main(
-            [
-                "bench",
-                "--model",
-                str(ckpt),
-                "--quick",
-                "--threads",
-                "1",
-                "--peers",
-                "none",
-                "--formats",
-                "int8:auto:6",
-                "--parts",
-                "context",
-                "--contexts",
-                "20",
-                "--json",
-            ]
-        )
-        == 0
-    )
+    assert bench(ckpt, *ALONE, "--formats", "int8:auto:6", "--parts", "context", "--contexts", "20", "--json") == 0
     info = json.loads(capsys.readouterr().out)["systems"]["bytediet int8:auto:6"]["info"]
     assert info["kv_cache_dtype"].startswith("auto:6 [") and "k=" in info["kv_cache_dtype"]
 
@@ -557,26 +462,7 @@ def tp_ranks_alive() -> list:
 
 
 def test_cli_tensor_parallel_single_stream_prints_one_object(ckpt, fake_machine_2, capsys):
-    assert (
-        main(
-            [
-                "bench",
-                "--model",
-                str(ckpt),
-                "--quick",
-                "--threads",
-                "2",
-                "--parts",
-                "single",
-                "--peers",
-                "none",
-                "-tp",
-                "2",
-                "--json",
-            ]
-        )
-        == 0
-    )
+    assert bench(ckpt, "--threads", "2", "--parts", "single", "--peers", "none", "-tp", "2", "--json") == 0
     out = capsys.readouterr().out
     obj = json.loads(out)
     assert out.strip().count("\n") == 0 and obj["tensor_parallel_size"] == 2
@@ -595,26 +481,21 @@ def test_cli_tensor_parallel_roofline_is_the_analyzer_at_tp2_over_the_measured_l
     from bytediet.models.loader import load_config
 
     assert (
-        main(
-            [
-                "bench",
-                "--model",
-                str(ckpt),
-                "--quick",
-                "--threads",
-                "2",
-                "--parts",
-                "roofline,context",
-                "--peers",
-                "none",
-                "--roofline-batches",
-                "2",
-                "--contexts",
-                "20",
-                "-tp",
-                "2",
-                "--json",
-            ]
+        bench(
+            ckpt,
+            "--threads",
+            "2",
+            "--parts",
+            "roofline,context",
+            "--peers",
+            "none",
+            "--roofline-batches",
+            "2",
+            "--contexts",
+            "20",
+            "-tp",
+            "2",
+            "--json",
         )
         == 0
     )
@@ -657,59 +538,24 @@ def test_cli_tensor_parallel_refusals_and_shutdown_on_error(ckpt, fake_machine_2
     with monkeypatch.context() as patch:  # a format without a shard method of its own (which formats split changes)
         patch.setattr(type(get_weight_format("int8")), "shard", WeightFormat.shard)
         for flags in (["--formats", "fp32,int8"], ["--weights", "int8"]):
-            assert main(["bench", "--model", str(ckpt), "--quick", "--peers", "none", "-tp", "2", *flags]) == 2
+            assert bench(ckpt, "--peers", "none", "-tp", "2", *flags) == 2
             assert (
                 "int8: this weight format cannot be split for tensor parallelism (--tensor-parallel-size 2)"
                 in capsys.readouterr().err
             )
-    assert main(["bench", "--model", str(ckpt), "--quick", "-tp", "0"]) == 2
+    assert bench(ckpt, "-tp", "0") == 2
 
     def fail(system, ctx):
         raise ConfigError("a part failed")
 
     monkeypatch.setattr(bench_mod, "measure_single", fail)
-    assert (
-        main(
-            [
-                "bench",
-                "--model",
-                str(ckpt),
-                "--quick",
-                "--threads",
-                "2",
-                "--parts",
-                "single",
-                "--peers",
-                "none",
-                "-tp",
-                "2",
-            ]
-        )
-        == 2
-    )
+    assert bench(ckpt, "--threads", "2", "--parts", "single", "--peers", "none", "-tp", "2") == 2
     assert "a part failed" in capsys.readouterr().err
     assert not tp_ranks_alive()  # the ranks were stopped on the way out
 
 
 def test_prefix_cache_part_measures_cold_ram_and_disk_hits_with_equal_tokens(ckpt, fake_machine, capsys):
-    assert (
-        main(
-            [
-                "bench",
-                "--model",
-                str(ckpt),
-                "--quick",
-                "--threads",
-                "1",
-                "--peers",
-                "none",
-                "--parts",
-                "prefix-cache",
-                "--json",
-            ]
-        )
-        == 0
-    )
+    assert bench(ckpt, *ALONE, "--parts", "prefix-cache", "--json") == 0
     r = json.loads(capsys.readouterr().out)["prefix_cache"]
     rp = r["repeated_prompt"]
     assert rp["cold"]["cached_tokens"] == {"pool": 0}
@@ -717,8 +563,5 @@ def test_prefix_cache_part_measures_cold_ram_and_disk_hits_with_equal_tokens(ckp
     assert all(rp[k]["tokens_equal_cold"] for k in ("ram_hit", "disk_hit"))
     ch = r["multi_turn_chat"]
     assert ch["requests"] == 8 and ch["tiers_on"]["ttft_p50_s"] > 0 and ch["tiers_off"]["output_tokens_per_s"] > 0
-    assert (
-        main(["bench", "--model", str(ckpt), "--quick", "--threads", "1", "--peers", "none", "--parts", "prefix-cache"])
-        == 0
-    )
+    assert bench(ckpt, *ALONE, "--parts", "prefix-cache") == 0
     assert "KV tiers" in capsys.readouterr().out

@@ -111,7 +111,7 @@ def describe(model, caches, decode: str) -> dict:
             weight = lin.device_weight(model.dtype)
             layouts[lin.format.spec()] = "torch F.linear" if weight is None else weight.kernel
     pages = caches[0].attention_pages() if caches else None
-    kv = None if pages is None else f"{pages['kv_dtype']}/{pages.get('v_dtype') or pages['kv_dtype']}"
+    kv = None if pages is None else f"{pages['k_dtype']}/{pages.get('v_dtype') or pages['k_dtype']}"
     return {**out, "linear": layouts, "attention": f"triton paged attention ({kv} pages)", "decode": decode}
 
 

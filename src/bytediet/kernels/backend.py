@@ -70,7 +70,7 @@ def check_attention(pages: dict) -> None:
     ``attention_pages()`` gives them (page types, TurboQuant layouts); checked once, before the first step."""
     _, paged_attention = _triton_modules()
     try:
-        paged_attention.check_pages(pages["kv_dtype"], pages.get("v_dtype"), pages.get("k_side"), pages.get("v_side"))
+        paged_attention.check_pages(pages["k_dtype"], pages.get("v_dtype"), pages.get("k_side"), pages.get("v_side"))
     except (NotImplementedError, ValueError) as e:
         raise ConfigError(str(e).splitlines()[0]) from e
 
@@ -129,46 +129,13 @@ def gemm(type_id: int, blocks: torch.Tensor, x: torch.Tensor, bias: Optional[tor
     return gemm_blocks.gemm_blocks(int(type_id), blocks, x, bias)
 
 
-def attention_over_pages(
-    q: torch.Tensor,
-    positions: torch.Tensor,
-    token_rows: torch.Tensor,
-    block_tables: torch.Tensor,
-    block_size: int,
-    scale: float,
-    window: Optional[int],
-    kv_dtype: str,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    k_scale: Optional[torch.Tensor] = None,
-    v_scale: Optional[torch.Tensor] = None,
-    v_dtype: Optional[str] = None,
-    k_side=None,
-    v_side=None,
-) -> torch.Tensor:
-    """:func:`bytediet.kernels.ops.attention_over_pages` by the Triton paged attention (split-K flash-decoding),
-    in q's dtype."""
+def attention_over_pages(q: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+    """:func:`bytediet.kernels.ops.attention_over_pages` (the same arguments, without ``variant``) by the Triton paged
+    attention (split-K flash-decoding), in q's dtype."""
     _, paged_attention = _triton_modules()
     # a float32 model gets float32 dots unless torch allows TF32 for its own float32 products
     exact = q.dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32
-    out = paged_attention.run(
-        q,
-        positions,
-        token_rows,
-        block_tables,
-        block_size,
-        scale,
-        window,
-        kv_dtype,
-        k_cache,
-        v_cache,
-        k_scale,
-        v_scale,
-        v_dtype,
-        k_side,
-        v_side,
-        precision="ieee" if exact else None,
-    )
+    out = paged_attention.attention_over_pages(q, *args, **kwargs, precision="ieee" if exact else None)
     return out.to(q.dtype)  # the kernel accumulates and returns float32
 
 

@@ -156,11 +156,11 @@ class TurboQuantPageSpec:
 class LayerSpec:
     """One decoder layer. Norm weights (hidden,) or (head_dim,) float32.
 
-    Caches: (slots, Hkv, D) pages of ``kv_dtype``: float32, bfloat16 or float16 values, or (int8) uint8 codes
+    Caches: (slots, Hkv, D) pages of ``k_dtype``: float32, bfloat16 or float16 values, or (int8) uint8 codes
     q + 128 with ``k_scale``/``v_scale`` (slots, Hkv, 1) float16 (x = q · scale: kvcache's ``int8`` codec), or
     (fp8) uint8 E4M3 codes with the same scales (x = e4m3(code) · scale: the uncalibrated ``fp8`` codec), or
     (q8_0, q5_0, q4_1, q4_0) uint8 (slots, Hkv, D/32 · block bytes) GGML blocks (llama.cpp's KV types), or
-    (turboquant) the codes, norms and constants of ``k_tq``/``v_tq``. ``kv_dtype`` is the keys' type, and the
+    (turboquant) the codes, norms and constants of ``k_tq``/``v_tq``. ``k_dtype`` is the keys' type, and the
     values' unless ``v_dtype`` names another (any of :data:`ATTENTION_PAGE_TYPES`: k=q8_0,v=q4_0).
     """
 
@@ -181,7 +181,7 @@ class LayerSpec:
     post_ffn_norm: Optional[torch.Tensor] = None
     q_norm: Optional[torch.Tensor] = None  # per-head q/k RMSNorm (gemma3)
     k_norm: Optional[torch.Tensor] = None
-    kv_dtype: str = "fp32"  # one of KV_PAGE_TYPES: the keys' pages, and the values' unless v_dtype
+    k_dtype: str = "fp32"  # one of KV_PAGE_TYPES: the keys' pages, and the values' unless v_dtype
     v_dtype: Optional[str] = None  # the values' pages when their type differs (both ATTENTION_PAGE_TYPES)
     k_scale: Optional[torch.Tensor] = None  # int8 and fp8 pages only
     v_scale: Optional[torch.Tensor] = None

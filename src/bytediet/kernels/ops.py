@@ -17,7 +17,16 @@ import torch
 
 from . import dense_gemm, native_layouts, reference, tuning
 from .cpu.dispatch import NativeLibrary, native
-from .cpu.structs import CodePagesDesc, LayerDesc, LinearDesc, ModelDesc, TQPagesDesc, TQPartDesc
+from .cpu.structs import (
+    LAYER_LINEARS,
+    LAYER_TENSORS,
+    CodePagesDesc,
+    LayerDesc,
+    LinearDesc,
+    ModelDesc,
+    TQPagesDesc,
+    TQPartDesc,
+)
 from .decoder_spec import (
     ATTENTION_PAGE_TYPES,
     BLOCK_PAGE_TYPES,
@@ -401,12 +410,12 @@ def gemm_x4(
 # --- the one-call decode step --------------------------------------------------------------------------------
 
 
-def _code_side(kv_dtype: str, side: Optional[CodePageSide], d: int) -> tuple[Optional[CodePagesDesc], list]:
+def _code_side(page_type: str, side: Optional[CodePageSide], d: int) -> tuple[Optional[CodePagesDesc], list]:
     """(the C struct of a code page type's side data, the tensors it points into) — (None, []) for other pages."""
-    if kv_dtype not in CODE_PAGE_TYPES:
+    if page_type not in CODE_PAGE_TYPES:
         return None, []
     if side is None:
-        raise ValueError(f"{kv_dtype!r} pages need their CodePageSide (scales, zero points)")
+        raise ValueError(f"{page_type!r} pages need their CodePageSide (scales, zero points)")
     as_type = lambda t, dtype: None if t is None else t.to(dtype).contiguous()
     scale, zero, stage = (as_type(t, torch.float16) for t in (side.scale, side.zero, side.stage))
     stage_of = as_type(side.stage_of, torch.int32)
@@ -415,16 +424,16 @@ def _code_side(kv_dtype: str, side: Optional[CodePageSide], d: int) -> tuple[Opt
     missing = [
         what
         for what, gone in (
-            ("zero points", zero is None and (kv_dtype.startswith(("kivi", "int")))),
-            ("group size", kv_dtype.startswith("kivi") and side.group < 1),
+            ("zero points", zero is None and (page_type.startswith(("kivi", "int")))),
+            ("group size", page_type.startswith("kivi") and side.group < 1),
             ("staging pages and window", stage_of is not None and (stage is None or window < 1)),
-            ("sketch or rotation", transform is None and kv_dtype.startswith(("qjl", "polar"))),
-            ("centroid cos/sin table", table is None and kv_dtype == "polarquant"),
+            ("sketch or rotation", transform is None and page_type.startswith(("qjl", "polar"))),
+            ("centroid cos/sin table", table is None and page_type == "polarquant"),
         )
         if gone
     ]
     if missing:
-        raise ValueError(f"{kv_dtype!r} pages need their {', '.join(missing)}")
+        raise ValueError(f"{page_type!r} pages need their {', '.join(missing)}")
     keep = [t for t in (scale, zero, stage_of, stage, transform, table) if t is not None]
     return CodePagesDesc(
         _ptr(scale), _ptr(zero), _ptr(stage_of), _ptr(stage), side.group, window, _ptr(transform), _ptr(table)
@@ -433,6 +442,19 @@ def _code_side(kv_dtype: str, side: Optional[CodePageSide], d: int) -> tuple[Opt
 
 def _ptr(t: Optional[torch.Tensor]) -> Optional[int]:
     return None if t is None else t.data_ptr()
+
+
+def _addr(desc: Optional[ctypes.Structure]) -> Optional[int]:
+    return None if desc is None else ctypes.addressof(desc)
+
+
+def _query_batch(q, out, hkv, scale, window, positions, token_rows, block_tables, block_size) -> tuple[list, list]:
+    """(args, keep): the arguments both native paged attentions take for the queries and their batch (dispatch's
+    _ATTENTION_BATCH), and the int64 index tensors they point at, to keep alive through the call."""
+    keep = [x.to(torch.int64).contiguous() for x in (positions, token_rows, block_tables)]
+    t, hq, d = q.shape
+    args = [q.data_ptr(), out.data_ptr(), t, hq, hkv, d, scale, window or 0, *(x.data_ptr() for x in keep)]
+    return args + [block_tables.shape[1], block_size], keep
 
 
 def _linear_desc(lin: LinearSpec) -> LinearDesc:
@@ -474,29 +496,19 @@ def _model_desc(spec: DecoderSpec) -> ModelDesc:
     keep = []  # the TurboQuant descriptors the layers point at
     for i, ls in enumerate(spec.layers):
         layer = layers[i]
-        for name in (
-            "attn_norm",
-            "post_attn_norm",
-            "pre_ffn_norm",
-            "post_ffn_norm",
-            "q_norm",
-            "k_norm",
-            "inv_freq",
-            "k_cache",
-            "v_cache",
-        ):
+        for name in LAYER_TENSORS:
             setattr(layer, name, _ptr(getattr(ls, name)))
-        for name in ("q", "k", "v", "o", "gate", "up", "down"):
+        for name in LAYER_LINEARS:
             setattr(layer, name, _linear_desc(getattr(ls, name)))
         layer.window = ls.window
         layer.k_scale, layer.v_scale = _ptr(ls.k_scale), _ptr(ls.v_scale)
         layer.k_rot, layer.v_rot = _ptr(ls.k_rot), _ptr(ls.v_rot)
-        layer.k_dtype = KVPage.named(ls.kv_dtype)
-        layer.v_dtype = KVPage.named(ls.v_dtype or ls.kv_dtype)
-        if ls.kv_dtype == "turboquant":  # keys, values or both (the other side's pages: k_cache / v_cache)
+        layer.k_dtype = KVPage.named(ls.k_dtype)
+        layer.v_dtype = KVPage.named(ls.v_dtype or ls.k_dtype)
+        if ls.k_dtype == "turboquant":  # keys, values or both (the other side's pages: k_cache / v_cache)
             keep.append(_tq_desc(ls.k_tq))
             layer.k_tq = ctypes.addressof(keep[-1])
-        if (ls.v_dtype or ls.kv_dtype) == "turboquant":
+        if (ls.v_dtype or ls.k_dtype) == "turboquant":
             keep.append(_tq_desc(ls.v_tq))
             layer.v_tq = ctypes.addressof(keep[-1])
     model = ModelDesc(
@@ -526,7 +538,7 @@ def attention_over_pages(
     block_size: int,
     scale: float,
     window: Optional[int],
-    kv_dtype: str,
+    k_dtype: str,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     k_scale: Optional[torch.Tensor] = None,
@@ -541,86 +553,41 @@ def attention_over_pages(
     scored on their sign bits against the query sketched once, PolarQuant's against the query rotated once)."""
     lib = _library(variant)
     t, hq, d = q.shape
-    v_dtype = v_dtype or kv_dtype
-    if kv_dtype == "turboquant" or v_dtype == "turboquant":
-        return _turboquant_attention(
-            lib,
-            q,
-            positions,
-            token_rows,
-            block_tables,
-            block_size,
-            scale,
-            window,
-            kv_dtype,
-            v_dtype,
-            k_side,
-            v_side,
-            k_cache,
-            v_cache,
-            k_scale,
-            v_scale,
-        )
+    v_dtype = v_dtype or k_dtype
+    args = (q, positions, token_rows, block_tables, block_size, scale, window, k_dtype, k_cache, v_cache, k_scale)
+    args += (v_scale, v_dtype, k_side, v_side)  # attention_over_pages's arguments, as the reference takes them
+    if k_dtype == "turboquant" or v_dtype == "turboquant":
+        return _turboquant_attention(lib, args)
     readable = ATTENTION_PAGE_TYPES + CODE_PAGE_TYPES
     fits = lambda t: d % PAGE_ALIGN.get(t, 8) == 0 and (t != "polarquant" or d <= POLAR_MAX_DIM)
     if (
         lib is None
         or d % 8
         or q.dtype != torch.float32
-        or kv_dtype not in readable
+        or k_dtype not in readable
         or v_dtype not in readable
-        or not (fits(kv_dtype) and fits(v_dtype))
+        or not (fits(k_dtype) and fits(v_dtype))
     ):
-        return reference.attention_over_pages(
-            q,
-            positions,
-            token_rows,
-            block_tables,
-            block_size,
-            scale,
-            window,
-            kv_dtype,
-            k_cache,
-            v_cache,
-            k_scale,
-            v_scale,
-            v_dtype,
-            k_side,
-            v_side,
-        )
+        return reference.attention_over_pages(*args)
     q = q.contiguous()
-    positions, token_rows, block_tables = (
-        x.to(torch.int64).contiguous() for x in (positions, token_rows, block_tables)
-    )
-    (k_desc, k_keep), (v_desc, v_keep) = _code_side(kv_dtype, k_side, d), _code_side(v_dtype, v_side, d)
+    (k_desc, k_keep), (v_desc, v_keep) = _code_side(k_dtype, k_side, d), _code_side(v_dtype, v_side, d)
     out = torch.empty_like(q)
+    batch, keep = _query_batch(q, out, k_cache.shape[1], scale, window, positions, token_rows, block_tables, block_size)
     rc = lib.bd_paged_attention(
-        KVPage.named(kv_dtype),
+        KVPage.named(k_dtype),
         KVPage.named(v_dtype),
-        q.data_ptr(),
-        out.data_ptr(),
-        t,
-        hq,
-        k_cache.shape[1],
-        d,
-        scale,
-        window or 0,
-        positions.data_ptr(),
-        token_rows.data_ptr(),
-        block_tables.data_ptr(),
-        block_tables.shape[1],
-        block_size,
+        *batch,
         k_cache.data_ptr(),
         v_cache.data_ptr(),
         _ptr(k_scale),
         _ptr(v_scale),
-        None if k_desc is None else ctypes.addressof(k_desc),
-        None if v_desc is None else ctypes.addressof(v_desc),
+        _addr(k_desc),
+        _addr(v_desc),
     )
-    del k_keep, v_keep  # the side tensors lived through the call
+    del keep, k_keep, v_keep  # the index and side tensors lived through the call
     if rc != 0:
         raise ValueError(
-            f"native paged attention refused {kv_dtype!r} keys, {v_dtype!r} values, {hq} heads over "
+            f"native paged attention refused {k_dtype!r} keys, {v_dtype!r} values, {hq} heads over "
             f"{k_cache.shape[1]} KV heads of dim {d}"
         )
     return out
@@ -631,31 +598,16 @@ def attention_over_pages(
 TQ_MAX_GROUP, TQ_MAX_HEAD_DIM = 64, 512
 
 
-def _turboquant_attention(
-    lib,
-    q,
-    positions,
-    token_rows,
-    block_tables,
-    block_size,
-    scale,
-    window,
-    kv_dtype,
-    v_dtype,
-    k_side,
-    v_side,
-    k_cache=None,
-    v_cache=None,
-    k_scale=None,
-    v_scale=None,
-) -> torch.Tensor:
+def _turboquant_attention(lib, args: tuple) -> torch.Tensor:
     """attention_over_pages on TurboQuant pages — keys (MSE or inner-product variant), values (MSE) or both, their
     :class:`TurboQuantPageSpec` in k_side/v_side; the other side row or block pages (k_cache/v_cache, with
     k_scale/v_scale: an ``auto:<bits>`` plan's k=q5_0,v=turboquant4) — by the decode step's kernel on codes, every
     token with its block table row."""
+    q, positions, token_rows, block_tables, block_size, scale, window, k_dtype, k_cache, v_cache, k_scale = args[:11]
+    v_scale, v_dtype, k_side, v_side = args[11:]
     t, hq, d = q.shape
-    tq = [side for dtype, side in ((kv_dtype, k_side), (v_dtype, v_side)) if dtype == "turboquant"]
-    rows = [(dtype, pages) for dtype, pages in ((kv_dtype, k_cache), (v_dtype, v_cache)) if dtype != "turboquant"]
+    tq = [side for dtype, side in ((k_dtype, k_side), (v_dtype, v_side)) if dtype == "turboquant"]
+    rows = [(dtype, pages) for dtype, pages in ((k_dtype, k_cache), (v_dtype, v_cache)) if dtype != "turboquant"]
     hkv = tq[0].parts[0].norm.shape[1]
     bits_ok = all(1 <= p.bits <= 8 for side in tq for p in side.parts)
     rows_ok = all(
@@ -671,110 +623,81 @@ def _turboquant_attention(
         or not bits_ok
         or not rows_ok
     ):
-        return reference.attention_over_pages(
-            q,
-            positions,
-            token_rows,
-            block_tables,
-            block_size,
-            scale,
-            window,
-            kv_dtype,
-            k_cache,
-            v_cache,
-            k_scale,
-            v_scale,
-            v_dtype,
-            k_side,
-            v_side,
-        )
+        return reference.attention_over_pages(*args)
     q = q.contiguous()
-    positions, token_rows, block_tables = (
-        x.to(torch.int64).contiguous() for x in (positions, token_rows, block_tables)
-    )
     k_desc, v_desc = (
-        _tq_desc(side) if dtype == "turboquant" else None for dtype, side in ((kv_dtype, k_side), (v_dtype, v_side))
+        _tq_desc(side) if dtype == "turboquant" else None for dtype, side in ((k_dtype, k_side), (v_dtype, v_side))
     )
     out = torch.empty_like(q)
+    batch, keep = _query_batch(q, out, hkv, scale, window, positions, token_rows, block_tables, block_size)
     rc = lib.bd_turboquant_attention(
-        KVPage.named(kv_dtype),
+        KVPage.named(k_dtype),
         KVPage.named(v_dtype),
-        None if k_desc is None else ctypes.addressof(k_desc),
-        None if v_desc is None else ctypes.addressof(v_desc),
+        _addr(k_desc),
+        _addr(v_desc),
         _ptr(k_cache),
         _ptr(v_cache),
         _ptr(k_scale),
         _ptr(v_scale),
-        q.data_ptr(),
-        out.data_ptr(),
-        t,
-        hq,
-        hkv,
-        d,
-        scale,
-        window or 0,
-        positions.data_ptr(),
-        token_rows.data_ptr(),
-        block_tables.data_ptr(),
-        block_tables.shape[1],
-        block_size,
+        *batch,
     )
+    del keep
     if rc != 0:
         raise ValueError(
-            f"native TurboQuant attention refused {kv_dtype!r} keys, {v_dtype!r} values, {hq} heads over "
+            f"native TurboQuant attention refused {k_dtype!r} keys, {v_dtype!r} values, {hq} heads over "
             f"{hkv} KV heads of dim {d}"
         )
     return out
 
 
-def _page_row(kv_dtype: str, d: int) -> tuple[torch.dtype, int]:
+def _page_row(page_type: str, d: int) -> tuple[torch.dtype, int]:
     """(element dtype, elements) of a page row of ``d`` values of this page type (GGML block pages: uint8 bytes)."""
-    if kv_dtype in BLOCK_PAGE_TYPES:
-        return torch.uint8, d // 32 * reference.block_bytes(BLOCK_PAGE_TYPES[kv_dtype])
-    return FLOAT_PAGE_DTYPES.get(kv_dtype, torch.uint8), d
+    if page_type in BLOCK_PAGE_TYPES:
+        return torch.uint8, d // 32 * reference.block_bytes(BLOCK_PAGE_TYPES[page_type])
+    return FLOAT_PAGE_DTYPES.get(page_type, torch.uint8), d
 
 
-def _row_values(kv_dtype: str, width: int) -> int:
+def _row_values(page_type: str, width: int) -> int:
     """D, the values of a page row of ``width`` elements of this page type (the inverse of _page_row)."""
-    if kv_dtype in BLOCK_PAGE_TYPES:
-        return width // reference.block_bytes(BLOCK_PAGE_TYPES[kv_dtype]) * 32
+    if page_type in BLOCK_PAGE_TYPES:
+        return width // reference.block_bytes(BLOCK_PAGE_TYPES[page_type]) * 32
     return width
 
 
 def read_kv_rows(
-    kv_dtype: str, pages: torch.Tensor, scales: Optional[torch.Tensor] = None, variant: Optional[str] = None
+    page_type: str, pages: torch.Tensor, scales: Optional[torch.Tensor] = None, variant: Optional[str] = None
 ) -> torch.Tensor:
     """See :func:`bytediet.kernels.reference.read_kv_rows` (the page decoding of the native attention)."""
     lib = _library(variant)
-    d = _row_values(kv_dtype, pages.shape[-1])
-    if lib is None or d % 8 or kv_dtype not in ATTENTION_PAGE_TYPES:
-        return reference.read_kv_rows(kv_dtype, pages, scales)
+    d = _row_values(page_type, pages.shape[-1])
+    if lib is None or d % 8 or page_type not in ATTENTION_PAGE_TYPES:
+        return reference.read_kv_rows(page_type, pages, scales)
     pages = pages.contiguous()
     scales = None if scales is None else scales.contiguous()
     out = torch.empty(*pages.shape[:-1], d, dtype=torch.float32)
     rc = lib.bd_read_kv_rows(
-        KVPage.named(kv_dtype), pages.data_ptr(), _ptr(scales), pages[..., 0].numel(), d, out.data_ptr()
+        KVPage.named(page_type), pages.data_ptr(), _ptr(scales), pages[..., 0].numel(), d, out.data_ptr()
     )
     if rc != 0:
-        raise NativeKernelError(f"the native kernels read no {kv_dtype!r} rows of {d} values")
+        raise NativeKernelError(f"the native kernels read no {page_type!r} rows of {d} values")
     return out
 
 
-def write_kv_rows(kv_dtype: str, x: torch.Tensor, variant: Optional[str] = None):
+def write_kv_rows(page_type: str, x: torch.Tensor, variant: Optional[str] = None):
     """See :func:`bytediet.kernels.reference.write_kv_rows` (the page encoding of the native decode step)."""
     lib = _library(variant)
     d = x.shape[-1]
-    if lib is None or d % 8 or kv_dtype not in ATTENTION_PAGE_TYPES or (kv_dtype in BLOCK_PAGE_TYPES and d % 32):
-        return reference.write_kv_rows(kv_dtype, x)
+    if lib is None or d % 8 or page_type not in ATTENTION_PAGE_TYPES or (page_type in BLOCK_PAGE_TYPES and d % 32):
+        return reference.write_kv_rows(page_type, x)
     x = x.to(torch.float32).contiguous()
-    dtype, width = _page_row(kv_dtype, d)
+    dtype, width = _page_row(page_type, d)
     pages = torch.empty(*x.shape[:-1], width, dtype=dtype)
-    scales = torch.empty(*x.shape[:-1], 1, dtype=torch.float16) if kv_dtype in ("int8", "fp8") else None
+    scales = torch.empty(*x.shape[:-1], 1, dtype=torch.float16) if page_type in ("int8", "fp8") else None
     rc = lib.bd_write_kv_rows(
-        KVPage.named(kv_dtype), x.data_ptr(), x[..., 0].numel(), d, pages.data_ptr(), _ptr(scales)
+        KVPage.named(page_type), x.data_ptr(), x[..., 0].numel(), d, pages.data_ptr(), _ptr(scales)
     )
     if rc != 0:
-        raise NativeKernelError(f"the native kernels write no {kv_dtype!r} rows of {d} values")
+        raise NativeKernelError(f"the native kernels write no {page_type!r} rows of {d} values")
     return pages, scales
 
 
@@ -807,7 +730,7 @@ def decode_step(
         block_size,
     )
     if rc != Status.OK:
-        pages = sorted({(ls.kv_dtype, ls.v_dtype or ls.kv_dtype) for ls in spec.layers})
+        pages = sorted({(ls.k_dtype, ls.v_dtype or ls.k_dtype) for ls in spec.layers})
         raise NativeKernelError(
             f"the native decode step refused its layers' pages ({_status_name(rc)}): keys/values "
             f"{', '.join('/'.join(p) for p in pages)} at head_dim {spec.head_dim}; it reads row, "

@@ -145,7 +145,7 @@ def attention_over_pages(
     block_size: int,
     scale: float,
     window: Optional[int],
-    kv_dtype: str,
+    k_dtype: str,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     k_scale: Optional[torch.Tensor] = None,
@@ -155,14 +155,14 @@ def attention_over_pages(
     v_side=None,
 ) -> torch.Tensor:
     """Twin of the native paged attention: q (T, Hq, D); token t at ``positions[t]`` attends causally (and within
-    ``window``) over the pages of block table row ``token_rows[t]``; key pages of ``kv_dtype``, value pages of
+    ``window``) over the pages of block table row ``token_rows[t]``; key pages of ``k_dtype``, value pages of
     ``v_dtype`` (default: the same), each (slots, Hkv, D) rows or (slots, Hkv, D/32 · block bytes) GGML blocks
     (int8/fp8 with float16 scales (slots, Hkv[, 1])), or code pages (slots, Hkv, D·bits/8) with their
     ``k_side``/``v_side`` (:class:`~bytediet.kernels.decoder_spec.CodePageSide`, see :func:`read_code_rows`), or
     ``"turboquant"`` pages described by k_side/v_side (:class:`~bytediet.kernels.decoder_spec.TurboQuantPageSpec`).
     One token at a time, plainly. → (T, Hq, D) float32."""
     out = torch.empty(q.shape, dtype=torch.float32)
-    dtypes = (kv_dtype, v_dtype or kv_dtype)
+    dtypes = (k_dtype, v_dtype or k_dtype)
     d = q.shape[-1]
 
     def read(dtype, pages, s, side, slots, first):
@@ -192,20 +192,20 @@ def _unpack_codes(packed: torch.Tensor, bits: int, n: int) -> torch.Tensor:
     return codes.reshape(*packed.shape[:-1], -1)[..., :n].float()
 
 
-def read_code_rows(kv_dtype: str, codes: torch.Tensor, side, slots: torch.Tensor, d: int) -> torch.Tensor:
+def read_code_rows(page_type: str, codes: torch.Tensor, side, slots: torch.Tensor, d: int) -> torch.Tensor:
     """The rows at ``slots`` (L,) of code pages (``decoder_spec.CODE_PAGE_TYPES``: codes (slots, H, row bytes)
     uint8, side data ``side``, a :class:`~bytediet.kernels.decoder_spec.CodePageSide`) → float32 (L, H, D):
     code · scale + zero, per channel over each key group or per token in groups of G channels, a row whose window is
     still open read from its staging page; QJL keys √(π/2)/m · ‖k − μ‖ · Sᵀ sign (without the mean μ: it shifts every
     score of a query alike); PolarQuant rows decoded down the polar tree in the rotated basis, then rotated back."""
-    if kv_dtype.startswith("qjl"):
-        m = int(kv_dtype[3]) * d
+    if page_type.startswith("qjl"):
+        m = int(page_type[3]) * d
         signs = _unpack_codes(codes[slots], 1, m) * 2 - 1  # (L, H, m)
         return (signs @ side.transform) * ((math.sqrt(math.pi / 2) / m) * side.scale[slots].float())[..., None]
-    if kv_dtype == "polarquant":
+    if page_type == "polarquant":
         return _polar_rows(codes[slots], side.scale[slots].float(), side.table, d) @ side.transform
-    q = _unpack_codes(codes[slots], CODE_PAGE_BITS[kv_dtype], d)  # (L, H, D)
-    if kv_dtype.startswith("kivi"):
+    q = _unpack_codes(codes[slots], CODE_PAGE_BITS[page_type], d)  # (L, H, D)
+    if page_type.startswith("kivi"):
         g = slots // side.group
         x = q * side.scale[g].float() + side.zero[g].float()
     else:
@@ -640,23 +640,23 @@ def turboquant_write(
     turboquant_pages.write(pages, x, slots, positions)
 
 
-def write_kv_rows(kv_dtype: str, x: torch.Tensor) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """Rows x (..., D) float32 → (pages, scales): KV page rows of ``kv_dtype`` (``decoder_spec.ATTENTION_PAGE_TYPES``)
+def write_kv_rows(page_type: str, x: torch.Tensor) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Rows x (..., D) float32 → (pages, scales): KV page rows of ``page_type`` (``decoder_spec.ATTENTION_PAGE_TYPES``)
     as the KV codecs store them — float rows (..., D); int8/fp8 codes (..., D) uint8 and float16 scales (..., 1);
     GGML blocks (..., D/32 · block bytes) uint8 (kvcache/ggml_block.py) — scales None but for int8/fp8."""
-    if kv_dtype in _ROW_QUANTIZERS:
-        return _ROW_QUANTIZERS[kv_dtype](x)
-    if kv_dtype in BLOCK_PAGE_TYPES:
-        blocks = ENCODERS[BLOCK_PAGE_TYPES[kv_dtype]](x.float().reshape(-1, 32).contiguous())
+    if page_type in _ROW_QUANTIZERS:
+        return _ROW_QUANTIZERS[page_type](x)
+    if page_type in BLOCK_PAGE_TYPES:
+        blocks = ENCODERS[BLOCK_PAGE_TYPES[page_type]](x.float().reshape(-1, 32).contiguous())
         return blocks.reshape(*x.shape[:-1], -1), None
-    return x.to(FLOAT_PAGE_DTYPES[kv_dtype]), None
+    return x.to(FLOAT_PAGE_DTYPES[page_type]), None
 
 
 def _write_rows(
-    kv_dtype: str, pages: torch.Tensor, scales: Optional[torch.Tensor], slots: torch.Tensor, x: torch.Tensor
+    page_type: str, pages: torch.Tensor, scales: Optional[torch.Tensor], slots: torch.Tensor, x: torch.Tensor
 ) -> None:
-    """x (T, Hkv, D) → rows ``slots`` of pages of ``kv_dtype`` (and their scales)."""
-    rows, scale = write_kv_rows(kv_dtype, x)
+    """x (T, Hkv, D) → rows ``slots`` of pages of ``page_type`` (and their scales)."""
+    rows, scale = write_kv_rows(page_type, x)
     pages[slots] = rows
     if scale is not None:
         scales[slots] = scale.reshape(scales[slots].shape)
@@ -665,8 +665,8 @@ def _write_rows(
 def _sides(layer: LayerSpec) -> tuple[tuple, tuple]:
     """(page type, pages, scales, TurboQuant spec) of the layer's keys and of its values."""
     return (
-        (layer.kv_dtype, layer.k_cache, layer.k_scale, layer.k_tq),
-        (layer.v_dtype or layer.kv_dtype, layer.v_cache, layer.v_scale, layer.v_tq),
+        (layer.k_dtype, layer.k_cache, layer.k_scale, layer.k_tq),
+        (layer.v_dtype or layer.k_dtype, layer.v_cache, layer.v_scale, layer.v_tq),
     )
 
 
@@ -680,16 +680,16 @@ def _write_pages(
             _write_rows(dtype, pages, scales, slots, x)
 
 
-def read_kv_rows(kv_dtype: str, pages: torch.Tensor, scales: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """KV page rows (..., D) of ``kv_dtype`` (one of ``decoder_spec.ATTENTION_PAGE_TYPES``; int8/fp8 with their
+def read_kv_rows(page_type: str, pages: torch.Tensor, scales: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """KV page rows (..., D) of ``page_type`` (one of ``decoder_spec.ATTENTION_PAGE_TYPES``; int8/fp8 with their
     float16 ``scales`` (..., 1); the GGML block types as (..., D/32 · block bytes) uint8) → float32 (..., D):
     the values attention reads."""
-    if kv_dtype == "int8":
+    if page_type == "int8":
         return (pages.float() - 128) * scales.float()
-    if kv_dtype == "fp8":
+    if page_type == "fp8":
         return pages.view(torch.float8_e4m3fn).float() * scales.float()
-    if kv_dtype in BLOCK_PAGE_TYPES:
-        ggml_type = BLOCK_PAGE_TYPES[kv_dtype]
+    if page_type in BLOCK_PAGE_TYPES:
+        ggml_type = BLOCK_PAGE_TYPES[page_type]
         values = DECODERS[ggml_type](pages.reshape(-1, block_bytes(ggml_type)))
         return values.reshape(*pages.shape[:-1], -1)
     return pages.float()

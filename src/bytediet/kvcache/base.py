@@ -110,7 +110,7 @@ STEP_PAGE_KINDS = (PageKind.ROW, PageKind.BLOCK, PageKind.TURBOQUANT)  # what th
 @dataclass(frozen=True)
 class StepPages:
     """What the one-call native decode step (``ops.decode_step``) reads and writes of one layer's cache: its pages
-    as ``LayerSpec`` fields (``kv_dtype``, ``k_cache`` …), or ``objection``, one line saying why it cannot."""
+    as ``LayerSpec`` fields (``k_dtype``, ``k_cache`` …), or ``objection``, one line saying why it cannot."""
 
     fields: Optional[dict] = None
     objection: str = ""
@@ -144,7 +144,7 @@ class LayerKVCache(ABC):
         """
 
     def native_pages(self) -> Optional[dict]:
-        """The pages as the native attention reads them in place — ``kv_dtype`` (one of
+        """The pages as the native attention reads them in place — ``k_dtype`` (one of
         ``kernels.decoder_spec.ATTENTION_PAGE_TYPES``; the keys', and the values' unless ``v_dtype`` names
         another), ``k_cache``/``v_cache`` (slots, H, D), or (slots, H, D/32 · block bytes) for the GGML block types,
         and for int8/fp8 ``k_scale``/``v_scale`` (slots, H, 1) float16, and for code pages (KIVI's; one of
@@ -160,10 +160,10 @@ class LayerKVCache(ABC):
         if pages is None:
             return StepPages(objection=f"KV cache {kinds} has no native step (its pages have no native read)")
         if any(
-            KVPage.named(pages.get(side) or pages["kv_dtype"]).kind not in STEP_PAGE_KINDS
-            for side in ("kv_dtype", "v_dtype")
+            KVPage.named(pages.get(side) or pages["k_dtype"]).kind not in STEP_PAGE_KINDS
+            for side in ("k_dtype", "v_dtype")
         ):
-            return StepPages(objection=f"KV cache {kinds}: {pages['kv_dtype']} pages have no native step")
+            return StepPages(objection=f"KV cache {kinds}: {pages['k_dtype']} pages have no native step")
         return StepPages({k: v for k, v in pages.items() if k not in ("k_side", "v_side")})
 
     def step_ready(self) -> bool:

@@ -87,7 +87,7 @@ class CompressedCache(LayerKVCache):
         (kt, kc, ks, kside), (vt, vc, vs, vside) = ((*h, None)[:4] for h in (k, v))
         if (kt == "turboquant") != (vt == "turboquant") and not {kt, vt} <= {"turboquant", *ATTENTION_PAGE_TYPES}:
             return None  # TurboQuant pages beside row or block pages only (k=q5_0,v=turboquant4), not code pages
-        return dict(kv_dtype=kt, v_dtype=vt, k_cache=kc, v_cache=vc, k_scale=ks, v_scale=vs, k_side=kside, v_side=vside)
+        return dict(k_dtype=kt, v_dtype=vt, k_cache=kc, v_cache=vc, k_scale=ks, v_scale=vs, k_side=kside, v_side=vside)
 
     def step_ready(self) -> bool:
         return self.keys.step_ready() and self.values.step_ready()
@@ -106,7 +106,7 @@ class CompressedCache(LayerKVCache):
         rotation = lambda h: None if h.rotation is None else h.rotation.float().contiguous()
         return StepPages(
             dict(
-                kv_dtype=kt,
+                k_dtype=kt,
                 v_dtype=None if vt == kt == "turboquant" else vt,
                 k_cache=kc,
                 v_cache=vc,

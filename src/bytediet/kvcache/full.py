@@ -37,8 +37,8 @@ class FullPrecisionCache(LayerKVCache):
         return self.k[slots].float(), self.v[slots].float()
 
     def native_pages(self) -> Optional[dict]:
-        kv_dtype = _PAGE_TYPES.get(self.k.dtype)
-        return None if kv_dtype is None else dict(kv_dtype=kv_dtype, k_cache=self.k, v_cache=self.v)
+        k_dtype = _PAGE_TYPES.get(self.k.dtype)
+        return None if k_dtype is None else dict(k_dtype=k_dtype, k_cache=self.k, v_cache=self.v)
 
     def attend(
         self, q: torch.Tensor, meta: AttentionMetadata, scale: float, window: Optional[int] = None

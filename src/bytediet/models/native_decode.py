@@ -86,7 +86,7 @@ def why_not_native(model: CausalLM, caches: list) -> Optional[str]:
         pages, objection = _pages_or_objection(cache)
         if pages is None:
             return objection
-        tq = "turboquant" in (pages["kv_dtype"], pages.get("v_dtype"))
+        tq = "turboquant" in (pages["k_dtype"], pages.get("v_dtype"))
         if tq and c.num_heads // c.num_kv_heads > ops.TQ_MAX_GROUP:
             return (
                 f"{c.num_heads // c.num_kv_heads} query heads per KV head (TurboQuant pages: at most "

@@ -52,6 +52,7 @@ it is most of the cost, ``bench/tp_step_time.py``).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional, Protocol, Union
@@ -518,17 +519,17 @@ def rank_hardware(
     """
     rows = []
     for hw in hardware:
-        one = analyze(
+        run = functools.partial(  # this device's analysis, at a batch and chip count
+            analyze,
             config,
             hw,
             weights=weights,
             kv=kv,
-            batch=1,
             context=context,
             prompt_len=prompt_len,
-            tp=tp,
             compute_dtype=compute_dtype,
         )
+        one = run(batch=1, tp=tp)
         chips = max(tp, one.chips_to_hold)
         if chips > 1 and not hw.link_bandwidth:
             rows.append(
@@ -541,35 +542,9 @@ def rank_hardware(
             )
             continue
         if chips != tp:
-            one = analyze(
-                config,
-                hw,
-                weights=weights,
-                kv=kv,
-                batch=1,
-                context=context,
-                prompt_len=prompt_len,
-                tp=chips,
-                compute_dtype=compute_dtype,
-            )
+            one = run(batch=1, tp=chips)
         candidates = sorted({b for b in batches if b <= one.max_batch} | {min(one.max_batch, max_batch_cap)} - {0})
-        best = max(
-            (
-                analyze(
-                    config,
-                    hw,
-                    weights=weights,
-                    kv=kv,
-                    batch=b,
-                    context=context,
-                    prompt_len=prompt_len,
-                    tp=chips,
-                    compute_dtype=compute_dtype,
-                )
-                for b in candidates or [1]
-            ),
-            key=lambda p: p.decode_tokens_per_s,
-        )
+        best = max((run(batch=b, tp=chips) for b in candidates or [1]), key=lambda p: p.decode_tokens_per_s)
         rows.append(
             {
                 "hardware": hw.id,

@@ -10,6 +10,7 @@ dot (8-bit mantissa, relative error 4e-3 on q) would miss it by far, which test_
 """
 
 import dataclasses
+import functools
 import zlib
 
 import pytest
@@ -18,11 +19,11 @@ import torch
 pytest.importorskip("triton", reason="triton is not installed")
 
 from bytediet.kernels import reference
-from bytediet.kernels.decoder_spec import TurboQuantPageSpec, TurboQuantPart
 from bytediet.kernels.triton import paged_attention as pa
-from bytediet.kvcache.turboquant_core import TurboQuantizer
+from tests.kernels import paged_batches
+from tests.kernels.paged_batches import BLOCK, row_pages, turboquant_pages
 
-BLOCK = 16
+ragged_batch = functools.partial(paged_batches.ragged_batch, spare=2)
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the interpreter on the CPU
 
 
@@ -39,61 +40,12 @@ def to_device(x):
 
 def kernel(*args, **kwargs):
     """The Triton attention on DEVICE in float32 dots (the twin's precision) → the CPU."""
-    return pa.run(*to_device(list(args)), **{k: to_device(v) for k, v in kwargs.items()}, precision="ieee").cpu()
+    return pa.attention_over_pages(
+        *to_device(list(args)), **{k: to_device(v) for k, v in kwargs.items()}, precision="ieee"
+    ).cpu()
 
 
 ROW_TYPES = ["fp32", "bf16", "fp16", "int8", "fp8", "q8_0", "q5_0", "q4_1", "q4_0"]
-
-
-def ragged_batch(seqs, gen):
-    """Block tables over shuffled pages (2 spare; unused entries −1), each token's position and table row, and the
-    slot count, for sequences given as (new tokens, context) pairs."""
-    width = max(-(-ctx // BLOCK) for _, ctx in seqs)
-    perm = torch.randperm(sum(-(-ctx // BLOCK) for _, ctx in seqs) + 2, generator=gen)
-    tables, positions, rows, used = [], [], [], 0
-    for s, (n, ctx) in enumerate(seqs):
-        nb = -(-ctx // BLOCK)
-        tables.append(torch.cat([perm[used : used + nb], torch.full((width - nb,), -1)]))
-        used += nb
-        positions += list(range(ctx - n, ctx))
-        rows += [s] * n
-    return torch.stack(tables).int(), torch.tensor(positions), torch.tensor(rows), perm.numel() * BLOCK
-
-
-def row_pages(gen, slots, hkv, d, dtype):
-    """(pages, scales) of random keys or values, as the KV codecs store them."""
-    return reference.write_kv_rows(dtype, torch.randn(slots, hkv, d, generator=gen) * 2)
-
-
-def tq_pages(gen, slots, hkv, d, layout, variant="mse", calibrated=None):
-    """Random TurboQuant codes of ``layout`` [(channels, MSE bits), …]; ``calibrated``: a channel order and a
-    constant mean, or ("rope") a pre-RoPE mean."""
-    parts = []
-    for i, (n, b) in enumerate(layout):
-        tq = TurboQuantizer(n, b + (variant == "prod"), variant, "hadamard" if i == 0 else "qr", 5 + i)
-        prod = variant == "prod"
-        parts.append(
-            TurboQuantPart(
-                n,
-                b,
-                tq.R,
-                tq.codebook,
-                (torch.rand(slots, hkv, generator=gen) * 3 + 0.1).half(),
-                torch.randint(0, 256, (slots, hkv, n * b // 8), generator=gen, dtype=torch.uint8),
-                torch.randint(0, 256, (slots, hkv, n // 8), generator=gen, dtype=torch.uint8) if prod else None,
-                (torch.rand(slots, hkv, generator=gen) * 0.6).half() if prod else None,
-                tq.S,
-            )
-        )
-    channels = mean = rope_mean = inv_freq = None
-    if calibrated:
-        channels = torch.stack([torch.randperm(d, generator=gen) for _ in range(hkv)])
-        mu = torch.randn(hkv, d, generator=gen) * 2
-        if calibrated == "rope":
-            rope_mean, inv_freq = mu, 1.0 / 10000 ** (torch.arange(0, d, 2).float() / d)
-        else:
-            mean = mu
-    return TurboQuantPageSpec(parts, channels, mean, rope_mean, inv_freq)
 
 
 def side(gen, slots, hkv, d, dtype, tq):
@@ -269,8 +221,8 @@ TQ = {
 def test_turboquant_pages(layout, calibrated):
     variant, k_layout, v_layout = TQ[layout]
     pages = {
-        "k": lambda g, s, h, d: tq_pages(g, s, h, d, k_layout, variant, calibrated),
-        "v": lambda g, s, h, d: tq_pages(g, s, h, d, v_layout, "mse", calibrated and "mean"),
+        "k": lambda g, s, h, d: turboquant_pages(g, s, h, d, k_layout, variant, calibrated),
+        "v": lambda g, s, h, d: turboquant_pages(g, s, h, d, v_layout, "mse", calibrated and "mean"),
     }
     seqs = [(1, 19), (4, 24)] if calibrated else [(1, 19), (1, 40)]
     gen = torch.Generator().manual_seed(zlib.crc32(f"{layout}{calibrated}".encode()))
@@ -294,49 +246,31 @@ def test_turboquant_beside_row_pages(k_dtype, v_dtype):  # an auto:<bits> plan's
         64,
         None,
         [(1, 25), (1, 8)],
-        tq=lambda g, s, h, d: tq_pages(g, s, h, d, [(8, 4), (56, 3)], "mse", "mean"),
+        tq=lambda g, s, h, d: turboquant_pages(g, s, h, d, [(8, 4), (56, 3)], "mse", "mean"),
     )
 
 
 def test_code_pages_raise_one_line():
-    q = torch.randn(1, 2, 32)
+    batch = (torch.randn(1, 2, 32), torch.tensor([0]), torch.tensor([0]), torch.tensor([[0]]), BLOCK, 0.1, None)
     with pytest.raises(NotImplementedError, match="'kivi2-keys' pages"):
-        pa.attention_over_pages(
-            q,
-            torch.tensor([0]),
-            torch.tensor([0]),
-            torch.tensor([[0]]),
-            BLOCK,
-            0.1,
-            None,
-            "kivi2-keys",
-            torch.zeros(16, 1, 8, dtype=torch.uint8),
-            torch.zeros(16, 1, 32),
-        )
+        pa.attention_over_pages(*batch, "kivi2-keys", torch.zeros(16, 1, 8, dtype=torch.uint8), torch.zeros(16, 1, 32))
     with pytest.raises(ValueError, match="unknown KV page type 'fp4'"):
-        pa.attention_over_pages(
-            q,
-            torch.tensor([0]),
-            torch.tensor([0]),
-            torch.tensor([[0]]),
-            BLOCK,
-            0.1,
-            None,
-            "fp4",
-            torch.zeros(16, 1, 32),
-            torch.zeros(16, 1, 32),
-        )
+        pa.attention_over_pages(*batch, "fp4", torch.zeros(16, 1, 32), torch.zeros(16, 1, 32))
 
 
 def test_check_pages_before_the_first_step():
     pa.check_pages("q8_0", "q4_0")
-    pa.check_pages("turboquant", "bf16", k_side=tq_pages(torch.Generator(), 16, 1, 64, [(16, 4), (48, 2)], "prod"))
+    pa.check_pages(
+        "turboquant", "bf16", k_side=turboquant_pages(torch.Generator(), 16, 1, 64, [(16, 4), (48, 2)], "prod")
+    )
     with pytest.raises(NotImplementedError, match="'qjl2-keys' pages"):
         pa.check_pages("qjl2-keys", "int8")
     with pytest.raises(NotImplementedError, match="1 or 2 parts, not 3"):
-        pa.check_pages("int8", "turboquant", v_side=tq_pages(torch.Generator(), 16, 1, 64, [(16, 4), (16, 3), (32, 2)]))
+        pa.check_pages(
+            "int8", "turboquant", v_side=turboquant_pages(torch.Generator(), 16, 1, 64, [(16, 4), (16, 3), (32, 2)])
+        )
     with pytest.raises(NotImplementedError, match="TurboQuant values of the MSE variant"):
-        pa.check_pages("fp16", "turboquant", v_side=tq_pages(torch.Generator(), 16, 1, 64, [(64, 2)], "prod"))
+        pa.check_pages("fp16", "turboquant", v_side=turboquant_pages(torch.Generator(), 16, 1, 64, [(64, 2)], "prod"))
 
 
 def test_check_runs_small_shapes():  # the device check's function, on tiny shapes in the interpreter

@@ -79,8 +79,8 @@ def test_triton_attention_over_codec_pages(spec):
     calls = []
 
     def triton(*args, variant=None, **kwargs):
-        calls.append(kwargs["kv_dtype"])
-        return pa.run(*args, **kwargs, precision="ieee")
+        calls.append(kwargs["k_dtype"])
+        return pa.attention_over_pages(*args, **kwargs, precision="ieee")
 
     with (
         mock.patch.object(ops, "native_library", lambda: object()),

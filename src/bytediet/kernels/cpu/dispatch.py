@@ -16,7 +16,10 @@ from typing import Optional
 
 from . import build, structs
 
-_VOID_P, _LONG, _INT = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
+_VOID_P, _LONG, _INT, _FLOAT = ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_float
+# the queries and their batch, as both paged attentions take them: q, out, T, hq, hkv, d, scale, window; positions,
+# token_rows, block_tables, the tables' width, block_size
+_ATTENTION_BATCH = [_VOID_P, _VOID_P, _LONG, _LONG, _LONG, _LONG, _FLOAT, _LONG] + [_VOID_P] * 3 + [_LONG, _LONG]
 SIGNATURES = {  # C ABI of csrc/*.cpp: name → (restype, argtypes)
     "bd_set_num_threads": (None, [_INT]),
     "bd_num_threads": (_INT, []),
@@ -31,7 +34,7 @@ SIGNATURES = {  # C ABI of csrc/*.cpp: name → (restype, argtypes)
     "bd_repack_x4": (_INT, [_INT, _VOID_P, _LONG, _LONG, _VOID_P]),
     "bd_x4_row_bytes": (_LONG, [_INT, _LONG]),
     "bd_gelu_tanh_mul": (None, [_VOID_P, _VOID_P, _LONG, _VOID_P]),
-    "bd_rms_norm_rows": (None, [_VOID_P, _VOID_P, _LONG, _LONG, ctypes.c_float, _VOID_P]),
+    "bd_rms_norm_rows": (None, [_VOID_P, _VOID_P, _LONG, _LONG, _FLOAT, _VOID_P]),
     "bd_has_gemm_panel": (_INT, [_INT]),
     "bd_gemm_panel": (_INT, [_INT, _VOID_P, _LONG, _LONG, _VOID_P, _LONG, _VOID_P, _VOID_P]),
     "bd_gemm_x4": (_INT, [_INT, _VOID_P, _LONG, _LONG, _VOID_P, _LONG, _VOID_P, _VOID_P, _INT]),
@@ -40,59 +43,9 @@ SIGNATURES = {  # C ABI of csrc/*.cpp: name → (restype, argtypes)
     "bd_decode_step": (_INT, [_VOID_P, _VOID_P, _LONG, _VOID_P, _VOID_P, _VOID_P, _LONG, _LONG]),
     "bd_read_kv_rows": (_INT, [_INT, _VOID_P, _VOID_P, _LONG, _LONG, _VOID_P]),
     "bd_write_kv_rows": (_INT, [_INT, _VOID_P, _LONG, _LONG, _VOID_P, _VOID_P]),
-    "bd_paged_attention": (
-        _INT,
-        [
-            _INT,
-            _INT,
-            _VOID_P,
-            _VOID_P,
-            _LONG,
-            _LONG,
-            _LONG,
-            _LONG,
-            ctypes.c_float,
-            _LONG,
-            _VOID_P,
-            _VOID_P,
-            _VOID_P,
-            _LONG,
-            _LONG,
-            _VOID_P,
-            _VOID_P,
-            _VOID_P,
-            _VOID_P,
-            _VOID_P,
-            _VOID_P,
-        ],
-    ),
+    "bd_paged_attention": (_INT, [_INT, _INT, *_ATTENTION_BATCH, _VOID_P, _VOID_P, _VOID_P, _VOID_P, _VOID_P, _VOID_P]),
     "bd_turboquant_write": (_INT, [_VOID_P, _VOID_P, _LONG, _VOID_P, _VOID_P, _LONG, _LONG]),
-    "bd_turboquant_attention": (
-        _INT,
-        [
-            _INT,
-            _INT,
-            _VOID_P,
-            _VOID_P,
-            _VOID_P,
-            _VOID_P,
-            _VOID_P,
-            _VOID_P,
-            _VOID_P,
-            _VOID_P,
-            _LONG,
-            _LONG,
-            _LONG,
-            _LONG,
-            ctypes.c_float,
-            _LONG,
-            _VOID_P,
-            _VOID_P,
-            _VOID_P,
-            _LONG,
-            _LONG,
-        ],
-    ),
+    "bd_turboquant_attention": (_INT, [_INT, _INT, *[_VOID_P] * 6, *_ATTENTION_BATCH]),
 }
 
 

@@ -29,23 +29,25 @@ class LinearDesc(ctypes.Structure):
     ]
 
 
+# LayerDesc's tensor pointers and linear layers, in field order (named after LayerSpec's fields)
+LAYER_TENSORS = (
+    "attn_norm",
+    "post_attn_norm",
+    "pre_ffn_norm",
+    "post_ffn_norm",
+    "q_norm",
+    "k_norm",
+    "inv_freq",
+    "k_cache",
+    "v_cache",
+)
+LAYER_LINEARS = ("q", "k", "v", "o", "gate", "up", "down")
+
+
 class LayerDesc(ctypes.Structure):
     _fields_ = (
-        [
-            (name, _PTR)
-            for name in (
-                "attn_norm",
-                "post_attn_norm",
-                "pre_ffn_norm",
-                "post_ffn_norm",
-                "q_norm",
-                "k_norm",
-                "inv_freq",
-                "k_cache",
-                "v_cache",
-            )
-        ]
-        + [(name, LinearDesc) for name in ("q", "k", "v", "o", "gate", "up", "down")]
+        [(name, _PTR) for name in LAYER_TENSORS]
+        + [(name, LinearDesc) for name in LAYER_LINEARS]
         + [
             ("window", _I64),
             ("k_scale", _PTR),

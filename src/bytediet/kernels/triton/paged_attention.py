@@ -21,50 +21,11 @@ __all__ = ["attention_over_pages", "available", "check_pages"]
 TRITON_PAGE_TYPES = tuple(FLOAT_PAGE_DTYPES) + ("int8", "fp8") + tuple(BLOCK_PAGE_TYPES) + ("turboquant",)
 
 
-def attention_over_pages(
-    q: torch.Tensor,
-    positions: torch.Tensor,
-    token_rows: torch.Tensor,
-    block_tables: torch.Tensor,
-    block_size: int,
-    scale: float,
-    window: Optional[int],
-    kv_dtype: str,
-    k_cache: Optional[torch.Tensor],
-    v_cache: Optional[torch.Tensor],
-    k_scale: Optional[torch.Tensor] = None,
-    v_scale: Optional[torch.Tensor] = None,
-    v_dtype: Optional[str] = None,
-    k_side=None,
-    v_side=None,
-) -> torch.Tensor:
-    """See :func:`bytediet.kernels.reference.attention_over_pages`: q (T, Hq, D) → (T, Hq, D) float32, on q's device
-    (CUDA, or the CPU under TRITON_INTERPRET=1). Tokens with one query per block-table row run as decodes (the
-    context split over programs, then merged); otherwise tiles of a row's tokens share each page read."""
-    return run(
-        q,
-        positions,
-        token_rows,
-        block_tables,
-        block_size,
-        scale,
-        window,
-        kv_dtype,
-        k_cache,
-        v_cache,
-        k_scale,
-        v_scale,
-        v_dtype,
-        k_side,
-        v_side,
-    )
-
-
-def check_pages(kv_dtype: str, v_dtype: Optional[str] = None, k_side=None, v_side=None) -> None:
+def check_pages(k_dtype: str, v_dtype: Optional[str] = None, k_side=None, v_side=None) -> None:
     """Raise a one-line NotImplementedError (a page type or TurboQuant layout without a Triton kernel) or ValueError
     (an unknown page type) unless the kernel reads these pages: for a caller to check once, before the first step."""
-    v_dtype = v_dtype or kv_dtype
-    for dtype in (kv_dtype, v_dtype):
+    v_dtype = v_dtype or k_dtype
+    for dtype in (k_dtype, v_dtype):
         if dtype in CODE_PAGE_TYPES:
             raise NotImplementedError(
                 f"the Triton paged attention has no kernel for {dtype!r} pages; "
@@ -72,7 +33,7 @@ def check_pages(kv_dtype: str, v_dtype: Optional[str] = None, k_side=None, v_sid
             )
         if dtype not in TRITON_PAGE_TYPES:
             raise ValueError(f"unknown KV page type {dtype!r}; choose one of: {', '.join(TRITON_PAGE_TYPES)}")
-    if kv_dtype == "turboquant":
+    if k_dtype == "turboquant":
         parts = _parts(k_side, "keys")
         if any((p.signs is None) != (parts[0].signs is None) for p in parts):
             raise NotImplementedError(
@@ -86,20 +47,20 @@ def check_pages(kv_dtype: str, v_dtype: Optional[str] = None, k_side=None, v_sid
             )
 
 
-def run(
-    q,
-    positions,
-    token_rows,
-    block_tables,
-    block_size,
-    scale,
-    window,
-    kv_dtype,
-    k_cache,
-    v_cache,
-    k_scale=None,
-    v_scale=None,
-    v_dtype=None,
+def attention_over_pages(
+    q: torch.Tensor,
+    positions: torch.Tensor,
+    token_rows: torch.Tensor,
+    block_tables: torch.Tensor,
+    block_size: int,
+    scale: float,
+    window: Optional[int],
+    k_dtype: str,
+    k_cache: Optional[torch.Tensor],
+    v_cache: Optional[torch.Tensor],
+    k_scale: Optional[torch.Tensor] = None,
+    v_scale: Optional[torch.Tensor] = None,
+    v_dtype: Optional[str] = None,
     k_side=None,
     v_side=None,
     *,
@@ -107,15 +68,17 @@ def run(
     block_m: Optional[int] = None,
     precision: Optional[str] = None,
 ) -> torch.Tensor:
-    """:func:`attention_over_pages` with the tiling chosen by hand (tests): ``block_m`` tokens a tile, the context
-    of each cut into ``num_splits`` slices, ``precision`` the float32 dots' (tl.dot's input_precision: "ieee" in the
-    interpreter, else "tf32")."""
-    v_dtype = v_dtype or kv_dtype
-    check_pages(kv_dtype, v_dtype, k_side, v_side)
+    """See :func:`bytediet.kernels.reference.attention_over_pages`: q (T, Hq, D) → (T, Hq, D) float32, on q's device
+    (CUDA, or the CPU under TRITON_INTERPRET=1). Tokens with one query per block-table row run as decodes (the
+    context split over programs, then merged); otherwise tiles of a row's tokens share each page read. The tiling is
+    chosen unless given (tests): ``block_m`` tokens a tile, the context of each cut into ``num_splits`` slices;
+    ``precision`` the float32 dots' (tl.dot's input_precision: "ieee" in the interpreter, else "tf32")."""
+    v_dtype = v_dtype or k_dtype
+    check_pages(k_dtype, v_dtype, k_side, v_side)
     from . import paged_attention_kernels as K  # triton only now
 
     t, hq, d = q.shape
-    hkv = (k_side.parts[0].norm if kv_dtype == "turboquant" else k_cache).shape[1]
+    hkv = (k_side.parts[0].norm if k_dtype == "turboquant" else k_cache).shape[1]
     if hq % hkv:
         raise ValueError(f"{hq} query heads do not group over {hkv} KV heads")
     g = hq // hkv
@@ -127,11 +90,11 @@ def run(
     block_tables = block_tables.contiguous()
     dummy = qf  # a pointer for the arguments a page type does not use
 
-    kq, qx, ra, rb, invf = _key_query(kv_dtype, k_side, qf, hkv, dummy)
-    k_args, k_const = _side_args(kv_dtype, k_cache, k_scale, k_side, dummy, keys=True)
+    kq, qx, ra, rb, invf = _key_query(k_dtype, k_side, qf, hkv, dummy)
+    k_args, k_const = _side_args(k_dtype, k_cache, k_scale, k_side, dummy, keys=True)
     v_args, v_const = _side_args(v_dtype, v_cache, v_scale, v_side, dummy, keys=False)
 
-    tq = "turboquant" in (kv_dtype, v_dtype)
+    tq = "turboquant" in (k_dtype, v_dtype)
     cfg = tiling(t <= block_tables.shape[0], g, d, tq, block_m)
     block_m, dp = cfg["BLOCK_M"], max(16, triton_next_pow2(d))
     tiles = -(-t // block_m)
@@ -162,7 +125,7 @@ def run(
         lse,
         *k_args,
         *v_args,
-        KT=KV_PAGE_TYPES.index(kv_dtype),
+        KT=KV_PAGE_TYPES.index(k_dtype),
         VT=KV_PAGE_TYPES.index(v_dtype),
         DP=dp,
         HALF=half,
@@ -222,12 +185,12 @@ def _parts(spec: TurboQuantPageSpec, what: str):
     return spec.parts
 
 
-def _key_query(kv_dtype, spec, qf, hkv, dummy):
+def _key_query(k_dtype, spec, qf, hkv, dummy):
     """(query the kernel scores, its QJL sketch, RoPE-mean coefficients a and b, inv_freq): for TurboQuant keys the
     query in the stored channel order, each part rotated once (q̃ = q_p R_pᵀ) and sketched (q̃ Sᵀ) for inner-product
     keys; a pre-RoPE mean μ adds q·RoPE(μ, p) = Σ_i a_i cos(p θ_i) + b_i sin(p θ_i), with a = q₁μ₁ + q₂μ₂ and
     b = q₂μ₁ − q₁μ₂. A constant mean adds q·μ to every score of a query: the softmax ignores it."""
-    if kv_dtype != "turboquant":
+    if k_dtype != "turboquant":
         return qf.contiguous(), dummy, dummy, dummy, dummy
     parts = spec.parts
     t, hq, d = qf.shape

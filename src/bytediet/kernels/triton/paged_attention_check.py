@@ -11,7 +11,7 @@ import torch
 
 from .. import reference
 from ..decoder_spec import TurboQuantPageSpec, TurboQuantPart
-from .paged_attention import run
+from .paged_attention import attention_over_pages
 
 BLOCK = 16  # tokens a page
 MIXES = [
@@ -81,10 +81,11 @@ def check_shapes() -> list[dict]:
     ]
 
 
-def _batch(seqs, gen):
-    """Block tables over shuffled pages, each token's position and table row, and the slot count."""
+def ragged_batch(seqs, gen, spare: int = 0, dtype=torch.int32):
+    """Block tables (``dtype``) over shuffled pages (``spare`` unused; unused entries −1), each token's position and
+    table row, and the slot count, for sequences given as (new tokens, context) pairs (the tests' batches too)."""
     width = max(-(-ctx // BLOCK) for _, ctx in seqs)
-    perm = torch.randperm(sum(-(-ctx // BLOCK) for _, ctx in seqs), generator=gen)
+    perm = torch.randperm(sum(-(-ctx // BLOCK) for _, ctx in seqs) + spare, generator=gen)
     tables, positions, rows, used = [], [], [], 0
     for s, (n, ctx) in enumerate(seqs):
         nb = -(-ctx // BLOCK)
@@ -92,7 +93,7 @@ def _batch(seqs, gen):
         used += nb
         positions += list(range(ctx - n, ctx))
         rows += [s] * n
-    return torch.stack(tables).int(), torch.tensor(positions), torch.tensor(rows), perm.numel() * BLOCK
+    return torch.stack(tables).to(dtype), torch.tensor(positions), torch.tensor(rows), perm.numel() * BLOCK
 
 
 def _turboquant(gen, slots, hkv, d, keys: bool) -> TurboQuantPageSpec:
@@ -163,7 +164,7 @@ def check(device: str = "cuda", shapes: Optional[list[dict]] = None, seed: int =
         for k_dtype, v_dtype in shape["mixes"]:
             gen = torch.Generator().manual_seed(seed)
             hq, hkv, d = shape["hq"], shape["hkv"], shape["d"]
-            bt, positions, rows, slots = _batch(shape["seqs"], gen)
+            bt, positions, rows, slots = ragged_batch(shape["seqs"], gen)
             k, v = _side(gen, k_dtype, slots, hkv, d, True), _side(gen, v_dtype, slots, hkv, d, False)
             q = torch.randn(len(positions), hq, d, generator=gen)
             args = [
@@ -185,7 +186,8 @@ def check(device: str = "cuda", shapes: Optional[list[dict]] = None, seed: int =
             dev_args, sides = _to(args, device), {"k_side": _to(k["side"], device), "v_side": _to(v["side"], device)}
             norm = max(1.0, want.abs().max().item())
             err = {
-                p: (run(*dev_args, **sides, precision=p).cpu() - want).abs().max().item() / norm for p in ("ieee", None)
+                p: (attention_over_pages(*dev_args, **sides, precision=p).cpu() - want).abs().max().item() / norm
+                for p in ("ieee", None)
             }
             row = {
                 "shape": shape["name"],
@@ -197,7 +199,7 @@ def check(device: str = "cuda", shapes: Optional[list[dict]] = None, seed: int =
                 "ok": err["ieee"] <= 1e-4 and err[None] <= 2e-2,
             }
             if str(device).startswith("cuda"):
-                ms = _time(lambda a=dev_args, s=sides: run(*a, **s), reps)
+                ms = _time(lambda a=dev_args, s=sides: attention_over_pages(*a, **s), reps)
                 row.update(ms=ms, kv_gbps=_bytes(k, v, shape["seqs"], hkv) / ms / 1e6)
             results.append(row)
     return results

@@ -182,8 +182,8 @@ struct PagesPolar : SidePages {
 
 // fn(P{}) for any page type the native attention reads (row, block and code pages); false for another id.
 template <class Fn>
-bool with_attention_pages(int kv_dtype, Fn fn) {
-    switch (static_cast<KVPage>(kv_dtype)) {
+bool with_attention_pages(int page_type, Fn fn) {
+    switch (static_cast<KVPage>(page_type)) {
         case KVPage::KIVI2_KEYS: fn(PagesChannelKeys<2>{}); return true;
         case KVPage::KIVI4_KEYS: fn(PagesChannelKeys<4>{}); return true;
         case KVPage::INT2_TOKEN_G32: fn(PagesTokenCodes<2, 32>{}); return true;
@@ -195,14 +195,14 @@ bool with_attention_pages(int kv_dtype, Fn fn) {
         case KVPage::QJL3_KEYS: fn(PagesQJLKeys<3>{}); return true;
         case KVPage::QJL4_KEYS: fn(PagesQJLKeys<4>{}); return true;
         case KVPage::POLARQUANT: fn(PagesPolar{}); return true;
-        default: return with_pages(kv_dtype, fn);
+        default: return with_pages(page_type, fn);
     }
 }
 
 // Whether pages of this type are read with side data (code pages: CodePagesDesc), from the type's traits.
-inline bool has_side_data(int kv_dtype) {
+inline bool has_side_data(int page_type) {
     bool side = false;
-    with_attention_pages(kv_dtype, [&](auto p) { side = decltype(p)::SIDE; });
+    with_attention_pages(page_type, [&](auto p) { side = decltype(p)::SIDE; });
     return side;
 }
 

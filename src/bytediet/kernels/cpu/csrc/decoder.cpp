@@ -516,9 +516,9 @@ void attend(const ModelDesc& m, const LayerDesc& L, const float* q, float* out, 
     if (ps.finish) ps.finish(*v_side, out, T * hq, d);
 }
 
-// Row idx (slot · hkv + head) of pages of type kv_dtype ← x (d floats), and its fp16 scale for int8/fp8.
-void write_row(int kv_dtype, const float* x, long d, void* pages, void* scales, long idx) {
-    with_pages(kv_dtype, [&](auto p) {
+// Row idx (slot · hkv + head) of pages of type page_type ← x (d floats), and its fp16 scale for int8/fp8.
+void write_row(int page_type, const float* x, long d, void* pages, void* scales, long idx) {
+    with_pages(page_type, [&](auto p) {
         using P = decltype(p);
         P::write(x, d, static_cast<typename P::T*>(pages) + idx * P::row_size(d), static_cast<uint16_t*>(scales) + idx);
     });
@@ -650,13 +650,13 @@ int bd_paged_attention(int k_dtype, int v_dtype, const float* q, float* out, lon
     return 0;
 }
 
-// rows KV page rows of kv_dtype ((rows, row_size(d)), and their fp16 scales for int8/fp8) → out (rows, d) float32,
+// rows KV page rows of page_type ((rows, row_size(d)), and their fp16 scales for int8/fp8) → out (rows, d) float32,
 // as the attention reads them. d a multiple of 8 (of 32 for block pages). Returns 0, -1 for a page type without
 // row pages or a d they do not fit.
-int bd_read_kv_rows(int kv_dtype, const void* pages, const void* scales, long rows, long d, float* out) {
+int bd_read_kv_rows(int page_type, const void* pages, const void* scales, long rows, long d, float* out) {
     bd::Passes ps;
-    if (bd::has_side_data(kv_dtype) || !bd::passes(kv_dtype, kv_dtype, d, ps)) return -1;
-    bd::with_pages(kv_dtype, [&](auto p) {
+    if (bd::has_side_data(page_type) || !bd::passes(page_type, page_type, d, ps)) return -1;
+    bd::with_pages(page_type, [&](auto p) {
         using P = decltype(p);
         const typename P::T* r = static_cast<const typename P::T*>(pages);
         for (long i = 0; i < rows; ++i) {
@@ -668,12 +668,12 @@ int bd_read_kv_rows(int kv_dtype, const void* pages, const void* scales, long ro
     return 0;
 }
 
-// x (rows, d) float32 → rows KV page rows of kv_dtype (rows, row_size(d)), and for int8/fp8 their fp16 scales
+// x (rows, d) float32 → rows KV page rows of page_type (rows, row_size(d)), and for int8/fp8 their fp16 scales
 // (rows): the decode step's write of a new token's keys or values. Returns 0, -1 as bd_read_kv_rows.
-int bd_write_kv_rows(int kv_dtype, const float* x, long rows, long d, void* pages, void* scales) {
+int bd_write_kv_rows(int page_type, const float* x, long rows, long d, void* pages, void* scales) {
     bd::Passes ps;
-    if (bd::has_side_data(kv_dtype) || !bd::passes(kv_dtype, kv_dtype, d, ps)) return -1;
-    for (long i = 0; i < rows; ++i) bd::write_row(kv_dtype, x + i * d, d, pages, scales, i);
+    if (bd::has_side_data(page_type) || !bd::passes(page_type, page_type, d, ps)) return -1;
+    for (long i = 0; i < rows; ++i) bd::write_row(page_type, x + i * d, d, pages, scales, i);
     return 0;
 }
 

@@ -288,36 +288,16 @@ inline __m128i block_codes8(const uint8_t* b, long o) {
 // (m = 0, −16d, −8d: a multiple of d) in one fused step, which is d·(code − offset) rounded once; q4_1's own
 // minimum m is added after the product (FUSED = false), two roundings. Written by ENCODE, one block at a time.
 // Read either a row at a time (widen: into a float tile) or 8 values at a time in registers (load8: the streaming
-// attention passes; the same roundings).
+// attention passes; the same roundings; 16 at a time: lanes_avx512.h's block_load16).
 template <class F, bool FUSED, void (*ENCODE)(const float*, uint8_t*)>
 struct BlockPages : PageTraits {
     using T = uint8_t;
+    using Format = F;  // the GGML block format (block_formats.h)
+    static constexpr bool FUSED_ROUNDING = FUSED;  // d·code + m in one fma (else a product, then the sum)
     static constexpr bool BLOCKS = true;
     static constexpr long ALIGN = 32;
     static long row_size(long d) { return d / 32 * F::BYTES; }
     static __m256 load8(const T* r, long j) { return load8_in(r + (j >> 5) * F::BYTES, j & 31); }
-#if BD_AVX512
-    static __m512 load16_in(const T* b, long o) {  // elements [o, o + 16) of the block at b (o: 0 or 16), one pass
-        SubScales s;
-        F::scales(b, s);
-        const uint8_t* qs = b + kCodeBytesAt<F>;
-        __m512i c;
-        if constexpr (std::is_same_v<F, Q8_0>) {
-            c = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + o)));
-        } else {  // nibble halves: elements 0–15 the low nibbles of the 16 code bytes, 16–31 their high nibbles
-            c = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));
-            c = _mm512_and_si512(o ? _mm512_srli_epi32(c, 4) : c, _mm512_set1_epi32(0x0F));
-            if constexpr (kHighBits<F>) {  // bit j of the 32 high bits adds 16 to element j
-                uint32_t qh;
-                std::memcpy(&qh, b + kHighBitsAt<F>, 4);
-                c = _mm512_mask_or_epi32(c, static_cast<__mmask16>(qh >> o), c, _mm512_set1_epi32(16));
-            }
-        }
-        const __m512 f = _mm512_cvtepi32_ps(c);
-        const __m512 dv = _mm512_set1_ps(s.d_lo[0]), mv = _mm512_set1_ps(s.m[0]);
-        return FUSED ? _mm512_fmadd_ps(dv, f, mv) : _mm512_add_ps(_mm512_mul_ps(dv, f), mv);
-    }
-#endif
     static __m256 load8_in(const T* b, long o) {  // elements [o, o + 8) of the block at b
         SubScales s;
         F::scales(b, s);
@@ -367,10 +347,10 @@ inline const float* widen_row(const typename P::T* r, long d, float* tile) {
     }
 }
 
-// fn(P{}) for page type id kv_dtype (not TurboQuant's); returns false for an id with no row pages.
+// fn(P{}) for page type id page_type (not TurboQuant's); returns false for an id with no row pages.
 template <class Fn>
-bool with_pages(int kv_dtype, Fn fn) {
-    switch (static_cast<KVPage>(kv_dtype)) {
+bool with_pages(int page_type, Fn fn) {
+    switch (static_cast<KVPage>(page_type)) {
         case KVPage::FP32: fn(PagesF32{}); return true;
         case KVPage::BF16: fn(PagesBF16{}); return true;
         case KVPage::FP16: fn(PagesF16{}); return true;

@@ -9,6 +9,30 @@
 namespace bd {
 namespace {  // decoder.cpp's alone: internal linkage, as when they were written there
 
+// Elements [o, o + 16) of the GGML block at b (o: 0 or 16) of BlockPages P, in one pass (load8_in's roundings).
+template <class P>
+inline __m512 block_load16(const uint8_t* b, long o) {
+    using F = typename P::Format;
+    SubScales s;
+    F::scales(b, s);
+    const uint8_t* qs = b + kCodeBytesAt<F>;
+    __m512i c;
+    if constexpr (std::is_same_v<F, Q8_0>) {
+        c = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + o)));
+    } else {  // nibble halves: elements 0–15 the low nibbles of the 16 code bytes, 16–31 their high nibbles
+        c = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));
+        c = _mm512_and_si512(o ? _mm512_srli_epi32(c, 4) : c, _mm512_set1_epi32(0x0F));
+        if constexpr (kHighBits<F>) {  // bit j of the 32 high bits adds 16 to element j
+            uint32_t qh;
+            std::memcpy(&qh, b + kHighBitsAt<F>, 4);
+            c = _mm512_mask_or_epi32(c, static_cast<__mmask16>(qh >> o), c, _mm512_set1_epi32(16));
+        }
+    }
+    const __m512 f = _mm512_cvtepi32_ps(c);
+    const __m512 dv = _mm512_set1_ps(s.d_lo[0]), mv = _mm512_set1_ps(s.m[0]);
+    return P::FUSED_ROUNDING ? _mm512_fmadd_ps(dv, f, mv) : _mm512_add_ps(_mm512_mul_ps(dv, f), mv);
+}
+
 template <class P>
 inline __m512 load16(const typename P::T* r, long i) {
     if constexpr (std::is_same_v<P, PagesF32>) {
@@ -22,7 +46,7 @@ inline __m512 load16(const typename P::T* r, long i) {
         const __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r + i)));
         return _mm512_cvtepi32_ps(_mm512_sub_epi32(c, _mm512_set1_epi32(128)));
     } else if constexpr (P::BLOCKS) {  // half a GGML block, decoded 16 values at once
-        return P::load16_in(r + (i >> 5) * P::row_size(32), i & 31);
+        return block_load16<P>(r + (i >> 5) * P::row_size(32), i & 31);
     } else {  // two of the page type's 8-value loads
         const __m256 lo = P::load8(r, i), hi = P::load8(r, i + 8);
         return _mm512_castpd_ps(

@@ -318,10 +318,10 @@ struct TypeTag {  // a type handed to a generic lambda: TypeTag<T>::type
     using type = T;
 };
 
-// fn(TypeTag<PageRows<PG>>, group) for the row or block pages of kv_dtype (the group as with_group gives it).
+// fn(TypeTag<PageRows<PG>>, group) for the row or block pages of page_type (the group as with_group gives it).
 template <class Fn>
-void with_page_rows(int kv_dtype, long group, Fn fn) {
-    with_pages(kv_dtype,
+void with_page_rows(int page_type, long group, Fn fn) {
+    with_pages(page_type,
                [&](auto pg) { with_group(group, [&](auto g) { fn(TypeTag<PageRows<decltype(pg)>>{}, g); }); });
 }
 
