@@ -60,7 +60,7 @@ def describe() -> dict:
         if lib is None or not lib.bd_has_gemm_panel(2):
             return {
                 "dtype": "fp32",
-                "reason": "int8 asked, but the native library here has no AVX-512 VNNI panel "
+                "reason": f"{c['reason']}; int8 chosen, but the native library here has no AVX-512 VNNI panel "
                 f"kernel ({lib.variant if lib else 'no native library'}): fp32",
                 "speedup": None,
             }
