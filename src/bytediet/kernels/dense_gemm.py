@@ -62,7 +62,7 @@ def describe() -> dict:
                 "dtype": "fp32",
                 "reason": f"{c['reason']}; int8 chosen, but the native library here has no AVX-512 VNNI panel "
                 f"kernel ({lib.variant if lib else 'no native library'}): fp32",
-                "speedup": None,
+                "speedup": c["speedup"],
             }
         name = "int8-q16"
     return {"dtype": name, "reason": c["reason"], "speedup": c["speedup"]}
