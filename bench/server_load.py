@@ -270,6 +270,8 @@ def run_llama_server(args) -> dict:
 
 
 def measure(base: str, args) -> dict:
+    # one request first, not counted: both servers are measured warm
+    asyncio.run(run_load(base, 1, 1, 4, args.temperature))
     load = os.getloadavg()
     t0 = time.perf_counter()
     results = asyncio.run(run_load(base, args.clients, args.requests, args.max_tokens, args.temperature))

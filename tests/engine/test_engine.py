@@ -248,3 +248,13 @@ def test_llama_cpp_kv_blocks_generate_natively_the_reference_paths_tokens(arch, 
     assert reference.engine.runner.decode_path.startswith("modules (no native kernels")
     for g, w in zip(got, reference.generate(ps, GREEDY)):
         assert_same_or_tie(g.outputs[0].token_ids, w.outputs[0])
+
+
+def test_warm_up_steps_the_engine_and_leaves_no_cached_prefix(tiny_model):
+    llm = make_llm(tiny_model)
+    llm.warm_up()
+    bm = llm.engine.block_manager
+    assert llm.engine.stats.steps >= 2 and not llm.engine.has_unfinished_requests()
+    assert not bm.hash_to_block and not bm.by_head and bm.num_free_blocks == bm.num_blocks
+    first = llm.generate([[1, 2, 3, 4, 5, 6, 7, 1]], GREEDY)[0]
+    assert first.num_cached_tokens == 0

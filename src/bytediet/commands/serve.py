@@ -140,8 +140,10 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def build_engine(args: argparse.Namespace):
-    """The model and engine of ``args`` (in the engine process with --engine-process)."""
-    return build_llm(args)
+    """The model and engine of ``args`` (in the engine process with --engine-process), warmed up."""
+    llm = build_llm(args)
+    llm.warm_up()
+    return llm
 
 
 def run(args: argparse.Namespace) -> int:

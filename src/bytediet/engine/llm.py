@@ -262,6 +262,14 @@ class LLM:
         """Render and tokenize a conversation; the template already holds BOS and special tokens."""
         return self.tokenizer.encode(self.chat_prompt(messages), add_special_tokens=False)
 
+    def warm_up(self) -> None:
+        """One short prefill and decode before serving, so the first request pays no first-use cost (kernel
+        layouts, allocations); the warm-up's prompt leaves nothing in the prefix cache."""
+        self._run(
+            [[1 + i % 7 for i in range(8)]], [None], SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
+        )
+        self.engine.block_manager.reset_prefix_cache()
+
     # -- generation -----------------------------------------------------------------------------
     def generate(
         self,
