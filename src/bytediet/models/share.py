@@ -43,11 +43,21 @@ def shared_copy(model: nn.Module) -> nn.Module:
 
 
 def float_layers_as_loaded(model: nn.Module, names: set[str]) -> None:
-    """Give the linear layers ``names`` of a :func:`shared_copy` float32 weights dequantized from their blocks —
-    what an fp32 load of the checkpoint holds for a layer a weight format leaves as it is."""
+    """Make the linear layers ``names`` of a :func:`shared_copy` compute what an fp32 load of the checkpoint
+    computes for a layer a weight format leaves as it is: a native block format runs its shared blocks at float
+    activations (decoded to float32 for a prefill — the same numbers — and never held as float32); another
+    packed format is dequantized to float32."""
     from ..quant.base import get_weight_format
+    from ..quant.common import NativeActivations
 
     fp32 = get_weight_format("fp32")
     for name, layer in model.linear_layers():
-        if name in names and layer.format is not None and layer.format.spec() != "fp32":
+        if name not in names or layer.format is None or layer.format.spec() == "fp32":
+            continue
+        floated = copy.copy(layer.format)  # its own: the loaded model's format object is shared
+        if isinstance(floated, NativeActivations) and layer.native_weight() is not None:
+            floated = floated.with_activations("f32")
+        if getattr(floated, "activations", None) == "f32":
+            layer.format = floated
+        else:
             layer.set_packed(fp32, fp32.quantize(layer.dequantized_weight()))
