@@ -123,3 +123,31 @@ def test_layers_left_as_loaded_score_as_their_fp32_copy(tmp_path):
     assert lean.lm_head.format.spec().startswith("gguf-") and lean.lm_head.packed_blocks is packed.lm_head.packed_blocks
     ids = torch.arange(1, 200) % packed.config.vocab_size
     assert torch.equal(lean.score(ids), old.score(ids))
+
+
+@pytest.mark.parametrize("qtype", [gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.Q4_0])
+def test_a_packed_token_table_looks_up_the_float_tables_rows(tmp_path, qtype):
+    """packed_embedding: the table stays in its blocks (shared with the tied lm_head and with copies); lookups,
+    logits and a saved copy's float table are the float32 load's exactly."""
+    from bytediet.kernels import reference
+    from bytediet.models.layers import PackedEmbedding
+    from bytediet.models.share import float_embedding
+
+    path = tiny_gguf(tmp_path / "m.gguf", qtype)
+    plain, _ = load_model(path, keep_packed=True, load_tokenizer=False)
+    lean, _ = load_model(path, keep_packed=True, load_tokenizer=False, packed_embedding=True)
+    table = lean.model.embed_tokens
+    assert isinstance(table, PackedEmbedding) and table.packed_blocks.dtype == torch.uint8
+    assert lean.lm_head.packed_blocks is table.packed_blocks  # tied: one set of blocks
+    assert lean.dtype == torch.float32 and lean.weight_bytes() == plain.weight_bytes()
+    ids = torch.tensor([[5, 0, 95], [7, 7, 1]])
+    assert torch.equal(table(ids), plain.model.embed_tokens(ids))
+    rows = reference.dequantize_blocks(table.ggml_type, table.packed_blocks[ids.reshape(-1)])
+    assert torch.equal(table(ids).reshape(-1, table.embedding_dim), rows)  # the plain-PyTorch twin
+    seq = torch.arange(1, 90) % lean.config.vocab_size
+    assert torch.equal(lean.score(seq), plain.score(seq))
+    copy = shared_copy(lean)
+    assert copy.model.embed_tokens.packed_blocks is table.packed_blocks
+    float_embedding(copy)
+    assert torch.equal(copy.model.embed_tokens.weight, plain.model.embed_tokens.weight)
+    assert isinstance(lean.model.embed_tokens, PackedEmbedding)  # the loaded model keeps its blocks

@@ -13,7 +13,7 @@ import copy
 import torch
 import torch.nn as nn
 
-from .layers import Linear
+from .layers import Linear, PackedEmbedding
 
 
 def shared_tensors(model: nn.Module) -> list[torch.Tensor]:
@@ -29,6 +29,8 @@ def shared_tensors(model: nn.Module) -> list[torch.Tensor]:
                 tensors.append(module._native[1])
         elif isinstance(module, nn.Embedding):
             tensors.append(module.weight)
+        elif isinstance(module, PackedEmbedding):
+            tensors.append(module.packed_blocks)
     return tensors
 
 
@@ -61,3 +63,13 @@ def float_layers_as_loaded(model: nn.Module, names: set[str]) -> None:
             layer.format = floated
         else:
             layer.set_packed(fp32, fp32.quantize(layer.dequantized_weight()))
+
+
+def float_embedding(model: nn.Module) -> None:
+    """Give ``model`` (a :func:`shared_copy`) a float32 token embedding in place of a
+    :class:`~bytediet.models.layers.PackedEmbedding` — what a checkpoint saved from it stores."""
+    table = model.model.embed_tokens
+    if isinstance(table, PackedEmbedding):
+        model.model.embed_tokens = nn.Embedding(
+            table.num_embeddings, table.embedding_dim, _weight=table.weight, _freeze=True
+        )

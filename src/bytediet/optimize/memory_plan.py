@@ -22,21 +22,56 @@ COMPARE_CHUNK_BYTES = 6 * (1 << 22) * 8  # fidelity's float64 log-softmax chunks
 GRAM_METHODS = ("gptq", "wanda", "sparsegpt")  # capture(hessian=True)
 
 
-def candidate_bytes(fp: Footprint, spec: str, overrides: tuple = ()) -> int:
-    """Bytes of the linear layers of a candidate with weights ``spec`` (``FORMAT[+METHOD]``)."""
+def candidate_bytes(fp: Footprint, spec: str, overrides: tuple = (), repacked: bool = True) -> int:
+    """Bytes a candidate with weights ``spec`` (``FORMAT[+METHOD]``) adds to the loaded model: its quantized layers'
+    packed bytes, twice where the native kernels multiply a repacked copy kept beside them (int8, int4, fp8, …);
+    a layer the format leaves as it is shares the loaded one (its blocks at float activations), unless its block
+    type has no native kernel (then float32). ``repacked=False``: the packed bytes alone (before any product)."""
     from ..models.quantize import QuantizeConfig
     from ..quant import build_format
-    from .candidates import split_method
 
-    config = QuantizeConfig(format=split_method(spec)[0], overrides=dict(overrides))
+    config = QuantizeConfig(format=_format_of(spec), overrides=dict(overrides))
     total = 0
     for name, (out, inp) in fp.linear.items():
         layer_spec = config.spec_for(name)
-        if layer_spec is None:  # kept as loaded: float32 (a float tied head shares the embedding)
-            total += out * inp * 4 if fp.linear_loaded[name] else 0
+        if layer_spec is None:
+            kept_float = fp.linear_loaded[name] in (0, out * inp * 4) or name in fp.linear_native
+            total += 0 if kept_float else out * inp * 4
         else:
-            total += int(build_format(layer_spec).bits_per_weight(out, inp) * out * inp / 8)
+            fmt = build_format(layer_spec)
+            packed = int(fmt.bits_per_weight(out, inp) * out * inp / 8)
+            total += packed * (2 if repacked and _repacked(fmt) else 1)
     return total
+
+
+def quantizing_bytes(fp: Footprint, spec: str) -> int:
+    """The float32 working set of quantizing a candidate's largest layer (a run of rows at a time where the format's
+    rows pack independently, :func:`bytediet.models.quantize.quantized_weight`)."""
+    from ..models.quantize import ROW_CHUNK_ELEMENTS, QuantizeConfig
+    from ..quant import build_format
+
+    config = QuantizeConfig(format=_format_of(spec))
+    largest = 0
+    for name, (out, inp) in fp.linear.items():
+        layer_spec = config.spec_for(name)
+        if layer_spec is not None:
+            rows = out if not build_format(layer_spec).rows_independent else max(1, ROW_CHUNK_ELEMENTS // inp)
+            largest = max(largest, min(rows, out) * inp)
+    return FLOAT_COPIES_WHILE_QUANTIZING * largest * 4
+
+
+def _format_of(spec: str) -> str:
+    from .candidates import split_method
+
+    return split_method(spec)[0]
+
+
+def _repacked(fmt) -> bool:
+    """Whether a layer of ``fmt`` keeps a native-layout copy of its packed bytes (not GGML blocks, read in place)."""
+    from ..quant.base import WeightFormat
+    from ..quant.gguf_blocks import GGUFBlocks
+
+    return type(fmt).native_layout is not WeightFormat.native_layout and not isinstance(fmt, GGUFBlocks)
 
 
 def calibration_bytes(fp: Footprint, method: str, samples: int, length: int) -> int:
@@ -56,7 +91,7 @@ def plan_optimize(options) -> MemoryPlan:
     from .candidates import calibrated_specs, split_method, weight_specs
 
     o = options.resolved()
-    fp = footprint(o.model)
+    fp = footprint(o.model, packed_embedding=True)
     c = fp.config
     skeleton = build_model(c)  # linear shapes only: no tensor is read
     rtn_only = None if o.weights is None else [s for s in o.weights if "+" not in s]
@@ -65,11 +100,13 @@ def plan_optimize(options) -> MemoryPlan:
     specs = rtn.specs + calibrated_specs(skeleton, rtn, quick=o.quick, methods=o.methods, only=cal_only).specs
     chunk = max(64 * c.vocab_size, ROW_CHUNK_ELEMENTS) * 4
     measuring = 2 * chunk + c.vocab_size * c.hidden_size * 4 + COMPARE_CHUNK_BYTES
-    quantizing = FLOAT_COPIES_WHILE_QUANTIZING * fp.largest_linear_floats * 4
     worst, worst_spec = measuring, None  # the baseline: the loaded model itself, measured
     for spec in specs:
         method = split_method(spec)[1]
-        building = calibration_bytes(fp, method, o.calib_samples, o.calib_len) if method else quantizing
+        quantizing = quantizing_bytes(fp, spec)
+        building = (
+            max(calibration_bytes(fp, method, o.calib_samples, o.calib_len), quantizing) if method else quantizing
+        )
         need = candidate_bytes(fp, spec) + max(building, measuring)
         if need > worst:
             worst, worst_spec = need, spec

@@ -186,7 +186,8 @@ class Recipe:
         # one model in memory: the checkpoint as the engine runs it (a GGUF on its native blocks). The reference is
         # its float values (the blocks at float activations, :meth:`reference_model`); every candidate is a
         # shared_copy of it, quantized one layer at a time from those blocks (:meth:`build`)
-        self.model, self.tokenizer = load_model(o.model, dtype=torch.float32, keep_packed=True)
+        # (the token embedding too: a lookup decodes only its rows)
+        self.model, self.tokenizer = load_model(o.model, dtype=torch.float32, keep_packed=True, packed_embedding=True)
         self.as_loaded = self.model if native_block_types(self.model) else None
         self._reference_model = None
         self.label = getattr(self.model, "source_path", "") or str(o.model)
@@ -385,6 +386,7 @@ class Recipe:
         re-calibrate at every load or silently run the uncalibrated format. Returns the checkpoint dir.
         """
         from ..models.checkpoint import save_quantized
+        from ..models.share import float_embedding
 
         rec = (report.get("recommendation") or {}).get("record") or {}
         out = self.out / RECOMMENDED_MODEL_DIR
@@ -393,7 +395,9 @@ class Recipe:
                 shutil.rmtree(out)
             return None
         cand = self._candidate_of(rec)
-        save_quantized(self.build(cand), self.label, out, overwrite=True)
+        model = self.build(cand)
+        float_embedding(model)  # a saved checkpoint stores the float table
+        save_quantized(model, self.label, out, overwrite=True)
         config = report["recommendation"]["run_config"]
         config["notes"] = {**config["notes"], "reference_model": config["model"], "calibration": rec["method"]}
         config.update(model=RECOMMENDED_MODEL_DIR, weights=None, weight_overrides={})

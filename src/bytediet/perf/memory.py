@@ -137,7 +137,9 @@ class Footprint:
     file_bytes: int  # the checkpoint on disk
     linear: dict[str, tuple[int, int]]  # linear layer → (out, in)
     linear_loaded: dict[str, int]  # linear layer → bytes as loaded (its blocks, or float32)
-    other_bytes: int  # embedding (float32) and norms
+    other_bytes: int  # the token embedding (float32, or its blocks with ``packed_embedding``) and norms
+    linear_native: frozenset = frozenset()  # linear layers loaded in GGML blocks a native kernel multiplies
+    norm_bytes: int = 0  # the norms (float32), part of other_bytes
 
     @property
     def loaded_bytes(self) -> int:
@@ -146,15 +148,19 @@ class Footprint:
     @property
     def float_bytes(self) -> int:
         """Every weight in float32 (an fp32 load)."""
-        return sum(o * i * 4 for o, i in self.linear.values()) + self.other_bytes
+        c = self.config
+        table = c.vocab_size * c.hidden_size * 4
+        return sum(o * i * 4 for o, i in self.linear.values()) + self.norm_bytes + table
 
     @property
     def largest_linear_floats(self) -> int:
         return max(o * i for o, i in self.linear.values())
 
 
-def footprint(spec) -> Footprint:
-    """The :class:`Footprint` of the checkpoint ``spec`` loaded with its blocks packed (``keep_packed``)."""
+def footprint(spec, packed_embedding: bool = False) -> Footprint:
+    """The :class:`Footprint` of the checkpoint ``spec`` loaded with its blocks packed (``keep_packed``);
+    ``packed_embedding``: its token embedding kept in its blocks too (``load_model(packed_embedding=True)``)."""
+    from ..kernels.ops import NATIVE_GEMM_TYPES
     from ..models.loader import build_model, load_config, resolve_model_path
     from ..quant.base import WEIGHT_FORMATS
 
@@ -163,9 +169,10 @@ def footprint(spec) -> Footprint:
     skeleton = build_model(config)
     linear = {n: (lin.out_features, lin.in_features) for n, lin in skeleton.linear_layers()}
     float_linear = {n: o * i * 4 for n, (o, i) in linear.items()}
-    other = sum(p.numel() * 4 for n, p in skeleton.named_parameters() if not n.startswith(("lm_head", "model.embed")))
-    other += config.vocab_size * config.hidden_size * 4  # the embedding (created on meta above)
+    norms = sum(p.numel() * 4 for n, p in skeleton.named_parameters() if not n.startswith(("lm_head", "model.embed")))
+    table = config.vocab_size * config.hidden_size * 4  # the embedding (created on meta above), as float32
     loaded = dict(float_linear)
+    native = set()
     if path.is_file():
         from ..models.gguf import GGUFCheckpoint
 
@@ -175,21 +182,23 @@ def footprint(spec) -> Footprint:
         for t in tensors:
             key = t.name.rpartition(".")[0]
             packable = f"gguf-{t.type_name.lower()}" in WEIGHT_FORMATS
+            is_native = packable and int(t.ggml_type) in NATIVE_GEMM_TYPES
             if key in loaded and packable:
                 loaded[key] = int(t.raw.nbytes)
-            if (
-                t.name == "model.embed_tokens.weight"
-                and "lm_head" in loaded
-                and packable
-                and "lm_head.weight" not in names
-            ):
-                loaded["lm_head"] = int(t.raw.nbytes)  # tied: packed from the embedding's blocks
+                native |= {key} if is_native else set()
+            if t.name == "model.embed_tokens.weight" and packable:
+                tied_head = "lm_head" in loaded and "lm_head.weight" not in names
+                if tied_head:
+                    loaded["lm_head"] = int(t.raw.nbytes)  # tied: packed from the embedding's blocks
+                    native |= {"lm_head"} if is_native else set()
+                if packed_embedding:
+                    table = 0 if tied_head else int(t.raw.nbytes)  # a tied table's blocks are the head's
         size = path.stat().st_size
     else:
         size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
     if config.tie_word_embeddings and loaded.get("lm_head") == float_linear.get("lm_head"):
         loaded["lm_head"] = 0  # a float tied head shares the embedding
-    return Footprint(config, size, linear, loaded, other)
+    return Footprint(config, size, linear, loaded, table + norms, frozenset(native), norms)
 
 
 @dataclass
