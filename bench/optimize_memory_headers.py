@@ -84,7 +84,7 @@ def write_header(path: Path, spec) -> None:
 
 
 def main() -> None:
-    from bytediet.commands.memory_plans import plan_eval, plan_quantize, plan_serve
+    from bytediet.commands._memory import plan_eval, plan_quantize, plan_serve
     from bytediet.optimize.memory_plan import plan_optimize
     from bytediet.optimize.recipe import OptimizeOptions
     from bytediet.perf.memory import GB, footprint

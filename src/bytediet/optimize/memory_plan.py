@@ -14,6 +14,8 @@ of what building it and measuring it need for a moment:
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..eval.tasks import ROW_CHUNK_ELEMENTS
 from ..perf.memory import RUNTIME_BYTES, TOKENIZER_BYTES_PER_TOKEN, Footprint, MemoryPlan, footprint
 
@@ -120,7 +122,27 @@ def plan_optimize(options) -> MemoryPlan:
         },
     )
     plan.smaller = _smaller(o, worst_spec)
+    plan.largest = worst_spec
     return plan
+
+
+def fit_to_memory(options, have: int):
+    """(options, left out, plan): ``options`` without the calibration methods whose step does not fit in ``have``
+    bytes, largest first, until the plan fits or its largest step is no calibrated candidate (GPTQ, Wanda and
+    SparseGPT hold float64 Gram matrices of in² × 8 bytes: a 7B's ``down_proj`` alone is 2.9 GB). Nothing is
+    left out when the user named the candidates (``--weights``)."""
+    from ..calibrate import calibration_method_names
+    from .candidates import split_method
+
+    o = options.resolved()
+    plan, dropped = plan_optimize(o), []
+    while plan.total > have and o.weights is None and plan.largest and "+" in plan.largest:
+        method = split_method(plan.largest)[1]
+        methods = tuple(m for m in (o.methods if o.methods is not None else calibration_method_names()) if m != method)
+        dropped.append(plan.largest)
+        o = replace(o, methods=methods)
+        plan = plan_optimize(o)
+    return o, dropped, plan
 
 
 def _smaller(o, worst_spec) -> list[str]:

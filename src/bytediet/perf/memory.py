@@ -208,6 +208,7 @@ class MemoryPlan:
     command: str
     parts: dict[str, int] = field(default_factory=dict)
     smaller: list[str] = field(default_factory=list)  # the options that would fit, most effective first
+    largest: Optional[str] = None  # what the largest part is for (optimize: the candidate of its largest step)
 
     @property
     def total(self) -> int:
