@@ -15,14 +15,14 @@ from __future__ import annotations
 import sys
 from typing import Optional
 
-from ..perf.memory import GB, RUNTIME_BYTES, TOKENIZER_BYTES_PER_TOKEN, Footprint, MemoryPlan, footprint
+from ..perf.memory import GB, RUNTIME_BYTES, Footprint, MemoryPlan, footprint
 
 REFERENCE_RAM_BYTES = 512 << 20  # eval.harness.ReferenceCache's default: reference logits kept in RAM up to this
 STEP_FLOATS_PER_TOKEN = 16  # hidden-sized float32 activations one engine step holds per token (q, k, v, MLP, …)
 
 
 def _base(fp: Footprint) -> dict[str, int]:
-    return {"runtime": RUNTIME_BYTES, "tokenizer": TOKENIZER_BYTES_PER_TOKEN * fp.config.vocab_size}
+    return {"runtime": RUNTIME_BYTES, "tokenizer": fp.tokenizer_bytes}
 
 
 def _scoring_bytes(fp: Footprint) -> int:
@@ -50,7 +50,7 @@ def plan_eval(model: str, weights: Optional[str] = None, windows: int = 8, windo
         "reference model (float32)": fp.float_bytes,
         f"test model ({weights or 'as loaded'})": test,
         "reference logits": min(logits, REFERENCE_RAM_BYTES) + window_len * c.vocab_size * 4,
-        "scoring": _scoring_bytes(fp),
+        "scoring (or loading)": max(_scoring_bytes(fp), fp.loading_bytes),
     }
     plan = MemoryPlan("bytediet eval", parts)
     if logits > window_len * c.vocab_size * 4:
@@ -78,7 +78,12 @@ def plan_quantize(
         building = max(building, calibration_bytes(fp, calibrate, calib_samples, calib_len))
     plan = MemoryPlan(
         "bytediet quantize",
-        {**_base(fp), "model (float32)": fp.float_bytes, f"packed {spec}": packed, "building": building},
+        {
+            **_base(fp),
+            "model (float32)": fp.float_bytes,
+            f"packed {spec}": packed,
+            "building": max(building, fp.loading_bytes),
+        },
     )
     if calibrate:
         plan.smaller.append(f"fewer calibration windows: --calib-samples {max(calib_samples // 2, 1)}")
@@ -113,7 +118,12 @@ def plan_serve(
     step += c.vocab_size * c.hidden_size * 4  # lm_head decoded for a prefill
     plan = MemoryPlan(
         "bytediet serve",
-        {**_base(fp), f"model ({weights or 'as loaded'})": weights_bytes, "KV cache": kv, "engine step": step},
+        {
+            **_base(fp),
+            f"model ({weights or 'as loaded'})": weights_bytes + (fp.x4_bytes if not weights else 0),  # + x4 copies
+            "KV cache": kv,
+            "engine step (or loading)": max(step, fp.loading_bytes),
+        },
     )
     plan.smaller.append(f"a smaller KV cache: --kv-cache-memory {max(kv // 2 >> 20, 64)}MiB")
     plan.smaller.append(f"a smaller step: --max-num-batched-tokens {max(max_num_batched_tokens // 2, 16)}")

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..eval.tasks import ROW_CHUNK_ELEMENTS
-from ..perf.memory import RUNTIME_BYTES, TOKENIZER_BYTES_PER_TOKEN, Footprint, MemoryPlan, footprint
+from ..perf.memory import RUNTIME_BYTES, Footprint, MemoryPlan, footprint
 
 FLOAT_COPIES_WHILE_QUANTIZING = 3  # the float weight, its scaled / rounded working copy, and the packed result
 COMPARE_CHUNK_BYTES = 6 * (1 << 22) * 8  # fidelity's float64 log-softmax chunks (eval/fidelity.py), ref and test
@@ -112,15 +112,18 @@ def plan_optimize(options) -> MemoryPlan:
         need = candidate_bytes(fp, spec) + max(building, measuring)
         if need > worst:
             worst, worst_spec = need, spec
-    plan = MemoryPlan(
-        "bytediet optimize",
-        {
-            "runtime": RUNTIME_BYTES,
-            "tokenizer": TOKENIZER_BYTES_PER_TOKEN * c.vocab_size,
-            "model": fp.loaded_bytes,
-            f"largest step ({worst_spec or 'the reference'})": worst,
-        },
-    )
+    parts = {
+        "runtime": RUNTIME_BYTES,
+        "tokenizer": fp.tokenizer_bytes,
+        "model": fp.loaded_bytes,
+        "x4 copies (the model and its reference)": 2 * fp.x4_bytes,  # native decode's, kept on the loaded modules
+    }
+    if fp.loading_bytes > worst:
+        worst_spec = None
+        parts["loading (the GGUF's metadata)"] = fp.loading_bytes
+    else:
+        parts[f"largest step ({worst_spec or 'the reference'})"] = worst
+    plan = MemoryPlan("bytediet optimize", parts)
     plan.smaller = _smaller(o, worst_spec)
     plan.largest = worst_spec
     return plan
