@@ -54,7 +54,7 @@ def test_the_plans_grow_with_what_the_options_hold(ckpt):
     small, big = plan_eval(str(ckpt), windows=1, window_len=64), plan_eval(str(ckpt), windows=8, window_len=128)
     assert big.parts["reference logits"] > small.parts["reference logits"] > 0
     assert plan_eval(str(ckpt), "int8").parts["test model (int8)"] > 0
-    rtn, gptq = plan_quantize(str(ckpt), "int4-g32"), plan_quantize(str(ckpt), "int4-g32", "gptq", 4, 64)
+    rtn, gptq = plan_quantize(str(ckpt), "int4-g32"), plan_quantize(str(ckpt), "int4-g32", "gptq", 64, 512)
     assert gptq.parts["building"] > rtn.parts["building"] and rtn.parts["model (float32)"] > 0
     assert plan_serve(str(ckpt), kv_cache_memory="2GiB").total - plan_serve(str(ckpt)).total == 1 << 30
 

@@ -26,13 +26,14 @@ GB = 1e9
 # torch 2.13 CPU on Linux x86-64, bench/OPTIMIZE_MEMORY.md)
 RUNTIME_BYTES = 250_000_000
 # the tokenizer as loaded from a GGUF's metadata, kept for the run: its vocabulary and reverse maps per token, its BPE
-# merges per merge (measured: 0.20 GB for SmolLM2's 49k tokens + 49k merges, 0.39 GB for Gemma-3's 262k tokens)
+# merges per merge (measured after loading: 0.20 GB for SmolLM2's 49k tokens + 49k merges, 0.39 GB for Gemma-3's 262k
+# tokens, 0.32 GB for Qwen2.5's 152k tokens + 151k merges; fitted within 0.1 GB of each)
 TOKENIZER_BYTES_PER_TOKEN = 1_500
-TOKENIZER_BYTES_PER_MERGE = 2_600
+TOKENIZER_BYTES_PER_MERGE = 1_000
 # while loading, on top: the GGUF reader's views of every metadata array element (tokens, scores, types, merges),
-# freed once the model is built (measured: 0.25 GB for SmolLM2, 0.95 GB for Gemma-3)
+# freed once the model is built (measured: 0.25 GB for SmolLM2, 0.95 GB for Gemma-3, 0.91 GB for Qwen2.5)
 LOAD_BYTES_PER_TOKEN = 3_600
-LOAD_BYTES_PER_MERGE = 1_400
+LOAD_BYTES_PER_MERGE = 2_000
 
 
 class MemoryPlanError(BytedietError):
