@@ -1,15 +1,19 @@
 """The peak memory of an ``optimize`` run, predicted from the checkpoint's header and the options.
 
-One model is resident (the checkpoint as the engine runs it, :meth:`.recipe.Recipe._load`); one candidate at a
-time beside it (its own packed layers, float32 for the layers its format leaves as they are); and the larger
-of what building it and measuring it need for a moment:
+Resident for the whole run: the runtime, the tokenizer, the checkpoint as the engine runs it (its blocks, the token
+embedding's too: :meth:`.recipe.Recipe._load`) and the native decode step's x4 copies of its blocks. Beside it, the
+larger of loading (the GGUF reader's metadata views, for a moment) and the largest step: one candidate at a time
+(its packed layers, twice where the native kernels multiply a repacked copy; a layer its format leaves as it is
+shares the loaded blocks) and the larger of what building it and measuring it need:
 
-* building: one layer dequantized to float32 while it is quantized (a few copies of the largest layer); a
-  calibrated candidate holds one block's float weights, the hidden states of its windows and — GPTQ, Wanda,
-  SparseGPT — a float64 Gram matrix per layer of the block (in² × 8 bytes each);
+* building: a run of rows of one layer dequantized to float32 while it is quantized (the whole layer for formats
+  whose rows do not pack independently); a calibrated candidate holds one block's float weights, the hidden states
+  of its windows and — GPTQ, Wanda, SparseGPT — a float64 Gram matrix per layer of the block (in² × 8 bytes each);
 * measuring: a chunk of a window's test logits and the same rows of its reference read back (at most
   :data:`~bytediet.eval.tasks.ROW_CHUNK_ELEMENTS` float32 each), the float64 comparison of a few rows, and
   ``lm_head`` decoded once for a prefill chunk (vocab × hidden float32).
+
+Where the machine cannot hold it, :func:`fit_to_memory` leaves out the calibration methods whose step is largest.
 """
 
 from __future__ import annotations
@@ -116,7 +120,10 @@ def plan_optimize(options) -> MemoryPlan:
         "runtime": RUNTIME_BYTES,
         "tokenizer": fp.tokenizer_bytes,
         "model": fp.loaded_bytes,
-        "x4 copies (the model and its reference)": 2 * fp.x4_bytes,  # native decode's, kept on the loaded modules
+        # native decode's x4 copies, made on the loaded model by the profile step: the reference and the candidates
+        # (shared copies made after it) share them; a run whose profile step comes from the cache makes its
+        # reference's own (one more of this)
+        "x4 copies": fp.x4_bytes,
     }
     if fp.loading_bytes > worst:
         worst_spec = None
