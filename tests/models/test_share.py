@@ -9,6 +9,7 @@ import torch
 from bytediet.models.loader import load_model, set_activations
 from bytediet.models.quantize import QuantizeConfig, linear_layers, quantize
 from bytediet.models.share import float_layers_as_loaded, shared_copy, shared_tensors
+from bytediet.quant.base import get_weight_format
 from tests.conftest import random_state, tiny_config
 from tests.models.test_loader import write_tiny_llama_gguf
 
@@ -30,11 +31,20 @@ def packed_state(model) -> dict[str, torch.Tensor]:
     return {f"{n}.{k}": t for n, lin in linear_layers(model) for k, t in lin.packed.items()}
 
 
-def assert_same_weights(a, b) -> None:
-    sa, sb = packed_state(a), packed_state(b)
-    assert sa.keys() == sb.keys()
-    for k in sa:
-        assert sa[k].dtype == sb[k].dtype and torch.equal(sa[k], sb[k]), k
+def assert_same_weights(a, b, kept=()) -> None:
+    """Every layer of ``a`` and ``b`` packed to the same bytes; ``kept``: layers ``b`` keeps in the checkpoint's
+    blocks at float activations where ``a`` holds float32 — the same float weights."""
+    layers_b = dict(linear_layers(b))
+    for name, layer in linear_layers(a):
+        other = layers_b[name]
+        if name in kept and other.format.spec() != "fp32":
+            assert other.format.activations == "f32", name
+            assert torch.equal(layer.dequantized_weight(), other.dequantized_weight()), name
+            continue
+        sa, sb = layer.packed, other.packed
+        assert sa.keys() == sb.keys(), name
+        for k in sa:
+            assert sa[k].dtype == sb[k].dtype and torch.equal(sa[k], sb[k]), f"{name}.{k}"
 
 
 @pytest.mark.parametrize("qtype", [gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.Q4_0])
@@ -47,8 +57,9 @@ def test_layer_by_layer_from_the_blocks_equals_the_whole_fp32_model(tmp_path, qt
     quantize(fp32, config)
     lean = shared_copy(packed)
     quantize(lean, config)
-    float_layers_as_loaded(lean, {n for n, _ in linear_layers(lean) if config.spec_for(n) is None})
-    assert_same_weights(fp32, lean)
+    kept = {n for n, _ in linear_layers(lean) if config.spec_for(n) is None}
+    float_layers_as_loaded(lean, kept)
+    assert_same_weights(fp32, lean, kept)
     for k, v in packed_state(packed).items():  # the loaded model is untouched
         assert torch.equal(v, before[k]), k
 
@@ -80,3 +91,63 @@ def test_smollm2_layer_by_layer_equals_whole_model_bit_for_bit():
     quantize(fp32, config)
     float_layers_as_loaded(lean, set())
     assert_same_weights(fp32, lean)
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4-g32", "int4-g32-asym", "fp8", "mxfp4"])
+def test_quantizing_a_run_of_rows_at_a_time_gives_the_same_bytes(tmp_path, monkeypatch, fmt):
+    """Large layers (a 262k-token lm_head) are quantized a few rows at a time: the bytes of the whole-matrix path."""
+    import bytediet.models.quantize as q
+
+    _, packed = loads(tiny_gguf(tmp_path / "m.gguf", gguf.GGMLQuantizationType.Q4_0))
+    config = QuantizeConfig(format=fmt, output_policy="same")
+    whole = shared_copy(packed)
+    quantize(whole, config)
+    monkeypatch.setattr(q, "ROW_CHUNK_ELEMENTS", 5 * 32)  # 5 rows of 32 inputs: every layer cut, unevenly
+    chunked = shared_copy(packed)
+    quantize(chunked, config)
+    assert_same_weights(whole, chunked)
+
+
+def test_layers_left_as_loaded_score_as_their_fp32_copy(tmp_path):
+    """int8 leaves lm_head as loaded: its blocks at float activations give the fp32 copy's logits exactly."""
+    _, packed = loads(tiny_gguf(tmp_path / "m.gguf", gguf.GGMLQuantizationType.Q4_0))
+    config = QuantizeConfig(format="int8")
+    kept = {n for n, _ in linear_layers(packed) if config.spec_for(n) is None}
+    assert kept == {"lm_head"}
+    lean, old = shared_copy(packed), shared_copy(packed)
+    for model in (lean, old):
+        quantize(model, config)
+    float_layers_as_loaded(lean, kept)
+    fp32 = get_weight_format("fp32")
+    old.lm_head.set_packed(fp32, fp32.quantize(old.lm_head.dequantized_weight()))  # what an fp32 load holds
+    assert lean.lm_head.format.spec().startswith("gguf-") and lean.lm_head.packed_blocks is packed.lm_head.packed_blocks
+    ids = torch.arange(1, 200) % packed.config.vocab_size
+    assert torch.equal(lean.score(ids), old.score(ids))
+
+
+@pytest.mark.parametrize("qtype", [gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.Q4_0])
+def test_a_packed_token_table_looks_up_the_float_tables_rows(tmp_path, qtype):
+    """packed_embedding: the table stays in its blocks (shared with the tied lm_head and with copies); lookups,
+    logits and a saved copy's float table are the float32 load's exactly."""
+    from bytediet.kernels import reference
+    from bytediet.models.layers import PackedEmbedding
+    from bytediet.models.share import float_embedding
+
+    path = tiny_gguf(tmp_path / "m.gguf", qtype)
+    plain, _ = load_model(path, keep_packed=True, load_tokenizer=False)
+    lean, _ = load_model(path, keep_packed=True, load_tokenizer=False, packed_embedding=True)
+    table = lean.model.embed_tokens
+    assert isinstance(table, PackedEmbedding) and table.packed_blocks.dtype == torch.uint8
+    assert lean.lm_head.packed_blocks is table.packed_blocks  # tied: one set of blocks
+    assert lean.dtype == torch.float32 and lean.weight_bytes() == plain.weight_bytes()
+    ids = torch.tensor([[5, 0, 95], [7, 7, 1]])
+    assert torch.equal(table(ids), plain.model.embed_tokens(ids))
+    rows = reference.dequantize_blocks(table.ggml_type, table.packed_blocks[ids.reshape(-1)])
+    assert torch.equal(table(ids).reshape(-1, table.embedding_dim), rows)  # the plain-PyTorch twin
+    seq = torch.arange(1, 90) % lean.config.vocab_size
+    assert torch.equal(lean.score(seq), plain.score(seq))
+    copy = shared_copy(lean)
+    assert copy.model.embed_tokens.packed_blocks is table.packed_blocks
+    float_embedding(copy)
+    assert torch.equal(copy.model.embed_tokens.weight, plain.model.embed_tokens.weight)
+    assert isinstance(lean.model.embed_tokens, PackedEmbedding)  # the loaded model keeps its blocks

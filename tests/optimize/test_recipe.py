@@ -529,6 +529,20 @@ def test_the_memory_plan_refuses_a_model_the_machine_cannot_hold(ckpt, tmp_path,
     big.check(available=big.total)
 
 
+def test_the_plan_leaves_out_calibration_methods_that_cannot_fit(monkeypatch):
+    from bytediet.optimize import memory_plan
+
+    huge = 10**12  # a method whose Gram matrices no machine holds
+    monkeypatch.setattr(memory_plan, "calibration_bytes", lambda fp, method, *a: huge if method == "sparsegpt" else 0)
+    o = OptimizeOptions(model="default", quick=True)
+    assert memory_plan.plan_optimize(o).largest == "sparse24+sparsegpt"
+    fitted, left_out, plan = memory_plan.fit_to_memory(o, have=huge // 10)
+    assert left_out == ["sparse24+sparsegpt"] and "sparsegpt" not in fitted.methods and plan.total <= huge // 10
+    assert "awq" in fitted.methods
+    named = OptimizeOptions(model="default", quick=True, weights=("int8", "sparse24+sparsegpt"))
+    assert memory_plan.fit_to_memory(named, have=huge // 10)[1] == []  # the user's own choice: refused, not cut
+
+
 def test_the_report_records_each_steps_measured_peak_beside_the_prediction(run):
     memory = run[0]["memory"]
     assert set(memory["steps"]) == {"load", *STEPS} and all(v > 0 for v in memory["steps"].values())

@@ -128,6 +128,12 @@ def run(args: argparse.Namespace) -> int:
         return run_kv_pareto(args)
     device = resolved_device(args.device, tp)
     from ..eval.harness import evaluate
+    from ..perf.memory import peak_rss_bytes
+    from ._memory import announce, plan_eval
+
+    plan = None
+    if tp == 1:  # refuse before loading what the machine cannot hold
+        plan = announce(plan_eval(args.model, args.weights, args.windows, args.window_len))
 
     kv_calibration = None
     if args.kv_calib_windows is None:  # a budget needs its plan, TurboQuant its means: the default calibration
@@ -149,6 +155,8 @@ def run(args: argparse.Namespace) -> int:
         tensor_parallel_size=tp,
         device=device,
     )
+    if plan is not None:
+        result["memory"] = {**plan.to_dict(), "measured_peak_bytes": peak_rss_bytes()}
     if args.plot:
         from ..eval.plots import write_plots
 

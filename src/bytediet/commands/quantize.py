@@ -105,7 +105,9 @@ def run(args: argparse.Namespace) -> int:
     from ..models.checkpoint import save_quantized
     from ..models.loader import load_model, resolve_model_path
     from ..models.quantize import QuantizeConfig, quantize
+    from ..perf.memory import peak_rss_bytes
     from ..progress import no_progress, rich_progress
+    from ._memory import announce, plan_quantize
 
     device = resolved_device(args.device)
     out = Path(args.out)
@@ -120,6 +122,9 @@ def run(args: argparse.Namespace) -> int:
     if args.export_gguf and Path(str(resolve_model_path(args.model))).suffix.lower() != ".gguf":
         raise ConfigError("--export-gguf needs a .gguf source model (its metadata is copied)")
     progress = no_progress if args.no_progress else rich_progress
+    plan = announce(  # refuse before loading what the machine cannot hold
+        plan_quantize(args.model, config.format, args.calibrate, args.calib_samples, args.calib_len, config.overrides)
+    )
     calib = CalibrationConfig(args.calib_samples, args.calib_len, args.calib_corpus, args.seed)
     t0 = time.perf_counter()
     model, tokenizer = load_model(args.model, dtype=torch.float32)
@@ -158,6 +163,7 @@ def run(args: argparse.Namespace) -> int:
         "gguf": gguf_path,
         "device": describe(device),
         "seconds": round(time.perf_counter() - t0, 2),
+        "memory": {**plan.to_dict(), "measured_peak_bytes": peak_rss_bytes()},
     }
     if args.json:
         print(json.dumps(result))

@@ -151,10 +151,15 @@ def run(args: argparse.Namespace) -> int:
 
     from ..server.app import build_app
     from ..server.shutdown import GracefulServer
+    from ._memory import announce, plan_serve
 
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}")
     config = server_config(args)
+    if args.tensor_parallel_size == 1 and _on_cpu(args):  # refuse before loading what the machine cannot hold
+        announce(
+            plan_serve(args.model, args.weights, args.kv_cache_memory, args.max_num_batched_tokens, args.max_num_seqs)
+        )
     sock = bind(args.host, args.port)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s: %(name)s: %(message)s")
     engine, owner = start_engine(args)
@@ -187,6 +192,16 @@ def run(args: argparse.Namespace) -> int:
             owner.shutdown()
         sock.close()
     return 0
+
+
+def _on_cpu(args: argparse.Namespace) -> bool:
+    """Whether the engine runs on the CPU (the memory plan is of this machine's memory, not a GPU's)."""
+    device = getattr(args, "device", "cpu")
+    if device == "auto":
+        import torch
+
+        return not torch.cuda.is_available()
+    return device == "cpu"
 
 
 def start_engine(args: argparse.Namespace):

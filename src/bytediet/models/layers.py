@@ -107,6 +107,39 @@ class Linear(nn.Module):
         return f"{self.in_features}→{self.out_features}, format={self.format.spec() if self.format else None}"
 
 
+class PackedEmbedding(nn.Module):
+    """A token embedding kept in a checkpoint's GGML blocks (``bytediet optimize``): a lookup gathers the ids' rows
+    of bytes and decodes only those (``ops.dequantize_blocks``, the decoder the block kernels use), so the table
+    costs its blocks — shared with a tied ``lm_head`` — not vocab × hidden float32. Rows decode to the float32
+    values of the dequantized table."""
+
+    def __init__(self, fmt: WeightFormat, blocks: torch.Tensor, embedding_dim: int) -> None:
+        super().__init__()
+        self.format, self.ggml_type = fmt, int(fmt.ggml_type)  # a GGUFBlocks format
+        self.num_embeddings, self.embedding_dim = blocks.shape[0], embedding_dim
+        self.register_buffer("packed_blocks", blocks, persistent=True)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return torch.float32
+
+    @property
+    def device(self) -> torch.device:
+        return self.packed_blocks.device
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The whole table in float32, decoded now (for code that needs it whole, e.g. saving a checkpoint)."""
+        return ops.dequantize_blocks(self.ggml_type, self.packed_blocks)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        rows = self.packed_blocks.index_select(0, input_ids.reshape(-1))
+        return ops.dequantize_blocks(self.ggml_type, rows).reshape(*input_ids.shape, self.embedding_dim)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}×{self.embedding_dim}, ggml type {self.ggml_type}"
+
+
 def _layout_on(fmt: WeightFormat, packed: Packed, device: torch.device) -> Optional[tuple[int, torch.Tensor]]:
     """``fmt.native_layout(packed)`` on ``device``: repacked there, or on the CPU and moved where a packing step
     has no kernel on the device."""

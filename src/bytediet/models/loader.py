@@ -17,7 +17,7 @@ import torch
 from ..config import ModelConfig
 from ..errors import CheckpointError
 from ..quant.base import WeightFormat, get_weight_format
-from .layers import Linear
+from .layers import Linear, PackedEmbedding
 from .transformer import CausalLM
 
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -116,6 +116,7 @@ def load_model(
     load_tokenizer: bool = True,
     activations: str = "q16",
     shard: Optional[ShardHook] = None,
+    packed_embedding: bool = False,
 ):
     """Load ``(model, tokenizer)``.
 
@@ -126,9 +127,12 @@ def load_model(
     ``f32``, see :class:`bytediet.quant.common.NativeActivations`); a ``weights`` spec that names its own
     (``int4-g64-a8``) keeps it. ``shard(module_name, module, kind)``: called after each tensor is
     installed (tensor parallelism cuts it to one rank's slice at once); ``weights`` then quantizes each
-    layer before it is cut, so every slice keeps the scales of the whole layer.
+    layer before it is cut, so every slice keeps the scales of the whole layer. ``packed_embedding`` (with
+    ``keep_packed``, float32, no ``shard``): a GGUF token embedding stays in its blocks too
+    (:class:`~bytediet.models.layers.PackedEmbedding`, shared with a tied ``lm_head``), not a float32 table.
     """
     keep_packed = keep_packed and not weights
+    packed_embedding = packed_embedding and keep_packed and shard is None and dtype in (torch.float32, "float32")
     dtype = _DTYPES[dtype] if isinstance(dtype, str) else dtype
     path = resolve_model_path(spec)
     if path.is_dir() and (path / "bytediet_config.json").is_file():
@@ -151,7 +155,16 @@ def load_model(
 
         ckpt = GGUFCheckpoint(path)
         model = build_model(ckpt.config, dtype)
-        _assign_all(model, ckpt.tensors(), dtype, keep_packed=keep_packed, source=str(path), arch=ckpt.arch, hook=hook)
+        _assign_all(
+            model,
+            ckpt.tensors(),
+            dtype,
+            keep_packed=keep_packed,
+            source=str(path),
+            arch=ckpt.arch,
+            hook=hook,
+            packed_embedding=packed_embedding,
+        )
     model.source_path = str(path)
     if weights and hook is not None:
         model.quantize_config = hook.quantize_config
@@ -260,6 +273,7 @@ def _assign_all(
     source: str,
     arch=None,
     hook: Optional[ShardHook] = None,
+    packed_embedding: bool = False,
 ) -> None:
     """Install every checkpoint tensor into ``model`` and check that nothing is missing.
 
@@ -280,13 +294,20 @@ def _assign_all(
         else:
             if t.name == "model.embed_tokens.weight":
                 embedding = t
+                if packed_embedding and arch is not None and _packed_table(model, t, arch):
+                    seen.add(t.name)
+                    continue
             array = t.dequantize()
             _assign_plain(module, kind, torch.from_numpy(np.ascontiguousarray(array)).to(dtype), t.name, source)
         seen.add(t.name)
         if hook is not None and t.name != "model.embed_tokens.weight":
             hook(module_name, module, kind)
     tied = "lm_head.weight" not in seen
-    if tied:
+    if tied and isinstance(model.model.embed_tokens, PackedEmbedding):  # the lookup table's blocks, shared
+        table = model.model.embed_tokens
+        model.lm_head.set_packed(type(table.format)(), {"blocks": table.packed_blocks})
+        seen.add("lm_head.weight")
+    elif tied:
         if not (keep_packed and arch is not None and _try_packed(model.lm_head, embedding, model, arch)):
             # share the embedding tensor, no copy
             model.lm_head.set_packed(_unquantized(dtype), {"weight": model.model.embed_tokens.weight.data})
@@ -324,6 +345,19 @@ def _try_packed(module: Linear, t, model, arch) -> bool:
     raw = arch.fix_gguf_tensor(t.name, np.asarray(t.raw), model.config)
     fmt, packed = WEIGHT_FORMATS.get(key).from_gguf_tensor(np.ascontiguousarray(raw), t.ggml_type, t.shape)
     module.set_packed(fmt, packed)
+    return True
+
+
+def _packed_table(model, t, arch) -> bool:
+    """Install GGUF embedding ``t`` as a :class:`PackedEmbedding` on its blocks; False if its type has no format."""
+    from ..quant.base import WEIGHT_FORMATS
+
+    key = f"gguf-{t.type_name.lower()}"
+    if key not in WEIGHT_FORMATS:
+        return False
+    raw = arch.fix_gguf_tensor(t.name, np.asarray(t.raw), model.config)
+    fmt, packed = WEIGHT_FORMATS.get(key).from_gguf_tensor(np.ascontiguousarray(raw), t.ggml_type, t.shape)
+    model.model.embed_tokens = PackedEmbedding(fmt, packed["blocks"], model.config.hidden_size)
     return True
 
 

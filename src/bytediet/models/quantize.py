@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from fnmatch import fnmatchcase
 from typing import Any, Iterator, Mapping, Optional
 
+import torch
 import torch.nn as nn
 
 from ..errors import ConfigError
@@ -139,6 +140,29 @@ def _check_prepacked(name: str, layer: nn.Module, fmt: WeightFormat, packed: Pac
         )
 
 
+ROW_CHUNK_ELEMENTS = 1 << 22  # float weights dequantized at once while a large layer is quantized (16 MiB)
+
+
+def quantized_weight(layer: Linear, fmt: WeightFormat, stats: Optional[Any] = None) -> Packed:
+    """``fmt.quantize(layer.dequantized_weight(), stats)``; where ``fmt``'s rows pack independently, a run of rows
+    at a time (dequantized from the layer's own packing, quantized, written into the packed result), so a large
+    layer — a 262k-token ``lm_head`` — never exists in float32 whole. The bytes are the same either way."""
+    rows = max(1, ROW_CHUNK_ELEMENTS // max(layer.in_features, 1))
+    cuttable = type(layer.format).shard is not WeightFormat.shard
+    if stats is not None or not fmt.rows_independent or not cuttable or layer.out_features <= rows:
+        return fmt.quantize(layer.dequantized_weight(), stats)
+    src, packed, out = layer.packed, {}, layer.out_features
+    for start in range(0, out, rows):
+        stop = min(start + rows, out)
+        part = fmt.quantize(layer.format.dequantize(layer.format.shard(src, 0, start, stop)))
+        if not packed:
+            packed = {k: torch.empty((out, *t.shape[1:]), dtype=t.dtype, device=t.device) for k, t in part.items()}
+        for k, t in part.items():
+            packed[k][start:stop] = t
+        del part
+    return packed
+
+
 def quantize_layer(name: str, layer: Linear, config: QuantizeConfig) -> None:
     """Re-quantize one layer to its spec under ``config`` (left as it is when skipped), as :func:`quantize`
     does for each; the loader uses it to quantize layer by layer."""
@@ -147,7 +171,7 @@ def quantize_layer(name: str, layer: Linear, config: QuantizeConfig) -> None:
         return
     fmt = build_format(spec)
     try:
-        packed = fmt.quantize(layer.dequantized_weight())
+        packed = quantized_weight(layer, fmt)
     except ConfigError as exc:
         raise ConfigError(f"layer {name} ({layer.out_features}×{layer.in_features}): {exc}") from None
     layer.set_packed(fmt, packed)
@@ -181,7 +205,7 @@ def quantize(
             planned.append((name, layer, fmt, packed))
             continue
         try:
-            packed = fmt.quantize(layer.dequantized_weight(), stats.get(name))
+            packed = quantized_weight(layer, fmt, stats.get(name))
         except ConfigError as exc:
             raise ConfigError(f"layer {name} ({layer.out_features}×{layer.in_features}): {exc}") from None
         planned.append((name, layer, fmt, packed))

@@ -13,7 +13,7 @@ import copy
 import torch
 import torch.nn as nn
 
-from .layers import Linear
+from .layers import Linear, PackedEmbedding
 
 
 def shared_tensors(model: nn.Module) -> list[torch.Tensor]:
@@ -29,6 +29,8 @@ def shared_tensors(model: nn.Module) -> list[torch.Tensor]:
                 tensors.append(module._native[1])
         elif isinstance(module, nn.Embedding):
             tensors.append(module.weight)
+        elif isinstance(module, PackedEmbedding):
+            tensors.append(module.packed_blocks)
     return tensors
 
 
@@ -43,11 +45,31 @@ def shared_copy(model: nn.Module) -> nn.Module:
 
 
 def float_layers_as_loaded(model: nn.Module, names: set[str]) -> None:
-    """Give the linear layers ``names`` of a :func:`shared_copy` float32 weights dequantized from their blocks —
-    what an fp32 load of the checkpoint holds for a layer a weight format leaves as it is."""
+    """Make the linear layers ``names`` of a :func:`shared_copy` compute what an fp32 load of the checkpoint
+    computes for a layer a weight format leaves as it is: a native block format runs its shared blocks at float
+    activations (decoded to float32 for a prefill — the same numbers — and never held as float32); another
+    packed format is dequantized to float32."""
     from ..quant.base import get_weight_format
+    from ..quant.common import NativeActivations
 
     fp32 = get_weight_format("fp32")
     for name, layer in model.linear_layers():
-        if name in names and layer.format is not None and layer.format.spec() != "fp32":
+        if name not in names or layer.format is None or layer.format.spec() == "fp32":
+            continue
+        floated = copy.copy(layer.format)  # its own: the loaded model's format object is shared
+        if isinstance(floated, NativeActivations) and layer.native_weight() is not None:
+            floated = floated.with_activations("f32")
+        if getattr(floated, "activations", None) == "f32":
+            layer.format = floated
+        else:
             layer.set_packed(fp32, fp32.quantize(layer.dequantized_weight()))
+
+
+def float_embedding(model: nn.Module) -> None:
+    """Give ``model`` (a :func:`shared_copy`) a float32 token embedding in place of a
+    :class:`~bytediet.models.layers.PackedEmbedding` — what a checkpoint saved from it stores."""
+    table = model.model.embed_tokens
+    if isinstance(table, PackedEmbedding):
+        model.model.embed_tokens = nn.Embedding(
+            table.num_embeddings, table.embedding_dim, _weight=table.weight, _freeze=True
+        )

@@ -15,7 +15,7 @@ import torch.nn as nn
 
 from ..config import ModelConfig
 from ..kvcache.base import AttentionMetadata, KVCodec, LayerKVCache, default_block_size, get_kv_codec
-from .layers import MLP, Attention, Linear, RMSNorm, RotaryEmbedding
+from .layers import MLP, Attention, Linear, PackedEmbedding, RMSNorm, RotaryEmbedding
 from .moe import SparseMoE
 
 
@@ -93,11 +93,13 @@ class CausalLM(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.model.embed_tokens.weight.dtype
+        table = self.model.embed_tokens
+        return table.dtype if isinstance(table, PackedEmbedding) else table.weight.dtype
 
     @property
     def device(self) -> torch.device:
-        return self.model.embed_tokens.weight.device
+        table = self.model.embed_tokens
+        return table.device if isinstance(table, PackedEmbedding) else table.weight.device
 
     @torch.inference_mode()
     def forward(
@@ -143,7 +145,8 @@ class CausalLM(nn.Module):
         """Bytes of every parameter and packed buffer the forward pass reads (tied tensors once)."""
         seen, total = set(), 0
         lm_head = {t.data_ptr() for t in self.lm_head.packed.values()}
-        table = self.model.embed_tokens.weight
+        table = self.model.embed_tokens
+        table = table.packed_blocks if isinstance(table, PackedEmbedding) else table.weight
         if table.data_ptr() not in lm_head:  # an untied lookup table: a step reads only its tokens' rows
             seen.add(table.data_ptr())
         for t in list(self.parameters()) + list(self.buffers()):

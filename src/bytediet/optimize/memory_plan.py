@@ -1,42 +1,83 @@
 """The peak memory of an ``optimize`` run, predicted from the checkpoint's header and the options.
 
-One model is resident (the checkpoint as the engine runs it, :meth:`.recipe.Recipe._load`); one candidate at a
-time beside it (its own packed layers, float32 for the layers its format leaves as they are); and the larger
-of what building it and measuring it need for a moment:
+Resident for the whole run: the runtime, the tokenizer, the checkpoint as the engine runs it (its blocks, the token
+embedding's too: :meth:`.recipe.Recipe._load`) and the native decode step's x4 copies of its blocks. Beside it, the
+larger of loading (the GGUF reader's metadata views, for a moment) and the largest step: one candidate at a time
+(its packed layers, twice where the native kernels multiply a repacked copy; a layer its format leaves as it is
+shares the loaded blocks) and the larger of what building it and measuring it need:
 
-* building: one layer dequantized to float32 while it is quantized (a few copies of the largest layer); a
-  calibrated candidate holds one block's float weights, the hidden states of its windows and — GPTQ, Wanda,
-  SparseGPT — a float64 Gram matrix per layer of the block (in² × 8 bytes each);
+* building: a run of rows of one layer dequantized to float32 while it is quantized (the whole layer for formats
+  whose rows do not pack independently); a calibrated candidate holds one block's float weights, the hidden states
+  of its windows and — GPTQ, Wanda, SparseGPT — a float64 Gram matrix per layer of the block (in² × 8 bytes each);
 * measuring: a chunk of a window's test logits and the same rows of its reference read back (at most
   :data:`~bytediet.eval.tasks.ROW_CHUNK_ELEMENTS` float32 each), the float64 comparison of a few rows, and
   ``lm_head`` decoded once for a prefill chunk (vocab × hidden float32).
+
+Where the machine cannot hold it, :func:`fit_to_memory` leaves out the calibration methods whose step is largest.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..eval.tasks import ROW_CHUNK_ELEMENTS
-from ..perf.memory import RUNTIME_BYTES, TOKENIZER_BYTES_PER_TOKEN, Footprint, MemoryPlan, footprint
+from ..perf.memory import RUNTIME_BYTES, Footprint, MemoryPlan, footprint
 
 FLOAT_COPIES_WHILE_QUANTIZING = 3  # the float weight, its scaled / rounded working copy, and the packed result
 COMPARE_CHUNK_BYTES = 6 * (1 << 22) * 8  # fidelity's float64 log-softmax chunks (eval/fidelity.py), ref and test
 GRAM_METHODS = ("gptq", "wanda", "sparsegpt")  # capture(hessian=True)
 
 
-def candidate_bytes(fp: Footprint, spec: str, overrides: tuple = ()) -> int:
-    """Bytes of the linear layers of a candidate with weights ``spec`` (``FORMAT[+METHOD]``)."""
+def candidate_bytes(fp: Footprint, spec: str, overrides: tuple = (), repacked: bool = True) -> int:
+    """Bytes a candidate with weights ``spec`` (``FORMAT[+METHOD]``) adds to the loaded model: its quantized layers'
+    packed bytes, twice where the native kernels multiply a repacked copy kept beside them (int8, int4, fp8, …);
+    a layer the format leaves as it is shares the loaded one (its blocks at float activations), unless its block
+    type has no native kernel (then float32). ``repacked=False``: the packed bytes alone (before any product)."""
     from ..models.quantize import QuantizeConfig
     from ..quant import build_format
-    from .candidates import split_method
 
-    config = QuantizeConfig(format=split_method(spec)[0], overrides=dict(overrides))
+    config = QuantizeConfig(format=_format_of(spec), overrides=dict(overrides))
     total = 0
     for name, (out, inp) in fp.linear.items():
         layer_spec = config.spec_for(name)
-        if layer_spec is None:  # kept as loaded: float32 (a float tied head shares the embedding)
-            total += out * inp * 4 if fp.linear_loaded[name] else 0
+        if layer_spec is None:
+            kept_float = fp.linear_loaded[name] in (0, out * inp * 4) or name in fp.linear_native
+            total += 0 if kept_float else out * inp * 4
         else:
-            total += int(build_format(layer_spec).bits_per_weight(out, inp) * out * inp / 8)
+            fmt = build_format(layer_spec)
+            packed = int(fmt.bits_per_weight(out, inp) * out * inp / 8)
+            total += packed * (2 if repacked and _repacked(fmt) else 1)
     return total
+
+
+def quantizing_bytes(fp: Footprint, spec: str) -> int:
+    """The float32 working set of quantizing a candidate's largest layer (a run of rows at a time where the format's
+    rows pack independently, :func:`bytediet.models.quantize.quantized_weight`)."""
+    from ..models.quantize import ROW_CHUNK_ELEMENTS, QuantizeConfig
+    from ..quant import build_format
+
+    config = QuantizeConfig(format=_format_of(spec))
+    largest = 0
+    for name, (out, inp) in fp.linear.items():
+        layer_spec = config.spec_for(name)
+        if layer_spec is not None:
+            rows = out if not build_format(layer_spec).rows_independent else max(1, ROW_CHUNK_ELEMENTS // inp)
+            largest = max(largest, min(rows, out) * inp)
+    return FLOAT_COPIES_WHILE_QUANTIZING * largest * 4
+
+
+def _format_of(spec: str) -> str:
+    from .candidates import split_method
+
+    return split_method(spec)[0]
+
+
+def _repacked(fmt) -> bool:
+    """Whether a layer of ``fmt`` keeps a native-layout copy of its packed bytes (not GGML blocks, read in place)."""
+    from ..quant.base import WeightFormat
+    from ..quant.gguf_blocks import GGUFBlocks
+
+    return type(fmt).native_layout is not WeightFormat.native_layout and not isinstance(fmt, GGUFBlocks)
 
 
 def calibration_bytes(fp: Footprint, method: str, samples: int, length: int) -> int:
@@ -56,7 +97,7 @@ def plan_optimize(options) -> MemoryPlan:
     from .candidates import calibrated_specs, split_method, weight_specs
 
     o = options.resolved()
-    fp = footprint(o.model)
+    fp = footprint(o.model, packed_embedding=True)
     c = fp.config
     skeleton = build_model(c)  # linear shapes only: no tensor is read
     rtn_only = None if o.weights is None else [s for s in o.weights if "+" not in s]
@@ -65,25 +106,53 @@ def plan_optimize(options) -> MemoryPlan:
     specs = rtn.specs + calibrated_specs(skeleton, rtn, quick=o.quick, methods=o.methods, only=cal_only).specs
     chunk = max(64 * c.vocab_size, ROW_CHUNK_ELEMENTS) * 4
     measuring = 2 * chunk + c.vocab_size * c.hidden_size * 4 + COMPARE_CHUNK_BYTES
-    quantizing = FLOAT_COPIES_WHILE_QUANTIZING * fp.largest_linear_floats * 4
     worst, worst_spec = measuring, None  # the baseline: the loaded model itself, measured
     for spec in specs:
         method = split_method(spec)[1]
-        building = calibration_bytes(fp, method, o.calib_samples, o.calib_len) if method else quantizing
+        quantizing = quantizing_bytes(fp, spec)
+        building = (
+            max(calibration_bytes(fp, method, o.calib_samples, o.calib_len), quantizing) if method else quantizing
+        )
         need = candidate_bytes(fp, spec) + max(building, measuring)
         if need > worst:
             worst, worst_spec = need, spec
-    plan = MemoryPlan(
-        "bytediet optimize",
-        {
-            "runtime": RUNTIME_BYTES,
-            "tokenizer": TOKENIZER_BYTES_PER_TOKEN * c.vocab_size,
-            "model": fp.loaded_bytes,
-            f"largest step ({worst_spec or 'the reference'})": worst,
-        },
-    )
+    parts = {
+        "runtime": RUNTIME_BYTES,
+        "tokenizer": fp.tokenizer_bytes,
+        "model": fp.loaded_bytes,
+        # native decode's x4 copies, made on the loaded model by the profile step: the reference and the candidates
+        # (shared copies made after it) share them; a run whose profile step comes from the cache makes its
+        # reference's own (one more of this)
+        "x4 copies": fp.x4_bytes,
+    }
+    if fp.loading_bytes > worst:
+        worst_spec = None
+        parts["loading (the GGUF's metadata)"] = fp.loading_bytes
+    else:
+        parts[f"largest step ({worst_spec or 'the reference'})"] = worst
+    plan = MemoryPlan("bytediet optimize", parts)
     plan.smaller = _smaller(o, worst_spec)
+    plan.largest = worst_spec
     return plan
+
+
+def fit_to_memory(options, have: int):
+    """(options, left out, plan): ``options`` without the calibration methods whose step does not fit in ``have``
+    bytes, largest first, until the plan fits or its largest step is no calibrated candidate (GPTQ, Wanda and
+    SparseGPT hold float64 Gram matrices of in² × 8 bytes: a 7B's ``down_proj`` alone is 2.9 GB). Nothing is
+    left out when the user named the candidates (``--weights``)."""
+    from ..calibrate import calibration_method_names
+    from .candidates import split_method
+
+    o = options.resolved()
+    plan, dropped = plan_optimize(o), []
+    while plan.total > have and o.weights is None and plan.largest and "+" in plan.largest:
+        method = split_method(plan.largest)[1]
+        methods = tuple(m for m in (o.methods if o.methods is not None else calibration_method_names()) if m != method)
+        dropped.append(plan.largest)
+        o = replace(o, methods=methods)
+        plan = plan_optimize(o)
+    return o, dropped, plan
 
 
 def _smaller(o, worst_spec) -> list[str]:

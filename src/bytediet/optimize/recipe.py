@@ -186,7 +186,8 @@ class Recipe:
         # one model in memory: the checkpoint as the engine runs it (a GGUF on its native blocks). The reference is
         # its float values (the blocks at float activations, :meth:`reference_model`); every candidate is a
         # shared_copy of it, quantized one layer at a time from those blocks (:meth:`build`)
-        self.model, self.tokenizer = load_model(o.model, dtype=torch.float32, keep_packed=True)
+        # (the token embedding too: a lookup decodes only its rows)
+        self.model, self.tokenizer = load_model(o.model, dtype=torch.float32, keep_packed=True, packed_embedding=True)
         self.as_loaded = self.model if native_block_types(self.model) else None
         self._reference_model = None
         self.label = getattr(self.model, "source_path", "") or str(o.model)
@@ -385,6 +386,7 @@ class Recipe:
         re-calibrate at every load or silently run the uncalibrated format. Returns the checkpoint dir.
         """
         from ..models.checkpoint import save_quantized
+        from ..models.share import float_embedding
 
         rec = (report.get("recommendation") or {}).get("record") or {}
         out = self.out / RECOMMENDED_MODEL_DIR
@@ -393,7 +395,9 @@ class Recipe:
                 shutil.rmtree(out)
             return None
         cand = self._candidate_of(rec)
-        save_quantized(self.build(cand), self.label, out, overwrite=True)
+        model = self.build(cand)
+        float_embedding(model)  # a saved checkpoint stores the float table
+        save_quantized(model, self.label, out, overwrite=True)
         config = report["recommendation"]["run_config"]
         config["notes"] = {**config["notes"], "reference_model": config["model"], "calibration": rec["method"]}
         config.update(model=RECOMMENDED_MODEL_DIR, weights=None, weight_overrides={})
@@ -532,14 +536,23 @@ class Recipe:
         return plan_optimize(self.opt)
 
     def run(self) -> dict:
-        from ..perf.memory import StepPeaks, peak_rss_bytes
+        from ..perf.memory import StepPeaks, available_bytes, peak_rss_bytes, rss_bytes
+        from .memory_plan import fit_to_memory
 
-        o = self.opt
         t0 = self.time.start = time.perf_counter()
-        plan = self.plan()
-        plan.check()  # refuse before loading what the machine cannot hold
+        plan, have, left_out = self.plan(), available_bytes() + rss_bytes(), []
+        if plan.total > have:  # leave out the calibration methods that cannot fit, largest first
+            fitted, left_out, fitted_plan = fit_to_memory(self.opt, have)
+            if fitted_plan.total <= have:
+                self.opt, plan = replace(self.opt, methods=fitted.methods), fitted_plan
+            else:
+                left_out = []
+        plan.check(have)  # refuse before loading what the machine cannot hold
+        o = self.opt
         with Bars(self.progress) as bars, StepPeaks() as peaks:
             bars.line(plan.describe() + (f"; time budget {o.time_budget / 60:.0f} min" if o.time_budget else ""))
+            if left_out:
+                bars.line(f"left out (would not fit in {have / 1e9:.1f} GB): {', '.join(left_out)}")
             with peaks.step("load"), bars.spin(f"loading {o.model} and the corpus"):
                 self._load()
             report = {
@@ -558,7 +571,12 @@ class Recipe:
                     report["steps"][name] = self._step(name, bars, report)
                 gc.collect()  # each step's candidates are gone: give their memory back before the next
                 self.on_step(name, report)
-        report["memory"] = {**plan.to_dict(), "measured_peak_bytes": peak_rss_bytes(), "steps": peaks.steps}
+        report["memory"] = {
+            **plan.to_dict(),
+            "measured_peak_bytes": peak_rss_bytes(),
+            "steps": peaks.steps,
+            "left_out": {spec: "would not fit in the memory available" for spec in left_out},
+        }
         report["time_budget"] = self.time.to_dict()
         report["elapsed_s"] = time.perf_counter() - t0
         return report

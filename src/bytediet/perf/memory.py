@@ -22,10 +22,18 @@ from typing import Optional
 from ..errors import BytedietError
 
 GB = 1e9
-# the interpreter, torch, the native kernels, rich and the tokenizer library before any model (measured: 0.45 to
-# 0.55 GB resident on Linux x86-64, bench/OPTIMIZE_MEMORY.md)
-RUNTIME_BYTES = 550_000_000
-TOKENIZER_BYTES_PER_TOKEN = 1_000  # vocabulary, merges and the reverse maps, per token (Gemma-3: 262k tokens)
+# the interpreter, torch, bytediet, rich and the native kernel library before any model (measured: 0.242 GB resident,
+# torch 2.13 CPU on Linux x86-64, bench/OPTIMIZE_MEMORY.md)
+RUNTIME_BYTES = 250_000_000
+# the tokenizer as loaded from a GGUF's metadata, kept for the run: its vocabulary and reverse maps per token, its BPE
+# merges per merge (measured after loading: 0.20 GB for SmolLM2's 49k tokens + 49k merges, 0.39 GB for Gemma-3's 262k
+# tokens, 0.32 GB for Qwen2.5's 152k tokens + 151k merges; fitted within 0.1 GB of each)
+TOKENIZER_BYTES_PER_TOKEN = 1_500
+TOKENIZER_BYTES_PER_MERGE = 1_000
+# while loading, on top: the GGUF reader's views of every metadata array element (tokens, scores, types, merges),
+# freed once the model is built (measured: 0.25 GB for SmolLM2, 0.95 GB for Gemma-3, 0.91 GB for Qwen2.5)
+LOAD_BYTES_PER_TOKEN = 3_600
+LOAD_BYTES_PER_MERGE = 2_000
 
 
 class MemoryPlanError(BytedietError):
@@ -137,7 +145,21 @@ class Footprint:
     file_bytes: int  # the checkpoint on disk
     linear: dict[str, tuple[int, int]]  # linear layer → (out, in)
     linear_loaded: dict[str, int]  # linear layer → bytes as loaded (its blocks, or float32)
-    other_bytes: int  # embedding (float32) and norms
+    other_bytes: int  # the token embedding (float32, or its blocks with ``packed_embedding``) and norms
+    linear_native: frozenset = frozenset()  # linear layers loaded in GGML blocks a native kernel multiplies
+    norm_bytes: int = 0  # the norms (float32), part of other_bytes
+    merges: int = 0  # the tokenizer's BPE merges (GGUF metadata)
+    x4_bytes: int = 0  # linear layers in GGML blocks the native decode step copies into its x4 layout (same size)
+
+    @property
+    def tokenizer_bytes(self) -> int:
+        """The tokenizer kept for the run."""
+        return TOKENIZER_BYTES_PER_TOKEN * self.config.vocab_size + TOKENIZER_BYTES_PER_MERGE * self.merges
+
+    @property
+    def loading_bytes(self) -> int:
+        """What loading holds for a moment beyond the model and the tokenizer: the GGUF metadata's views."""
+        return LOAD_BYTES_PER_TOKEN * self.config.vocab_size + LOAD_BYTES_PER_MERGE * self.merges
 
     @property
     def loaded_bytes(self) -> int:
@@ -146,15 +168,19 @@ class Footprint:
     @property
     def float_bytes(self) -> int:
         """Every weight in float32 (an fp32 load)."""
-        return sum(o * i * 4 for o, i in self.linear.values()) + self.other_bytes
+        c = self.config
+        table = c.vocab_size * c.hidden_size * 4
+        return sum(o * i * 4 for o, i in self.linear.values()) + self.norm_bytes + table
 
     @property
     def largest_linear_floats(self) -> int:
         return max(o * i for o, i in self.linear.values())
 
 
-def footprint(spec) -> Footprint:
-    """The :class:`Footprint` of the checkpoint ``spec`` loaded with its blocks packed (``keep_packed``)."""
+def footprint(spec, packed_embedding: bool = False) -> Footprint:
+    """The :class:`Footprint` of the checkpoint ``spec`` loaded with its blocks packed (``keep_packed``);
+    ``packed_embedding``: its token embedding kept in its blocks too (``load_model(packed_embedding=True)``)."""
+    from ..kernels.ops import NATIVE_GEMM_TYPES, X4_TYPES
     from ..models.loader import build_model, load_config, resolve_model_path
     from ..quant.base import WEIGHT_FORMATS
 
@@ -163,9 +189,10 @@ def footprint(spec) -> Footprint:
     skeleton = build_model(config)
     linear = {n: (lin.out_features, lin.in_features) for n, lin in skeleton.linear_layers()}
     float_linear = {n: o * i * 4 for n, (o, i) in linear.items()}
-    other = sum(p.numel() * 4 for n, p in skeleton.named_parameters() if not n.startswith(("lm_head", "model.embed")))
-    other += config.vocab_size * config.hidden_size * 4  # the embedding (created on meta above)
+    norms = sum(p.numel() * 4 for n, p in skeleton.named_parameters() if not n.startswith(("lm_head", "model.embed")))
+    table = config.vocab_size * config.hidden_size * 4  # the embedding (created on meta above), as float32
     loaded = dict(float_linear)
+    native, x4, merges = set(), {}, 0
     if path.is_file():
         from ..models.gguf import GGUFCheckpoint
 
@@ -175,21 +202,29 @@ def footprint(spec) -> Footprint:
         for t in tensors:
             key = t.name.rpartition(".")[0]
             packable = f"gguf-{t.type_name.lower()}" in WEIGHT_FORMATS
+            is_native = packable and int(t.ggml_type) in NATIVE_GEMM_TYPES
             if key in loaded and packable:
                 loaded[key] = int(t.raw.nbytes)
-            if (
-                t.name == "model.embed_tokens.weight"
-                and "lm_head" in loaded
-                and packable
-                and "lm_head.weight" not in names
-            ):
-                loaded["lm_head"] = int(t.raw.nbytes)  # tied: packed from the embedding's blocks
+                native |= {key} if is_native else set()
+                if int(t.ggml_type) in X4_TYPES and linear[key][0] % 4 == 0:
+                    x4[key] = int(t.raw.nbytes)
+            if t.name == "model.embed_tokens.weight" and packable:
+                tied_head = "lm_head" in loaded and "lm_head.weight" not in names
+                if tied_head:
+                    loaded["lm_head"] = int(t.raw.nbytes)  # tied: packed from the embedding's blocks
+                    native |= {"lm_head"} if is_native else set()
+                    if int(t.ggml_type) in X4_TYPES and linear["lm_head"][0] % 4 == 0:
+                        x4["lm_head"] = int(t.raw.nbytes)
+                if packed_embedding:
+                    table = 0 if tied_head else int(t.raw.nbytes)  # a tied table's blocks are the head's
+        field = ckpt.reader.fields.get("tokenizer.ggml.merges")
+        merges = len(field.data) if field is not None else 0
         size = path.stat().st_size
     else:
         size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
     if config.tie_word_embeddings and loaded.get("lm_head") == float_linear.get("lm_head"):
         loaded["lm_head"] = 0  # a float tied head shares the embedding
-    return Footprint(config, size, linear, loaded, other)
+    return Footprint(config, size, linear, loaded, table + norms, frozenset(native), norms, merges, sum(x4.values()))
 
 
 @dataclass
@@ -199,6 +234,7 @@ class MemoryPlan:
     command: str
     parts: dict[str, int] = field(default_factory=dict)
     smaller: list[str] = field(default_factory=list)  # the options that would fit, most effective first
+    largest: Optional[str] = None  # what the largest part is for (optimize: the candidate of its largest step)
 
     @property
     def total(self) -> int:

@@ -24,6 +24,9 @@ class WeightFormat(ABC):
     """How one linear layer's weight is stored and multiplied."""
 
     name: str = "abstract"
+    # each output row packs from that row alone (no per-tensor state): quantizing a run of rows at a time
+    # gives the same bytes as the whole weight (models/quantize.py quantizes large layers so)
+    rows_independent: bool = False
 
     @abstractmethod
     def bits_per_weight(self, out_features: int, in_features: int) -> float:

@@ -29,6 +29,7 @@ class FP8(WeightFormat):
     """
 
     name = "fp8"
+    rows_independent = True
     activations = "f32"  # how the native kernel multiplies (no integer path for E4M3 codes)
 
     from_spec = classmethod(no_parameters)

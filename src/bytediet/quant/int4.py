@@ -35,6 +35,7 @@ class Int4(NativeActivations, WeightFormat):
     """
 
     name = "int4"
+    rows_independent = True
 
     def __init__(self, group_size: int = 128, symmetric: bool = False) -> None:
         if group_size not in GROUP_SIZES:

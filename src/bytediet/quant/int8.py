@@ -49,6 +49,7 @@ class Int8(NativeActivations, WeightFormat):
     """
 
     name = "int8"
+    rows_independent = True
 
     from_spec = classmethod(activations_only)
 

@@ -44,6 +44,7 @@ class MXFP4(NativeActivations, WeightFormat):
     """packed = qweight (out, in/2) uint8 E2M1 codes, scale (out, in/32) uint8 E8M0."""
 
     name = "mxfp4"
+    rows_independent = True
 
     from_spec = classmethod(activations_only)
 

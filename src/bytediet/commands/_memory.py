@@ -1,0 +1,141 @@
+"""The memory plans of ``eval``, ``quantize`` and ``serve``: each command's peak predicted from the checkpoint's
+header and its options (:mod:`bytediet.perf.memory`), printed, and checked before anything is loaded.
+
+* ``eval``: the reference loaded in float32 beside the test model (the checkpoint as the engine runs it, or the
+  reference quantized in place: its packed layers beside the float ones while they are made), the reference
+  logits kept in RAM (up to the cache's limit), and a window's scoring (a chunk of logits, ``lm_head`` decoded);
+* ``quantize``: the float32 load, the packed result of every layer (installed only when all are made), and the
+  larger of quantizing one layer and calibrating one block;
+* ``serve``: the model as the engine loads it (its blocks, or ``--weights`` with native copies), the KV pool
+  (``--kv-cache-memory``) and one step's activations and logits.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Optional
+
+from ..perf.memory import GB, RUNTIME_BYTES, Footprint, MemoryPlan, footprint
+
+REFERENCE_RAM_BYTES = 512 << 20  # eval.harness.ReferenceCache's default: reference logits kept in RAM up to this
+STEP_FLOATS_PER_TOKEN = 16  # hidden-sized float32 activations one engine step holds per token (q, k, v, MLP, …)
+
+
+def _base(fp: Footprint) -> dict[str, int]:
+    return {"runtime": RUNTIME_BYTES, "tokenizer": fp.tokenizer_bytes}
+
+
+def _scoring_bytes(fp: Footprint) -> int:
+    """Scoring a window: a chunk of test and reference logits, their float64 comparison, ``lm_head`` decoded."""
+    from ..eval.tasks import ROW_CHUNK_ELEMENTS
+    from ..optimize.memory_plan import COMPARE_CHUNK_BYTES
+
+    c = fp.config
+    return 2 * max(64 * c.vocab_size, ROW_CHUNK_ELEMENTS) * 4 + c.vocab_size * c.hidden_size * 4 + COMPARE_CHUNK_BYTES
+
+
+def plan_eval(model: str, weights: Optional[str] = None, windows: int = 8, window_len: int = 512) -> MemoryPlan:
+    """The predicted peak of ``bytediet eval --model model [--weights W] --windows N --window-len L``."""
+    from ..optimize.memory_plan import candidate_bytes, quantizing_bytes
+
+    fp = footprint(model)
+    c = fp.config
+    if weights:  # the reference quantized in place: its packed layers (and native copies) beside the floats
+        test = candidate_bytes(fp, weights) + quantizing_bytes(fp, weights)
+    else:  # the checkpoint as the engine runs it, loaded a second time
+        test = fp.loaded_bytes
+    logits = windows * window_len * c.vocab_size * 4
+    parts = {
+        **_base(fp),
+        "reference model (float32)": fp.float_bytes,
+        f"test model ({weights or 'as loaded'})": test,
+        "reference logits": min(logits, REFERENCE_RAM_BYTES) + window_len * c.vocab_size * 4,
+        "scoring (or loading)": max(_scoring_bytes(fp), fp.loading_bytes),
+    }
+    plan = MemoryPlan("bytediet eval", parts)
+    if logits > window_len * c.vocab_size * 4:
+        plan.smaller.append(f"fewer windows: --windows {max(windows // 2, 1)}")
+    plan.smaller.append(f"a shorter window: --window-len {max(window_len // 2, 64)}")
+    return plan
+
+
+def plan_quantize(
+    model: str,
+    fmt: str,
+    calibrate: Optional[str] = None,
+    calib_samples: int = 128,
+    calib_len: int = 512,
+    overrides: Optional[dict] = None,
+) -> MemoryPlan:
+    """The predicted peak of ``bytediet quantize --model model --format fmt [--calibrate M]``."""
+    from ..optimize.memory_plan import calibration_bytes, candidate_bytes, quantizing_bytes
+
+    fp = footprint(model)
+    spec = fmt if not calibrate else f"{fmt}+{calibrate}"
+    packed = candidate_bytes(fp, fmt, tuple((overrides or {}).items()), repacked=False)
+    building = quantizing_bytes(fp, fmt)
+    if calibrate:
+        building = max(building, calibration_bytes(fp, calibrate, calib_samples, calib_len))
+    plan = MemoryPlan(
+        "bytediet quantize",
+        {
+            **_base(fp),
+            "model (float32)": fp.float_bytes,
+            f"packed {spec}": packed,
+            "building": max(building, fp.loading_bytes),
+        },
+    )
+    if calibrate:
+        plan.smaller.append(f"fewer calibration windows: --calib-samples {max(calib_samples // 2, 1)}")
+        plan.smaller.append(f"a shorter calibration window: --calib-len {max(calib_len // 2, 64)}")
+    plan.smaller.append("nothing smaller holds the float32 load: quantize on a machine with more memory")
+    return plan
+
+
+def plan_serve(
+    model: str,
+    weights: Optional[str] = None,
+    kv_cache_memory=None,
+    max_num_batched_tokens: int = 512,
+    max_num_seqs: int = 64,
+) -> MemoryPlan:
+    """The predicted peak of ``bytediet serve`` (and ``generate``/``chat``: one engine) with these options."""
+    from ..config import parse_bytes
+    from ..engine.llm import DEFAULT_KV_MEMORY
+    from ..optimize.memory_plan import candidate_bytes, quantizing_bytes
+
+    fp = footprint(model)
+    c = fp.config
+    if weights:  # loaded in float32 and quantized in place; later the packed layers with their native copies
+        loading = fp.float_bytes + candidate_bytes(fp, weights, repacked=False) + quantizing_bytes(fp, weights)
+        running = candidate_bytes(fp, weights) + c.vocab_size * c.hidden_size * 4 + fp.norm_bytes
+        weights_bytes = max(loading, running)
+    else:
+        weights_bytes = fp.loaded_bytes
+    kv = parse_bytes(kv_cache_memory or DEFAULT_KV_MEMORY)
+    step = max_num_batched_tokens * (STEP_FLOATS_PER_TOKEN * c.hidden_size + 2 * c.intermediate_size) * 4
+    step += max_num_seqs * c.vocab_size * 4  # a step's logits: one row per running sequence
+    step += c.vocab_size * c.hidden_size * 4  # lm_head decoded for a prefill
+    plan = MemoryPlan(
+        "bytediet serve",
+        {
+            **_base(fp),
+            f"model ({weights or 'as loaded'})": weights_bytes + (fp.x4_bytes if not weights else 0),  # + x4 copies
+            "KV cache": kv,
+            "engine step (or loading)": max(step, fp.loading_bytes),
+        },
+    )
+    plan.smaller.append(f"a smaller KV cache: --kv-cache-memory {max(kv // 2 >> 20, 64)}MiB")
+    plan.smaller.append(f"a smaller step: --max-num-batched-tokens {max(max_num_batched_tokens // 2, 16)}")
+    return plan
+
+
+def announce(plan: MemoryPlan, quiet: bool = False) -> MemoryPlan:
+    """Print ``plan`` on stderr (unless ``quiet``) and refuse, in one line, a machine that cannot hold it."""
+    if not quiet:
+        print(plan.describe(), file=sys.stderr, flush=True)
+    plan.check()
+    return plan
+
+
+__all__ = ["GB", "announce", "plan_eval", "plan_quantize", "plan_serve"]
