@@ -69,7 +69,6 @@ def test_counters_and_histograms_increase_by_what_was_served(server):
 
 
 def test_prefix_cache_counters_count_tokens(server):
-    bs = server.core.block_manager.block_size
     prompt = "a shared system prompt, long enough for blocks"
 
     async def go():
