@@ -37,10 +37,10 @@ run env BYTEDIET_KERNELS=avx2 "${B[@]}" --parts context --contexts 2048,8192 --p
     --json --out "$OUT/context-smollm2-avx2.json"
 # throughput at concurrency 1 / 4 / 16 / 64 on the bench's workload against llama-server
 run "${B[@]}" --parts concurrency --peers llama.cpp --concurrency 1,4,16,64 --json --out "$OUT/concurrency-llama-server.json"
-# the server under load: 64 streaming clients × 10 requests of 32 tokens, bytediet serve then llama-server
+# the server under load: 1 / 4 / 16 / 64 streaming clients × 10 requests of 32 tokens, both servers, with plots
 if [[ ${#QUICK[@]} == 0 ]]; then
-  run sh -c "PYTHONPATH=src .venv/bin/python bench/server_load.py --system both --clients 64 --requests 10 \
---max-tokens 32 --threads 2 --json > $OUT/server-load-64x10.json"
+  run sh -c "PYTHONPATH=src .venv/bin/python bench/server_load.py --system both --clients 1,4,16,64 --requests 10 \
+--max-tokens 32 --threads 2 --plot $OUT/server-load.png --json > $OUT/server-load.json"
 fi
 # single stream and concurrency 64 against transformers (float32)
 run "${B[@]}" --parts single,concurrency --peers transformers --concurrency 64 --json --out "$OUT/transformers.json"
