@@ -31,7 +31,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from server_load import one_request, wait_healthy
+from server_load import one_request, serve_command, wait_healthy
 
 from bytediet.perf.bench import percentile
 from bytediet.perf.llama_server import LlamaServer, binary_version, find_binary, free_port, server_command
@@ -129,25 +129,9 @@ def kv_bytes_per_token(model: str) -> int:
 def run_bytediet(args, convs, pool_bytes: int, tiers: bool) -> dict:
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    cmd = [
-        sys.executable,
-        "-m",
-        "bytediet.cli",
-        "serve",
-        "--port",
-        str(port),
-        "--model",
-        args.model,
-        "--threads",
-        str(args.threads),
-        "--kv-cache-memory",
-        str(pool_bytes),
-        "--max-num-seqs",
-        str(args.clients),
-        "--log-level",
-        "warning",
-        *(["--kv-offload-size", args.offload_size] if tiers else []),
-    ]
+    tier_args = ["--kv-offload-size", args.offload_size] if tiers else []
+    sized = argparse.Namespace(**vars(args), kv_cache_memory=str(pool_bytes))
+    cmd = serve_command(sized, port, "--log-level", "warning", *tier_args)
     proc = subprocess.Popen(cmd, stderr=subprocess.DEVNULL)
     try:
         wait_healthy(base, proc)

@@ -177,15 +177,11 @@ class BlockManager:
             block.ref_count = 1
             request.block_ids.append(best)
         else:
-            if self.copy_block is None:
-                return 0
             was_free = block.ref_count == 0
+            if self.copy_block is None or len(self.free_blocks) <= int(was_free):  # no block to copy into
+                return 0
             if was_free:  # keep the source out of _take_free_block's reach while it is copied
                 del self.free_blocks[best]
-            if not self.free_blocks:
-                if was_free:
-                    self.free_blocks[best] = None
-                return 0
             dst = self._take_free_block()
             self.copy_block(best, dst)
             if was_free:
@@ -195,9 +191,9 @@ class BlockManager:
         request.cached_tokens_by_tier["pool"] = request.cached_tokens_by_tier.get("pool", 0) + best_len
         return best_len
 
-    def _is_free_tail(self, block_id: Optional[int]) -> bool:
-        block = None if block_id is None else self.blocks[block_id]
-        return block is not None and block.block_hash is None and block.ref_count == 0
+    def _is_free_tail(self, block_id: int) -> bool:
+        block = self.blocks[block_id]
+        return block.block_hash is None and block.ref_count == 0
 
     def _index(self, block: Block, parent: Optional[int], tokens: tuple[int, ...]) -> None:
         if self.token_reuse and tokens:

@@ -67,10 +67,7 @@ class BytedietDecoder:
     """One bytediet ``LLM`` (speculating or not) decoding one prompt at a time."""
 
     def __init__(self, name: str, llm) -> None:
-        from ..engine.params import SamplingParams
-
         self.name, self.llm = name, llm
-        self.params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
         self.speculating = getattr(llm.engine, "speculative", None) is not None
 
     def info(self) -> dict:
@@ -78,10 +75,10 @@ class BytedietDecoder:
 
     def decode(self, ids: list[int], max_tokens: int) -> tuple[Optional[float], tuple[int, int, int]]:
         """(decode tok/s, (drafted, accepted, verifications) during this prompt)."""
-        import dataclasses
+        from ..engine.params import SamplingParams
 
         before = _spec_counts(self.llm)
-        r = self.llm.generate([ids], dataclasses.replace(self.params, max_tokens=max_tokens))[0]
+        r = self.llm.generate([ids], SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True))[0]
         after = _spec_counts(self.llm)
         rate = _decode_rate(len(r.outputs[0].token_ids), r.first_token_time, r.finish_time)
         return rate, tuple(a - b for a, b in zip(after, before))
