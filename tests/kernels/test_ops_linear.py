@@ -42,3 +42,20 @@ def test_a_weight_without_native_rows_runs_the_format_s_product():
     w, blocks, calls = weight("q8", torch.Generator().manual_seed(0), native=False)
     x = torch.randn(2, K)
     assert torch.equal(ops.linear(w, x), reference.gemm_blocks(T.Q4_0, blocks, x, None, "f32")) and calls == [(2, K)]
+
+
+@pytest.mark.parametrize("gemm", [torch.float32, torch.bfloat16])
+def test_a_large_weight_is_decoded_a_run_of_rows_at_a_time(monkeypatch, gemm):
+    """decoded_linear: a weight over DECODE_CHUNK_BYTES multiplied in runs of rows (uneven last run) gives the
+    whole-weight product."""
+    gen = torch.Generator().manual_seed(7)
+    blocks = ENCODERS[T.Q4_0](torch.randn(N * K // 32, 32, generator=gen) * 0.2).reshape(N, -1)
+    x = torch.randn(2, 70, K, generator=gen)
+    whole = ops.decoded_linear(int(T.Q4_0), blocks, x, gemm)
+    monkeypatch.setattr(ops, "DECODE_CHUNK_BYTES", 11 * K * torch.finfo(gemm).bits // 8)  # 11 rows a run
+    chunked = ops.decoded_linear(int(T.Q4_0), blocks, x, gemm)
+    assert chunked.shape == (2, 70, N) and chunked.dtype == x.dtype
+    w = reference.dequantize_blocks(T.Q4_0, blocks, gemm)
+    want = torch.nn.functional.linear(x.to(gemm), w).to(x.dtype)
+    torch.testing.assert_close(chunked, whole, rtol=1e-5 if gemm == torch.float32 else 1e-2, atol=1e-5)
+    torch.testing.assert_close(chunked, want, rtol=1e-5 if gemm == torch.float32 else 1e-2, atol=1e-5)

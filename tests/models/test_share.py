@@ -151,3 +151,43 @@ def test_a_packed_token_table_looks_up_the_float_tables_rows(tmp_path, qtype):
     float_embedding(copy)
     assert torch.equal(copy.model.embed_tokens.weight, plain.model.embed_tokens.weight)
     assert isinstance(lean.model.embed_tokens, PackedEmbedding)  # the loaded model keeps its blocks
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4-g32", "nvfp4", "sparse24"])
+def test_a_candidate_kept_only_as_the_kernels_multiply_it_scores_the_same(tmp_path, fmt):
+    """native_only: the packed planes dropped beside their repacked copy — the same logits, the same weight bytes,
+    the same dequantized weights, and the bytes of the planes freed."""
+    from bytediet.kernels import ops
+    from bytediet.models.share import native_only
+
+    if ops.native_library() is None:
+        pytest.skip("no native kernels on this machine")
+    _, packed = loads(tiny_gguf(tmp_path / "m.gguf", gguf.GGMLQuantizationType.Q4_0))
+    config = QuantizeConfig(format=fmt)
+    full, lean = shared_copy(packed), shared_copy(packed)
+    for model in (full, lean):
+        quantize(model, config)
+    weights = {n: lin.dequantized_weight() for n, lin in linear_layers(full)}
+    planes = sum(
+        t.numel() * t.element_size()
+        for _, lin in linear_layers(lean)
+        if lin.native_weight() is not None and not lin.format.spec().startswith("gguf-")
+        for t in lin.packed.values()
+    )
+    assert native_only(lean) == planes > 0
+    assert all(lin.packed == {} for _, lin in linear_layers(lean) if not lin.format.spec().startswith("gguf-"))
+    assert lean.weight_bytes() == full.weight_bytes()
+    for name, lin in linear_layers(lean):  # nvfp4's layout folds its tensor scale per row: the last bit may differ
+        torch.testing.assert_close(lin.dequantized_weight(), weights[name], rtol=1e-6, atol=0, msg=name)
+    ids = torch.arange(1, 120) % packed.config.vocab_size
+    assert torch.equal(lean.score(ids), full.score(ids))
+    assert torch.equal(lean.score(ids[:1]), full.score(ids[:1]))  # one row: the block kernels
+    for model in (lean, full):  # new planes: counted as planes again
+        model.model.layers[0].mlp.down_proj.set_packed(*_int8_of(weights["model.layers.0.mlp.down_proj"]))
+    down = lean.model.layers[0].mlp.down_proj
+    assert down.dropped_plane_bytes == 0 and down.packed and lean.weight_bytes() == full.weight_bytes()
+
+
+def _int8_of(weight):
+    fmt = get_weight_format("int8")
+    return fmt, fmt.quantize(weight)

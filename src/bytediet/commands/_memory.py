@@ -27,11 +27,9 @@ def _base(fp: Footprint) -> dict[str, int]:
 
 def _scoring_bytes(fp: Footprint) -> int:
     """Scoring a window: a chunk of test and reference logits, their float64 comparison, ``lm_head`` decoded."""
-    from ..eval.tasks import ROW_CHUNK_ELEMENTS
-    from ..optimize.memory_plan import COMPARE_CHUNK_BYTES
+    from ..optimize.memory_plan import measuring_bytes
 
-    c = fp.config
-    return 2 * max(64 * c.vocab_size, ROW_CHUNK_ELEMENTS) * 4 + c.vocab_size * c.hidden_size * 4 + COMPARE_CHUNK_BYTES
+    return measuring_bytes(fp)
 
 
 def plan_eval(model: str, weights: Optional[str] = None, windows: int = 8, window_len: int = 512) -> MemoryPlan:

@@ -305,6 +305,25 @@ class LinearWeight:
     device: Optional[Callable] = None  # the GPU path: dtype → backend.DeviceWeight (or None: a float weight)
 
 
+DECODE_CHUNK_BYTES = 64 << 20  # a large weight is decoded for a float GEMM this many bytes of rows at a time
+
+
+def decoded_linear(ggml_type: int, blocks: torch.Tensor, x: torch.Tensor, gemm: torch.dtype) -> torch.Tensor:
+    """x Wᵀ with W decoded from its blocks to ``gemm`` (a float GEMM, compute-bound prefill): a weight larger
+    than :data:`DECODE_CHUNK_BYTES` decoded and multiplied a run of output rows at a time, so a 150k-token
+    ``lm_head`` never exists whole in float32 (each output column the same dot product, up to the GEMM's blocking)."""
+    n, k = blocks.shape[0], row_weights(ggml_type, blocks.shape[1])
+    rows = max(1, DECODE_CHUNK_BYTES // (k * torch.finfo(gemm).bits // 8))
+    xg = x.to(gemm)
+    if rows >= n:
+        return torch.nn.functional.linear(xg, dequantize_blocks(ggml_type, blocks, dtype=gemm)).to(x.dtype)
+    y = torch.empty(*x.shape[:-1], n, dtype=x.dtype)
+    for lo in range(0, n, rows):
+        w = dequantize_blocks(ggml_type, blocks[lo : lo + rows], dtype=gemm)
+        y[..., lo : lo + w.shape[0]] = torch.nn.functional.linear(xg, w)
+    return y
+
+
 def linear(w: LinearWeight, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """y = x Wᵀ (+ bias), x (..., in_features) → (..., out_features), by the one kernel chosen here for this weight,
     input and machine: the panel GEMM or a decoded float GEMM for prefill-sized q16/f32 inputs, the interleaved (x4)
@@ -329,8 +348,7 @@ def linear(w: LinearWeight, x: torch.Tensor, bias: Optional[torch.Tensor] = None
             and tuned_kernel(native[0], w.out_features, w.in_features, PREFILL_TUNE_ROWS) != "fp32"
         ):
             return gemm_panel(native[0], native[1], x, bias)
-        gemm = dense_gemm.dtype() if q16 else x.dtype
-        y = torch.nn.functional.linear(x.to(gemm), dequantize_blocks(native[0], native[1], dtype=gemm)).to(x.dtype)
+        y = decoded_linear(native[0], native[1], x, dense_gemm.dtype() if q16 else x.dtype)
         return y if bias is None else y + bias.to(x.dtype)
     if w.interleaved is not None and w.activations in X4_ACTIVATIONS:
         # the same weight laid out for the x4 kernels; a layer since switched to another mode reads its blocks below

@@ -29,6 +29,7 @@ class Linear(nn.Module):
         self.interleaved: Optional[torch.Tensor] = None  # a row-interleaved copy for the native kernels, if any
         self._native: Optional[tuple[int, torch.Tensor]] = None  # format.native_layout, made on first use
         self._device_weight: Optional[tuple] = None  # (backend.DeviceWeight or None,): the GPU path's, made once
+        self.dropped_plane_bytes = 0  # the packed planes' bytes once only the native copy is kept (keep_native_only)
 
     @property
     def packed(self) -> Packed:
@@ -38,6 +39,7 @@ class Linear(nn.Module):
         """Install already-packed tensors (from a quantizer or a saved checkpoint)."""
         for k in self._packed_keys:
             delattr(self, "packed_" + k)
+        self.dropped_plane_bytes = 0
         self.format, self._packed_keys, self.interleaved, self._native = fmt, list(packed), None, None
         self._device_weight = None
         for k, t in packed.items():
@@ -50,7 +52,26 @@ class Linear(nn.Module):
         self.set_packed(fmt, fmt.quantize(weight, stats))
 
     def dequantized_weight(self) -> torch.Tensor:
+        if not self._packed_keys and self._native is not None:  # planes dropped: decode the native copy
+            return ops.dequantize_blocks(*self._native)
         return self.format.dequantize(self.packed)
+
+    def keep_native_only(self) -> bool:
+        """Drop the packed planes once the native kernels' repacked copy exists (``bytediet optimize``'s measured
+        candidates): on the CPU the kernels multiply the copy, and :meth:`dequantized_weight` decodes the values
+        they multiply, so the layer costs its bytes once (``weight_bytes`` still counts the format's bytes, kept in
+        :attr:`dropped_plane_bytes`). False where there is no separate copy (GGML blocks are read in place) or no
+        native kernel."""
+        native = self.native_weight()
+        if native is None or not self._packed_keys:
+            return False
+        if any(t.untyped_storage().data_ptr() == native[1].untyped_storage().data_ptr() for t in self.packed.values()):
+            return False
+        self.dropped_plane_bytes = sum(t.numel() * t.element_size() for t in self.packed.values())
+        for k in self._packed_keys:
+            delattr(self, "packed_" + k)
+        self._packed_keys = []
+        return True
 
     def native_weight(self) -> Optional[tuple[int, torch.Tensor]]:
         """(kernel type id, rows) that a native block kernel multiplies on this machine, or None.
@@ -77,7 +98,15 @@ class Linear(nn.Module):
         return self._device_weight[0]
 
     def packed_device(self) -> torch.device:
-        return getattr(self, "packed_" + self._packed_keys[0]).device if self._packed_keys else torch.device("cpu")
+        if self._packed_keys:
+            return getattr(self, "packed_" + self._packed_keys[0]).device
+        return self._native[1].device if self._native is not None else torch.device("cpu")
+
+    def _apply_format(self, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+        """The format's own product (no native kernel for this input), from the decoded copy once planes are dropped."""
+        if not self._packed_keys and self._native is not None:
+            return F.linear(x, self.dequantized_weight().to(x.dtype), bias)
+        return self.format.apply(x, self.packed, bias)
 
     def weight(self, triton: bool = False) -> ops.LinearWeight:
         """This layer's weight as the kernels choose a product for it (``ops.linear``); ``triton``: for the GPU path
@@ -94,7 +123,7 @@ class Linear(nn.Module):
             self.in_features,
             self.out_features,
             getattr(self.format, "activations", None),
-            lambda x, bias: self.format.apply(x, self.packed, bias),
+            self._apply_format,
             self.native_weight(),
             self.interleaved,
             getattr(self.format, "ggml_type", None),

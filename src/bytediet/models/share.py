@@ -65,6 +65,18 @@ def float_layers_as_loaded(model: nn.Module, names: set[str]) -> None:
             layer.set_packed(fp32, fp32.quantize(layer.dequantized_weight()))
 
 
+def native_only(model: nn.Module) -> int:
+    """Keep each linear layer of ``model`` only as the native kernels multiply it (:meth:`Linear.keep_native_only`:
+    the packed planes dropped beside their repacked copy); the bytes freed. For a model that is measured, not
+    saved: a checkpoint stores the planes."""
+    freed = 0
+    for _, layer in model.linear_layers():
+        planes = sum(t.numel() * t.element_size() for t in layer.packed.values())
+        if layer.keep_native_only():
+            freed += planes
+    return freed
+
+
 def float_embedding(model: nn.Module) -> None:
     """Give ``model`` (a :func:`shared_copy`) a float32 token embedding in place of a
     :class:`~bytediet.models.layers.PackedEmbedding` — what a checkpoint saved from it stores."""

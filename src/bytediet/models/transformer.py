@@ -154,7 +154,7 @@ class CausalLM(nn.Module):
                 continue
             seen.add(t.data_ptr())
             total += t.numel() * t.element_size()
-        return total
+        return total + sum(getattr(m, "dropped_plane_bytes", 0) for m in self.modules())  # keep_native_only
 
     def decode_weight_bytes(self) -> int:
         """Bytes of weights one single-token step reads: :meth:`weight_bytes` less, in each MoE layer, the

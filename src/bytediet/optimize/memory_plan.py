@@ -1,19 +1,26 @@
 """The peak memory of an ``optimize`` run, predicted from the checkpoint's header and the options.
 
-Resident for the whole run: the runtime, the tokenizer, the checkpoint as the engine runs it (its blocks, the token
-embedding's too: :meth:`.recipe.Recipe._load`) and the native decode step's x4 copies of its blocks. Beside it, the
-larger of loading (the GGUF reader's metadata views, for a moment) and the largest step: one candidate at a time
-(its packed layers, twice where the native kernels multiply a repacked copy; a layer its format leaves as it is
-shares the loaded blocks) and the larger of what building it and measuring it need:
+Resident for the whole run: the runtime, the tokenizer, and the checkpoint as the engine runs it (its blocks, the
+token embedding's too: :meth:`.recipe.Recipe._load`). Beside it, the larger of loading (the GGUF reader's metadata
+views, for a moment) and the largest step:
 
-* building: a run of rows of one layer dequantized to float32 while it is quantized (the whole layer for formats
-  whose rows do not pack independently); a calibrated candidate holds one block's float weights, the hidden states
-  of its windows and — GPTQ, Wanda, SparseGPT — a float64 Gram matrix per layer of the block (in² × 8 bytes each);
-* measuring: a chunk of a window's test logits and the same rows of its reference read back (at most
-  :data:`~bytediet.eval.tasks.ROW_CHUNK_ELEMENTS` float32 each), the float64 comparison of a few rows, and
-  ``lm_head`` decoded once for a prefill chunk (vocab × hidden float32).
+* the checkpoint as loaded, measured (profile, baseline, its KV codecs and activation precisions): the native decode
+  step's x4 copies of its blocks and the measuring below;
+* a weight candidate (:meth:`.recipe.Recipe.build`): its packed layers once (kept only as the native kernels multiply
+  them, :func:`~bytediet.models.share.native_only`; a layer its format leaves as it is shares the loaded blocks) —
+  the x4 copies are let go meanwhile — and the larger of what building it and measuring it need:
 
-Where the machine cannot hold it, :func:`fit_to_memory` leaves out the calibration methods whose step is largest.
+  * building: a run of rows of one layer dequantized to float32 while it is quantized (the whole layer for formats
+    whose rows do not pack independently) and the largest layer's repacked copy; a calibrated candidate holds one
+    block's float weights, the hidden states of its windows and — GPTQ, Wanda, SparseGPT — a float64 Gram matrix
+    per layer of the block (in² × 8 bytes each);
+  * measuring: a chunk of a window's test logits and the same rows of its reference read back (at most
+    :data:`~bytediet.eval.tasks.ROW_CHUNK_ELEMENTS` float32 each), the float64 comparison of a few rows, and a run
+    of ``lm_head``'s rows decoded for a prefill (at most :data:`~bytediet.kernels.ops.DECODE_CHUNK_BYTES`).
+
+Every allocation of a MiB or more is its own mapping during the run (:func:`~bytediet.perf.memory.lean_heap`), so
+what a step frees is given back and the steps' peaks do not add up. Where the machine cannot hold it,
+:func:`fit_to_memory` leaves out the calibration methods whose step is largest.
 """
 
 from __future__ import annotations
@@ -30,9 +37,10 @@ GRAM_METHODS = ("gptq", "wanda", "sparsegpt")  # capture(hessian=True)
 
 def candidate_bytes(fp: Footprint, spec: str, overrides: tuple = (), repacked: bool = True) -> int:
     """Bytes a candidate with weights ``spec`` (``FORMAT[+METHOD]``) adds to the loaded model: its quantized layers'
-    packed bytes, twice where the native kernels multiply a repacked copy kept beside them (int8, int4, fp8, …);
-    a layer the format leaves as it is shares the loaded one (its blocks at float activations), unless its block
-    type has no native kernel (then float32). ``repacked=False``: the packed bytes alone (before any product)."""
+    packed bytes, twice where the native kernels multiply a repacked copy kept beside them (int8, int4, fp8, …:
+    an engine's model); a layer the format leaves as it is shares the loaded one (its blocks at float
+    activations), unless its block type has no native kernel (then float32). ``repacked=False``: the packed bytes
+    once (before any product, or ``optimize``'s candidates, kept only in the native layout)."""
     from ..models.quantize import QuantizeConfig
     from ..quant import build_format
 
@@ -50,20 +58,34 @@ def candidate_bytes(fp: Footprint, spec: str, overrides: tuple = (), repacked: b
     return total
 
 
-def quantizing_bytes(fp: Footprint, spec: str) -> int:
+def quantizing_bytes(fp: Footprint, spec: str, repacking: bool = False) -> int:
     """The float32 working set of quantizing a candidate's largest layer (a run of rows at a time where the format's
-    rows pack independently, :func:`bytediet.models.quantize.quantized_weight`)."""
+    rows pack independently, :func:`bytediet.models.quantize.quantized_weight`); ``repacking``: or, if larger, the
+    largest layer's native copy made beside its planes (:func:`~bytediet.models.share.native_only`)."""
     from ..models.quantize import ROW_CHUNK_ELEMENTS, QuantizeConfig
     from ..quant import build_format
 
     config = QuantizeConfig(format=_format_of(spec))
-    largest = 0
+    largest, copy = 0, 0
     for name, (out, inp) in fp.linear.items():
         layer_spec = config.spec_for(name)
         if layer_spec is not None:
-            rows = out if not build_format(layer_spec).rows_independent else max(1, ROW_CHUNK_ELEMENTS // inp)
+            fmt = build_format(layer_spec)
+            rows = out if not fmt.rows_independent else max(1, ROW_CHUNK_ELEMENTS // inp)
             largest = max(largest, min(rows, out) * inp)
-    return FLOAT_COPIES_WHILE_QUANTIZING * largest * 4
+            if repacking and _repacked(fmt):
+                copy = max(copy, int(fmt.bits_per_weight(out, inp) * out * inp / 8))
+    return max(FLOAT_COPIES_WHILE_QUANTIZING * largest * 4, copy)
+
+
+def measuring_bytes(fp: Footprint) -> int:
+    """Scoring a window against the reference (chunks of both logits, their float64 comparison) and a run of
+    ``lm_head``'s rows decoded for a prefill."""
+    from ..kernels.ops import DECODE_CHUNK_BYTES
+
+    c = fp.config
+    chunk = max(64 * c.vocab_size, ROW_CHUNK_ELEMENTS) * 4
+    return 2 * chunk + min(c.vocab_size * c.hidden_size * 4, DECODE_CHUNK_BYTES) + COMPARE_CHUNK_BYTES
 
 
 def _format_of(spec: str) -> str:
@@ -104,32 +126,23 @@ def plan_optimize(options) -> MemoryPlan:
     rtn = weight_specs(skeleton, quick=o.quick, only=rtn_only)
     cal_only = None if o.weights is None else [s for s in o.weights if "+" in s]
     specs = rtn.specs + calibrated_specs(skeleton, rtn, quick=o.quick, methods=o.methods, only=cal_only).specs
-    chunk = max(64 * c.vocab_size, ROW_CHUNK_ELEMENTS) * 4
-    measuring = 2 * chunk + c.vocab_size * c.hidden_size * 4 + COMPARE_CHUNK_BYTES
-    worst, worst_spec = measuring, None  # the baseline: the loaded model itself, measured
+    measuring = measuring_bytes(fp)
+    worst, worst_spec = fp.x4_bytes + measuring, None  # the checkpoint as loaded, measured on its x4 copies
     for spec in specs:
         method = split_method(spec)[1]
-        quantizing = quantizing_bytes(fp, spec)
+        quantizing = quantizing_bytes(fp, spec, repacking=True)
         building = (
             max(calibration_bytes(fp, method, o.calib_samples, o.calib_len), quantizing) if method else quantizing
         )
-        need = candidate_bytes(fp, spec) + max(building, measuring)
+        need = candidate_bytes(fp, spec, repacked=False) + max(building, measuring)
         if need > worst:
             worst, worst_spec = need, spec
-    parts = {
-        "runtime": RUNTIME_BYTES,
-        "tokenizer": fp.tokenizer_bytes,
-        "model": fp.loaded_bytes,
-        # native decode's x4 copies, made on the loaded model by the profile step: the reference and the candidates
-        # (shared copies made after it) share them; a run whose profile step comes from the cache makes its
-        # reference's own (one more of this)
-        "x4 copies": fp.x4_bytes,
-    }
+    parts = {"runtime": RUNTIME_BYTES, "tokenizer": fp.tokenizer_bytes, "model": fp.loaded_bytes}
     if fp.loading_bytes > worst:
         worst_spec = None
         parts["loading (the GGUF's metadata)"] = fp.loading_bytes
     else:
-        parts[f"largest step ({worst_spec or 'the reference'})"] = worst
+        parts[f"largest step ({worst_spec or 'the checkpoint as loaded, with its x4 copies'})"] = worst
     plan = MemoryPlan("bytediet optimize", parts)
     plan.smaller = _smaller(o, worst_spec)
     plan.largest = worst_spec

@@ -356,15 +356,22 @@ class Recipe:
             self._calib_windows = calibration_windows(self.tokenizer, calib)
         return calib, self._calib_windows
 
-    def build(self, cand: Candidate):
+    def build(self, cand: Candidate, measured: bool = True):
         """The loaded model with ``cand``'s weights (rounded, or calibrated by ``cand.method``), each layer quantized
         from the checkpoint's own blocks one at a time (:func:`~bytediet.models.share.shared_copy`); without
         weights, the checkpoint as the engine runs it (a GGUF's native blocks, at ``cand.activations``). Layers the
-        weight format leaves as they are run in float32, as they would from an fp32 load."""
+        weight format leaves as they are run in float32, as they would from an fp32 load. ``measured``: each layer
+        kept only as the native kernels multiply it (:func:`~bytediet.models.share.native_only`), and the loaded
+        model's x4 copies let go while a candidate of other weights is measured (remade when the checkpoint as
+        loaded is measured again); False for a model that is saved."""
         from ..calibrate import calibrate_and_quantize
         from ..models.loader import set_activations
         from ..models.quantize import QuantizeConfig, linear_layers, quantize
-        from ..models.share import float_layers_as_loaded, shared_copy
+        from ..models.native_decode import drop_interleaved
+        from ..models.share import float_layers_as_loaded, native_only, shared_copy
+
+        if cand.weights and measured:
+            drop_interleaved(self.model)
 
         model = shared_copy(self.model)
         if cand.activations:
@@ -377,6 +384,8 @@ class Recipe:
             else:
                 quantize(model, config)
             float_layers_as_loaded(model, {n for n, _ in linear_layers(model) if config.spec_for(n) is None})
+            if measured:
+                native_only(model)
         return model
 
     def materialize(self, report: dict) -> Optional[Path]:
@@ -395,7 +404,7 @@ class Recipe:
                 shutil.rmtree(out)
             return None
         cand = self._candidate_of(rec)
-        model = self.build(cand)
+        model = self.build(cand, measured=False)
         float_embedding(model)  # a saved checkpoint stores the float table
         save_quantized(model, self.label, out, overwrite=True)
         config = report["recommendation"]["run_config"]
@@ -536,9 +545,10 @@ class Recipe:
         return plan_optimize(self.opt)
 
     def run(self) -> dict:
-        from ..perf.memory import StepPeaks, available_bytes, peak_rss_bytes, rss_bytes
+        from ..perf.memory import StepPeaks, available_bytes, lean_heap, peak_rss_bytes, rss_bytes
         from .memory_plan import fit_to_memory
 
+        lean_heap()
         t0 = self.time.start = time.perf_counter()
         plan, have, left_out = self.plan(), available_bytes() + rss_bytes(), []
         if plan.total > have:  # leave out the calibration methods that cannot fit, largest first

@@ -116,6 +116,23 @@ def release_freed() -> None:
         pass
 
 
+M_MMAP_THRESHOLD = -3  # mallopt's parameter (glibc malloc.h)
+LEAN_MMAP_THRESHOLD = 1 << 20
+
+
+def lean_heap() -> None:
+    """Serve every allocation of ``LEAN_MMAP_THRESHOLD`` bytes or more from its own mapping, returned to the system
+    when freed: glibc otherwise raises its threshold after the first large free (up to 32 MiB), and a run that
+    builds and drops one model after another keeps freed activations in its heap (measured: 0.6 GB of optimize's
+    peak on Qwen2.5-0.5B). For a memory-bound job (``optimize``); a serving process keeps glibc's default."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, LEAN_MMAP_THRESHOLD)
+    except (OSError, AttributeError):
+        pass
+
+
 def available_bytes() -> int:
     """Bytes the machine can still give this process: ``MemAvailable``, capped by a cgroup v2 limit if set."""
     avail = None
