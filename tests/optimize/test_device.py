@@ -153,3 +153,12 @@ def test_a_run_on_the_gpu_measures_there_and_skips_what_has_no_kernel(ckpt, tmp_
     assert {s["label"] for s in report["device"]["skipped"]} == {"w=sparse50 kv=auto", "w=as loaded kv=kivi4"}
     assert report["options"]["device"] == "cuda"
     assert _records(report)["w=int8 kv=auto"]["kl_mean"] > 0
+
+
+def test_a_checkpoint_the_gpu_path_cannot_run_is_refused_in_one_line(ckpt, tmp_path, triton_backend, monkeypatch):
+    import bytediet.optimize.recipe as recipe
+
+    monkeypatch.setattr(recipe, "objection", lambda model, kv: "weight format gguf-q2_k (lm_head) has no GPU kernel")
+    with pytest.raises(ConfigError, match=r"the checkpoint as loaded cannot run there \(weight format gguf-q2_k") as e:
+        Recipe(options(ckpt, device="cpu"), tmp_path, progress=False).run()
+    assert "\n" not in str(e.value)

@@ -34,7 +34,7 @@ from typing import Callable, Optional
 
 import torch
 
-from ..errors import BytedietError
+from ..errors import BytedietError, ConfigError
 from ..kvcache.auto import BudgetCodec
 from ..perf.memory import release_freed
 from ..progress import Bars
@@ -468,6 +468,11 @@ class Recipe:
             self.time.check_baseline(baseline_seconds(self.report_profile, self.settings))
         with bars.spin("step 2/5: measuring the unmodified model (reference)"):
             rec = self.measure(Candidate("baseline"), use_cache=self.reference_ready())
+        if rec is None and self.device_skipped:  # the checkpoint as loaded has no kernel on the device
+            raise ConfigError(
+                f"--device {self.opt.device}: the checkpoint as loaded cannot run there "
+                f"({self.device_skipped[-1]['reason']})"
+            )
         if not self.cache.reference_path.exists():
             self.cache.save_reference(self.reference, self.settings.windows)
         return rec
