@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """bytediet on one GPU, checked and timed in one run (at most ~8 minutes on one H200): one JSON file and a table.
 
-    python3 bench/device_check.py [--out FILE] [--budget-s 450] [--sections env,machine,gemm,attention,models,speed]
+    python3 bench/device_check.py [--out FILE] [--budget-s 450]
+                                  [--sections env,machine,gemm,attention,models,optimize,speed]
     python3 bench/device_check.py --dry-run      # the same run on the CPU: Triton's interpreter, tiny shapes
 
 Sections, each in its own try (an error is recorded in the JSON and the run goes on), in this order, under one
@@ -12,6 +13,9 @@ time guard that skips what no longer fits:
   attention  the Triton paged attention over every KV page type against kernels/reference.py
   models     tiny random llama / qwen2 / gemma3 written by transformers (save_pretrained) and loaded by bytediet's
              HF loader: greedy tokens equal to transformers on the GPU, with CUDA graphs and eager
+  optimize   `bytediet optimize --device cuda`, the smallest quick run under a tight --time-budget: the default model
+             where it is installed, else a random SmolLM2-135M-shaped llama and a BPE tokenizer written on the spot;
+             a candidate with no GPU kernel (sparse50, kivi4) must be listed as skipped, not run
   speed      random-weight Llama-3-8B- and 1B-shaped models at bf16, int8, int4-g128, fp8, sparse24 (2:4): decode
              tok/s at batch 1/16/64, prefill tok/s, fraction of the roofline's prediction, and the peer
              (transformers, static cache + torch.compile, gpt-fast's recipe) on the same weights in the same run
@@ -49,7 +53,17 @@ except ImportError:  # the GPU image lacks it: the pure-Python wheel carried bes
 
 import torch
 
-SECTIONS = ("env", "machine", "gemm", "attention", "models", "speed")
+SECTIONS = ("env", "machine", "gemm", "attention", "models", "optimize", "speed")
+OPTIMIZE_SECONDS = 75  # optimize's own --time-budget: the baseline and what fits of the candidates below
+# SmolLM2-135M's shape (the default model), for the random stand-in where the default model is not installed
+SMOLLM2_SHAPE = dict(
+    hidden_size=576,
+    intermediate_size=1536,
+    num_hidden_layers=30,
+    num_attention_heads=9,
+    num_key_value_heads=3,
+    tie_word_embeddings=True,
+)
 GEMM_FORMATS = (
     "int8",
     "int4-g128",
@@ -434,6 +448,116 @@ def models_section(run: Run, out: dict) -> None:
         run.item(out, arch, check, need_s=20)
 
 
+# -- optimize -----------------------------------------------------------------------------------------------------
+def _corpus_text(n_words: int, seed: int = 0) -> str:
+    """Seeded pseudo-prose (a few hundred made-up words in sentences): the stand-in's tokenizer and corpus."""
+    import random
+
+    rng = random.Random(seed)
+    words = ["".join(rng.choice("etaoinshrdlcumwfgypbvk") for _ in range(rng.randint(2, 8))) for _ in range(600)]
+    sentences, sentence = [], []
+    for _ in range(n_words):
+        sentence.append(rng.choice(words))
+        if len(sentence) >= rng.randint(6, 16):
+            sentences.append(" ".join(sentence).capitalize() + ".")
+            sentence = []
+    return " ".join(sentences)
+
+
+def _stand_in_model(path: Path, shape: dict, n_words: int) -> tuple[str, str]:
+    """(model dir, corpus file): a random llama of ``shape`` written by transformers, with a byte-level BPE trained
+    on the corpus written beside it (no file is downloaded or carried)."""
+    import transformers as tf
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    text = _corpus_text(n_words)
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    vocab = 256 if DRY else 1024
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab, special_tokens=["<|endoftext|>"], show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )  # fmt: skip
+    tok.train_from_iterator([text], trainer)
+    torch.manual_seed(5)
+    config = tf.LlamaConfig(**{**shape, "vocab_size": tok.get_vocab_size(), "max_position_embeddings": 2048})
+    tf.AutoModelForCausalLM.from_config(config).to(torch.float32).save_pretrained(path, safe_serialization=True)
+    tok.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>"}))
+    (path / "corpus.txt").write_text(text)
+    return str(path), str(path / "corpus.txt")
+
+
+def optimize_section(run: Run, out: dict) -> None:
+    """``bytediet optimize --device cuda --quick`` with a tight time budget: the run's device, its steps' records
+    (accuracy, speed, bytes), what the GPU path skipped and why, what the time budget left out, the time taken."""
+    from bytediet.errors import BytedietError
+    from bytediet.models.loader import resolve_model_path
+    from bytediet.optimize.recipe import OptimizeOptions, Recipe
+    from bytediet.optimize.report import recommend
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model, corpus = "default", Path(tmp) / "corpus.txt"  # no corpus download: the GPU machine has no network
+        corpus.write_text(_corpus_text(60000))
+        try:
+            if DRY:  # the default model's 30 layers in Triton's interpreter would take tens of minutes
+                raise BytedietError("a dry run")
+            resolve_model_path(model)
+            out["model"] = "default (SmolLM2-135M-Instruct GGUF)"
+        except BytedietError as e:  # not installed on the GPU image: a stand-in of its shape
+            shape = TINY_SHAPE if DRY else SMOLLM2_SHAPE
+            model, corpus = _stand_in_model(Path(tmp) / "model", shape, 6000 if DRY else 60000)
+            out["model"] = f"random llama of {'a tiny' if DRY else 'SmolLM2-135M'}'s shape ({e})"
+        small = dict(
+            windows=2 if DRY else 4,
+            window_len=64 if DRY else 512,
+            speed_prompt_len=8 if DRY else 32,
+            speed_new_tokens=3 if DRY else 16,
+            profile_prompt_len=16 if DRY else 256,
+            profile_new_tokens=3 if DRY else 32,
+            calib_samples=2 if DRY else 8,
+            calib_len=32 if DRY else 256,
+            kv_calib_windows=1,
+            kv_calib_len=32 if DRY else 512,
+            passkey_lengths=(),
+        )
+        options = OptimizeOptions(
+            model=model,
+            corpus=str(corpus),
+            quick=True,
+            device=run.device,
+            weights=("int8", "sparse50") if DRY else ("int8", "int4-g128", "int4-g128+gptq", "sparse50"),
+            kv=("int8", "kivi4") if DRY else ("int8", "turboquant3.5", "kivi4"),
+            kv_budgets=() if DRY else (4.5,),
+            time_budget=max(min(OPTIMIZE_SECONDS, run.left() - 30), 20),
+            **small,
+        )
+        if run.device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        t0 = time.perf_counter()
+        report = Recipe(options, Path(tmp) / "out", progress=False).run()
+        rec = recommend(report)
+    keys = ("label", "ppl_increase_pct", "kl_mean", "top1", "weight_bytes", "kv_bytes_per_token", "decode_tok_s")
+    out.update(
+        seconds_optimize=round(time.perf_counter() - t0, 1),
+        device=report["device"],
+        time_budget=report["time_budget"],
+        profile={k: v["tok_s"] for k, v in report["steps"]["profile"]["phases"].items()},
+        records={
+            s: [{k: r.get(k) for k in keys} for r in v.get("records", [])]
+            for s, v in report["steps"].items()
+            if s != "profile"
+        },  # fmt: skip
+        notes={s: v["note"] for s, v in report["steps"].items() if isinstance(v, dict) and v.get("note")},
+        recommendation=rec["label"],
+        memory={k: report["memory"].get(k) for k in ("predicted_peak_bytes", "measured_peak_bytes")},
+        cuda_peak_bytes=torch.cuda.max_memory_allocated() if run.device == "cuda" else None,
+    )
+    skipped = {s["label"] for s in report["device"]["skipped"]}
+    out["ok"] = bool(report["steps"]["baseline"]["records"]) and "w=sparse50 kv=auto" in skipped
+
+
 # -- speed --------------------------------------------------------------------------------------------------------
 def _random_llama(shape: dict, device: str, dtype: torch.dtype):
     """A transformers Llama of ``shape`` with random weights (std 0.02), built on ``device``."""
@@ -607,6 +731,15 @@ def table(results: dict) -> str:
             f"{name:<10} ok: {len(good):>2}  failed/skipped: {', '.join(bad) or '-'}"
             + (f"  ERROR {sec['error']}" if "error" in sec else "")
         )
+    o = s.get("optimize", {})
+    if o:
+        lines.append(
+            f"optimize   {'ok' if o.get('ok') else 'FAILED'} in {o.get('seconds_optimize', '-')} s, recommended "
+            f"{o.get('recommendation', '-')}; skipped on the device: "
+            f"{', '.join(x['label'] for x in (o.get('device') or {}).get('skipped', [])) or '-'}"
+            + (f"  ERROR {o['error']}" if "error" in o else "")
+            + (f"  {o['skipped']}" if "skipped" in o else "")
+        )
     m = s.get("machine", {})
     if "read_bandwidth" in m:
         lines.append(
@@ -670,6 +803,11 @@ def main(argv=None) -> int:
                 attention_section(run, out)
             elif name == "models":
                 models_section(run, out)
+            elif name == "optimize":
+                if run.left() < (30 if DRY else OPTIMIZE_SECONDS + 45):
+                    out["skipped"] = f"time guard: {run.left():.0f} s left"
+                    continue
+                optimize_section(run, out)
             elif name == "speed":
                 if hardware is None:
                     hardware = machine_section(run, {})

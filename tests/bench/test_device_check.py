@@ -39,4 +39,7 @@ def test_dry_run_checks_every_section_and_writes_one_json(tmp_path):
     tiny = s["speed"]["tiny"]
     assert tiny["int8"]["batch2"]["decode_tok_s"] > 0 and tiny["peer"]["batch1"]["decode_tok_s"] > 0
     assert "triton gemm_blocks" in json.dumps(tiny["int8"]["device"]["linear"])
-    assert "gemm " in r.stdout and "wrote" in r.stdout  # the table
+    opt = s["optimize"]  # optimize on the device: the baseline measured, what has no GPU kernel skipped with why
+    assert opt["ok"] and opt["device"]["backend"] == "triton" and opt["records"]["baseline"]
+    assert {x["label"] for x in opt["device"]["skipped"]} == {"w=sparse50 kv=auto", "w=as loaded kv=kivi4"}
+    assert "gemm " in r.stdout and "optimize   ok" in r.stdout and "wrote" in r.stdout  # the table

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from ..errors import ConfigError
+from ._engine_args import add_device_flag, resolved_device
 from ._parse import floats, positive_ints
 
 
@@ -134,6 +135,11 @@ def register(subparsers) -> None:
         "skipped (e.g. 15m, 1.5h, 900s; default 15m with --quick, none otherwise; 'none': no limit)",
     )
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads (also keys this machine's roofline)")
+    add_device_flag(
+        p,
+        "where the models, their engines and the calibration run (auto: cuda where torch sees a GPU); on cuda "
+        "what has no GPU kernel is skipped and listed in report.json's device.skipped (docs/gpu.md)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object (the report) instead of tables")
     p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
     p.set_defaults(handler=run)
@@ -175,6 +181,7 @@ def options_from_args(args: argparse.Namespace):
         calib_len=args.calib_len,
         passkey_lengths=_lengths(args.passkey_lengths),
         time_budget=_time_budget(args.time_budget),
+        device=resolved_device(args.device),  # cuda without a GPU: refused here, before anything is loaded
     )
 
 

@@ -3,7 +3,8 @@
 The unmodified model generates once through the engine (greedy, batch 1): a prompt of ``prompt_len``
 tokens (prefill, timed to the first token) and ``new_tokens`` more (decode). The roofline analyzer
 (:func:`bytediet.perf.roofline.analyze`, Williams et al. 2009) predicts the FLOPs and bytes of both
-phases for this model on *this machine's measured ceilings* (:func:`bytediet.perf.measure.this_machine`);
+phases for this model on *this machine's measured ceilings* (:func:`bytediet.perf.measure.this_machine`, or
+:func:`bytediet.perf.measure_gpu.this_gpu` where the model is on CUDA);
 dividing by the measured times gives the achieved FLOP/s and bytes/s, i.e. each phase's point on the
 roofline, and the analyzer says which bound applies (compute or memory).
 """
@@ -54,11 +55,20 @@ def _generate(model, tokenizer, prompt: list[int], new_tokens: int) -> tuple[flo
     return out.ttft, out.finish_time - out.first_token_time
 
 
-def profile(model, tokenizer, corpus_ids, *, prompt_len: int, new_tokens: int, threads: int) -> dict[str, Any]:
-    """Measure prefill and decode, place both on this machine's roofline; a JSON-ready dict."""
+def _hardware(device, threads: int):
+    """The measured ceilings of where ``model`` runs: a GPU's (measured now if not cached), else this CPU's."""
+    if device.type == "cuda":
+        from ..perf.measure_gpu import this_gpu
+
+        return this_gpu(str(device))
     from ..perf.measure import this_machine
 
-    hw = this_machine(measure_if_missing=True, threads=threads)
+    return this_machine(measure_if_missing=True, threads=threads)
+
+
+def profile(model, tokenizer, corpus_ids, *, prompt_len: int, new_tokens: int, threads: int) -> dict[str, Any]:
+    """Measure prefill and decode, place both on this machine's roofline; a JSON-ready dict."""
+    hw = _hardware(model.device, threads)
     prompt_len = min(prompt_len, model.config.max_position_embeddings - new_tokens - 1, len(corpus_ids))
     prompt = [int(t) for t in corpus_ids[:prompt_len]]
     ttft, decode_s = _generate(model, tokenizer, prompt, new_tokens)

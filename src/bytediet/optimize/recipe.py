@@ -34,7 +34,7 @@ from typing import Callable, Optional
 
 import torch
 
-from ..errors import BytedietError
+from ..errors import BytedietError, ConfigError
 from ..kvcache.auto import BudgetCodec
 from ..perf.memory import release_freed
 from ..progress import Bars
@@ -47,6 +47,7 @@ from .candidates import (
     kv_specs,
     weight_specs,
 )
+from .device import build_failure, check_gpu_memory, gpu_path, objection
 from .state import StepCache, model_identity, run_key
 from .timebudget import QUICK_SECONDS, TimeBudget, baseline_seconds, kind_of
 
@@ -118,11 +119,16 @@ class OptimizeOptions:
     methods: Optional[tuple[str, ...]] = None  # restrict the calibration methods (() = none)
     threads: int = 2
     time_budget: Optional[float] = None  # seconds for the run (None: --quick's 15 min, no limit otherwise; 0: none)
+    device: str = "auto"  # where the models, engines and calibration run (auto: cuda where torch sees a GPU)
 
     def resolved(self) -> "OptimizeOptions":
+        """The presets filled in and ``device`` resolved (``cuda`` without a GPU is refused here, in one line)."""
+        from ..engine.device import resolve_device
+
         preset = PRESETS["quick" if self.quick else "full"]
         budget = self.time_budget if self.time_budget is not None else (QUICK_SECONDS if self.quick else 0)
-        return replace(self, time_budget=budget, **{k: v for k, v in preset.items() if getattr(self, k) is None})
+        fill = {k: v for k, v in preset.items() if getattr(self, k) is None}
+        return replace(self, time_budget=budget, device=resolve_device(self.device), **fill)
 
 
 def record(cand: Candidate, result: dict, context: int) -> dict:
@@ -176,11 +182,14 @@ class Recipe:
         self.as_loaded = None  # the checkpoint as the engine runs it, when that is not its float values (_load)
         self._kv_errors: dict = {}  # weight configuration → KV sensitivity tables (shared by every budget)
         self.time = TimeBudget(self.opt.time_budget or None)
+        self.device_skipped: list[dict] = []  # candidates the GPU path cannot run, with the reason (.device)
 
     # ------------------------------------------------------------------ set-up
     def _load(self) -> None:
+        from ..engine.device import move_model
         from ..eval.harness import EvalSettings, reference_cache
         from ..models.loader import load_model, native_block_types
+        from .device import device_key
 
         o = self.opt
         # one model in memory: the checkpoint as the engine runs it (a GGUF on its native blocks). The reference is
@@ -188,6 +197,7 @@ class Recipe:
         # shared_copy of it, quantized one layer at a time from those blocks (:meth:`build`)
         # (the token embedding too: a lookup decodes only its rows)
         self.model, self.tokenizer = load_model(o.model, dtype=torch.float32, keep_packed=True, packed_embedding=True)
+        move_model(self.model, o.device)  # once: every candidate is a shared_copy of it, built and measured there
         self.as_loaded = self.model if native_block_types(self.model) else None
         self._reference_model = None
         self.label = getattr(self.model, "source_path", "") or str(o.model)
@@ -214,6 +224,8 @@ class Recipe:
             "calibration": [o.calib_samples, o.calib_len],
             "kv_calibration": self.kv_calibration,
         }
+        if device_key(o.device) is not None:  # a GPU's numbers are its own (CPU runs keep their keys)
+            depends["device"] = device_key(o.device)
         self._calib_windows = None
         self.key = run_key(model_identity(self.label), depends)
         self.cache = StepCache(self.out, self.key)
@@ -269,6 +281,8 @@ class Recipe:
 
         hit = self.cache.get("configs", cand.label) if use_cache else None
         if hit is not None:
+            if hit.get("device_skip"):
+                self.device_skipped.append({"label": cand.label, "step": cand.step, "reason": hit["error"]})
             return {**hit, "step": cand.step} if hit.get("error") is None else None
         if cand.step != "baseline" and not self.reference_ready():
             raise AssertionError("the reference must be measured (baseline step) before any candidate")
@@ -282,7 +296,19 @@ class Recipe:
         except BytedietError as exc:
             self.cache.put("configs", cand.label, {"error": str(exc)})
             return None
-        kv = self.kv_codec(cand.kv, model, cand)
+        except (RuntimeError, NotImplementedError) as exc:  # an op with no kernel on the device: skipped, not run
+            if not gpu_path(self.opt.device):
+                raise
+            return self._skip_on_device(cand, build_failure(exc))
+        try:
+            kv = self.kv_codec(cand.kv, model, cand)
+        except (RuntimeError, NotImplementedError) as exc:  # the KV calibration, likewise
+            if not gpu_path(self.opt.device):
+                raise
+            return self._skip_on_device(cand, build_failure(exc))
+        why = objection(model, kv) if gpu_path(self.opt.device) else None
+        if why is not None:
+            return self._skip_on_device(cand, why)
         result = evaluate_loaded(
             self.reference_model(),
             self.tokenizer,
@@ -304,6 +330,19 @@ class Recipe:
         release_freed()
         self.time.record(kind, time.perf_counter() - t0)
         return rec
+
+    def _skip_on_device(self, cand: Candidate, reason: str) -> None:
+        """``cand`` cannot run on the GPU path: listed in the report with ``reason`` (and cached so), not measured."""
+        self.device_skipped.append({"label": cand.label, "step": cand.step, "reason": reason})
+        self.cache.put("configs", cand.label, {"error": reason, "device_skip": True})
+        gc.collect()
+        return None
+
+    def device_report(self) -> dict:
+        """Where the run ran (backend, device) and what the GPU path skipped, with why."""
+        from ..kernels.backend import describe
+
+        return {**describe(self.opt.device), "skipped": list(self.device_skipped)}
 
     @property
     def kv_calibration(self) -> dict:
@@ -366,8 +405,8 @@ class Recipe:
         loaded is measured again); False for a model that is saved."""
         from ..calibrate import calibrate_and_quantize
         from ..models.loader import set_activations
-        from ..models.quantize import QuantizeConfig, linear_layers, quantize
         from ..models.native_decode import drop_interleaved
+        from ..models.quantize import QuantizeConfig, linear_layers, quantize
         from ..models.share import float_layers_as_loaded, native_only, shared_copy
 
         if cand.weights and measured:
@@ -394,6 +433,7 @@ class Recipe:
         Run configs name formats, not calibration runs: without this, ``generate --config`` would either
         re-calibrate at every load or silently run the uncalibrated format. Returns the checkpoint dir.
         """
+        from ..engine.device import move_model
         from ..models.checkpoint import save_quantized
         from ..models.share import float_embedding
 
@@ -405,6 +445,8 @@ class Recipe:
             return None
         cand = self._candidate_of(rec)
         model = self.build(cand, measured=False)
+        # written from host memory (on CUDA this moves the tensors it shares with the loaded model too: the run is done)
+        move_model(model, "cpu")
         float_embedding(model)  # a saved checkpoint stores the float table
         save_quantized(model, self.label, out, overwrite=True)
         config = report["recommendation"]["run_config"]
@@ -435,6 +477,11 @@ class Recipe:
             self.time.check_baseline(baseline_seconds(self.report_profile, self.settings))
         with bars.spin("step 2/5: measuring the unmodified model (reference)"):
             rec = self.measure(Candidate("baseline"), use_cache=self.reference_ready())
+        if rec is None and self.device_skipped:  # the checkpoint as loaded has no kernel on the device
+            raise ConfigError(
+                f"--device {self.opt.device}: the checkpoint as loaded cannot run there "
+                f"({self.device_skipped[-1]['reason']})"
+            )
         if not self.cache.reference_path.exists():
             self.cache.save_reference(self.reference, self.settings.windows)
         return rec
@@ -454,6 +501,12 @@ class Recipe:
         before its variants, so the speed-ups compare runs of one moment, not of minutes apart on a shared machine."""
         from ..kernels import ops
 
+        if gpu_path(self.opt.device):
+            return {
+                "records": [],
+                "note": f"skipped on {self.opt.device}: the activation precision (a8, af32) is a choice of the "
+                "native CPU kernels; the GPU path's Triton kernels multiply every format at float activations",
+            }
         if ops.native_library() is None:
             return {
                 "records": [],
@@ -558,6 +611,7 @@ class Recipe:
             else:
                 left_out = []
         plan.check(have)  # refuse before loading what the machine cannot hold
+        gpu_memory = check_gpu_memory(self.opt.model, self.opt.device)  # and, on CUDA, what the GPU cannot
         o = self.opt
         with Bars(self.progress) as bars, StepPeaks() as peaks:
             bars.line(plan.describe() + (f"; time budget {o.time_budget / 60:.0f} min" if o.time_budget else ""))
@@ -588,6 +642,7 @@ class Recipe:
             "left_out": {spec: "would not fit in the memory available" for spec in left_out},
         }
         report["time_budget"] = self.time.to_dict()
+        report["device"] = {**self.device_report(), "gpu_memory": gpu_memory}
         report["elapsed_s"] = time.perf_counter() - t0
         return report
 

@@ -258,7 +258,7 @@ def summary_markdown(report: dict) -> str:
 
 
 def _budget_lines(report: dict) -> list[str]:
-    """What the time budget left out, and the run's memory: predicted against measured."""
+    """What the time budget and the device left out, and the run's memory: predicted against measured."""
     lines = []
     tb = report.get("time_budget") or {}
     if tb.get("skipped"):
@@ -267,6 +267,14 @@ def _budget_lines(report: dict) -> list[str]:
             f"**Time budget** ({tb['seconds'] / 60:.0f} min) reached: not measured "
             + ", ".join(f"`{s['label']}`" for s in tb["skipped"])
             + " (give a larger `--time-budget`).",
+        ]
+    dev = report.get("device") or {}
+    if dev.get("skipped"):
+        lines += [
+            "",
+            f"**Not runnable on {dev['device']}** (no {dev['backend']} kernel, or not buildable there): "
+            + "; ".join(f"`{s['label']}` — {s['reason']}" for s in dev["skipped"])
+            + ".",
         ]
     mem = report.get("memory") or {}
     if mem.get("measured_peak_bytes"):
