@@ -402,14 +402,15 @@ class Recipe:
         weight format leaves as they are run in float32, as they would from an fp32 load. ``measured``: each layer
         kept only as the native kernels multiply it (:func:`~bytediet.models.share.native_only`), and the loaded
         model's x4 copies let go while a candidate of other weights is measured (remade when the checkpoint as
-        loaded is measured again); False for a model that is saved."""
+        loaded is measured again) — on the native CPU path; False for a model that is saved."""
         from ..calibrate import calibrate_and_quantize
         from ..models.loader import set_activations
         from ..models.native_decode import drop_interleaved
         from ..models.quantize import QuantizeConfig, linear_layers, quantize
         from ..models.share import float_layers_as_loaded, native_only, shared_copy
 
-        if cand.weights and measured:
+        native = measured and not gpu_path(self.opt.device)  # the GPU path multiplies the planes
+        if cand.weights and native:
             drop_interleaved(self.model)
 
         model = shared_copy(self.model)
@@ -423,7 +424,7 @@ class Recipe:
             else:
                 quantize(model, config)
             float_layers_as_loaded(model, {n for n, _ in linear_layers(model) if config.spec_for(n) is None})
-            if measured:
+            if native:
                 native_only(model)
         return model
 
