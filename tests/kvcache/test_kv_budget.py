@@ -195,3 +195,21 @@ def test_rank_correlation_is_spearmans_rho():
     assert rank_correlation([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
     assert rank_correlation([1, 2, 2, 3], [1, 2, 3, 4]) == pytest.approx(0.9486832980505138)  # scipy.stats.spearmanr
     assert rank_correlation([1, 2], [2, 1]) is None
+
+
+def test_a_validation_window_scored_a_chunk_of_rows_at_a_time_gives_the_whole_window_s_kl(monkeypatch):
+    """_window_kl compares both runs a few rows at a time (a 262k vocabulary never holds a window's logits): the
+    KL of scoring each whole window at once."""
+    import bytediet.calibrate.kv_budget as kb
+
+    cfg = tiny_config("llama", hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=64)
+    model = model_from_state(cfg, random_state(cfg, seed=6))
+    window = torch.randint(0, cfg.vocab_size, (77,), generator=torch.Generator().manual_seed(3))
+    codec = get_kv_codec("q4_0")
+    ref = model.score(window).float().log_softmax(dim=-1)
+    test = model.score(window, kv_codec=codec, block_size=16).float().log_softmax(dim=-1)
+    whole = float((ref.exp() * (ref - test)).sum())
+    monkeypatch.setattr(kb, "VALIDATION_ROW_ELEMENTS", 10 * cfg.vocab_size)  # 10 rows a chunk, uneven last
+    kl, rows = kb._window_kl(model, window, codec)
+    assert rows == 77 and whole > 0
+    assert kl == pytest.approx(whole, rel=1e-4)

@@ -209,12 +209,18 @@ class CausalLM(nn.Module):
 
     @torch.inference_mode()
     def score_rows(
-        self, input_ids: torch.Tensor, start: int, stop: int, rows: int, kv_codec: str = "auto"
+        self,
+        input_ids: torch.Tensor,
+        start: int,
+        stop: int,
+        rows: int,
+        kv_codec: str = "auto",
+        block_size: Optional[int] = None,
     ) -> Iterator[tuple[int, torch.Tensor]]:
         """:meth:`score`'s logits of positions start..stop-1 in near-equal chunks of at most ``rows`` positions
         (at least ``rows`` when the span allows): the decoder runs once, ``lm_head`` once per chunk, so no more
         than a chunk of (rows, vocab) logits exists at a time. Yields (first position, (n, vocab) float32)."""
-        block_size = default_block_size(kv_codec)
+        block_size = block_size or default_block_size(kv_codec)
         ids = input_ids.reshape(-1).to(self.device)
         length = ids.shape[0]
         caches = self.new_caches(math.ceil(length / block_size), block_size, kv_codec)
