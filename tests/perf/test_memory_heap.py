@@ -1,4 +1,5 @@
-"""lean_heap: allocations of a MiB or more are given back when freed, where glibc's raised threshold keeps them."""
+"""lean_heap: tensors of a MiB or more made inside it are given back when freed, where glibc's raised threshold
+keeps them."""
 
 import subprocess
 import sys
@@ -7,16 +8,16 @@ import pytest
 
 PROGRAM = """
 import sys, torch
+import contextlib
 from bytediet.perf.memory import lean_heap, rss_bytes
-if sys.argv[1] == "lean":
-    lean_heap()
 big = torch.ones(16 << 18)  # 16 MiB freed: glibc raises its mmap threshold above the 4 MiB tensors below
 del big
 before = rss_bytes()
 large, small = [], []
-for i in range(32):  # 4 MiB tensors, each followed by a small one that stays (the heap cannot shrink past it)
-    large.append(torch.ones(1 << 20))
-    small.append(torch.ones(64))
+with lean_heap() if sys.argv[1] == "lean" else contextlib.nullcontext():
+    for i in range(32):  # 4 MiB tensors, each followed by a small one that stays (the heap cannot shrink past it)
+        large.append(torch.ones(1 << 20))
+        small.append(torch.ones(64))
 del large
 print((rss_bytes() - before) / 2**20)
 """

@@ -403,6 +403,12 @@ class Recipe:
         kept only as the native kernels multiply it (:func:`~bytediet.models.share.native_only`), and the loaded
         model's x4 copies let go while a candidate of other weights is measured (remade when the checkpoint as
         loaded is measured again) — on the native CPU path; False for a model that is saved."""
+        from ..perf.memory import lean_heap
+
+        with lean_heap():  # the candidate's layers in their own mappings: freed whole when it is dropped
+            return self._build(cand, measured)
+
+    def _build(self, cand: Candidate, measured: bool):
         from ..calibrate import calibrate_and_quantize
         from ..models.loader import set_activations
         from ..models.native_decode import drop_interleaved
@@ -599,10 +605,18 @@ class Recipe:
         return plan_optimize(self.opt)
 
     def run(self) -> dict:
-        from ..perf.memory import StepPeaks, available_bytes, lean_heap, peak_rss_bytes, rss_bytes
+        from ..perf.memory import (
+            WORKING_MMAP_THRESHOLD,
+            StepPeaks,
+            available_bytes,
+            lean_heap,
+            peak_rss_bytes,
+            rss_bytes,
+            set_mmap_threshold,
+        )
         from .memory_plan import fit_to_memory
 
-        lean_heap()
+        set_mmap_threshold(WORKING_MMAP_THRESHOLD)  # fixed: glibc's own raising would keep freed layers in the heap
         t0 = self.time.start = time.perf_counter()
         plan, have, left_out = self.plan(), available_bytes() + rss_bytes(), []
         if plan.total > have:  # leave out the calibration methods that cannot fit, largest first
@@ -618,7 +632,7 @@ class Recipe:
             bars.line(plan.describe() + (f"; time budget {o.time_budget / 60:.0f} min" if o.time_budget else ""))
             if left_out:
                 bars.line(f"left out (would not fit in {have / 1e9:.1f} GB): {', '.join(left_out)}")
-            with peaks.step("load"), bars.spin(f"loading {o.model} and the corpus"):
+            with peaks.step("load"), bars.spin(f"loading {o.model} and the corpus"), lean_heap():
                 self._load()
             report = {
                 "model": self.label,
