@@ -116,18 +116,21 @@ def release_freed() -> None:
         pass
 
 
-M_MMAP_THRESHOLD = -3  # mallopt's parameter (glibc malloc.h)
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt's parameters (glibc malloc.h)
 LEAN_MMAP_THRESHOLD = 1 << 20  # while a model's long-lived tensors are made: each its own mapping
 WORKING_MMAP_THRESHOLD = 32 << 20  # otherwise glibc's own ceiling: a forward pass's activations reuse the heap
 
 
 def set_mmap_threshold(nbytes: int) -> None:
     """Serve allocations of ``nbytes`` or more from their own mappings (returned to the system when freed); fixing
-    it stops glibc's raising it after a large free."""
+    it stops glibc's raising it after a large free. The heap's top is trimmed past twice that (glibc's own rule,
+    which a fixed threshold turns off: trimming at its 128 kB default re-faults the heap on every large step)."""
     try:
         import ctypes
 
-        ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, nbytes)
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(M_MMAP_THRESHOLD, nbytes)
+        libc.mallopt(M_TRIM_THRESHOLD, 2 * nbytes)
     except (OSError, AttributeError):
         pass
 
