@@ -403,9 +403,13 @@ class Recipe:
         kept only as the native kernels multiply it (:func:`~bytediet.models.share.native_only`), and the loaded
         model's x4 copies let go while a candidate of other weights is measured (remade when the checkpoint as
         loaded is measured again) — on the native CPU path; False for a model that is saved."""
+        from contextlib import nullcontext
+
         from ..perf.memory import lean_heap
 
-        with lean_heap():  # the candidate's layers in their own mappings: freed whole when it is dropped
+        # a rounded candidate's layers in their own mappings, freed whole when it is dropped; calibration's forward
+        # passes stay on the heap (a mapping per activation costs a page fault per 4 kB: minutes of AWQ)
+        with nullcontext() if cand.method else lean_heap():
             return self._build(cand, measured)
 
     def _build(self, cand: Candidate, measured: bool):
