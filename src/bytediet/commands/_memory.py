@@ -25,16 +25,9 @@ def _base(fp: Footprint) -> dict[str, int]:
     return {"runtime": RUNTIME_BYTES, "tokenizer": fp.tokenizer_bytes}
 
 
-def _scoring_bytes(fp: Footprint) -> int:
-    """Scoring a window: a chunk of test and reference logits, their float64 comparison, ``lm_head`` decoded."""
-    from ..optimize.memory_plan import measuring_bytes
-
-    return measuring_bytes(fp)
-
-
 def plan_eval(model: str, weights: Optional[str] = None, windows: int = 8, window_len: int = 512) -> MemoryPlan:
     """The predicted peak of ``bytediet eval --model model [--weights W] --windows N --window-len L``."""
-    from ..optimize.memory_plan import candidate_bytes, quantizing_bytes
+    from ..optimize.memory_plan import candidate_bytes, measuring_bytes, quantizing_bytes
 
     fp = footprint(model)
     c = fp.config
@@ -48,7 +41,7 @@ def plan_eval(model: str, weights: Optional[str] = None, windows: int = 8, windo
         "reference model (float32)": fp.float_bytes,
         f"test model ({weights or 'as loaded'})": test,
         "reference logits": min(logits, REFERENCE_RAM_BYTES) + window_len * c.vocab_size * 4,
-        "scoring (or loading)": max(_scoring_bytes(fp), fp.loading_bytes),
+        "scoring (or loading)": max(measuring_bytes(fp), fp.loading_bytes),  # logit chunks, lm_head decoded
     }
     plan = MemoryPlan("bytediet eval", parts)
     if logits > window_len * c.vocab_size * 4:

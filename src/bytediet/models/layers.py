@@ -51,8 +51,13 @@ class Linear(nn.Module):
             raise ValueError(f"weight shape {tuple(weight.shape)} != ({self.out_features}, {self.in_features})")
         self.set_packed(fmt, fmt.quantize(weight, stats))
 
+    @property
+    def planes_dropped(self) -> bool:
+        """Whether only the native copy is kept (:meth:`keep_native_only`)."""
+        return self.dropped_plane_bytes > 0
+
     def dequantized_weight(self) -> torch.Tensor:
-        if not self._packed_keys and self._native is not None:  # planes dropped: decode the native copy
+        if self.planes_dropped:  # decode the native copy
             return ops.dequantize_blocks(*self._native)
         return self.format.dequantize(self.packed)
 
@@ -98,13 +103,13 @@ class Linear(nn.Module):
         return self._device_weight[0]
 
     def packed_device(self) -> torch.device:
-        if self._packed_keys:
-            return getattr(self, "packed_" + self._packed_keys[0]).device
-        return self._native[1].device if self._native is not None else torch.device("cpu")
+        if self.planes_dropped:
+            return self._native[1].device
+        return getattr(self, "packed_" + self._packed_keys[0]).device if self._packed_keys else torch.device("cpu")
 
     def _apply_format(self, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
         """The format's own product (no native kernel for this input), from the decoded copy once planes are dropped."""
-        if not self._packed_keys and self._native is not None:
+        if self.planes_dropped:
             return F.linear(x, self.dequantized_weight().to(x.dtype), bias)
         return self.format.apply(x, self.packed, bias)
 

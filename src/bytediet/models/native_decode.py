@@ -42,15 +42,10 @@ def _linear(lin: Linear, interleave: bool = False) -> Optional[LinearSpec]:
     return LinearSpec(blocks, int(gtype), lin.out_features, lin.in_features, bias, interleaved=x4, source=source)
 
 
-def drop_interleaved(model: CausalLM) -> int:
-    """Let go of the x4 copies of ``model``'s layers (the next native decoder over it makes them again); the
-    bytes freed."""
-    freed = 0
+def drop_interleaved(model: CausalLM) -> None:
+    """Let go of the x4 copies of ``model``'s layers (the next native decoder over it makes them again)."""
     for _, lin in model.linear_layers():
-        if lin.interleaved is not None:
-            freed += lin.interleaved.numel() * lin.interleaved.element_size()
-            lin.interleaved = None
-    return freed
+        lin.interleaved = None
 
 
 def _pages_or_objection(cache) -> tuple[Optional[dict], str]:

@@ -69,12 +69,7 @@ def native_only(model: nn.Module) -> int:
     """Keep each linear layer of ``model`` only as the native kernels multiply it (:meth:`Linear.keep_native_only`:
     the packed planes dropped beside their repacked copy); the bytes freed. For a model that is measured, not
     saved: a checkpoint stores the planes."""
-    freed = 0
-    for _, layer in model.linear_layers():
-        planes = sum(t.numel() * t.element_size() for t in layer.packed.values())
-        if layer.keep_native_only():
-            freed += planes
-    return freed
+    return sum(layer.dropped_plane_bytes for _, layer in model.linear_layers() if layer.keep_native_only())
 
 
 def float_embedding(model: nn.Module) -> None:

@@ -18,9 +18,11 @@ views, for a moment) and the largest step:
     :data:`~bytediet.eval.tasks.ROW_CHUNK_ELEMENTS` float32 each), the float64 comparison of a few rows, and a run
     of ``lm_head``'s rows decoded for a prefill (at most :data:`~bytediet.kernels.ops.DECODE_CHUNK_BYTES`).
 
-Every allocation of a MiB or more is its own mapping during the run (:func:`~bytediet.perf.memory.lean_heap`), so
-what a step frees is given back and the steps' peaks do not add up. Where the machine cannot hold it,
-:func:`fit_to_memory` leaves out the calibration methods whose step is largest.
+While the model is loaded and a rounded candidate is built, its tensors get their own mappings
+(:func:`~bytediet.perf.memory.lean_heap`), so a dropped candidate gives its layers back and the steps' peaks do not
+add up; the heap's working set of forward passes and calibration's factorisations are not counted (bench/
+OPTIMIZE_MEMORY.md, session 14). Where the machine cannot hold it, :func:`fit_to_memory` leaves out the calibration
+methods whose step is largest.
 """
 
 from __future__ import annotations

@@ -105,15 +105,23 @@ class StepPeaks:
             self._current = None
 
 
-def release_freed() -> None:
-    """Hand memory freed since the last call back to the system (glibc keeps freed heap pages otherwise, so a
-    process that builds and drops one large model after another would grow by what it once held)."""
+def _glibc():
+    """glibc's malloc controls, or None (another C library: its allocator is left as it is)."""
     try:
         import ctypes
 
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
+        libc = ctypes.CDLL("libc.so.6")
+        return libc if hasattr(libc, "malloc_trim") and hasattr(libc, "mallopt") else None
     except (OSError, AttributeError):
-        pass
+        return None
+
+
+def release_freed() -> None:
+    """Hand memory freed since the last call back to the system (glibc keeps freed heap pages otherwise, so a
+    process that builds and drops one large model after another would grow by what it once held)."""
+    libc = _glibc()
+    if libc is not None:
+        libc.malloc_trim(0)
 
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt's parameters (glibc malloc.h)
@@ -125,14 +133,10 @@ def set_mmap_threshold(nbytes: int) -> None:
     """Serve allocations of ``nbytes`` or more from their own mappings (returned to the system when freed); fixing
     it stops glibc's raising it after a large free. The heap's top is trimmed past twice that (glibc's own rule,
     which a fixed threshold turns off: trimming at its 128 kB default re-faults the heap on every large step)."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6")
+    libc = _glibc()
+    if libc is not None:
         libc.mallopt(M_MMAP_THRESHOLD, nbytes)
         libc.mallopt(M_TRIM_THRESHOLD, 2 * nbytes)
-    except (OSError, AttributeError):
-        pass
 
 
 @contextmanager
