@@ -103,7 +103,7 @@ def test_chunked_rows_equal_unchunked(monkeypatch):
     ref, test = random_logits(1, 37, 50, 3.0), random_logits(2, 37, 50, 3.0)
     targets = torch.randint(0, 50, (37,))
     whole_kl, whole_nll = kl_per_position(ref, test), token_nll(test, targets)
-    monkeypatch.setattr(fidelity, "_CHUNK_ELEMENTS", 120)  # 2 rows per chunk
+    monkeypatch.setattr(fidelity, "COMPARE_CHUNK_ELEMENTS", 120)  # 2 rows per chunk
     assert torch.equal(kl_per_position(ref, test), whole_kl)
     assert torch.equal(token_nll(test, targets), whole_nll)
 

@@ -37,6 +37,7 @@ def test_estimates_come_from_the_last_measurement_of_each_kind():
     t.skip("w=int4+awq", "weights", "+awq")
     assert t.to_dict()["skipped"] == [{"label": "w=int4+awq", "step": "weights", "estimated_s": 12.0}]
     assert kind_of(Candidate("kv", kv="int8")) == "kv" and kind_of(Candidate("weights", "int4", method="awq")) == "+awq"
+    assert kind_of(Candidate("kv", kv="auto:4.5")) == "kv-plan" and t.estimate("kv-plan") == 12.0  # calibrates first
 
 
 def test_the_budget_skips_and_the_report_says_what(ckpt, tmp_path, monkeypatch):

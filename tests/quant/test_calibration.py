@@ -64,6 +64,8 @@ def test_capture_statistics_match_a_direct_computation():
     assert all(any(torch.equal(r, row) for row in x) for r in sample)  # real input rows ...
     assert torch.equal(sample, stats["b"].sample())  # ... the same ones for every module of a call
     assert len(a._forward_pre_hooks) == 0  # hooks removed
+    hessian = sa.hessian
+    assert torch.equal(sa.take_hessian(), hessian) and sa.gram is None  # in the Gram's storage, which is let go
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bytediet.calibrate.gptq import GPTQConfig, gptq_model, gptq_quantize
+from bytediet.calibrate.gptq import GPTQConfig, gptq_model, gptq_quantize, inverse_hessian_factor
 from bytediet.errors import ConfigError
 from bytediet.models.quantize import QuantizeConfig, quantize
 from bytediet.quant import get_weight_format
@@ -80,6 +80,20 @@ def test_blocked_equals_naive_and_beats_rtn(spec, act_order, seed):
     assert set(packed) == set(fmt.quantize(w))  # the format's own tensors: apply/save/load just work
     rtn = fmt.dequantize(fmt.quantize(w))
     assert out_err(x, w, q) < 0.8 * out_err(x, w, rtn)
+
+
+def test_inverse_hessian_factor_in_place_equals_the_three_factorisations():
+    torch.manual_seed(3)
+    x = torch.randn(80, 48, dtype=torch.float64) * torch.linspace(0.1, 4, 48, dtype=torch.float64)
+    h = 2 * x.t() @ x / 80
+    damped = h + 0.01 * h.diagonal().mean() * torch.eye(48, dtype=torch.float64)
+    expected = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(damped)), upper=True)
+    kept = h.clone()
+    assert torch.equal(inverse_hessian_factor(h, 0.01), expected) and torch.equal(h, kept)  # h untouched
+    u = inverse_hessian_factor(h, 0.01, overwrite=True)
+    assert torch.equal(u, expected) and u.untyped_storage().data_ptr() == h.untyped_storage().data_ptr()
+    with pytest.raises(ConfigError, match="not positive definite"):
+        inverse_hessian_factor(-kept, 0.01, "SparseGPT", overwrite=True)
 
 
 def test_dead_inputs_and_bad_settings():

@@ -73,6 +73,14 @@ class LinearStats:
             raise ValueError("this capture did not accumulate the Gram matrix (capture(..., hessian=True))")
         return 2.0 * self.gram / max(self.tokens, 1)
 
+    def take_hessian(self) -> torch.Tensor:
+        """:attr:`hessian`, computed in the Gram matrix's own storage (the stats no longer hold a Gram)."""
+        if self.gram is None:
+            raise ValueError("this capture did not accumulate the Gram matrix (capture(..., hessian=True))")
+        h, self.gram = self.gram, None
+        with torch.inference_mode():  # the Gram was summed in the forward passes' inference mode
+            return h.mul_(2.0).div_(max(self.tokens, 1))
+
     def sample(self) -> torch.Tensor:
         """(S, in) the sampled input rows."""
         return torch.cat(self.samples) if self.samples else torch.zeros(0, self.in_features)
@@ -85,7 +93,7 @@ class LinearStats:
         self.abs_max = amax if self.abs_max is None else torch.maximum(self.abs_max, amax)
         if want_gram:
             g = (x.t() @ x).double()  # float32 product per window, float64 sum across windows
-            self.gram = g if self.gram is None else self.gram + g
+            self.gram = g if self.gram is None else self.gram.add_(g)
         if rows is not None:
             self.samples.append(x[rows[rows < x.shape[0]]].clone())
         self.tokens += x.shape[0]
@@ -251,7 +259,7 @@ def pack_blocks_in_order(
             for name, fmt in fmts.items():
                 layer = linears[name]
                 try:
-                    packed = pack(layer.dequantized_weight(), fmt, stats.get(name))
+                    packed = pack(layer.dequantized_weight(), fmt, stats.pop(name, None))  # its Gram freed after
                 except ConfigError as exc:
                     raise ConfigError(f"layer {name} ({layer.out_features}×{layer.in_features}): {exc}") from None
                 if name not in runner.floated:  # a packed model's float copy is not worth restoring

@@ -72,18 +72,21 @@ class GroupQuantizer:
         return q * scale.double() + offset.double()
 
 
-def inverse_hessian_factor(h: torch.Tensor, damp: float, method: str = "GPTQ") -> torch.Tensor:
-    """Upper Cholesky factor U of (H + λI)⁻¹ (so U_ii² = [H⁻¹]_ii of the remaining columns), λ = damp·mean diag H."""
-    h = h.clone()
+def inverse_hessian_factor(h: torch.Tensor, damp: float, method: str = "GPTQ", overwrite: bool = False) -> torch.Tensor:
+    """Upper Cholesky factor U of (H + λI)⁻¹ (so U_ii² = [H⁻¹]_ii of the remaining columns), λ = damp·mean diag H.
+
+    ``overwrite``: the factorisation runs in ``h``'s own storage (a working copy its caller no longer needs), so
+    it holds one in × in matrix instead of four (a 4864-wide float64 Hessian is 189 MB)."""
+    h = (h if overwrite else h.clone()).mT  # H is symmetric: its column-major view is LAPACK's own layout
     h.diagonal().add_(damp * h.diagonal().mean())
-    try:
-        lower = torch.linalg.cholesky(h)
-    except RuntimeError:
+    _, info = torch.linalg.cholesky_ex(h, out=(h, torch.empty(0, dtype=torch.int32, device=h.device)))
+    if int(info):
         raise ConfigError(
             f"{method}: the Hessian is not positive definite even after damping; raise the damping "
             f"({method}Config.damp) or use more calibration tokens"
-        ) from None
-    return torch.linalg.cholesky(torch.cholesky_inverse(lower), upper=True)
+        )
+    torch.cholesky_inverse(h, out=h)
+    return torch.linalg.cholesky(h, upper=True, out=h)
 
 
 @torch.no_grad()
@@ -112,8 +115,10 @@ def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, fmt: Int4, config
     if config.act_order:  # static groups: parameters from the original (dead-zeroed) weights
         for g in range(k // gs):
             scales[:, g], offsets[:, g] = quant.params(w[:, g * gs : (g + 1) * gs])
-    w, h = w[:, perm], h[perm][:, perm]
-    u = inverse_hessian_factor(h, config.damp)
+    if config.act_order:  # one permuted copy at a time
+        w, h = w[:, perm], h[perm]
+        h = h[:, perm]
+    u = inverse_hessian_factor(h, config.damp, overwrite=True)
     codes = torch.zeros(out, k, dtype=torch.float64, device=dev)
     groups = (perm // gs).tolist()  # column → its group, read once (not one device sync per column)
     for b0 in range(0, k, config.block_size):
@@ -153,7 +158,7 @@ def gptq_model(
     """
 
     def pack(w, fmt, stats):
-        return gptq_quantize(w, stats.hessian, fmt, gptq) if stats is not None else fmt.quantize(w)
+        return gptq_quantize(w, stats.take_hessian(), fmt, gptq) if stats is not None else fmt.quantize(w)
 
     result = pack_blocks_in_order(
         model, config, windows, progress, "GPTQ: quantizing blocks", lambda fmt: isinstance(fmt, Int4), pack

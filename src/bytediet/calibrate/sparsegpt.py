@@ -66,7 +66,7 @@ def sparsegpt_prune(
     dead = h.diagonal() == 0
     h[dead, dead] = 1.0
     w[:, dead] = 0.0
-    u = inverse_hessian_factor(h, config.damp, "SparseGPT")
+    u = inverse_hessian_factor(h, config.damp, "SparseGPT", overwrite=True)
     keep = torch.ones(out, k, dtype=torch.bool, device=w.device)  # every buffer where the weight is
     span = fmt.span
     for b0 in range(0, k, config.block_size):
@@ -115,7 +115,7 @@ def sparsegpt_model(
     def pack(w, fmt, stats):
         if not isinstance(fmt, PrunedFormat):
             return fmt.quantize(w)
-        pruned, keep = sparsegpt_prune(w, stats.hessian, fmt, sparsegpt)
+        pruned, keep = sparsegpt_prune(w, stats.take_hessian(), fmt, sparsegpt)
         return fmt.pack(pruned.float(), keep)
 
     result = pack_blocks_in_order(

@@ -29,11 +29,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ..eval.fidelity import COMPARE_CHUNK_ELEMENTS
 from ..eval.tasks import ROW_CHUNK_ELEMENTS
 from ..perf.memory import RUNTIME_BYTES, Footprint, MemoryPlan, footprint
 
 FLOAT_COPIES_WHILE_QUANTIZING = 3  # the float weight, its scaled / rounded working copy, and the packed result
-COMPARE_CHUNK_BYTES = 6 * (1 << 22) * 8  # fidelity's float64 log-softmax chunks (eval/fidelity.py), ref and test
+COMPARE_CHUNK_BYTES = 6 * COMPARE_CHUNK_ELEMENTS * 8  # fidelity's float64 log-softmax chunks, ref and test
 GRAM_METHODS = ("gptq", "wanda", "sparsegpt")  # capture(hessian=True)
 
 

@@ -2,7 +2,7 @@
 
 The steps already try candidates most promising first (the families of the quick preset in their registry
 order, rounding before calibration, then KV codecs). Each measurement's cost is estimated from the last one of
-its kind (a calibrated candidate first from three rounded ones); one whose estimate would end past the budget
+its kind (a calibrated candidate or a KV byte budget first from three rounded ones); one whose estimate would end past the budget
 is skipped and listed. The baseline is never skipped: a budget that cannot hold it is refused once the profile
 has measured this machine's prefill speed (:func:`baseline_seconds`).
 """
@@ -15,9 +15,11 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from ..errors import ConfigError
+from .candidates import BUDGET_PREFIX
 
 QUICK_SECONDS = 15 * 60  # --quick's default budget
 CALIBRATED_OVER_ROUNDED = 3.0  # a calibrated candidate's first estimate, in rounded measurements
+KV_PLAN = "kv-plan"
 
 
 def parse_duration(text: str) -> Optional[float]:
@@ -32,12 +34,20 @@ def parse_duration(text: str) -> Optional[float]:
 
 
 def kind_of(cand) -> str:
-    """What a candidate's measurement costs like: ``baseline``, ``+<method>`` (calibrated), ``weights``, ``kv``."""
+    """What a candidate's measurement costs like: ``baseline``, ``+<method>`` (calibrated), ``weights``, ``kv``,
+    ``kv-plan`` (a KV byte budget: its per-layer sensitivity is measured before it)."""
     if cand.step == "baseline":
         return "baseline"
     if cand.method:
         return f"+{cand.method}"
-    return "weights" if cand.weights or cand.activations else "kv"
+    if cand.weights or cand.activations:
+        return "weights"
+    return KV_PLAN if (cand.kv or "").startswith(BUDGET_PREFIX) else "kv"
+
+
+def calibrates(kind: str) -> bool:
+    """Whether a measurement of ``kind`` calibrates first (its first estimate: rounded × CALIBRATED_OVER_ROUNDED)."""
+    return kind.startswith("+") or kind == KV_PLAN
 
 
 def baseline_seconds(profile: dict, settings) -> float:
@@ -69,7 +79,7 @@ class TimeBudget:
         rounded = self.costs.get("weights", self.costs.get("kv", self.costs.get("baseline")))
         if rounded is None:
             return None
-        return rounded * CALIBRATED_OVER_ROUNDED if kind.startswith("+") else rounded
+        return rounded * CALIBRATED_OVER_ROUNDED if calibrates(kind) else rounded
 
     def allows(self, kind: str) -> bool:
         est = self.estimate(kind)
