@@ -2,9 +2,9 @@
 
 The steps already try candidates most promising first (the families of the quick preset in their registry
 order, rounding before calibration, then KV codecs). Each measurement's cost is estimated from the last one of
-its kind (a calibrated candidate or a KV byte budget first from three rounded ones); one whose estimate would end past the budget
-is skipped and listed. The baseline is never skipped: a budget that cannot hold it is refused once the profile
-has measured this machine's prefill speed (:func:`baseline_seconds`).
+its kind (a calibrated candidate or a KV byte budget first from three rounded ones); one whose estimate would end
+past the budget is skipped and listed. The baseline is never skipped: a budget that cannot hold it is refused once
+the profile has measured this machine's prefill speed (:func:`baseline_seconds`).
 """
 
 from __future__ import annotations
