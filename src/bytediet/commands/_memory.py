@@ -72,7 +72,7 @@ def plan_kv_pareto(
     model_bytes = fp.float_bytes
     if weights:  # loaded in float32 and quantized in place: the packed layers beside the floats while they are made
         model_bytes += candidate_bytes(fp, weights, repacked=False) + quantizing_bytes(fp, weights)
-    window = (window_len - 1) * c.vocab_size * 4  # a window's reference logits (its first token is not predicted)
+    window = max(window_len - 1, 1) * c.vocab_size * 4  # a window's reference logits (its first token is not predicted)
     captured = calib_windows * calib_len * c.num_layers * (2 * c.num_kv_heads + c.num_heads) * c.head_dim
     bf16_token = 2 * c.num_kv_heads * c.head_dim * 2 * c.num_layers
     passkey_len = max((n for n in passkey_lengths if n <= c.max_position_embeddings), default=0)
