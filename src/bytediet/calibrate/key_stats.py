@@ -58,12 +58,14 @@ def channel_stats(keys: torch.Tensor, threshold: float = 4.0) -> dict:
 
 
 def _summary(layers: list[dict], side: str) -> dict:
-    """Per statistic: the median over layers, the largest and the layer that has it."""
+    """Per statistic: the median over the layers that have ``side``, the largest and the layer that has it."""
+    have = [layer for layer in layers if layer[side] is not None]
     out = {}
     for name in STATS:
-        values = torch.tensor([float(layer[side][name]) for layer in layers], dtype=torch.float64)
+        values = torch.tensor([float(layer[side][name]) for layer in have], dtype=torch.float64)
         worst = int(values.argmax())
-        out[name] = {"median": float(values.median()), "max": float(values[worst]), "max_layer": worst}
+        median = float(torch.quantile(values, 0.5))
+        out[name] = {"median": median, "max": float(values[worst]), "max_layer": have[worst]["layer"]}
     return out
 
 
@@ -71,8 +73,8 @@ def key_stats(
     model, windows: Sequence[torch.Tensor], threshold: float = 4.0, max_samples: Optional[int] = None
 ) -> dict:
     """Run ``model`` over token ``windows`` (1-D LongTensors) → JSON-ready {"layers": [{"layer", "pre", "post"}],
-    "summary": {"pre", "post"}, "tokens", "threshold", "top_fraction"}; ``pre`` is None (and left out of the
-    summary) for a model without RoPE."""
+    "summary": {"pre", "post"}, "tokens", "threshold", "top_fraction"}; ``pre`` is None for a layer without RoPE
+    (and the summary has no ``pre`` when no layer has RoPE)."""
     layers = []
     samples = capture_kv(model, windows, max_samples)
     for i, s in enumerate(samples):
@@ -84,7 +86,7 @@ def key_stats(
                 "post": channel_stats(s["k"], threshold),
             }
         )
-    sides = ("pre", "post") if layers[0]["pre"] is not None else ("post",)
+    sides = ("pre", "post") if any(layer["pre"] is not None for layer in layers) else ("post",)
     return {
         "tokens": int(samples[0]["k"].shape[0]),
         "threshold": threshold,
