@@ -209,6 +209,8 @@ def test_kv_pareto_json_is_one_object_and_the_table_marks_the_frontier(ckpt, cap
     assert obj["settings"]["capacity_memory"] == 1 << 20 and obj["reference"]["capacity"]["sequences"] == 2
     assert [(p["length"], p["trials"]) for p in obj["records"][0]["passkey"]] == [(260, 1)]
     assert "passkey at 4096 tokens skipped" in obj["notes"][0]
+    mem = obj["memory"]  # the plan printed before loading, and the peak measured
+    assert mem["predicted_peak_bytes"] == sum(mem["parts"].values()) and mem["measured_peak_bytes"] > 0
     assert main(argv(ckpt, *extra, "--plot", str(tmp_path))) == 0
     table = capsys.readouterr().out
     assert "* " in table and "kivi4" in table and (tmp_path / "kv_pareto.png").exists()

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from bytediet.cli import main
-from bytediet.commands._memory import plan_eval, plan_quantize, plan_serve
+from bytediet.commands._memory import plan_eval, plan_kv_pareto, plan_quantize, plan_serve
 from bytediet.perf import memory
 from tests.eval.test_harness import write_tiny_checkpoint
 
@@ -57,6 +57,29 @@ def test_the_plans_grow_with_what_the_options_hold(ckpt):
     rtn, gptq = plan_quantize(str(ckpt), "int4-g32"), plan_quantize(str(ckpt), "int4-g32", "gptq", 64, 512)
     assert gptq.parts["building"] > rtn.parts["building"] and rtn.parts["model (float32)"] > 0
     assert plan_serve(str(ckpt), kv_cache_memory="2GiB").total - plan_serve(str(ckpt)).total == 1 << 30
+
+
+def test_kv_pareto_plan_holds_at_most_the_caches_ram_of_reference_logits(ckpt, monkeypatch):
+    """Windows beyond the cache's RAM go to files: the reference logits stop growing with the windows."""
+    from bytediet.eval import harness
+
+    cfg = plan_kv_pareto(str(ckpt)).parts
+    one, four = plan_kv_pareto(str(ckpt), windows=1, window_len=65), plan_kv_pareto(str(ckpt), windows=4, window_len=65)
+    window = 64 * memory.footprint(str(ckpt)).config.vocab_size * 4  # 64 predicted rows of float32 logits
+    assert four.parts["reference logits"] == 4 * one.parts["reference logits"] == 4 * window > 0
+    monkeypatch.setattr(harness, "REFERENCE_RAM_BYTES", int(2.5 * window))  # two whole windows fit
+    assert plan_kv_pareto(str(ckpt), windows=8, window_len=65).parts["reference logits"] == 2 * window
+    assert cfg["passkey engine KV (bf16)"] == 0 and cfg["KV calibration (captured K, V, Q)"] > 0
+    skipped = plan_kv_pareto(str(ckpt), passkey_lengths=(1 << 20,))  # beyond the context: not run, not counted
+    assert skipped.parts["passkey engine KV (bf16)"] == 0
+    assert plan_kv_pareto(str(ckpt), passkey_lengths=(200,)).parts["passkey engine KV (bf16)"] > 0
+
+
+def test_kv_pareto_on_a_machine_too_small_is_refused_before_loading(ckpt, tmp_path, capsys, small_machine):
+    assert main(commands(ckpt, tmp_path)["eval"] + ["--kv-pareto", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "bytediet eval --kv-pareto: predicted peak memory" in err
+    assert len([x for x in err.splitlines() if "needs about" in x]) == 1
 
 
 def test_quantize_json_carries_the_plan_and_the_measured_peak(ckpt, tmp_path, capsys):

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
+import torch
 
 from bytediet.eval import longctx
 from bytediet.eval.corpus import tokenize_corpus
@@ -166,3 +168,62 @@ def test_codecs_with_calibration_hooks_run_calibrated_and_say_on_what(result):
     assert "uncalibrated" not in recs["turboquant2"]["codec"]
     assert recs["q8_0"]["calibrated"] is None and recs["bf16"]["calibrated"] is None  # no hooks
     assert recs["auto:6"]["calibrated"] and recs["auto:6"]["validation"].startswith("validation mean KL")
+
+
+def test_rows_equal_a_direct_computation_with_the_reference_on_disk_in_chunks(ckpt, tiny, monkeypatch):
+    """The bf16 logits spilled to disk (``reference_memory=0``) and compared 64-row chunk by chunk: every row's
+    perplexity change, KL mean and p99 and top-1 agreement equal those of whole windows' logits held in RAM."""
+    from bytediet.eval import harness, tasks
+    from bytediet.eval.corpus import make_windows
+    from bytediet.eval.fidelity import kl_per_position, token_nll, top1_match
+    from bytediet.kvcache import get_kv_codec
+
+    monkeypatch.setattr(tasks, "ROW_CHUNK_ELEMENTS", 1)  # the 64-row minimum: 3 chunks of a 199-row window
+    reads, rows = [], harness.ReferenceCache.rows
+
+    def spy(self, index, lo, hi):
+        reads.append((hi - lo, index in self._disk))
+        return rows(self, index, lo, hi)
+
+    monkeypatch.setattr(harness.ReferenceCache, "rows", spy)
+    model, tokenizer = tiny
+    corpus = str(ckpt / "corpus.txt")
+    specs = ("q8_0", "q4_0", "bf16")
+    out = kv_pareto(
+        model,
+        tokenizer,
+        corpus=corpus,
+        windows=2,
+        window_len=200,
+        anchors=specs[:2],
+        ours=specs[2:],
+        budgets=(),
+        passkey_lengths=(),
+        reference_memory=0,
+    )
+    assert len(reads) == 3 * 2 * 3 and all(on_disk and 64 <= n < 128 for n, on_disk in reads)
+
+    wins = make_windows(tokenize_corpus(tokenizer, corpus), 200, 2, split="eval", seed=0)
+    bos = torch.tensor(tokenizer.encode("", add_special_tokens=True), dtype=torch.long)
+
+    def logits(spec):  # whole windows in RAM, as the Pareto report computed them before
+        codec = get_kv_codec(spec)
+        return [model.score(torch.cat([bos, w.ids]), kv_codec=codec)[len(bos) : -1] for w in wins]
+
+    targets = [w.ids[1:] for w in wins]
+    ref = logits("bf16")
+    nll_ref = sum(float(token_nll(z, t).sum()) for z, t in zip(ref, targets))
+    n = sum(len(t) for t in targets)
+    assert out["reference"]["tokens"] == n and out["reference"]["ppl"] == pytest.approx(math.exp(nll_ref / n))
+    recs = {r["spec"]: r for r in out["records"]}
+    for spec in specs:
+        test = logits(spec)
+        nll = sum(float(token_nll(z, t).sum()) for z, t in zip(test, targets))
+        kl = torch.cat([kl_per_position(r, z) for r, z in zip(ref, test)])
+        top1 = float(torch.cat([top1_match(r, z) for r, z in zip(ref, test)]).double().mean())
+        rec = recs[spec]
+        assert rec["ppl_change_pct"] == pytest.approx(100 * (math.exp((nll - nll_ref) / n) - 1), abs=1e-6), spec
+        assert rec["kl_mean"] == pytest.approx(float(kl.mean()), rel=1e-5, abs=1e-12), spec
+        assert rec["kl_p99"] == pytest.approx(float(torch.quantile(kl, 0.99)), rel=1e-5, abs=1e-12), spec
+        assert rec["top1_agreement"] == top1, spec
+    assert recs["q4_0"]["kl_mean"] > recs["q8_0"]["kl_mean"] > 0 == recs["bf16"]["kl_mean"]

@@ -4,6 +4,9 @@ header and its options (:mod:`bytediet.perf.memory`), printed, and checked befor
 * ``eval``: the reference loaded in float32 beside the test model (the checkpoint as the engine runs it, or the
   reference quantized in place: its packed layers beside the float ones while they are made), the reference
   logits kept in RAM (up to the cache's limit), and a window's scoring (a chunk of logits, ``lm_head`` decoded);
+* ``eval --kv-pareto``: one model (float32, or quantized in place to ``--weights``), the bf16 KV reference logits
+  in RAM up to the cache's limit (the other windows in one file each), a window's scoring, the K/V/Q the KV
+  calibration captures, and the passkey engine's KV;
 * ``quantize``: the float32 load, the packed result of every layer (installed only when all are made), and the
   larger of quantizing one layer and calibrating one block;
 * ``serve``: the model as the engine loads it (its blocks, or ``--weights`` with native copies), the KV pool
@@ -13,11 +16,10 @@ header and its options (:mod:`bytediet.perf.memory`), printed, and checked befor
 from __future__ import annotations
 
 import sys
-from typing import Optional
+from typing import Optional, Sequence
 
 from ..perf.memory import GB, RUNTIME_BYTES, Footprint, MemoryPlan, footprint
 
-REFERENCE_RAM_BYTES = 512 << 20  # eval.harness.ReferenceCache's default: reference logits kept in RAM up to this
 STEP_FLOATS_PER_TOKEN = 16  # hidden-sized float32 activations one engine step holds per token (q, k, v, MLP, …)
 
 
@@ -27,6 +29,7 @@ def _base(fp: Footprint) -> dict[str, int]:
 
 def plan_eval(model: str, weights: Optional[str] = None, windows: int = 8, window_len: int = 512) -> MemoryPlan:
     """The predicted peak of ``bytediet eval --model model [--weights W] --windows N --window-len L``."""
+    from ..eval.harness import REFERENCE_RAM_BYTES
     from ..optimize.memory_plan import candidate_bytes, measuring_bytes, quantizing_bytes
 
     fp = footprint(model)
@@ -46,6 +49,44 @@ def plan_eval(model: str, weights: Optional[str] = None, windows: int = 8, windo
     plan = MemoryPlan("bytediet eval", parts)
     if logits > window_len * c.vocab_size * 4:
         plan.smaller.append(f"fewer windows: --windows {max(windows // 2, 1)}")
+    plan.smaller.append(f"a shorter window: --window-len {max(window_len // 2, 64)}")
+    return plan
+
+
+def plan_kv_pareto(
+    model: str,
+    weights: Optional[str] = None,
+    windows: int = 4,
+    window_len: int = 2048,
+    calib_windows: int = 1,
+    calib_len: int = 512,
+    passkey_lengths: Sequence[int] = (),
+) -> MemoryPlan:
+    """The predicted peak of ``bytediet eval --kv-pareto`` with these options (lengths beyond the context are
+    skipped, as the report skips them)."""
+    from ..eval.harness import REFERENCE_RAM_BYTES
+    from ..optimize.memory_plan import candidate_bytes, measuring_bytes, quantizing_bytes
+
+    fp = footprint(model)
+    c = fp.config
+    model_bytes = fp.float_bytes
+    if weights:  # loaded in float32 and quantized in place: the packed layers beside the floats while they are made
+        model_bytes += candidate_bytes(fp, weights, repacked=False) + quantizing_bytes(fp, weights)
+    window = max(window_len - 1, 1) * c.vocab_size * 4  # a window's reference logits (its first token is not predicted)
+    captured = calib_windows * calib_len * c.num_layers * (2 * c.num_kv_heads + c.num_heads) * c.head_dim
+    bf16_token = 2 * c.num_kv_heads * c.head_dim * 2 * c.num_layers
+    passkey_len = max((n for n in passkey_lengths if n <= c.max_position_embeddings), default=0)
+    parts = {
+        **_base(fp),
+        f"model ({weights or 'float32'})": model_bytes,
+        "reference logits": min(windows, REFERENCE_RAM_BYTES // window) * window,  # in RAM: whole windows that fit
+        "scoring (or loading)": max(measuring_bytes(fp), fp.loading_bytes),  # logit chunks, lm_head decoded
+        "KV calibration (captured K, V, Q)": captured * 4,
+        "passkey engine KV (bf16)": bf16_token * (passkey_len + 64) if passkey_len else 0,
+    }
+    plan = MemoryPlan("bytediet eval --kv-pareto", parts)
+    if calib_windows > 1:
+        plan.smaller.append(f"fewer calibration windows: --kv-calib-windows {calib_windows // 2}")
     plan.smaller.append(f"a shorter window: --window-len {max(window_len // 2, 64)}")
     return plan
 
@@ -129,4 +170,4 @@ def announce(plan: MemoryPlan, quiet: bool = False) -> MemoryPlan:
     return plan
 
 
-__all__ = ["GB", "announce", "plan_eval", "plan_quantize", "plan_serve"]
+__all__ = ["GB", "announce", "plan_eval", "plan_kv_pareto", "plan_quantize", "plan_serve"]

@@ -186,10 +186,25 @@ def run_kv_pareto(args: argparse.Namespace) -> int:
     from ..eval import kv_pareto as kp
     from ..kernels.backend import describe
     from ..models.loader import load_model
+    from ..perf.memory import peak_rss_bytes
     from ..progress import no_progress, rich_progress
+    from ._memory import announce, plan_kv_pareto
 
-    model, tokenizer = load_model(args.model, dtype=torch.float32, weights=args.weights)
     passkey = "passkey" in (t.strip().lower() for t in args.tasks.split(","))
+    passkey_lengths = positive_ints(args.passkey_lengths or "2048,4096,8192") if passkey else ()
+    calib_windows = max(args.kv_calib_windows or 0, 1)
+    plan = announce(
+        plan_kv_pareto(
+            args.model,
+            args.weights,
+            args.windows,
+            args.window_len,
+            calib_windows,
+            args.kv_calib_len,
+            passkey_lengths,
+        )
+    )  # refuse before loading what the machine cannot hold
+    model, tokenizer = load_model(args.model, dtype=torch.float32, weights=args.weights)
     budgets = (
         kp.BUDGETS
         if args.kv_pareto_budgets is None
@@ -205,15 +220,16 @@ def run_kv_pareto(args: argparse.Namespace) -> int:
         anchors=_specs(args.kv_pareto_anchors, kp.ANCHORS),
         ours=_specs(args.kv_pareto_codecs, kp.OURS),
         budgets=budgets,
-        calib_windows=max(args.kv_calib_windows or 0, 1),
+        calib_windows=calib_windows,
         calib_len=args.kv_calib_len,
-        passkey_lengths=positive_ints(args.passkey_lengths or "2048,4096,8192") if passkey else (),
+        passkey_lengths=passkey_lengths,
         passkey_depths=floats(args.passkey_depths or "0.25,0.5,0.75"),
         passkey_trials=args.passkey_trials,
         capacity_memory=parse_bytes(args.capacity_memory) if args.capacity_memory else None,
         progress=no_progress if args.no_progress else rich_progress,
     )  # bars go to stderr
     result["device"] = describe("cpu")
+    result["memory"] = {**plan.to_dict(), "measured_peak_bytes": peak_rss_bytes()}
     if args.plot:
         result["plots"] = [str(kp.plot_kv_pareto(result, f"{args.plot}/kv_pareto.png"))]
     if args.json:

@@ -74,6 +74,7 @@ class Subject:
 
 
 HEADER_BYTES = 16  # a window file: (rows, vocab) int64, then rows × vocab float32
+REFERENCE_RAM_BYTES = 512 << 20  # reference logits a ReferenceCache keeps in RAM by default
 
 
 class ReferenceCache:
@@ -87,7 +88,9 @@ class ReferenceCache:
     ``key`` identifies what was measured (model, settings) so a mismatched reuse is refused.
     """
 
-    def __init__(self, key: tuple, max_memory_bytes: int = 512 << 20, directory: Optional[Path] = None) -> None:
+    def __init__(
+        self, key: tuple, max_memory_bytes: int = REFERENCE_RAM_BYTES, directory: Optional[Path] = None
+    ) -> None:
         self.key = key
         self.max_memory_bytes = max_memory_bytes
         self.results: dict[str, dict] = {}

@@ -5,7 +5,10 @@ bytediet's **codecs**, and **budgets** ``auto:<bits>`` (plans chosen on the cali
 for all budgets, :mod:`bytediet.calibrate.kv_budget`) — the model scores the evaluation windows through the paged
 path with that codec, and is compared position by position with the same model on bf16 KV:
 
-* perplexity and its change [%], mean and p99 of the per-token KL(bf16 ‖ codec);
+* perplexity and its change [%], mean and p99 of the per-token KL(bf16 ‖ codec), top-1 agreement — by
+  :class:`bytediet.eval.tasks.FidelityTask`, as ``eval`` measures them: the bf16 logits of a window are kept in a
+  :class:`~bytediet.eval.harness.ReferenceCache` (in RAM up to its limit, then one file per window), and every
+  entry's logits are compared a chunk of rows at a time, so memory does not grow with the windows;
 * all-in bits per coordinate and bytes per token (all layers), the numbers that size the block pool;
 * passkey retrieval (:class:`bytediet.eval.tasks.PasskeyTask`, through the engine) at each prompt length,
   as retrieved / trials — the same seeded prompts for every entry and for the bf16 reference row; lengths
@@ -22,16 +25,13 @@ The **frontier** is the set of entries no other entry beats on both bytes and pe
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Optional, Sequence
-
-import torch
 
 from ..calibrate.kv_budget import rank_correlation
 from ..errors import ConfigError
 from .corpus import make_windows, tokenize_corpus
-from .fidelity import kl_per_position, next_token_pairs, token_nll
+from .harness import REFERENCE_RAM_BYTES, ReferenceCache
 
 ANCHORS = ("q8_0", "fp8_vllm", "k=q8_0,v=q4_0", "q5_0", "q4_1", "q4_0", "hf4", "hf2", "kivi4", "kivi2")
 OURS = ("int8", "fp8", "turboquant4", "turboquant3.5", "turboquant3", "turboquant2.5", "turboquant_prod3.5")
@@ -51,13 +51,10 @@ def pareto_front(points: list[tuple[float, float]]) -> list[int]:
     return front
 
 
-def _score(model, seq: torch.Tensor, codec) -> torch.Tensor:
-    return model.score(seq, kv_codec=codec, block_size=max(16, codec.min_block_size()))
-
-
 class Checks:
-    """The per-entry measurements besides perplexity: passkey retrieval and engine capacity.
+    """The per-entry measurements: fidelity on the windows against bf16 KV, passkey retrieval, engine capacity.
 
+    ``reference`` holds the bf16 KV logits of ``windows`` once :meth:`fidelity` ran with the bf16 codec first.
     ``passkey_lengths`` beyond the model's context are dropped (listed in ``notes``); the others go to
     :class:`~bytediet.eval.tasks.PasskeyTask` as they are (it leaves room for the answer at the context's end).
     ``memory`` bytes of KV memory hold ``capacity_len``-token sequences (:func:`sequence_capacity`)."""
@@ -67,6 +64,8 @@ class Checks:
         model,
         tokenizer,
         corpus_ids,
+        windows,
+        reference,
         *,
         corpus: str,
         seed: int,
@@ -77,7 +76,7 @@ class Checks:
         capacity_len: int,
         progress,
     ) -> None:
-        from .harness import EvalContext, EvalSettings, ReferenceCache
+        from .harness import EvalContext, EvalSettings
 
         self.model, self.tokenizer, self.memory, self.capacity_len = model, tokenizer, int(memory), capacity_len
         context = model.config.max_position_embeddings
@@ -96,7 +95,21 @@ class Checks:
             passkey_depths=tuple(passkey_depths),
             passkey_trials=passkey_trials,
         )
-        self.ctx = EvalContext(settings, [], corpus_ids, ReferenceCache(()), progress=progress)
+        bos = tokenizer.encode("", add_special_tokens=True)
+        self.ctx = EvalContext(settings, windows, corpus_ids, reference, bos, progress=progress)
+        self.bf16: Optional[dict] = None
+
+    def fidelity(self, spec: str, codec) -> dict:
+        """:class:`~bytediet.eval.tasks.FidelityTask` on the windows: the first call (bf16 KV) fills the reference
+        and returns its perplexity; later calls compare ``codec``'s logits with it, a chunk of rows at a time."""
+        from .harness import Subject
+        from .tasks import FidelityTask
+
+        subject = Subject(spec, self.model, self.tokenizer, codec)
+        if self.bf16 is None:
+            self.bf16 = FidelityTask().measure_reference(subject, self.ctx)
+            return self.bf16
+        return FidelityTask().measure_test(subject, self.ctx, self.bf16)
 
     def passkey(self, spec: str, codec) -> Optional[list[dict]]:
         """[{"length", "retrieved", "trials"}] per prompt length (None when no length is measured)."""
@@ -124,44 +137,28 @@ class Checks:
         return sequence_capacity(codec, self.model, cache, self.capacity_len)
 
 
-def _measure(model, codec, spec, kind, wins, bos, reference, n_tok, ref_nll, checks: Checks) -> dict:
-    """One entry's record: perplexity change, per-token KL tail, sizes, passkey retrieval and capacity."""
+def _measure(model, codec, spec, kind, checks: Checks) -> dict:
+    """One entry's record: perplexity change, per-token KL tail, top-1 agreement, sizes, passkey and capacity."""
     c = model.config
     bpt = codec.bytes_per_token(c.num_kv_heads, c.head_dim) * c.num_layers
-    nll, kls = 0.0, []
-    for w, (ref_logits, targets) in zip(wins, reference):
-        logits, _ = next_token_pairs(_score(model, torch.cat([bos, w.ids]), codec)[len(bos) :], w.ids)
-        nll += float(token_nll(logits, targets).sum())
-        kls.append(kl_per_position(ref_logits, logits))
-    kl = torch.cat(kls).double()
-    ppl, ppl_ref = math.exp(nll / n_tok), math.exp(ref_nll / n_tok)
+    fid = checks.fidelity(spec, codec)
     rec = {
         "spec": spec,
         "kind": kind,
         "codec": codec.describe(c.head_dim),
         "bits_per_coordinate": bpt * 8 / (2 * c.num_kv_heads * c.head_dim * c.num_layers),
         "bytes_per_token": bpt,
-        "ppl": ppl,
-        "ppl_change_pct": 100 * (ppl / ppl_ref - 1),
-        "kl_mean": float(kl.mean()),
-        "kl_p99": float(torch.quantile(kl, 0.99)),
+        "ppl": fid["test"]["ppl"],
+        "ppl_change_pct": 100 * (fid["ppl_ratio"] - 1),
+        "kl_mean": fid["kl"]["mean"],
+        "kl_p99": fid["kl"]["p99"],
+        "top1_agreement": fid["top1_agreement"],
         "capacity": checks.capacity(codec),
         "passkey": checks.passkey(spec, codec),
     }
     if kind == "budget":
         rec["plan"] = codec.calibration_state()["plan"]
     return rec
-
-
-def _reference(model, ref_codec, wins, bos, progress) -> tuple[list, float, int]:
-    """bf16 KV's (logits, targets) per window, total NLL and token count."""
-    reference, nll, n_tok = [], 0.0, 0
-    for w in progress(wins, "bf16 KV reference"):
-        logits, targets = next_token_pairs(_score(model, torch.cat([bos, w.ids]), ref_codec)[len(bos) :], w.ids)
-        reference.append((logits, targets))
-        nll += float(token_nll(logits, targets).sum())
-        n_tok += len(targets)
-    return reference, nll, n_tok
 
 
 def _calibration(model, tokenizer, corpus, seed, calib_windows, calib_len):
@@ -240,11 +237,13 @@ def kv_pareto(
     capacity_memory: Optional[int] = None,
     capacity_len: int = CAPACITY_LEN,
     reference_sequences: int = 16,
+    reference_memory: int = REFERENCE_RAM_BYTES,
     progress=None,
 ) -> dict:
     """Measure every entry; returns a JSON-ready dict (``records``, ``frontier``, ``reference``, ``settings``,
     ``notes``). ``passkey_lengths=()`` measures no passkey; ``capacity_memory`` None: the KV memory of
-    ``reference_sequences`` bf16 sequences of ``capacity_len`` tokens."""
+    ``reference_sequences`` bf16 sequences of ``capacity_len`` tokens. ``reference_memory``: bytes of bf16 logits
+    kept in RAM; the windows beyond it are read back, a chunk at a time, from one temporary file each."""
     from ..kvcache import get_kv_codec
 
     progress = progress or (lambda xs, desc: xs)
@@ -254,15 +253,15 @@ def kv_pareto(
         raise ConfigError(f"window_len {window_len} exceeds the model's context ({c.max_position_embeddings})")
     ids = tokenize_corpus(tokenizer, corpus)
     wins = make_windows(ids, window_len, windows, split="eval", seed=seed)
-    bos = torch.tensor(tokenizer.encode("", add_special_tokens=True), dtype=torch.long)
     ref_codec = get_kv_codec("bf16")
-    reference, ref_nll, n_tok = _reference(model, ref_codec, wins, bos, progress)
     ref_bpt = ref_codec.bytes_per_token(c.num_kv_heads, c.head_dim) * c.num_layers
     memory = capacity_memory or ref_bpt * capacity_len * reference_sequences
     checks = Checks(
         model,
         tokenizer,
         ids,
+        wins,
+        ReferenceCache(("kv-pareto",), reference_memory),
         corpus=corpus,
         seed=seed,
         passkey_lengths=passkey_lengths,
@@ -272,29 +271,30 @@ def kv_pareto(
         capacity_len=capacity_len,
         progress=progress,
     )
-    ref_row = {
-        "kv_cache_dtype": "bf16",
-        "ppl": math.exp(ref_nll / n_tok),
-        "tokens": n_tok,
-        "bytes_per_token": ref_bpt,
-        "capacity": checks.capacity(ref_codec),
-        "passkey": checks.passkey("bf16", ref_codec),
-    }  # first: a passkey setting that fails, fails here
-
-    cal, note = _calibration(model, tokenizer, corpus, seed, calib_windows, calib_len)
-    entries = []
-    for kind, specs in (("anchor", anchors), ("bytediet", ours)):
-        for s in specs:
-            codec, calibrated = _calibrated(get_kv_codec(s), model, cal, note)
-            entries.append((s, kind, codec, {"calibrated": calibrated}))
-    planned, records = _budget_entries(model, budgets, cal, note, progress)
-    for spec, kind, codec, extra in progress(entries + planned, "KV codecs"):
-        try:
-            records.append(
-                {**_measure(model, codec, spec, kind, wins, bos, reference, n_tok, ref_nll, checks), **extra}
-            )
-        except ConfigError as exc:  # e.g. a head dim the codec cannot take: listed, not fatal
-            records.append({"spec": spec, "kind": kind, "error": str(exc)})
+    try:
+        bf16 = checks.fidelity("bf16", ref_codec)
+        ref_row = {
+            "kv_cache_dtype": "bf16",
+            "ppl": bf16["ppl"],
+            "tokens": bf16["tokens"],
+            "bytes_per_token": ref_bpt,
+            "capacity": checks.capacity(ref_codec),
+            "passkey": checks.passkey("bf16", ref_codec),
+        }  # first: a passkey setting that fails, fails here
+        cal, note = _calibration(model, tokenizer, corpus, seed, calib_windows, calib_len)
+        entries = []
+        for kind, specs in (("anchor", anchors), ("bytediet", ours)):
+            for s in specs:
+                codec, calibrated = _calibrated(get_kv_codec(s), model, cal, note)
+                entries.append((s, kind, codec, {"calibrated": calibrated}))
+        planned, records = _budget_entries(model, budgets, cal, note, progress)
+        for spec, kind, codec, extra in progress(entries + planned, "KV codecs"):
+            try:
+                records.append({**_measure(model, codec, spec, kind, checks), **extra})
+            except ConfigError as exc:  # e.g. a head dim the codec cannot take: listed, not fatal
+                records.append({"spec": spec, "kind": kind, "error": str(exc)})
+    finally:
+        checks.ctx.reference.close()  # its spilled windows' files
     ok = [r for r in records if "error" not in r]
     proxy = [(r["proxy_error"][n], kl) for r in ok if r.get("proxy_error") for n, kl in r["validation_kl"].items()]
     for i in pareto_front([(r["bytes_per_token"], r["ppl_change_pct"]) for r in ok]):
