@@ -61,3 +61,26 @@ def test_the_runner_holds_one_blocks_float_weights_at_a_time(models):
     assert floats() and all(n.startswith("model.layers.0.") for n in floats())
     runner.end(0)
     assert floats() == [] and set(runner.packed) == runner.floated
+
+
+@pytest.mark.parametrize("method,fmt", [("gptq", "int4-g32"), ("sparsegpt", "sparse24")])
+def test_a_calibrated_block_keeps_no_repacked_copy_once_it_has_run(models, monkeypatch, method, fmt):
+    """The packed planes of every calibrated block stay (they are the result); the kernels' repacked copies made
+    while a block computes the next one's inputs are let go, so the candidate is not held twice."""
+    _, packed = models
+    lean = shared_copy(packed)
+    held = []
+    begin = BlockRunner.begin
+
+    def spy(self, i):
+        held.extend(n for n, lin in lean.linear_layers() if lin._native is not None and _block(n) < i)
+        return begin(self, i)
+
+    monkeypatch.setattr(BlockRunner, "begin", spy)
+    windows = torch.randint(0, packed.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(2))
+    calibrate_and_quantize(lean, QuantizeConfig(format=fmt), method, windows)
+    assert held == []
+
+
+def _block(name: str) -> int:
+    return int(name.split(".")[2]) if name.startswith("model.layers.") else -1

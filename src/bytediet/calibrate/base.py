@@ -92,8 +92,8 @@ class LinearStats:
         amax = a.amax(0)
         self.abs_max = amax if self.abs_max is None else torch.maximum(self.abs_max, amax)
         if want_gram:
-            g = (x.t() @ x).double()  # float32 product per window, float64 sum across windows
-            self.gram = g if self.gram is None else self.gram.add_(g)
+            g = x.t() @ x  # float32 product per window, float64 sum across windows (added without a float64 copy)
+            self.gram = g.double() if self.gram is None else self.gram.add_(g)
         if rows is not None:
             self.samples.append(x[rows[rows < x.shape[0]]].clone())
         self.tokens += x.shape[0]
@@ -267,6 +267,8 @@ def pack_blocks_in_order(
                 layer.set_packed(fmt, packed)
                 result[name] = packed
             hidden = runner.run_block(i, hidden)  # packed block → inputs of the next
+            for name in fmts:  # its kernels' repacked copies are made again where the candidate is measured
+                linears[name].drop_native()
     finally:
         for layer, fmt, packed in originals.values():
             layer.set_packed(fmt, packed)

@@ -78,6 +78,11 @@ class Linear(nn.Module):
         self._packed_keys = []
         return True
 
+    def drop_native(self) -> None:
+        """Let go of the native kernels' repacked copy (made again on the next product) while the planes are kept."""
+        if not self.planes_dropped:
+            self._native = None
+
     def native_weight(self) -> Optional[tuple[int, torch.Tensor]]:
         """(kernel type id, rows) that a native block kernel multiplies on this machine, or None.
 

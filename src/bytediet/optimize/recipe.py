@@ -418,6 +418,7 @@ class Recipe:
         from ..models.native_decode import drop_interleaved
         from ..models.quantize import QuantizeConfig, linear_layers, quantize
         from ..models.share import float_layers_as_loaded, native_only, shared_copy
+        from ..perf.memory import released_after_each
 
         native = measured and not gpu_path(self.opt.device)  # the GPU path multiplies the planes
         if cand.weights and native:
@@ -430,7 +431,7 @@ class Recipe:
             config = QuantizeConfig(format=cand.weights, overrides=dict(cand.overrides))
             if cand.method:
                 calib, windows = self.calibration()
-                calibrate_and_quantize(model, config, cand.method, windows, calib)
+                calibrate_and_quantize(model, config, cand.method, windows, calib, progress=released_after_each)
             else:
                 quantize(model, config)
             float_layers_as_loaded(model, {n for n, _ in linear_layers(model) if config.spec_for(n) is None})
