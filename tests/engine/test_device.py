@@ -81,6 +81,13 @@ def test_a_weight_format_without_a_gpu_kernel_is_refused(monkeypatch):
         check_kernels(model, [])
 
 
+def test_a_format_that_rounds_its_activations_is_refused_not_run_at_float_activations(monkeypatch):
+    model = _tiny("llama", "int8-w8a8")
+    monkeypatch.setenv(backend.BACKEND_ENV, "triton")
+    with pytest.raises(ConfigError, match=r"int8-w8a8 \(model\.layers\.0\..*rounds its activations"):
+        check_kernels(model, [])
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
 def test_device_cuda_without_a_gpu_is_a_one_line_error():
     with pytest.raises(ConfigError, match="--device cuda"):

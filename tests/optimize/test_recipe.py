@@ -548,3 +548,19 @@ def test_the_report_records_each_steps_measured_peak_beside_the_prediction(run):
     assert set(memory["steps"]) == {"load", *STEPS} and all(v > 0 for v in memory["steps"].values())
     assert memory["measured_peak_bytes"] >= max(memory["steps"].values()) * 0.9
     assert memory["predicted_peak_bytes"] == sum(memory["parts"].values())
+
+
+def test_the_plan_counts_the_grams_with_one_factorisation_copy_and_the_measuring_heap():
+    from bytediet.optimize import memory_plan
+    from bytediet.perf.memory import MEASURING_HEAP_BYTES, footprint
+
+    fp = footprint("default", packed_embedding=True)
+    block = [i for n, (_, i) in fp.linear.items() if n.startswith("model.layers.0.")]
+    grams = sum(i * i * 8 for i in block) + max(i * i * 8 for i in block)  # every Gram, and the largest's working copy
+    for method in ("gptq", "sparsegpt", "wanda"):
+        assert (
+            memory_plan.calibration_bytes(fp, method, 4, 64) - memory_plan.calibration_bytes(fp, "smoothquant", 4, 64)
+            == grams
+        )
+    plan = memory_plan.plan_optimize(OptimizeOptions(model="default", quick=True))
+    assert plan.parts["the heap while measuring"] == MEASURING_HEAP_BYTES  # beside the largest step, not loading

@@ -12,9 +12,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..errors import ConfigError
 from ..kernels import backend, ops
 from ..kvcache.base import AttentionMetadata, LayerKVCache
 from ..quant.base import Packed, WeightFormat
+from ..quant.common import ACTIVATION_MODES
 
 
 class Linear(nn.Module):
@@ -102,6 +104,11 @@ class Linear(nn.Module):
         """The weight as the GPU path multiplies it (kernels/backend.py: the Triton GEMM over the format's block
         layout, or FP8 / 2:4 tensor cores on CUDA), made once for activations of ``dtype`` on the weight's
         device; None for a float weight (F.linear) or a format with no block layout (refused at engine start)."""
+        if getattr(self.format, "activations", None) not in (None, *ACTIVATION_MODES):  # int8-w8a8's, by definition
+            raise ConfigError(
+                f"{self.format.spec()} rounds its activations ({self.format.activations}), which no GPU kernel does; "
+                "run it with --device cpu, or use int8 (W8A16) or fp8 (W8A8 on FP8 tensor cores) on the GPU"
+            )
         if self._device_weight is None:
             layout = None if self.format is None else _layout_on(self.format, self.packed, self.packed_device())
             self._device_weight = (None if layout is None else backend.prepare(layout[0], layout[1], dtype),)

@@ -13,15 +13,16 @@ views, for a moment) and the largest step:
   * building: a run of rows of one layer dequantized to float32 while it is quantized (the whole layer for formats
     whose rows do not pack independently) and the largest layer's repacked copy; a calibrated candidate holds one
     block's float weights, the hidden states of its windows and — GPTQ, Wanda, SparseGPT — a float64 Gram matrix
-    per layer of the block (in² × 8 bytes each);
+    per layer of the block (in² × 8 bytes each), with one more of the largest while it is factorised in place;
   * measuring: a chunk of a window's test logits and the same rows of its reference read back (at most
     :data:`~bytediet.eval.tasks.ROW_CHUNK_ELEMENTS` float32 each), the float64 comparison of a few rows, and a run
     of ``lm_head``'s rows decoded for a prefill (at most :data:`~bytediet.kernels.ops.DECODE_CHUNK_BYTES`).
 
 While the model is loaded and a rounded candidate is built, its tensors get their own mappings
 (:func:`~bytediet.perf.memory.lean_heap`), so a dropped candidate gives its layers back and the steps' peaks do not
-add up; the heap's working set of forward passes and calibration's factorisations are not counted (bench/
-OPTIMIZE_MEMORY.md, session 14). Where the machine cannot hold it, :func:`fit_to_memory` leaves out the calibration
+add up. Beside the largest step, the heap's working set while a model is measured
+(:data:`~bytediet.perf.memory.MEASURING_HEAP_BYTES`, a measured constant: bench/OPTIMIZE_MEMORY.md, session 15).
+Where the machine cannot hold it, :func:`fit_to_memory` leaves out the calibration
 methods whose step is largest.
 """
 
@@ -31,7 +32,7 @@ from dataclasses import replace
 
 from ..eval.fidelity import COMPARE_CHUNK_ELEMENTS
 from ..eval.tasks import ROW_CHUNK_ELEMENTS
-from ..perf.memory import RUNTIME_BYTES, Footprint, MemoryPlan, footprint
+from ..perf.memory import MEASURING_HEAP_BYTES, RUNTIME_BYTES, Footprint, MemoryPlan, footprint
 
 FLOAT_COPIES_WHILE_QUANTIZING = 3  # the float weight, its scaled / rounded working copy, and the packed result
 COMPARE_CHUNK_BYTES = 6 * COMPARE_CHUNK_ELEMENTS * 8  # fidelity's float64 log-softmax chunks, ref and test
@@ -111,7 +112,9 @@ def calibration_bytes(fp: Footprint, method: str, samples: int, length: int) -> 
     block = {n: s for n, s in fp.linear.items() if n.startswith("model.layers.0.")}
     hidden = 3 * samples * (length + 1) * c.hidden_size * 4  # the block's inputs, its outputs and their stack
     floats = sum(o * i * 4 for o, i in block.values())
-    grams = 2 * sum(i * i * 8 for _, i in block.values()) if method in GRAM_METHODS else 0  # + H = 2G/T
+    # the block's Grams, and the largest one's factorisation in a working copy beside it (GPTQ, SparseGPT)
+    grams = sum(i * i * 8 for _, i in block.values()) + max(i * i * 8 for _, i in block.values())
+    grams = grams if method in GRAM_METHODS else 0
     search = 4 * max(o * i for o, i in block.values()) * 4 if method == "awq" else 0  # AWQ's scaled copies
     return hidden + floats + grams + search
 
@@ -141,11 +144,12 @@ def plan_optimize(options) -> MemoryPlan:
         if need > worst:
             worst, worst_spec = need, spec
     parts = {"runtime": RUNTIME_BYTES, "tokenizer": fp.tokenizer_bytes, "model": fp.loaded_bytes}
-    if fp.loading_bytes > worst:
+    if fp.loading_bytes > worst + MEASURING_HEAP_BYTES:
         worst_spec = None
         parts["loading (the GGUF's metadata)"] = fp.loading_bytes
     else:
         parts[f"largest step ({worst_spec or 'the checkpoint as loaded, with its x4 copies'})"] = worst
+        parts["the heap while measuring"] = MEASURING_HEAP_BYTES
     plan = MemoryPlan("bytediet optimize", parts)
     plan.smaller = _smaller(o, worst_spec)
     plan.largest = worst_spec

@@ -25,6 +25,10 @@ GB = 1e9
 # the interpreter, torch, bytediet, rich and the native kernel library before any model (measured: 0.242 GB resident,
 # torch 2.13 CPU on Linux x86-64, bench/OPTIMIZE_MEMORY.md)
 RUNTIME_BYTES = 250_000_000
+# glibc's heap while a model is measured: forward passes' activations and the freed chunks kept for their reuse, and
+# what earlier measurements leave in it (measured 0.47–0.51 GB above every other term of the plan, at the peak step
+# of `optimize --quick`, on SmolLM2-135M, Gemma-3-270M and Qwen2.5-0.5B: bench/OPTIMIZE_MEMORY.md, session 15)
+MEASURING_HEAP_BYTES = 500_000_000
 # the tokenizer as loaded from a GGUF's metadata, kept for the run: its vocabulary and reverse maps per token, its BPE
 # merges per merge (measured after loading: 0.20 GB for SmolLM2's 49k tokens + 49k merges, 0.39 GB for Gemma-3's 262k
 # tokens, 0.32 GB for Qwen2.5's 152k tokens + 151k merges; fitted within 0.1 GB of each)
