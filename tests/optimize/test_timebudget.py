@@ -34,6 +34,9 @@ def test_estimates_come_from_the_last_measurement_of_each_kind():
     assert t.estimate("+awq") == 12.0
     t.start -= 90.0  # 90 s have passed
     assert t.allows("weights") and not t.allows("+awq") and t.allows("baseline")
+    t.start -= 4.0  # 94 s: 4 s more would end inside the 3 % the budget keeps back
+    assert not t.allows("weights") and t.allows("baseline")
+    t.start += 4.0
     t.skip("w=int4+awq", "weights", "+awq")
     assert t.to_dict()["skipped"] == [{"label": "w=int4+awq", "step": "weights", "estimated_s": 12.0}]
     assert kind_of(Candidate("kv", kv="int8")) == "kv" and kind_of(Candidate("weights", "int4", method="awq")) == "+awq"
