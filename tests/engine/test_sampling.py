@@ -16,10 +16,10 @@ from bytediet.engine.sampling import (
     Sampler,
     apply_penalties,
     draw_uniforms,
-    inverse_cdf,
     make_generator,
     pad_token_ids,
 )
+from bytediet.kernels.reference import inverse_cdf
 
 NEG_INF = float("-inf")
 

@@ -26,7 +26,15 @@ def weight(activations, gen, interleave=False, native=True):
 
 @pytest.mark.parametrize(
     "activations,rows,interleave",
-    [("q8", 3, False), ("q8", 3, True), ("q16", 2, True), ("f32", 5, False), ("q16", 80, False), ("f32", 80, False)],
+    [
+        ("q8", 3, False),
+        ("q8", 3, True),
+        ("q16", 2, True),
+        ("q16", 20, True),
+        ("f32", 5, False),
+        ("q16", 80, False),
+        ("f32", 80, False),
+    ],
 )
 def test_each_branch_equals_the_reference_product(activations, rows, interleave):
     gen = torch.Generator().manual_seed(rows)
@@ -36,6 +44,24 @@ def test_each_branch_equals_the_reference_product(activations, rows, interleave)
     got = ops.linear(w, x, bias)
     assert got.shape == (rows, N) and not calls  # a kernel ran, not the format's own product
     assert (got - want).abs().max().item() <= 3e-2 * want.abs().max().item()  # q8/q16 activation rounding
+
+
+@pytest.mark.parametrize("rows", [ops.PANEL_MIN_ROWS - 1, ops.PANEL_MIN_ROWS, ops.DENSE_GEMM_MIN_ROWS - 1])
+def test_a_batched_decode_takes_the_panel_from_panel_min_rows(monkeypatch, rows):
+    """q16 rows from PANEL_MIN_ROWS on run the panel GEMM (where this build has it), fewer the x4 kernels."""
+    taken = []
+    for name in ("gemm_panel", "gemm_x4"):
+        kernel = getattr(ops, name)
+        monkeypatch.setattr(ops, name, lambda *a, _k=kernel, _n=name, **kw: taken.append(_n) or _k(*a, **kw))
+    gen = torch.Generator().manual_seed(rows)
+    w, blocks, _ = weight("q16", gen, interleave=True)
+    x = torch.randn(rows, K, generator=gen)
+    want = reference.gemm_blocks(T.Q4_0, blocks, x, None, "f32")
+    got = ops.linear(w, x)
+    assert (got - want).abs().max().item() <= 3e-2 * want.abs().max().item()
+    panel = rows >= ops.PANEL_MIN_ROWS and ops.has_gemm_panel(int(T.Q4_0))
+    expected = "gemm_panel" if panel else "gemm_x4" if w.interleaved is not None else None
+    assert taken == ([expected] if expected else [])
 
 
 def test_a_weight_without_native_rows_runs_the_format_s_product():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from ..config import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from ..engine.params import SamplingParams
 
 # How a KV budget (auto:<bits>) is planned unless --kv-calib-* say otherwise; bench plans its budgets this way too.
@@ -93,7 +94,12 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="tokens per KV block (default 16, or the codec's minimum if larger: kivi's group of 32)",
     )
-    g.add_argument("--max-num-batched-tokens", type=int, default=512, help="token budget per engine step")
+    g.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=DEFAULT_MAX_NUM_BATCHED_TOKENS,
+        help=f"token budget per engine step (default {DEFAULT_MAX_NUM_BATCHED_TOKENS})",
+    )
     g.add_argument("--max-num-seqs", type=int, default=64, help="most requests running at once")
     g.add_argument(
         "--long-prefill-token-threshold",

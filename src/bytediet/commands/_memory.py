@@ -18,6 +18,7 @@ from __future__ import annotations
 import sys
 from typing import Optional, Sequence
 
+from ..config import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from ..perf.memory import GB, RUNTIME_BYTES, Footprint, MemoryPlan, footprint
 
 STEP_FLOATS_PER_TOKEN = 16  # hidden-sized float32 activations one engine step holds per token (q, k, v, MLP, …)
@@ -128,7 +129,7 @@ def plan_serve(
     model: str,
     weights: Optional[str] = None,
     kv_cache_memory=None,
-    max_num_batched_tokens: int = 512,
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
     max_num_seqs: int = 64,
 ) -> MemoryPlan:
     """The predicted peak of ``bytediet serve`` (and ``generate``/``chat``: one engine) with these options."""

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..config import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from ..errors import ConfigError
 from ._engine_args import add_device_args, resolved_device
 from ._parse import positive_ints
@@ -124,7 +125,12 @@ def register(sub) -> None:
         help="how native GGUF blocks multiply (int8 or float activations)",
     )
     p.add_argument("--kv-cache-dtype", default="auto", metavar="CODEC", help="bytediet KV-cache codec")
-    p.add_argument("--max-num-batched-tokens", type=int, default=512, help="bytediet token budget per step")
+    p.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=DEFAULT_MAX_NUM_BATCHED_TOKENS,
+        help="bytediet token budget per step",
+    )
     p.add_argument("--measure", action="store_true", help="re-measure this machine's bandwidth before the run")
     p.add_argument("--quick", action="store_true", help="tiny workloads (seconds; for tests and CI)")
     add_device_args(p)

@@ -222,8 +222,10 @@ class LLMEngine:
                 plain_rows.append(row)
             row += 1 + len(s.drafts)
         if plain:
+            first = plain_rows[0]
+            contiguous = plain_rows == list(range(first, first + len(plain_rows)))
             so = self.sampler(
-                logits[plain_rows],
+                logits[first : first + len(plain_rows)] if contiguous else logits[plain_rows],  # a view, no copy
                 [r.params for r in plain],
                 prompt_ids=[r.prompt_token_ids for r in plain],
                 output_ids=[r.output_token_ids for r in plain],

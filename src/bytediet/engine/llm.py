@@ -8,7 +8,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
 import torch
 
-from ..config import SchedulerConfig
+from ..config import DEFAULT_MAX_NUM_BATCHED_TOKENS, SchedulerConfig
 from ..errors import ConfigError
 from ..kvcache.base import get_kv_codec
 from ..kvcache.config import CacheConfig
@@ -88,7 +88,7 @@ class LLM:
         kv_cache_memory: Union[str, int, None] = None,
         block_size: Optional[int] = None,
         num_blocks: Optional[int] = None,
-        max_num_batched_tokens: int = 512,
+        max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
         max_num_seqs: int = 64,
         long_prefill_token_threshold: int = 0,
         scheduling_policy: str = "fcfs",

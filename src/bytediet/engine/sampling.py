@@ -20,6 +20,7 @@ from typing import Optional, Sequence
 
 import torch
 
+from ..kernels import ops
 from .params import SamplingParams
 
 TokenIds = Sequence[int] | torch.Tensor
@@ -164,44 +165,6 @@ def draw_uniforms(generators: Sequence[torch.Generator], device: torch.device | 
     return torch.cat(draws) if draws else torch.empty(0, dtype=torch.float64, device=device)
 
 
-#: tokens per block of the two-level inverse CDF: block masses first, then one block's running sum
-CDF_BLOCK = 256
-
-
-def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """Inverse transform sampling: row ``b`` picks the first token whose cumulative mass exceeds
-    ``u[b]`` times the row's total. probs (B, V) >= 0, u (B,) in [0, 1]; returns (B,) int64.
-
-    Two levels, so no running sum covers the whole vocabulary (one in float64 cost ~70 ms a step at batch 64):
-    the masses of blocks of :data:`CDF_BLOCK` tokens (float32 sums, pairwise: exact to a few float32 ulps of the
-    block's mass, the precision of the float32 probabilities themselves), accumulated in float64, find the block;
-    then a float64 running sum inside that one block finds the token, so tokens keep their share down to ~1e-16
-    of the total within a block. A token with zero probability is never picked: its cumulative mass equals its
-    predecessor's, so the first index that exceeds ``u`` is never it; only rounding at the end of a row or a
-    block can run past it, and those rows take the last token of positive probability before it.
-    """
-    B, V = probs.shape
-    pad = -V % CDF_BLOCK
-    blocks = (torch.nn.functional.pad(probs, (0, pad)) if pad else probs).view(B, -1, CDF_BLOCK)
-    nb = blocks.shape[1]
-    ends = blocks.sum(dim=-1).double().cumsum(dim=-1)  # (B, nb) mass up to each block's end
-    target = (u.to(torch.float64) * ends[:, -1]).unsqueeze(1)
-    j = torch.searchsorted(ends, target, right=True).clamp(max=nb - 1)  # (B, 1) the block holding target
-    start = torch.where(j > 0, ends.gather(1, (j - 1).clamp(min=0)), torch.zeros_like(target))
-    inside = blocks[torch.arange(B, device=probs.device), j.squeeze(1)].double().cumsum(dim=-1) + start
-    k = torch.searchsorted(inside, target, right=True).clamp(max=CDF_BLOCK - 1)
-    idx = (j * CDF_BLOCK + k).squeeze(1).clamp(max=V - 1)
-    past_end = probs.gather(1, idx.unsqueeze(1)).squeeze(1) <= 0
-    if bool(past_end.any()):
-        positions = torch.arange(V, device=probs.device).expand(B, V)
-        last_positive = torch.where((probs > 0) & (positions <= idx.unsqueeze(1)), positions, -1).amax(dim=-1)
-        last_positive = torch.where(
-            last_positive >= 0, last_positive, torch.where(probs > 0, positions, -1).amax(dim=-1)
-        )
-        idx = torch.where(past_end, last_positive, idx)
-    return idx
-
-
 class Sampler:
     """Turns the logits of the rows that sample into next tokens (and logprobs on request).
 
@@ -244,9 +207,13 @@ class Sampler:
         if greedy_rows:
             tokens[greedy_rows] = _rows(x, greedy_rows).argmax(dim=-1)
         if sample_rows:
-            probs = self.processed_probs(_rows(x, sample_rows), [params[i] for i in sample_rows])
-            gens = [self._generator_for(i, generators) for i in sample_rows]
-            tokens[sample_rows] = inverse_cdf(probs, draw_uniforms(gens, probs.device))
+            rows, row_params = _rows(x, sample_rows), [params[i] for i in sample_rows]
+            u = draw_uniforms([self._generator_for(i, generators) for i in sample_rows], x.device)
+            if any(_truncates(p, V) for p in row_params):
+                scaled, inv_t = self.processed_logits(rows, row_params), torch.ones(len(sample_rows))
+            else:  # temperature alone: the kernel scales the raw logits as it reads them
+                scaled, inv_t = rows, torch.tensor([1.0 / p.temperature for p in row_params], dtype=torch.float32)
+            tokens[sample_rows] = ops.sample_rows(scaled, inv_t.to(x.device), u).to(x.device)
         return SamplerOutput(tokens, self._logprobs(raw, tokens, params))
 
     @staticmethod
@@ -255,6 +222,11 @@ class Sampler:
 
         ``logits`` (B, V) are already penalised; every row must be non-greedy.
         """
+        return Sampler.processed_logits(logits, params).softmax(dim=-1)
+
+    @staticmethod
+    def processed_logits(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+        """The logits after temperature, top-k, top-p and min-p (tokens cut off at -inf): (B, V) float32."""
         B, V = logits.shape
         dev = logits.device
         temperature = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=dev)
@@ -268,7 +240,7 @@ class Sampler:
             x = apply_top_k_top_p(x, top_k, top_p)
         if any(p.min_p > 0.0 for p in params):
             x = apply_min_p(x, torch.tensor([p.min_p for p in params], dtype=torch.float32, device=dev))
-        return x.softmax(dim=-1)
+        return x
 
     def _penalise(self, logits, params, prompt_ids, output_ids) -> torch.Tensor:
         if not any(p.has_penalties for p in params):
@@ -336,6 +308,11 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, num_top: int) -> 
         top = tuple(zip(top_ids[j].tolist(), top_lp[j].tolist())) if num_top else ()
         out.append(TokenLogprobs(int(token), float(chosen_lp[j, 0]), int(ranks[j]), top))
     return out
+
+
+def _truncates(p: SamplingParams, vocab: int) -> bool:
+    """Whether top-k, top-p or min-p cut this row's distribution."""
+    return 0 < p.top_k < vocab or p.top_p < 1.0 or p.min_p > 0.0
 
 
 def _rows(x: torch.Tensor, rows: list[int]) -> torch.Tensor:

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError
+from ..kernels import reference
 from .params import SamplingParams
 
 METHODS = ("ngram", "draft_model")
@@ -208,10 +209,8 @@ def verify(
 
 def _draw(p: torch.Tensor, gen: torch.Generator) -> int:
     """One token from the (unnormalised) distribution p (V,), by one uniform of ``gen``."""
-    from .sampling import inverse_cdf
-
     u = torch.rand(1, generator=gen, dtype=torch.float64, device=gen.device).to(p.device)
-    return int(inverse_cdf(p.unsqueeze(0), u)[0])
+    return int(reference.inverse_cdf(p.unsqueeze(0), u)[0])
 
 
 class DraftModelProposer:

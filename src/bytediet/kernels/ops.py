@@ -134,6 +134,22 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, variant: Optiona
     return out
 
 
+def sample_rows(
+    logits: torch.Tensor, inv_temperature: torch.Tensor, u: torch.Tensor, variant: Optional[str] = None
+) -> torch.Tensor:
+    """See :func:`bytediet.kernels.reference.sample_rows` (two native passes over each float32 CPU row)."""
+    lib = _library(variant) if logits.device.type == "cpu" else None  # no native build for GPU tensors
+    if lib is None or logits.dtype != torch.float32 or logits.dim() != 2 or logits.shape[1] == 0:
+        return reference.sample_rows(logits, inv_temperature, u)
+    logits = logits.contiguous()
+    inv_t = inv_temperature.to(device="cpu", dtype=torch.float32).contiguous()
+    uu = u.to(device="cpu", dtype=torch.float64).contiguous()
+    out = torch.empty(logits.shape[0], dtype=torch.long)
+    B, V = logits.shape
+    lib.bd_sample_rows(logits.data_ptr(), B, V, inv_t.data_ptr(), uu.data_ptr(), out.data_ptr())
+    return out
+
+
 def quantize_rows_q8(x: torch.Tensor, variant: Optional[str] = None):
     """See :func:`bytediet.kernels.reference.quantize_rows_q8`."""
     lib = _library(variant)
@@ -286,6 +302,9 @@ def gemm_panel(
 # Products of at least this many rows (prefill chunks) in the q16 and f32 modes decode the weight once for a float
 # GEMM (or the panel GEMM): compute-bound, where it beats the integer row kernels (bench/RESULTS.md, Recording 4).
 DENSE_GEMM_MIN_ROWS = 64
+# From this many rows (a batched decode step) the q16 panel GEMM beats the interleaved row kernels on every layer of
+# SmolLM2 and Gemma-3 (even at 12, 1.2-2x at 16-48 rows: bench/RESULTS.md "Recording 15"); the same q16 numbers.
+PANEL_MIN_ROWS = 12
 
 
 @dataclass
@@ -350,6 +369,10 @@ def linear(w: LinearWeight, x: torch.Tensor, bias: Optional[torch.Tensor] = None
             return gemm_panel(native[0], native[1], x, bias)
         y = decoded_linear(native[0], native[1], x, dense_gemm.dtype() if q16 else x.dtype)
         return y if bias is None else y + bias.to(x.dtype)
+    rows = x.numel() // w.in_features
+    if native is not None and rows >= PANEL_MIN_ROWS and w.activations == "q16" and x.dtype == torch.float32:
+        if has_gemm_panel(native[0]) and not (torch.is_grad_enabled() and x.requires_grad):
+            return gemm_panel(native[0], native[1], x, bias)
     if w.interleaved is not None and w.activations in X4_ACTIVATIONS:
         # the same weight laid out for the x4 kernels; a layer since switched to another mode reads its blocks below
         return gemm_x4(w.interleaved_type, w.interleaved, x, bias, w.activations)

@@ -258,6 +258,52 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return (y * weight.float()).to(x.dtype)
 
 
+# --- sampling (twin of kernels/cpu/csrc/sampling.cpp) -----------------------------------------------------------
+
+#: tokens per block of the two-level inverse CDF: block masses first, then one block's running sum
+CDF_BLOCK = 256
+
+
+def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Inverse transform sampling: row ``b`` picks the first token whose cumulative mass exceeds
+    ``u[b]`` times the row's total. probs (B, V) >= 0, u (B,) in [0, 1]; returns (B,) int64.
+
+    Two levels, so no running sum covers the whole vocabulary (one in float64 cost ~70 ms a step at batch 64):
+    the masses of blocks of :data:`CDF_BLOCK` tokens (float32 sums, pairwise: exact to a few float32 ulps of the
+    block's mass, the precision of the float32 probabilities themselves), accumulated in float64, find the block;
+    then a float64 running sum inside that one block finds the token, so tokens keep their share down to ~1e-16
+    of the total within a block. A token with zero probability is never picked: its cumulative mass equals its
+    predecessor's, so the first index that exceeds ``u`` is never it; only rounding at the end of a row or a
+    block can run past it, and those rows take the last token of positive probability before it.
+    """
+    B, V = probs.shape
+    pad = -V % CDF_BLOCK
+    blocks = (torch.nn.functional.pad(probs, (0, pad)) if pad else probs).view(B, -1, CDF_BLOCK)
+    nb = blocks.shape[1]
+    ends = blocks.sum(dim=-1).double().cumsum(dim=-1)  # (B, nb) mass up to each block's end
+    target = (u.to(torch.float64) * ends[:, -1]).unsqueeze(1)
+    j = torch.searchsorted(ends, target, right=True).clamp(max=nb - 1)  # (B, 1) the block holding target
+    start = torch.where(j > 0, ends.gather(1, (j - 1).clamp(min=0)), torch.zeros_like(target))
+    inside = blocks[torch.arange(B, device=probs.device), j.squeeze(1)].double().cumsum(dim=-1) + start
+    k = torch.searchsorted(inside, target, right=True).clamp(max=CDF_BLOCK - 1)
+    idx = (j * CDF_BLOCK + k).squeeze(1).clamp(max=V - 1)
+    past_end = probs.gather(1, idx.unsqueeze(1)).squeeze(1) <= 0
+    if bool(past_end.any()):
+        positions = torch.arange(V, device=probs.device).expand(B, V)
+        last_positive = torch.where((probs > 0) & (positions <= idx.unsqueeze(1)), positions, -1).amax(dim=-1)
+        last_positive = torch.where(
+            last_positive >= 0, last_positive, torch.where(probs > 0, positions, -1).amax(dim=-1)
+        )
+        idx = torch.where(past_end, last_positive, idx)
+    return idx
+
+
+def sample_rows(logits: torch.Tensor, inv_temperature: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """One token per row of ``logits`` (B, V), drawn with the uniform ``u[b]`` from softmax(logits[b] ·
+    inv_temperature[b]) by :func:`inverse_cdf`; inv_temperature (B,) > 0, u (B,) in [0, 1). Returns (B,) int64."""
+    return inverse_cdf((logits.float() * inv_temperature.float().unsqueeze(1)).softmax(dim=-1), u)
+
+
 def quantize_rows_q8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Symmetric int8 quantization of activation rows in blocks of 32 (llama.cpp's ``quantize_row_q8_1``).
 

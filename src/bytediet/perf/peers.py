@@ -33,6 +33,7 @@ from typing import Optional, Sequence
 
 import torch
 
+from ..config import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from ..errors import ConfigError
 from .bench import RequestTiming, Unavailable
 
@@ -57,7 +58,7 @@ class BytedietSystem:
         *,
         threads: int = 2,
         kv_cache_dtype: str = "auto",
-        max_num_batched_tokens: int = 512,
+        max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
         block_size: Optional[int] = None,
         device: str = "cpu",
         enforce_eager: bool = False,
@@ -96,7 +97,7 @@ class BytedietSystem:
         weights: Optional[str] = None,
         activations: str = "q16",
         kv_cache_dtype: str = "auto",
-        max_num_batched_tokens: int = 512,
+        max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
     ) -> "BytedietSystem":
         """The checkpoint ``spec`` split across ``size`` processes, each loading its own shard with
         ``threads // size`` torch threads (at least 1): ``threads`` is what the whole system uses."""
