@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 
+from bytediet.perf import speculative_bench
 from bytediet.perf.speculative_bench import copy_prompts, measure_interleaved
 
 TEXT = "\n\n".join(" ".join(f"word{i}x{j} Anne" for j in range(100)) for i in range(5))
@@ -42,9 +43,29 @@ def test_bench_speculative_part_runs_and_prints_one_json_object():
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
     assert set(data["systems"]) == {"bytediet", "bytediet+spec"} and data["speculative_config"]["method"] == "ngram"
+    assert data["prompt_format"] == "chat template"
     for task in ("spelling", "names", "quote", "open"):
         assert data["systems"]["bytediet"][task]["decode_tokens_per_s"] > 0
         assert data["ratios"]["bytediet"][task] > 0
+
+
+def test_a_model_without_a_chat_template_reads_the_message_as_plain_text():
+    class Tokenizer:
+        chat_template = None
+
+    class FakeLLM:
+        tokenizer = Tokenizer()
+
+        def encode(self, text):
+            return [len(text)]
+
+        def chat_token_ids(self, messages):
+            return [0, len(messages[0]["content"]), 1]
+
+    llm = FakeLLM()
+    assert speculative_bench.prompt_token_ids(llm, "Emma") == [4]
+    llm.tokenizer.chat_template = "{{ messages }}"
+    assert speculative_bench.prompt_token_ids(llm, "Emma") == [0, 4, 1]
 
 
 def test_copy_prompts_give_distinct_passages_per_task():

@@ -3,10 +3,10 @@ with and without its own n-gram lookup decoding, in the same run.
 
 Prompts are written from the corpus: three copy-heavy tasks (passages whose spelling is to be corrected, to repeat
 with the names changed, to summarise by quoting them) and open-ended chat with nothing to copy. Every system decodes
-the same chat-templated token ids greedily for ``max_tokens`` (EOS ignored); decode tok/s counts the tokens after
-the first over the time after the first. The systems are interleaved prompt by prompt (each round in a rotated
-order), so a change in the machine's load falls on all of them alike; a task's figure is the median over its
-prompts and rounds.
+the same chat-templated token ids (a base model without a template: the plain text) greedily for ``max_tokens``
+(EOS ignored); decode tok/s counts the tokens after the first over the time after the first. The systems are
+interleaved prompt by prompt (each round in a rotated order), so a change in the machine's load falls on all of
+them alike; a task's figure is the median over its prompts and rounds.
 
 llama.cpp runs as ``llama-server`` (``bench/build_llama_server.sh``) with ``--spec-type ngram-simple`` (its prompt
 lookup: the last n-gram looked up earlier in the context, the m tokens after it drafted) and, where that binary is
@@ -57,6 +57,17 @@ def copy_prompts(text: str, seed: int = 0, words: int = 90, per_task: int = 3) -
         "quote": [f"Summarise this passage, quoting its most important sentences word for word:\n\n{p}" for p in quote],
         "open": list(OPEN_PROMPTS[:per_task]),
     }
+
+
+PROMPT_FORMATS = {True: "chat template", False: "plain text (the checkpoint has no chat template)"}
+
+
+def prompt_token_ids(llm, message: str) -> list[int]:
+    """One user message in the model's chat template, or as plain text where the checkpoint has none (a base
+    model, e.g. Gemma-3-270M's GGUF)."""
+    if llm.tokenizer.chat_template:
+        return llm.chat_token_ids([{"role": "user", "content": message}])
+    return llm.encode(message)
 
 
 def _decode_rate(n_tokens: int, first: float, last: float) -> Optional[float]:
@@ -245,9 +256,8 @@ def run_speculative_bench(
     }
     messages = copy_prompts(text, per_task=per_task)
     base = LLM(model, num_threads=threads)
-    prompts = {
-        task: [base.chat_token_ids([{"role": "user", "content": m}]) for m in ms] for task, ms in messages.items()
-    }
+    result["prompt_format"] = PROMPT_FORMATS[bool(base.tokenizer.chat_template)]
+    prompts = {task: [prompt_token_ids(base, m) for m in ms] for task, ms in messages.items()}
     result["prompt_tokens"] = {task: [len(ids) for ids in ids_list] for task, ids_list in prompts.items()}
     systems = [
         BytedietDecoder("bytediet", base),
