@@ -189,7 +189,7 @@ def parse_bytes(text: str | int) -> int:
 
 SCHEDULING_POLICIES = ("fcfs", "priority")
 # Tokens one engine step computes: 1024 beat 256, 512 and 2048 on both dev models at 64 concurrent long prompts
-# (throughput +8 %, TTFT p50 -15 %, the same TPOT p99: bench/RESULTS.md "Recording 15", bench/scheduling_sweep.py).
+# (throughput +5-8 %, TTFT p50 -7-15 %, the same TPOT p99: bench/RESULTS.md "Recording 15", bench/scheduling_sweep.py).
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 1024
 
 

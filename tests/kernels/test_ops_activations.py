@@ -41,6 +41,36 @@ def test_other_dtypes_take_the_reference():
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("shape", [(1, 7), (3, 37), (5, 2048), (17, 1151)])
+def test_silu_mul_equals_reference(variant, shape):
+    gen = torch.Generator().manual_seed(shape[0] * 1000 + shape[1] + 1)
+    gate = torch.randn(*shape, generator=gen) * 3.0
+    up = torch.randn(*shape, generator=gen)
+    got = ops.silu_mul(gate, up, variant=variant)
+    want = reference.silu_mul(gate.double(), up.double())
+    assert got.shape == shape and got.dtype == torch.float32
+    assert ((got.double() - want).abs() <= 2e-6 * (gate.double().abs() * up.double().abs()) + 1e-30).all()
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_silu_mul_extreme_values(variant):
+    gate = torch.tensor([0.0, -0.0, 1e-30, -1e-30, 1e-3, -1e-3, 10.0, -10.0, 50.0, -50.0, 80.0, -80.0, 1e4, 3e38, 0.5])
+    up = torch.ones_like(gate)
+    got = ops.silu_mul(gate, up, variant=variant)
+    want = reference.silu_mul(gate.double(), up.double())
+    assert torch.isfinite(got).all()
+    assert ((got.double() - want).abs() <= 2e-6 * gate.double().abs() + 1e-30).all()
+    assert (ops.silu_mul(torch.full((9,), -1e4), up[:9], variant=variant).abs() < 1e-30).all()
+
+
+def test_silu_and_gelu_keep_autograd():
+    for fused in (ops.silu_mul, ops.gelu_tanh_mul):
+        gate, up = torch.randn(4, 64, requires_grad=True), torch.randn(4, 64)
+        fused(gate, up).sum().backward()
+        assert gate.grad is not None and torch.isfinite(gate.grad).all()
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("shape", [(1, 64), (3, 7, 256), (70, 640), (5, 13)])
 def test_rms_norm_equals_reference(variant, shape):
     gen = torch.Generator().manual_seed(shape[-1] + len(shape))

@@ -108,12 +108,32 @@ def _like_input(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 def gelu_tanh_mul(gate: torch.Tensor, up: torch.Tensor, variant: Optional[str] = None) -> torch.Tensor:
     """See :func:`bytediet.kernels.reference.gelu_tanh_mul` (one native pass over float32 CPU tensors)."""
     lib = _library(variant) if gate.device.type == "cpu" else None  # no native build for GPU tensors
-    if lib is None or gate.dtype != torch.float32 or up.dtype != torch.float32 or gate.shape != up.shape:
+    if lib is None or _needs_grad(gate, up) or not _same_float32(gate, up):
         return reference.gelu_tanh_mul(gate, up)
     gate, up = gate.contiguous(), up.contiguous()
     out = torch.empty_like(gate)
     lib.bd_gelu_tanh_mul(gate.data_ptr(), up.data_ptr(), gate.numel(), out.data_ptr())
     return out
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor, variant: Optional[str] = None) -> torch.Tensor:
+    """See :func:`bytediet.kernels.reference.silu_mul` (one native pass over float32 CPU tensors)."""
+    lib = _library(variant) if gate.device.type == "cpu" else None  # no native build for GPU tensors
+    if lib is None or _needs_grad(gate, up) or not _same_float32(gate, up):
+        return reference.silu_mul(gate, up)
+    gate, up = gate.contiguous(), up.contiguous()
+    out = torch.empty_like(gate)
+    lib.bd_silu_mul(gate.data_ptr(), up.data_ptr(), gate.numel(), out.data_ptr())
+    return out
+
+
+def _needs_grad(*tensors: torch.Tensor) -> bool:
+    """Whether autograd tracks these (recovery training): the torch ops then, for their backward."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
+def _same_float32(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.dtype == torch.float32 and b.dtype == torch.float32 and a.shape == b.shape
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, variant: Optional[str] = None) -> torch.Tensor:

@@ -250,6 +250,12 @@ def gelu_tanh_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return F.gelu(gate, approximate="tanh") * up
 
 
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """SiLU (Elfwing et al. 2017, arXiv 1702.03118) of ``gate``, times ``up``: the gated MLP's activation (llama,
+    qwen2). gate, up: (..., I) → (..., I)."""
+    return F.silu(gate) * up
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm (Zhang & Sennrich 2019, arXiv 1910.07467) over the last dimension, in float32:
     x (..., n), weight (n,) → x / sqrt(mean(x²) + eps) · weight, in x's dtype."""

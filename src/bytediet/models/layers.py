@@ -325,8 +325,8 @@ class MLP(nn.Module):
         self.up_proj = Linear(hidden, intermediate)
         self.down_proj = Linear(intermediate, hidden)
         self.act = F.silu if act == "silu" else (lambda t: F.gelu(t, approximate="tanh"))
-        self.gelu = act != "silu"  # GELU-tanh (gemma3): act(gate) · up as one native pass, ops.gelu_tanh_mul
+        self.gelu = act != "silu"  # act(gate) · up as one native pass: ops.gelu_tanh_mul (gemma3), ops.silu_mul
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_proj(x), self.up_proj(x)
-        return self.down_proj(ops.gelu_tanh_mul(gate, up) if self.gelu else self.act(gate) * up)
+        return self.down_proj(ops.gelu_tanh_mul(gate, up) if self.gelu else ops.silu_mul(gate, up))

@@ -34,6 +34,7 @@ SIGNATURES = {  # C ABI of csrc/*.cpp: name → (restype, argtypes)
     "bd_repack_x4": (_INT, [_INT, _VOID_P, _LONG, _LONG, _VOID_P]),
     "bd_x4_row_bytes": (_LONG, [_INT, _LONG]),
     "bd_gelu_tanh_mul": (None, [_VOID_P, _VOID_P, _LONG, _VOID_P]),
+    "bd_silu_mul": (None, [_VOID_P, _VOID_P, _LONG, _VOID_P]),
     "bd_rms_norm_rows": (None, [_VOID_P, _VOID_P, _LONG, _LONG, _FLOAT, _VOID_P]),
     "bd_sample_rows": (None, [_VOID_P, _LONG, _LONG, _VOID_P, _VOID_P, _VOID_P]),
     "bd_has_gemm_panel": (_INT, [_INT]),

@@ -18,6 +18,18 @@ void bd_gelu_tanh_mul(const float* gate, const float* up, long n, float* out) {
     (chunks > 1 ? bd::parallel_run : bd::run_here)(body);
 }
 
+// out[i] = SiLU(gate[i]) · up[i] for i < n (llama, qwen2; out may alias gate or up) in one pass: PyTorch's silu
+// and multiply take 0.7–1.0 ms for 1024 × 1536 values on 2 Zen 4 cores, this 0.5 ms (~3 % of a SmolLM2 prefill).
+void bd_silu_mul(const float* gate, const float* up, long n, float* out) {
+    const long chunks = (n + 8191) / 8192;
+    auto body = [&](int t, int nt) {
+        long b, e;
+        bd::split_range(n, nt, t, 8, &b, &e);
+        bd::gated_range<false>(gate, up, out, b, e);
+    };
+    (chunks > 1 ? bd::parallel_run : bd::run_here)(body);
+}
+
 // y[r] = x[r] / sqrt(mean(x[r]²) + eps) · w for the M rows of n values (RMSNorm, Zhang & Sennrich 2019,
 // arXiv 1910.07467; y may alias x): the prefill's norms in one pass instead of PyTorch's five (pow, mean, add,
 // rsqrt, two muls), which cost ~60 ms of a 512-token Gemma-3 prefill; the row is the decode step's (activations.h).
