@@ -107,23 +107,22 @@ def _like_input(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 
 def gelu_tanh_mul(gate: torch.Tensor, up: torch.Tensor, variant: Optional[str] = None) -> torch.Tensor:
     """See :func:`bytediet.kernels.reference.gelu_tanh_mul` (one native pass over float32 CPU tensors)."""
-    lib = _library(variant) if gate.device.type == "cpu" else None  # no native build for GPU tensors
-    if lib is None or _needs_grad(gate, up) or not _same_float32(gate, up):
-        return reference.gelu_tanh_mul(gate, up)
-    gate, up = gate.contiguous(), up.contiguous()
-    out = torch.empty_like(gate)
-    lib.bd_gelu_tanh_mul(gate.data_ptr(), up.data_ptr(), gate.numel(), out.data_ptr())
-    return out
+    return _gated("bd_gelu_tanh_mul", reference.gelu_tanh_mul, gate, up, variant)
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor, variant: Optional[str] = None) -> torch.Tensor:
     """See :func:`bytediet.kernels.reference.silu_mul` (one native pass over float32 CPU tensors)."""
+    return _gated("bd_silu_mul", reference.silu_mul, gate, up, variant)
+
+
+def _gated(native: str, twin: Callable, gate: torch.Tensor, up: torch.Tensor, variant: Optional[str]) -> torch.Tensor:
+    """act(gate) · up by the native function ``native``, or by its twin (GPU tensors, autograd, other dtypes)."""
     lib = _library(variant) if gate.device.type == "cpu" else None  # no native build for GPU tensors
     if lib is None or _needs_grad(gate, up) or not _same_float32(gate, up):
-        return reference.silu_mul(gate, up)
+        return twin(gate, up)
     gate, up = gate.contiguous(), up.contiguous()
     out = torch.empty_like(gate)
-    lib.bd_silu_mul(gate.data_ptr(), up.data_ptr(), gate.numel(), out.data_ptr())
+    getattr(lib, native)(gate.data_ptr(), up.data_ptr(), gate.numel(), out.data_ptr())
     return out
 
 
