@@ -42,7 +42,7 @@ def main() -> None:
     args = ap.parse_args()
     config = BenchConfig()
     level = args.concurrency
-    first, loaded = None, None
+    work, loaded = None, None
     rows = []
     for budget in [int(b) for b in args.budgets.split(",")]:
         for threshold in [int(t) for t in args.thresholds.split(",")]:
@@ -58,23 +58,24 @@ def main() -> None:
                 enable_prefix_caching=False,
             )
             loaded = (llm.model, llm.tokenizer)
-            if first is None:  # the bench's own workload at this level
+            if work is None:  # the bench's own workload at this level
                 tokens = config.corpus_tokens(("concurrency",))
                 ids, _ = corpus_token_ids(llm.tokenizer, llm.model.config.vocab_size, tokens, config.seed)
-                first = make_workload(
+                work = make_workload(
                     ids,
                     max(level, config.min_requests),
                     config.prompt_len_range,
                     config.output_len_range,
                     seed=config.seed + level,
                 )
-            llm.generate([first.prompts[0][:8]], SamplingParams(max_tokens=2))  # warm-up
-            summary = run_setting(llm, first.prompts, first.max_tokens)
+            llm.generate([work.prompts[0][:8]], SamplingParams(max_tokens=2))  # warm-up
+            load = list(os.getloadavg())
+            summary = run_setting(llm, work.prompts, work.max_tokens)
             rows.append(
                 {
                     "max_num_batched_tokens": budget,
                     "long_prefill_token_threshold": threshold,
-                    "load_average_before": list(os.getloadavg()),
+                    "load_average_before": load,
                     **summary,
                 }
             )
@@ -92,7 +93,7 @@ def main() -> None:
         "concurrency": level,
         "threads": args.threads,
         "settings": rows,
-        "prompt_tokens": sum(len(p) for p in first.prompts),
+        "prompt_tokens": sum(len(p) for p in work.prompts),
     }
     if args.json:
         print(json.dumps(result))

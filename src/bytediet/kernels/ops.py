@@ -143,7 +143,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, variant: Optiona
         or x.dtype != torch.float32
         or weight.dtype != torch.float32
         or x.shape[-1] != weight.numel()
-        or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
+        or _needs_grad(x, weight)
     ):
         return reference.rms_norm(x, weight, eps)  # autograd (recovery training) needs the torch ops
     x = x.contiguous()
@@ -377,7 +377,7 @@ def linear(w: LinearWeight, x: torch.Tensor, bias: Optional[torch.Tensor] = None
         # them, or the weight decoded once and a float GEMM (bf16 where asked for, dense_gemm.py); exact fp32 for
         # f32. q8 keeps its integer kernel, and q8-token (int8-w8a8) the rounding that defines the format.
         q16 = x.dtype == torch.float32 and w.activations == "q16"
-        grad = torch.is_grad_enabled() and x.requires_grad  # recovery training: keep F.linear's backward
+        grad = _needs_grad(x)  # recovery training: keep F.linear's backward
         if (
             q16
             and not grad
@@ -390,7 +390,7 @@ def linear(w: LinearWeight, x: torch.Tensor, bias: Optional[torch.Tensor] = None
         return y if bias is None else y + bias.to(x.dtype)
     rows = x.numel() // w.in_features
     if native is not None and rows >= PANEL_MIN_ROWS and w.activations == "q16" and x.dtype == torch.float32:
-        if has_gemm_panel(native[0]) and not (torch.is_grad_enabled() and x.requires_grad):
+        if has_gemm_panel(native[0]) and not _needs_grad(x):
             return gemm_panel(native[0], native[1], x, bias)
     if w.interleaved is not None and w.activations in X4_ACTIVATIONS:
         # the same weight laid out for the x4 kernels; a layer since switched to another mode reads its blocks below

@@ -39,6 +39,9 @@ float row_max(const float* row, long V) {
     return hmax(m);
 }
 
+// Tokens in block b of a row of V.
+inline long block_len(long V, long b) { return V - b * kBlock < kBlock ? V - b * kBlock : kBlock; }
+
 // The masses of tokens [b0, b0 + kBlock) ∩ [0, V) into e (kBlock floats).
 inline void block_mass(const float* row, long V, long b0, __m256 max, __m256 inv_t, float* e) {
     for (long i = 0; i < kBlock; i += 8) _mm256_storeu_ps(e + i, mass8(load8(row, b0 + i, V), max, inv_t));
@@ -63,7 +66,7 @@ int64_t sample_row(const float* row, long V, float inv_t, double u, std::vector<
     alignas(32) float e[kBlock];
     block_mass(row, V, b * kBlock, max, it, e);
     double cum = b > 0 ? ends[b - 1] : 0.0;
-    const long n = V - b * kBlock < kBlock ? V - b * kBlock : kBlock;
+    const long n = block_len(V, b);
     long k = 0;
     for (; k < n - 1; ++k) {
         cum += e[k];
@@ -73,13 +76,13 @@ int64_t sample_row(const float* row, long V, float inv_t, double u, std::vector<
     // rounding ran onto a token of no mass: the last one of positive mass before it, else the first after it
     for (long bb = b; bb >= 0; --bb) {
         if (bb != b) block_mass(row, V, bb * kBlock, max, it, e);
-        const long last = bb == b ? k : (V - bb * kBlock < kBlock ? V - bb * kBlock : kBlock) - 1;
+        const long last = bb == b ? k : block_len(V, bb) - 1;
         for (long j = last; j >= 0; --j)
             if (e[j] > 0.0f) return bb * kBlock + j;
     }
     for (long bb = b; bb < nb; ++bb) {
         block_mass(row, V, bb * kBlock, max, it, e);
-        for (long j = 0; j < kBlock && bb * kBlock + j < V; ++j)
+        for (long j = 0; j < block_len(V, bb); ++j)
             if (e[j] > 0.0f) return bb * kBlock + j;
     }
     return 0;  // unreachable: the maximum itself has mass 1
