@@ -132,12 +132,29 @@ def test_interleaved_layout_and_product_equal_reference(variant, gtype):
         assert torch.equal(packed, reference.repack_x4(int(gtype), blocks))
         assert torch.equal(reference.unpack_x4(int(gtype), packed), blocks)
         w = reference.dequantize_blocks(int(gtype), blocks)
-        for m in (1, 2, 3, 4, 5, 9):  # the 4-, 2- and 1-row activation tiles and their tails
+        for m in (1, 2, 3, 4, 5, 7, 9):  # the 4-, 2- and 1-row activation tiles and their tails
             x = torch.randn(m, k, generator=gen) * (100.0 if m == 5 else 1.0)
             bias = torch.randn(n, generator=gen) if m == 3 else None
             for activations in ("q8", "q16"):
                 y = ops.gemm_x4(int(gtype), packed, x, bias, activations, variant=variant)
                 check_close(y, reference.gemm_x4(int(gtype), packed, x, bias, activations), x, w)
+
+
+@pytest.mark.skipif(len(VARIANTS) < 2 or build.find_compiler() is None, reason="one runnable variant on this CPU")
+@pytest.mark.parametrize("gtype", [T.Q4_0, T.Q4_1, T.Q5_0, T.Q8_0, T.Q4_K, T.Q6_K])
+def test_interleaved_products_are_bit_identical_across_variants(gtype):
+    """AVX2's maddubs sums and VNNI's dpbusd sums are the same integers, and the float steps are the same: every
+    variant gives the same bits, at every row tile (the AVX-512 variant takes q16 rows four at a time)."""
+    gen = torch.Generator().manual_seed(100 + int(gtype))
+    n, k = (8, 512) if gtype in K_TYPES else (8, 160)
+    blocks = random_blocks(gtype, n, k, gen)
+    packed = ops.repack_x4(int(gtype), blocks, variant=VARIANTS[0])
+    for m in (1, 2, 4, 6, 11):
+        x = torch.randn(m, k, generator=gen)
+        for activations in ("q8", "q16"):
+            ys = [ops.gemm_x4(int(gtype), packed, x, None, activations, variant=v) for v in VARIANTS]
+            for v, y in zip(VARIANTS[1:], ys[1:]):
+                assert torch.equal(y, ys[0]), f"{v} differs from {VARIANTS[0]} at {m} rows, {activations}"
 
 
 @needs_native

@@ -3,6 +3,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "isa.h"
+
 namespace bd {
 
 struct QuantizedRows {  // M activation rows as int8 blocks of 32: q (M, k), d and s (M, nblocks)
@@ -55,6 +57,13 @@ struct X4Product {  // one row-interleaved weight (n % 4 == 0) and where its pro
     const float* bias;
 };
 void gemm_x4_many(const X4Product* products, int count, const QuantizedRows& x, long M);
+// q16 activation rows an x4 kernel takes per decoded weight block: AVX-512VL's 32 vector registers hold 4 rows'
+// accumulators beside the block's codes and both planes' temporaries, AVX2's 16 hold 2.
+constexpr int kTwoPlaneTile = BD_AVX512 ? 4 : 2;
+// Σ (code + offset) · x = Σ code · x + offset · Σ x, lane by lane: per row, plane and run of `span` activation
+// codes, the vector an x4 dot product's int32 lanes start from — −offset · Σ of bytes 0–3 of every 8 (what each
+// row's even lane multiplies) on the even lanes, of bytes 4–7 on the odd; out[(row · planes + plane) · runs + run].
+void offset_corrections(const QuantizedRows& x, long M, int span, int32_t offset, std::vector<__m256i>& out);
 bool has_x4(int ggml_type);
 long x4_block_bytes_of(int ggml_type);  // the 32-weight formats: bytes per 4 rows × 32 weights
 // The K-quant interleaved layouts (gemm_kx4.cpp): bytes per group of 4 rows and super-block, 0 for another type.

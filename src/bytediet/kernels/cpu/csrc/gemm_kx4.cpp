@@ -45,13 +45,19 @@ inline long long bytes8(const int8_t* p) {
     return v;
 }
 
-// Σ code · activation per lane over one plane's 32 activation bytes at xq (Q4_K: codes ≤ 15, so the int16
-// sum of 4 maddubs pairs holds).
-inline __m256i dot4(const __m256i u[4], const int8_t* xq, __m256i ones) {
+// Σ code · activation per lane over one plane's 32 activation bytes at xq (Q4_K: codes ≤ 15, so AVX2's int16
+// sum of 4 maddubs pairs holds; VNNI accumulates in int32 directly).
+inline __m256i dot4(const __m256i u[4], const int8_t* xq) {
+#if BD_AVX512
+    __m256i s32 = _mm256_setzero_si256();
+    for (int k = 0; k < 4; ++k) s32 = _mm256_dpbusd_epi32(s32, u[k], _mm256_set1_epi64x(bytes8(xq + 8 * k)));
+    return s32;
+#else
     __m256i s16 = _mm256_setzero_si256();
     for (int k = 0; k < 4; ++k)
         s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(u[k], _mm256_set1_epi64x(bytes8(xq + 8 * k))));
-    return _mm256_madd_epi16(s16, ones);
+    return _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
+#endif
 }
 
 inline void nibbles4(const uint8_t* c, __m256i u[4]) {
@@ -69,7 +75,6 @@ void group_q4k(const uint8_t* w, long nsuper, const QuantizedRows& x, long m0, f
                const float* bias) {
     __m256 acc[NC];
     for (int c = 0; c < NC; ++c) acc[c] = _mm256_setzero_ps();
-    const __m256i ones = _mm256_set1_epi16(1);
     const __m256 minus_half = _mm256_set1_ps(-0.5f);
     for (long i = 0; i < nsuper; ++i) {
         const uint8_t* g = w + i * kQ4KBytes;
@@ -83,10 +88,10 @@ void group_q4k(const uint8_t* w, long nsuper, const QuantizedRows& x, long m0, f
             for (int c = 0; c < NC; ++c) {
                 const long row = m0 + c, at = row * x.k + blk * 32;
                 acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(sc, _mm256_set1_ps(x.d[row * x.nblocks + blk])),
-                                         _mm256_cvtepi32_ps(dot4(u, x.q + at, ones)), acc[c]);
+                                         _mm256_cvtepi32_ps(dot4(u, x.q + at)), acc[c]);
                 if constexpr (TWO)
                     acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(sc, _mm256_set1_ps(x.d2[row * x.nblocks + blk])),
-                                             _mm256_cvtepi32_ps(dot4(u, x.q2 + at, ones)), acc[c]);
+                                             _mm256_cvtepi32_ps(dot4(u, x.q2 + at)), acc[c]);
                 acc[c] = _mm256_fmadd_ps(mn, _mm256_set1_ps(x.s[row * x.nblocks + blk]), acc[c]);
             }
         }
@@ -99,30 +104,33 @@ void group_q4k(const uint8_t* w, long nsuper, const QuantizedRows& x, long m0, f
     }
 }
 
-inline __m256i even_lanes(int32_t v) {  // (v, 0, v, 0, …) as int32 lanes
-    return _mm256_set1_epi64x(static_cast<long long>(static_cast<uint32_t>(v)));
-}
-
-// One plane's two half-block sums (elements 0..15 and 16..31) per lane, minus 32 · Σ activation codes of each
-// half on the even lanes (Q6_K's code offset; the odd lane of each row carries no correction). Codes ≤ 63:
-// two maddubs pairs sum to ≤ 2 · 2 · 63 · 127 < 2^15.
-inline void dot6(const __m256i u[4], const int8_t* xq, const int32_t* half_sums, __m256i ones, __m256i& lo,
-                 __m256i& hi) {
+// One plane's two half-block sums (elements 0..15 and 16..31) per lane, each started from its offset
+// correction (Q6_K's codes are stored + 32: offset_corrections(x, 16, 32)). Codes ≤ 63: AVX2's two maddubs pairs
+// sum to ≤ 2 · 2 · 63 · 127 < 2^15; VNNI accumulates in int32.
+inline void dot6(const __m256i u[4], const int8_t* xq, const __m256i* corr, __m256i& lo, __m256i& hi) {
+#if BD_AVX512
+    lo = _mm256_dpbusd_epi32(corr[0], u[0], _mm256_set1_epi64x(bytes8(xq)));
+    lo = _mm256_dpbusd_epi32(lo, u[1], _mm256_set1_epi64x(bytes8(xq + 8)));
+    hi = _mm256_dpbusd_epi32(corr[1], u[2], _mm256_set1_epi64x(bytes8(xq + 16)));
+    hi = _mm256_dpbusd_epi32(hi, u[3], _mm256_set1_epi64x(bytes8(xq + 24)));
+#else
+    const __m256i ones = _mm256_set1_epi16(1);
     const __m256i s_lo = _mm256_add_epi16(_mm256_maddubs_epi16(u[0], _mm256_set1_epi64x(bytes8(xq))),
                                           _mm256_maddubs_epi16(u[1], _mm256_set1_epi64x(bytes8(xq + 8))));
     const __m256i s_hi = _mm256_add_epi16(_mm256_maddubs_epi16(u[2], _mm256_set1_epi64x(bytes8(xq + 16))),
                                           _mm256_maddubs_epi16(u[3], _mm256_set1_epi64x(bytes8(xq + 24))));
-    lo = _mm256_sub_epi32(_mm256_madd_epi16(s_lo, ones), even_lanes(32 * half_sums[0]));
-    hi = _mm256_sub_epi32(_mm256_madd_epi16(s_hi, ones), even_lanes(32 * half_sums[1]));
+    lo = _mm256_add_epi32(_mm256_madd_epi16(s_lo, ones), corr[0]);
+    hi = _mm256_add_epi32(_mm256_madd_epi16(s_hi, ones), corr[1]);
+#endif
 }
 
 template <int NC, bool TWO>
-void group_q6k(const uint8_t* w, long nsuper, const QuantizedRows& x, const int32_t* sums, long m0, float* y, long ldy,
-               long n0, const float* bias) {
+void group_q6k(const uint8_t* w, long nsuper, const QuantizedRows& x, const __m256i* corr, long m0, float* y,
+               long ldy, long n0, const float* bias) {
     __m256 acc[NC];
     for (int c = 0; c < NC; ++c) acc[c] = _mm256_setzero_ps();
-    const __m256i ones = _mm256_set1_epi16(1), low = _mm256_set1_epi8(0x0F), top = _mm256_set1_epi8(0x30);
-    const long halves = x.k / 16;  // per activation row and plane, in sums
+    const __m256i low = _mm256_set1_epi8(0x0F), top = _mm256_set1_epi8(0x30);
+    const long halves = x.k / 16;  // per activation row and plane, in corr
     for (long i = 0; i < nsuper; ++i) {
         const uint8_t* g = w + i * kQ6KBytes;
         const __m256 d = pairs_f16(g);
@@ -144,12 +152,12 @@ void group_q6k(const uint8_t* w, long nsuper, const QuantizedRows& x, const int3
             for (int c2 = 0; c2 < NC; ++c2) {
                 const long row = m0 + c2, at = row * x.k + blk * 32;
                 __m256i p_lo, p_hi;
-                dot6(u, x.q + at, sums + (row * (TWO ? 2 : 1)) * halves + 2 * blk, ones, p_lo, p_hi);
+                dot6(u, x.q + at, corr + row * (TWO ? 2 : 1) * halves + 2 * blk, p_lo, p_hi);
                 const __m256 xd = _mm256_set1_ps(x.d[row * x.nblocks + blk]);
                 acc[c2] = _mm256_fmadd_ps(_mm256_mul_ps(s_lo, xd), _mm256_cvtepi32_ps(p_lo), acc[c2]);
                 acc[c2] = _mm256_fmadd_ps(_mm256_mul_ps(s_hi, xd), _mm256_cvtepi32_ps(p_hi), acc[c2]);
                 if constexpr (TWO) {
-                    dot6(u, x.q2 + at, sums + (row * 2 + 1) * halves + 2 * blk, ones, p_lo, p_hi);
+                    dot6(u, x.q2 + at, corr + (row * 2 + 1) * halves + 2 * blk, p_lo, p_hi);
                     const __m256 xd2 = _mm256_set1_ps(x.d2[row * x.nblocks + blk]);
                     acc[c2] = _mm256_fmadd_ps(_mm256_mul_ps(s_lo, xd2), _mm256_cvtepi32_ps(p_lo), acc[c2]);
                     acc[c2] = _mm256_fmadd_ps(_mm256_mul_ps(s_hi, xd2), _mm256_cvtepi32_ps(p_hi), acc[c2]);
@@ -165,27 +173,7 @@ void group_q6k(const uint8_t* w, long nsuper, const QuantizedRows& x, const int3
     }
 }
 
-// Σ of each 16 activation codes, per row and plane: sums[(row · planes + plane) · K/16 + h].
-void half_sums(const QuantizedRows& x, long M, std::vector<int32_t>& sums) {
-    const long halves = x.k / 16, planes = x.q2 != nullptr ? 2 : 1;
-    sums.resize(M * planes * halves);
-    for (long m = 0; m < M; ++m)
-        for (long p = 0; p < planes; ++p) {
-            const int8_t* q = (p == 0 ? x.q : x.q2) + m * x.k;
-            int32_t* out = sums.data() + (m * planes + p) * halves;
-            for (long h = 0; h < halves; ++h) {
-                const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16 * h));
-                const __m256i w = _mm256_cvtepi8_epi16(v);
-                const __m256i s = _mm256_madd_epi16(w, _mm256_set1_epi16(1));
-                __m128i t = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
-                t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
-                t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1));
-                out[h] = _mm_cvtsi128_si32(t);
-            }
-        }
-}
-
-thread_local std::vector<int32_t> t_half_sums;
+thread_local std::vector<__m256i> t_q6k_corrections;
 
 // 32 codes of sub-block j of a source super-block, unsigned, in element order (Q6_K: 0..63, before − 32).
 void source_codes(int type, const uint8_t* sb, int j, uint8_t out[32]) {
@@ -263,13 +251,15 @@ void repack_kx4(int type, const uint8_t* src, long N, long K, uint8_t* dst) {
 void rows_kx4(const X4Product& p, const QuantizedRows& x, long M, long b, long e) {
     const long nsuper = p.k / 256, group_bytes = nsuper * kx4_group_bytes(p.ggml_type);
     const bool two = x.q2 != nullptr;
-    if (p.ggml_type == kQ6_K) half_sums(x, M, t_half_sums);
-    const int32_t* sums = t_half_sums.data();
+    if (p.ggml_type == kQ6_K) offset_corrections(x, M, 16, 32, t_q6k_corrections);
+    const __m256i* corr = t_q6k_corrections.data();
     for (long n = b; n < e; n += 4) {
         const uint8_t* g = p.w + (n / 4) * group_bytes;
         long m = 0;
         if (p.ggml_type == kQ4_K) {
             if (two) {
+                if constexpr (kTwoPlaneTile == 4)
+                    for (; m + 4 <= M; m += 4) group_q4k<4, true>(g, nsuper, x, m, p.y, p.n, n, p.bias);
                 for (; m + 2 <= M; m += 2) group_q4k<2, true>(g, nsuper, x, m, p.y, p.n, n, p.bias);
                 for (; m < M; ++m) group_q4k<1, true>(g, nsuper, x, m, p.y, p.n, n, p.bias);
             } else {
@@ -277,11 +267,13 @@ void rows_kx4(const X4Product& p, const QuantizedRows& x, long M, long b, long e
                 for (; m < M; ++m) group_q4k<1, false>(g, nsuper, x, m, p.y, p.n, n, p.bias);
             }
         } else if (two) {
-            for (; m + 2 <= M; m += 2) group_q6k<2, true>(g, nsuper, x, sums, m, p.y, p.n, n, p.bias);
-            for (; m < M; ++m) group_q6k<1, true>(g, nsuper, x, sums, m, p.y, p.n, n, p.bias);
+            if constexpr (kTwoPlaneTile == 4)
+                for (; m + 4 <= M; m += 4) group_q6k<4, true>(g, nsuper, x, corr, m, p.y, p.n, n, p.bias);
+            for (; m + 2 <= M; m += 2) group_q6k<2, true>(g, nsuper, x, corr, m, p.y, p.n, n, p.bias);
+            for (; m < M; ++m) group_q6k<1, true>(g, nsuper, x, corr, m, p.y, p.n, n, p.bias);
         } else {
-            for (; m + 4 <= M; m += 4) group_q6k<4, false>(g, nsuper, x, sums, m, p.y, p.n, n, p.bias);
-            for (; m < M; ++m) group_q6k<1, false>(g, nsuper, x, sums, m, p.y, p.n, n, p.bias);
+            for (; m + 4 <= M; m += 4) group_q6k<4, false>(g, nsuper, x, corr, m, p.y, p.n, n, p.bias);
+            for (; m < M; ++m) group_q6k<1, false>(g, nsuper, x, corr, m, p.y, p.n, n, p.bias);
         }
     }
 }

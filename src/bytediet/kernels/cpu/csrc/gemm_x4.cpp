@@ -51,41 +51,54 @@ inline __m256 scales_x4(const uint8_t* p) {
     return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(s), kPairIndex);
 }
 
-// Σ code · activation per lane for one int8 activation block against the four rows' codes u[0..3].
+// Σ code · activation per lane for one int8 activation block against the four rows' codes u[0..3], added to
+// init. AVX2 sums the 4-bit formats' maddubs pairs in int16 (≤ 4 · 2 · 31 · 127 < 2^15 for Q5_0) and takes Q8_0's
+// signed codes by the sign trick; VNNI accumulates in int32, Q8_0's codes offset by 128 (init holds −128 · Σ x).
 template <int TYPE>
-inline __m256i plane_dot(const __m256i u[4], const int8_t* xq, __m256i ones) {
-    if constexpr (TYPE == kQ8_0) {
-        __m256i s32 = _mm256_setzero_si256();
+inline __m256i plane_dot(const __m256i u[4], const int8_t* xq, __m256i init) {
+    if constexpr (TYPE == kQ8_0 || BD_AVX512) {
+        __m256i s32 = init;
         for (int k = 0; k < 4; ++k) {
             long long xb;
             std::memcpy(&xb, xq + 8 * k, 8);
-            s32 = _mm256_add_epi32(s32, dot_s8s8(u[k], _mm256_set1_epi64x(xb)));
+            const __m256i xv = _mm256_set1_epi64x(xb);
+#if BD_AVX512
+            s32 = _mm256_dpbusd_epi32(s32, u[k], xv);
+#else
+            s32 = _mm256_add_epi32(s32, dot_s8s8(u[k], xv));
+#endif
         }
         return s32;
     } else {
         __m256i s16 = _mm256_setzero_si256();
-        for (int k = 0; k < 4; ++k) {  // Σ ≤ 4 · 2 · 31 · 127 < 2^15 (Q5_0; Q4: 15): int16 holds the sum
+        for (int k = 0; k < 4; ++k) {
             long long xb;
             std::memcpy(&xb, xq + 8 * k, 8);
             s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(u[k], _mm256_set1_epi64x(xb)));
         }
-        return _mm256_madd_epi16(s16, ones);
+        return _mm256_add_epi32(init, _mm256_madd_epi16(s16, _mm256_set1_epi16(1)));
     }
 }
 
+// VNNI multiplies unsigned by signed bytes: Q8_0's signed codes go in offset by 128 there.
+constexpr bool kQ8Offset = BD_AVX512;
+
+// corr: offset_corrections(x, 32, 128) where Q8_0's codes go in offset (kQ8Offset), else nullptr.
 template <int TYPE, int NC, bool TWO>
-void group_q8(const uint8_t* w, long nblocks, const QuantizedRows& x, long m0, float* y, long ldy, long n0,
-              const float* bias) {
+void group_q8(const uint8_t* w, long nblocks, const QuantizedRows& x, const __m256i* corr, long m0, float* y, long ldy,
+              long n0, const float* bias) {
     constexpr int BB = TYPE == kQ4_0 ? 72 : TYPE == kQ4_1 ? 80 : TYPE == kQ5_0 ? 88 : 136;
     constexpr int CODES = TYPE == kQ4_1 ? 16 : 8;  // offset of the codes in a group block
     __m256 acc[NC];
     for (int c = 0; c < NC; ++c) acc[c] = _mm256_setzero_ps();
-    const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    const __m256i low = _mm256_set1_epi8(0x0F);
     for (long b = 0; b < nblocks; ++b) {
         const uint8_t* g = w + b * BB;
         __m256i u[4];
         if constexpr (TYPE == kQ8_0) {
             for (int k = 0; k < 4; ++k) u[k] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + CODES + 32 * k));
+            if constexpr (kQ8Offset)
+                for (int k = 0; k < 4; ++k) u[k] = _mm256_xor_si256(u[k], _mm256_set1_epi8(static_cast<char>(0x80)));
         } else {
             const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + CODES));
             const __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + CODES + 32));
@@ -110,12 +123,16 @@ void group_q8(const uint8_t* w, long nblocks, const QuantizedRows& x, long m0, f
         else if constexpr (TYPE == kQ5_0)
             zero_coef = _mm256_mul_ps(d, _mm256_set1_ps(-8.0f));
         for (int c = 0; c < NC; ++c) {
-            const long at = (m0 + c) * x.k + b * 32;
-            acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(x.d[(m0 + c) * x.nblocks + b])),
-                                     _mm256_cvtepi32_ps(plane_dot<TYPE>(u, x.q + at, ones)), acc[c]);
+            const long row = m0 + c, at = row * x.k + b * 32;
+            const bool offset = TYPE == kQ8_0 && kQ8Offset;
+            const __m256i* cr = offset ? corr + row * (TWO ? 2 : 1) * nblocks + b : nullptr;
+            const __m256i zero = _mm256_setzero_si256();
+            acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(x.d[row * x.nblocks + b])),
+                                     _mm256_cvtepi32_ps(plane_dot<TYPE>(u, x.q + at, offset ? cr[0] : zero)), acc[c]);
             if constexpr (TWO)
-                acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(x.d2[(m0 + c) * x.nblocks + b])),
-                                         _mm256_cvtepi32_ps(plane_dot<TYPE>(u, x.q2 + at, ones)), acc[c]);
+                acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(x.d2[row * x.nblocks + b])),
+                                         _mm256_cvtepi32_ps(plane_dot<TYPE>(u, x.q2 + at, offset ? cr[nblocks] : zero)),
+                                         acc[c]);
             if constexpr (TYPE != kQ8_0)
                 acc[c] = _mm256_fmadd_ps(zero_coef, _mm256_set1_ps(x.s[(m0 + c) * x.nblocks + b]), acc[c]);
         }
@@ -128,24 +145,31 @@ void group_q8(const uint8_t* w, long nblocks, const QuantizedRows& x, long m0, f
     }
 }
 
+thread_local std::vector<__m256i> t_q8_corrections;
+
 // Rows [b, e) (multiples of 4) of one weight against all M activation rows.
 template <int TYPE>
 void rows_x4(const uint8_t* w, long K, const QuantizedRows& x, long M, float* y, long ldy, const float* bias, long b,
              long e) {
     const long nb = K / 32, group_bytes = nb * x4_block_bytes(TYPE);
-    {
-        for (long n = b; n < e; n += 4) {
-            const uint8_t* g = w + (n / 4) * group_bytes;
-            long m = 0;
-            if (x.q2 != nullptr) {
-                for (; m + 2 <= M; m += 2) group_q8<TYPE, 2, true>(g, nb, x, m, y, ldy, n, bias);
-                for (; m < M; ++m) group_q8<TYPE, 1, true>(g, nb, x, m, y, ldy, n, bias);
-                continue;
-            }
-            for (; m + 4 <= M; m += 4) group_q8<TYPE, 4, false>(g, nb, x, m, y, ldy, n, bias);
-            for (; m + 2 <= M; m += 2) group_q8<TYPE, 2, false>(g, nb, x, m, y, ldy, n, bias);
-            for (; m < M; ++m) group_q8<TYPE, 1, false>(g, nb, x, m, y, ldy, n, bias);
+    const __m256i* corr = nullptr;
+    if constexpr (TYPE == kQ8_0 && kQ8Offset) {
+        offset_corrections(x, M, 32, 128, t_q8_corrections);
+        corr = t_q8_corrections.data();
+    }
+    for (long n = b; n < e; n += 4) {
+        const uint8_t* g = w + (n / 4) * group_bytes;
+        long m = 0;
+        if (x.q2 != nullptr) {
+            if constexpr (kTwoPlaneTile == 4)
+                for (; m + 4 <= M; m += 4) group_q8<TYPE, 4, true>(g, nb, x, corr, m, y, ldy, n, bias);
+            for (; m + 2 <= M; m += 2) group_q8<TYPE, 2, true>(g, nb, x, corr, m, y, ldy, n, bias);
+            for (; m < M; ++m) group_q8<TYPE, 1, true>(g, nb, x, corr, m, y, ldy, n, bias);
+            continue;
         }
+        for (; m + 4 <= M; m += 4) group_q8<TYPE, 4, false>(g, nb, x, corr, m, y, ldy, n, bias);
+        for (; m + 2 <= M; m += 2) group_q8<TYPE, 2, false>(g, nb, x, corr, m, y, ldy, n, bias);
+        for (; m < M; ++m) group_q8<TYPE, 1, false>(g, nb, x, corr, m, y, ldy, n, bias);
     }
 }
 
@@ -160,6 +184,22 @@ void rows_any(const X4Product& p, const QuantizedRows& x, long M, long b, long e
 }
 
 }  // namespace
+
+void offset_corrections(const QuantizedRows& x, long M, int span, int32_t offset, std::vector<__m256i>& out) {
+    const long runs = x.k / span, planes = x.q2 != nullptr ? 2 : 1;
+    out.resize(M * planes * runs);
+    for (long m = 0; m < M; ++m)
+        for (long p = 0; p < planes; ++p) {
+            const int8_t* q = (p == 0 ? x.q : x.q2) + m * x.k;
+            __m256i* o = out.data() + (m * planes + p) * runs;
+            for (long r = 0; r < runs; ++r) {
+                int32_t even = 0, odd = 0;  // bytes 0-3 and 4-7 of every 8
+                for (int e = 0; e < span; ++e) (e % 8 < 4 ? even : odd) += q[r * span + e];
+                o[r] = _mm256_set1_epi64x(static_cast<long long>(static_cast<uint32_t>(-offset * even)) |
+                                          static_cast<long long>(static_cast<uint32_t>(-offset * odd)) << 32);
+            }
+        }
+}
 
 long x4_block_bytes_of(int type) { return x4_block_bytes(type); }
 
