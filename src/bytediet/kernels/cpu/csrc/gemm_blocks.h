@@ -1,6 +1,7 @@
 // Block-format matrix products (see gemm_blocks.cpp).
 #pragma once
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "isa.h"
@@ -57,9 +58,26 @@ struct X4Product {  // one row-interleaved weight (n % 4 == 0) and where its pro
     const float* bias;
 };
 void gemm_x4_many(const X4Product* products, int count, const QuantizedRows& x, long M);
-// q16 activation rows an x4 kernel takes per decoded weight block: AVX-512VL's 32 vector registers hold 4 rows'
-// accumulators beside the block's codes and both planes' temporaries, AVX2's 16 hold 2.
-constexpr int kTwoPlaneTile = BD_AVX512 ? 4 : 2;
+// The most activation rows an x4 kernel takes per decoded weight block, for q16 (two planes) and q8 rows: AVX2's
+// 16 vector registers hold 2 (q16) or 4 (q8) rows' accumulators beside the block's codes; AVX-512VL's 32 hold 5
+// q16 rows — a 4-draft verify step in one tile (6 and more spill in the Q6_K kernel: 1.4× slower at 6 to 8 rows).
+// A tile's rows never wait on each other, so even tiles beat a full tile and a latency-bound tail.
+constexpr int kTwoPlaneTile = BD_AVX512 ? 5 : 2, kOnePlaneTile = 4;
+
+// The next tile of the M − m rows left: tiles as even as the most rows per tile allows (9 → 5 + 4, not 8 + 1).
+inline int next_tile(long left, int most) {
+    const long tiles = (left + most - 1) / most;
+    return static_cast<int>((left + tiles - 1) / tiles);
+}
+
+// fn(std::integral_constant<int, n>) for a run-time n in 1..N: one instantiation per tile height.
+template <int N, class Fn>
+inline void with_tile(int n, Fn&& fn) {
+    if constexpr (N > 1)
+        if (n < N) return with_tile<N - 1>(n, fn);
+    fn(std::integral_constant<int, N>{});
+}
+
 // Σ (code + offset) · x = Σ code · x + offset · Σ x, lane by lane: per row, plane and run of `span` activation
 // codes, the vector an x4 dot product's int32 lanes start from — −offset · Σ of bytes 0–3 of every 8 (what each
 // row's even lane multiplies) on the even lanes, of bytes 4–7 on the odd; out[(row · planes + plane) · runs + run].

@@ -253,27 +253,21 @@ void rows_kx4(const X4Product& p, const QuantizedRows& x, long M, long b, long e
     const bool two = x.q2 != nullptr;
     if (p.ggml_type == kQ6_K) offset_corrections(x, M, 16, 32, t_q6k_corrections);
     const __m256i* corr = t_q6k_corrections.data();
+    const int most = two ? kTwoPlaneTile : kOnePlaneTile;
     for (long n = b; n < e; n += 4) {
         const uint8_t* g = p.w + (n / 4) * group_bytes;
-        long m = 0;
-        if (p.ggml_type == kQ4_K) {
-            if (two) {
-                if constexpr (kTwoPlaneTile == 4)
-                    for (; m + 4 <= M; m += 4) group_q4k<4, true>(g, nsuper, x, m, p.y, p.n, n, p.bias);
-                for (; m + 2 <= M; m += 2) group_q4k<2, true>(g, nsuper, x, m, p.y, p.n, n, p.bias);
-                for (; m < M; ++m) group_q4k<1, true>(g, nsuper, x, m, p.y, p.n, n, p.bias);
-            } else {
-                for (; m + 4 <= M; m += 4) group_q4k<4, false>(g, nsuper, x, m, p.y, p.n, n, p.bias);
-                for (; m < M; ++m) group_q4k<1, false>(g, nsuper, x, m, p.y, p.n, n, p.bias);
-            }
-        } else if (two) {
-            if constexpr (kTwoPlaneTile == 4)
-                for (; m + 4 <= M; m += 4) group_q6k<4, true>(g, nsuper, x, corr, m, p.y, p.n, n, p.bias);
-            for (; m + 2 <= M; m += 2) group_q6k<2, true>(g, nsuper, x, corr, m, p.y, p.n, n, p.bias);
-            for (; m < M; ++m) group_q6k<1, true>(g, nsuper, x, corr, m, p.y, p.n, n, p.bias);
-        } else {
-            for (; m + 4 <= M; m += 4) group_q6k<4, false>(g, nsuper, x, corr, m, p.y, p.n, n, p.bias);
-            for (; m < M; ++m) group_q6k<1, false>(g, nsuper, x, corr, m, p.y, p.n, n, p.bias);
+        for (long m = 0; m < M;) {
+            const int rows = next_tile(M - m, most);
+            with_tile<(kTwoPlaneTile > kOnePlaneTile ? kTwoPlaneTile : kOnePlaneTile)>(rows, [&](auto nc) {
+                constexpr int NC = decltype(nc)::value;
+                if (p.ggml_type == kQ4_K)
+                    two ? group_q4k<NC, true>(g, nsuper, x, m, p.y, p.n, n, p.bias)
+                        : group_q4k<NC, false>(g, nsuper, x, m, p.y, p.n, n, p.bias);
+                else
+                    two ? group_q6k<NC, true>(g, nsuper, x, corr, m, p.y, p.n, n, p.bias)
+                        : group_q6k<NC, false>(g, nsuper, x, corr, m, p.y, p.n, n, p.bias);
+            });
+            m += rows;
         }
     }
 }

@@ -157,19 +157,20 @@ void rows_x4(const uint8_t* w, long K, const QuantizedRows& x, long M, float* y,
         offset_corrections(x, M, 32, 128, t_q8_corrections);
         corr = t_q8_corrections.data();
     }
+    const bool two = x.q2 != nullptr;
+    const int most = two ? kTwoPlaneTile : kOnePlaneTile;
     for (long n = b; n < e; n += 4) {
         const uint8_t* g = w + (n / 4) * group_bytes;
-        long m = 0;
-        if (x.q2 != nullptr) {
-            if constexpr (kTwoPlaneTile == 4)
-                for (; m + 4 <= M; m += 4) group_q8<TYPE, 4, true>(g, nb, x, corr, m, y, ldy, n, bias);
-            for (; m + 2 <= M; m += 2) group_q8<TYPE, 2, true>(g, nb, x, corr, m, y, ldy, n, bias);
-            for (; m < M; ++m) group_q8<TYPE, 1, true>(g, nb, x, corr, m, y, ldy, n, bias);
-            continue;
+        for (long m = 0; m < M;) {
+            const int rows = next_tile(M - m, most);
+            with_tile<(kTwoPlaneTile > kOnePlaneTile ? kTwoPlaneTile : kOnePlaneTile)>(rows, [&](auto nc) {
+                if (two)
+                    group_q8<TYPE, decltype(nc)::value, true>(g, nb, x, corr, m, y, ldy, n, bias);
+                else
+                    group_q8<TYPE, decltype(nc)::value, false>(g, nb, x, corr, m, y, ldy, n, bias);
+            });
+            m += rows;
         }
-        for (; m + 4 <= M; m += 4) group_q8<TYPE, 4, false>(g, nb, x, corr, m, y, ldy, n, bias);
-        for (; m + 2 <= M; m += 2) group_q8<TYPE, 2, false>(g, nb, x, corr, m, y, ldy, n, bias);
-        for (; m < M; ++m) group_q8<TYPE, 1, false>(g, nb, x, corr, m, y, ldy, n, bias);
     }
 }
 
