@@ -72,6 +72,27 @@ def test_the_draft_length_maximises_tokens_per_step_cost():
     assert k_best >= 5  # drafts that are nearly always kept: long ones
 
 
+def test_measured_row_cost_is_the_slope_through_the_plain_step():
+    from bytediet.engine.speculative import DRAFT_ROW_COST, VerifyCosts
+
+    costs = VerifyCosts(keep=4)
+    assert costs.row_cost() == DRAFT_ROW_COST  # nothing timed yet
+    costs.observe(5, 0.0245)
+    assert costs.row_cost() == DRAFT_ROW_COST  # no plain step to compare with
+    for t in (0.010, 0.011, 0.010, 0.500):  # a hiccup: the median ignores it
+        costs.observe(1, t)
+    costs.observe(3, 0.0172)
+    # slope of (rows − 1, t − t1) through 0: (4 · 0.0140 + 2 · 0.0067) / (16 + 4) = 0.00347 s a row → 0.33 of 0.0105
+    assert costs.row_cost() == pytest.approx(0.00347 / 0.0105, rel=1e-2)
+
+
+def test_a_dearer_draft_row_shortens_the_draft():
+    a = AdaptiveDraft(4, acceptance=0.69)
+    assert a.length(0.05) == 4  # rows nearly free: draft all four
+    assert a.length(0.36) == 2  # Gemma-3's 5-row verify at 2.45 plain steps: two drafts pay best
+    assert AdaptiveDraft(4, acceptance=0.3).length(0.36) == 0
+
+
 # ------------------------------------------------------------------------------------------------ verification
 def _emitted(rule, p: torch.Tensor, drafts: list[int], draws: int, seed: int = 0) -> torch.Tensor:
     """Counts (len(drafts) + 1, V) of the token emitted at each position by ``rule`` over many verifications of the
@@ -167,6 +188,14 @@ def test_greedy_output_equals_decoding_without_speculation(repetitive, weights):
         assert_same_or_tie(a.outputs[0].token_ids, b.outputs[0])
         assert len(a.outputs[0].logprobs) == len(a.outputs[0].token_ids) == 24
     assert spec.engine.num_free_blocks == spec.engine.block_manager.num_blocks
+
+
+def test_a_lone_sequence_times_its_verifying_steps(repetitive):
+    model, prompts = repetitive
+    llm = _llm(model, NGRAM)
+    llm.generate(prompts[:1], SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True))
+    assert any(rows > 1 for rows in llm.engine.verify_costs.rows_timed)
+    assert _llm(model).engine.verify_costs.rows_timed == []  # without speculation nothing is timed
 
 
 def test_rejected_drafts_give_their_blocks_back_at_every_step(repetitive):

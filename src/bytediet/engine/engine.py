@@ -25,7 +25,7 @@ from .request import FinishReason, Request
 from .runner import ModelRunner
 from .sampling import Sampler, TokenLogprobs, token_logprobs
 from .scheduler import Scheduler
-from .speculative import AdaptiveDraft, eligible, make_proposer, verify
+from .speculative import AdaptiveDraft, VerifyCosts, eligible, make_proposer, verify
 from .stop import StopStringDetector
 
 
@@ -104,6 +104,7 @@ class LLMEngine:
         self.proposer = (
             None if config.speculative is None else make_proposer(config.speculative, tokenizer, config.num_threads)
         )
+        self.verify_costs = VerifyCosts()
         self.stats = EngineStats()
         self._detok: dict[str, _Detok] = {}
         self._ids = itertools.count()
@@ -180,6 +181,10 @@ class LLMEngine:
         logits = self.runner.run(out)
         elapsed = time.perf_counter() - t0
         self.stats.forward_time += elapsed
+        if self.proposer is not None and len(out.scheduled) == 1:
+            only = out.scheduled[0]
+            if only.samples and only.num_tokens == 1 + len(only.drafts):  # a lone decode: the draft rows' price
+                self.verify_costs.observe(only.num_tokens, elapsed)
         if self.tiers is not None and all(s.num_tokens > 1 for s in out.scheduled):
             self.tiers.observe_prefill(out.num_tokens, elapsed)  # the tiers' policy: load only when faster
         self.stats.steps += 1
@@ -241,6 +246,7 @@ class LLMEngine:
             return
         decoding = [r for r in self.scheduler.running if r.num_computed_tokens + 1 == r.num_tokens]
         too_many = len(decoding) > self.speculative.disable_by_batch_size
+        row_cost = self.verify_costs.row_cost()
         work = []
         for r in decoding:
             r.draft_token_ids = []
@@ -248,7 +254,7 @@ class LLMEngine:
                 continue
             if r.draft is None:
                 r.draft = AdaptiveDraft(self.speculative.num_speculative_tokens)
-            k = r.draft.length()
+            k = r.draft.length(row_cost)
             if k:
                 work.append((r, k))
         drafts = self.proposer.propose_many([(r.all_token_ids, k) for r, k in work]) if work else []

@@ -13,7 +13,8 @@ The KV the step wrote for rejected drafts is rolled back by the scheduler (compu
 to the accepted length). Proposals come from the text itself (**prompt lookup**, :class:`NgramProposer`): the
 sequence's last n tokens (n from ``prompt_lookup_max`` down to ``prompt_lookup_min``) looked up earlier in the
 sequence, and the tokens that followed them there. :class:`AdaptiveDraft` lowers a request's k when its drafts are
-rejected, to 0 when they do not pay, and probes again later; a batch of more than ``disable_by_batch_size``
+rejected, to 0 when they do not pay (at the cost of a draft row this engine measured, :class:`VerifyCosts`), and
+probes again later; a batch of more than ``disable_by_batch_size``
 decoding sequences (where a step is no longer memory-bound) does not speculate. A **draft model** (any smaller
 model with the target's tokenizer, :class:`DraftModelProposer`) drafts greedily instead.
 
@@ -24,6 +25,7 @@ their rows would need the state after the drafts before it.
 from __future__ import annotations
 
 import json
+from collections import deque
 from dataclasses import dataclass, field, fields
 from typing import Any, Optional, Sequence
 
@@ -127,8 +129,8 @@ class NgramProposer:
         return []
 
 
-#: the cost of one more draft row in a verifying step, as a fraction of a one-token step (SmolLM2 on 2 cores: a
-#: 5-row step costs ~1.8 one-row steps, bench/results/spec_bench_s12_k4.json and _k8.json)
+#: the cost of one more draft row in a verifying step, as a fraction of a one-token step, until measured
+#: (:class:`VerifyCosts`; SmolLM2 on 2 cores: a 5-row step costs ~1.8 one-row steps, bench/results/spec_bench_s12_k4.json)
 DRAFT_ROW_COST = 0.2
 #: the predicted gain a draft must reach to be proposed: a margin for the cost model's error (open prompts at an
 #: acceptance of 0.31 were predicted 1.09× and measured 0.90–0.94×, bench/results/spec_bench_s12_k*_costaware.json)
@@ -142,11 +144,38 @@ def expected_gain(acceptance: float, k: int, row_cost: float = DRAFT_ROW_COST) -
     return (1 - a ** (k + 1)) / (1 - a) / (1 + row_cost * k)
 
 
+class VerifyCosts:
+    """The measured cost of a draft row: forward times of steps that ran one decoding sequence alone, by its query
+    rows (1 + drafts), the median of the last ``keep`` of each; one more row's cost as a fraction of a plain step is
+    the least-squares slope through the plain step's time. :data:`DRAFT_ROW_COST` until a plain step and a
+    verifying step have both been timed."""
+
+    def __init__(self, keep: int = 16) -> None:
+        self.keep = keep
+        self._times: dict[int, deque] = {}
+
+    def observe(self, rows: int, seconds: float) -> None:
+        self._times.setdefault(rows, deque(maxlen=self.keep)).append(seconds)
+
+    @property
+    def rows_timed(self) -> list[int]:
+        return sorted(self._times)
+
+    def row_cost(self) -> float:
+        plain = self._times.get(1)
+        wider = [(r, float(np.median(t))) for r, t in self._times.items() if r > 1]
+        if not plain or not wider:
+            return DRAFT_ROW_COST
+        t1 = float(np.median(plain))
+        slope = sum((r - 1) * (t - t1) for r, t in wider) / sum((r - 1) ** 2 for r, _ in wider)
+        return max(slope / t1, 0.0) if t1 > 0 else DRAFT_ROW_COST
+
+
 @dataclass
 class AdaptiveDraft:
     """A request's draft length: the k ≤ ``k`` that maximises :func:`expected_gain` at the exponential average of its
-    accepted fraction; 0 when no k beats a plain step by :data:`MIN_GAIN`, then a probe of one token every
-    ``probe_every`` steps."""
+    accepted fraction and the measured cost of a draft row (:class:`VerifyCosts`); 0 when no k beats a plain step by
+    :data:`MIN_GAIN`, then a probe of one token every ``probe_every`` steps."""
 
     k: int
     acceptance: float = 0.6
@@ -155,8 +184,8 @@ class AdaptiveDraft:
     proposed: int = 0
     accepted: int = 0
 
-    def length(self) -> int:
-        gains = [(expected_gain(self.acceptance, k), k) for k in range(1, self.k + 1)]
+    def length(self, row_cost: float = DRAFT_ROW_COST) -> int:
+        gains = [(expected_gain(self.acceptance, k, row_cost), k) for k in range(1, self.k + 1)]
         gain, k = max(gains)
         if gain > MIN_GAIN:
             return k
