@@ -177,14 +177,10 @@ class LLMEngine:
             if self.tiers is not None and any(r.tier_load is not None for r in self.scheduler.waiting):
                 self.tiers.wait(0.005)  # nothing to run until a disk read lands
             return results
-        t0 = time.perf_counter()
+        t0 = time.perf_counter()  # the step's cost: the forward, verification, the emitted text, the next drafts
         logits = self.runner.run(out)
         elapsed = time.perf_counter() - t0
         self.stats.forward_time += elapsed
-        if self.proposer is not None and len(out.scheduled) == 1:
-            only = out.scheduled[0]
-            if only.samples and only.num_tokens == 1 + len(only.drafts):  # a lone decode: the draft rows' price
-                self.verify_costs.observe(only.num_tokens, elapsed)
         if self.tiers is not None and all(s.num_tokens > 1 for s in out.scheduled):
             self.tiers.observe_prefill(out.num_tokens, elapsed)  # the tiers' policy: load only when faster
         self.stats.steps += 1
@@ -200,6 +196,10 @@ class LLMEngine:
             self.stats.generated_tokens += new
             results.append(self._emit(r, new))
         self._propose()
+        if self.proposer is not None and len(out.scheduled) == 1:
+            only = out.scheduled[0]
+            if only.samples and only.num_tokens == 1 + len(only.drafts):  # a lone decode: the draft rows' price
+                self.verify_costs.observe(only.num_tokens, time.perf_counter() - t0)
         return results
 
     def _sample(self, sampling, logits: torch.Tensor) -> dict:

@@ -145,8 +145,8 @@ def expected_gain(acceptance: float, k: int, row_cost: float = DRAFT_ROW_COST) -
 
 
 class VerifyCosts:
-    """The measured cost of a draft row: forward times of steps that ran one decoding sequence alone, by its query
-    rows (1 + drafts), the median of the last ``keep`` of each; one more row's cost as a fraction of a plain step is
+    """The measured cost of a draft row: times of steps that ran one decoding sequence alone (the forward, the
+    verification, the text and the next drafts), by its query rows (1 + drafts), the median of the last ``keep``; one more row's cost as a fraction of a plain step is
     the least-squares slope through the plain step's time. :data:`DRAFT_ROW_COST` until a plain step and a
     verifying step have both been timed."""
 
