@@ -130,7 +130,7 @@ class NgramProposer:
 
 
 #: the cost of one more draft row in a verifying step, as a fraction of a one-token step, until measured
-#: (:class:`VerifyCosts`; SmolLM2 on 2 cores: a 5-row step costs ~1.8 one-row steps, bench/results/spec_bench_s12_k4.json)
+#: (:class:`VerifyCosts`; SmolLM2 on 2 cores: a 5-row step costs ~1.8 one-row steps, spec_bench_s12_k4.json)
 DRAFT_ROW_COST = 0.2
 #: the predicted gain a draft must reach to be proposed: a margin for the cost model's error (open prompts at an
 #: acceptance of 0.31 were predicted 1.09× and measured 0.90–0.94×, bench/results/spec_bench_s12_k*_costaware.json)
@@ -146,9 +146,9 @@ def expected_gain(acceptance: float, k: int, row_cost: float = DRAFT_ROW_COST) -
 
 class VerifyCosts:
     """The measured cost of a draft row: times of steps that ran one decoding sequence alone (the forward, the
-    verification, the text and the next drafts), by its query rows (1 + drafts), the median of the last ``keep``; one more row's cost as a fraction of a plain step is
-    the least-squares slope through the plain step's time. :data:`DRAFT_ROW_COST` until a plain step and a
-    verifying step have both been timed."""
+    verification, the text and the next drafts), by its query rows (1 + drafts), the median of the last ``keep`` of
+    each; one more row's cost as a fraction of a plain step is the least-squares slope through the plain step's
+    time. :data:`DRAFT_ROW_COST` until a plain step and a verifying step have both been timed."""
 
     def __init__(self, keep: int = 16) -> None:
         self.keep = keep

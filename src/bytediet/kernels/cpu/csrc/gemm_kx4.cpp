@@ -125,8 +125,8 @@ inline void dot6(const __m256i u[4], const int8_t* xq, const __m256i* corr, __m2
 }
 
 template <int NC, bool TWO>
-void group_q6k(const uint8_t* w, long nsuper, const QuantizedRows& x, const __m256i* corr, long m0, float* y,
-               long ldy, long n0, const float* bias) {
+void group_q6k(const uint8_t* w, long nsuper, const QuantizedRows& x, const __m256i* corr, long m0, float* y, long ldy,
+               long n0, const float* bias) {
     __m256 acc[NC];
     for (int c = 0; c < NC; ++c) acc[c] = _mm256_setzero_ps();
     const __m256i low = _mm256_set1_epi8(0x0F), top = _mm256_set1_epi8(0x30);
