@@ -149,6 +149,9 @@ def run_bytediet(args) -> dict:
         proc.wait(timeout=60)
     usage = float(re.search(r"bytediet:kv_cache_usage_perc\{[^}]*\} (\S+)", metrics).group(1))
     report.update(command=" ".join(["bytediet serve", *cmd[4:]]), kv_cache_usage_after=usage, idle_after=usage == 0.0)
+    spec = re.findall(r"^bytediet:spec_decode_num_(\w+?)(?:_total)?\{[^}]*\} (\S+)$", metrics, re.M)
+    if spec:  # served with --speculative-config: drafts verified, proposed and kept
+        report["speculative"] = {name: float(value) for name, value in spec}
     return report
 
 
