@@ -13,9 +13,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
+from pathlib import Path
 
 import torch
 
@@ -24,17 +23,10 @@ from bytediet.kernels import ops
 from bytediet.kernels.cpu import build
 from bytediet.perf.measure import this_machine
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from moe_decode import median_s  # a sibling bench script
+
 LAYER_WEIGHTS = ("self_attn.q_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.down_proj")
-
-
-def median_ms(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return 1e3 * statistics.median(times)
 
 
 def main() -> None:
@@ -69,7 +61,7 @@ def main() -> None:
             cells = {}
             for m in rows:
                 x = torch.randn(m, w.in_features, generator=gen)
-                ms = median_ms(
+                ms = 1e3 * median_s(
                     lambda: ops.gemm_x4(w.interleaved_type, w.interleaved, x, None, "q16", variant=variant), repeats
                 )
                 ops_int8 = 2 * 2 * m * w.out_features * w.in_features  # two planes, a multiply and an add
