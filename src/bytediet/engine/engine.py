@@ -177,7 +177,7 @@ class LLMEngine:
             if self.tiers is not None and any(r.tier_load is not None for r in self.scheduler.waiting):
                 self.tiers.wait(0.005)  # nothing to run until a disk read lands
             return results
-        t0 = time.perf_counter()  # the step's cost: the forward, verification, the emitted text, the next drafts
+        t0 = time.perf_counter()  # the forward starts; a lone decode is timed from here to its next drafts
         logits = self.runner.run(out)
         elapsed = time.perf_counter() - t0
         self.stats.forward_time += elapsed
