@@ -60,7 +60,7 @@ struct X4Product {  // one row-interleaved weight (n % 4 == 0) and where its pro
 void gemm_x4_many(const X4Product* products, int count, const QuantizedRows& x, long M);
 // The most activation rows an x4 kernel takes per decoded weight block, for q16 (two planes) and q8 rows: AVX2's
 // 16 vector registers hold 2 (q16) or 4 (q8) rows' accumulators beside the block's codes; AVX-512VL's 32 hold 5
-// q16 rows — a 4-draft verify step in one tile (6 and more spill in the Q6_K kernel: 1.4× slower at 6 to 8 rows).
+// q16 rows — a 4-draft verify step in one tile (tiles of 6–8 ran the Q6_K kernel 1.4–1.5× slower on a Zen 4).
 // A tile's rows never wait on each other, so even tiles beat a full tile and a latency-bound tail.
 constexpr int kTwoPlaneTile = BD_AVX512 ? 5 : 2, kOnePlaneTile = 4;
 
