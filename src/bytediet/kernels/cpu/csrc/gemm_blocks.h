@@ -78,6 +78,18 @@ inline void with_tile(int n, Fn&& fn) {
     fn(std::integral_constant<int, N>{});
 }
 
+// fn(nc, m) for each tile of M activation rows (nc: its height, a std::integral_constant; m: its first row), as
+// even as `most` (kTwoPlaneTile or kOnePlaneTile) rows a tile allows.
+template <class Fn>
+inline void for_each_tile(long M, int most, Fn&& fn) {
+    constexpr int kMostTile = kTwoPlaneTile > kOnePlaneTile ? kTwoPlaneTile : kOnePlaneTile;
+    for (long m = 0; m < M;) {
+        const int rows = next_tile(M - m, most);
+        with_tile<kMostTile>(rows, [&](auto nc) { fn(nc, m); });
+        m += rows;
+    }
+}
+
 // Σ (code + offset) · x = Σ code · x + offset · Σ x, lane by lane: per row, plane and run of `span` activation
 // codes, the vector an x4 dot product's int32 lanes start from — −offset · Σ of bytes 0–3 of every 8 (what each
 // row's even lane multiplies) on the even lanes, of bytes 4–7 on the odd; out[(row · planes + plane) · runs + run].

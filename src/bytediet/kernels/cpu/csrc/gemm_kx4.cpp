@@ -256,19 +256,15 @@ void rows_kx4(const X4Product& p, const QuantizedRows& x, long M, long b, long e
     const int most = two ? kTwoPlaneTile : kOnePlaneTile;
     for (long n = b; n < e; n += 4) {
         const uint8_t* g = p.w + (n / 4) * group_bytes;
-        for (long m = 0; m < M;) {
-            const int rows = next_tile(M - m, most);
-            with_tile<(kTwoPlaneTile > kOnePlaneTile ? kTwoPlaneTile : kOnePlaneTile)>(rows, [&](auto nc) {
-                constexpr int NC = decltype(nc)::value;
-                if (p.ggml_type == kQ4_K)
-                    two ? group_q4k<NC, true>(g, nsuper, x, m, p.y, p.n, n, p.bias)
-                        : group_q4k<NC, false>(g, nsuper, x, m, p.y, p.n, n, p.bias);
-                else
-                    two ? group_q6k<NC, true>(g, nsuper, x, corr, m, p.y, p.n, n, p.bias)
-                        : group_q6k<NC, false>(g, nsuper, x, corr, m, p.y, p.n, n, p.bias);
-            });
-            m += rows;
-        }
+        for_each_tile(M, most, [&](auto nc, long m) {
+            constexpr int NC = decltype(nc)::value;
+            if (p.ggml_type == kQ4_K)
+                two ? group_q4k<NC, true>(g, nsuper, x, m, p.y, p.n, n, p.bias)
+                    : group_q4k<NC, false>(g, nsuper, x, m, p.y, p.n, n, p.bias);
+            else
+                two ? group_q6k<NC, true>(g, nsuper, x, corr, m, p.y, p.n, n, p.bias)
+                    : group_q6k<NC, false>(g, nsuper, x, corr, m, p.y, p.n, n, p.bias);
+        });
     }
 }
 

@@ -124,7 +124,7 @@ void group_q8(const uint8_t* w, long nblocks, const QuantizedRows& x, const __m2
             zero_coef = _mm256_mul_ps(d, _mm256_set1_ps(-8.0f));
         for (int c = 0; c < NC; ++c) {
             const long row = m0 + c, at = row * x.k + b * 32;
-            const bool offset = TYPE == kQ8_0 && kQ8Offset;
+            constexpr bool offset = TYPE == kQ8_0 && kQ8Offset;
             const __m256i* cr = offset ? corr + row * (TWO ? 2 : 1) * nblocks + b : nullptr;
             const __m256i zero = _mm256_setzero_si256();
             acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(x.d[row * x.nblocks + b])),
@@ -134,7 +134,7 @@ void group_q8(const uint8_t* w, long nblocks, const QuantizedRows& x, const __m2
                                          _mm256_cvtepi32_ps(plane_dot<TYPE>(u, x.q2 + at, offset ? cr[nblocks] : zero)),
                                          acc[c]);
             if constexpr (TYPE != kQ8_0)
-                acc[c] = _mm256_fmadd_ps(zero_coef, _mm256_set1_ps(x.s[(m0 + c) * x.nblocks + b]), acc[c]);
+                acc[c] = _mm256_fmadd_ps(zero_coef, _mm256_set1_ps(x.s[row * x.nblocks + b]), acc[c]);
         }
     }
     for (int c = 0; c < NC; ++c) {
@@ -161,16 +161,12 @@ void rows_x4(const uint8_t* w, long K, const QuantizedRows& x, long M, float* y,
     const int most = two ? kTwoPlaneTile : kOnePlaneTile;
     for (long n = b; n < e; n += 4) {
         const uint8_t* g = w + (n / 4) * group_bytes;
-        for (long m = 0; m < M;) {
-            const int rows = next_tile(M - m, most);
-            with_tile<(kTwoPlaneTile > kOnePlaneTile ? kTwoPlaneTile : kOnePlaneTile)>(rows, [&](auto nc) {
-                if (two)
-                    group_q8<TYPE, decltype(nc)::value, true>(g, nb, x, corr, m, y, ldy, n, bias);
-                else
-                    group_q8<TYPE, decltype(nc)::value, false>(g, nb, x, corr, m, y, ldy, n, bias);
-            });
-            m += rows;
-        }
+        for_each_tile(M, most, [&](auto nc, long m) {
+            if (two)
+                group_q8<TYPE, decltype(nc)::value, true>(g, nb, x, corr, m, y, ldy, n, bias);
+            else
+                group_q8<TYPE, decltype(nc)::value, false>(g, nb, x, corr, m, y, ldy, n, bias);
+        });
     }
 }
 
