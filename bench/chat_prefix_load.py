@@ -5,9 +5,11 @@ The workload: ``--system-prompts`` long system prompts (Austen passages of about
 ``--conversations`` conversations cycling over them, each ``--turns`` user turns long. A turn's prompt is the
 system prompt, the earlier turns with a fixed assistant reply each (so both servers see the same text) and the new
 question; every request asks for ``--max-tokens`` tokens at temperature 0. ``--clients`` conversations run at
-once. bytediet's pool holds ``--pool-fraction`` of the system prompts' tokens (at the model's fp32 KV bytes), so
-without tiers most prefixes are evicted before their next turn; with ``--kv-offload-size`` they come back from RAM.
-llama-server gets one slot per client, each large enough for a whole conversation, and its default prompt cache.
+once. bytediet's pool has the bytes of ``--pool-fraction`` of the system prompts' tokens in fp32 KV, so without
+tiers most prefixes are evicted before their next turn; with ``--kv-offload-size`` they come back from RAM;
+``--kv-cache-dtype`` (e.g. bf16, like llama-server's f16 cache) fits more tokens into those bytes. llama-server gets
+one slot per client, each large enough for a whole conversation, and its default prompt cache; the report gives
+both servers' KV bytes.
 
 Reported per system: TTFT p50 / mean / p99, output tokens/s, wall time, errors; for bytediet the prefix-cache and
 tier hit tokens from ``/metrics``; the load average before each run.
@@ -130,6 +132,7 @@ def run_bytediet(args, convs, pool_bytes: int, tiers: bool) -> dict:
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     tier_args = ["--kv-offload-size", args.offload_size] if tiers else []
+    tier_args += ["--kv-cache-dtype", args.kv_cache_dtype]
     sized = argparse.Namespace(**vars(args), kv_cache_memory=str(pool_bytes))
     cmd = serve_command(sized, port, "--log-level", "warning", *tier_args)
     proc = subprocess.Popen(cmd, stderr=subprocess.DEVNULL)
@@ -201,7 +204,11 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--pool-fraction", type=float, default=0.25, help="bytediet's pool / the system prompts' tokens")
     ap.add_argument("--offload-size", default="4GiB", help="bytediet's --kv-offload-size with tiers on")
+    ap.add_argument("--kv-cache-dtype", default="auto", help="bytediet's KV codec (the pool's bytes stay the same)")
     ap.add_argument("--llama-cache-ram-mib", type=int, default=8192, help="llama-server --cache-ram (MiB)")
+    ap.add_argument(
+        "--serve-arg", action="append", default=[], help="an extra `bytediet serve` argument (repeat; e.g. =--x=1)"
+    )
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args()
     if args.conversations < 1 or args.turns < 1 or args.clients < 1 or not 0 < args.pool_fraction <= 1:
@@ -218,6 +225,7 @@ def main() -> None:
     # the pool must hold one whole request (its served context is capped by what the pool holds)
     pool_tokens = max(int(sum(prefix_tokens) * args.pool_fraction), longest + 64)
     pool_bytes = pool_tokens * kv_bytes_per_token(args.model)
+    slot_tokens = 256 * -(-(longest + 16) // 256)  # llama-server: one slot per client, a conversation each
     result = {
         "model": args.model,
         "workload": {
@@ -228,8 +236,10 @@ def main() -> None:
             "max_tokens": args.max_tokens,
             "longest_request_tokens": longest,
             "bytediet_pool_bytes": pool_bytes,
-            "bytediet_pool_tokens": pool_tokens,
+            "bytediet_pool_fp32_tokens": pool_tokens,
+            "bytediet_kv_cache_dtype": args.kv_cache_dtype,
             "pool_fraction_of_prefixes": pool_tokens / sum(prefix_tokens),
+            "llama_server_kv_bytes": args.clients * slot_tokens * kv_bytes_per_token(args.model) // 2,  # f16
         },
         "systems": {},
     }
@@ -237,7 +247,7 @@ def main() -> None:
     for name in names:
         print(f"[chat-prefix] {name}", file=sys.stderr, flush=True)
         if name == "llama-server":
-            result["systems"][name] = run_llama_server(args, convs, 256 * -(-(longest + 16) // 256))
+            result["systems"][name] = run_llama_server(args, convs, slot_tokens)
         else:
             result["systems"][name] = run_bytediet(args, convs, pool_bytes, tiers=name == "bytediet+tiers")
     s = result["systems"]

@@ -50,6 +50,7 @@ def test_json_prints_exactly_one_object_with_every_task(ckpt, capsys):
         "kv_cache_dtype": "int8",
         "kv_codec": obj["config"]["kv_codec"],
         "kv_calibration": None,
+        "kv_offload_codec": None,
         "native_blocks": {},
     }
     assert obj["tasks"]["ppl"]["kl"]["mean"] > 0
@@ -164,12 +165,26 @@ def test_table_numbers_equal_the_result_and_plots_are_written(ckpt, tmp_path, ca
         (["--kv-pareto", "-tp", "2"], "--kv-pareto .* does not run at --tensor-parallel-size 2"),
         (["-tp", "2", "--kv-cache-dtype", "auto:4.5"], "KV calibration of auto:4.5 .* not at --tensor-parallel-size 2"),
         (["--tensor-parallel-size", "0"], "at least 1"),
+        (["--kv-offload-codec", "rot-q8_0"], "--kv-offload-codec is scored by the ppl task"),
     ],
 )
 def test_bad_input_exits_2_with_a_message(ckpt, capsys, extra, match):
     assert main(argv(ckpt, "--json", *extra)) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and re.search(match, captured.err)
+
+
+def test_kv_offload_codec_scores_the_kv_as_the_tiers_bring_it_back(ckpt, capsys):
+    def ppl(*extra):
+        assert main(argv(ckpt, "--json", "--tasks", "ppl", "--kv-cache-dtype", "bf16", *extra)) == 0
+        obj = json.loads(capsys.readouterr().out)
+        return obj["config"]["kv_offload_codec"], obj["tasks"]["ppl"]["test"]["ppl"]
+
+    pool = ppl()
+    same = ppl("--kv-offload-codec", "bf16")  # stored at rest as the pool stores it: nothing changes
+    smaller = ppl("--kv-offload-codec", "int8")
+    assert pool[0] is None and same == ("bf16", pool[1])
+    assert smaller[0] == "int8" and smaller[1] != pool[1]
 
 
 def test_tensor_parallel_table_says_so_and_equals_size_1(ckpt, capsys):

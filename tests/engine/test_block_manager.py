@@ -120,6 +120,8 @@ class FakeTiers:
         self.saved: list = []
         self.loaded: list = []
         self.worth_it, self.ready, self.skipped_blocks = worth, ready, 0
+        self.batches: list = []  # the block ids of each save_many call
+        self.cancelled = 0
 
     def key(self, parent, tokens):
         return (parent, tuple(tokens))
@@ -127,6 +129,14 @@ class FakeTiers:
     def save(self, key, block_id, first_position, wait=False):
         self.saved.append((block_id, first_position))
         self.held[key] = ("ram", block_id)
+
+    def save_many(self, entries, wait=False):
+        self.batches.append([block_id for _, block_id, _ in entries])
+        for key, block_id, first_position in entries:
+            self.save(key, block_id, first_position, wait)
+
+    def cancel(self, load):
+        self.cancelled += 1
 
     def find(self, keys):
         out = []
@@ -178,7 +188,7 @@ def evicted_prefix(tiers) -> BlockManager:
     bm = BlockManager(6, 4, tiers=tiers)
     bm.free(computed(bm, make_request("a", 9), 9))
     bm.free(computed(bm, make_request("b", 24, first_token=100), 24))  # takes every block: a's two go down
-    assert sorted(tiers.saved) == [(0, 0), (1, 4)]
+    assert sorted(tiers.saved) == [(0, 0), (1, 4)] and len(tiers.batches) == 1  # one allocation: one batch
     return bm
 
 
@@ -195,11 +205,12 @@ def test_a_pending_load_returns_none_until_done_and_an_abort_gives_the_blocks_ba
     tiers.held.clear()
     other = make_request("a3", 9)
     assert bm.allocate_cached_prefix(other) == 8 and other.cached_tokens_by_tier == {"pool": 8}  # loaded: in the pool
-    bm2 = evicted_prefix(FakeTiers(ready=False))
+    bm2 = evicted_prefix(tiers2 := FakeTiers(ready=False))
     pending = make_request("a4", 9)
     assert bm2.allocate_cached_prefix(pending) is None and bm2.num_free_blocks == 4
-    bm2.free(pending)  # aborted while its blocks were loading
+    bm2.free(pending)  # aborted while its blocks were loading: the load is cancelled before they are free
     assert pending.tier_load is None and bm2.num_free_blocks == 6 and ref_counts(bm2) == [0] * 6
+    assert tiers2.cancelled == 1
 
 
 def test_a_load_predicted_slower_than_recompute_is_skipped():

@@ -227,3 +227,31 @@ def test_rows_equal_a_direct_computation_with_the_reference_on_disk_in_chunks(ck
         assert rec["kl_p99"] == pytest.approx(float(torch.quantile(kl, 0.99)), rel=1e-5, abs=1e-12), spec
         assert rec["top1_agreement"] == top1, spec
     assert recs["q4_0"]["kl_mean"] > recs["q8_0"]["kl_mean"] > 0 == recs["bf16"]["kl_mean"]
+
+
+def test_a_journal_resumes_a_stopped_run_and_refuses_another_runs(ckpt, tiny, tmp_path, monkeypatch):
+    from bytediet.errors import ConfigError
+    from bytediet.eval import kv_pareto as kp
+
+    kw = dict(corpus=str(ckpt / "corpus.txt"), windows=1, window_len=48, calib_windows=1, calib_len=64)
+    kw.update(passkey_lengths=(), anchors=("q8_0", "q4_0"), ours=("turboquant2",), budgets=(6.0,))
+    journal = tmp_path / "q.jsonl"
+    measured = []
+    real = kp._measure
+    monkeypatch.setattr(
+        kp, "_measure", lambda model, codec, spec, *a: (measured.append(spec), real(model, codec, spec, *a))[1]
+    )
+    first = kv_pareto(*tiny, **{**kw, "ours": ()}, journal=journal)  # a run stopped before turboquant2
+    assert measured == ["q8_0", "q4_0", "auto:6"]
+    with open(journal, "a") as f:
+        f.write('{"record": {"spec": "turbo')  # a line cut short by a kill
+    measured.clear()
+    again = kv_pareto(*tiny, **kw, journal=journal)
+    assert measured == ["turboquant2"]  # the rest came from the journal
+    assert [r["spec"] for r in again["records"]] == ["q8_0", "q4_0", "turboquant2", "auto:6"]
+    old = {r["spec"]: r for r in first["records"]}
+    for r in again["records"][:2]:
+        assert r["ppl_change_pct"] == old[r["spec"]]["ppl_change_pct"] and r["kl_mean"] == old[r["spec"]]["kl_mean"]
+    assert any("resumed from" in n for n in again["notes"])
+    with pytest.raises(ConfigError, match="holds another run"):
+        kv_pareto(*tiny, **{**kw, "window_len": 40}, journal=journal)

@@ -29,6 +29,13 @@ def register(subparsers) -> None:
         "it — budgets, TurboQuant — else none; 0: uncalibrated fallback)",
     )
     p.add_argument("--kv-calib-len", type=int, default=1024, help="tokens per KV calibration window (default 1024)")
+    p.add_argument(
+        "--kv-offload-codec",
+        default=None,
+        metavar="CODEC",
+        help="score the KV as the KV tiers bring it back when they re-encode blocks at rest with CODEC "
+        "(serve --kv-offload-codec): every full block of the context round-tripped through it (ppl only)",
+    )
     p.add_argument("--windows", type=int, default=8, help="evaluation windows (default 8)")
     p.add_argument("--window-len", type=int, default=512, help="tokens per window (default 512)")
     p.add_argument("--corpus", default="prideprejudice", help="an Austen novel, 'austen' (all six) or a text file")
@@ -73,6 +80,13 @@ def register(subparsers) -> None:
         "--kv-pareto-budgets",
         default=None,
         help="comma-separated budgets in bits per coordinate (default 8.5,6,4.5,3.5; 'none' for none)",
+    )
+    p.add_argument(
+        "--kv-pareto-journal",
+        default=None,
+        metavar="FILE",
+        help="--kv-pareto: write each finished entry to FILE at once; a rerun with the same model and settings "
+        "measures only the entries FILE lacks (for runs of hours: stop and resume)",
     )
     p.add_argument(
         "--capacity-memory",
@@ -154,6 +168,7 @@ def run(args: argparse.Namespace) -> int:
         kv_calibration=kv_calibration,
         tensor_parallel_size=tp,
         device=device,
+        kv_offload_codec=args.kv_offload_codec,
     )
     if plan is not None:
         result["memory"] = {**plan.to_dict(), "measured_peak_bytes": peak_rss_bytes()}
@@ -227,6 +242,7 @@ def run_kv_pareto(args: argparse.Namespace) -> int:
         passkey_trials=args.passkey_trials,
         capacity_memory=parse_bytes(args.capacity_memory) if args.capacity_memory else None,
         progress=no_progress if args.no_progress else rich_progress,
+        journal=args.kv_pareto_journal,
     )  # bars go to stderr
     result["device"] = describe("cpu")
     result["memory"] = {**plan.to_dict(), "measured_peak_bytes": peak_rss_bytes()}

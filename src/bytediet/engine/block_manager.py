@@ -5,7 +5,8 @@ indexed by the block ids it hands out). A full block is identified by the hash o
 with the previous block's hash, so a repeated prefix (a system prompt) maps to the same blocks.
 Freed blocks keep their hash until they are reused (least recently freed first), so a prefix can be
 revived after its request finished. With KV tiers (:mod:`bytediet.engine.kv_tiers`) a reused block's bytes are
-first handed to the tier store, and a prefix the pool lost is looked up there and loaded into free blocks.
+first handed to the tier store (the blocks one allocation evicts, in one batch, before anything overwrites them),
+and a prefix the pool lost is looked up there and loaded into free blocks while other requests run.
 
 Token-granular reuse (SGLang's radix cache, at block level): after a request's cached full blocks, the head of
 its next block is looked up among cached blocks with the same parent — full blocks, and the unshared tails that
@@ -55,6 +56,7 @@ class BlockManager:
         self.by_head: dict[tuple[Optional[int], int], dict[int, None]] = {}  # (parent, first token) → blocks
         self.partial_query_tokens = 0  # prompt tokens after the full blocks, looked up at the head of a block
         self.partial_hit_tokens = 0  # prompt tokens served from the head of a block
+        self._evicted: list[tuple[bytes, int, int]] = []  # cached blocks taken for reuse, not yet handed to the tiers
 
     def enable_token_reuse(self, copy_block: Optional[Callable[[int, int], None]]) -> None:
         """Turn on token-granular reuse (the codec's pages are all per slot); ``copy_block`` copies a block's
@@ -84,6 +86,7 @@ class BlockManager:
             raise RuntimeError("allocate() without can_allocate(): the scheduler must preempt first")
         for _ in range(needed):
             request.block_ids.append(self._take_free_block())
+        self._save_evicted()
 
     def _take_free_block(self) -> int:
         block_id, _ = self.free_blocks.popitem(last=False)
@@ -93,10 +96,16 @@ class BlockManager:
             if self.hash_to_block.get(block.block_hash) == block_id:
                 del self.hash_to_block[block.block_hash]
                 if self.tiers is not None and block.tier_key is not None:
-                    self.tiers.save(block.tier_key, block_id, block.position)  # its bytes go down a tier
+                    self._evicted.append((block.tier_key, block_id, block.position))  # its bytes go down a tier
             block.block_hash = block.tier_key = None
         block.ref_count = 1
         return block_id
+
+    def _save_evicted(self) -> None:
+        """Hand the blocks evicted since the last call to the tiers (before their pages are overwritten)."""
+        if self._evicted:
+            self.tiers.save_many(self._evicted)
+            self._evicted = []
 
     def _block_hashes(self, request: Request, num_full_blocks: int) -> list[int]:
         """Chained hashes of the request's first full blocks, memoised on the request (tokens never change)."""
@@ -183,6 +192,7 @@ class BlockManager:
             if was_free:  # keep the source out of _take_free_block's reach while it is copied
                 del self.free_blocks[best]
             dst = self._take_free_block()
+            self._save_evicted()
             self.copy_block(best, dst)
             if was_free:
                 self.free_blocks[best] = None  # back in line, as the most recently used
@@ -229,6 +239,7 @@ class BlockManager:
             block_id = self._take_free_block()
             request.block_ids.append(block_id)
             entries.append((keys[j], found[j], block_id, (start + j) * self.block_size))
+        self._save_evicted()
         request.tier_load = self.tiers.start(entries)
 
     def _finish_tier_load(self, request: Request) -> Optional[int]:
@@ -269,12 +280,10 @@ class BlockManager:
         """Hand every cached block still in the pool to the tiers (at shutdown, so a restart finds them)."""
         if self.tiers is None:
             return 0
-        saved = 0
-        for block in self.blocks:
-            if block.block_hash is not None and block.tier_key is not None:
-                self.tiers.save(block.tier_key, block.block_id, block.position, wait=True)
-                saved += 1
-        return saved
+        cached = [(b.tier_key, b.block_id, b.position) for b in self.blocks if b.block_hash is not None and b.tier_key]
+        for i in range(0, len(cached), 64):  # in batches: RAM for one batch of copies at a time
+            self.tiers.save_many(cached[i : i + 64], wait=True)
+        return len(cached)
 
     def cache_full_blocks(self, request: Request) -> None:
         """Register the hashes of the request's blocks that are now full of computed tokens."""
@@ -311,6 +320,9 @@ class BlockManager:
     def free(self, request: Request) -> None:
         """Release the request's blocks (last block first, so a shared prefix's head stays cached longest); a
         partly filled last block is kept for token-granular reuse until its slots are needed."""
+        if request.tier_load is not None:  # a load in flight is dropped: it writes nothing once this returns
+            self.tiers.cancel(request.tier_load)
+            request.tier_load = None
         full, tail = divmod(request.num_computed_tokens, self.block_size)
         if self.token_reuse and tail and full < len(request.block_ids):
             block = self.blocks[request.block_ids[full]]
@@ -326,7 +338,6 @@ class BlockManager:
                 self.free_blocks[block_id] = None
         request.block_ids = []
         request.num_registered_blocks = 0
-        request.tier_load = None  # a load in flight is dropped; its blocks went back above
 
     def reset_prefix_cache(self) -> None:
         self.hash_to_block.clear()

@@ -240,6 +240,7 @@ def evaluate(
     kv_calibration: Optional[dict] = None,
     tensor_parallel_size: int = 1,
     device: str = "cpu",
+    kv_offload_codec: Optional[str] = None,
 ) -> dict:
     """Measure ``weights`` × ``kv_cache_dtype`` on ``model_spec`` against the unmodified model.
 
@@ -248,6 +249,8 @@ def evaluate(
     ``tensor_parallel_size`` N > 1: both models split across N processes (:mod:`bytediet.eval.parallel`).
     ``device`` (``cpu``, ``cuda`` or ``auto``, resolved as the engine does): where both models, their engines and the
     KV calibration run; the result's ``device`` says which, and which backend ran there.
+    ``kv_offload_codec``: the KV tiers' at-rest codec (:class:`~bytediet.kvcache.at_rest.AtRestRoundTrip`): every
+    full block of the test's KV round-tripped through it, as a tier hit returns it (``ppl`` only).
 
     The reference is the checkpoint's exact float values (a GGUF dequantized to fp32). Without ``weights`` the
     test runs the checkpoint *as the engine loads it*: a GGUF's quantized blocks on the native kernels
@@ -266,6 +269,11 @@ def evaluate(
         corpus=corpus, windows=windows, window_len=window_len, seed=seed, tasks=tuple(tasks)
     )
     _check_tasks(settings.tasks)
+    if kv_offload_codec and (set(settings.tasks) - {"ppl"} or tensor_parallel_size > 1):
+        raise ConfigError(
+            "--kv-offload-codec is scored by the ppl task on one process: use --tasks ppl and drop -tp "
+            "(the engine's tasks run without the KV tiers)"
+        )
     if tensor_parallel_size > 1:
         from .parallel import evaluate_tensor_parallel
 
@@ -292,6 +300,12 @@ def evaluate(
     kv = kv_cache_dtype
     if kv_calibration and kv_cache_dtype:
         kv = calibrated_kv_codec(kv_cache_dtype, as_loaded or model, tokenizer, kv_calibration)
+    calibrated = kv is not kv_cache_dtype
+    if kv_offload_codec:
+        from ..kvcache import get_kv_codec
+        from ..kvcache.at_rest import AtRestRoundTrip
+
+        kv = AtRestRoundTrip(get_kv_codec(kv or "auto", model.dtype), get_kv_codec(kv_offload_codec, model.dtype))
     result = evaluate_loaded(
         model,
         tokenizer,
@@ -303,7 +317,8 @@ def evaluate(
         model_label=str(model_spec),
         test_model=as_loaded,
     )
-    result["config"]["kv_calibration"] = kv_calibration if kv is not kv_cache_dtype else None
+    result["config"]["kv_calibration"] = kv_calibration if calibrated else None
+    result["config"]["kv_offload_codec"] = kv_offload_codec
     if hasattr(kv, "plan_table"):  # a budget: the per-layer plan calibration chose
         c = model.config
         result["config"].update(

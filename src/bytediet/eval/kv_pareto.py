@@ -21,6 +21,10 @@ path with that codec, and is compared position by position with the same model o
   (:func:`bytediet.engine.runner.sequence_capacity`: block pool and per-sequence staging).
 
 The **frontier** is the set of entries no other entry beats on both bytes and perplexity change.
+
+With a ``journal`` (:class:`~bytediet.eval.pareto_journal.ParetoJournal`) every finished entry is written down at
+once, and a run on the same model and settings measures only the entries the journal lacks (the bf16 reference
+pass runs again: the entries are compared with its logits).
 """
 
 from __future__ import annotations
@@ -239,11 +243,13 @@ def kv_pareto(
     reference_sequences: int = 16,
     reference_memory: int = REFERENCE_RAM_BYTES,
     progress=None,
+    journal=None,
 ) -> dict:
     """Measure every entry; returns a JSON-ready dict (``records``, ``frontier``, ``reference``, ``settings``,
     ``notes``). ``passkey_lengths=()`` measures no passkey; ``capacity_memory`` None: the KV memory of
     ``reference_sequences`` bf16 sequences of ``capacity_len`` tokens. ``reference_memory``: bytes of bf16 logits
-    kept in RAM; the windows beyond it are read back, a chunk at a time, from one temporary file each."""
+    kept in RAM; the windows beyond it are read back, a chunk at a time, from one temporary file each.
+    ``journal``: a path; finished entries go there and a rerun skips them (see the module's docstring)."""
     from ..kvcache import get_kv_codec
 
     progress = progress or (lambda xs, desc: xs)
@@ -271,30 +277,65 @@ def kv_pareto(
         capacity_len=capacity_len,
         progress=progress,
     )
+    settings = {
+        "corpus": corpus,
+        "windows": windows,
+        "window_len": window_len,
+        "seed": seed,
+        "calib_windows": calib_windows,
+        "calib_len": calib_len,
+        "budgets": list(budgets),
+        "passkey_lengths": checks.lengths,
+        "passkey_depths": list(passkey_depths),
+        "passkey_trials": passkey_trials,
+        "capacity_memory": int(memory),
+        "capacity_len": capacity_len,
+    }
+    if journal is not None:
+        from .pareto_journal import ParetoJournal
+
+        key = {k: v for k, v in settings.items() if k != "budgets"}
+        journal = ParetoJournal(journal, {"model": getattr(model, "source_path", "") or c.name, **key})
+    done = (lambda spec: journal.done(spec)) if journal is not None else (lambda spec: False)
     try:
         bf16 = checks.fidelity("bf16", ref_codec)
-        ref_row = {
-            "kv_cache_dtype": "bf16",
-            "ppl": bf16["ppl"],
-            "tokens": bf16["tokens"],
-            "bytes_per_token": ref_bpt,
-            "capacity": checks.capacity(ref_codec),
-            "passkey": checks.passkey("bf16", ref_codec),
-        }  # first: a passkey setting that fails, fails here
+        ref_row = {"kv_cache_dtype": "bf16", "ppl": bf16["ppl"], "tokens": bf16["tokens"], "bytes_per_token": ref_bpt}
+        if journal is not None and journal.reference is not None:
+            ref_row.update(journal.reference)
+        else:  # first: a passkey setting that fails, fails here
+            ref_row.update(capacity=checks.capacity(ref_codec), passkey=checks.passkey("bf16", ref_codec))
+            if journal is not None:
+                journal.set_reference({k: ref_row[k] for k in ("capacity", "passkey")})
         cal, note = _calibration(model, tokenizer, corpus, seed, calib_windows, calib_len)
         entries = []
         for kind, specs in (("anchor", anchors), ("bytediet", ours)):
             for s in specs:
-                codec, calibrated = _calibrated(get_kv_codec(s), model, cal, note)
-                entries.append((s, kind, codec, {"calibrated": calibrated}))
-        planned, records = _budget_entries(model, budgets, cal, note, progress)
+                if not done(s):
+                    codec, calibrated = _calibrated(get_kv_codec(s), model, cal, note)
+                    entries.append((s, kind, codec, {"calibrated": calibrated}))
+        todo = [b for b in budgets if not done(get_kv_codec(f"auto:{b:g}").name)]
+        planned, failed = _budget_entries(model, todo, cal, note, progress)
+        measured: dict[str, dict] = {}
+
+        def finished(rec: dict) -> None:
+            measured[rec["spec"]] = rec
+            if journal is not None:
+                journal.add(rec)
+
+        for rec in failed:
+            finished(rec)
         for spec, kind, codec, extra in progress(entries + planned, "KV codecs"):
             try:
-                records.append({**_measure(model, codec, spec, kind, checks), **extra})
+                finished({**_measure(model, codec, spec, kind, checks), **extra})
             except ConfigError as exc:  # e.g. a head dim the codec cannot take: listed, not fatal
-                records.append({"spec": spec, "kind": kind, "error": str(exc)})
+                finished({"spec": spec, "kind": kind, "error": str(exc)})
     finally:
         checks.ctx.reference.close()  # its spilled windows' files
+    order = [*anchors, *ours, *(get_kv_codec(f"auto:{b:g}").name for b in budgets)]
+    earlier = journal.records if journal is not None else {}
+    records = [measured[s] if s in measured else earlier[s] for s in order if s in measured or s in earlier]
+    if journal is not None and journal.resumed:
+        checks.notes.append(f"resumed from {journal.path}: {journal.resumed} entries measured by an earlier run")
     ok = [r for r in records if "error" not in r]
     proxy = [(r["proxy_error"][n], kl) for r in ok if r.get("proxy_error") for n, kl in r["validation_kl"].items()]
     for i in pareto_front([(r["bytes_per_token"], r["ppl_change_pct"]) for r in ok]):
@@ -303,20 +344,7 @@ def kv_pareto(
         "model": getattr(model, "source_path", "") or c.name,
         "model_name": c.name,
         "reference": ref_row,
-        "settings": {
-            "corpus": corpus,
-            "windows": windows,
-            "window_len": window_len,
-            "seed": seed,
-            "calib_windows": calib_windows,
-            "calib_len": calib_len,
-            "budgets": list(budgets),
-            "passkey_lengths": checks.lengths,
-            "passkey_depths": list(passkey_depths),
-            "passkey_trials": passkey_trials,
-            "capacity_memory": int(memory),
-            "capacity_len": capacity_len,
-        },
+        "settings": settings,
         "notes": checks.notes,
         "window_starts": [w.start for w in wins],
         "records": records,

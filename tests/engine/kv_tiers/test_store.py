@@ -24,6 +24,13 @@ class FakePages:
     def write(self, block_id, data, first_position):
         self.pool[block_id] = data.clone()
 
+    def read_many(self, block_ids, first_positions):
+        return [self.read(b, p) for b, p in zip(block_ids, first_positions)]
+
+    def write_many(self, block_ids, datas, first_positions):
+        for b, d, p in zip(block_ids, datas, first_positions):
+            self.write(b, d, p)
+
 
 def store(ram_blocks=3, disk_dir=None) -> TierStore:
     disk = None if disk_dir is None else DiskTier(disk_dir, b"s" * 32, 1 << 20, BLOCK, {})
@@ -98,4 +105,43 @@ def test_a_disk_writer_that_falls_behind_drops_evictions_but_not_the_shutdown_fl
         s.save(k, i % 16, 0, wait=True)
     s.flush()
     assert s.dropped_writes == dropped and all(k in s.disk for k in keys[70:])
+    s.close()
+
+
+def test_a_cancelled_load_writes_no_block(tmp_path, monkeypatch):
+    import threading
+
+    s = store(ram_blocks=0, disk_dir=tmp_path)
+    k1 = s.key(None, [1])
+    s.save(k1, 1, 0)
+    s.flush()
+    gate = threading.Event()
+    real_read = s.disk.read
+    monkeypatch.setattr(s.disk, "read", lambda key: (gate.wait(5), real_read(key))[1])
+    before = s.pages.pool[9].clone()
+    load = s.start([(k1, "disk", 9, 0)])
+    assert not load.done()  # the read waits on the loader thread; the engine goes on
+    s.cancel(load)  # its request left
+    gate.set()
+    load.job.result(timeout=5)
+    assert torch.equal(s.pages.pool[9], before)
+    s.close()
+
+
+def test_ram_hits_are_copied_into_the_pool_on_the_loader_thread(monkeypatch):
+    import threading
+
+    s = store(ram_blocks=4)
+    k1, k2 = s.key(None, [1]), s.key(None, [2])
+    s.save_many([(k1, 1, 0), (k2, 2, 4)])
+    threads = []
+    real = s.pages.write_many
+    monkeypatch.setattr(
+        s.pages, "write_many", lambda *a: (threads.append(threading.current_thread().name), real(*a))[1]
+    )
+    load = s.start([(k1, "ram", 12, 0), (k2, "ram", 13, 4)])
+    load.job.result(timeout=5)
+    assert s.finish(load) == 2 and threads == ["kv-tiers-loader_0"]
+    assert torch.equal(s.pages.pool[12], s.pages.pool[1]) and torch.equal(s.pages.pool[13], s.pages.pool[2])
+    assert s.stats["ram"].hit_tokens == 8 and s.seconds_per_byte["ram"] is not None
     s.close()

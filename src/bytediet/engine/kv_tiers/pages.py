@@ -9,12 +9,15 @@ into a one-block cache of the smaller codec; a load decodes it and writes it bac
 from __future__ import annotations
 
 import json
+import threading
 from typing import Optional
 
 import torch
 
 from ...errors import ConfigError
 from ..block_copy import slot_tensors
+
+BATCH_BLOCKS = 64  # blocks moved per batch (the staging buffers hold this many)
 
 
 def _slot_tensors(cache, block_size: int, what: str) -> list[torch.Tensor]:
@@ -54,35 +57,98 @@ class BlockPages:
             for t in layer
         ]
         self.block_bytes = sum(n for _, _, n in self._parts)
+        self._flat = [t for layer in self.tensors for t in layer]  # in the order of _parts
+        self._staging = threading.Lock()  # the re-encoding staging blocks: one user at a time (saves and loads)
 
     def layout(self) -> str:
         """The page layout as text (part of the tier key's salt)."""
         return json.dumps([[list(shape), str(dtype)] for shape, dtype, _ in self._parts])
 
-    def _slices(self, tensors, block: int) -> list[torch.Tensor]:
-        lo, hi = block * self.block_size, (block + 1) * self.block_size
-        return [t[lo:hi] for layer in tensors for t in layer]
+    def _blocks(self, t: torch.Tensor) -> torch.Tensor:
+        """A per-slot tensor seen as (blocks, block_size, ...)."""
+        whole = t.shape[0] // self.block_size * self.block_size
+        return t[:whole].view(-1, self.block_size, *t.shape[1:])
 
     def read(self, block_id: int, first_position: int) -> torch.Tensor:
         """The block's bytes: a new (block_bytes,) uint8 CPU tensor."""
+        return self.read_many([block_id], [first_position])[0]
+
+    def read_many(self, block_ids: list[int], first_positions: list[int]) -> list[torch.Tensor]:
+        """Each block's bytes (as :meth:`read`), every layer's pages gathered once per batch of blocks."""
         if self.at_rest is not None:
-            self._encode(block_id, first_position)
-            parts = self._slices(self.tensors, 0)
-        else:
-            parts = self._slices(self.tensors, block_id)
-        return torch.cat([p.detach().contiguous().reshape(-1).view(torch.uint8).cpu() for p in parts])
+            with self._staging:
+                out = []
+                for block_id, pos in zip(block_ids, first_positions):
+                    self._encode(block_id, pos)
+                    out.append(self._gather(self._flat, [0], self._bytes(1)).reshape(-1))
+                return out
+        out = []
+        for i in range(0, len(block_ids), BATCH_BLOCKS):
+            ids = block_ids[i : i + BATCH_BLOCKS]
+            staged = self._gather(self._flat, ids, self._buffer("_read_buffer", len(ids)))
+            out += [row.clone() for row in staged]  # one allocation per block: the RAM tier frees them one by one
+        return out
 
     def write(self, block_id: int, data: torch.Tensor, first_position: int) -> None:
         """Put ``read``'s bytes back into the pool's block ``block_id``."""
-        if data.numel() != self.block_bytes:
-            raise ValueError(f"a block holds {self.block_bytes} bytes, got {data.numel()}")
-        dest = self._slices(self.tensors, 0 if self.at_rest is not None else block_id)
-        offset = 0
-        for d, (_shape, dtype, n) in zip(dest, self._parts):
-            d.copy_(data[offset : offset + n].view(dtype).reshape(d.shape), non_blocking=False)
-            offset += n
+        self.write_many([block_id], [data], [first_position])
+
+    def write_many(self, block_ids: list[int], datas: list[torch.Tensor], first_positions: list[int]) -> None:
+        """:meth:`write` for several blocks, every layer's pages scattered once per batch of blocks."""
+        for data in datas:
+            if data.numel() != self.block_bytes:
+                raise ValueError(f"a block holds {self.block_bytes} bytes, got {data.numel()}")
         if self.at_rest is not None:
-            self._decode(block_id, first_position)
+            with self._staging:
+                for block_id, data, pos in zip(block_ids, datas, first_positions):
+                    self._scatter(self._flat, [0], data.reshape(1, -1))
+                    self._decode(block_id, pos)
+            return
+        for i in range(0, len(block_ids), BATCH_BLOCKS):
+            ids = block_ids[i : i + BATCH_BLOCKS]
+            staged = torch.stack(datas[i : i + BATCH_BLOCKS], out=self._buffer("_write_buffer", len(ids)))
+            self._scatter(self._flat, ids, staged)
+
+    def _buffer(self, name: str, n: int) -> torch.Tensor:
+        """The first n rows of a (BATCH_BLOCKS, block_bytes) staging buffer kept between calls (no page faults)."""
+        buf = getattr(self, name, None)
+        if buf is None:
+            buf = torch.empty(BATCH_BLOCKS, self.block_bytes, dtype=torch.uint8)
+            setattr(self, name, buf)
+        return buf[:n]
+
+    def _bytes(self, n: int) -> torch.Tensor:
+        return torch.empty(n, self.block_bytes, dtype=torch.uint8)
+
+    def _parts_of(self, data: torch.Tensor):
+        """(n, block_bytes) bytes → (bytes, view) of each per-slot tensor's part: view is (n, block_size, ...) of
+        its dtype, or None where the part's offset does not allow one (then it is copied)."""
+        n, offset = data.shape[0], 0
+        for shape, dtype, nbytes in self._parts:
+            raw = data[:, offset : offset + nbytes]
+            size = torch.empty((), dtype=dtype).element_size()
+            aligned = offset % size == 0 and data.stride(0) % size == 0
+            yield raw, (raw.view(dtype).view(n, self.block_size, *shape) if aligned else None), (shape, dtype)
+            offset += nbytes
+
+    def _gather(self, tensors: list[torch.Tensor], block_ids: list[int], out: torch.Tensor) -> torch.Tensor:
+        """Blocks ``block_ids`` of every per-slot tensor → their bytes in ``out`` (n, block_bytes)."""
+        index = torch.tensor(block_ids, dtype=torch.int64)
+        for t, (raw, view, _) in zip(tensors, self._parts_of(out)):
+            if view is not None and t.device.type == "cpu":
+                torch.index_select(self._blocks(t), 0, index, out=view)
+            else:
+                rows = self._blocks(t).index_select(0, index.to(t.device)).cpu()
+                raw.copy_(rows.reshape(len(block_ids), -1).view(torch.uint8))
+        return out
+
+    def _scatter(self, tensors: list[torch.Tensor], block_ids: list[int], data: torch.Tensor) -> None:
+        """(n, block_bytes) bytes → blocks ``block_ids`` of every per-slot tensor."""
+        index = torch.tensor(block_ids, dtype=torch.int64)
+        for t, (raw, view, (shape, dtype)) in zip(tensors, self._parts_of(data)):
+            if view is None:
+                view = raw.contiguous().view(dtype).view(len(block_ids), self.block_size, *shape)
+            self._blocks(t).index_copy_(0, index.to(t.device), view.to(t.device))
 
     def _positions(self, first_position: int, device) -> torch.Tensor:
         return torch.arange(first_position, first_position + self.block_size, device=device)

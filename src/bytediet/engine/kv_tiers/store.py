@@ -3,8 +3,10 @@
 ``save`` (a block leaves the pool) copies its bytes to the RAM tier at once (before the block is overwritten) and
 queues them for the disk tier (write-through, on a writer thread, so a restart finds them). ``find`` says which tier
 holds each of a run of keys; ``worth`` is the policy (load only where the measured load time beats the measured
-prefill time of those tokens); ``start`` begins a load (disk reads on a reader thread) and ``finish`` copies the
-bytes of a completed load into the pool's blocks, on the engine's thread, so no step ever sees half a block.
+prefill time of those tokens); ``start`` begins a load on the loader thread (disk reads, then every block's bytes
+into its pool block in one batch), so the steps of other requests go on meanwhile; the blocks belong to the waiting
+request alone until ``finish`` (on the engine's thread, once the load is done) hands them to the prefix cache.
+``cancel`` stops a load whose request left: its blocks are never written after it returns.
 """
 
 from __future__ import annotations
@@ -39,13 +41,15 @@ class TierStats:
 
 @dataclass
 class TierLoad:
-    """One request's blocks coming back: (key, tier, block id, first position, bytes or a pending read)."""
+    """One request's blocks coming back: entries [key, tier, block id, first position, bytes (None: on disk)]."""
 
     entries: list = field(default_factory=list)
-    started: float = field(default_factory=time.perf_counter)
+    job: Optional[Future] = None  # the loader thread's work: → (intact leading blocks, disk-read s, copy s)
+    lock: threading.Lock = field(default_factory=threading.Lock)  # held while the job writes pool blocks
+    cancelled: bool = False
 
     def done(self) -> bool:
-        return all(not isinstance(e[4], Future) or e[4].done() for e in self.entries)
+        return self.job is None or self.job.done()
 
 
 class TierStore:
@@ -62,7 +66,7 @@ class TierStore:
         self._pending_bytes = 0
         self._writes: queue.Queue[Optional[tuple]] = queue.Queue()
         self._writer = threading.Thread(target=self._write_loop, name="kv-tiers-writer", daemon=True)
-        self._reader = ThreadPoolExecutor(1, thread_name_prefix="kv-tiers-reader")
+        self._loader = ThreadPoolExecutor(1, thread_name_prefix="kv-tiers-loader")
         self._wake = threading.Event()
         self._closed = False
         if disk is not None:
@@ -80,21 +84,31 @@ class TierStore:
     def save(self, key: bytes, block_id: int, first_position: int, wait: bool = False) -> None:
         """A block leaves the pool: keep its bytes (unless a tier has them already). ``wait`` (at shutdown): when
         the disk writer is behind, wait for it instead of keeping the block in RAM only."""
+        self.save_many([(key, block_id, first_position)], wait)
+
+    def save_many(self, entries: list[tuple[bytes, int, int]], wait: bool = False) -> None:
+        """:meth:`save` for (key, block id, first position) entries, their pages read in one batch."""
         if self._closed:
             return
-        if key in self.ram:
-            self.ram.move_to_end(key)
+        todo = []
+        for key, block_id, pos in entries:
+            if key in self.ram:
+                self.ram.move_to_end(key)
+            elif self.disk is not None and key in self.disk:
+                self.disk.touch(key)
+            else:
+                todo.append((key, block_id, pos))
+        if not todo:
             return
-        if self.disk is not None and key in self.disk:
-            self.disk.touch(key)
-            return
-        data = self.pages.read(block_id, first_position)
-        self._put_ram(key, data)
-        if self.disk is not None:
+        datas = self.pages.read_many([b for _, b, _ in todo], [p for _, _, p in todo])
+        for (key, _, _), data in zip(todo, datas):
+            self._put_ram(key, data)
+            if self.disk is None:
+                continue
             if self._pending_bytes + data.numel() > max(self.ram_capacity, 64 * self.pages.block_bytes):
                 if not wait:
                     self.dropped_writes += 1  # the disk is slower than evictions: keep the RAM copy only
-                    return
+                    continue
                 self._writes.join()
             self._pending_bytes += data.numel()
             self._writes.put((key, data))
@@ -154,51 +168,65 @@ class TierStore:
         self.stats[tier].skipped_tokens += num_blocks * self.block_size
 
     def start(self, entries: list[tuple[bytes, str, int, int]]) -> TierLoad:
-        """Begin loading (key, tier, block id, first position) entries; RAM bytes are taken now, disk reads queued."""
+        """Begin loading (key, tier, block id, first position) entries: RAM bytes are taken now, the rest (disk
+        reads, the copy into the pool) happens on the loader thread."""
         load = TierLoad()
         for key, tier, block_id, pos in entries:
             data = self.ram.get(key) if tier == "ram" else None
             if data is not None:
                 self.ram.move_to_end(key)
-            elif self.disk is not None and key in self.disk:  # (also a RAM block evicted since it was found)
-                tier, data = "disk", self._reader.submit(self._read_disk, key)
+            else:  # on disk (also a RAM block evicted since it was found)
+                tier = "disk"
             load.entries.append([key, tier, block_id, pos, data])
+        load.job = self._loader.submit(self._load, load)
         return load
 
-    def _read_disk(self, key: bytes) -> Optional[torch.Tensor]:
-        data = self.disk.read(key)
+    def _load(self, load: TierLoad) -> tuple[int, float, float]:
+        """The loader thread: read what is on disk, then write the leading intact blocks into the pool."""
+        t0 = time.perf_counter()
+        intact = 0
+        for entry in load.entries:
+            if entry[4] is None and self.disk is not None and not load.cancelled:
+                entry[4] = self.disk.read(entry[0])
+            if entry[4] is None:
+                break
+            intact += 1
+        t1 = time.perf_counter()
+        with load.lock:
+            if not load.cancelled:
+                live = load.entries[:intact]
+                self.pages.write_many([e[2] for e in live], [e[4] for e in live], [e[3] for e in live])
+        t2 = time.perf_counter()
         self._wake.set()
-        return data
+        return intact, t1 - t0, t2 - t1
+
+    def cancel(self, load: TierLoad) -> None:
+        """The request left: once this returns, the load writes no pool block."""
+        with load.lock:
+            load.cancelled = True
 
     def finish(self, load: TierLoad) -> int:
-        """Copy a completed load into the pool; returns how many leading blocks arrived intact (the rest, after the
-        first block that was lost or corrupt, are left to be recomputed)."""
-        n, t0 = 0, time.perf_counter()
+        """Account a completed load; returns how many leading blocks arrived intact in the pool (the rest, after
+        the first block that was lost or corrupt, are left to be recomputed)."""
+        n, read_s, copy_s = load.job.result()
         per_tier = {t: 0 for t in TIERS}
-        for key, tier, block_id, pos, data in load.entries:
-            if isinstance(data, Future):
-                data = data.result()
-            if data is None:
-                break
-            self.pages.write(block_id, data, pos)
+        for key, tier, _block_id, _pos, data in load.entries[:n]:
             if tier == "disk":
                 self._put_ram(key, data)
             per_tier[tier] += 1
-            n += 1
-        now = time.perf_counter()
         for tier, blocks in per_tier.items():
             if not blocks:
                 continue
             s = self.stats[tier]
             s.hit_tokens += blocks * self.block_size
             s.loads += 1
-            seconds = (now - load.started) if tier == "disk" else (now - t0)
+            seconds = copy_s * blocks / n + (read_s if tier == "disk" else 0.0)
             s.load_seconds += seconds
             self._observe(tier, seconds / (blocks * self.pages.block_bytes))
         return n
 
     def wait(self, timeout: float) -> None:
-        """Sleep until a disk read completes (or ``timeout``): the engine has nothing else to run."""
+        """Sleep until a load completes (or ``timeout``): the engine has nothing else to run."""
         self._wake.wait(timeout)
         self._wake.clear()
 
@@ -226,4 +254,4 @@ class TierStore:
             self._writes.put(None)
             self._writer.join()
             self.disk.close()
-        self._reader.shutdown(wait=True)
+        self._loader.shutdown(wait=True)
