@@ -313,8 +313,6 @@ def kv_pareto(
                 if not done(s):
                     codec, calibrated = _calibrated(get_kv_codec(s), model, cal, note)
                     entries.append((s, kind, codec, {"calibrated": calibrated}))
-        todo = [b for b in budgets if not done(get_kv_codec(f"auto:{b:g}").name)]
-        planned, failed = _budget_entries(model, todo, cal, note, progress)
         measured: dict[str, dict] = {}
 
         def finished(rec: dict) -> None:
@@ -322,13 +320,19 @@ def kv_pareto(
             if journal is not None:
                 journal.add(rec)
 
+        def measure_all(todo) -> None:
+            for spec, kind, codec, extra in progress(todo, "KV codecs"):
+                try:
+                    finished({**_measure(model, codec, spec, kind, checks), **extra})
+                except ConfigError as exc:  # e.g. a head dim the codec cannot take: listed, not fatal
+                    finished({"spec": spec, "kind": kind, "error": str(exc)})
+
+        measure_all(entries)  # first: each is journaled before the budgets' long planning starts
+        todo = [b for b in budgets if not done(get_kv_codec(f"auto:{b:g}").name)]
+        planned, failed = _budget_entries(model, todo, cal, note, progress)
         for rec in failed:
             finished(rec)
-        for spec, kind, codec, extra in progress(entries + planned, "KV codecs"):
-            try:
-                finished({**_measure(model, codec, spec, kind, checks), **extra})
-            except ConfigError as exc:  # e.g. a head dim the codec cannot take: listed, not fatal
-                finished({"spec": spec, "kind": kind, "error": str(exc)})
+        measure_all(planned)
     finally:
         checks.ctx.reference.close()  # its spilled windows' files
     order = [*anchors, *ours, *(get_kv_codec(f"auto:{b:g}").name for b in budgets)]
