@@ -69,3 +69,23 @@ def test_re_encoded_at_rest_is_smaller_and_close():
     smaller.write(5, smaller.read(1, BS), BS)
     for a, b in zip(want, block(caches, 5)):
         assert (a - b.float()).abs().max() < 0.05 * a.abs().max()
+
+
+def test_a_load_writes_pages_made_in_inference_mode_from_another_thread():
+    import threading
+
+    with torch.inference_mode():  # as a pool built inside the engine's step would be
+        codec, caches = filled("bf16", torch.bfloat16)
+    pages = BlockPages(caches, BS, codec.name)
+    data, errors = pages.read(1, BS), []
+    worker = threading.Thread(target=lambda: _catch(errors, pages.write_many, [3], [data], [BS]))
+    worker.start()
+    worker.join()
+    assert errors == [] and torch.equal(pages.read(3, BS), data)
+
+
+def _catch(errors, fn, *args):
+    try:
+        fn(*args)
+    except Exception as exc:  # the test reports what the thread raised
+        errors.append(exc)

@@ -93,6 +93,7 @@ class BlockPages:
         """Put ``read``'s bytes back into the pool's block ``block_id``."""
         self.write_many([block_id], [data], [first_position])
 
+    @torch.inference_mode()  # the pool's pages may be inference tensors, and this runs on the loader thread
     def write_many(self, block_ids: list[int], datas: list[torch.Tensor], first_positions: list[int]) -> None:
         """:meth:`write` for several blocks, every layer's pages scattered once per batch of blocks."""
         for data in datas:
