@@ -58,7 +58,9 @@ class BlockPages:
         ]
         self.block_bytes = sum(n for _, _, n in self._parts)
         self._flat = [t for layer in self.tensors for t in layer]  # in the order of _parts
+        self._sizes = [torch.empty((), dtype=dtype).element_size() for _, dtype, _ in self._parts]
         self._staging = threading.Lock()  # the re-encoding staging blocks: one user at a time (saves and loads)
+        self._buffers = {"read": threading.Lock(), "write": threading.Lock()}  # each staging buffer's user
 
     def layout(self) -> str:
         """The page layout as text (part of the tier key's salt)."""
@@ -83,10 +85,11 @@ class BlockPages:
                     out.append(self._gather(self._flat, [0], self._bytes(1)).reshape(-1))
                 return out
         out = []
-        for i in range(0, len(block_ids), BATCH_BLOCKS):
-            ids = block_ids[i : i + BATCH_BLOCKS]
-            staged = self._gather(self._flat, ids, self._buffer("_read_buffer", len(ids)))
-            out += [row.clone() for row in staged]  # one allocation per block: the RAM tier frees them one by one
+        with self._buffers["read"]:
+            for i in range(0, len(block_ids), BATCH_BLOCKS):
+                ids = block_ids[i : i + BATCH_BLOCKS]
+                staged = self._gather(self._flat, ids, self._buffer("read", len(ids)))
+                out += [row.clone() for row in staged]  # one allocation per block: the RAM tier frees them singly
         return out
 
     def write(self, block_id: int, data: torch.Tensor, first_position: int) -> None:
@@ -105,18 +108,19 @@ class BlockPages:
                     self._scatter(self._flat, [0], data.reshape(1, -1))
                     self._decode(block_id, pos)
             return
-        for i in range(0, len(block_ids), BATCH_BLOCKS):
-            ids = block_ids[i : i + BATCH_BLOCKS]
-            staged = torch.stack(datas[i : i + BATCH_BLOCKS], out=self._buffer("_write_buffer", len(ids)))
-            self._scatter(self._flat, ids, staged)
+        with self._buffers["write"]:
+            for i in range(0, len(block_ids), BATCH_BLOCKS):
+                ids = block_ids[i : i + BATCH_BLOCKS]
+                staged = torch.stack(datas[i : i + BATCH_BLOCKS], out=self._buffer("write", len(ids)))
+                self._scatter(self._flat, ids, staged)
 
     def _buffer(self, name: str, n: int) -> torch.Tensor:
-        """The first n rows of a (BATCH_BLOCKS, block_bytes) staging buffer kept between calls (no page faults)."""
-        buf = getattr(self, name, None)
-        if buf is None:
-            buf = torch.empty(BATCH_BLOCKS, self.block_bytes, dtype=torch.uint8)
-            setattr(self, name, buf)
-        return buf[:n]
+        """The first n rows of the ``name`` (BATCH_BLOCKS, block_bytes) staging buffer, kept between calls so its
+        pages are not faulted in again; the caller holds ``self._buffers[name]``."""
+        attr = f"_{name}_buffer"
+        if getattr(self, attr, None) is None:
+            setattr(self, attr, torch.empty(BATCH_BLOCKS, self.block_bytes, dtype=torch.uint8))
+        return getattr(self, attr)[:n]
 
     def _bytes(self, n: int) -> torch.Tensor:
         return torch.empty(n, self.block_bytes, dtype=torch.uint8)
@@ -125,9 +129,8 @@ class BlockPages:
         """(n, block_bytes) bytes → (bytes, view) of each per-slot tensor's part: view is (n, block_size, ...) of
         its dtype, or None where the part's offset does not allow one (then it is copied)."""
         n, offset = data.shape[0], 0
-        for shape, dtype, nbytes in self._parts:
+        for (shape, dtype, nbytes), size in zip(self._parts, self._sizes):
             raw = data[:, offset : offset + nbytes]
-            size = torch.empty((), dtype=dtype).element_size()
             aligned = offset % size == 0 and data.stride(0) % size == 0
             yield raw, (raw.view(dtype).view(n, self.block_size, *shape) if aligned else None), (shape, dtype)
             offset += nbytes
