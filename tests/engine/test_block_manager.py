@@ -138,7 +138,7 @@ class FakeTiers:
     def cancel(self, load):
         self.cancelled += 1
 
-    def find(self, keys):
+    def find(self, keys, count=True):
         out = []
         for k in keys:
             if k not in self.held:
@@ -211,6 +211,22 @@ def test_a_pending_load_returns_none_until_done_and_an_abort_gives_the_blocks_ba
     bm2.free(pending)  # aborted while its blocks were loading: the load is cancelled before they are free
     assert pending.tier_load is None and bm2.num_free_blocks == 6 and ref_counts(bm2) == [0] * 6
     assert tiers2.cancelled == 1
+
+
+def test_a_tier_hit_without_room_waits_for_running_requests_and_loads_in_part_alone():
+    tiers = FakeTiers()
+    bm = evicted_prefix(tiers)  # a's two blocks are in the tiers; every block free
+    running = computed(bm, make_request("r", 20, first_token=200), 20)  # holds 5 of the 6 blocks
+    again = make_request("a2", 9)  # its 2 blocks below the pool, and 1 after them: 3 needed, 1 free
+    assert bm.allocate_cached_prefix(again, others_running=True) is None and again.tier_wait
+    assert again.block_ids == [] and bm.num_free_blocks == 1 and tiers.skipped_blocks == 0 and not tiers.loaded
+    bm.free(running)  # the running request finished: now it fits, and loads whole
+    assert bm.allocate_cached_prefix(again, others_running=True) == 8 and not again.tier_wait
+    assert again.cached_tokens_by_tier == {"pool": 0, "ram": 8}
+    bm2 = evicted_prefix(tiers2 := FakeTiers())
+    computed(bm2, make_request("r", 20, first_token=200), 20)
+    alone = make_request("a3", 9)  # nothing else will free blocks: what fits is loaded, the rest recomputed
+    assert bm2.allocate_cached_prefix(alone, others_running=False) == 4 and tiers2.skipped_blocks == 1
 
 
 def test_a_load_predicted_slower_than_recompute_is_skipped():

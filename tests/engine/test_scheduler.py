@@ -197,3 +197,23 @@ def test_a_request_whose_blocks_are_loading_lets_the_next_ones_go_first():
     tiers.ready = True
     out, _ = step(sched)
     assert scheduled(out) == {"a2": 1, "b": 1} and loading.num_cached_tokens == 8
+
+
+def test_a_tier_hit_without_room_waits_in_line_while_requests_run():
+    tiers = FakeTiers()
+    bm = BlockManager(6, 4, tiers=tiers)
+    bm.free(computed(bm, make_request("a", 9), 9))
+    bm.free(computed(bm, make_request("fill", 24, first_token=200), 24))  # a's two blocks go down a tier
+    sched = Scheduler(SchedulerConfig(), bm, 1024)
+    running = make_request("r", 17, first_token=300)
+    sched.add_request(running)
+    step(sched)  # r holds 5 of the 6 blocks
+    hit, later = make_request("a2", 9), make_request("c", 2, first_token=400)
+    sched.add_request(hit)
+    sched.add_request(later)
+    out, _ = step(sched)
+    assert scheduled(out) == {"r": 1} and list(sched.waiting) == [hit, later]  # first come, first served
+    assert hit.block_ids == [] and tiers.skipped_blocks == 0  # nothing taken, nothing recomputed
+    sched.finish_requests("r", FinishReason.ABORT)
+    out, _ = step(sched)
+    assert scheduled(out)["a2"] == 1 and hit.cached_tokens_by_tier == {"pool": 0, "ram": 8}

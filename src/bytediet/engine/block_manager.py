@@ -125,14 +125,18 @@ class BlockManager:
                 keys.append(self.tiers.key(keys[-1] if keys else None, tokens[i * bs : (i + 1) * bs]))
         return keys[:num_full_blocks]
 
-    def allocate_cached_prefix(self, request: Request) -> Optional[int]:
+    def allocate_cached_prefix(self, request: Request, others_running: bool = False) -> Optional[int]:
         """For a request with nothing computed: reuse cached blocks of its longest cached prefix.
 
         At least the last token is left to compute (its logits are needed), as in vLLM; a request that wants
         prompt logprobs reuses nothing (vLLM skips the cache for it too). Returns the
         number of tokens served from the cache and advances ``num_computed_tokens`` by it, or None while
-        blocks found below the pool are still loading (call again; other requests run meanwhile).
+        blocks found below the pool are still loading (call again; other requests run meanwhile). With
+        ``others_running``, a prefix the tiers hold that the pool has no room for yet is not recomputed (its whole
+        prefill) nor loaded in part: None again, nothing taken, and ``request.tier_wait`` set — call again once the
+        running requests free blocks.
         """
+        request.tier_wait = False
         if request.tier_load is not None:
             return self._finish_tier_load(request)
         if not self.enable_prefix_caching or request.num_computed_tokens or request.block_ids:
@@ -140,6 +144,9 @@ class BlockManager:
         if request.prompt_logprobs is not None:  # every prompt position is computed, to be scored
             return 0
         hashes = self._block_hashes(request, (request.num_tokens - 1) // self.block_size)
+        if others_running and self.tiers is not None and not self._tier_hit_fits(request, hashes):
+            request.tier_wait = True
+            return None
         self.prefix_queries += len(hashes)
         if self.token_reuse:  # the tokens after the full blocks are looked up too
             self.partial_query_tokens += request.num_tokens - 1 - len(hashes) * self.block_size
@@ -220,16 +227,34 @@ class BlockManager:
                     del self.by_head[key]
             block.parent, block.tokens = None, ()
 
+    def _worth_loading(self, found: list[str]) -> int:
+        """How many of the leading blocks the tiers hold (``found``: each one's tier) the policy would load."""
+        worth = {t: self.tiers.worth(t, found.count(t)) for t in set(found)}
+        take = 0
+        while take < len(found) and worth[found[take]]:
+            take += 1
+        return take
+
+    def _tier_hit_fits(self, request: Request, hashes: list[int]) -> bool:
+        """Whether the blocks the tiers would load for ``request``, and one block after them, fit the free pool."""
+        hits = pinned = 0
+        for h in hashes:
+            block_id = self.hash_to_block.get(h)
+            if block_id is None:
+                break
+            hits += 1
+            pinned += self.blocks[block_id].ref_count == 0  # free now, no longer once taken as a hit
+        if hits == len(hashes):
+            return True
+        load = self._worth_loading(self.tiers.find(self._tier_keys(request, len(hashes))[hits:], count=False))
+        return load == 0 or load + 1 <= self.num_free_blocks - pinned
+
     def _start_tier_load(self, request: Request, num_full_blocks: int) -> None:
         """Load the run of blocks after the pool's hits that the tiers hold, where the policy predicts it pays."""
         start = len(request.block_ids)
         keys = self._tier_keys(request, num_full_blocks)[start:]
         found = self.tiers.find(keys)
-        take = 0
-        worth = {t: self.tiers.worth(t, found.count(t)) for t in set(found)}
-        while take < len(found) and worth[found[take]]:
-            take += 1
-        take = min(take, self.num_free_blocks)
+        take = min(self._worth_loading(found), self.num_free_blocks)
         for t in set(found[take:]):
             self.tiers.skipped(t, found[take:].count(t))
         if not take:

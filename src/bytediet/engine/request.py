@@ -65,6 +65,7 @@ class Request:
         self.num_registered_blocks = 0
         self.tier_keys: list[bytes] = []  # the same chain as the tiers key it (KV tiers only)
         self.tier_load = None  # blocks coming back from a tier below the pool (kv_tiers.TierLoad)
+        self.tier_wait = False  # its tiers' hit waits for room in the pool (BlockManager.allocate_cached_prefix)
         self.cached_tokens_by_tier: dict[str, int] = {}  # prompt tokens served by "pool", "ram", "disk"
         self.eos_token_ids = eos_token_ids
         self.generator: Optional[torch.Generator] = make_generator(params.seed)

@@ -121,9 +121,11 @@ class Scheduler:
         while len(self.waiting) > len(loading) and budget > 0 and len(self.running) < self.config.max_num_seqs:
             req = self._next_waiting(loading)
             if req.num_computed_tokens == 0:
-                cached = bm.allocate_cached_prefix(req)
-                if cached is None:  # not ready: the others go ahead of it
-                    loading.add(id(req))
+                cached = bm.allocate_cached_prefix(req, others_running=bool(self.running or out.scheduled))
+                if cached is None:
+                    if req.tier_wait:  # its prefix is below the pool and the pool has no room yet: wait in line
+                        break
+                    loading.add(id(req))  # still loading: the others go ahead of it
                     continue
                 if req.num_preemptions == 0:
                     req.num_cached_tokens = cached

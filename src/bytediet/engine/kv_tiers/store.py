@@ -143,8 +143,9 @@ class TierStore:
             self._writes.join()
 
     # -- finding and loading ---------------------------------------------------------------------------
-    def find(self, keys: list[bytes]) -> list[str]:
-        """The tier of each key of the longest run of ``keys`` that some tier holds."""
+    def find(self, keys: list[bytes], count: bool = True) -> list[str]:
+        """The tier of each key of the longest run of ``keys`` that some tier holds (``count``: a lookup the
+        statistics see; False for a look that is not a request's lookup)."""
         tiers = []
         for k in keys:
             if k in self.ram:
@@ -153,7 +154,8 @@ class TierStore:
                 tiers.append("disk")
             else:
                 break
-        self.miss_tokens += (len(keys) - len(tiers)) * self.block_size
+        if count:
+            self.miss_tokens += (len(keys) - len(tiers)) * self.block_size
         return tiers
 
     def worth(self, tier: str, num_blocks: int) -> bool:
