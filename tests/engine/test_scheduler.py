@@ -217,3 +217,18 @@ def test_a_tier_hit_without_room_waits_in_line_while_requests_run():
     sched.finish_requests("r", FinishReason.ABORT)
     out, _ = step(sched)
     assert scheduled(out)["a2"] == 1 and hit.cached_tokens_by_tier == {"pool": 0, "ram": 8}
+
+
+def test_with_nothing_running_requests_behind_the_first_give_back_the_blocks_it_needs():
+    tiers = FakeTiers()
+    bm = BlockManager(6, 4, tiers=tiers)
+    first, second = make_request("a", 13), make_request("b", 13, first_token=100)
+    bm.free(computed(bm, make_request("a0", 13), 12))  # a's three full blocks cached in the pool
+    sched = Scheduler(SchedulerConfig(), bm, 1024)
+    sched.add_request(first)
+    sched.add_request(second)
+    assert bm.allocate_cached_prefix(first) == 12  # a holds its 3 cached blocks, b takes the other 3
+    bm.allocate(second, 12)
+    second.num_computed_tokens = 0  # b holds blocks without having run: a cannot grow, nothing runs
+    out, _ = step(sched)
+    assert scheduled(out) == {"a": 1} and second.block_ids == [] and second.num_computed_tokens == 0

@@ -121,10 +121,13 @@ class Scheduler:
         while len(self.waiting) > len(loading) and budget > 0 and len(self.running) < self.config.max_num_seqs:
             req = self._next_waiting(loading)
             if req.num_computed_tokens == 0:
-                cached = bm.allocate_cached_prefix(req, others_running=bool(self.running or out.scheduled))
+                cached = bm.allocate_cached_prefix(req, others_running=True)
+                if cached is None and req.tier_wait:  # its prefix is below the pool and the pool has no room yet
+                    if self.running or out.scheduled or loading:
+                        break  # wait in line for the requests running (or loading) ahead of it to free blocks
+                    self._release_waiting(req)  # nothing runs: take back what the requests behind it hold
+                    cached = bm.allocate_cached_prefix(req)  # and load what fits
                 if cached is None:
-                    if req.tier_wait:  # its prefix is below the pool and the pool has no room yet: wait in line
-                        break
                     loading.add(id(req))  # still loading: the others go ahead of it
                     continue
                 if req.num_preemptions == 0:
@@ -136,7 +139,9 @@ class Scheduler:
             if not bm.can_allocate(req, n):
                 if self.running or out.scheduled:
                     break  # wait for running requests to free blocks
-                n = self._capacity(req)  # alone: compute what fits (chunked prefill continues next step)
+                self._release_waiting(req)  # nothing runs: the requests behind it must not hold the blocks it needs
+                if not bm.can_allocate(req, n):
+                    n = self._capacity(req)  # alone: compute what fits (chunked prefill continues next step)
                 if n == 0:
                     break
             bm.allocate(req, n)
@@ -227,6 +232,20 @@ class Scheduler:
             if s.request is req:
                 return out.scheduled.pop(i).num_tokens
         return 0
+
+    def _release_waiting(self, first: Request) -> None:
+        """The waiting requests behind ``first`` (in the policy's order) give back the blocks they hold (a cached
+        prefix taken, a tier load in flight): with nothing running, nothing else would free them. Their prefixes stay
+        cached (in the pool, or below it) and are found again when their turn comes."""
+        queue = list(self.waiting)
+        if self.config.policy == "priority":
+            behind = [r for r in queue if self._rank(r) > self._rank(first)]
+        else:
+            behind = queue[queue.index(first) + 1 :]
+        for req in behind:
+            if req.block_ids or req.tier_load is not None:
+                self.block_manager.free(req)
+                req.num_computed_tokens = 0
 
     def _capacity(self, req: Request) -> int:
         """Tokens ``req`` could still compute with its own blocks plus every free block."""
