@@ -232,3 +232,16 @@ def test_with_nothing_running_requests_behind_the_first_give_back_the_blocks_it_
     second.num_computed_tokens = 0  # b holds blocks without having run: a cannot grow, nothing runs
     out, _ = step(sched)
     assert scheduled(out) == {"a": 1} and second.block_ids == [] and second.num_computed_tokens == 0
+
+
+def test_a_request_ahead_keeps_its_loading_blocks():
+    tiers = FakeTiers(ready=False)
+    bm = BlockManager(6, 4, tiers=tiers)
+    bm.free(computed(bm, make_request("a", 9), 9))
+    bm.free(computed(bm, make_request("fill", 24, first_token=200), 24))  # a's two blocks go down a tier
+    sched = Scheduler(SchedulerConfig(), bm, 1024)
+    ahead, behind = make_request("a2", 9), make_request("b", 17, first_token=300)
+    sched.add_request(ahead)
+    sched.add_request(behind)
+    out, _ = step(sched)  # a2 loads into 2 blocks; b, behind it, computes what the other 4 hold
+    assert scheduled(out) == {"b": 16} and ahead.tier_load is not None and len(ahead.block_ids) == 2
