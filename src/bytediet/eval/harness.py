@@ -318,7 +318,6 @@ def evaluate(
         test_model=as_loaded,
     )
     result["config"]["kv_calibration"] = kv_calibration if calibrated else None
-    result["config"]["kv_offload_codec"] = kv_offload_codec
     if hasattr(kv, "plan_table"):  # a budget: the per-layer plan calibration chose
         c = model.config
         result["config"].update(
@@ -390,6 +389,7 @@ def result_dict(
 ) -> dict:
     """The JSON-ready result of :func:`evaluate` (``model``: the reference, or a shard of it)."""
     from ..kvcache import get_kv_codec
+    from ..kvcache.at_rest import AtRestRoundTrip
 
     return {
         "model": label,
@@ -398,6 +398,7 @@ def result_dict(
             "weights": weights,
             "kv_cache_dtype": kv if isinstance(kv, str) else kv.name,
             "kv_codec": kv_name,
+            "kv_offload_codec": kv.at_rest.name if isinstance(kv, AtRestRoundTrip) else None,
             "native_blocks": native_blocks,
         },
         "reference_config": {
