@@ -17,7 +17,13 @@ python="${PYTHON:-python3}"
 [ -x "$here/.venv/bin/python" ] && python="$here/.venv/bin/python"
 [ -x /work/main/.venv/bin/python ] && [ -z "${PYTHON:-}" ] && python=/work/main/.venv/bin/python
 
-if [ -x "$binary" ]; then echo "$binary"; exit 0; fi
+# GGML_NATIVE=ON (-march=native, as llama-cpp-python's own wheel build), or, where the CPU advertises AMX and its
+# first tile load faults (bytediet.kernels.cpu.amx_probe), every other ISA flag on and AMX off (bytediet.perf.llama_build);
+# LLAMA_CURL off: no downloads. A binary built with other arguments is rebuilt.
+isa_args="$(PYTHONPATH="$here/src" "$python" -m bytediet.perf.llama_build)"
+stamp="$root/build/bytediet-cmake-args"
+if [ -x "$binary" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$isa_args" ]; then echo "$binary"; exit 0; fi
+rm -rf "$root/build"
 mkdir -p "$root"
 if [ ! -d "$root/src" ]; then
   # pip prepares the sdist's metadata, so it fetches the build backend (scikit-build-core) from the index
@@ -26,12 +32,10 @@ if [ ! -d "$root/src" ]; then
   tar -xzf "$root"/sdist/llama_cpp_python-"$version".tar.gz -C "$tmp" --strip-components=1
   mv "$tmp" "$root/src"
 fi
-# GGML_NATIVE=ON (-march=native, as llama-cpp-python's own wheel build), or, where the CPU advertises AMX, every
-# other ISA flag on and AMX off (bytediet.perf.llama_build); LLAMA_CURL off: no downloads.
-isa_args="$(PYTHONPATH="$here/src" "$python" -m bytediet.perf.llama_build)"
 # shellcheck disable=SC2086
 nice -n 10 cmake -S "$root/src/vendor/llama.cpp" -B "$root/build" -DCMAKE_BUILD_TYPE=Release $isa_args \
   -DLLAMA_CURL=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DBUILD_SHARED_LIBS=OFF >&2
 nice -n 10 cmake --build "$root/build" --target llama-server -j "${JOBS:-2}" >&2
 [ -x "$binary" ] || { echo "the build finished without $binary" >&2; exit 1; }
+printf '%s' "$isa_args" > "$stamp"
 echo "$binary"

@@ -24,6 +24,19 @@ OMP_SPINCOUNT = "10000"
 if "torch" not in sys.modules:
     os.environ.setdefault("GOMP_SPINCOUNT", OMP_SPINCOUNT)
 
+# Some VMs advertise AMX and fault on its first tile load, where PyTorch's bf16 matmul and attention take oneDNN's
+# AMX kernels: where this boot's probe saw the tiles fault, oneDNN is capped below AMX (kernels/cpu/amx_probe.py).
+try:
+    from .kernels.cpu.amx_probe import guard_onednn
+
+    AMX_GUARD = guard_onednn()
+except Exception as e:  # the probe must never stop bytediet from loading
+    AMX_GUARD = f"AMX probe failed ({e}); oneDNN left as it is"
+if AMX_GUARD:
+    import warnings
+
+    warnings.warn(f"bytediet: {AMX_GUARD}", RuntimeWarning, stacklevel=2)
+
 # public name → module that defines it
 _PUBLIC = {
     "LLM": "bytediet.engine.llm",

@@ -42,3 +42,10 @@ def test_a_peer_with_its_repacked_kernels_off_gets_no_ratio():
     assert "repacked kernels off" in why and "CMAKE_ARGS" in why
     assert crippled_peer({"available": True, "info": {"extra_buffer_types": True}}) == ""
     assert crippled_peer({"available": False, "reason": "unavailable"}) == ""
+
+
+def test_amx_stays_on_where_its_tiles_run_and_off_where_they_fault_or_nobody_knows():
+    assert cmake_args(XEON, amx_works=True) == ["-DGGML_NATIVE=ON"]
+    for works in (False, None):
+        args = cmake_args(XEON, amx_works=works)
+        assert "-DGGML_NATIVE=OFF" in args and {f"-D{a}=OFF" for a in AMX_OPTIONS} <= set(args)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Optional
 
 from ...errors import BytedietError
+from .cpuinfo import cache_dir, cpu_flags
 
 CSRC = Path(__file__).with_name("csrc")
 
@@ -66,18 +67,6 @@ def variant(name: str) -> Variant:
     raise KeyError(f"unknown kernel variant {name!r}; choose one of: {', '.join(v.name for v in VARIANTS)}")
 
 
-def cpu_flags() -> frozenset[str]:
-    """This CPU's feature flags as Linux names them (empty where /proc/cpuinfo is missing)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return frozenset()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return frozenset(line.split(":", 1)[1].split())
-    return frozenset()
-
-
 def cpu_model() -> str:
     """This CPU's model name (``/proc/cpuinfo``), or the platform's processor string."""
     import platform
@@ -118,13 +107,6 @@ def source_hash() -> str:
             h.update(path.name.encode())
             h.update(path.read_bytes())
     return h.hexdigest()
-
-
-def cache_dir() -> Path:
-    root = os.environ.get("BYTEDIET_KERNEL_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "bytediet", "kernels"
-    )
-    return Path(root)
 
 
 def library_path(v: Variant, compiler: str) -> Path:
