@@ -17,9 +17,9 @@ python="${PYTHON:-python3}"
 [ -x "$here/.venv/bin/python" ] && python="$here/.venv/bin/python"
 [ -x /work/main/.venv/bin/python ] && [ -z "${PYTHON:-}" ] && python=/work/main/.venv/bin/python
 
-# GGML_NATIVE=ON (-march=native, as llama-cpp-python's own wheel build), or, where the CPU advertises AMX and its
-# first tile load faults (bytediet.kernels.cpu.amx_probe), every other ISA flag on and AMX off (bytediet.perf.llama_build);
-# LLAMA_CURL off: no downloads. A binary built with other arguments is rebuilt.
+# GGML_NATIVE=ON (-march=native, as llama-cpp-python's own wheel build), or, where the CPU advertises AMX, every
+# other ISA flag on and AMX off (bytediet.perf.llama_build says why); LLAMA_CURL off: no downloads. A binary built
+# with other arguments is rebuilt.
 isa_args="$(PYTHONPATH="$here/src" "$python" -m bytediet.perf.llama_build)"
 stamp="$root/build/bytediet-cmake-args"
 if [ -x "$binary" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$isa_args" ]; then echo "$binary"; exit 0; fi

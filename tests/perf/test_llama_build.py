@@ -44,8 +44,11 @@ def test_a_peer_with_its_repacked_kernels_off_gets_no_ratio():
     assert crippled_peer({"available": False, "reason": "unavailable"}) == ""
 
 
-def test_amx_stays_on_where_its_tiles_run_and_off_where_they_fault_or_nobody_knows():
-    assert cmake_args(XEON, amx_works=True) == ["-DGGML_NATIVE=ON"]
-    for works in (False, None):
-        args = cmake_args(XEON, amx_works=works)
-        assert "-DGGML_NATIVE=OFF" in args and {f"-D{a}=OFF" for a in AMX_OPTIONS} <= set(args)
+def test_amx_stays_off_even_where_the_tiles_run(monkeypatch):
+    """llama-server's AMX kernel died with SIGILL on a VM whose tiles run (session 19): a working probe changes
+    nothing."""
+    from bytediet.kernels.cpu import amx_probe
+
+    monkeypatch.setattr(amx_probe, "this_machine", lambda: amx_probe.AmxProbe(True, True, "ran"))
+    args = cmake_args(XEON)
+    assert "-DGGML_NATIVE=OFF" in args and {f"-D{a}=OFF" for a in AMX_OPTIONS} <= set(args)

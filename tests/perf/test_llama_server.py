@@ -214,3 +214,14 @@ def test_real_llama_server_serves_exact_token_counts_in_parallel_slots():
     finally:
         peer.close()
     assert peer._server is None
+
+
+def test_a_server_that_crashes_at_start_says_which_signal_and_how_to_rebuild(tmp_path):
+    """A llama-server built with kernels this VM refuses dies at its first product (SIGILL in session 19): the
+    error names the signal and the rebuild, instead of 'exited'."""
+    crash = tmp_path / "llama-server"
+    crash.write_text("#!/bin/sh\nkill -ILL $$\n")
+    crash.chmod(0o755)
+    with pytest.raises(ConfigError, match=r"died with SIGILL .*build_llama_server\.sh"):
+        ls.LlamaServer([str(crash)], port=9, startup_timeout_s=30)
+    assert ls.exit_reason(2) == "exited with code 2"

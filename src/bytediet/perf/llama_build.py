@@ -1,18 +1,20 @@
 """How llama.cpp is built at its best on this CPU, for the peers of ``bytediet bench``.
 
-Where the CPU advertises AMX, some VMs fault on the first tile load (``kernels.cpu.amx_probe`` runs one in a child):
-llama.cpp is then built with ``GGML_NATIVE=OFF``, every other ISA extension the CPU has turned on and AMX off, so
-its repacked kernels (the extra buffer types) stay on. Where the tiles work, or the CPU has no AMX,
-``GGML_NATIVE=ON`` is what its own wheel build does (AMX included where it runs).
+Where the CPU advertises AMX, llama.cpp is built with ``GGML_NATIVE=OFF``, every other ISA extension the CPU has
+turned on and AMX off, so its repacked kernels (the extra buffer types) stay on. AMX stays off even where this
+machine's tiles run (``kernels.cpu.amx_probe``): some VMs fault on the first tile load, and on one whose tiles do
+run (an Intel Xeon, family 6 model 207, session 19) llama-server's AMX kernel died with SIGILL (``tilezero`` in an
+OpenMP worker whose tile configuration was never loaded) while its in-process AMX prefill was no faster than the
+AVX-512 one (bench/RESULTS.md, Recording 18). Elsewhere ``GGML_NATIVE=ON`` is what its own wheel build does.
 
     python -m bytediet.perf.llama_build      # prints the CMake arguments (CMAKE_ARGS for llama-cpp-python)
 """
 
 from __future__ import annotations
 
-from typing import Iterable, Optional
+from typing import Iterable
 
-from ..kernels.cpu import amx_probe
+from ..kernels.cpu.amx_probe import AMX_FLAGS
 from ..kernels.cpu.build import cpu_flags
 
 #: /proc/cpuinfo flag → llama.cpp's CMake option for it
@@ -31,16 +33,10 @@ ISA_OPTIONS = {
 AMX_OPTIONS = ("GGML_AMX_TILE", "GGML_AMX_INT8", "GGML_AMX_BF16")
 
 
-def cmake_args(flags: Iterable[str] | None = None, amx_works: Optional[bool] = None) -> list[str]:
-    """llama.cpp's CMake arguments for a CPU with these flags (default: this one). ``amx_works`` says whether its
-    tiles run (default: this machine's probe when ``flags`` are its own); AMX stays off unless they are known to."""
-    this_cpu = flags is None
-    flags = set(cpu_flags() if this_cpu else flags)
-    if not amx_probe.AMX_FLAGS & flags:
-        return ["-DGGML_NATIVE=ON"]
-    if amx_works is None and this_cpu:
-        amx_works = amx_probe.this_machine().works
-    if amx_works:
+def cmake_args(flags: Iterable[str] | None = None) -> list[str]:
+    """llama.cpp's CMake arguments for a CPU with these flags (default: this one)."""
+    flags = set(cpu_flags() if flags is None else flags)
+    if not AMX_FLAGS & flags:
         return ["-DGGML_NATIVE=ON"]
     return (
         ["-DGGML_NATIVE=OFF"]

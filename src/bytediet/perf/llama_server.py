@@ -17,6 +17,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import signal
 import socket
 import subprocess
 import tempfile
@@ -196,6 +197,23 @@ def stream_completion(port: int, body: dict, t0: float, timeout_s: float = 600.0
     return RequestTiming(len(prompt) if isinstance(prompt, list) else 0, count, first - t0, finish - t0)
 
 
+def exit_reason(returncode: int) -> str:
+    """How a llama-server that stopped on its own ended, with what to do about a crash."""
+    if returncode >= 0:
+        return f"exited with code {returncode}"
+    try:
+        name = signal.Signals(-returncode).name
+    except ValueError:
+        name = f"signal {-returncode}"
+    hint = ""
+    if name in ("SIGILL", "SIGSEGV", "SIGBUS"):
+        hint = (
+            " (a kernel this CPU or VM refuses: rebuild it with bench/build_llama_server.sh, which turns AMX off "
+            "where it is advertised)"
+        )
+    return f"died with {name}{hint}"
+
+
 class LlamaServer:
     """One llama-server process on a free loopback port; its output goes to a log file (the tail is in errors)."""
 
@@ -206,7 +224,8 @@ class LlamaServer:
         deadline = time.monotonic() + startup_timeout_s
         while self.get("/health")[0] != 200:  # 503 while the model loads
             if self.proc.poll() is not None or time.monotonic() > deadline:
-                why = "exited" if self.proc.poll() is not None else "did not answer /health in time"
+                code = self.proc.poll()
+                why = exit_reason(code) if code is not None else "did not answer /health in time"
                 self.stop()
                 raise ConfigError(f"llama-server {why}: {' '.join(command)}\n{self.log_tail()}")
             time.sleep(0.2)
