@@ -100,6 +100,7 @@ def test_on_a_real_amx_cpu_the_cap_keeps_torch_bf16_off_amx(tmp_path):
     """End to end where the CPU has AMX: a kept 'faults' answer makes ``import bytediet`` cap oneDNN, and
     PyTorch's bf16 matmul then runs a kernel without AMX (oneDNN's verbose log names the ISA)."""
     import json
+    import os
     import subprocess
     import sys
 
@@ -114,7 +115,7 @@ def test_on_a_real_amx_cpu_the_cap_keeps_torch_bf16_off_amx(tmp_path):
         "import warnings; warnings.simplefilter('ignore'); import bytediet, torch; print(bytediet.AMX_GUARD); "
         "torch.nn.functional.linear(torch.ones(64, 256).bfloat16(), torch.ones(256, 256).bfloat16())"
     )
-    env = {k: v for k, v in __import__("os").environ.items() if "CPU_ISA" not in k}
+    env = {k: v for k, v in os.environ.items() if "CPU_ISA" not in k}
     env.update(BYTEDIET_KERNEL_CACHE=str(tmp_path / "kernels"), ONEDNN_VERBOSE="1")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

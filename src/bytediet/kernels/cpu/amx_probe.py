@@ -132,10 +132,10 @@ def this_machine() -> AmxProbe:
 def guard_onednn(environ=os.environ) -> str:
     """Cap oneDNN below AMX where this CPU advertises AMX and its tiles fault (a user's own cap wins); returns
     what was done, '' when nothing was. Call before the first bf16 matmul: oneDNN reads the cap once."""
-    if "ONEDNN_MAX_CPU_ISA" in environ or "DNNL_MAX_CPU_ISA" in environ or not AMX_FLAGS & cpu_flags():
+    if "ONEDNN_MAX_CPU_ISA" in environ or "DNNL_MAX_CPU_ISA" in environ:
         return ""
     seen = this_machine()
-    if seen.works:
+    if not seen.advertised or seen.works:
         return ""
     environ["ONEDNN_MAX_CPU_ISA"] = ONEDNN_CAP
     return f"AMX {seen.describe()}: oneDNN capped at {ONEDNN_CAP}"
