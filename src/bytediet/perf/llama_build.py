@@ -3,9 +3,9 @@
 Where the CPU advertises AMX, llama.cpp is built with ``GGML_NATIVE=OFF``, every other ISA extension the CPU has
 turned on and AMX off, so its repacked kernels (the extra buffer types) stay on. AMX stays off even where this
 machine's tiles run (``kernels.cpu.amx_probe``): some VMs fault on the first tile load, and on one whose tiles do
-run (an Intel Xeon, family 6 model 207, session 19) llama-server's AMX kernel died with SIGILL (``tilezero`` in an
-OpenMP worker whose tile configuration was never loaded) while its in-process AMX prefill was no faster than the
-AVX-512 one (bench/RESULTS.md, Recording 18). Elsewhere ``GGML_NATIVE=ON`` is what its own wheel build does.
+run (an Intel Xeon, family 6 model 207, session 19) llama.cpp's own AMX kernel died with SIGILL, in llama-server
+at its first product (``tilezero`` in an OpenMP worker) and in-process in the bench's probe (bench/RESULTS.md,
+Recording 18). Elsewhere ``GGML_NATIVE=ON`` is what its own wheel build does.
 
     python -m bytediet.perf.llama_build      # prints the CMake arguments (CMAKE_ARGS for llama-cpp-python)
 """
