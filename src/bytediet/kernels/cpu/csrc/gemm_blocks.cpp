@@ -61,6 +61,7 @@ void tile_q8(const uint8_t* w, long row_bytes, long nsuper, const QuantizedRows&
         }
     SubScales sc[NR];
     for (long i = 0; i < nsuper; ++i) {
+        for (int r = 0; r < NR; ++r) prefetch_weights(w + r * row_bytes + F::HEADER + i * F::BYTES, F::BYTES);
         for (int r = 0; r < NR; ++r) F::scales(w + r * row_bytes + F::HEADER + i * F::BYTES, sc[r]);
         for (int j = 0; j < F::SUB; ++j) {
             const long blk = i * F::SUB + j;

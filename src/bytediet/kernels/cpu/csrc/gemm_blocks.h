@@ -8,6 +8,17 @@
 
 namespace bd {
 
+// How far ahead of the weight bytes being multiplied the row kernels prefetch: the hardware's stream prefetcher
+// stops at each 4 KiB page, and a decode step's weights are short streams, so without it a batch-1 product waits on
+// memory latency, not bandwidth (bench/RESULTS.md, Recording 19: SmolLM2's decode 78 → 123 tok/s on Intel).
+constexpr long kWeightPrefetchBytes = 4096;
+
+// Prefetch the cache lines of [p, p + bytes) kWeightPrefetchBytes ahead (reading past the weight's end is harmless).
+inline void prefetch_weights(const uint8_t* p, long bytes) {
+    const char* ahead = reinterpret_cast<const char*>(p) + kWeightPrefetchBytes;
+    for (long i = 0; i < bytes; i += 64) _mm_prefetch(ahead + i, _MM_HINT_T0);
+}
+
 struct QuantizedRows {  // M activation rows as int8 blocks of 32: q (M, k), d and s (M, nblocks)
     const int8_t* q;
     const float* d;

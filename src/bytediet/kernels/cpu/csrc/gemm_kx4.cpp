@@ -78,6 +78,7 @@ void group_q4k(const uint8_t* w, long nsuper, const QuantizedRows& x, long m0, f
     const __m256 minus_half = _mm256_set1_ps(-0.5f);
     for (long i = 0; i < nsuper; ++i) {
         const uint8_t* g = w + i * kQ4KBytes;
+        prefetch_weights(g, kQ4KBytes);
         const __m256 d = pairs_f16(g), dmin = _mm256_mul_ps(pairs_f16(g + 8), minus_half);
         for (int j = 0; j < 8; ++j) {
             const __m256 sc = _mm256_mul_ps(d, pairs_u8<false>(g + 16 + 4 * j));
@@ -133,6 +134,7 @@ void group_q6k(const uint8_t* w, long nsuper, const QuantizedRows& x, const __m2
     const long halves = x.k / 16;  // per activation row and plane, in corr
     for (long i = 0; i < nsuper; ++i) {
         const uint8_t* g = w + i * kQ6KBytes;
+        prefetch_weights(g, kQ6KBytes);
         const __m256 d = pairs_f16(g);
         for (int j = 0; j < 8; ++j) {
             const __m256 s_lo = _mm256_mul_ps(d, pairs_u8<true>(g + 8 + 8 * j));

@@ -94,6 +94,7 @@ void group_q8(const uint8_t* w, long nblocks, const QuantizedRows& x, const __m2
     const __m256i low = _mm256_set1_epi8(0x0F);
     for (long b = 0; b < nblocks; ++b) {
         const uint8_t* g = w + b * BB;
+        prefetch_weights(g, BB);
         __m256i u[4];
         if constexpr (TYPE == kQ8_0) {
             for (int k = 0; k < 4; ++k) u[k] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + CODES + 32 * k));
