@@ -15,11 +15,14 @@ from bytediet.commands._engine_args import (
     add_model_args,
     offload_kwargs,
     resolved_device,
+    seed_speculation_limit,
     seed_tier_policy,
 )
 from bytediet.engine.llm import LLM
 from bytediet.errors import BytedietError
+from bytediet.perf.bench import ModelWeightBits
 from bytediet.perf.hardware import get_hardware
+from bytediet.perf.roofline import memory_bound_batch
 from tests.conftest import model_from_state, random_state, tiny_config
 
 
@@ -59,6 +62,37 @@ def test_the_policy_is_seeded_with_the_roofline_prefill_time_until_one_is_measur
     with mock.patch("bytediet.perf.measure.this_machine", side_effect=BytedietError("not measured")):
         seed_tier_policy(fresh)  # an unmeasured machine: nothing to seed, no error
     assert fresh.engine.tiers.seconds_per_token is None
+
+
+def speculating_llm(**spec) -> LLM:
+    config = tiny_config("llama")
+    return LLM(
+        loaded=(model_from_state(config, random_state(config)), None),
+        num_blocks=16,
+        block_size=4,
+        speculative_config={"method": "ngram", "num_speculative_tokens": 4, **spec},
+    )
+
+
+def test_speculation_stops_where_the_roofline_says_the_verifying_step_turns_compute_bound():
+    llm = speculating_llm()
+    hardware = get_hardware("h100-sxm")
+    sequences = memory_bound_batch(
+        llm.model.config, hardware, weights=ModelWeightBits(llm.model), kv=llm.engine.runner.codec, decode_rows=5
+    )
+    assert llm.engine.spec_batch_limit.source == "default"
+    with mock.patch("bytediet.perf.measure.this_machine", return_value=hardware):
+        seed_speculation_limit(llm)
+    limit = llm.engine.spec_batch_limit
+    assert (limit.source, limit.sequences, limit.rows) == ("roofline", sequences, 5 * sequences)
+    pinned = speculating_llm(disable_by_batch_size=3)  # the user's limit stands
+    with mock.patch("bytediet.perf.measure.this_machine", return_value=hardware):
+        seed_speculation_limit(pinned)
+    assert (pinned.engine.spec_batch_limit.sequences, pinned.engine.spec_batch_limit.source) == (3, "config")
+    fresh = speculating_llm()
+    with mock.patch("bytediet.perf.measure.this_machine", side_effect=BytedietError("not measured")):
+        seed_speculation_limit(fresh)  # an unmeasured machine: the default stands, no error
+    assert fresh.engine.spec_batch_limit.source == "default"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where torch sees no GPU")

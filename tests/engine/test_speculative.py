@@ -10,7 +10,14 @@ from scipy import stats
 from bytediet.engine.llm import LLM
 from bytediet.engine.params import SamplingParams
 from bytediet.engine.sampling import Sampler
-from bytediet.engine.speculative import AdaptiveDraft, NgramProposer, SpeculativeConfig, verify
+from bytediet.engine.speculative import (
+    DEFAULT_BATCH_LIMIT,
+    AdaptiveDraft,
+    BatchLimit,
+    NgramProposer,
+    SpeculativeConfig,
+    verify,
+)
 from bytediet.errors import ConfigError
 from tests.conftest import model_from_state, random_state, tiny_config
 from tests.engine.test_engine import assert_same_or_tie
@@ -28,6 +35,8 @@ NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1,
         ({"prompt_lookup_min": 3, "prompt_lookup_max": 2}, "prompt_lookup_min"),
         ({"method": "draft_model"}, "model"),
         ({"nope": 1}, "unknown field"),
+        ({"disable_by_batch_size": 0}, "disable_by_batch_size"),
+        ({"disable_by_batch_size": True}, "disable_by_batch_size"),
     ],
 )
 def test_bad_config_is_refused_naming_the_field(bad, field):
@@ -40,6 +49,13 @@ def test_config_from_json_text():
     assert cfg.num_speculative_tokens == 3 and cfg.prompt_lookup_min == 2
     with pytest.raises(ConfigError, match="not valid JSON"):
         SpeculativeConfig.parse("{method: ngram}")
+
+
+def test_the_batch_limit_is_the_configs_else_the_default_until_the_roofline_sets_it():
+    assert BatchLimit.of(SpeculativeConfig.parse({**NGRAM, "disable_by_batch_size": 3})) == BatchLimit(3, "config")
+    assert BatchLimit.of(SpeculativeConfig.parse(NGRAM)) == BatchLimit(DEFAULT_BATCH_LIMIT, "default")
+    assert BatchLimit.from_roofline(3, 4) == BatchLimit(3, "roofline", 15)  # 4 drafts: 5 rows a sequence
+    assert BatchLimit.from_roofline(0, 4).sequences == 1  # a lone sequence may always speculate (measured row cost)
 
 
 # ------------------------------------------------------------------------------------------------ proposals

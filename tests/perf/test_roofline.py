@@ -21,6 +21,7 @@ from bytediet.perf.roofline import (
     compare_with_measurement,
     kv_bytes_per_token,
     kv_cache_bytes,
+    memory_bound_batch,
     rank_hardware,
     ring_link,
     weights_bytes,
@@ -294,3 +295,41 @@ def test_mixtral_decode_reads_active_not_total_weights():
     assert p.to_dict()["num_active_parameters"] == cfg.num_active_parameters
     dense_like = analyze(cfg, get_hardware("h100-sxm"), weights=16, kv=16, batch=1024, context=1)
     assert dense_like.decode.op("experts").bytes > 3.5 * p.decode.op("experts").bytes  # all 8 experts at batch 1024
+
+
+# ------------------------------------------------ where a decode step stops being memory-bound (speculation's limit)
+def test_the_memory_bound_batch_is_where_the_weight_products_turn_compute_bound():
+    cfg, h100 = get_model_config("llama-3-8b"), get_hardware("h100-sxm")
+
+    def products(batch, rows):
+        step = analyze(cfg, h100, weights=4.5, kv=16, batch=batch, context=512, decode_rows=rows).decode
+        ops = [o for o in step.ops if o.name not in ("embedding", "attention", "norms")]
+        return "compute" if sum(o.t_compute for o in ops) > sum(o.t_memory for o in ops) else "memory"
+
+    plain = memory_bound_batch(cfg, h100, weights=4.5, kv=16, context=512)
+    verifying = memory_bound_batch(cfg, h100, weights=4.5, kv=16, context=512, decode_rows=5)
+    assert products(plain, 1) == "memory" and products(plain + 1, 1) == "compute"
+    assert products(verifying, 5) == "memory" and products(verifying + 1, 5) == "compute"
+    # ~295 FLOP/byte at the H100's ridge, 16 GFLOP a row against 4.5 GB of weights: ~80 rows, 16 sequences of 5
+    assert 60 <= plain <= 100 and plain // 5 - 1 <= verifying <= plain // 5 + 1
+    # a verifying step reads the weights and each sequence's KV once for all its rows, and scores every row
+    one = analyze(cfg, h100, weights=4.5, kv=16, batch=1, context=512).decode
+    five = analyze(cfg, h100, weights=4.5, kv=16, batch=1, context=512, decode_rows=5).decode
+    assert five.op("lm_head").flops == 5 * one.op("lm_head").flops
+    assert five.op("qkv").bytes < 1.01 * one.op("qkv").bytes
+    assert five.op("attention").flops == pytest.approx(5 * one.op("attention").flops)
+
+
+def test_a_tiny_model_whose_activations_outweigh_its_weights_stays_memory_bound():
+    cfg = replace(
+        get_model_config("llama-2-7b"),
+        hidden_size=32,
+        intermediate_size=64,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=8,
+        vocab_size=96,
+        num_layers=2,
+        layer_types=("full", "full"),
+    )
+    assert memory_bound_batch(cfg, get_hardware("h100-sxm"), most=256) == 256  # the cap: never compute-bound

@@ -287,7 +287,32 @@ def build_llm(args: argparse.Namespace):
     if getattr(args, "save_config", None):
         save_run_config(llm, args)
     seed_tier_policy(llm)
+    seed_speculation_limit(llm)
     return llm
+
+
+def seed_speculation_limit(llm) -> None:
+    """Speculative decoding without ``disable_by_batch_size``: speculate in batches whose verifying step (1 + k rows
+    per sequence) stays memory-bound on this machine's roofline (skipped off the CPU, or when the machine has not been
+    measured: the engine's default stands)."""
+    spec = llm.config.speculative
+    if spec is None or spec.disable_by_batch_size is not None or llm.model.device.type != "cpu":
+        return
+    from ..engine.speculative import BatchLimit
+    from ..errors import BytedietError
+    from ..perf.bench import ModelWeightBits
+    from ..perf.measure import this_machine
+    from ..perf.roofline import memory_bound_batch
+
+    try:
+        hardware = this_machine(measure_if_missing=False, threads=llm.config.num_threads or 2)
+    except BytedietError:
+        return
+    k, model = spec.num_speculative_tokens, llm.model
+    sequences = memory_bound_batch(
+        model.config, hardware, weights=ModelWeightBits(model), kv=llm.engine.runner.codec, decode_rows=1 + k
+    )
+    llm.engine.spec_batch_limit = BatchLimit.from_roofline(sequences, k)
 
 
 def seed_tier_policy(llm, prompt_len: int = 512) -> None:

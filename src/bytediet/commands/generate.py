@@ -124,6 +124,7 @@ def speculative_summary(llm) -> dict:
     s = llm.engine.stats
     return {
         **llm.config.speculative.to_dict(),
+        "batch_limit": llm.engine.spec_batch_limit.to_dict(),
         "verifications": s.spec_verifications,
         "draft_tokens": s.spec_draft_tokens,
         "accepted_tokens": s.spec_accepted_tokens,

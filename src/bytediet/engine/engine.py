@@ -25,7 +25,7 @@ from .request import FinishReason, Request
 from .runner import ModelRunner
 from .sampling import Sampler, TokenLogprobs, token_logprobs
 from .scheduler import Scheduler
-from .speculative import AdaptiveDraft, VerifyCosts, eligible, make_proposer, verify
+from .speculative import AdaptiveDraft, BatchLimit, VerifyCosts, eligible, make_proposer, verify
 from .stop import StopStringDetector
 
 
@@ -105,6 +105,8 @@ class LLMEngine:
             None if config.speculative is None else make_proposer(config.speculative, tokenizer, config.num_threads)
         )
         self.verify_costs = VerifyCosts()
+        # the most decoding sequences that speculate (the commands replace a default one by the roofline's)
+        self.spec_batch_limit = None if config.speculative is None else BatchLimit.of(config.speculative)
         self.stats = EngineStats()
         self._detok: dict[str, _Detok] = {}
         self._ids = itertools.count()
@@ -245,7 +247,7 @@ class LLMEngine:
         if self.proposer is None:
             return
         decoding = [r for r in self.scheduler.running if r.num_computed_tokens + 1 == r.num_tokens]
-        too_many = len(decoding) > self.speculative.disable_by_batch_size
+        too_many = len(decoding) > self.spec_batch_limit.sequences
         row_cost = self.verify_costs.row_cost()
         work = []
         for r in decoding:

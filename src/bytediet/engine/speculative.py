@@ -14,8 +14,8 @@ to the accepted length). Proposals come from the text itself (**prompt lookup**,
 sequence's last n tokens (n from ``prompt_lookup_max`` down to ``prompt_lookup_min``) looked up earlier in the
 sequence, and the tokens that followed them there. :class:`AdaptiveDraft` lowers a request's k when its drafts are
 rejected, to 0 when they do not pay (at the cost of a draft row this engine measured, :class:`VerifyCosts`), and
-probes again later; a batch of more than ``disable_by_batch_size``
-decoding sequences (where a step is no longer memory-bound) does not speculate. A **draft model** (any smaller
+probes again later; a batch of more than :class:`BatchLimit` decoding sequences (``disable_by_batch_size``, else
+where this machine's roofline says a verifying step stops being memory-bound) does not speculate. A **draft model** (any smaller
 model with the target's tokenizer, :class:`DraftModelProposer`) drafts greedily instead.
 
 Requests with penalties, logits processors (structured output) or prompt logprobs do not speculate: each of
@@ -38,6 +38,34 @@ from .params import SamplingParams
 
 METHODS = ("ngram", "draft_model")
 MAX_SPECULATIVE_TOKENS = 16
+#: the most decoding sequences that speculate when neither the config nor this machine's roofline says
+DEFAULT_BATCH_LIMIT = 8
+
+
+@dataclass(frozen=True)
+class BatchLimit:
+    """Above ``sequences`` decoding sequences a step does not speculate; ``source`` says who decided: "config",
+    "roofline" (the most sequences whose verifying step, ``rows`` query rows in all, stays memory-bound on this
+    machine's measured ceilings) or "default"."""
+
+    sequences: int
+    source: str
+    rows: Optional[int] = None
+
+    @classmethod
+    def of(cls, config: "SpeculativeConfig") -> "BatchLimit":
+        if config.disable_by_batch_size is not None:
+            return cls(config.disable_by_batch_size, "config")
+        return cls(DEFAULT_BATCH_LIMIT, "default")
+
+    @classmethod
+    def from_roofline(cls, sequences: int, num_speculative_tokens: int) -> "BatchLimit":
+        """``sequences`` memory-bound verifying sequences of 1 + k rows; at least one (a lone sequence's drafts are
+        priced by the measured row cost, :class:`VerifyCosts`)."""
+        return cls(max(1, sequences), "roofline", sequences * (1 + num_speculative_tokens))
+
+    def to_dict(self) -> dict:
+        return {"sequences": self.sequences, "source": self.source, "memory_bound_rows": self.rows}
 
 
 @dataclass(frozen=True)
@@ -50,7 +78,9 @@ class SpeculativeConfig:
     prompt_lookup_min: int = 2
     prompt_lookup_max: int = 4
     model: Optional[str] = None
-    disable_by_batch_size: int = 8  # more decoding sequences than this: no speculation (compute-bound steps)
+    # more decoding sequences than this: no speculation (compute-bound steps); None: where the roofline of this
+    # machine says the verifying step stops being memory-bound (the commands seed it), else DEFAULT_BATCH_LIMIT
+    disable_by_batch_size: Optional[int] = None
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -69,8 +99,12 @@ class SpeculativeConfig:
             )
         if self.method == "draft_model" and not self.model:
             raise ConfigError('speculative config: method draft_model needs "model": the draft model\'s path or name')
-        if not isinstance(self.disable_by_batch_size, int) or self.disable_by_batch_size < 1:
-            raise ConfigError("speculative config: disable_by_batch_size must be a positive integer")
+        limit = self.disable_by_batch_size
+        if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
+            raise ConfigError(
+                f"speculative config: disable_by_batch_size must be a positive integer (or left out: the roofline's "
+                f"limit), got {limit!r}"
+            )
 
     @classmethod
     def parse(cls, value: Any) -> Optional["SpeculativeConfig"]:

@@ -319,7 +319,10 @@ class _Ctx:
         return self.cost("attention", flops, kv + qo)
 
 
-def _phase(ctx: _Ctx, phase: str, batch: int, q_per_seq: int, pairs: list[int], kv_read: list[int]) -> PhaseCost:
+def _phase(
+    ctx: _Ctx, phase: str, batch: int, q_per_seq: int, pairs: list[int], kv_read: list[int], logit_rows: int = 0
+) -> PhaseCost:
+    """``logit_rows``: the rows the head scores (0: one per sequence)."""
     c, t, nl = ctx.cfg, batch * q_per_seq, ctx.cfg.num_layers
     h, d, v = c.hidden_size, c.head_dim, c.vocab_size
     norms_per_layer = 4 if c.sandwich_norm else 2
@@ -334,9 +337,9 @@ def _phase(ctx: _Ctx, phase: str, batch: int, q_per_seq: int, pairs: list[int], 
         *_mlp_ops(ctx, t, nl - c.num_moe_layers),
         *(_moe_ops(ctx, t) if c.num_moe_layers else ()),
         ctx.cost("norms", (nl * norms_per_layer + 1) * 4 * t * h, norm_bytes),
-        ctx.linear("lm_head", batch, h, v, 1, column=True),
+        ctx.linear("lm_head", logit_rows or batch, h, v, 1, column=True),
     )
-    allreduce, latency = _collectives(ctx, t, batch) if ctx.tp > 1 else (0.0, 0.0)
+    allreduce, latency = _collectives(ctx, t, logit_rows or batch) if ctx.tp > 1 else (0.0, 0.0)
     return PhaseCost(phase, t, ops, allreduce, latency)
 
 
@@ -413,15 +416,19 @@ def analyze(
     prompt_len: Optional[int] = None,
     tp: int = 1,
     compute_dtype: str = "auto",
+    decode_rows: int = 1,
 ) -> Prediction:
     """Predict prefill and decode for ``batch`` sequences; decode attends to ``context`` tokens.
+
+    ``decode_rows``: query rows per sequence in a decode step, each scored by the head (1 + k when it verifies k
+    speculative drafts: the weights and the sequence's KV read once for all of them).
 
     ``weights``: bits per weight, or a weight format. ``kv``: bits per K/V coordinate, or a KV codec.
     ``prompt_len`` (default ``context``) is the prefill length L. ``compute_dtype`` "auto" is the hardware's
     ``compute_dtype_default``, else fp32 on a measured CPU (what the engine runs there) and bf16 elsewhere.
     """
-    if batch < 1 or context < 1 or tp < 1:
-        raise ConfigError("batch, context and tp must be at least 1")
+    if batch < 1 or context < 1 or tp < 1 or decode_rows < 1:
+        raise ConfigError("batch, context, tp and decode_rows must be at least 1")
     length = context if prompt_len is None else prompt_len
     if length < 1:
         raise ConfigError("prompt length must be at least 1")
@@ -432,7 +439,13 @@ def analyze(
     clip = lambda n, w: n if w is None else min(n, w)
     prefill = _phase(ctx, "prefill", batch, length, [causal_pairs(length, w) for w in windows], [0] * len(windows))
     decode = _phase(
-        ctx, "decode", batch, 1, [clip(context, w) for w in windows], [clip(context, w) - 1 for w in windows]
+        ctx,
+        "decode",
+        batch,
+        decode_rows,
+        [decode_rows * clip(context, w) for w in windows],
+        [clip(context, w) - 1 for w in windows],
+        logit_rows=batch * decode_rows,
     )
     kv_token_layer = kv_bytes_per_token(kv, config.num_kv_heads, config.head_dim)
     kv_per_seq = sum(clip(context, w) for w in windows) * kv_token_layer
@@ -456,6 +469,43 @@ def analyze(
         decode=decode,
         extra={"num_parameters": config.num_parameters, "num_active_parameters": config.num_active_parameters},
     )
+
+
+WEIGHTLESS_OPS = ("embedding", "attention", "norms")  # a step's operators that multiply no weight matrix
+
+
+def memory_bound_batch(
+    config: ModelConfig,
+    hardware: HardwareSpec,
+    *,
+    weights: WeightsLike = 16.0,
+    kv: KVLike = 16.0,
+    context: int = 512,
+    decode_rows: int = 1,
+    most: int = 4096,
+) -> int:
+    """The most sequences a decode step of ``decode_rows`` query rows each (1 + k verifying k drafts) holds while its
+    weight products stay memory-bound on the roofline (capped at ``most``); 0 when one sequence's already are
+    compute-bound. Up to there a weight read serves more rows for free; beyond, each row costs its arithmetic, so
+    speculation no longer pays for itself (engine/speculative.py). Attention is left out: each sequence reads its own
+    KV, whatever the batch."""
+
+    def memory_bound(batch: int) -> bool:
+        pred = analyze(config, hardware, weights=weights, kv=kv, batch=batch, context=context, decode_rows=decode_rows)
+        products = [o for o in pred.decode.ops if o.name not in WEIGHTLESS_OPS]
+        return sum(o.t_compute for o in products) <= sum(o.t_memory for o in products)
+
+    if not memory_bound(1):
+        return 0
+    lo, hi = 1, 2
+    while hi <= most and memory_bound(hi):
+        lo, hi = hi, hi * 2
+    if hi > most:
+        return lo
+    while hi - lo > 1:  # memory_bound(lo) and not memory_bound(hi)
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if memory_bound(mid) else (lo, mid)
+    return lo
 
 
 def compare_with_measurement(
