@@ -15,8 +15,8 @@ sequence's last n tokens (n from ``prompt_lookup_max`` down to ``prompt_lookup_m
 sequence, and the tokens that followed them there. :class:`AdaptiveDraft` lowers a request's k when its drafts are
 rejected, to 0 when they do not pay (at the cost of a draft row this engine measured, :class:`VerifyCosts`), and
 probes again later; a batch of more than :class:`BatchLimit` decoding sequences (``disable_by_batch_size``, else
-where this machine's roofline says a verifying step stops being memory-bound) does not speculate. A **draft model** (any smaller
-model with the target's tokenizer, :class:`DraftModelProposer`) drafts greedily instead.
+where this machine's roofline says a verifying step stops being memory-bound) does not speculate. A **draft
+model** (any smaller model with the target's tokenizer, :class:`DraftModelProposer`) drafts greedily instead.
 
 Requests with penalties, logits processors (structured output) or prompt logprobs do not speculate: each of
 their rows would need the state after the drafts before it.
