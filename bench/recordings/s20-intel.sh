@@ -1,7 +1,7 @@
 #!/bin/bash
 # Recording 19 (bench/RESULTS.md): the Intel Xeon VM of session 20
 # again with the library as built from the tree (the earlier runs' cached library was an experiment's: x4 at every batch)
-cd /work/main
+cd "$(dirname "$0")/../.."
 P=$(pgrep -f "kv-pareto-journal" | tr '\n' ' ')
 [ -n "$P" ] && kill -STOP $P
 D=bench/results/s20-intel
