@@ -26,6 +26,7 @@ from bytediet.perf.roofline import (
     ring_link,
     weights_bytes,
 )
+from tests.conftest import tiny_config
 
 
 def close(value: float, target: float, rel: float = 0.05) -> bool:
@@ -321,15 +322,5 @@ def test_the_memory_bound_batch_is_where_the_weight_products_turn_compute_bound(
 
 
 def test_a_tiny_model_whose_activations_outweigh_its_weights_stays_memory_bound():
-    cfg = replace(
-        get_model_config("llama-2-7b"),
-        hidden_size=32,
-        intermediate_size=64,
-        num_heads=4,
-        num_kv_heads=2,
-        head_dim=8,
-        vocab_size=96,
-        num_layers=2,
-        layer_types=("full", "full"),
-    )
+    cfg = tiny_config("llama")  # hidden 32: a row's activations weigh more than its share of the weights
     assert memory_bound_batch(cfg, get_hardware("h100-sxm"), most=256) == 256  # the cap: never compute-bound
