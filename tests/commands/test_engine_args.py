@@ -26,14 +26,14 @@ from bytediet.perf.roofline import memory_bound_batch
 from tests.conftest import model_from_state, random_state, tiny_config
 
 
-def tiered_llm() -> LLM:
+def tiny_llm(**engine) -> LLM:
+    """A tiny random llama in a 16-block pool of 4-token blocks, with these LLM(...) keywords."""
     config = tiny_config("llama")
-    return LLM(
-        loaded=(model_from_state(config, random_state(config)), None),
-        num_blocks=16,
-        block_size=4,
-        kv_offload_size="1MiB",
-    )
+    return LLM(loaded=(model_from_state(config, random_state(config)), None), num_blocks=16, block_size=4, **engine)
+
+
+def tiered_llm() -> LLM:
+    return tiny_llm(kv_offload_size="1MiB")
 
 
 def test_offload_flags_become_llm_keywords():
@@ -65,13 +65,7 @@ def test_the_policy_is_seeded_with_the_roofline_prefill_time_until_one_is_measur
 
 
 def speculating_llm(**spec) -> LLM:
-    config = tiny_config("llama")
-    return LLM(
-        loaded=(model_from_state(config, random_state(config)), None),
-        num_blocks=16,
-        block_size=4,
-        speculative_config={"method": "ngram", "num_speculative_tokens": 4, **spec},
-    )
+    return tiny_llm(speculative_config={"method": "ngram", "num_speculative_tokens": 4, **spec})
 
 
 def test_speculation_stops_where_the_roofline_says_the_verifying_step_turns_compute_bound():

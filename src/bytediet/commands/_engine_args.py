@@ -291,6 +291,18 @@ def build_llm(args: argparse.Namespace):
     return llm
 
 
+def measured_hardware(llm):
+    """This machine's measured ceilings (``perf.measure.this_machine``) at the engine's thread count, or None when
+    the machine has not been measured (the roofline seeds below then leave the engine's defaults)."""
+    from ..errors import BytedietError
+    from ..perf.measure import this_machine
+
+    try:
+        return this_machine(measure_if_missing=False, threads=llm.config.num_threads or 2)
+    except BytedietError:
+        return None
+
+
 def seed_speculation_limit(llm) -> None:
     """Speculative decoding without ``disable_by_batch_size``: speculate in batches whose verifying step (1 + k rows
     per sequence) stays memory-bound on this machine's roofline (skipped off the CPU, or when the machine has not been
@@ -298,16 +310,13 @@ def seed_speculation_limit(llm) -> None:
     spec = llm.config.speculative
     if spec is None or spec.disable_by_batch_size is not None or llm.model.device.type != "cpu":
         return
+    hardware = measured_hardware(llm)
+    if hardware is None:
+        return
     from ..engine.speculative import BatchLimit
-    from ..errors import BytedietError
     from ..perf.bench import ModelWeightBits
-    from ..perf.measure import this_machine
     from ..perf.roofline import memory_bound_batch
 
-    try:
-        hardware = this_machine(measure_if_missing=False, threads=llm.config.num_threads or 2)
-    except BytedietError:
-        return
     k, model = spec.num_speculative_tokens, llm.model
     sequences = memory_bound_batch(
         model.config, hardware, weights=ModelWeightBits(model), kv=llm.engine.runner.codec, decode_rows=1 + k
@@ -321,15 +330,12 @@ def seed_tier_policy(llm, prompt_len: int = 512) -> None:
     tiers = llm.engine.tiers
     if tiers is None or tiers.seconds_per_token is not None:
         return
-    from ..errors import BytedietError
+    hardware = measured_hardware(llm)
+    if hardware is None:
+        return
     from ..perf.bench import ModelWeightBits
-    from ..perf.measure import this_machine
     from ..perf.roofline import analyze
 
-    try:
-        hardware = this_machine(measure_if_missing=False, threads=llm.config.num_threads or 2)
-    except BytedietError:
-        return
     model = llm.model
     pred = analyze(
         model.config,
