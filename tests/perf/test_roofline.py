@@ -324,3 +324,4 @@ def test_the_memory_bound_batch_is_where_the_weight_products_turn_compute_bound(
 def test_a_tiny_model_whose_activations_outweigh_its_weights_stays_memory_bound():
     cfg = tiny_config("llama")  # hidden 32: a row's activations weigh more than its share of the weights
     assert memory_bound_batch(cfg, get_hardware("h100-sxm"), most=256) == 256  # the cap: never compute-bound
+    assert memory_bound_batch(cfg, get_hardware("h100-sxm"), most=100) == 100  # a cap between powers of two

@@ -500,8 +500,7 @@ def memory_bound_batch(
     lo, hi = 1, 2
     while hi <= most and memory_bound(hi):
         lo, hi = hi, hi * 2
-    if hi > most:
-        return lo
+    hi = min(hi, most + 1)  # past the cap counts as compute-bound
     while hi - lo > 1:  # memory_bound(lo) and not memory_bound(hi)
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if memory_bound(mid) else (lo, mid)
