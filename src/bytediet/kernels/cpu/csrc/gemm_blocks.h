@@ -105,6 +105,18 @@ inline void for_each_tile(long M, int most, Fn&& fn) {
 // codes, the vector an x4 dot product's int32 lanes start from — −offset · Σ of bytes 0–3 of every 8 (what each
 // row's even lane multiplies) on the even lanes, of bytes 4–7 on the odd; out[(row · planes + plane) · runs + run].
 void offset_corrections(const QuantizedRows& x, long M, int span, int32_t offset, std::vector<__m256i>& out);
+#if BD_AVX512
+// q16 rows laid out for one 512-bit dot over both planes (the x4 kernels' paired form): per row and 32-block, the
+// codes 8 bytes of each plane at a time (k = 0..3: plane 1's bytes 8k..8k+7, then plane 2's), the scales (d, d, d2,
+// d2) and, where the weight's codes go in offset, per run of `span` codes the corrections (−offset · plane 1's even
+// and odd sums, then plane 2's): one 16-byte broadcast feeds both planes, lane 4r + 2p + h of row r, plane p.
+struct PairedRows {
+    std::vector<int8_t> codes;  // (M, nblocks, 64)
+    std::vector<float> scales;  // (M, nblocks, 4)
+    std::vector<int32_t> corr;  // (M, nblocks, 32 / span, 4); empty when span is 0
+};
+void pair_planes(const QuantizedRows& x, long M, int span, int32_t offset, PairedRows& out);
+#endif
 bool has_x4(int ggml_type);
 long x4_block_bytes_of(int ggml_type);  // the 32-weight formats: bytes per 4 rows × 32 weights
 // The K-quant interleaved layouts (gemm_kx4.cpp): bytes per group of 4 rows and super-block, 0 for another type.

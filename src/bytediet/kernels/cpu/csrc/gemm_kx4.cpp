@@ -18,6 +18,7 @@
 #include "block_formats.h"
 #include "gemm_blocks.h"
 #include "isa.h"
+#include "x4_lanes.h"
 
 namespace bd {
 namespace {
@@ -70,11 +71,13 @@ inline void nibbles4(const uint8_t* c, __m256i u[4]) {
     u[3] = _mm256_and_si256(_mm256_srli_epi16(hi, 4), low);
 }
 
+// q16 rows (TWO) keep each plane's sums apart until the end, as the AVX-512 paired kernels below do in one vector.
 template <int NC, bool TWO>
 void group_q4k(const uint8_t* w, long nsuper, const QuantizedRows& x, long m0, float* y, long ldy, long n0,
                const float* bias) {
-    __m256 acc[NC];
+    __m256 acc[NC], acc2[TWO ? NC : 1];
     for (int c = 0; c < NC; ++c) acc[c] = _mm256_setzero_ps();
+    for (int c = 0; c < (TWO ? NC : 1); ++c) acc2[c] = _mm256_setzero_ps();
     const __m256 minus_half = _mm256_set1_ps(-0.5f);
     for (long i = 0; i < nsuper; ++i) {
         const uint8_t* g = w + i * kQ4KBytes;
@@ -90,19 +93,14 @@ void group_q4k(const uint8_t* w, long nsuper, const QuantizedRows& x, long m0, f
                 const long row = m0 + c, at = row * x.k + blk * 32;
                 acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(sc, _mm256_set1_ps(x.d[row * x.nblocks + blk])),
                                          _mm256_cvtepi32_ps(dot4(u, x.q + at)), acc[c]);
-                if constexpr (TWO)
-                    acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(sc, _mm256_set1_ps(x.d2[row * x.nblocks + blk])),
-                                             _mm256_cvtepi32_ps(dot4(u, x.q2 + at)), acc[c]);
                 acc[c] = _mm256_fmadd_ps(mn, _mm256_set1_ps(x.s[row * x.nblocks + blk]), acc[c]);
+                if constexpr (TWO)
+                    acc2[c] = _mm256_fmadd_ps(_mm256_mul_ps(sc, _mm256_set1_ps(x.d2[row * x.nblocks + blk])),
+                                              _mm256_cvtepi32_ps(dot4(u, x.q2 + at)), acc2[c]);
             }
         }
     }
-    for (int c = 0; c < NC; ++c) {
-        alignas(32) float lanes[8];
-        _mm256_store_ps(lanes, acc[c]);
-        for (int r = 0; r < 4; ++r)
-            y[(m0 + c) * ldy + n0 + r] = lanes[2 * r] + lanes[2 * r + 1] + (bias ? bias[n0 + r] : 0.0f);
-    }
+    x4_store<NC, TWO>(acc, acc2, m0, y, ldy, n0, bias);
 }
 
 // One plane's two half-block sums (elements 0..15 and 16..31) per lane, each started from its offset
@@ -125,12 +123,27 @@ inline void dot6(const __m256i u[4], const int8_t* xq, const __m256i* corr, __m2
 #endif
 }
 
+// Q6_K's codes of sub-block j of a group super-block g, unsigned 0..63.
+inline void codes6(const uint8_t* g, int j, __m256i u[4]) {
+    const __m256i low = _mm256_set1_epi8(0x0F), top = _mm256_set1_epi8(0x30);
+    const uint8_t* c = g + 72 + 96 * j;
+    const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c));
+    const __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 32));
+    const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 64));
+    u[0] = _mm256_or_si256(_mm256_and_si256(lo, low), _mm256_and_si256(_mm256_slli_epi16(hb, 4), top));
+    u[1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lo, 4), low),
+                           _mm256_and_si256(_mm256_slli_epi16(hb, 2), top));
+    u[2] = _mm256_or_si256(_mm256_and_si256(hi, low), _mm256_and_si256(hb, top));
+    u[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(hi, 4), low),
+                           _mm256_and_si256(_mm256_srli_epi16(hb, 2), top));
+}
+
 template <int NC, bool TWO>
 void group_q6k(const uint8_t* w, long nsuper, const QuantizedRows& x, const __m256i* corr, long m0, float* y, long ldy,
                long n0, const float* bias) {
-    __m256 acc[NC];
+    __m256 acc[NC], acc2[TWO ? NC : 1];
     for (int c = 0; c < NC; ++c) acc[c] = _mm256_setzero_ps();
-    const __m256i low = _mm256_set1_epi8(0x0F), top = _mm256_set1_epi8(0x30);
+    for (int c = 0; c < (TWO ? NC : 1); ++c) acc2[c] = _mm256_setzero_ps();
     const long halves = x.k / 16;  // per activation row and plane, in corr
     for (long i = 0; i < nsuper; ++i) {
         const uint8_t* g = w + i * kQ6KBytes;
@@ -139,17 +152,8 @@ void group_q6k(const uint8_t* w, long nsuper, const QuantizedRows& x, const __m2
         for (int j = 0; j < 8; ++j) {
             const __m256 s_lo = _mm256_mul_ps(d, pairs_u8<true>(g + 8 + 8 * j));
             const __m256 s_hi = _mm256_mul_ps(d, pairs_u8<true>(g + 12 + 8 * j));
-            const uint8_t* c = g + 72 + 96 * j;
-            const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c));
-            const __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 32));
-            const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 64));
             __m256i u[4];
-            u[0] = _mm256_or_si256(_mm256_and_si256(lo, low), _mm256_and_si256(_mm256_slli_epi16(hb, 4), top));
-            u[1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lo, 4), low),
-                                   _mm256_and_si256(_mm256_slli_epi16(hb, 2), top));
-            u[2] = _mm256_or_si256(_mm256_and_si256(hi, low), _mm256_and_si256(hb, top));
-            u[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(hi, 4), low),
-                                   _mm256_and_si256(_mm256_srli_epi16(hb, 2), top));
+            codes6(g, j, u);
             const long blk = i * 8 + j;
             for (int c2 = 0; c2 < NC; ++c2) {
                 const long row = m0 + c2, at = row * x.k + blk * 32;
@@ -161,19 +165,85 @@ void group_q6k(const uint8_t* w, long nsuper, const QuantizedRows& x, const __m2
                 if constexpr (TWO) {
                     dot6(u, x.q2 + at, corr + (row * 2 + 1) * halves + 2 * blk, p_lo, p_hi);
                     const __m256 xd2 = _mm256_set1_ps(x.d2[row * x.nblocks + blk]);
-                    acc[c2] = _mm256_fmadd_ps(_mm256_mul_ps(s_lo, xd2), _mm256_cvtepi32_ps(p_lo), acc[c2]);
-                    acc[c2] = _mm256_fmadd_ps(_mm256_mul_ps(s_hi, xd2), _mm256_cvtepi32_ps(p_hi), acc[c2]);
+                    acc2[c2] = _mm256_fmadd_ps(_mm256_mul_ps(s_lo, xd2), _mm256_cvtepi32_ps(p_lo), acc2[c2]);
+                    acc2[c2] = _mm256_fmadd_ps(_mm256_mul_ps(s_hi, xd2), _mm256_cvtepi32_ps(p_hi), acc2[c2]);
                 }
             }
         }
     }
-    for (int c = 0; c < NC; ++c) {
-        alignas(32) float lanes[8];
-        _mm256_store_ps(lanes, acc[c]);
-        for (int r = 0; r < 4; ++r)
-            y[(m0 + c) * ldy + n0 + r] = lanes[2 * r] + lanes[2 * r + 1] + (bias ? bias[n0 + r] : 0.0f);
-    }
+    x4_store<NC, TWO>(acc, acc2, m0, y, ldy, n0, bias);
 }
+
+#if BD_AVX512
+// group_q4k<NC, true> in 16 lanes: half the dot instructions and activation loads, the same bits.
+template <int NC>
+void group_q4k_paired(const uint8_t* w, long nsuper, const PairedRows& px, const QuantizedRows& x, long m0, float* y,
+                      long ldy, long n0, const float* bias) {
+    __m512 acc[NC];
+    for (int c = 0; c < NC; ++c) acc[c] = _mm512_setzero_ps();
+    const __m256 minus_half = _mm256_set1_ps(-0.5f);
+    for (long i = 0; i < nsuper; ++i) {
+        const uint8_t* g = w + i * kQ4KBytes;
+        prefetch_weights(g, kQ4KBytes);
+        const __m256 d = pairs_f16(g), dmin = _mm256_mul_ps(pairs_f16(g + 8), minus_half);
+        for (int j = 0; j < 8; ++j) {
+            const __m512 sc = spread(_mm256_mul_ps(d, pairs_u8<false>(g + 16 + 4 * j)));
+            const __m512 mn = spread(_mm256_mul_ps(dmin, pairs_u8<false>(g + 48 + 4 * j)), kPlaneOne);
+            __m256i u[4];
+            nibbles4(g + 80 + 64 * j, u);
+            __m512i uu[4];
+            for (int k = 0; k < 4; ++k) uu[k] = rows_twice(u[k]);
+            const long blk = i * 8 + j;
+            for (int c = 0; c < NC; ++c) {
+                const long rb = (m0 + c) * x.nblocks + blk;
+                __m512i s = _mm512_setzero_si512();
+                for (int k = 0; k < 4; ++k) s = _mm512_dpbusd_epi32(s, uu[k], paired_x(px, rb, k));
+                const __m512 xs = paired_scales(px, rb);
+                acc[c] = _mm512_fmadd_ps(_mm512_mul_ps(sc, xs), _mm512_cvtepi32_ps(s), acc[c]);
+                acc[c] = _mm512_fmadd_ps(mn, _mm512_set1_ps(x.s[rb]), acc[c]);
+            }
+        }
+    }
+    x4_store_paired<NC>(acc, m0, y, ldy, n0, bias);
+}
+
+// group_q6k<NC, true> in 16 lanes; px.corr: pair_planes(x, M, 16, 32), two runs of 16 codes per block.
+template <int NC>
+void group_q6k_paired(const uint8_t* w, long nsuper, const PairedRows& px, const QuantizedRows& x, long m0, float* y,
+                      long ldy, long n0, const float* bias) {
+    __m512 acc[NC];
+    for (int c = 0; c < NC; ++c) acc[c] = _mm512_setzero_ps();
+    for (long i = 0; i < nsuper; ++i) {
+        const uint8_t* g = w + i * kQ6KBytes;
+        prefetch_weights(g, kQ6KBytes);
+        const __m256 d = pairs_f16(g);
+        for (int j = 0; j < 8; ++j) {
+            const __m512 s_lo = spread(_mm256_mul_ps(d, pairs_u8<true>(g + 8 + 8 * j)));
+            const __m512 s_hi = spread(_mm256_mul_ps(d, pairs_u8<true>(g + 12 + 8 * j)));
+            __m256i u[4];
+            codes6(g, j, u);
+            __m512i uu[4];
+            for (int k = 0; k < 4; ++k) uu[k] = rows_twice(u[k]);
+            const long blk = i * 8 + j;
+            for (int c = 0; c < NC; ++c) {
+                const long rb = (m0 + c) * x.nblocks + blk;
+                const int32_t* corr = px.corr.data() + rb * 8;
+                __m512i lo = paired_corr(corr), hi = paired_corr(corr + 4);
+                lo = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(lo, uu[0], paired_x(px, rb, 0)), uu[1],
+                                         paired_x(px, rb, 1));
+                hi = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(hi, uu[2], paired_x(px, rb, 2)), uu[3],
+                                         paired_x(px, rb, 3));
+                const __m512 xs = paired_scales(px, rb);
+                acc[c] = _mm512_fmadd_ps(_mm512_mul_ps(s_lo, xs), _mm512_cvtepi32_ps(lo), acc[c]);
+                acc[c] = _mm512_fmadd_ps(_mm512_mul_ps(s_hi, xs), _mm512_cvtepi32_ps(hi), acc[c]);
+            }
+        }
+    }
+    x4_store_paired<NC>(acc, m0, y, ldy, n0, bias);
+}
+
+thread_local PairedRows t_kx4_paired;
+#endif
 
 thread_local std::vector<__m256i> t_q6k_corrections;
 
@@ -253,6 +323,22 @@ void repack_kx4(int type, const uint8_t* src, long N, long K, uint8_t* dst) {
 void rows_kx4(const X4Product& p, const QuantizedRows& x, long M, long b, long e) {
     const long nsuper = p.k / 256, group_bytes = nsuper * kx4_group_bytes(p.ggml_type);
     const bool two = x.q2 != nullptr;
+#if BD_AVX512
+    if (two) {
+        pair_planes(x, M, p.ggml_type == kQ6_K ? 16 : 0, 32, t_kx4_paired);
+        for (long n = b; n < e; n += 4) {
+            const uint8_t* g = p.w + (n / 4) * group_bytes;
+            for_each_tile(M, kTwoPlaneTile, [&](auto nc, long m) {
+                constexpr int NC = decltype(nc)::value;
+                if (p.ggml_type == kQ4_K)
+                    group_q4k_paired<NC>(g, nsuper, t_kx4_paired, x, m, p.y, p.n, n, p.bias);
+                else
+                    group_q6k_paired<NC>(g, nsuper, t_kx4_paired, x, m, p.y, p.n, n, p.bias);
+            });
+        }
+        return;
+    }
+#endif
     if (p.ggml_type == kQ6_K) offset_corrections(x, M, 16, 32, t_q6k_corrections);
     const __m256i* corr = t_q6k_corrections.data();
     const int most = two ? kTwoPlaneTile : kOnePlaneTile;

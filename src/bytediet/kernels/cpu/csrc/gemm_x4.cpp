@@ -17,6 +17,7 @@
 #include "gemm_blocks.h"
 #include "isa.h"
 #include "threadpool.h"
+#include "x4_lanes.h"
 
 namespace bd {
 namespace {
@@ -118,13 +119,6 @@ inline __m256 zero_point_coef(const uint8_t* g, __m256 d) {
     return _mm256_setzero_ps();
 }
 
-// Row r's output from its lanes: plane 1's two, then plane 2's (q16), then the bias. Every variant and tile sums
-// in this order, so their results are the same bits.
-inline float row_sum(const float* plane1, const float* plane2, int r, const float* bias) {
-    const float one = plane1[2 * r] + plane1[2 * r + 1];
-    return (plane2 ? one + (plane2[2 * r] + plane2[2 * r + 1]) : one) + (bias ? bias[r] : 0.0f);
-}
-
 // corr: offset_corrections(x, 32, 128) where Q8_0's codes go in offset (kQ8Offset), else nullptr. q16 rows (TWO)
 // keep each plane's sums apart until the end: AVX-512's paired kernel below computes both planes in one vector.
 template <int TYPE, int NC, bool TWO>
@@ -150,65 +144,21 @@ void group_q8(const uint8_t* w, long nblocks, const QuantizedRows& x, const __m2
             if constexpr (TYPE != kQ8_0)
                 acc[c] = _mm256_fmadd_ps(zero_coef, _mm256_set1_ps(x.s[row * x.nblocks + b]), acc[c]);
             if constexpr (TWO)
-                acc2[c] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(x.d2[row * x.nblocks + b])),
-                                          _mm256_cvtepi32_ps(plane_dot<TYPE>(u, x.q2 + at, offset ? cr[nblocks] : zero)),
-                                          acc2[c]);
+                acc2[c] = _mm256_fmadd_ps(
+                    _mm256_mul_ps(d, _mm256_set1_ps(x.d2[row * x.nblocks + b])),
+                    _mm256_cvtepi32_ps(plane_dot<TYPE>(u, x.q2 + at, offset ? cr[nblocks] : zero)), acc2[c]);
         }
     }
-    for (int c = 0; c < NC; ++c) {
-        alignas(32) float lanes[8], lanes2[8];
-        _mm256_store_ps(lanes, acc[c]);
-        if constexpr (TWO) _mm256_store_ps(lanes2, acc2[c]);
-        for (int r = 0; r < 4; ++r)
-            y[(m0 + c) * ldy + n0 + r] = row_sum(lanes, TWO ? lanes2 : nullptr, r, bias ? bias + n0 : nullptr);
-    }
+    x4_store<NC, TWO>(acc, acc2, m0, y, ldy, n0, bias);
 }
 
 #if BD_AVX512
-// q16 rows laid out for one 512-bit dot over both planes: per row and 32-block, the codes 8 bytes of each plane at a
-// time (k = 0..3: plane 1's bytes 8k..8k+7, then plane 2's), the scales (d, d, d2, d2) and, for Q8_0's offset codes,
-// the corrections (plane 1's even and odd sums, then plane 2's): one 16-byte broadcast feeds both planes.
-struct PairedRows {
-    std::vector<int8_t> codes;  // (M, nblocks, 64)
-    std::vector<float> scales;  // (M, nblocks, 4)
-    std::vector<int32_t> corr;  // (M, nblocks, 4), Q8_0's only
-};
-
-thread_local PairedRows t_paired;
-
-void pair_planes(const QuantizedRows& x, long M, bool offset_sums, PairedRows& out) {
-    const long nb = x.nblocks;
-    out.codes.resize(M * nb * 64);
-    out.scales.resize(M * nb * 4);
-    if (offset_sums) out.corr.resize(M * nb * 4);
-    for (long m = 0; m < M; ++m)
-        for (long b = 0; b < nb; ++b) {
-            const long rb = m * nb + b;
-            const int8_t* planes[2] = {x.q + m * x.k + b * 32, x.q2 + m * x.k + b * 32};
-            for (int k = 0; k < 4; ++k)
-                for (int p = 0; p < 2; ++p) std::memcpy(out.codes.data() + rb * 64 + 16 * k + 8 * p, planes[p] + 8 * k, 8);
-            float* s = out.scales.data() + rb * 4;
-            s[0] = s[1] = x.d[rb];
-            s[2] = s[3] = x.d2[rb];
-            if (offset_sums)
-                for (int p = 0; p < 2; ++p) {
-                    int32_t even = 0, odd = 0;  // bytes 0-3 and 4-7 of every 8
-                    for (int e = 0; e < 32; ++e) (e % 8 < 4 ? even : odd) += planes[p][e];
-                    out.corr[rb * 4 + 2 * p] = -128 * even;
-                    out.corr[rb * 4 + 2 * p + 1] = -128 * odd;
-                }
-        }
-}
-
 // group_q8 for q16 rows in 16 lanes (row r, plane p, half h in lane 4r + 2p + h): half the dot instructions and
 // activation loads of two 8-lane planes; the same integer sums and float steps per lane, so the same bits.
 template <int TYPE, int NC>
 void group_q16_paired(const uint8_t* w, long nblocks, const PairedRows& px, const QuantizedRows& x, long m0, float* y,
                       long ldy, long n0, const float* bias) {
     constexpr int BB = TYPE == kQ4_0 ? 72 : TYPE == kQ4_1 ? 80 : TYPE == kQ5_0 ? 88 : 136;
-    const __m512i rows_twice = _mm512_setr_epi64(0, 0, 1, 1, 2, 2, 3, 3);
-    const __m512i lanes_twice = _mm512_setr_epi32(0, 1, 0, 1, 2, 3, 2, 3, 4, 5, 4, 5, 6, 7, 6, 7);
-    constexpr __mmask16 kPlaneOne = 0x3333;
     __m512 acc[NC];
     for (int c = 0; c < NC; ++c) acc[c] = _mm512_setzero_ps();
     for (long b = 0; b < nblocks; ++b) {
@@ -217,36 +167,25 @@ void group_q16_paired(const uint8_t* w, long nblocks, const PairedRows& px, cons
         __m256i u[4];
         block_codes<TYPE>(g, u);
         __m512i uu[4];
-        for (int k = 0; k < 4; ++k) uu[k] = _mm512_permutexvar_epi64(rows_twice, _mm512_castsi256_si512(u[k]));
+        for (int k = 0; k < 4; ++k) uu[k] = rows_twice(u[k]);
         const __m256 d8 = scales_x4(g);
-        const __m512 d = _mm512_permutexvar_ps(lanes_twice, _mm512_castps256_ps512(d8));
-        const __m512 zero_coef =
-            _mm512_maskz_permutexvar_ps(kPlaneOne, lanes_twice, _mm512_castps256_ps512(zero_point_coef<TYPE>(g, d8)));
+        const __m512 d = spread(d8), zero_coef = spread(zero_point_coef<TYPE>(g, d8), kPlaneOne);
         for (int c = 0; c < NC; ++c) {
             const long rb = (m0 + c) * nblocks + b;
-            const int8_t* xp = px.codes.data() + rb * 64;
-            __m512i s = TYPE == kQ8_0 ? _mm512_broadcast_i32x4(_mm_loadu_si128(
-                                            reinterpret_cast<const __m128i*>(px.corr.data() + rb * 4)))
-                                      : _mm512_setzero_si512();
-            for (int k = 0; k < 4; ++k)
-                s = _mm512_dpbusd_epi32(
-                    s, uu[k], _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xp + 16 * k))));
-            const __m512 scale = _mm512_mul_ps(d, _mm512_broadcast_f32x4(_mm_loadu_ps(px.scales.data() + rb * 4)));
-            acc[c] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(s), acc[c]);
+            __m512i s = TYPE == kQ8_0 ? paired_corr(px.corr.data() + rb * 4) : _mm512_setzero_si512();
+            for (int k = 0; k < 4; ++k) s = _mm512_dpbusd_epi32(s, uu[k], paired_x(px, rb, k));
+            acc[c] = _mm512_fmadd_ps(_mm512_mul_ps(d, paired_scales(px, rb)), _mm512_cvtepi32_ps(s), acc[c]);
             if constexpr (TYPE != kQ8_0) acc[c] = _mm512_fmadd_ps(zero_coef, _mm512_set1_ps(x.s[rb]), acc[c]);
         }
     }
-    for (int c = 0; c < NC; ++c) {
-        alignas(64) float lanes[16], plane1[8], plane2[8];
-        _mm512_store_ps(lanes, acc[c]);
-        for (int r = 0; r < 4; ++r)
-            for (int h = 0; h < 2; ++h) plane1[2 * r + h] = lanes[4 * r + h], plane2[2 * r + h] = lanes[4 * r + 2 + h];
-        for (int r = 0; r < 4; ++r) y[(m0 + c) * ldy + n0 + r] = row_sum(plane1, plane2, r, bias ? bias + n0 : nullptr);
-    }
+    x4_store_paired<NC>(acc, m0, y, ldy, n0, bias);
 }
 #endif
 
 thread_local std::vector<__m256i> t_q8_corrections;
+#if BD_AVX512
+thread_local PairedRows t_paired;
+#endif
 
 // Rows [b, e) (multiples of 4) of one weight against all M activation rows.
 template <int TYPE>
@@ -256,7 +195,7 @@ void rows_x4(const uint8_t* w, long K, const QuantizedRows& x, long M, float* y,
     const bool two = x.q2 != nullptr;
 #if BD_AVX512
     if (two) {
-        pair_planes(x, M, TYPE == kQ8_0, t_paired);
+        pair_planes(x, M, TYPE == kQ8_0 ? 32 : 0, 128, t_paired);
         for (long n = b; n < e; n += 4)
             for_each_tile(M, kTwoPlaneTile, [&](auto nc, long m) {
                 group_q16_paired<TYPE, decltype(nc)::value>(w + (n / 4) * group_bytes, nb, t_paired, x, m, y, ldy, n,
@@ -309,6 +248,33 @@ void offset_corrections(const QuantizedRows& x, long M, int span, int32_t offset
             }
         }
 }
+
+#if BD_AVX512
+void pair_planes(const QuantizedRows& x, long M, int span, int32_t offset, PairedRows& out) {
+    const long nb = x.nblocks, halves = span ? 32 / span : 0;
+    out.codes.resize(M * nb * 64);
+    out.scales.resize(M * nb * 4);
+    out.corr.resize(M * nb * 4 * halves);
+    for (long m = 0; m < M; ++m)
+        for (long b = 0; b < nb; ++b) {
+            const long rb = m * nb + b;
+            const int8_t* planes[2] = {x.q + m * x.k + b * 32, x.q2 + m * x.k + b * 32};
+            for (int k = 0; k < 4; ++k)
+                for (int p = 0; p < 2; ++p)
+                    std::memcpy(out.codes.data() + rb * 64 + 16 * k + 8 * p, planes[p] + 8 * k, 8);
+            float* s = out.scales.data() + rb * 4;
+            s[0] = s[1] = x.d[rb];
+            s[2] = s[3] = x.d2[rb];
+            for (long h = 0; h < halves; ++h)
+                for (int p = 0; p < 2; ++p) {
+                    int32_t even = 0, odd = 0;  // bytes 0-3 and 4-7 of every 8
+                    for (int e = 0; e < span; ++e) (e % 8 < 4 ? even : odd) += planes[p][h * span + e];
+                    out.corr[(rb * halves + h) * 4 + 2 * p] = -offset * even;
+                    out.corr[(rb * halves + h) * 4 + 2 * p + 1] = -offset * odd;
+                }
+        }
+}
+#endif
 
 long x4_block_bytes_of(int type) { return x4_block_bytes(type); }
 
