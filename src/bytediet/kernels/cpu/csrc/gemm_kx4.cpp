@@ -346,12 +346,17 @@ void rows_kx4(const X4Product& p, const QuantizedRows& x, long M, long b, long e
         const uint8_t* g = p.w + (n / 4) * group_bytes;
         for_each_tile(M, most, [&](auto nc, long m) {
             constexpr int NC = decltype(nc)::value;
-            if (p.ggml_type == kQ4_K)
-                two ? group_q4k<NC, true>(g, nsuper, x, m, p.y, p.n, n, p.bias)
-                    : group_q4k<NC, false>(g, nsuper, x, m, p.y, p.n, n, p.bias);
-            else
-                two ? group_q6k<NC, true>(g, nsuper, x, corr, m, p.y, p.n, n, p.bias)
-                    : group_q6k<NC, false>(g, nsuper, x, corr, m, p.y, p.n, n, p.bias);
+            if (!two) {
+                if (p.ggml_type == kQ4_K)
+                    group_q4k<NC, false>(g, nsuper, x, m, p.y, p.n, n, p.bias);
+                else
+                    group_q6k<NC, false>(g, nsuper, x, corr, m, p.y, p.n, n, p.bias);
+            } else if constexpr (!BD_AVX512) {  // AVX-512 took q16 rows to the paired kernels above
+                if (p.ggml_type == kQ4_K)
+                    group_q4k<NC, true>(g, nsuper, x, m, p.y, p.n, n, p.bias);
+                else
+                    group_q6k<NC, true>(g, nsuper, x, corr, m, p.y, p.n, n, p.bias);
+            }
         });
     }
 }

@@ -213,10 +213,10 @@ void rows_x4(const uint8_t* w, long K, const QuantizedRows& x, long M, float* y,
     for (long n = b; n < e; n += 4) {
         const uint8_t* g = w + (n / 4) * group_bytes;
         for_each_tile(M, most, [&](auto nc, long m) {
-            if (two)
-                group_q8<TYPE, decltype(nc)::value, true>(g, nb, x, corr, m, y, ldy, n, bias);
-            else
+            if (!two)
                 group_q8<TYPE, decltype(nc)::value, false>(g, nb, x, corr, m, y, ldy, n, bias);
+            else if constexpr (!BD_AVX512)  // AVX-512 took q16 rows to the paired kernel above
+                group_q8<TYPE, decltype(nc)::value, true>(g, nb, x, corr, m, y, ldy, n, bias);
         });
     }
 }
