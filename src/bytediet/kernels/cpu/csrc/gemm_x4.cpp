@@ -137,16 +137,16 @@ void group_q8(const uint8_t* w, long nblocks, const QuantizedRows& x, const __m2
         for (int c = 0; c < NC; ++c) {
             const long row = m0 + c, at = row * x.k + b * 32;
             constexpr bool offset = TYPE == kQ8_0 && kQ8Offset;
-            const __m256i* cr = offset ? corr + row * (TWO ? 2 : 1) * nblocks + b : nullptr;
+            static_assert(!(offset && TWO), "q16 rows with offset codes (AVX-512) take group_q16_paired");
             const __m256i zero = _mm256_setzero_si256();
-            acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(x.d[row * x.nblocks + b])),
-                                     _mm256_cvtepi32_ps(plane_dot<TYPE>(u, x.q + at, offset ? cr[0] : zero)), acc[c]);
+            acc[c] = _mm256_fmadd_ps(
+                _mm256_mul_ps(d, _mm256_set1_ps(x.d[row * x.nblocks + b])),
+                _mm256_cvtepi32_ps(plane_dot<TYPE>(u, x.q + at, offset ? corr[row * nblocks + b] : zero)), acc[c]);
             if constexpr (TYPE != kQ8_0)
                 acc[c] = _mm256_fmadd_ps(zero_coef, _mm256_set1_ps(x.s[row * x.nblocks + b]), acc[c]);
             if constexpr (TWO)
-                acc2[c] = _mm256_fmadd_ps(
-                    _mm256_mul_ps(d, _mm256_set1_ps(x.d2[row * x.nblocks + b])),
-                    _mm256_cvtepi32_ps(plane_dot<TYPE>(u, x.q2 + at, offset ? cr[nblocks] : zero)), acc2[c]);
+                acc2[c] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(x.d2[row * x.nblocks + b])),
+                                          _mm256_cvtepi32_ps(plane_dot<TYPE>(u, x.q2 + at, zero)), acc2[c]);
         }
     }
     x4_store<NC, TWO>(acc, acc2, m0, y, ldy, n0, bias);
@@ -233,6 +233,12 @@ void rows_any(const X4Product& p, const QuantizedRows& x, long M, long b, long e
 
 }  // namespace
 
+// Σ of bytes 0–3 and of bytes 4–7 of every 8 in q[0, span): what an x4 dot's even and odd int32 lanes multiply.
+inline void even_odd_sums(const int8_t* q, int span, int32_t& even, int32_t& odd) {
+    even = odd = 0;
+    for (int e = 0; e < span; ++e) (e % 8 < 4 ? even : odd) += q[e];
+}
+
 void offset_corrections(const QuantizedRows& x, long M, int span, int32_t offset, std::vector<__m256i>& out) {
     const long runs = x.k / span, planes = x.q2 != nullptr ? 2 : 1;
     out.resize(M * planes * runs);
@@ -241,8 +247,8 @@ void offset_corrections(const QuantizedRows& x, long M, int span, int32_t offset
             const int8_t* q = (p == 0 ? x.q : x.q2) + m * x.k;
             __m256i* o = out.data() + (m * planes + p) * runs;
             for (long r = 0; r < runs; ++r) {
-                int32_t even = 0, odd = 0;  // bytes 0-3 and 4-7 of every 8
-                for (int e = 0; e < span; ++e) (e % 8 < 4 ? even : odd) += q[r * span + e];
+                int32_t even, odd;
+                even_odd_sums(q + r * span, span, even, odd);
                 o[r] = _mm256_set1_epi64x(static_cast<long long>(static_cast<uint32_t>(-offset * even)) |
                                           static_cast<long long>(static_cast<uint32_t>(-offset * odd)) << 32);
             }
@@ -267,8 +273,8 @@ void pair_planes(const QuantizedRows& x, long M, int span, int32_t offset, Paire
             s[2] = s[3] = x.d2[rb];
             for (long h = 0; h < halves; ++h)
                 for (int p = 0; p < 2; ++p) {
-                    int32_t even = 0, odd = 0;  // bytes 0-3 and 4-7 of every 8
-                    for (int e = 0; e < span; ++e) (e % 8 < 4 ? even : odd) += planes[p][h * span + e];
+                    int32_t even, odd;
+                    even_odd_sums(planes[p] + h * span, span, even, odd);
                     out.corr[(rb * halves + h) * 4 + 2 * p] = -offset * even;
                     out.corr[(rb * halves + h) * 4 + 2 * p + 1] = -offset * odd;
                 }
