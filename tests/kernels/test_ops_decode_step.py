@@ -12,7 +12,14 @@ from bytediet.kernels import ops, reference
 from bytediet.kernels.cpu import build
 from bytediet.kernels.decoder_spec import BLOCK_PAGE_TYPES, DecoderSpec, LayerSpec, LinearSpec
 from bytediet.kernels.ggml_codecs import ENCODERS
-from tests.kernels.step_checks import BLOCK, assert_written_as_reference, native_kv, snapshot, twin_on_pages
+from tests.kernels.step_checks import (
+    BLOCK,
+    assert_written_as_reference,
+    native_kv,
+    restore,
+    snapshot,
+    twin_on_pages,
+)
 
 VARIANTS = [v.name for v in build.runnable_variants()] if build.find_compiler() else []
 pytestmark = pytest.mark.skipif(not VARIANTS, reason="no native kernels on this machine")
@@ -142,11 +149,18 @@ def test_decode_step_equals_reference(variant, case, activations, interleave):
     check_step(spec, *batch(gen, contexts), torch.randn(len(contexts), spec.hidden, generator=gen), variant)
 
 
-def check_step(spec, positions, slots, bt, x, variant):
-    """The native step against its twin, the write and the rest apart, each on identical inputs (step_checks)."""
+def check_step(spec, positions, slots, bt, x, variant, token_rows=None):
+    """The native step against its twin, the write and the rest apart, each on identical inputs (step_checks);
+    ``token_rows``: token t reads table row token_rows[t] (the twin, and the probe of the write, get the rows
+    copied out per token)."""
     before = snapshot(spec)
+    got = ops.decode_step(spec, x, positions, slots, bt, BLOCK, token_rows=token_rows, variant=variant)
+    after = snapshot(spec)
+    if token_rows is not None:
+        bt = bt[token_rows]
+    restore(spec, before)
     kv = native_kv(spec, x, positions, slots, bt, variant)
-    got = ops.decode_step(spec, x, positions, slots, bt, BLOCK, variant=variant)
+    restore(spec, after)
     assert_written_as_reference(spec, before, kv, positions, slots)
     want, twin_kv = twin_on_pages(spec, x, positions, slots, bt)
     # identical pages; q16 holds each activation within amax/64516 whichever way a code rounds (a flip re-draws
@@ -166,6 +180,37 @@ def check_step(spec, positions, slots, bt, x, variant):
     assert (got - want).abs().max().item() <= tol
     for (k, v), (tk, tv), t in zip(kv, twin_kv, kv_tol):  # the new keys (after RoPE) and values the step computed
         assert (k - tk).abs().max().item() <= t and (v - tv).abs().max().item() <= t
+
+
+def verifying_batch(gen, contexts, rows):
+    """Sequence i computes ``rows[i]`` tokens (its last token and its drafts) ending at position contexts[i] − 1:
+    (positions, slots, block tables (one row per sequence), token_rows (T,))."""
+    _, _, bt = batch(gen, contexts)
+    token_rows = torch.repeat_interleave(torch.arange(len(contexts)), torch.tensor(rows))
+    positions = torch.cat([torch.arange(c - r, c) for c, r in zip(contexts, rows)])
+    slots = bt[token_rows, positions // BLOCK] * BLOCK + positions % BLOCK
+    return positions, slots, bt, token_rows
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("k_dtype", ["fp32", "bf16", "int8", "q8_0", "q4_0"])
+@pytest.mark.parametrize("activations", ["q8", "q16"])
+def test_verifying_rows_of_one_sequence_share_its_table_row(variant, k_dtype, activations):
+    """A verifying step (speculative decoding): several sequences, each with its last token and up to 7 drafts at
+    consecutive positions, every token naming its sequence's block table row — the rows of one sequence attend as
+    one query tile (each sees the drafts before it, written by the same step); the same as the twin over per-token
+    copies of the tables, and as the native step given those copies."""
+    gen = torch.Generator().manual_seed(zlib.crc32((k_dtype + activations).encode()))
+    spec = random_spec(gen, heads=6, kv_heads=2, bias=True, activations=activations, interleave=True, k_dtype=k_dtype)
+    positions, slots, bt, token_rows = verifying_batch(gen, [40, 9, 150, 23], [5, 1, 8, 3])
+    x = torch.randn(len(positions), spec.hidden, generator=gen)
+    before = snapshot(spec)
+    copied = ops.decode_step(spec, x, positions, slots, bt[token_rows], BLOCK, variant=variant)
+    restore(spec, before)
+    check_step(spec, positions, slots, bt, x, variant, token_rows=token_rows)
+    restore(spec, before)
+    shared = ops.decode_step(spec, x, positions, slots, bt, BLOCK, token_rows=token_rows, variant=variant)
+    assert (shared - copied).abs().max().item() <= 1e-3 * copied.abs().max().item()
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

@@ -6,7 +6,6 @@ It owns the model and the per-layer KV pages; it makes no scheduling decision.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import replace
 from typing import Optional
 
 import torch
@@ -200,10 +199,11 @@ class ModelRunner:
         if self.graphs is not None and self.workers is None and self.graphs.fits(meta, logit_rows):
             return self.graphs.run(input_ids, meta)
         if self.decoder is not None and _decoding_only(out) and self.decoder.ready():
-            if len(input_ids) > len(meta.query_lens_list):  # drafts: each query row its own copy of the block table
-                lens = torch.tensor(meta.query_lens_list, dtype=torch.int64, device=meta.block_tables.device)
-                meta = replace(meta, block_tables=meta.block_tables.repeat_interleave(lens, dim=0))
-            return self.decoder.logits(input_ids, meta, logit_rows)
+            token_rows = None
+            if len(input_ids) > len(meta.query_lens_list):  # drafts: a sequence's rows share its block table row
+                lens = torch.tensor(meta.query_lens_list, dtype=torch.int64)
+                token_rows = torch.repeat_interleave(torch.arange(len(lens)), lens)
+            return self.decoder.logits(input_ids, meta, logit_rows, token_rows)
         if self.decoder is not None and self.workers is None and self.prefill_threads > torch.get_num_threads():
             with torch_threads(self.prefill_threads):  # step_threads lowered them for the native decode step
                 return self.model(input_ids, meta, self.caches, logit_rows)

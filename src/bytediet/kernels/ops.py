@@ -768,23 +768,26 @@ def decode_step(
     slots: torch.Tensor,
     block_tables: torch.Tensor,
     block_size: int,
+    token_rows: Optional[torch.Tensor] = None,
     variant: Optional[str] = None,
 ) -> torch.Tensor:
     """See :func:`bytediet.kernels.reference.decode_step`."""
     lib = _library(variant)
     if lib is None:
-        return reference.decode_step(spec, x, positions, slots, block_tables, block_size)
+        return reference.decode_step(spec, x, positions, slots, block_tables, block_size, token_rows)
     if spec.native is None:
         spec.native = _model_desc(spec)
     x = x.to(torch.float32).contiguous().clone()
     positions, slots = positions.contiguous(), slots.contiguous()
     block_tables = block_tables.contiguous()
+    rows = None if token_rows is None else token_rows.to(torch.int64).contiguous()
     rc = lib.bd_decode_step(
         ctypes.addressof(spec.native),
         x.data_ptr(),
         x.shape[0],
         positions.data_ptr(),
         slots.data_ptr(),
+        _ptr(rows),
         block_tables.data_ptr(),
         block_tables.shape[1],
         block_size,

@@ -801,12 +801,17 @@ def decode_step(
     slots: torch.Tensor,
     block_tables: torch.Tensor,
     block_size: int,
+    token_rows: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """All layers of a decode step, one new token per sequence; writes each layer's k, v into its pages.
+    """All layers of a decode step, one new token per sequence (or a verifying sequence's last token and its
+    drafts, at consecutive positions); writes each layer's k, v into its pages.
 
-    x: (T, hidden) embeddings; positions, slots: (T,) int64; block_tables: (T, max_blocks) int64.
-    Returns the hidden states (T, hidden) after the last layer (before the final norm).
+    x: (T, hidden) embeddings; positions, slots: (T,) int64; block_tables: (S, max_blocks) int64, token t's row
+    token_rows[t] (None: row t, S = T). Returns the hidden states (T, hidden) after the last layer (before the
+    final norm).
     """
+    if token_rows is not None:
+        block_tables = block_tables[token_rows]
     x = x.float()
     for layer in spec.layers:
         x = _decode_layer(spec, layer, x, positions, slots, block_tables, block_size)

@@ -134,8 +134,11 @@ class NativeDecoder:
             self.pending.remove(i)
         return not self.pending
 
-    def logits(self, input_ids: torch.Tensor, meta, logit_rows: torch.Tensor) -> torch.Tensor:
-        """input_ids (T,), one per sequence → float32 logits (N, vocab) of ``logit_rows``."""
+    def logits(
+        self, input_ids: torch.Tensor, meta, logit_rows: torch.Tensor, token_rows: Optional[torch.Tensor] = None
+    ) -> torch.Tensor:
+        """input_ids (T,), one per sequence (or a verifying sequence's last token and drafts: token_rows (T,) names
+        each token's sequence, the row of ``meta.block_tables``) → float32 logits (N, vocab) of ``logit_rows``."""
         if not self.ready():
             raise RuntimeError(
                 "the native decode step ran before the first write chose the TurboQuant outlier "
@@ -148,6 +151,7 @@ class NativeDecoder:
             meta.slot_mapping,
             meta.block_tables,
             meta.block_size,
+            token_rows,
         )[logit_rows]
         return self.model.head(hidden)  # lm_head multiplies with its interleaved copy when it has one
 

@@ -42,7 +42,7 @@ SIGNATURES = {  # C ABI of csrc/*.cpp: name → (restype, argtypes)
     "bd_gemm_x4": (_INT, [_INT, _VOID_P, _LONG, _LONG, _VOID_P, _LONG, _VOID_P, _VOID_P, _INT]),
     "bd_quantize_rows_per_token": (None, [_VOID_P, _LONG, _LONG, _VOID_P, _VOID_P, _VOID_P]),
     "bd_quantize_rows_q16": (None, [_VOID_P, _LONG, _LONG, _VOID_P, _VOID_P, _VOID_P, _VOID_P, _VOID_P]),
-    "bd_decode_step": (_INT, [_VOID_P, _VOID_P, _LONG, _VOID_P, _VOID_P, _VOID_P, _LONG, _LONG]),
+    "bd_decode_step": (_INT, [_VOID_P, _VOID_P, _LONG, _VOID_P, _VOID_P, _VOID_P, _VOID_P, _LONG, _LONG]),
     "bd_read_kv_rows": (_INT, [_INT, _VOID_P, _VOID_P, _LONG, _LONG, _VOID_P]),
     "bd_write_kv_rows": (_INT, [_INT, _VOID_P, _LONG, _LONG, _VOID_P, _VOID_P]),
     "bd_paged_attention": (_INT, [_INT, _INT, *_ATTENTION_BATCH, _VOID_P, _VOID_P, _VOID_P, _VOID_P, _VOID_P, _VOID_P]),

@@ -556,7 +556,8 @@ Status step_pages(const ModelDesc& m, const LayerDesc& L, Passes& ps) {
 
 // One layer of the step; its pages passed step_pages (bd_decode_step checks every layer before any work).
 void layer_step(const ModelDesc& m, const LayerDesc& L, float* x, long T, const int64_t* positions,
-                const int64_t* slots, const int64_t* block_tables, long bt_stride, long block_size, Scratch& s) {
+                const int64_t* slots, const int64_t* token_rows, const int64_t* block_tables, long bt_stride,
+                long block_size, Scratch& s) {
     const long H = m.hidden, hq = m.num_heads, hkv = m.num_kv_heads, d = m.head_dim, I = m.intermediate;
     s.h.resize(T * H);
     s.q.resize(T * hq * d);
@@ -596,9 +597,10 @@ void layer_step(const ModelDesc& m, const LayerDesc& L, float* x, long T, const 
     Passes ps;
     step_pages(m, L, ps);
     if (L.k_dtype == kTurboQuantPages || L.v_dtype == kTurboQuantPages)  // either side (row pages beside)
-        turboquant_attend(m, L, s.q.data(), s.att.data(), T, positions, nullptr, block_tables, bt_stride, block_size);
+        turboquant_attend(m, L, s.q.data(), s.att.data(), T, positions, token_rows, block_tables, bt_stride,
+                          block_size);
     else
-        attend(m, L, s.q.data(), s.att.data(), T, positions, nullptr, block_tables, bt_stride, block_size, s, ps);
+        attend(m, L, s.q.data(), s.att.data(), T, positions, token_rows, block_tables, bt_stride, block_size, s, ps);
     if (L.v_rot) rotate_rows(s.att.data(), T * hq, d, L.v_rot, true);
     {
         Input in(s.att.data(), T, hq * d, m.activations, s);
@@ -678,11 +680,13 @@ int bd_write_kv_rows(int page_type, const float* x, long rows, long d, void* pag
 }
 
 // x: (T, hidden) float32 embeddings in, hidden states after the last layer out (before the final norm).
-// Token t is the one new token of a sequence: positions[t], slots[t] (its cache slot), block table row t
-// (bt_stride entries) of its pages. Returns Status::OK, or (having done no work: x and the pages untouched)
-// UNSUPPORTED_PAGES / MISSING_PAGES for a layer whose pages the step cannot read and write (step_pages).
+// Token t is a new token of a sequence: positions[t], slots[t] (its cache slot), block table row token_rows[t]
+// (null: row t; bt_stride entries) of its pages. A verifying sequence's rows (its last token and its drafts, at
+// consecutive positions of one table row) attend as one query tile: its context is read once, not once a row.
+// Returns Status::OK, or (having done no work: x and the pages untouched) UNSUPPORTED_PAGES / MISSING_PAGES for a
+// layer whose pages the step cannot read and write (step_pages).
 int bd_decode_step(const bd::ModelDesc* m, float* x, long T, const int64_t* positions, const int64_t* slots,
-                   const int64_t* block_tables, long bt_stride, long block_size) {
+                   const int64_t* token_rows, const int64_t* block_tables, long bt_stride, long block_size) {
     for (long l = 0; l < m->num_layers; ++l) {
         bd::Passes ps;
         const bd::Status st = bd::step_pages(*m, m->layers[l], ps);
@@ -690,7 +694,8 @@ int bd_decode_step(const bd::ModelDesc* m, float* x, long T, const int64_t* posi
     }
     static thread_local bd::Scratch scratch;
     for (long l = 0; l < m->num_layers; ++l)
-        bd::layer_step(*m, m->layers[l], x, T, positions, slots, block_tables, bt_stride, block_size, scratch);
+        bd::layer_step(*m, m->layers[l], x, T, positions, slots, token_rows, block_tables, bt_stride, block_size,
+                       scratch);
     return 0;
 }
 }
