@@ -9,7 +9,8 @@ once. bytediet's pool has the bytes of ``--pool-fraction`` of the system prompts
 tiers most prefixes are evicted before their next turn; with ``--kv-offload-size`` they come back from RAM;
 ``--kv-cache-dtype`` (e.g. bf16, like llama-server's f16 cache) fits more tokens into those bytes. llama-server gets
 one slot per client, each large enough for a whole conversation, and its default prompt cache; the report gives
-both servers' KV bytes.
+both servers' KV bytes. ``--pool-bytes llama`` gives bytediet's pool llama-server's KV bytes instead (the report
+says how many times the prefixes outgrow the pool's tokens in its codec).
 
 Reported per system: TTFT p50 / mean / p99, output tokens/s, wall time, errors; for bytediet the prefix-cache and
 tier hit tokens from ``/metrics``; the load average before each run.
@@ -58,6 +59,8 @@ def system_prompts(tokenizer, count: int, tokens: int) -> list[str]:
         text = novel_text(NOVELS[i % len(NOVELS)])
         words = text.split()
         start = (i // len(NOVELS)) * 40_000 + 2_000
+        if start + 2 * tokens > len(words):  # a short novel's later prompts: closer together, still apart
+            start = 2_000 + (i // len(NOVELS)) * 2 * tokens
         n = tokens * 3 // 4
         while True:
             passage = " ".join(words[start : start + n])
@@ -120,12 +123,15 @@ def summary(results: list[dict], wall: float, load: tuple) -> dict:
     }
 
 
-def kv_bytes_per_token(model: str) -> int:
-    """The model's KV bytes a token in an fp32 pool, every layer counted."""
+def kv_bytes_per_token(model: str, codec: str = "fp32") -> float:
+    """The model's KV bytes a token in a pool of ``codec`` (``auto``: fp32), every layer counted."""
+    from bytediet.kvcache import get_kv_codec
     from bytediet.models.loader import load_config
 
     c = load_config(model)
-    return c.num_layers * c.num_kv_heads * c.head_dim * 2 * 4
+    if codec in ("auto", "fp32"):
+        return c.num_layers * c.num_kv_heads * c.head_dim * 2 * 4
+    return c.num_layers * get_kv_codec(codec).bytes_per_token(c.num_kv_heads, c.head_dim)
 
 
 def run_bytediet(args, convs, pool_bytes: int, tiers: bool) -> dict:
@@ -203,6 +209,12 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--pool-fraction", type=float, default=0.25, help="bytediet's pool / the system prompts' tokens")
+    ap.add_argument(
+        "--pool-bytes",
+        default="fraction",
+        choices=["fraction", "llama"],
+        help="bytediet's KV pool: --pool-fraction of the prefixes in fp32 bytes, or llama-server's KV bytes",
+    )
     ap.add_argument("--offload-size", default="4GiB", help="bytediet's --kv-offload-size with tiers on")
     ap.add_argument("--kv-cache-dtype", default="auto", help="bytediet's KV codec (the pool's bytes stay the same)")
     ap.add_argument("--llama-cache-ram-mib", type=int, default=8192, help="llama-server --cache-ram (MiB)")
@@ -226,6 +238,11 @@ def main() -> None:
     pool_tokens = max(int(sum(prefix_tokens) * args.pool_fraction), longest + 64)
     pool_bytes = pool_tokens * kv_bytes_per_token(args.model)
     slot_tokens = 256 * -(-(longest + 16) // 256)  # llama-server: one slot per client, a conversation each
+    llama_kv_bytes = args.clients * slot_tokens * kv_bytes_per_token(args.model) // 2  # f16
+    if args.pool_bytes == "llama":  # the same KV bytes as llama-server's slots
+        pool_bytes = llama_kv_bytes
+        pool_tokens = int(pool_bytes // kv_bytes_per_token(args.model))
+    codec_tokens = int(pool_bytes // kv_bytes_per_token(args.model, args.kv_cache_dtype))
     result = {
         "model": args.model,
         "workload": {
@@ -239,7 +256,9 @@ def main() -> None:
             "bytediet_pool_fp32_tokens": pool_tokens,
             "bytediet_kv_cache_dtype": args.kv_cache_dtype,
             "pool_fraction_of_prefixes": pool_tokens / sum(prefix_tokens),
-            "llama_server_kv_bytes": args.clients * slot_tokens * kv_bytes_per_token(args.model) // 2,  # f16
+            "bytediet_pool_tokens_in_its_codec": codec_tokens,
+            "prefixes_over_pool_tokens": sum(prefix_tokens) / codec_tokens,
+            "llama_server_kv_bytes": llama_kv_bytes,
         },
         "systems": {},
     }

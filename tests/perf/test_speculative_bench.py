@@ -95,3 +95,35 @@ def test_interleaved_runs_every_prompt_on_every_system_in_rotated_order():
     assert out["a"]["copy"]["runs"] == 6 and out["a"]["copy"]["decode_tokens_per_s"] == 20.0  # median of 10,20,30
     assert out["b"]["copy"]["acceptance_rate"] == 0.75 and out["b"]["copy"]["mean_tokens_per_verification"] == 2.5
     assert "acceptance_rate" not in out["a"]["open"]
+
+
+SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+
+
+def test_replay_of_an_output_that_copies_its_prompt_reaches_k_plus_one_tokens_a_step():
+    """An output equal to a span of the prompt after a 4-token match: every step keeps its k drafts and adds its own
+    token, 20 tokens in 4 steps — the ceiling is k + 1 = 5 tokens a step."""
+    prompt = [1, 2, 3, 4] + list(range(10, 40)) + [1, 2, 3, 4]
+    output = list(range(10, 30))  # 20 tokens, copied from the prompt
+    assert speculative_bench.replay_lookup(prompt, output, SPEC) == 20 / 4
+
+
+def test_replay_of_an_output_with_nothing_to_copy_is_plain_decoding():
+    prompt, output = [1, 2, 3, 4, 5], [6, 7, 8, 9, 10, 11]
+    assert speculative_bench.replay_lookup(prompt, output, SPEC) == 1.0
+    assert speculative_bench.replay_lookup(prompt, output, SPEC, row_cost=0.3) == 1.0
+
+
+def test_replay_at_a_row_cost_charges_the_drafts_and_never_beats_the_ceiling():
+    prompt = [1, 2, 3, 4] + list(range(10, 40)) + [1, 2, 3, 4]
+    output = list(range(10, 22)) + [99, 98, 97, 96] + list(range(22, 30))
+    free, dear = (speculative_bench.replay_lookup(prompt, output, SPEC, c) for c in (None, 0.1))
+    assert 1.0 < dear < free
+
+
+def test_lookup_ceilings_summarise_each_task_from_the_plain_outputs():
+    prompts = {"copy": [[1, 2, 3, 4] + list(range(10, 40)) + [1, 2, 3, 4]], "open": [[5, 6, 7]]}
+    outputs = {tuple(prompts["copy"][0]): list(range(10, 30)), (5, 6, 7): [8, 9, 10]}
+    got = speculative_bench.lookup_ceilings(prompts, outputs, SPEC, 0.1)
+    assert got["copy"]["ceiling"] == 5.0 and got["open"]["ceiling"] == 1.0
+    assert 1.0 < got["copy"]["predicted"] < 5.0 and got["copy"]["row_cost"] == 0.1

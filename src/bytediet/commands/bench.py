@@ -251,6 +251,10 @@ def run_speculative(args: argparse.Namespace, config) -> int:
         print(f"{name:15s}{cells}")
     for name, r in result["ratios"].items():
         print(f"bytediet+spec / {name:17s}" + "".join(f"{_f(r[t], '.2f'):>9}×" for t in tasks))
+    lookup = result.get("prompt_lookup", {})
+    for key, label in (("ceiling", "lookup ceiling (free rows)"), ("predicted", "lookup predicted (row cost)")):
+        if any(key in lookup.get(t, {}) for t in tasks):
+            print(f"{label:32s}" + "".join(f"{_f(lookup.get(t, {}).get(key), '.2f'):>9}×" for t in tasks))
     return 0
 
 

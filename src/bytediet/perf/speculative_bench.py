@@ -8,6 +8,10 @@ the same chat-templated token ids (a base model without a template: the plain te
 interleaved prompt by prompt (each round in a rotated order), so a change in the machine's load falls on all of
 them alike; a task's figure is the median over its prompts and rounds.
 
+``prompt_lookup`` says what the text allows: each task's plain greedy output replayed offline with prompt lookup —
+the ``ceiling`` with free draft rows, and the speedup ``predicted`` at the engine's measured cost of a draft row with
+its adaptive draft length (:func:`replay_lookup`); a task whose output does not copy its prompt has a ceiling near 1.
+
 llama.cpp runs as ``llama-server`` (``bench/build_llama_server.sh``) with ``--spec-type ngram-simple`` (its prompt
 lookup: the last n-gram looked up earlier in the context, the m tokens after it drafted) and, where that binary is
 missing, as ``llama-cpp-python`` with ``LlamaPromptLookupDecoding``.
@@ -80,17 +84,20 @@ class BytedietDecoder:
     def __init__(self, name: str, llm) -> None:
         self.name, self.llm = name, llm
         self.speculating = getattr(llm.engine, "speculative", None) is not None
+        self.outputs: dict[tuple, list[int]] = {}
 
     def info(self) -> dict:
         return {"system": "bytediet", "speculating": self.speculating}
 
     def decode(self, ids: list[int], max_tokens: int) -> tuple[Optional[float], tuple[int, int, int]]:
-        """(decode tok/s, (drafted, accepted, verifications) during this prompt)."""
+        """(decode tok/s, (drafted, accepted, verifications) during this prompt); the greedy output is kept in
+        ``outputs`` (prompt → token ids)."""
         from ..engine.params import SamplingParams
 
         before = _spec_counts(self.llm)
         r = self.llm.generate([ids], SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True))[0]
         after = _spec_counts(self.llm)
+        self.outputs[tuple(ids)] = list(r.outputs[0].token_ids)
         rate = _decode_rate(len(r.outputs[0].token_ids), r.first_token_time, r.finish_time)
         return rate, tuple(a - b for a, b in zip(after, before))
 
@@ -227,6 +234,46 @@ def measure_interleaved(
     return out
 
 
+def replay_lookup(prompt: Sequence[int], output: Sequence[int], spec: dict, row_cost: Optional[float] = None) -> float:
+    """Speedup over plain decoding that prompt lookup (``spec``'s n-gram sizes and k) reaches on this greedy
+    ``output``, replayed offline (greedy verification keeps a draft while it equals the output): every step drafting
+    k tokens with free draft rows (``row_cost`` None: the ceiling of the text itself), or the engine's adaptive
+    length (:class:`~bytediet.engine.speculative.AdaptiveDraft`) at that cost of a draft row — tokens out over the
+    steps' cost, a plain step costing 1."""
+    from ..engine.speculative import AdaptiveDraft, NgramProposer
+
+    proposer = NgramProposer(spec.get("prompt_lookup_min", 2), spec.get("prompt_lookup_max", 4))
+    k = spec["num_speculative_tokens"]
+    draft = AdaptiveDraft(k)
+    tokens, done, cost = list(prompt), 0, 0.0
+    while done < len(output):
+        want = k if row_cost is None else draft.length(row_cost)
+        drafts = proposer.propose(tokens + list(output[:done]), want) if want else []
+        kept = 0
+        while kept < len(drafts) and done + kept < len(output) and drafts[kept] == output[done + kept]:
+            kept += 1
+        draft.update(len(drafts), kept)
+        cost += 1 + (row_cost or 0.0) * len(drafts)
+        done += kept + 1
+    return len(output) / cost
+
+
+def lookup_ceilings(prompts: dict, outputs: dict, spec: dict, row_cost: Optional[float]) -> dict:
+    """task → {"ceiling": median speedup with free draft rows, "predicted": at ``row_cost`` with the adaptive
+    length} over the task's prompts, from the plain greedy ``outputs`` (prompt tuple → token ids)."""
+    out = {}
+    for task, ids_list in prompts.items():
+        done = [(ids, outputs[tuple(ids)]) for ids in ids_list if tuple(ids) in outputs]
+        if not done:
+            continue
+        row = {"ceiling": statistics.median(replay_lookup(p, o, spec) for p, o in done)}
+        if row_cost is not None:
+            row["predicted"] = statistics.median(replay_lookup(p, o, spec, row_cost) for p, o in done)
+            row["row_cost"] = row_cost
+        out[task] = row
+    return out
+
+
 def run_speculative_bench(
     model: str,
     spec: dict,
@@ -271,6 +318,10 @@ def run_speculative_bench(
     try:
         result["info"] = {s.name: s.info() for s in systems}
         result["systems"].update(measure_interleaved(systems, prompts, max_tokens, rounds, progress))
+        if spec.get("method", "ngram") == "ngram":  # what the text allows, and the cost model's forecast
+            result["prompt_lookup"] = lookup_ceilings(
+                prompts, systems[0].outputs, spec, systems[1].llm.engine.verify_costs.row_cost()
+            )
     finally:
         for s in systems:
             s.close()
