@@ -125,6 +125,8 @@ def test_the_gpu_code_path_skips_what_has_no_kernel_and_measures_the_rest_as_the
 
     recommend(report)
     assert "Not runnable on cpu" in summary_markdown(report)
+    measured_on = report["recommendation"]["run_config"]["notes"]["measured_on"]
+    assert measured_on["backend"] == "triton" and measured_on["device"] == "cpu"  # the run config says where
     again = _run(ckpt, tmp_path / "triton", device="cpu")  # resumed from the cache: the skips are listed again
     assert again["device"]["skipped"] == report["device"]["skipped"]
 

@@ -92,6 +92,7 @@ def recommend(report: dict) -> dict:
                 )
             },
             "settings": report["settings"],
+            "measured_on": report.get("device"),  # the expected numbers' device (a run config runs on any)
         },
     )
     out = {
