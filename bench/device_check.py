@@ -634,7 +634,10 @@ def speed_section(run: Run, out: dict, hardware) -> None:
         for spec in ("int8",) if DRY else run.formats:
 
             def measure(spec=spec):
+                from bytediet.models.placement import one_copy_on_gpu_path
+
                 model, config = _bytediet_from_hf(hf, hf_config, spec, dtype)
+                dropped = one_copy_on_gpu_path(model)  # as the engine holds a model it loaded: one copy a layer
                 llm = LLM(
                     shape_name,
                     loaded=(model, None),
@@ -651,7 +654,8 @@ def speed_section(run: Run, out: dict, hardware) -> None:
 
                 generate(max(batches), prompt, 3)  # warm-up: the kernels of every shape compile here
                 generate(1, long_prompt, 1)
-                r = {"weight_bytes": model.weight_bytes(), "device": llm.engine.runner.describe()}
+                r = {"weight_bytes": model.weight_bytes(), "planes_dropped_bytes": dropped}
+                r["device"] = llm.engine.runner.describe()
                 r["prefill_tok_s"] = long_prompt / timed(lambda: generate(1, long_prompt, 1))
                 fmt = get_weight_format(spec)
                 for b in batches:

@@ -112,8 +112,14 @@ def test_device_cuda_without_a_gpu_is_refused_in_one_line(argv, tmp_path):
     assert not (tmp_path / "never-written").exists()
 
 
-def test_resolved_device_keeps_tensor_parallelism_on_the_cpu():
-    assert resolved_device("cpu") == "cpu"
-    assert resolved_device("auto", tensor_parallel_size=2) == "cpu"
-    with pytest.raises(BytedietError, match="--device cuda with --tensor-parallel-size > 1"):
-        resolved_device("cuda", tensor_parallel_size=2)
+def test_resolved_device_wants_a_gpu_per_tensor_parallel_rank(monkeypatch):
+    """auto: CUDA where torch sees GPUs (one per rank), else the CPU ranks; cuda with too few GPUs: one line."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolved_device("cpu") == "cpu" and resolved_device("auto", tensor_parallel_size=2) == "cpu"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert resolved_device("auto", tensor_parallel_size=2) == "cuda"
+    assert resolved_device("cuda", tensor_parallel_size=2) == "cuda"
+    assert resolved_device("cpu", tensor_parallel_size=4) == "cpu"
+    with pytest.raises(BytedietError, match="--tensor-parallel-size 4 on CUDA needs a GPU per rank, and torch sees 2"):
+        resolved_device("auto", tensor_parallel_size=4)

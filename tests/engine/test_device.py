@@ -125,3 +125,28 @@ def test_triton_backend_reads_quantized_kv_pages_as_the_cpu_path(kv, monkeypatch
     assert runner.describe()["attention"].startswith("triton paged attention")
     assert tokens == cpu_tokens
     torch.testing.assert_close(logits, cpu_logits, atol=2e-2, rtol=2e-2)
+
+
+def test_a_row_cut_mid_block_is_refused_at_start_on_the_gpu_path(monkeypatch):
+    """int8 rows are blocks of 32 weights: a layer of K = 48 has no GPU kernel, said at start, not mid-step."""
+    config = tiny_config("llama", num_layers=1, hidden_size=48, num_heads=6)
+    model = model_from_state(config, random_state(config, seed=2))
+    quantize(model, "int8")
+    monkeypatch.setenv(backend.BACKEND_ENV, "triton")
+    with pytest.raises(ConfigError, match=r"weight format int8 \(model\.layers\.0\..*whole blocks.*--device cpu"):
+        check_kernels(model, [])
+
+
+def test_the_kv_budget_over_tensor_parallel_ranks_is_the_least_room(monkeypatch):
+    """Every rank allocates rank 0's block count: the GPU with the least free memory decides; none left: one line."""
+    from bytediet.engine.device import kv_budget_from_free_memory, kv_bytes_free
+
+    model = _tiny("llama")
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (6 << 30, 8 << 30))  # 2 GiB in use of 8
+    assert kv_bytes_free(model, 0.5, 1 << 30) == (4 << 30) - (2 << 30) - (1 << 30)
+    assert kv_budget_from_free_memory(model, 0.5, 0, per_rank=[3 << 30, 1 << 30]) == 1 << 30
+    with pytest.raises(ConfigError, match=r"out of GPU memory at start.*larger --tensor-parallel-size") as e:
+        kv_budget_from_free_memory(model, 0.5, 0, per_rank=[3 << 30, -5])
+    assert "\n" not in str(e.value)
+    with pytest.raises(ConfigError, match="--gpu-memory-utilization must be in"):
+        kv_budget_from_free_memory(model, 1.5, 0)

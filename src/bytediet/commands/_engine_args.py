@@ -195,14 +195,11 @@ def add_device_flag(p, help: str) -> None:
 
 
 def resolved_device(device: str, tensor_parallel_size: int = 1) -> str:
-    """``--device`` resolved as the engine resolves it (auto: cuda where torch sees a GPU; tensor parallelism stays
-    on CPU processes); ``cuda`` without a GPU, or with more than one process, is refused in one line."""
+    """``--device`` resolved as the engine resolves it (auto: cuda where torch sees a GPU for every rank);
+    ``cuda`` without a GPU, or with fewer GPUs than ``--tensor-parallel-size``, is refused in one line."""
     from ..engine.device import resolve_device
-    from ..errors import ConfigError
 
-    if tensor_parallel_size > 1 and device == "cuda":
-        raise ConfigError("--device cuda with --tensor-parallel-size > 1 is not supported yet; use one GPU")
-    return resolve_device("cpu" if tensor_parallel_size > 1 and device == "auto" else device)
+    return resolve_device(device, tensor_parallel_size)
 
 
 def device_kwargs(args: argparse.Namespace) -> dict:

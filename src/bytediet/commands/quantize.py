@@ -99,11 +99,11 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from ..calibrate import CalibrationConfig, calibrate_and_quantize
-    from ..engine.device import move_model
     from ..eval.corpus import calibration_windows
     from ..kernels.backend import describe
     from ..models.checkpoint import save_quantized
     from ..models.loader import load_model, resolve_model_path
+    from ..models.placement import move_model
     from ..models.quantize import QuantizeConfig, quantize
     from ..perf.memory import peak_rss_bytes
     from ..progress import no_progress, rich_progress

@@ -21,6 +21,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from ..errors import BytedietError, ConfigError
+from ..models.placement import rank_device
 from .comm import TPGroup
 from .shard import load_shard
 from .worker import AllocateCaches, Call, Step, Stop, WorkerArgs, worker_main
@@ -165,12 +166,16 @@ def launch(
     """Spawn ranks 1..world−1, load rank 0's shard here → ``(workers, model, tokenizer)``.
 
     ``load``: :func:`~.shard.load_shard`'s arguments (``spec``, ``dtype``, ``weights``, ``keep_packed``,
-    ``activations``); every rank reads only its own slices of the checkpoint, all at the same time.
+    ``activations``); every rank reads only its own slices of the checkpoint, all at the same time. ``device``
+    ``cuda``: rank r computes on GPU r (each worker moves its shard there; rank 0's caller moves its own), and
+    the activations' all-reduces and all-gathers run over NCCL.
     """
     if world < 2:
         raise ConfigError(f"tensor_parallel_size {world}: launch needs at least 2 ranks")
     threads = threads or default_threads(world)
     torch.set_num_threads(threads)
+    if torch.device(device).type == "cuda":
+        torch.cuda.set_device(rank_device(device, 0))  # rank 0 on GPU 0, each worker on its own
     store = dist.TCPStore(
         HOST, 0, world, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=LOAD_TIMEOUT_S)
     )
@@ -189,7 +194,7 @@ def launch(
     handle = None
     try:
         _wait_for(store, procs, "alive", "start")
-        group = TPGroup.create(store, 0, world, device, timeout_s)
+        group = TPGroup.create(store, 0, world, rank_device(device, 0), timeout_s)
         handle = Workers(group, store, procs)
         model, tokenizer = load_shard(group, load_tokenizer=True, **load)
         _wait_for(store, procs, "ready", "load its shard")

@@ -19,6 +19,7 @@ from typing import Any, Callable, Optional
 import torch
 import torch.distributed as dist
 
+from ..models.placement import move_model, one_copy_on_gpu_path, rank_device
 from .comm import TPGroup
 from .shard import load_shard
 
@@ -64,7 +65,7 @@ class WorkerArgs:
     timeout_s: float
     threads: int
     load: dict  # load_shard's keyword arguments (spec, dtype, weights, keep_packed, activations)
-    device: str = "cpu"  # where the shard computes (picks the data group's backend)
+    device: str = "cpu"  # the engine's device: "cuda" puts rank r on GPU r, its activations' collectives on NCCL
 
 
 def worker_main(args: WorkerArgs) -> None:
@@ -72,9 +73,14 @@ def worker_main(args: WorkerArgs) -> None:
     store = dist.TCPStore(args.host, args.port, args.world, is_master=False, timeout=timedelta(seconds=args.timeout_s))
     try:
         torch.set_num_threads(args.threads)
+        device = rank_device(args.device, args.rank)
+        if device.startswith("cuda"):
+            torch.cuda.set_device(device)  # NCCL binds this rank to its own GPU
         store.set(f"alive/{args.rank}", str(os.getpid()))
-        group = TPGroup.create(store, args.rank, args.world, args.device, args.timeout_s)
+        group = TPGroup.create(store, args.rank, args.world, device, args.timeout_s)
         model, _ = load_shard(group, **args.load)
+        move_model(model, device)
+        one_copy_on_gpu_path(model)  # the shard is only run here
         store.set(f"ready/{args.rank}", "1")
         serve(model, group)
     except BaseException:

@@ -10,45 +10,33 @@ import torch
 
 from ..errors import ConfigError
 from ..kernels import backend
+from ..models.placement import GiB
 
 DEVICES = ("auto", "cpu", "cuda")
-GiB = 1 << 30
 
 
-def resolve_device(name: str) -> str:
-    """``auto`` → ``cuda`` where torch sees a GPU, else ``cpu``; ``cuda`` with no GPU is the user's error."""
+def resolve_device(name: str, tensor_parallel_size: int = 1) -> str:
+    """``auto`` → ``cuda`` where torch sees a GPU for every tensor-parallel rank (none: ``cpu``); ``cuda`` with no
+    GPU, or with fewer GPUs than ranks, is the user's error (one line)."""
     name = str(name).strip().lower()
     if name not in DEVICES:
         raise ConfigError(f"device must be one of {', '.join(DEVICES)}, got {name!r}")
+    gpus = max(1, torch.cuda.device_count()) if torch.cuda.is_available() else 0
     if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda" and not torch.cuda.is_available():
+        if gpus == 0:
+            return "cpu"
+        name = "cuda"
+    if name == "cuda" and gpus == 0:
         raise ConfigError(
             f"--device cuda: torch {torch.__version__} sees no CUDA GPU on this machine; "
             "run with --device cpu (or auto)"
         )
-    return name
-
-
-def move_model(model, device: str):
-    """The model on ``device`` (its CPU-only kernel copies dropped there); a CUDA out-of-memory is the user's error."""
-    if device == "cpu" and model.device.type == "cpu":
-        return model
-    head, table = model.lm_head, model.model.embed_tokens.weight
-    tied = head.format is not None and "weight" in head.packed and head.packed["weight"].data_ptr() == table.data_ptr()
-    try:
-        model.to(device)  # moves every parameter and buffer (a module already there stays)
-    except torch.cuda.OutOfMemoryError as e:
+    if name == "cuda" and gpus < tensor_parallel_size:
         raise ConfigError(
-            f"out of GPU memory loading the model's {model.weight_bytes() / GiB:.1f} GiB of weights "
-            f"onto {device}; choose a smaller --weights format (e.g. int4-g128)"
-        ) from e
-    if tied:  # Module.to copies each tensor once: one table for the embedding and the LM head again
-        head.set_packed(head.format, {"weight": model.model.embed_tokens.weight.data})
-    for _, lin in model.linear_layers():
-        lin.interleaved, lin._native = None, None  # the native CPU kernels' copies: not used on the device
-        lin._device_weight = None  # the GPU path's prepared weight: made again, on the device
-    return model
+            f"--tensor-parallel-size {tensor_parallel_size} on CUDA needs a GPU per rank, and torch sees {gpus}; "
+            f"use --tensor-parallel-size {gpus} or fewer, or --device cpu"
+        )
+    return name
 
 
 def activation_reserve(model, max_num_batched_tokens: int, max_num_seqs: int) -> int:
@@ -59,18 +47,28 @@ def activation_reserve(model, max_num_batched_tokens: int, max_num_seqs: int) ->
     return max_num_batched_tokens * per_token + 2 * max_num_seqs * c.vocab_size * 4 + GiB // 4
 
 
-def kv_budget_from_free_memory(model, utilization: float, reserve: int) -> int:
-    """The KV pool's bytes on the model's CUDA device: ``utilization`` of its total memory, less what is in use
-    (the weights, other processes) and ``reserve`` (activations); refuses a budget of nothing in one line."""
+def kv_bytes_free(model, utilization: float, reserve: int) -> int:
+    """``utilization`` of the model's CUDA device's memory, less what is in use (the weights, other processes) and
+    ``reserve`` (activations): the KV pool's bytes there, ≤ 0 where nothing is left (a module-level function, so
+    that each tensor-parallel rank can answer it for its own GPU)."""
+    free, total = torch.cuda.mem_get_info(model.device)
+    return int(total * utilization) - (total - free) - reserve
+
+
+def kv_budget_from_free_memory(model, utilization: float, reserve: int, per_rank=None) -> int:
+    """The KV pool's bytes on the model's CUDA device (:func:`kv_bytes_free`; ``per_rank``: every rank's answer,
+    of which the least decides, since every rank allocates as many blocks); refuses a budget of nothing in one
+    line."""
     if not 0 < utilization <= 1:
         raise ConfigError(f"--gpu-memory-utilization must be in (0, 1], got {utilization}")
-    free, total = torch.cuda.mem_get_info(model.device)
-    budget = int(total * utilization) - (total - free) - reserve
+    budget = min(per_rank) if per_rank else kv_bytes_free(model, utilization, reserve)
     if budget <= 0:
+        free, total = torch.cuda.mem_get_info(model.device)
         raise ConfigError(
             f"out of GPU memory at start: {(total - free) / GiB:.1f} GiB of {total / GiB:.1f} GiB are "
             f"in use (weights {model.weight_bytes() / GiB:.1f} GiB), and --gpu-memory-utilization "
             f"{utilization} leaves no room for the KV cache; raise it or use a smaller --weights format"
+            + (" or a larger --tensor-parallel-size" if per_rank else "")
         )
     return budget
 

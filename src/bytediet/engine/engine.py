@@ -70,7 +70,9 @@ class LLMEngine:
 
     def __init__(self, model, tokenizer, config: EngineConfig, workers=None) -> None:
         self.model, self.tokenizer, self.config = model, tokenizer, config
-        graphs = config.scheduler.max_num_seqs if config.device == "cuda" and not config.enforce_eager else 0
+        # decode graphs on one GPU; tensor-parallel steps run eager (a graph would hold one rank's collectives)
+        eager = config.enforce_eager or workers is not None
+        graphs = config.scheduler.max_num_seqs if config.device == "cuda" and not eager else 0
         # workers: tensor-parallel ranks 1..N-1; the runner owns the thread policy (ModelRunner.step_threads)
         self.runner = ModelRunner(model, config.cache, workers, config.num_threads, cuda_graphs=graphs)
         self.tiers = build_tier_store(config.offload, model, self.runner, config.cache)  # None: no KV tiers

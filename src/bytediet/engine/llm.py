@@ -12,8 +12,9 @@ from ..config import DEFAULT_MAX_NUM_BATCHED_TOKENS, SchedulerConfig
 from ..errors import ConfigError
 from ..kvcache.base import get_kv_codec
 from ..kvcache.config import CacheConfig
+from ..models.placement import move_model, one_copy_on_gpu_path, rank_device
 from .config import EngineConfig, OffloadConfig
-from .device import activation_reserve, kv_budget_from_free_memory, move_model, resolve_device
+from .device import activation_reserve, kv_budget_from_free_memory, kv_bytes_free, resolve_device
 from .engine import LLMEngine, StepOutput
 from .params import SamplingParams
 from .runner import set_threads
@@ -113,10 +114,7 @@ class LLM:
         from ..models.loader import load_model
 
         set_threads(num_threads)
-        # tensor parallelism runs on CPU processes (gloo) unless asked for CUDA, which it does not take yet
-        device = resolve_device("cpu" if device == "auto" and tensor_parallel_size > 1 else device)
-        if device == "cuda" and tensor_parallel_size > 1:
-            raise ConfigError("--device cuda with --tensor-parallel-size > 1 is not supported yet; use one GPU")
+        device = resolve_device(device, tensor_parallel_size)  # tensor parallel on CUDA: a GPU per rank, NCCL
         overrides = {}
         if loaded is not None and weights is None:
             # a model handed over already quantized (a run config's per-module formats): record its true spec
@@ -162,26 +160,36 @@ class LLM:
                 loaded,
                 num_threads,
                 dict(spec=str(model), dtype=dtype, weights=weights, keep_packed=keep_packed, activations=activations),
+                device,
             )
         else:
             self.model, self.tokenizer = loaded or load_model(
                 model, dtype=dtype, weights=weights, keep_packed=keep_packed, activations=activations
             )
-        move_model(self.model, device)
-        if device == "cuda" and kv_cache_memory is None and num_blocks is None:  # the pool fills what is free
-            sched = self.config.scheduler
-            budget = kv_budget_from_free_memory(
-                self.model,
-                gpu_memory_utilization,
-                activation_reserve(self.model, sched.max_num_batched_tokens, sched.max_num_seqs),
-            )
-            self.config = replace(self.config, cache=replace(self.config.cache, kv_cache_memory=budget))
-        self.load_time = time.perf_counter() - t0
         try:
+            self._place(device, kv_cache_memory is None and num_blocks is None, owned=loaded is None)
+            self.load_time = time.perf_counter() - t0
             self.engine = LLMEngine(self.model, self.tokenizer, self.config, workers=self.workers)
         except BaseException:
             self.shutdown()
             raise
+
+    def _place(self, device: str, fill_free_memory: bool, owned: bool) -> None:
+        """Rank 0's model on its device (the workers moved their own shards to their GPUs), one copy of each
+        quantized layer there if this engine loaded it (``owned``: nobody else re-packs it); on CUDA without a
+        memory budget the KV pool gets what is free there — on every rank, the least of them."""
+        move_model(self.model, rank_device(device, 0))
+        if owned:
+            one_copy_on_gpu_path(self.model)
+        if device != "cuda" or not fill_free_memory:
+            return
+        sched, utilization = self.config.scheduler, self.config.gpu_memory_utilization
+        reserve = activation_reserve(self.model, sched.max_num_batched_tokens, sched.max_num_seqs)
+        per_rank = None
+        if self.workers is not None and 0 < utilization <= 1:
+            per_rank = self._on_ranks(kv_bytes_free, (utilization, reserve), gather=True)
+        budget = kv_budget_from_free_memory(self.model, utilization, reserve, per_rank)
+        self.config = replace(self.config, cache=replace(self.config.cache, kv_cache_memory=budget))
 
     def shutdown(self) -> None:
         """Stop the tensor-parallel workers, if any (the engine cannot step afterwards), and close the KV tiers."""
@@ -360,8 +368,9 @@ def _score(model, ids: torch.Tensor, codec) -> torch.Tensor:
     return model.score(ids, kv_codec=codec)
 
 
-def _launch_tensor_parallel(size: int, loaded, num_threads: Optional[int], load: dict):
-    """``(workers, rank 0's shard, tokenizer)``: every rank loads its own slices (a loaded model cannot be split)."""
+def _launch_tensor_parallel(size: int, loaded, num_threads: Optional[int], load: dict, device: str):
+    """``(workers, rank 0's shard, tokenizer)``: every rank loads its own slices (a loaded model cannot be split), on
+    ``device`` (CUDA: rank r on GPU r, the activations' collectives over NCCL)."""
     if loaded is not None:
         raise ConfigError(
             "tensor_parallel_size > 1: each rank loads its own shard from the checkpoint; pass the "
@@ -369,4 +378,4 @@ def _launch_tensor_parallel(size: int, loaded, num_threads: Optional[int], load:
         )
     from ..distributed.launch import launch
 
-    return launch(size, load, threads=num_threads)
+    return launch(size, load, threads=num_threads, device=device)

@@ -100,6 +100,8 @@ class ModelRunner:
             self._capture(cuda_graphs)
         elif cuda_graphs:  # per-sequence KV state (KIVI's staging pages) moves outside any graph
             self.decode_path += ", eager (the KV codec keeps per-sequence state)"
+        if triton and workers is not None:  # the GPU path's steps across ranks: no decode graphs
+            self.decode_path += f", tensor parallel over {workers.world} ranks, eager"
         # tensor parallel (bytediet.distributed.launch.Workers): ranks 1..N-1 mirror each forward on their shards
         self.workers = workers
         if workers is not None:

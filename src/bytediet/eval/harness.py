@@ -260,11 +260,12 @@ def evaluate(
     ``tasks[name]`` with each task's numbers (see :mod:`bytediet.eval.tasks`).  Pass a
     :class:`ReferenceCache` from an earlier call on the same model and settings to skip the reference.
     """
-    from ..engine.device import move_model, resolve_device
+    from ..engine.device import resolve_device
     from ..kernels.backend import describe
     from ..models.loader import load_as_engine_runs, load_model
+    from ..models.placement import move_model
 
-    device = resolve_device("cpu" if device == "auto" and tensor_parallel_size > 1 else device)
+    device = resolve_device(device, tensor_parallel_size)
     settings = settings or EvalSettings(
         corpus=corpus, windows=windows, window_len=window_len, seed=seed, tasks=tuple(tasks)
     )
@@ -277,11 +278,10 @@ def evaluate(
     if tensor_parallel_size > 1:
         from .parallel import evaluate_tensor_parallel
 
-        if device != "cpu":
-            raise ConfigError("--device cuda with --tensor-parallel-size > 1 is not supported yet; use one GPU")
         result = evaluate_tensor_parallel(
             model_spec,
             tensor_parallel_size,
+            device=device,
             weights=weights,
             settings=settings,
             kv_cache_dtype=kv_cache_dtype,

@@ -44,8 +44,10 @@ def evaluate_tensor_parallel(
     reference: Optional[ReferenceCache] = None,
     progress: bool = True,
     kv_calibration: Optional[dict] = None,
+    device: str = "cpu",
 ) -> dict:
-    """:func:`bytediet.eval.harness.evaluate` with both models split across ``size`` processes."""
+    """:func:`bytediet.eval.harness.evaluate` with both models split across ``size`` processes (on ``cuda``: a GPU
+    each)."""
     from ..engine.llm import LLM
     from ..kvcache import get_kv_codec
     from ..models.loader import load_config, native_block_types, resolve_model_path
@@ -64,7 +66,9 @@ def evaluate_tensor_parallel(
     if weights:
         check_weights(weights)
     t0 = time.perf_counter()
-    llm = LLM(label, dtype="float32", keep_packed=False, num_blocks=1, tensor_parallel_size=size)  # tasks size the pool
+    llm = LLM(  # the tasks size their own pools
+        label, dtype="float32", keep_packed=False, num_blocks=1, tensor_parallel_size=size, device=device
+    )
     try:
         check_window(settings, config, llm.tokenizer is not None)
         ctx = build_context(llm.tokenizer, settings, reference, progress=progress)
@@ -77,7 +81,13 @@ def evaluate_tensor_parallel(
             if weights or blocks:  # another model: the reference's ranks stop first
                 llm.shutdown()
                 llm = LLM(
-                    label, dtype="float32", weights=weights, keep_packed=True, num_blocks=1, tensor_parallel_size=size
+                    label,
+                    dtype="float32",
+                    weights=weights,
+                    keep_packed=True,
+                    num_blocks=1,
+                    tensor_parallel_size=size,
+                    device=device,
                 )
             return Subject("test", llm.model, llm.tokenizer, kv, weights, llm=llm)
 

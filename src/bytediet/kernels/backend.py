@@ -120,6 +120,10 @@ def prepare(type_id: int, blocks: torch.Tensor, dtype: torch.dtype) -> DeviceWei
             )
     if not has_gemm(t):
         raise ConfigError(f"weight layout {t} has no GPU kernel; run with --device cpu")
+    try:
+        _triton_modules()[0].row_weights(t, blocks.shape[1])
+    except ValueError as e:  # a row cut mid-block (a tensor-parallel shard of a tiny layer, an odd K)
+        raise ConfigError(f"{e}: the GPU kernels read whole blocks; run with --device cpu") from e
     return DeviceWeight(f"triton gemm_blocks type {t}", t, blocks=blocks.contiguous())
 
 

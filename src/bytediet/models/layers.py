@@ -63,22 +63,32 @@ class Linear(nn.Module):
             return ops.dequantize_blocks(*self._native)
         return self.format.dequantize(self.packed)
 
-    def keep_native_only(self) -> bool:
-        """Drop the packed planes once the native kernels' repacked copy exists (``bytediet optimize``'s measured
-        candidates): on the CPU the kernels multiply the copy, and :meth:`dequantized_weight` decodes the values
-        they multiply, so the layer costs its bytes once (``weight_bytes`` still counts the format's bytes, kept in
-        :attr:`dropped_plane_bytes`). False where there is no separate copy (GGML blocks are read in place) or no
-        native kernel."""
-        native = self.native_weight()
+    def keep_native_only(self, dtype: torch.dtype = torch.float32) -> bool:
+        """Drop the packed planes once the kernels' repacked copy exists (``bytediet optimize``'s measured
+        candidates; the engine's own model on the GPU path): the native CPU kernels or the Triton GEMM multiply
+        the copy, and :meth:`dequantized_weight` decodes the values they multiply, so the layer costs its bytes
+        once (``weight_bytes`` still counts the format's bytes, kept in :attr:`dropped_plane_bytes`). False where
+        there is no separate copy (GGML blocks are read in place; FP8 / 2:4 tensor-core weights keep theirs), or
+        no kernel. ``dtype``: the activations' on the GPU path (its prepared weight is made for them)."""
+        native = self._device_layout(dtype) if backend.triton_selected(self._probe()) else self.native_weight()
         if native is None or not self._packed_keys:
             return False
         if any(t.untyped_storage().data_ptr() == native[1].untyped_storage().data_ptr() for t in self.packed.values()):
             return False
+        self._native = native
         self.dropped_plane_bytes = sum(t.numel() * t.element_size() for t in self.packed.values())
         for k in self._packed_keys:
             delattr(self, "packed_" + k)
         self._packed_keys = []
         return True
+
+    def _probe(self) -> torch.Tensor:
+        return torch.empty(0, device=self.packed_device())
+
+    def _device_layout(self, dtype: torch.dtype) -> Optional[tuple[int, torch.Tensor]]:
+        """(type id, rows) the GPU path's Triton GEMM reads for this layer, or None (float, FP8 / 2:4 weights)."""
+        weight = self.device_weight(dtype)
+        return None if weight is None or weight.blocks is None else (weight.type_id, weight.blocks)
 
     def drop_native(self) -> None:
         """Let go of the native kernels' repacked copy (made again on the next product) while the planes are kept."""
@@ -110,7 +120,9 @@ class Linear(nn.Module):
                 "run it with --device cpu, or use int8 (W8A16) or fp8 (W8A8 on FP8 tensor cores) on the GPU"
             )
         if self._device_weight is None:
-            layout = None if self.format is None else _layout_on(self.format, self.packed, self.packed_device())
+            layout = self._native if self.planes_dropped else None  # the only copy left: the kernels' layout
+            if layout is None and self.format is not None:
+                layout = _layout_on(self.format, self.packed, self.packed_device())
             self._device_weight = (None if layout is None else backend.prepare(layout[0], layout[1], dtype),)
         return self._device_weight[0]
 
@@ -133,7 +145,7 @@ class Linear(nn.Module):
                 self.in_features,
                 self.out_features,
                 None,
-                lambda x, bias: self.format.apply(x, self.packed, bias),
+                self._apply_format,
                 device=self.device_weight,
             )
         return ops.LinearWeight(

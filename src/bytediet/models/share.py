@@ -66,10 +66,11 @@ def float_layers_as_loaded(model: nn.Module, names: set[str]) -> None:
 
 
 def native_only(model: nn.Module) -> int:
-    """Keep each linear layer of ``model`` only as the native kernels multiply it (:meth:`Linear.keep_native_only`:
-    the packed planes dropped beside their repacked copy); the bytes freed. For a model that is measured, not
-    saved: a checkpoint stores the planes."""
-    return sum(layer.dropped_plane_bytes for _, layer in model.linear_layers() if layer.keep_native_only())
+    """Keep each linear layer of ``model`` only as its kernels multiply it (:meth:`Linear.keep_native_only`: the
+    packed planes dropped beside their repacked copy — the native CPU kernels', or on the GPU path the Triton
+    GEMM's); the bytes freed. For a model that is measured or served, not saved: a checkpoint stores the planes."""
+    dtype = getattr(model, "dtype", torch.float32)
+    return sum(layer.dropped_plane_bytes for _, layer in model.linear_layers() if layer.keep_native_only(dtype))
 
 
 def float_embedding(model: nn.Module) -> None:

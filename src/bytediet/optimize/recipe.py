@@ -186,9 +186,9 @@ class Recipe:
 
     # ------------------------------------------------------------------ set-up
     def _load(self) -> None:
-        from ..engine.device import move_model
         from ..eval.harness import EvalSettings, reference_cache
         from ..models.loader import load_model, native_block_types
+        from ..models.placement import move_model
         from .device import device_key
 
         o = self.opt
@@ -445,8 +445,8 @@ class Recipe:
         Run configs name formats, not calibration runs: without this, ``generate --config`` would either
         re-calibrate at every load or silently run the uncalibrated format. Returns the checkpoint dir.
         """
-        from ..engine.device import move_model
         from ..models.checkpoint import save_quantized
+        from ..models.placement import move_model
         from ..models.share import float_embedding
 
         rec = (report.get("recommendation") or {}).get("record") or {}

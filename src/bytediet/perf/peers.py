@@ -80,7 +80,7 @@ class BytedietSystem:
         self.threads, self.kv_cache_dtype = threads, kv_cache_dtype
         self.device, self.enforce_eager = device, enforce_eager  # the engine's device (the model is moved there)
         if device != "cpu" and self._ranks is None:
-            from ..engine.device import move_model
+            from ..models.placement import move_model
 
             move_model(self.model, device)
         self.block_size = block_size or default_block_size(kv_cache_dtype)
