@@ -29,6 +29,12 @@ layers that need it), the rotated 8-bit codecs ``rot-q8_0`` and ``rot-int8`` (th
 Hadamard rotation, which spreads outlier key channels: lower error at the same bytes in most layers, not all —
 :mod:`bytediet.kvcache.rotated`) and TurboQuant (4 … 2 bits). A candidate that cannot take the model's head
 dimension is skipped; a budget below the cheapest candidate is an error naming the budget.
+
+A candidate ``k=<spec>`` (``v=<spec>``) offers only that codec's key (value) half: ``k=kivi4g16`` / ``k=kivi2g16`` are
+KIVI's per-channel keys (fp16 scale and zero point per channel over 16-token groups, the open group staged in fp16,
+:mod:`bytediet.kvcache.kivi`; 6.53 / 4.53 bits all-in at 2 KV heads × 64), which take out the per-channel offset of
+bias-dominated keys (Qwen2.5, bench/KV_RESULTS.md §15) and mix with any value half; group 16 so that they page the
+plans' 16-token blocks.
 """
 
 from __future__ import annotations
@@ -61,7 +67,24 @@ DEFAULT_CANDIDATES = (
     "turboquant3",
     "turboquant2.5",
     "turboquant2",
+    "k=kivi4g16",
+    "k=kivi2g16",
 )
+
+
+def candidate_roles(candidates: Sequence[str]) -> dict[str, tuple[str, ...]]:
+    """spec → the halves it is a candidate for: ``k=<spec>`` / ``v=<spec>`` that codec's key / value half only, any
+    other entry (``q8_0``, a split ``k=q8_0,v=q4_0``) both."""
+    out: dict[str, tuple[str, ...]] = {}
+    for entry in candidates:
+        role, sep, spec = entry.partition("=")
+        only = bool(sep) and "," not in spec and role.strip() in ("k", "v")
+        spec = spec.strip() if only else entry
+        if only and not spec:
+            raise ConfigError(f"bad KV budget candidate {entry!r}: expected k=<codec> or v=<codec>, e.g. k=kivi4g16")
+        roles = {role.strip()} if only else {"k", "v"}
+        out[spec] = tuple(r for r in ("k", "v") if r in roles or r in out.get(spec, ()))
+    return out
 
 
 @dataclass
@@ -149,17 +172,24 @@ def _stored_in_windows(
 
 
 def layer_errors(
-    sample: dict, lengths: Sequence[int], codecs: dict, layer: int, scale: float, window: Optional[int]
+    sample: dict,
+    lengths: Sequence[int],
+    codecs: dict,
+    layer: int,
+    scale: float,
+    window: Optional[int],
+    roles: Optional[dict] = None,
 ) -> dict:
     """{"k": {spec: relative attention-output error}, "v": {...}} of one layer (candidates that fit);
-    ``codecs``: spec → codec (calibrated where it has hooks)."""
+    ``codecs``: spec → codec (calibrated where it has hooks); ``roles``: spec → the halves measured (default both,
+    :func:`candidate_roles`)."""
     k, v, q = sample["k"], sample["v"], sample["q"]
     bounds = [0] + list(torch.tensor(list(lengths)).cumsum(0).tolist())
     ref = [_causal_attention(q[a:b], k[a:b], v[a:b], scale, window) for a, b in zip(bounds, bounds[1:])]
     den = sum(float(o.pow(2).sum()) for o in ref)
     out: dict = {"k": {}, "v": {}}
     for spec, codec in codecs.items():
-        for role in ("k", "v"):
+        for role in (roles or {}).get(spec, ("k", "v")):
             stored = _stored_in_windows(codec, role, k if role == "k" else v, layer, sample.get("pos"))
             if stored is None:
                 continue
@@ -198,7 +228,8 @@ def candidate_bytes(candidates: Sequence[str], num_kv_heads: int, head_dim: int)
     """{"k": {spec: bytes per token of its key half}, "v": {...}} (one layer) of the uncalibrated candidates; a
     candidate that cannot size this head dimension (TurboQuant 2.5 bits at head_dim 8) is left out, as
     :func:`layer_errors` leaves it out."""
-    return _bytes_of({spec: get_kv_codec(spec) for spec in candidates}, num_kv_heads, head_dim)
+    roles = candidate_roles(candidates)
+    return _bytes_of({spec: get_kv_codec(spec) for spec in roles}, num_kv_heads, head_dim, roles)
 
 
 def check_budget(budget: float, nbytes: dict, h: int, d: int) -> None:
@@ -237,6 +268,7 @@ class Sensitivity:
     codecs: dict  # spec → KVCodec, calibrated on the fit tokens where it has hooks
     validation: list[torch.Tensor]
     fit_tokens: int
+    roles: dict = field(default_factory=dict)  # spec → the halves it is a candidate for (absent: both)
 
     def states(self, specs) -> dict:
         """The calibration states of ``specs`` that have one (what a plan using them must carry)."""
@@ -255,7 +287,7 @@ def calibrated_candidates(candidates: Sequence[str], samples: list[dict]) -> dic
     from .kv import calibrate_from_samples, has_calibration
 
     codecs = {}
-    for spec in candidates:
+    for spec in candidate_roles(candidates):
         codec = get_kv_codec(spec)
         codecs[spec] = calibrate_from_samples(codec, samples) if has_calibration(codec) else codec
     return codecs
@@ -271,21 +303,24 @@ def measure_errors(
     calibrate the candidates that have hooks on it, measure every layer × side × candidate."""
     fit, validation = split_windows(windows)
     samples = capture_kv(model, fit)
+    roles = candidate_roles(candidates)
     codecs = calibrated_candidates(candidates, samples)
     lengths = [len(w) for w in fit]
     errors = []
     for i in progress(range(model.config.num_layers), "KV budget: attention error per layer and codec"):
         attn = model.model.layers[i].self_attn
-        errors.append(layer_errors(samples[i], lengths, codecs, i, attn.scale, attn.window))
-    return Sensitivity(errors, codecs, validation, sum(lengths))
+        errors.append(layer_errors(samples[i], lengths, codecs, i, attn.scale, attn.window, roles))
+    return Sensitivity(errors, codecs, validation, sum(lengths), roles)
 
 
-def _bytes_of(codecs: dict, num_kv_heads: int, head_dim: int) -> dict[str, dict[str, float]]:
+def _bytes_of(
+    codecs: dict, num_kv_heads: int, head_dim: int, roles: Optional[dict] = None
+) -> dict[str, dict[str, float]]:
     """{"k": {spec: bytes per token of its key half}, "v": {...}} of the (calibrated) candidates that size this head
-    dimension."""
+    dimension, each for the halves ``roles`` gives it (default both)."""
     out: dict[str, dict[str, float]] = {"k": {}, "v": {}}
     for spec, codec in codecs.items():
-        for role in out:
+        for role in (roles or {}).get(spec, ("k", "v")):
             try:
                 out[role][spec] = half_of(codec, role).bytes_per_token(num_kv_heads, head_dim)
             except ConfigError:
@@ -298,7 +333,7 @@ def plan_from_errors(
 ) -> KVPlan:
     """The plan for ``budget`` from measured tables (:func:`measure_errors`); with ``model``, validated against
     every uniform candidate within the budget on the validation windows (:func:`choose_validated`)."""
-    nbytes = _bytes_of(sens.codecs, num_kv_heads, head_dim)
+    nbytes = _bytes_of(sens.codecs, num_kv_heads, head_dim, sens.roles)
     plan = allocate(sens.errors, nbytes, budget, num_kv_heads, head_dim)
     per_coord = 8 / (2 * num_kv_heads * head_dim)
     bits = lambda p: sum(nbytes["k"][x["k"]] + nbytes["v"][x["v"]] for x in p) * per_coord / len(p)
