@@ -98,3 +98,22 @@ def test_native_attention_on_a_plan_s_per_channel_key_layers_equals_the_codecs_o
     """A plan's layer k=kivi<b>g16,v=<other>, in 16-token blocks with groups left open at every step: the native
     kernel's read (the reference twin forbidden) is the codec's own, to 1e-5 of the largest output."""
     assert_staged_native_equals_own_read(spec, 16, 4096, hq, hkv, d, window)
+
+
+def test_a_plan_for_the_triton_path_never_takes_per_channel_keys(monkeypatch):
+    """The Triton paged attention reads no code pages (its check_pages refuses kivi4-keys): on that path the
+    allocator leaves KIVI's keys out, so the engine never refuses the plan it chose."""
+    import bytediet.kernels.backend as backend
+    from bytediet.calibrate.kv_budget import measure_errors
+
+    cfg = tiny_config("llama", hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=64)
+    model = model_from_state(cfg, random_state(cfg, seed=5))
+    windows = [torch.randint(0, cfg.vocab_size, (64,), generator=torch.Generator().manual_seed(3))]
+    candidates = ("q4_0", "q8_0", "k=kivi4g16", "kivi2g16")
+    monkeypatch.setattr(backend, "name_for", lambda device: "triton")
+    sens = measure_errors(model, windows, candidates)
+    assert all(set(e["k"]) == {"q4_0", "q8_0"} and set(e["v"]) == {"q4_0", "q8_0"} for e in sens.errors)
+    monkeypatch.setattr(backend, "name_for", lambda device: "native")
+    sens = measure_errors(model, windows, candidates)
+    assert all(set(e["k"]) == {"q4_0", "q8_0", "kivi4g16", "kivi2g16"} for e in sens.errors)
+    assert all(set(e["v"]) == {"q4_0", "q8_0", "kivi2g16"} for e in sens.errors)

@@ -293,6 +293,21 @@ def calibrated_candidates(candidates: Sequence[str], samples: list[dict]) -> dic
     return codecs
 
 
+def without_code_pages(codecs: dict, roles: dict, num_kv_heads: int, head_dim: int) -> dict:
+    """``roles`` less the halves stored as code pages (KIVI's per-channel keys): the Triton paged attention reads none
+    (:func:`bytediet.kernels.triton.paged_attention.check_pages`), so a plan for the GPU never takes them."""
+    from ..kernels.decoder_spec import CODE_PAGE_TYPES
+
+    def code_pages(spec: str, role: str) -> bool:
+        try:
+            pages = half_of(codecs[spec], role).create(0, role, 1, 16, num_kv_heads, head_dim, "cpu").native_pages()
+        except ConfigError:
+            return False  # a shape it cannot store: left out by the measurement anyway
+        return pages is not None and pages[0] in CODE_PAGE_TYPES
+
+    return {s: tuple(r for r in rs if not code_pages(s, r)) for s, rs in roles.items()}
+
+
 def measure_errors(
     model,
     windows: Sequence[torch.Tensor],
@@ -300,11 +315,16 @@ def measure_errors(
     progress: Progress = no_progress,
 ) -> Sensitivity:
     """The sensitivity tables (one pass serves every budget): capture K/V/Q on the first half of each window,
-    calibrate the candidates that have hooks on it, measure every layer × side × candidate."""
+    calibrate the candidates that have hooks on it, measure every layer × side × candidate (on the Triton path,
+    not the halves it has no kernel for: :func:`without_code_pages`)."""
+    from ..kernels.backend import name_for
+
     fit, validation = split_windows(windows)
     samples = capture_kv(model, fit)
     roles = candidate_roles(candidates)
     codecs = calibrated_candidates(candidates, samples)
+    if name_for(getattr(model, "device", "cpu")) == "triton":
+        roles = without_code_pages(codecs, roles, model.config.num_kv_heads, model.config.head_dim)
     lengths = [len(w) for w in fit]
     errors = []
     for i in progress(range(model.config.num_layers), "KV budget: attention error per layer and codec"):
