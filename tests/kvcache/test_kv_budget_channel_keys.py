@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bytediet.calibrate.kv_budget import DEFAULT_CANDIDATES, candidate_bytes, candidate_roles, layer_errors
+from bytediet.calibrate.kv_budget import candidate_bytes, layer_errors
+from bytediet.calibrate.kv_candidates import DEFAULT_CANDIDATES, candidate_roles
 from bytediet.errors import ConfigError
 from bytediet.kvcache import get_kv_codec
 from bytediet.kvcache.split import half_of

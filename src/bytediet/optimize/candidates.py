@@ -156,7 +156,8 @@ def kv_fits(spec: str, model, block_size: Optional[int] = None) -> Optional[str]
 def budget_fits(spec: str, model) -> Optional[str]:
     """None when the budget ``spec`` (``auto:<bits>``) can be planned for ``model`` — at least the cheapest
     per-layer candidates fit it — else the reason (a malformed spec, a budget below every candidate)."""
-    from ..calibrate.kv_budget import DEFAULT_CANDIDATES, candidate_bytes, candidate_roles, check_budget
+    from ..calibrate.kv_budget import candidate_bytes, check_budget
+    from ..calibrate.kv_candidates import DEFAULT_CANDIDATES, candidate_roles
     from ..kvcache import get_kv_codec
 
     c = model.config
