@@ -7,16 +7,13 @@ import random
 import pytest
 import torch
 
-from bytediet.calibrate.kv_budget import DEFAULT_CANDIDATES, allocate, plan_kv_budget
+from bytediet.calibrate.kv_budget import DEFAULT_CANDIDATES, allocate, candidate_bytes, candidate_roles, plan_kv_budget
 from bytediet.errors import ConfigError
 from bytediet.kvcache import get_kv_codec
-from bytediet.kvcache.split import half_of
 from tests.conftest import model_from_state, random_state, tiny_config
 
 H, D = 2, 64
-NBYTES = {
-    role: {s: half_of(get_kv_codec(s), role).bytes_per_token(H, D) for s in DEFAULT_CANDIDATES} for role in ("k", "v")
-}
+NBYTES = candidate_bytes(DEFAULT_CANDIDATES, H, D)  # {"k": {spec: bytes}, "v": {...}}; k=<spec> entries keys only
 
 
 def _bits(plan) -> float:
@@ -31,7 +28,7 @@ def _errors(sensitivity: list[float], rng: random.Random) -> list[dict]:
             {
                 role: {
                     spec: s * 4.0 ** -(NBYTES[role][spec] * 8 / (H * D)) * rng.uniform(0.8, 1.2)
-                    for spec in DEFAULT_CANDIDATES
+                    for spec in NBYTES[role]
                 }
                 for role in ("k", "v")
             }
@@ -97,7 +94,9 @@ def test_the_plan_runs_in_the_engine_and_travels_as_data():
     windows = [torch.randint(0, cfg.vocab_size, (64,)) for _ in range(2)]
     plan = plan_kv_budget(model, windows, 5.0)
     assert plan.bits <= 5.0 and len(plan.plan) == cfg.num_layers
-    assert all(set(e["k"]) == set(DEFAULT_CANDIDATES) for e in plan.errors)
+    roles = candidate_roles(DEFAULT_CANDIDATES)
+    for role in ("k", "v"):
+        assert all(set(e[role]) == {s for s, r in roles.items() if role in r} for e in plan.errors)
     assert all(e["k"]["bf16"] < e["k"]["turboquant2"] for e in plan.errors)  # errors measured, not guessed
     codec = calibrate_codec(get_kv_codec("auto:5"), model, windows)
     assert codec.calibration_state() == plan.state()

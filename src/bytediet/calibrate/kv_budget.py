@@ -22,13 +22,8 @@ The machinery of weight mixed precision (:mod:`bytediet.calibrate.mixed`), appli
    of its own candidates used alone (:func:`validate_proposals`).
 
 Candidates with calibration hooks (TurboQuant: channel means, outlier channels, layout) are calibrated once, on the
-fit tokens, before their errors are measured; their states travel with the plan (``states``). Candidates are
-per-token codecs that page 16-token blocks: bf16, llama.cpp's block types (8.5 … 4.5 bits), bytediet's int8 (one
-scale per token and head: 8 + 16/D bits, the one below q8_0's 8.5 — it lets a plan at 8.5 bits buy bf16 for the
-layers that need it), the rotated 8-bit codecs ``rot-q8_0`` and ``rot-int8`` (the same pages after a randomized
-Hadamard rotation, which spreads outlier key channels: lower error at the same bytes in most layers, not all —
-:mod:`bytediet.kvcache.rotated`) and TurboQuant (4 … 2 bits). A candidate that cannot take the model's head
-dimension is skipped; a budget below the cheapest candidate is an error naming the budget.
+fit tokens, before their errors are measured; their states travel with the plan (``states``). Which candidates there
+are, and which half each may store: :mod:`bytediet.calibrate.kv_candidates`.
 """
 
 from __future__ import annotations
@@ -45,23 +40,8 @@ from ..kvcache.base import get_kv_codec
 from ..kvcache.split import half_of
 from .base import Progress, no_progress
 from .kv import capture_kv
+from .kv_candidates import DEFAULT_CANDIDATES, candidate_roles, without_code_pages
 from .mixed import choose_within_bytes, improve_by_exchange
-
-DEFAULT_CANDIDATES = (
-    "bf16",
-    "q8_0",
-    "rot-q8_0",
-    "int8",
-    "rot-int8",
-    "q5_0",
-    "q4_1",
-    "q4_0",
-    "turboquant4",
-    "turboquant3.5",
-    "turboquant3",
-    "turboquant2.5",
-    "turboquant2",
-)
 
 
 @dataclass
@@ -149,17 +129,24 @@ def _stored_in_windows(
 
 
 def layer_errors(
-    sample: dict, lengths: Sequence[int], codecs: dict, layer: int, scale: float, window: Optional[int]
+    sample: dict,
+    lengths: Sequence[int],
+    codecs: dict,
+    layer: int,
+    scale: float,
+    window: Optional[int],
+    roles: Optional[dict] = None,
 ) -> dict:
     """{"k": {spec: relative attention-output error}, "v": {...}} of one layer (candidates that fit);
-    ``codecs``: spec → codec (calibrated where it has hooks)."""
+    ``codecs``: spec → codec (calibrated where it has hooks); ``roles``: spec → the halves measured (default both,
+    :func:`candidate_roles`)."""
     k, v, q = sample["k"], sample["v"], sample["q"]
     bounds = [0] + list(torch.tensor(list(lengths)).cumsum(0).tolist())
     ref = [_causal_attention(q[a:b], k[a:b], v[a:b], scale, window) for a, b in zip(bounds, bounds[1:])]
     den = sum(float(o.pow(2).sum()) for o in ref)
     out: dict = {"k": {}, "v": {}}
     for spec, codec in codecs.items():
-        for role in ("k", "v"):
+        for role in (roles or {}).get(spec, ("k", "v")):
             stored = _stored_in_windows(codec, role, k if role == "k" else v, layer, sample.get("pos"))
             if stored is None:
                 continue
@@ -198,7 +185,8 @@ def candidate_bytes(candidates: Sequence[str], num_kv_heads: int, head_dim: int)
     """{"k": {spec: bytes per token of its key half}, "v": {...}} (one layer) of the uncalibrated candidates; a
     candidate that cannot size this head dimension (TurboQuant 2.5 bits at head_dim 8) is left out, as
     :func:`layer_errors` leaves it out."""
-    return _bytes_of({spec: get_kv_codec(spec) for spec in candidates}, num_kv_heads, head_dim)
+    roles = candidate_roles(candidates)
+    return _bytes_of({spec: get_kv_codec(spec) for spec in roles}, num_kv_heads, head_dim, roles)
 
 
 def check_budget(budget: float, nbytes: dict, h: int, d: int) -> None:
@@ -237,6 +225,7 @@ class Sensitivity:
     codecs: dict  # spec → KVCodec, calibrated on the fit tokens where it has hooks
     validation: list[torch.Tensor]
     fit_tokens: int
+    roles: dict = field(default_factory=dict)  # spec → the halves it is a candidate for (absent: both)
 
     def states(self, specs) -> dict:
         """The calibration states of ``specs`` that have one (what a plan using them must carry)."""
@@ -255,7 +244,7 @@ def calibrated_candidates(candidates: Sequence[str], samples: list[dict]) -> dic
     from .kv import calibrate_from_samples, has_calibration
 
     codecs = {}
-    for spec in candidates:
+    for spec in candidate_roles(candidates):
         codec = get_kv_codec(spec)
         codecs[spec] = calibrate_from_samples(codec, samples) if has_calibration(codec) else codec
     return codecs
@@ -268,24 +257,32 @@ def measure_errors(
     progress: Progress = no_progress,
 ) -> Sensitivity:
     """The sensitivity tables (one pass serves every budget): capture K/V/Q on the first half of each window,
-    calibrate the candidates that have hooks on it, measure every layer × side × candidate."""
+    calibrate the candidates that have hooks on it, measure every layer × side × candidate (on the Triton path,
+    not the halves it has no kernel for: :func:`without_code_pages`)."""
+    from ..kernels.backend import name_for
+
     fit, validation = split_windows(windows)
     samples = capture_kv(model, fit)
+    roles = candidate_roles(candidates)
     codecs = calibrated_candidates(candidates, samples)
+    if name_for(getattr(model, "device", "cpu")) == "triton":
+        roles = without_code_pages(codecs, roles, model.config.num_kv_heads, model.config.head_dim)
     lengths = [len(w) for w in fit]
     errors = []
     for i in progress(range(model.config.num_layers), "KV budget: attention error per layer and codec"):
         attn = model.model.layers[i].self_attn
-        errors.append(layer_errors(samples[i], lengths, codecs, i, attn.scale, attn.window))
-    return Sensitivity(errors, codecs, validation, sum(lengths))
+        errors.append(layer_errors(samples[i], lengths, codecs, i, attn.scale, attn.window, roles))
+    return Sensitivity(errors, codecs, validation, sum(lengths), roles)
 
 
-def _bytes_of(codecs: dict, num_kv_heads: int, head_dim: int) -> dict[str, dict[str, float]]:
+def _bytes_of(
+    codecs: dict, num_kv_heads: int, head_dim: int, roles: Optional[dict] = None
+) -> dict[str, dict[str, float]]:
     """{"k": {spec: bytes per token of its key half}, "v": {...}} of the (calibrated) candidates that size this head
-    dimension."""
+    dimension, each for the halves ``roles`` gives it (default both)."""
     out: dict[str, dict[str, float]] = {"k": {}, "v": {}}
     for spec, codec in codecs.items():
-        for role in out:
+        for role in (roles or {}).get(spec, ("k", "v")):
             try:
                 out[role][spec] = half_of(codec, role).bytes_per_token(num_kv_heads, head_dim)
             except ConfigError:
@@ -298,7 +295,7 @@ def plan_from_errors(
 ) -> KVPlan:
     """The plan for ``budget`` from measured tables (:func:`measure_errors`); with ``model``, validated against
     every uniform candidate within the budget on the validation windows (:func:`choose_validated`)."""
-    nbytes = _bytes_of(sens.codecs, num_kv_heads, head_dim)
+    nbytes = _bytes_of(sens.codecs, num_kv_heads, head_dim, sens.roles)
     plan = allocate(sens.errors, nbytes, budget, num_kv_heads, head_dim)
     per_coord = 8 / (2 * num_kv_heads * head_dim)
     bits = lambda p: sum(nbytes["k"][x["k"]] + nbytes["v"][x["v"]] for x in p) * per_coord / len(p)

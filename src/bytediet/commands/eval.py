@@ -82,6 +82,12 @@ def register(subparsers) -> None:
         help="comma-separated budgets in bits per coordinate (default 8.5,6,4.5,3.5; 'none' for none)",
     )
     p.add_argument(
+        "--kv-pareto-candidates",
+        default=None,
+        help="the codecs the budgets' plans choose from per layer, separated as the anchors (default: "
+        "calibrate/kv_budget.py's DEFAULT_CANDIDATES); k=<spec> or v=<spec> offers only that codec's key or value half",
+    )
+    p.add_argument(
         "--kv-pareto-journal",
         default=None,
         metavar="FILE",
@@ -197,6 +203,7 @@ def run_kv_pareto(args: argparse.Namespace) -> int:
     """``--kv-pareto``: the table (or one JSON object) and, with ``--plot DIR``, ``DIR/kv_pareto.png``."""
     import torch
 
+    from ..calibrate.kv_budget import DEFAULT_CANDIDATES
     from ..config import parse_bytes
     from ..eval import kv_pareto as kp
     from ..kernels.backend import describe
@@ -235,6 +242,7 @@ def run_kv_pareto(args: argparse.Namespace) -> int:
         anchors=_specs(args.kv_pareto_anchors, kp.ANCHORS),
         ours=_specs(args.kv_pareto_codecs, kp.OURS),
         budgets=budgets,
+        candidates=_specs(args.kv_pareto_candidates, DEFAULT_CANDIDATES),
         calib_windows=calib_windows,
         calib_len=args.kv_calib_len,
         passkey_lengths=passkey_lengths,

@@ -32,7 +32,7 @@ from __future__ import annotations
 import time
 from typing import Optional, Sequence
 
-from ..calibrate.kv_budget import rank_correlation
+from ..calibrate.kv_budget import DEFAULT_CANDIDATES, rank_correlation
 from ..errors import ConfigError
 from .corpus import make_windows, tokenize_corpus
 from .harness import REFERENCE_RAM_BYTES, ReferenceCache
@@ -186,16 +186,16 @@ def _calibrated(codec, model, windows, note: str):
     return calibrate_codec(codec, model, windows), note
 
 
-def _budget_entries(model, budgets, cal, note, progress):
-    """(entries, error records) of the budgets: one sensitivity pass (candidates calibrated on the fit half of the
-    calibration windows), then one plan per budget, validated on the other half."""
+def _budget_entries(model, budgets, cal, note, progress, candidates):
+    """(entries, error records) of the budgets: one sensitivity pass over ``candidates`` (calibrated on the fit half
+    of the calibration windows), then one plan per budget, validated on the other half."""
     from ..calibrate.kv_budget import measure_errors, plan_from_errors
     from ..kvcache import get_kv_codec
 
     if not budgets:
         return [], []
     c = model.config
-    sens = measure_errors(model, cal, progress=progress)
+    sens = measure_errors(model, cal, candidates, progress=progress)
     entries, failed = [], []
     for b in budgets:
         codec = get_kv_codec(f"auto:{b:g}")
@@ -233,6 +233,7 @@ def kv_pareto(
     anchors: Sequence[str] = ANCHORS,
     ours: Sequence[str] = OURS,
     budgets: Sequence[float] = BUDGETS,
+    candidates: Sequence[str] = DEFAULT_CANDIDATES,
     calib_windows: int = 1,
     calib_len: int = 512,
     passkey_lengths: Sequence[int] = PASSKEY_LENGTHS,
@@ -249,7 +250,9 @@ def kv_pareto(
     ``notes``). ``passkey_lengths=()`` measures no passkey; ``capacity_memory`` None: the KV memory of
     ``reference_sequences`` bf16 sequences of ``capacity_len`` tokens. ``reference_memory``: bytes of bf16 logits
     kept in RAM; the windows beyond it are read back, a chunk at a time, from one temporary file each.
-    ``journal``: a path; finished entries go there and a rerun skips them (see the module's docstring)."""
+    ``journal``: a path; finished entries go there and a rerun skips them (see the module's docstring).
+    ``candidates``: what the budgets' plans choose from per layer and half (:func:`~bytediet.calibrate.kv_budget.
+    candidate_roles`)."""
     from ..kvcache import get_kv_codec
 
     progress = progress or (lambda xs, desc: xs)
@@ -285,6 +288,7 @@ def kv_pareto(
         "calib_windows": calib_windows,
         "calib_len": calib_len,
         "budgets": list(budgets),
+        "candidates": list(candidates),
         "passkey_lengths": checks.lengths,
         "passkey_depths": list(passkey_depths),
         "passkey_trials": passkey_trials,
@@ -329,7 +333,7 @@ def kv_pareto(
 
         measure_all(entries)  # first: each is journaled before the budgets' long planning starts
         todo = [b for b in budgets if not done(get_kv_codec(f"auto:{b:g}").name)]
-        planned, failed = _budget_entries(model, todo, cal, note, progress)
+        planned, failed = _budget_entries(model, todo, cal, note, progress, candidates)
         for rec in failed:
             finished(rec)
         measure_all(planned)

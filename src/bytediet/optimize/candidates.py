@@ -156,13 +156,17 @@ def kv_fits(spec: str, model, block_size: Optional[int] = None) -> Optional[str]
 def budget_fits(spec: str, model) -> Optional[str]:
     """None when the budget ``spec`` (``auto:<bits>``) can be planned for ``model`` — at least the cheapest
     per-layer candidates fit it — else the reason (a malformed spec, a budget below every candidate)."""
-    from ..calibrate.kv_budget import DEFAULT_CANDIDATES, candidate_bytes, check_budget
+    from ..calibrate.kv_budget import candidate_bytes, check_budget
+    from ..calibrate.kv_candidates import DEFAULT_CANDIDATES, candidate_roles
     from ..kvcache import get_kv_codec
 
     c = model.config
     try:
         codec = get_kv_codec(spec, model.dtype)
-        fitting = [s for s in DEFAULT_CANDIDATES if kv_fits(s, model, 16) is None]
+        halves = candidate_roles(DEFAULT_CANDIDATES)  # spec → roles; "k=kivi4g16" is listed as "kivi4g16"
+        fitting = [
+            e for e in DEFAULT_CANDIDATES if kv_fits(e if e in halves else e.partition("=")[2], model, 16) is None
+        ]
         if not fitting:
             raise ConfigError(f"no KV codec of a budget's plan can store head_dim {c.head_dim}")
         check_budget(codec.budget, candidate_bytes(fitting, c.num_kv_heads, c.head_dim), c.num_kv_heads, c.head_dim)
