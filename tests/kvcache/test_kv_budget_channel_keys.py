@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from bytediet.calibrate.kv_budget import candidate_bytes, layer_errors
-from bytediet.calibrate.kv_candidates import DEFAULT_CANDIDATES, candidate_roles
+from bytediet.calibrate.kv_candidates import CHANNEL_KEY_CANDIDATES, DEFAULT_CANDIDATES, candidate_roles
 from bytediet.errors import ConfigError
 from bytediet.kvcache import get_kv_codec
 from bytediet.kvcache.split import half_of
@@ -20,7 +20,8 @@ H, D = 2, 64
 def test_a_k_equals_candidate_offers_only_its_key_half():
     roles = candidate_roles(("q8_0", "k=kivi4g16", "v=q4_0", "k=q4_0", "k=q8_0,v=q4_0"))
     assert roles == {"q8_0": ("k", "v"), "kivi4g16": ("k",), "q4_0": ("k", "v"), "k=q8_0,v=q4_0": ("k", "v")}
-    assert {"kivi4g16": ("k",), "kivi2g16": ("k",)}.items() <= candidate_roles(DEFAULT_CANDIDATES).items()
+    assert {"kivi4g16": ("k",), "kivi2g16": ("k",)}.items() <= candidate_roles(CHANNEL_KEY_CANDIDATES).items()
+    assert not set(CHANNEL_KEY_CANDIDATES) & set(DEFAULT_CANDIDATES)  # opt-in: their plans decode on the module path
     with pytest.raises(ConfigError, match="k=<codec> or v=<codec>"):
         candidate_roles(("k=",))
 

@@ -7,7 +7,8 @@ Hadamard rotation, which spreads outlier key channels: lower error at the same b
 :mod:`bytediet.kvcache.rotated`) and TurboQuant (4 … 2 bits). A candidate that cannot take the model's head
 dimension is skipped; a budget below the cheapest candidate is an error naming the budget.
 
-A candidate ``k=<spec>`` (``v=<spec>``) offers only that codec's key (value) half: ``k=kivi4g16`` / ``k=kivi2g16`` are
+A candidate ``k=<spec>`` (``v=<spec>``) offers only that codec's key (value) half: ``k=kivi4g16`` / ``k=kivi2g16``
+(:data:`CHANNEL_KEY_CANDIDATES`, opt-in) are
 KIVI's per-channel keys (fp16 scale and zero point per channel over 16-token groups, the open group staged in fp16,
 :mod:`bytediet.kvcache.kivi`; 6.53 / 4.53 bits all-in at 2 KV heads × 64), which take out the per-channel offset of
 bias-dominated keys (Qwen2.5, bench/KV_RESULTS.md §15) and mix with any value half; group 16 so that they page the
@@ -36,9 +37,10 @@ DEFAULT_CANDIDATES = (
     "turboquant3",
     "turboquant2.5",
     "turboquant2",
-    "k=kivi4g16",
-    "k=kivi2g16",
 )
+# KIVI's per-channel keys, offered with ``--kv-pareto-candidates`` (not by default: a plan with them decodes on the
+# module path, the native one-call decode step writes no such pages; bench/KV_RESULTS.md §16)
+CHANNEL_KEY_CANDIDATES = ("k=kivi4g16", "k=kivi2g16")
 
 
 def candidate_roles(candidates: Sequence[str]) -> dict[str, tuple[str, ...]]:

@@ -288,13 +288,14 @@ def kv_pareto(
         "calib_windows": calib_windows,
         "calib_len": calib_len,
         "budgets": list(budgets),
-        "candidates": list(candidates),
         "passkey_lengths": checks.lengths,
         "passkey_depths": list(passkey_depths),
         "passkey_trials": passkey_trials,
         "capacity_memory": int(memory),
         "capacity_len": capacity_len,
     }
+    if tuple(candidates) != DEFAULT_CANDIDATES:  # recorded where chosen (journals of the defaults stay valid)
+        settings["candidates"] = list(candidates)
     if journal is not None:
         from .pareto_journal import ParetoJournal
 
