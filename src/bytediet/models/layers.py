@@ -83,6 +83,7 @@ class Linear(nn.Module):
         return True
 
     def _probe(self) -> torch.Tensor:
+        """An empty tensor where the weight lives: what ``backend.triton_selected`` decides the path by."""
         return torch.empty(0, device=self.packed_device())
 
     def _device_layout(self, dtype: torch.dtype) -> Optional[tuple[int, torch.Tensor]]:
