@@ -85,7 +85,8 @@ def register(subparsers) -> None:
         "--kv-pareto-candidates",
         default=None,
         help="the codecs the budgets' plans choose from per layer, separated as the anchors (default: "
-        "calibrate/kv_budget.py's DEFAULT_CANDIDATES); k=<spec> or v=<spec> offers only that codec's key or value half",
+        "calibrate/kv_candidates.py's DEFAULT_CANDIDATES); k=<spec> or v=<spec> offers only that codec's key or value "
+        "half (k=kivi4g16,k=kivi2g16 add KIVI's per-channel keys)",
     )
     p.add_argument(
         "--kv-pareto-journal",

@@ -251,7 +251,7 @@ def kv_pareto(
     ``reference_sequences`` bf16 sequences of ``capacity_len`` tokens. ``reference_memory``: bytes of bf16 logits
     kept in RAM; the windows beyond it are read back, a chunk at a time, from one temporary file each.
     ``journal``: a path; finished entries go there and a rerun skips them (see the module's docstring).
-    ``candidates``: what the budgets' plans choose from per layer and half (:func:`~bytediet.calibrate.kv_budget.
+    ``candidates``: what the budgets' plans choose from per layer and half (:func:`~bytediet.calibrate.kv_candidates.
     candidate_roles`)."""
     from ..kvcache import get_kv_codec
 

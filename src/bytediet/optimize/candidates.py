@@ -163,10 +163,8 @@ def budget_fits(spec: str, model) -> Optional[str]:
     c = model.config
     try:
         codec = get_kv_codec(spec, model.dtype)
-        halves = candidate_roles(DEFAULT_CANDIDATES)  # spec → roles; "k=kivi4g16" is listed as "kivi4g16"
-        fitting = [
-            e for e in DEFAULT_CANDIDATES if kv_fits(e if e in halves else e.partition("=")[2], model, 16) is None
-        ]
+        # an entry fits when its codec does ("k=kivi4g16" names codec kivi4g16)
+        fitting = [e for e in DEFAULT_CANDIDATES if all(kv_fits(c, model, 16) is None for c in candidate_roles([e]))]
         if not fitting:
             raise ConfigError(f"no KV codec of a budget's plan can store head_dim {c.head_dim}")
         check_budget(codec.budget, candidate_bytes(fitting, c.num_kv_heads, c.head_dim), c.num_kv_heads, c.head_dim)
