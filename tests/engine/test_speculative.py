@@ -102,6 +102,21 @@ def test_measured_row_cost_is_the_slope_through_the_plain_step():
     assert costs.row_cost() == pytest.approx(0.00347 / 0.0105, rel=1e-2)
 
 
+def test_the_row_cost_fit_is_kept_between_refits_and_redone_for_a_new_row_count():
+    from bytediet.engine.speculative import VerifyCosts
+
+    costs = VerifyCosts(keep=4, refit_every=3)
+    for t in (0.010, 0.010, 0.010):
+        costs.observe(1, t)
+    costs.observe(2, 0.015)  # a row count not seen before: fitted at once
+    assert costs.row_cost() == pytest.approx(0.5)
+    costs.observe(2, 0.020)
+    costs.observe(2, 0.020)
+    assert costs.row_cost() == pytest.approx(0.5)  # two observations since the fit: still the last one
+    costs.observe(2, 0.020)
+    assert costs.row_cost() == pytest.approx(1.0)  # the third: refitted (median of 2 rows 0.020)
+
+
 def test_a_dearer_draft_row_shortens_the_draft():
     a = AdaptiveDraft(4, acceptance=0.69)
     assert a.length(0.05) == 4  # rows nearly free: draft all four
