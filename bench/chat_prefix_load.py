@@ -109,6 +109,7 @@ def summary(results: list[dict], wall: float, load: tuple) -> dict:
     ok = [r for r in results if "error" not in r]
     ttft = [r["ttft"] for r in ok if r.get("ttft") is not None]
     later = [r["ttft"] for r in ok if r.get("ttft") is not None and r["turn"] > 0]
+    first = [r["ttft"] for r in ok if r.get("ttft") is not None and r["turn"] == 0]
     q = lambda xs, p: percentile(xs, p) if xs else None
     return {
         "load_average_before": [round(x, 2) for x in load],
@@ -118,6 +119,8 @@ def summary(results: list[dict], wall: float, load: tuple) -> dict:
         "wall_s": wall,
         "ttft_s": {"p50": q(ttft, 50), "mean": statistics.fmean(ttft) if ttft else None, "p99": q(ttft, 99)},
         "ttft_later_turns_p50_s": q(later, 50),
+        "ttft_first_turns_deciles_s": [q(first, p) for p in range(10, 100, 10)],
+        "ttft_later_turns_deciles_s": [q(later, p) for p in range(10, 100, 10)],
         "output_tokens": sum(r["chunks"] for r in ok),
         "output_tokens_per_s": sum(r["chunks"] for r in ok) / wall,
     }
