@@ -120,6 +120,23 @@ def test_a_full_disk_mid_write_still_completes_the_requests(model, tmp_path, mon
     small.shutdown()
 
 
+def test_a_ram_hit_measured_quick_runs_in_the_step_that_finds_it(model):
+    _, _, pool_hit = reference(model)
+    small = llm(model, kv_offload_size="1MiB")
+    run(small, [PROMPT, *OTHERS, PROMPT, *OTHERS])  # the first hit measures the RAM copy; PROMPT is down again
+    engine = small.engine
+    assert engine.tiers.seconds_per_byte["ram"] is not None  # 40 tokens of this tiny model: microseconds
+    again = engine.add_request(PROMPT, GREEDY)
+    engine.step()  # looked up, copied in line, and its one uncached token computed: no step spent waiting
+    assert again.tier_load is None and again.num_output_tokens == 1
+    assert again.cached_tokens_by_tier == {"pool": 0, "ram": 40}
+    while engine.has_unfinished_requests():
+        engine.step()
+    top = [[(t, lp) for t, lp in x.top] for x in again.output_logprobs]
+    assert (again.output_token_ids, top) == tokens_and_logprobs(pool_hit)
+    small.shutdown()
+
+
 def test_a_waiting_load_does_not_stall_the_others(model, tmp_path, monkeypatch):
     first = llm(model, kv_offload_dir=str(tmp_path))
     run(first, [PROMPT])

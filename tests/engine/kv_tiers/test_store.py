@@ -108,13 +108,19 @@ def test_a_disk_writer_that_falls_behind_drops_evictions_but_not_the_shutdown_fl
     s.close()
 
 
-def test_a_cancelled_load_writes_no_block(tmp_path, monkeypatch):
-    import threading
-
+def _one_block_on_disk(tmp_path):
+    """A store with no RAM tier and block 1's pages saved to its disk tier, and their key."""
     s = store(ram_blocks=0, disk_dir=tmp_path)
     k1 = s.key(None, [1])
     s.save(k1, 1, 0)
     s.flush()
+    return s, k1
+
+
+def test_a_cancelled_load_writes_no_block(tmp_path, monkeypatch):
+    import threading
+
+    s, k1 = _one_block_on_disk(tmp_path)
     gate = threading.Event()
     real_read = s.disk.read
     monkeypatch.setattr(s.disk, "read", lambda key: (gate.wait(5), real_read(key))[1])
@@ -128,20 +134,47 @@ def test_a_cancelled_load_writes_no_block(tmp_path, monkeypatch):
     s.close()
 
 
-def test_ram_hits_are_copied_into_the_pool_on_the_loader_thread(monkeypatch):
+def _record_writing_threads(s, monkeypatch) -> list:
+    """The names of the threads that write the store's pages, one a call, in order."""
     import threading
 
-    s = store(ram_blocks=4)
-    k1, k2 = s.key(None, [1]), s.key(None, [2])
-    s.save_many([(k1, 1, 0), (k2, 2, 4)])
     threads = []
     real = s.pages.write_many
     monkeypatch.setattr(
         s.pages, "write_many", lambda *a: (threads.append(threading.current_thread().name), real(*a))[1]
     )
-    load = s.start([(k1, "ram", 12, 0), (k2, "ram", 13, 4)])
+    return threads
+
+
+def test_ram_hits_are_copied_on_the_loader_thread_unless_measured_to_copy_in_a_moment(monkeypatch):
+    import threading
+
+    s = store(ram_blocks=4)
+    k1, k2 = s.key(None, [1]), s.key(None, [2])
+    s.save_many([(k1, 1, 0), (k2, 2, 4)])
+    threads = _record_writing_threads(s, monkeypatch)
+    load = s.start([(k1, "ram", 12, 0), (k2, "ram", 13, 4)])  # nothing measured yet: the loader copies
     load.job.result(timeout=5)
     assert s.finish(load) == 2 and threads == ["kv-tiers-loader_0"]
     assert torch.equal(s.pages.pool[12], s.pages.pool[1]) and torch.equal(s.pages.pool[13], s.pages.pool[2])
     assert s.stats["ram"].hit_tokens == 8 and s.seconds_per_byte["ram"] is not None
+    s.seconds_per_byte["ram"] = 1e-9  # 64 ns a block: copied at once, the load is done when start returns
+    load = s.start([(k1, "ram", 14, 0)])
+    assert load.done() and threads[-1] == threading.current_thread().name and s.finish(load) == 1
+    assert torch.equal(s.pages.pool[14], s.pages.pool[1])
+    s.seconds_per_byte["ram"] = 1.0  # a slow copy (64 s a block) stays off the engine's thread
+    load = s.start([(k2, "ram", 15, 4)])
+    load.job.result(timeout=5)
+    assert threads[-1] == "kv-tiers-loader_0" and s.finish(load) == 1
+    s.close()
+
+
+def test_a_load_that_reads_the_disk_stays_on_the_loader_thread_however_fast(tmp_path, monkeypatch):
+    s, k1 = _one_block_on_disk(tmp_path)
+    threads = _record_writing_threads(s, monkeypatch)
+    s.seconds_per_byte["ram"] = s.seconds_per_byte["disk"] = 1e-12
+    load = s.start([(k1, "disk", 9, 0)])
+    load.job.result(timeout=5)
+    assert s.finish(load) == 1 and threads == ["kv-tiers-loader_0"]
+    assert torch.equal(s.pages.pool[9], s.pages.pool[1])
     s.close()

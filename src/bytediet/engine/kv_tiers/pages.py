@@ -18,6 +18,7 @@ from ...errors import ConfigError
 from ..block_copy import slot_tensors
 
 BATCH_BLOCKS = 64  # blocks moved per batch (the staging buffers hold this many)
+WORDS = (torch.int64, torch.int32, torch.int16, torch.uint8)  # widest first: copying uint8 rows runs 5x slower
 
 
 def _slot_tensors(cache, block_size: int, what: str) -> list[torch.Tensor]:
@@ -59,6 +60,7 @@ class BlockPages:
         self.block_bytes = sum(n for _, _, n in self._parts)
         self._flat = [t for layer in self.tensors for t in layer]  # in the order of _parts
         self._sizes = [torch.empty((), dtype=dtype).element_size() for _, dtype, _ in self._parts]
+        self._words = self._word_views()
         self._staging = threading.Lock()  # the re-encoding staging blocks: one user at a time (saves and loads)
         self._buffers = {"read": threading.Lock(), "write": threading.Lock()}  # each staging buffer's user
 
@@ -82,13 +84,13 @@ class BlockPages:
                 out = []
                 for block_id, pos in zip(block_ids, first_positions):
                     self._encode(block_id, pos)
-                    out.append(self._gather(self._flat, [0], self._bytes(1)).reshape(-1))
+                    out.append(self._gather([0], self._bytes(1)).reshape(-1))
                 return out
         out = []
         with self._buffers["read"]:
             for i in range(0, len(block_ids), BATCH_BLOCKS):
                 ids = block_ids[i : i + BATCH_BLOCKS]
-                staged = self._gather(self._flat, ids, self._buffer("read", len(ids)))
+                staged = self._gather(ids, self._buffer("read", len(ids)))
                 out += [row.clone() for row in staged]  # one allocation per block: the RAM tier frees them singly
         return out
 
@@ -105,14 +107,14 @@ class BlockPages:
         if self.at_rest is not None:
             with self._staging:
                 for block_id, data, pos in zip(block_ids, datas, first_positions):
-                    self._scatter(self._flat, [0], data.reshape(1, -1))
+                    self._scatter([0], data.reshape(1, -1))
                     self._decode(block_id, pos)
             return
         with self._buffers["write"]:
             for i in range(0, len(block_ids), BATCH_BLOCKS):
                 ids = block_ids[i : i + BATCH_BLOCKS]
                 staged = torch.stack(datas[i : i + BATCH_BLOCKS], out=self._buffer("write", len(ids)))
-                self._scatter(self._flat, ids, staged)
+                self._scatter(ids, staged)
 
     def _buffer(self, name: str, n: int) -> torch.Tensor:
         """The first n rows of the ``name`` (BATCH_BLOCKS, block_bytes) staging buffer, kept between calls so its
@@ -125,6 +127,18 @@ class BlockPages:
     def _bytes(self, n: int) -> torch.Tensor:
         return torch.empty(n, self.block_bytes, dtype=torch.uint8)
 
+    def _word_views(self) -> list:
+        """Per part: (word dtype, the pages seen as (blocks, words per block)) where its bytes and offset allow a
+        wide word and the pages are contiguous; None elsewhere (those parts are copied in their own dtype)."""
+        views, offset = [], 0
+        for t, (_, _, nbytes) in zip(self._flat, self._parts):
+            word = next(w for w in WORDS if nbytes % w.itemsize == offset % w.itemsize == self.block_bytes % w.itemsize)
+            whole = t.shape[0] // self.block_size * self.block_size
+            usable = t.is_contiguous() and t.stride(-1) == 1 and t.storage_offset() == 0 and word is not torch.uint8
+            views.append((word, t[:whole].view(torch.uint8).reshape(-1, nbytes).view(word)) if usable else None)
+            offset += nbytes
+        return views
+
     def _parts_of(self, data: torch.Tensor):
         """(n, block_bytes) bytes → (bytes, view) of each per-slot tensor's part: view is (n, block_size, ...) of
         its dtype, or None where the part's offset does not allow one (then it is copied)."""
@@ -135,21 +149,26 @@ class BlockPages:
             yield raw, (raw.view(dtype).view(n, self.block_size, *shape) if aligned else None), (shape, dtype)
             offset += nbytes
 
-    def _gather(self, tensors: list[torch.Tensor], block_ids: list[int], out: torch.Tensor) -> torch.Tensor:
+    def _gather(self, block_ids: list[int], out: torch.Tensor) -> torch.Tensor:
         """Blocks ``block_ids`` of every per-slot tensor → their bytes in ``out`` (n, block_bytes)."""
         index = torch.tensor(block_ids, dtype=torch.int64)
-        for t, (raw, view, _) in zip(tensors, self._parts_of(out)):
-            if view is not None and t.device.type == "cpu":
+        for t, words, (raw, view, _) in zip(self._flat, self._words, self._parts_of(out)):
+            if words is not None and t.device.type == "cpu" and (dst := _as_words(raw, words[0])) is not None:
+                torch.index_select(words[1], 0, index, out=dst)
+            elif view is not None and t.device.type == "cpu":
                 torch.index_select(self._blocks(t), 0, index, out=view)
             else:
                 rows = self._blocks(t).index_select(0, index.to(t.device)).cpu()
                 raw.copy_(rows.reshape(len(block_ids), -1).view(torch.uint8))
         return out
 
-    def _scatter(self, tensors: list[torch.Tensor], block_ids: list[int], data: torch.Tensor) -> None:
+    def _scatter(self, block_ids: list[int], data: torch.Tensor) -> None:
         """(n, block_bytes) bytes → blocks ``block_ids`` of every per-slot tensor."""
         index = torch.tensor(block_ids, dtype=torch.int64)
-        for t, (raw, view, (shape, dtype)) in zip(tensors, self._parts_of(data)):
+        for t, words, (raw, view, (shape, dtype)) in zip(self._flat, self._words, self._parts_of(data)):
+            if words is not None and (src := _as_words(raw, words[0])) is not None:
+                words[1].index_copy_(0, index.to(t.device), src.to(t.device))
+                continue
             if view is None:
                 view = raw.contiguous().view(dtype).view(len(block_ids), self.block_size, *shape)
             self._blocks(t).index_copy_(0, index.to(t.device), view.to(t.device))
@@ -171,6 +190,14 @@ class BlockPages:
             device = pool.tensors()[0].device
             slots = torch.arange(block_id * self.block_size, (block_id + 1) * self.block_size, device=device)
             pool.write(k.to(device), v.to(device), slots, self._positions(first_position, device))
+
+
+def _as_words(raw: torch.Tensor, word: torch.dtype) -> Optional[torch.Tensor]:
+    """(n, nbytes) uint8 rows seen as (n, nbytes / word size) words, or None where their alignment forbids it."""
+    size = word.itemsize
+    if raw.stride(-1) != 1 or raw.stride(0) % size or raw.storage_offset() % size or raw.data_ptr() % size:
+        return None
+    return raw.view(word)
 
 
 def offload_codec(name: Optional[str], model_dtype):

@@ -4,9 +4,11 @@
 queues them for the disk tier (write-through, on a writer thread, so a restart finds them). ``find`` says which tier
 holds each of a run of keys; ``worth`` is the policy (load only where the measured load time beats the measured
 prefill time of those tokens); ``start`` begins a load on the loader thread (disk reads, then every block's bytes
-into its pool block in one batch), so the steps of other requests go on meanwhile; the blocks belong to the waiting
-request alone until ``finish`` (on the engine's thread, once the load is done) hands them to the prefix cache.
-``cancel`` stops a load whose request left: its blocks are never written after it returns.
+into its pool block in one batch), so the steps of other requests go on meanwhile — except a load all in RAM that is
+measured to copy in under ``INLINE_LOAD_S``: that one is copied at once, and its request runs in this step rather
+than the next. The blocks belong to the waiting request alone until ``finish`` (on the engine's thread, once the
+load is done) hands them to the prefix cache. ``cancel`` stops a load whose request left: its blocks are never
+written after it returns.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from .keys import chain_key
 log = logging.getLogger("bytediet.kv_tiers")
 TIERS = ("ram", "disk")
 EWMA = 0.3  # weight of the newest measurement in the policy's running averages
+INLINE_LOAD_S = 0.025  # a RAM load predicted shorter than this is copied on the engine's thread, not the loader's
 
 
 @dataclass
@@ -180,8 +183,18 @@ class TierStore:
             else:  # on disk (also a RAM block evicted since it was found)
                 tier = "disk"
             load.entries.append([key, tier, block_id, pos, data])
-        load.job = self._loader.submit(self._load, load)
+        if self._copies_in_line(load):
+            load.job = Future()
+            load.job.set_result(self._load(load))
+        else:
+            load.job = self._loader.submit(self._load, load)
         return load
+
+    def _copies_in_line(self, load: TierLoad) -> bool:
+        """Whether ``load`` is all in RAM and measured to copy faster than a step would wait for the loader."""
+        spb = self.seconds_per_byte["ram"]
+        in_ram = all(entry[4] is not None for entry in load.entries)
+        return in_ram and spb is not None and spb * len(load.entries) * self.pages.block_bytes < INLINE_LOAD_S
 
     def _load(self, load: TierLoad) -> tuple[int, float, float]:
         """The loader thread: read what is on disk, then write the leading intact blocks into the pool."""
