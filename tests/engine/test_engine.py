@@ -235,11 +235,8 @@ def test_llama_cpp_kv_blocks_generate_natively_the_reference_paths_tokens(arch, 
     """``--kv-cache-dtype k=q8_0,v=q4_0`` on a packed model (head dim 64: two GGML blocks a row): decode steps run
     natively (prefill chunks attend natively over the same pages) and the greedy tokens are the reference path's
     (BYTEDIET_KERNELS=reference: module path, PyTorch kernels, the codec's own read of its pages)."""
-    config = tiny_config(arch, head_dim=64)
-    model = model_from_state(config, random_state(config))
-    for name, lin in model.linear_layers():
-        lin.set_weight(lin.dequantized_weight(), get_weight_format("gguf-q8_0" if name == "lm_head" else "gguf-q4_1"))
-    ps = prompts(config.vocab_size, [3, 17, 9, 30, 1, 22], seed=1)
+    model = packed_model_for(arch)
+    ps = prompts(model.config.vocab_size, [3, 17, 9, 30, 1, 22], seed=1)
     native = make_llm(model, kv_cache_dtype="k=q8_0,v=q4_0", block_size=16)
     assert native.engine.runner.decode_path == "native"
     got = native.generate(ps, GREEDY)
@@ -248,6 +245,56 @@ def test_llama_cpp_kv_blocks_generate_natively_the_reference_paths_tokens(arch, 
     assert reference.engine.runner.decode_path.startswith("modules (no native kernels")
     for g, w in zip(got, reference.generate(ps, GREEDY)):
         assert_same_or_tie(g.outputs[0].token_ids, w.outputs[0])
+
+
+@pytest.mark.skipif(build.find_compiler() is None or not build.runnable_variants(), reason="no native kernels here")
+@pytest.mark.parametrize("arch,kv", [("llama", "int8"), ("gemma3", "rot-int8"), ("qwen2", "q8_0")])
+def test_short_prefill_steps_run_natively_and_generate_the_module_paths_tokens(arch, kv, monkeypatch):
+    """Steps with prefill chunks of at most NATIVE_PREFILL_MAX_TOKENS tokens (cold prompts, suffixes after a cached
+    prefix, chunks of a long prompt, beside decodes) run on the one-call native step; longer ones, and every step
+    with the limit at 0, on the module path — and the greedy tokens are the same either way."""
+    from bytediet.engine import runner
+
+    model = packed_model_for(arch)
+    shared = prompts(model.config.vocab_size, [24], seed=3)[0]
+    tails = prompts(model.config.vocab_size, [3, 9, 1, 30, 5], seed=4)
+    ps = [shared + t for t in tails] + prompts(model.config.vocab_size, [7, 70], seed=5)
+
+    def run(limit):
+        monkeypatch.setattr(runner, "NATIVE_PREFILL_MAX_TOKENS", limit)
+        llm = make_llm(model, kv_cache_dtype=kv, block_size=16, max_num_batched_tokens=48)
+        steps = {"native": 0, "module": 0}
+        r = llm.engine.runner
+        r.decoder.logits = counted(r.decoder.logits, steps, "native")
+        r.model.forward = counted(r.model.forward, steps, "module")
+        llm.generate(ps[:1], GREEDY)  # the shared prefix cached
+        return llm.generate(ps, GREEDY), steps
+
+    want, module_steps = run(0)
+    got, steps = run(32)
+    assert steps["native"] > module_steps["native"] and steps["module"] < module_steps["module"]
+    assert steps["module"] > 0  # the 70-token prompt's 48-token chunk is over the limit
+    for g, w in zip(got, want):
+        assert_same_or_tie(g.outputs[0].token_ids, w.outputs[0])
+
+
+def counted(fn, counts: dict, key: str):
+    """``fn``, adding one to ``counts[key]`` at each call."""
+
+    def wrapper(*args, **kwargs):
+        counts[key] += 1
+        return fn(*args, **kwargs)
+
+    return wrapper
+
+
+def packed_model_for(arch: str):
+    """A tiny model of ``arch`` on GGUF blocks (Q4_1 layers, a Q8_0 head), as the native step runs them."""
+    config = tiny_config(arch, head_dim=64)
+    model = model_from_state(config, random_state(config))
+    for name, lin in model.linear_layers():
+        lin.set_weight(lin.dequantized_weight(), get_weight_format("gguf-q8_0" if name == "lm_head" else "gguf-q4_1"))
+    return model
 
 
 def test_warm_up_steps_the_engine_and_leaves_no_cached_prefix(tiny_model):

@@ -214,6 +214,19 @@ def test_verifying_rows_of_one_sequence_share_its_table_row(variant, k_dtype, ac
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("k_dtype", ["fp32", "int8", "q8_0"])
+@pytest.mark.parametrize("activations", ["q8", "q16"])
+def test_prefill_chunks_step_natively_beside_decodes(variant, k_dtype, activations):
+    """Prefill chunks as the engine hands them to the native step (runner.native_step_takes): a decode, a chunk of
+    40 tokens after 110 cached ones (more rows than a query tile and than the panel GEMM's least), a cold prompt of
+    33 tokens from position 0 and a chunk of 2 — the same as the twin over per-token copies of the tables."""
+    gen = torch.Generator().manual_seed(zlib.crc32(("chunks" + k_dtype + activations).encode()))
+    spec = random_spec(gen, heads=6, kv_heads=2, bias=True, activations=activations, interleave=True, k_dtype=k_dtype)
+    positions, slots, bt, token_rows = verifying_batch(gen, [40, 150, 33, 23], [1, 40, 33, 2])
+    check_step(spec, positions, slots, bt, torch.randn(len(positions), spec.hidden, generator=gen), variant, token_rows)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("case", sorted(CASES))
 @pytest.mark.parametrize(
     "k_dtype,v_dtype",

@@ -64,6 +64,31 @@ def test_a_batched_decode_takes_the_panel_from_panel_min_rows(monkeypatch, rows)
     assert taken == ([expected] if expected else [])
 
 
+@pytest.mark.parametrize("rows", [ops.DENSE_GEMM_MIN_ROWS, ops.DECODED_LARGE_WEIGHT_MIN_ROWS])
+def test_a_weight_too_large_to_decode_for_a_few_rows_runs_its_x4_kernels(monkeypatch, rows):
+    """A q16 product of prefill size on a weight whose float copy is over DECODE_CHUNK_BYTES (an lm_head) runs the
+    x4 kernels below DECODED_LARGE_WEIGHT_MIN_ROWS rows and the decoded float GEMM from there (where no panel GEMM
+    takes it); a weight under the limit is decoded from DENSE_GEMM_MIN_ROWS."""
+    taken = []
+    for name in ("gemm_panel", "gemm_x4", "decoded_linear"):
+        kernel = getattr(ops, name)
+        monkeypatch.setattr(ops, name, lambda *a, _k=kernel, _n=name, **kw: taken.append(_n) or _k(*a, **kw))
+    monkeypatch.setattr(ops, "has_gemm_panel", lambda *a, **kw: False)
+    gen = torch.Generator().manual_seed(rows)
+    w, blocks, _ = weight("q16", gen, interleave=True)
+    if w.interleaved is None:
+        pytest.skip("no native x4 kernels here")
+    x = torch.randn(rows, K, generator=gen)
+    want = reference.gemm_blocks(T.Q4_0, blocks, x, None, "f32")
+    for limit, large in ((N * K * 4, False), (N * K * 4 - 1, True)):  # the float copy: N × K × 4 bytes
+        monkeypatch.setattr(ops, "DECODE_CHUNK_BYTES", limit)
+        taken.clear()
+        got = ops.linear(w, x)
+        assert (got - want).abs().max().item() <= 3e-2 * want.abs().max().item()
+        x4 = large and rows < ops.DECODED_LARGE_WEIGHT_MIN_ROWS
+        assert taken == (["gemm_x4"] if x4 else ["decoded_linear"])
+
+
 def test_a_weight_without_native_rows_runs_the_format_s_product():
     w, blocks, calls = weight("q8", torch.Generator().manual_seed(0), native=False)
     x = torch.randn(2, K)

@@ -200,9 +200,9 @@ class ModelRunner:
         input_ids, meta, logit_rows = self.prepare(out)
         if self.graphs is not None and self.workers is None and self.graphs.fits(meta, logit_rows):
             return self.graphs.run(input_ids, meta)
-        if self.decoder is not None and _decoding_only(out) and self.decoder.ready():
+        if self.decoder is not None and native_step_takes(out, len(input_ids)) and self.decoder.ready():
             token_rows = None
-            if len(input_ids) > len(meta.query_lens_list):  # drafts: a sequence's rows share its block table row
+            if len(input_ids) > len(meta.query_lens_list):  # drafts, chunks: a sequence's rows share its table row
                 lens = torch.tensor(meta.query_lens_list, dtype=torch.int64)
                 token_rows = torch.repeat_interleave(torch.arange(len(lens)), lens)
             return self.decoder.logits(input_ids, meta, logit_rows, token_rows)
@@ -216,13 +216,23 @@ class ModelRunner:
         return self.model(input_ids, meta, self.caches, logit_rows)  # (0, vocab) when nobody samples
 
 
-def _decoding_only(out: SchedulerOutput) -> bool:
-    """Every scheduled request computes its one last token (and its drafts): the one-call native step runs it, the
-    query rows of one sequence attending causally over the pages the step writes first."""
-    return all(
+# the most tokens a step with prefill chunks may carry for the one-call native step to run it (a pure decode step
+# always goes native): below it the module path's ~30 torch ops a layer cost more than they save; above it the
+# module path's float GEMM of decoded weights (CPUs without the panel GEMM) beat the step's x4 products — measured
+# on Zen 2 AVX2 after a 2k cached prefix, SmolLM2 / Gemma-3 at 64 tokens 316 / 280 ms against 483 / 310 ms, at 128
+# 630 / 570 against 770 / 465 ms (bench/RESULTS.md, Recording 24)
+NATIVE_PREFILL_MAX_TOKENS = 64
+
+
+def native_step_takes(out: SchedulerOutput, num_tokens: int) -> bool:
+    """Whether the one-call native step runs this step: every scheduled request's tokens are consecutive positions
+    from its computed count — its last token and drafts, or a prefill chunk — whose query rows attend causally over
+    the pages the step writes first; a step with prefill chunks only up to NATIVE_PREFILL_MAX_TOKENS tokens."""
+    decoding = all(
         s.request.num_computed_tokens + 1 == s.request.num_tokens and s.num_tokens == 1 + len(s.drafts)
         for s in out.scheduled
     )
+    return decoding or num_tokens <= NATIVE_PREFILL_MAX_TOKENS
 
 
 def set_threads(num_threads: Optional[int]) -> None:

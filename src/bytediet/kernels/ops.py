@@ -344,6 +344,10 @@ class LinearWeight:
 
 
 DECODE_CHUNK_BYTES = 64 << 20  # a large weight is decoded for a float GEMM this many bytes of rows at a time
+# A weight whose float copy is over DECODE_CHUNK_BYTES (an lm_head: it leaves the caches) costs more to decode than a
+# product of fewer rows than this saves over its x4 kernels — Zen 2 AVX2, 64 rows: Gemma-3's 262k × 640 head 301
+# against 576 ms, SmolLM2's 49k × 576 48 against 58 ms (bench/RESULTS.md, Recording 24).
+DECODED_LARGE_WEIGHT_MIN_ROWS = 256
 
 
 def decoded_linear(ggml_type: int, blocks: torch.Tensor, x: torch.Tensor, gemm: torch.dtype) -> torch.Tensor:
@@ -386,6 +390,8 @@ def linear(w: LinearWeight, x: torch.Tensor, bias: Optional[torch.Tensor] = None
             and tuned_kernel(native[0], w.out_features, w.in_features, PREFILL_TUNE_ROWS) != "fp32"
         ):
             return gemm_panel(native[0], native[1], x, bias)
+        if q16 and not grad and w.interleaved is not None and _decode_outweighs(w, x.numel() // w.in_features):
+            return gemm_x4(w.interleaved_type, w.interleaved, x, bias, w.activations)
         y = decoded_linear(native[0], native[1], x, dense_gemm.dtype() if q16 else x.dtype)
         return y if bias is None else y + bias.to(x.dtype)
     rows = x.numel() // w.in_features
@@ -398,6 +404,12 @@ def linear(w: LinearWeight, x: torch.Tensor, bias: Optional[torch.Tensor] = None
     if native is not None:
         return gemm_blocks(native[0], native[1], x, bias, w.activations)
     return w.apply(x, bias)
+
+
+def _decode_outweighs(w: LinearWeight, rows: int) -> bool:
+    """Whether decoding ``w`` for a float GEMM of ``rows`` rows costs more than it saves over the x4 kernels: a
+    weight whose float32 copy is over DECODE_CHUNK_BYTES, below DECODED_LARGE_WEIGHT_MIN_ROWS rows."""
+    return w.out_features * w.in_features * 4 > DECODE_CHUNK_BYTES and rows < DECODED_LARGE_WEIGHT_MIN_ROWS
 
 
 # --- row-interleaved (x4) weights ----------------------------------------------------------------------------

@@ -4,9 +4,10 @@ Python's per-operation cost (≈ 30 ops per layer × 30 layers, each a few µs) 
 read of a small quantized model, so a decode step that only reads and multiplies must not go through
 the module path. :func:`native_decoder` describes a model and its KV pages as a
 :class:`~bytediet.kernels.decoder_spec.DecoderSpec` once; the runner then calls
-:func:`bytediet.kernels.ops.decode_step` for pure-decode batches. Prefill chunks (compute-bound, where
-per-op cost is amortized) and every model or cache the native step does not cover stay on the module
-path, which is also the reference the step is tested against.
+:func:`bytediet.kernels.ops.decode_step` for pure-decode batches, and for steps whose prefill chunks are short
+(``engine.runner.native_step_takes``: a chunk's rows attend causally, as drafts do). Longer prefill steps
+(compute-bound, where per-op cost is amortized) and every model or cache the native step does not cover stay on
+the module path, which is also the reference the step is tested against.
 """
 
 from __future__ import annotations
@@ -110,8 +111,8 @@ def _pending_channels(caches: list) -> list[int]:
 class NativeDecoder:
     """A model's decode step as one native call, then its final norm and output layer.
 
-    Built once per runner (``native_decoder``); ``logits`` replaces ``CausalLM.forward`` for batches in
-    which every sequence has exactly one new token.
+    Built once per runner (``native_decoder``); ``logits`` replaces ``CausalLM.forward`` for the batches
+    ``engine.runner.native_step_takes`` gives it: decodes (with drafts) and short prefill chunks.
     """
 
     def __init__(self, model: CausalLM, spec: DecoderSpec, caches: list) -> None:
