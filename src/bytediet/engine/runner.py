@@ -228,11 +228,10 @@ def native_step_takes(out: SchedulerOutput, num_tokens: int) -> bool:
     """Whether the one-call native step runs this step: every scheduled request's tokens are consecutive positions
     from its computed count — its last token and drafts, or a prefill chunk — whose query rows attend causally over
     the pages the step writes first; a step with prefill chunks only up to NATIVE_PREFILL_MAX_TOKENS tokens."""
-    decoding = all(
+    return num_tokens <= NATIVE_PREFILL_MAX_TOKENS or all(
         s.request.num_computed_tokens + 1 == s.request.num_tokens and s.num_tokens == 1 + len(s.drafts)
         for s in out.scheduled
     )
-    return decoding or num_tokens <= NATIVE_PREFILL_MAX_TOKENS
 
 
 def set_threads(num_threads: Optional[int]) -> None:
